@@ -1,0 +1,41 @@
+# Setup, main job and tests. `make demo` and `make test` set themselves up.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast build install-local gpu-check clean
+
+setup: $(STAMP)
+
+# torch: keep an existing one (a GPU user's); otherwise torch==2.13.0 (a local CPU wheel on
+# our CPU machines, the CUDA wheel from PyPI elsewhere).
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[demo,test]"
+	touch $@
+
+demo: setup
+	$(VENV)/bin/triton-collection demo $(DEMO_ARGS)
+
+test: setup
+	$(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not gpu and not slow" $(PYTEST_ARGS)
+
+build: setup
+	$(VENV)/bin/triton-collection build
+
+install-local: setup
+	$(VENV)/bin/triton-collection install-local
+
+# On a CUDA machine (the device tool runs it there with its own python3): bf16 exactness,
+# > 2^31 elements, and the first norms benchmark, written to benchmarks/results/.
+gpu-check:
+	python3 benchmarks/gpu_check.py
+
+clean:
+	rm -rf dist .pytest_cache

@@ -1,0 +1,65 @@
+"""Shared fixtures: build the collection once, install it into a private HF cache, load by Hub name.
+
+Environment is fixed here, before torch/triton/huggingface_hub are imported by any test:
+- ``TRITON_INTERPRET=1`` unless ``TEST_DEVICE=cuda`` (the GPU run), so kernels run on CPU tensors;
+- ``HF_HOME`` points at a fresh temporary folder and ``HF_HUB_OFFLINE=1``: tests load the
+  kernels exactly as users do (``kernels.get_kernel("<org>/triton-norms", version=1)``),
+  never by importing ``torch-ext/``.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+DEVICE = os.environ.get("TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+_HF_HOME = tempfile.mkdtemp(prefix="triton-collection-hf-")
+os.environ["HF_HOME"] = _HF_HOME
+os.environ.pop("HF_HUB_CACHE", None)
+os.environ.pop("KERNELS_CACHE", None)
+os.environ.pop("LOCAL_KERNELS", None)
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ORG = "triton-collection"
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    """``"cpu"`` (Triton interpreter) or ``"cuda"``."""
+    return DEVICE
+
+
+@pytest.fixture(scope="session")
+def hf_home() -> Path:
+    """The private HF_HOME every test of the session shares."""
+    return Path(_HF_HOME)
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """Every package rendered (with the local ``torch-cpu`` variant) into a temporary dist/hub."""
+    from triton_collection.build import build_collection
+    from triton_collection.manifest import load_manifest
+
+    out = tmp_path_factory.mktemp("dist") / "hub"
+    return {b.package.name: b for b in build_collection(load_manifest(ROOT), out, org=ORG, cpu_variant=True)}
+
+
+@pytest.fixture(scope="session")
+def installed(built):
+    """The builds laid into the private HF cache: ``{name: InstalledPackage}``."""
+    from triton_collection.install import install_local
+
+    return {name: install_local(b, org=ORG) for name, b in built.items()}
+
+
+@pytest.fixture(scope="session")
+def norms(installed):
+    """triton-norms v1 loaded by Hub name, offline, the way users load it."""
+    import kernels
+
+    return kernels.get_kernel(f"{ORG}/triton-norms", version=1)

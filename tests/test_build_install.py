@@ -1,0 +1,112 @@
+"""Hub trees, metadata/digests, the rendered build.toml, and loading by name from the cache."""
+
+import json
+import os
+import subprocess
+import sys
+
+import kernels
+import kernels_data
+import pytest
+from kernels._rust import Build  # kernels' own build.toml parser (the one kernel-builder shares)
+
+from triton_collection.build import BACKENDS
+from triton_collection.manifest import load_manifest, render_package_build_toml
+
+from .conftest import ORG, ROOT
+
+
+def test_every_manifest_package_has_a_source_folder():
+    collection = load_manifest(ROOT)
+    assert [p.name for p in collection.packages][0] == "triton-norms"
+    for pkg in collection.packages:
+        assert (ROOT / "torch-ext" / pkg.python_name / "__init__.py").is_file()
+
+
+def test_rendered_build_toml_is_valid_edition_5_noarch(built):
+    for b in built.values():
+        text = (b.path / "build.toml").read_text()
+        assert "edition = 5" in text and "[torch-noarch]" in text and "[kernel." not in text
+        parsed = Build.open(b.path)  # raises on any field kernel-builder does not know
+        assert [str(x).lower() for x in parsed.general.backends] == list(BACKENDS) + ["cpu"]
+
+
+def test_published_build_toml_has_no_cpu_backend():
+    collection = load_manifest(ROOT)
+    text = render_package_build_toml(collection, collection.packages[0], org=ORG, backends=list(BACKENDS))
+    assert 'backends = ["cuda", "rocm", "xpu"]' in text
+    assert f'repo-id = "{ORG}/triton-norms"' in text
+
+
+def test_hub_tree_layout(built):
+    b = built["triton-norms"]
+    for rel in ("build.toml", "flake.nix", "README.md", "torch-ext/triton_norms/__init__.py"):
+        assert (b.path / rel).is_file(), rel
+    assert sorted(p.name for p in (b.path / "build").iterdir()) == ["torch-cpu", "torch-cuda", "torch-rocm", "torch-xpu"]
+    card = (b.path / "README.md").read_text()
+    assert "rms_norm" in card and "LlamaRMSNorm" in card
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "rocm", "xpu"])
+def test_metadata_and_digest(built, backend):
+    b = built["triton-norms"]
+    variant = b.variant(backend)
+    raw = json.loads((variant / "metadata.json").read_text())
+    assert raw["id"] == f"_triton_norms_{backend}_{b.source_hash}"
+    assert raw["backend"]["type"] == backend and raw["python-depends"] == []
+    metadata = kernels_data.Metadata.read_from_file(variant / "metadata.json")
+    assert metadata.version == 1 and str(metadata.name) == "triton-norms"
+    metadata.digest.validate(kernels_data.Digest.hash_variant(kernels_data.DigestAlgorithm.SHA256, variant))
+    ops_py = (variant / "_ops.py").read_text()
+    assert f'NAMESPACE = "{raw["id"]}"' in ops_py
+
+
+def test_digest_detects_a_changed_file(built, tmp_path):
+    import shutil
+
+    variant = tmp_path / "v"
+    shutil.copytree(built["triton-norms"].variant("cpu"), variant)
+    (variant / "layers.py").write_text((variant / "layers.py").read_text() + "\n# tampered\n")
+    metadata = kernels_data.Metadata.read_from_file(variant / "metadata.json")
+    with pytest.raises(kernels_data.DigestValidationError):
+        metadata.digest.validate(kernels_data.Digest.hash_variant(kernels_data.DigestAlgorithm.SHA256, variant))
+
+
+def test_get_kernel_by_version_and_revision(installed, norms):
+    inst = installed["triton-norms"]
+    assert norms.__name__.startswith("_triton_norms_cpu_")
+    assert "rms_norm" in norms.__all__
+    pinned = kernels.get_kernel(f"{ORG}/triton-norms", revision=inst.commit)
+    assert pinned.__file__ == norms.__file__
+    assert str(inst.snapshot) in norms.__file__
+
+
+def test_unknown_version_fails_with_the_library_error(installed):
+    with pytest.raises(ValueError, match="Version 2 not found, available versions: 1"):
+        kernels.get_kernel(f"{ORG}/triton-norms", version=2)
+
+
+def test_get_local_kernel_and_LOCAL_KERNELS(built, installed, hf_home):
+    path = built["triton-norms"].path
+    assert kernels.get_local_kernel(path).__name__.startswith("_triton_norms_cpu_")
+    # LOCAL_KERNELS is read per call; a fresh process shows a user's script.
+    script = f"import kernels; k = kernels.get_kernel('someone/triton-norms', version=7); print(k.__file__)"
+    env = {**os.environ, "LOCAL_KERNELS": f"someone/triton-norms={path}"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert str(path) in out.stdout
+
+
+def test_install_local_cli_in_a_fresh_process(tmp_path):
+    """What a user runs: the CLI installs into $HF_HOME; any script loads by name offline."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf")}
+    cli = subprocess.run([sys.executable, "-m", "triton_collection.cli", "install-local", "--org", "acme", "--out", str(tmp_path / "dist"), "--json"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr
+    rows = json.loads(cli.stdout)
+    assert rows[0]["repo_id"] == "acme/triton-norms" and len(rows[0]["commit"]) == 40
+    assert (tmp_path / "hf" / "hub" / "kernels--acme--triton-norms" / "refs" / "v1").read_text() == rows[0]["commit"]
+    script = "import kernels; k = kernels.get_kernel('acme/triton-norms', version=1); print(k.__name__)"
+    out = subprocess.run([sys.executable, "-c", script], env={**env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith("_triton_norms_cpu_")
