@@ -1,0 +1,160 @@
+"""Helpers shared by the RMSNorm and LayerNorm kernels and wrappers.
+
+* ``round_to``: a ``@triton.jit`` helper that rounds fp32 values to fp16/bf16
+  (round to nearest even) and returns them as fp32. bf16 rounding is done with
+  integer ops on the fp32 bits, so it is exact both on GPUs and under the Triton
+  interpreter (whose own fp32 -> bf16 conversion truncates).
+* argument validation for the public functions (ValueError / TypeError naming the
+  argument; never ``assert``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr):
+    """Rounds fp32 ``x`` to ``DTYPE`` (nearest even) and back to fp32.
+
+    ``DTYPE`` None or fp32 returns ``x`` unchanged. NaN stays NaN, values above
+    the largest finite bf16 round to inf as in a hardware conversion.
+    """
+    if DTYPE is None:
+        return x
+    elif DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        # add 0x7FFF plus the lowest kept bit, then drop the 16 low bits: ties go to even
+        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    elif DTYPE == tl.float16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+def check_float_tensor(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must have dtype {_DTYPE_NAMES}, got {t.dtype}")
+
+
+def check_dtype_arg(name: str, dtype: Optional[torch.dtype]) -> None:
+    if dtype is not None and dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be None or {_DTYPE_NAMES}, got {dtype}")
+
+
+def check_eps(eps: float) -> float:
+    if isinstance(eps, torch.Tensor) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a Python float, got {type(eps).__name__}")
+    eps = float(eps)
+    if not eps >= 0.0 or math.isinf(eps):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps}")
+    return eps
+
+
+def check_inputs(
+    x: torch.Tensor,
+    residual: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+) -> None:
+    """Validates dtypes, devices and shapes of a norm's tensor arguments.
+
+    Raises:
+        TypeError: a tensor that is not fp16/bf16/fp32.
+        ValueError: x with no dimension, residual.shape != x.shape,
+            weight/bias shape != (N,), or a tensor on another device than x.
+    """
+    check_float_tensor("x", x)
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (the normalised one), got a 0-d tensor")
+    N = x.shape[-1]
+    if residual is not None:
+        check_float_tensor("residual", residual)
+        if residual.shape != x.shape:
+            raise ValueError(f"residual must have the shape of x {tuple(x.shape)}, got {tuple(residual.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        check_float_tensor(name, t)
+        if t.dim() != 1 or t.shape[0] != N:
+            raise ValueError(f"{name} must have shape (N,) = ({N},) for x of shape {tuple(x.shape)}, got {tuple(t.shape)}")
+    for name, t in (("residual", residual), ("weight", weight), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all tensors must be on one device")
+
+
+def rows_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a (M, N) matrix with a unit last-dim stride.
+
+    A view whenever the leading dims collapse to one row stride; otherwise (or if
+    the last dim is not contiguous) this is the one documented copy.
+    """
+    t2 = t.reshape(-1, t.shape[-1])
+    if t2.shape[-1] > 1 and t2.stride(-1) != 1:
+        t2 = t2.contiguous()
+    return t2
+
+
+def vector(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A weight/bias vector with unit stride (copies only a strided slice)."""
+    if t is None or t.stride(0) == 1 or t.numel() <= 1:
+        return t
+    return t.contiguous()
+
+
+@triton.jit
+def load_input_chunk(
+    x_ptr,  # (M, N) input rows, unit column stride
+    res_ptr,  # (M, N) residual rows, or None
+    h_ptr,  # (M, N) contiguous output for x + residual, or None
+    row,  # int64 row index
+    stride_x_row,  # elements x_ptr moves for one row
+    stride_res_row,  # elements res_ptr moves for one row
+    N,  # row length
+    offs,  # column offsets of this chunk
+    mask,  # offs < N
+    STORE_H: tl.constexpr,  # write the rounded sum to h_ptr
+):
+    """Loads one chunk of a row as fp32: x, or round(x + residual) to the residual's dtype.
+
+    Masked lanes are 0. With a residual the sum is rounded to h's dtype (as
+    ``residual + hidden_states`` in the model dtype) and the norm uses that
+    rounded value; STORE_H also stores it (exact: it is representable).
+    """
+    x = tl.load(x_ptr + row * stride_x_row + offs, mask=mask, other=0.0).to(tl.float32)
+    if res_ptr is not None:
+        r = tl.load(res_ptr + row * stride_res_row + offs, mask=mask, other=0.0).to(tl.float32)
+        x = round_to(x + r, h_ptr.dtype.element_ty)
+        if STORE_H:
+            tl.store(h_ptr + row * N + offs, x.to(h_ptr.dtype.element_ty), mask=mask)
+    return x
+
+
+@triton.jit
+def load_grad_chunk(
+    g_ptr,  # upstream gradient, any strides (0 for expanded, transposed ok)
+    row,  # int64 row index
+    stride_g_row,  # elements g_ptr moves for one row
+    stride_g_col,  # elements g_ptr moves for one column (often 1, then specialised)
+    offs,
+    mask,
+):
+    """Loads one chunk of an upstream-gradient row as fp32 (masked lanes 0)."""
+    return tl.load(g_ptr + row * stride_g_row + offs.to(tl.int64) * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+
+
+def grad_rows(g: torch.Tensor, N: int) -> torch.Tensor:
+    """An upstream gradient as (M, N) with any strides: a view for expanded
+    (stride-0) and 2-D transposed gradients, a copy only if rows do not collapse."""
+    return g.reshape(-1, N)

@@ -1,0 +1,133 @@
+"""Launch settings for every norm kernel, in one place.
+
+A norm kernel reduces one row of ``N`` elements. When the whole row fits in one
+block of registers (``BLOCK_N = next_pow2(N)`` elements, at most
+``MAX_FUSED_BYTES`` of input) each program loads the row once and keeps it in
+registers. Wider rows (N = 65537, 262144, ...) loop over the row in chunks of
+``LOOP_BLOCK_BYTES``, reading it again for each pass (2 passes for RMSNorm, 3
+for LayerNorm), so no row is ever too wide.
+
+Warps are derived from the block's size in bytes (about 64 bytes of input per
+thread, i.e. four 16-byte vector loads) and capped so that
+``num_warps * warp_size <= 1024`` threads per program, the hardware limit on
+both NVIDIA (32-lane warps) and AMD (64-lane wavefronts).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+# Largest row (in bytes of input) kept in registers in one block.
+MAX_FUSED_BYTES = 65536
+# Chunk size (in bytes of input) of the looped path for wider rows.
+LOOP_BLOCK_BYTES = 16384
+# Bytes of input per thread the warp count aims for.
+BYTES_PER_THREAD = 64
+# Threads per program allowed by NVIDIA and AMD hardware alike.
+MAX_THREADS_PER_PROGRAM = 1024
+
+TL_DTYPES = {
+    torch.float16: tl.float16,
+    torch.bfloat16: tl.bfloat16,
+    torch.float32: tl.float32,
+}
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How one row of N elements is processed by one program."""
+
+    block_n: int  # BLOCK_N constexpr: elements handled per step
+    num_warps: int  # warps per program; num_warps * warp_size <= 1024
+    loop: bool  # True: several chunks of BLOCK_N per row (wide rows)
+
+
+def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
+    """Picks (BLOCK_N, num_warps, loop) for rows of ``N`` elements.
+
+    Args:
+        N: row length (the normalised size), >= 1.
+        element_size: bytes per input element (2 for fp16/bf16, 4 for fp32).
+        warp_size: lanes per warp of the device (32 NVIDIA, 64 on AMD CDNA).
+
+    Raises:
+        ValueError: for N < 1, element_size < 1 or a warp_size that is not a
+            power of two in [1, 1024].
+    """
+    if N < 1:
+        raise ValueError(f"N must be >= 1, got {N}")
+    if element_size < 1:
+        raise ValueError(f"element_size must be >= 1, got {element_size}")
+    if warp_size < 1 or warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
+        raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
+    block = triton.next_power_of_2(N)
+    loop = block * element_size > MAX_FUSED_BYTES
+    if loop:
+        block = LOOP_BLOCK_BYTES // element_size
+    threads = max(block * element_size // BYTES_PER_THREAD, 1)
+    num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
+    num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
+    return LaunchConfig(block_n=block, num_warps=num_warps, loop=loop)
+
+
+def device_warp_size(device: torch.device) -> int:
+    """Lanes per warp of ``device``: the device property where torch has it, else 32."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(getattr(torch.cuda.get_device_properties(device), "warp_size", 32))
+    return 32
+
+
+def num_partial_programs(device: torch.device, M: int) -> int:
+    """Programs of a backward kernel that writes one fp32 dw/db partial each.
+
+    A few programs per multiprocessor on a GPU (each loops over M / P rows); a
+    handful under the interpreter, where programs run one after another.
+    """
+    if device.type == "cuda" and torch.cuda.is_available():
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return max(1, min(M, 4 * sms))
+    return max(1, min(M, 4))
+
+
+def is_interpreter(kernel) -> bool:
+    """True when ``kernel`` was decorated while ``TRITON_INTERPRET=1`` was set."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def check_launch_device(x: torch.Tensor, kernel) -> None:
+    """Raises a clear error before launching ``kernel`` on a tensor it cannot run on.
+
+    Raises:
+        RuntimeError: ``x`` is on the CPU but the Triton kernels were compiled
+            for a GPU (``TRITON_INTERPRET=1`` was not set before ``triton`` and
+            this package were imported).
+    """
+    if x.device.type == "cpu" and not is_interpreter(kernel):
+        raise RuntimeError(
+            "triton_norms got a CPU tensor, but CPU tensors only run under the Triton interpreter: "
+            "set the environment variable TRITON_INTERPRET=1 before importing triton and this kernel "
+            f"(TRITON_INTERPRET is currently {os.environ.get('TRITON_INTERPRET')!r})."
+        )
+
+
+def launch_options(kernel) -> dict:
+    """Keyword options for a kernel launch.
+
+    ``enable_fp_fusion=False`` keeps ``a * b + c`` as two rounded operations, as
+    PyTorch's eager elementwise ops compute it, instead of one fused
+    multiply-add: needed for bit-exact outputs against the HF modules.
+    """
+    if is_interpreter(kernel):
+        return {}
+    return {"enable_fp_fusion": False}
+
+
+def tl_dtype(dtype: Optional[torch.dtype]):
+    """The Triton dtype for a torch float dtype (None stays None)."""
+    return None if dtype is None else TL_DTYPES[dtype]

@@ -1,0 +1,345 @@
+"""LayerNorm over the last dimension (optionally fused with a residual add).
+
+Math, per row of N elements (all in fp32, ``torch.nn.functional.layer_norm`` numerics):
+
+    h    = round_res(x + residual)            (add_layer_norm only)
+    mean = sum(h) / N
+    rstd = rsqrt(sum((h - mean)**2) / N + eps)    (biased variance, two passes)
+    out  = round_out((h - mean) * rstd * w + b)
+
+Backward, with xhat = (h - mean) * rstd and g = dy * w:
+
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (+ dh for add_layer_norm)
+    dw = sum_rows(dy * xhat), db = sum_rows(dy)
+
+dw/db: fp32 partials per program, summed afterwards (deterministic, no atomics).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import check_eps, check_inputs, grad_rows, load_grad_chunk, load_input_chunk, round_to, rows_view, vector
+from ._launch import check_launch_device, device_warp_size, launch_options, num_partial_programs, pick_config
+from ._ops import add_op_namespace_prefix
+
+Tensor = torch.Tensor
+
+
+@triton.jit
+def _ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE: tl.constexpr):
+    y = (x - mean) * rstd
+    if w_ptr is not None:
+        y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if b_ptr is not None:
+        y = y + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return round_to(y, OUT_DTYPE)
+
+
+@triton.jit
+def _layer_norm_fwd_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    res_ptr,  # (M, N) residual or None
+    w_ptr,  # (N,) weight or None
+    b_ptr,  # (N,) bias or None
+    y_ptr,  # (M, N) output, contiguous
+    h_ptr,  # (M, N) x + residual, contiguous, or None
+    mean_ptr,  # (M,) fp32, saved for backward
+    rstd_ptr,  # (M,) fp32, saved for backward
+    stride_x_row,  # elements x_ptr moves for one row
+    stride_res_row,  # elements res_ptr moves for one row
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,
+    LOOP: tl.constexpr,
+):
+    # One program per row. Bytes: read M*N*(x [+ res]) (3x when LOOP), write M*N*(y [+ h]) + 8M.
+    row = tl.program_id(0).to(tl.int64)
+    OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    if not LOOP:
+        offs = tl.arange(0, BLOCK_N)
+        mask = offs < N
+        x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, True)
+        mean = tl.sum(x, axis=0) / N
+        d = tl.where(mask, x - mean, 0.0)
+        rstd = tl.math.rsqrt(tl.sum(d * d, axis=0) / N + eps)
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
+        y = _ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
+        tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
+    else:
+        # pass 1: mean (h stored); pass 2: variance around the mean; pass 3: output
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask = offs < N
+            acc += load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, True)
+        mean = tl.sum(acc, axis=0) / N
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask = offs < N
+            x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, False)
+            d = tl.where(mask, x - mean, 0.0)
+            acc += d * d
+        rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask = offs < N
+            x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, False)
+            y = _ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
+            tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
+
+
+@triton.jit
+def _ln_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row, offs, mask, mean, rstd):
+    """(dy, xhat, g = dy * w) for one chunk of a row, fp32, masked lanes 0."""
+    dy = load_grad_chunk(dy_ptr, row, stride_dy_row, stride_dy_col, offs, mask)
+    x = tl.load(x_ptr + row * stride_x_row + offs, mask=mask, other=0.0).to(tl.float32)
+    xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+    g = dy
+    if w_ptr is not None:
+        g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return dy, xhat, g
+
+
+@triton.jit
+def _ln_bwd_store_dx(dx, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N, offs, mask):
+    if dh_ptr is not None:
+        dx += load_grad_chunk(dh_ptr, row, stride_dh_row, stride_dh_col, offs, mask)
+    tl.store(dx_ptr + row * N + offs, round_to(dx, dx_ptr.dtype.element_ty).to(dx_ptr.dtype.element_ty), mask=mask)
+    if dres_ptr is not None:
+        tl.store(dres_ptr + row * N + offs, round_to(dx, dres_ptr.dtype.element_ty).to(dres_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layer_norm_bwd_kernel(
+    dy_ptr,  # (M, N) gradient of y, any strides
+    x_ptr,  # (M, N) normalised input (h for add_layer_norm), unit column stride
+    w_ptr,  # (N,) weight or None
+    mean_ptr, rstd_ptr,  # (M,) fp32
+    dh_ptr,  # (M, N) gradient of h, any strides, or None
+    dx_ptr,  # (M, N) contiguous, x dtype
+    dres_ptr,  # (M, N) contiguous, residual dtype, or None
+    dw_ptr, db_ptr,  # (P, N) fp32 partials, or None
+    stride_dy_row, stride_dy_col, stride_x_row, stride_dh_row, stride_dh_col,
+    M, N,
+    rows_per_program,
+    BLOCK_N: tl.constexpr,
+    LOOP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row_start = pid.to(tl.int64) * rows_per_program  # int64 bounds: the loop index is int64 too
+    row_end = tl.minimum(row_start + rows_per_program, M)
+    part = pid.to(tl.int64) * N
+    if not LOOP:
+        offs = tl.arange(0, BLOCK_N)
+        mask = offs < N
+        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for row in range(row_start, row_end):
+            mean = tl.load(mean_ptr + row)
+            rstd = tl.load(rstd_ptr + row)
+            dy, xhat, g = _ln_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row,
+                                       offs, mask, mean, rstd)
+            c1 = tl.sum(g * xhat, axis=0) / N
+            c2 = tl.sum(g, axis=0) / N
+            _ln_bwd_store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row,
+                             stride_dh_col, N, offs, mask)
+            if dw_ptr is not None:
+                dw_acc += dy * xhat
+            if db_ptr is not None:
+                db_acc += dy
+        if dw_ptr is not None:
+            tl.store(dw_ptr + part + offs, dw_acc, mask=mask)
+        if db_ptr is not None:
+            tl.store(db_ptr + part + offs, db_acc, mask=mask)
+    else:
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask = offs < N
+            if dw_ptr is not None:
+                tl.store(dw_ptr + part + offs, tl.zeros([BLOCK_N], dtype=tl.float32), mask=mask)
+            if db_ptr is not None:
+                tl.store(db_ptr + part + offs, tl.zeros([BLOCK_N], dtype=tl.float32), mask=mask)
+        for row in range(row_start, row_end):
+            mean = tl.load(mean_ptr + row)
+            rstd = tl.load(rstd_ptr + row)
+            acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+            acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                offs = start + tl.arange(0, BLOCK_N)
+                mask = offs < N
+                dy, xhat, g = _ln_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row,
+                                           offs, mask, mean, rstd)
+                acc1 += g * xhat
+                acc2 += g
+            c1 = tl.sum(acc1, axis=0) / N
+            c2 = tl.sum(acc2, axis=0) / N
+            for start in range(0, N, BLOCK_N):
+                offs = start + tl.arange(0, BLOCK_N)
+                mask = offs < N
+                dy, xhat, g = _ln_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row,
+                                           offs, mask, mean, rstd)
+                _ln_bwd_store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row,
+                                 stride_dh_col, N, offs, mask)
+                if dw_ptr is not None:
+                    p = dw_ptr + part + offs
+                    tl.store(p, tl.load(p, mask=mask, other=0.0) + dy * xhat, mask=mask)
+                if db_ptr is not None:
+                    p = db_ptr + part + offs
+                    tl.store(p, tl.load(p, mask=mask, other=0.0) + dy, mask=mask)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("layer_norm_fwd"), mutates_args=())
+def _layer_norm_fwd(
+    x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Returns (y, h, mean, rstd); y in h's dtype (x.dtype without residual), h empty without residual."""
+    h_dtype = (residual if residual is not None else x).dtype
+    y = torch.empty(x.shape, dtype=h_dtype, device=x.device)
+    h = torch.empty(x.shape if residual is not None else (0,), dtype=h_dtype, device=x.device)
+    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return y, h, mean, rstd
+    check_launch_device(x, _layer_norm_fwd_kernel)
+    N = x.shape[-1]
+    x2 = rows_view(x)
+    r2 = rows_view(residual) if residual is not None else None
+    elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
+    cfg = pick_config(N, elem, device_warp_size(x.device))
+    _layer_norm_fwd_kernel[(x2.shape[0],)](
+        x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, mean, rstd,
+        x2.stride(0), r2.stride(0) if r2 is not None else 0, N, eps,
+        BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps, **launch_options(_layer_norm_fwd_kernel),
+    )
+    return y, h, mean, rstd
+
+
+@_layer_norm_fwd.register_fake
+def _(x, residual, weight, bias, eps):
+    h_dtype = (residual if residual is not None else x).dtype
+    stat = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    return (x.new_empty(x.shape, dtype=h_dtype), x.new_empty(x.shape if residual is not None else (0,), dtype=h_dtype),
+            stat, torch.empty_like(stat))
+
+
+@torch.library.custom_op(add_op_namespace_prefix("layer_norm_bwd"), mutates_args=())
+def _layer_norm_bwd(
+    dy: Tensor, dh: Optional[Tensor], x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd: Tensor,
+    dx_dtype: torch.dtype, dres_dtype: Optional[torch.dtype], need_dw: bool, need_db: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Returns (dx, dres, dw, db_fp32); dres/dw/db are empty when not requested."""
+    N = x.shape[-1]
+    dx = torch.empty(x.shape, dtype=dx_dtype, device=x.device)
+    dres = torch.empty(x.shape if dres_dtype is not None else (0,), dtype=dres_dtype or dx_dtype, device=x.device)
+    if x.numel() == 0:
+        dw = x.new_zeros((N,), dtype=weight.dtype) if need_dw else x.new_empty(0)
+        db = x.new_zeros((N,), dtype=torch.float32) if need_db else x.new_empty(0)
+        return dx, dres, dw, db
+    check_launch_device(x, _layer_norm_bwd_kernel)
+    x2 = rows_view(x)
+    dy2 = grad_rows(dy, N)
+    dh2 = grad_rows(dh, N) if dh is not None else None
+    M = x2.shape[0]
+    cfg = pick_config(N, x.element_size(), device_warp_size(x.device))
+    rows_per_program = triton.cdiv(M, num_partial_programs(x.device, M))
+    P = triton.cdiv(M, rows_per_program)
+    dw_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_dw else None
+    db_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_db else None
+    _layer_norm_bwd_kernel[(P,)](
+        dy2, x2, vector(weight), mean, rstd, dh2,
+        dx, dres if dres_dtype is not None else None, dw_part, db_part,
+        dy2.stride(0), dy2.stride(1), x2.stride(0),
+        dh2.stride(0) if dh2 is not None else 0, dh2.stride(1) if dh2 is not None else 0,
+        M, N, rows_per_program,
+        BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps, **launch_options(_layer_norm_bwd_kernel),
+    )
+    dw = dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)
+    db = db_part.sum(0) if need_db else x.new_empty(0)
+    return dx, dres, dw, db
+
+
+@_layer_norm_bwd.register_fake
+def _(dy, dh, x, weight, mean, rstd, dx_dtype, dres_dtype, need_dw, need_db):
+    N = x.shape[-1]
+    dres = x.new_empty(x.shape, dtype=dres_dtype) if dres_dtype is not None else x.new_empty(0, dtype=dx_dtype)
+    dw = x.new_empty((N,), dtype=weight.dtype) if need_dw else x.new_empty(0)
+    db = x.new_empty((N,), dtype=torch.float32) if need_db else x.new_empty(0)
+    return x.new_empty(x.shape, dtype=dx_dtype), dres, dw, db
+
+
+def _setup_context(ctx, inputs, output):
+    x, residual, weight, bias, eps = inputs
+    y, h, mean, rstd = output
+    ctx.save_for_backward(h if residual is not None else x, weight, mean, rstd)
+    ctx.x_dtype = x.dtype
+    ctx.res_dtype = residual.dtype if residual is not None else None
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.out_dtype = y.dtype
+
+
+def _backward(ctx, dy, dh, dmean, drstd):
+    xs, weight, mean, rstd = ctx.saved_tensors
+    if dy is None:  # only h was used
+        dy = torch.zeros(xs.shape, dtype=ctx.out_dtype, device=xs.device)
+    need = ctx.needs_input_grad
+    need_dw = weight is not None and need[2]
+    need_db = ctx.bias_dtype is not None and need[3]
+    dx, dres, dw, db = _layer_norm_bwd(
+        dy, dh if ctx.res_dtype is not None else None, xs, weight, mean, rstd, ctx.x_dtype, ctx.res_dtype,
+        need_dw, need_db,
+    )
+    return (dx, dres if ctx.res_dtype is not None else None, dw if need_dw else None,
+            db.to(ctx.bias_dtype) if need_db else None, None)
+
+
+_layer_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+    """Layer normalisation over the last dimension (``F.layer_norm(x, (N,), weight, bias, eps)``).
+
+    ``y = (x - mean) * rsqrt(var + eps) * weight + bias`` with the biased variance.
+
+    Args:
+        x: (..., N) fp16/bf16/fp32; any leading shape and row strides (a
+            non-contiguous last dim is copied once).
+        weight, bias: (N,) or None, any float dtype, read in fp32.
+        eps: >= 0.
+
+    Returns:
+        (..., N) tensor of x.dtype, contiguous. Saves x, weight, fp32 mean and rstd (M,) for backward.
+
+    Raises:
+        TypeError: unsupported dtype. ValueError: weight/bias shape != (N,),
+            tensors on different devices, eps < 0. RuntimeError: CPU tensor
+            without TRITON_INTERPRET=1.
+
+    Precision: mean and variance in fp32 (two passes, like PyTorch), one rounding
+    at the store. Performance: one program per row; x read once (3 times when N
+    is above one block). Source: Ba et al. 2016, https://arxiv.org/abs/1607.06450.
+    """
+    check_inputs(x, None, weight, bias)
+    return _layer_norm_fwd(x, None, weight, bias, check_eps(eps))[0]
+
+
+def add_layer_norm(
+    x: Tensor, residual: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5,
+) -> Tuple[Tensor, Tensor]:
+    """Fused ``h = x + residual``; ``out = layer_norm(h)`` in one kernel pass.
+
+    Returns:
+        ``(out, h)``: h = x + residual in fp32 rounded once to residual.dtype; out
+        (residual.dtype) normalised from that rounded h. Gradients flow to x and residual.
+    """
+    check_inputs(x, residual, weight, bias)
+    y, h, _, _ = _layer_norm_fwd(x, residual, weight, bias, check_eps(eps))
+    return y, h

@@ -1,0 +1,193 @@
+"""Hub layers for ``kernels.kernelize``: drop-in forwards, exact to the modules they replace.
+
+Each class is stateless (no ``__init__``, no methods besides ``forward``) and
+reads the replaced module's own attributes. Every forward is one call of the
+functional API with the rounding points of the original module:
+
+=================  ==========================================  ===================  ======================
+layer              replaces                                    cast_dtype           out dtype
+=================  ==========================================  ===================  ======================
+LlamaRMSNorm       transformers LlamaRMSNorm family            x.dtype              promote(w, x)
+Olmo2RMSNorm       Olmo2/Olmo3, GptOss, NemotronH RMSNorm      None (w * xn fp32)   x.dtype
+GemmaRMSNorm       transformers GemmaRMSNorm (1 + w)           None                 x.dtype
+TorchRMSNorm       torch.nn.RMSNorm                            None                 x.dtype
+DiffusersRMSNorm   diffusers.models.normalization.RMSNorm      w.dtype if half      w.dtype if half, else fp32
+LayerNorm          torch.nn.LayerNorm                          --                   x.dtype
+=================  ==========================================  ===================  ======================
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from .layer_norm import layer_norm
+from .rms_norm import rms_norm
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+class LlamaRMSNorm(nn.Module):
+    """RMSNorm with transformers' LlamaRMSNorm numerics (Llama, Mistral, Qwen2/3, Phi3, ...).
+
+    ``weight * (x_f32 * rsqrt(mean(x_f32**2) + eps)).to(x.dtype)``: the normalised
+    value is rounded to the input dtype, then multiplied by the weight in the
+    promoted dtype of weight and input.
+
+    Shapes:
+        - hidden_states: (..., N), fp16/bf16/fp32
+        - weight: (N,)
+        - output: (..., N), dtype ``torch.promote_types(weight.dtype, hidden_states.dtype)``
+    """
+
+    weight: torch.Tensor
+    variance_epsilon: float
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_norm(
+            hidden_states, self.weight, eps=self.variance_epsilon, cast_dtype=hidden_states.dtype,
+            out_dtype=torch.promote_types(self.weight.dtype, hidden_states.dtype),
+        )
+
+
+class Olmo2RMSNorm(nn.Module):
+    """RMSNorm that multiplies by the weight in fp32 and casts once (Olmo2/Olmo3, GptOss, NemotronH).
+
+    ``(weight * (x_f32 * rsqrt(mean(x_f32**2) + eps))).to(x.dtype)``.
+
+    Shapes:
+        - hidden_states: (..., N), fp16/bf16/fp32
+        - weight: (N,)
+        - output: (..., N), dtype of hidden_states
+    """
+
+    weight: torch.Tensor
+    variance_epsilon: float
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_norm(hidden_states, self.weight, eps=self.variance_epsilon)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: ``(xn_f32 * (1 + weight.float())).type_as(x)``, all in fp32.
+
+    Shapes:
+        - x: (..., N), fp16/bf16/fp32
+        - weight: (N,) (stored as w, applied as 1 + w)
+        - output: (..., N), dtype of x
+    """
+
+    weight: torch.Tensor
+    eps: float
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, eps=self.eps, weight_offset=1.0)
+
+
+class TorchRMSNorm(nn.Module):
+    """``torch.nn.RMSNorm``: upcast to fp32, multiply by the weight in fp32, cast to x.dtype.
+
+    ``eps=None`` means ``torch.finfo(torch.float32).eps`` for every supported input
+    dtype: ATen takes the epsilon of the fp32 compute type (checked against the module).
+    ``normalized_shape`` may span several trailing dims; they are flattened into N.
+
+    Shapes:
+        - x: (..., *normalized_shape), fp16/bf16/fp32
+        - weight: normalized_shape or None
+        - output: shape of x, dtype of x
+    """
+
+    normalized_shape: Tuple[int, ...]
+    eps: Optional[float]
+    weight: Optional[torch.Tensor]
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = tuple(self.normalized_shape)
+        if tuple(x.shape[x.dim() - len(shape):]) != shape or x.dim() < len(shape):
+            raise ValueError(f"x of shape {tuple(x.shape)} does not end with normalized_shape {shape}")
+        eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
+        N = math.prod(shape)
+        w = self.weight.reshape(N) if self.weight is not None else None
+        y = rms_norm(x.reshape(*x.shape[: x.dim() - len(shape)], N), w, eps=eps)
+        return y.reshape(x.shape)
+
+
+class DiffusersRMSNorm(nn.Module):
+    """``diffusers.models.normalization.RMSNorm`` (diffusers 0.42.1), non-NPU path.
+
+    ``xn = x * rsqrt(mean(x_f32**2) + eps)`` in fp32; with a half (fp16/bf16)
+    weight ``xn.to(w.dtype) * w`` in w.dtype, then ``+ bias`` in w.dtype (rounded
+    again); with an fp32 weight ``xn * w (+ bias)`` in fp32 and an **fp32 output**
+    even for half inputs; without a weight ``xn.to(x.dtype)``.
+
+    Shapes:
+        - hidden_states: (..., N), fp16/bf16/fp32
+        - weight: (N,) or None; bias: (N,) or None
+        - output: (..., N), dtype as described above
+    """
+
+    weight: Optional[torch.Tensor]
+    bias: Optional[torch.Tensor]
+    eps: float
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if w is None:
+            return rms_norm(hidden_states, eps=self.eps)
+        b = getattr(self, "bias", None)
+        if w.dtype in _HALF:
+            out = w.dtype if b is None else torch.promote_types(w.dtype, b.dtype)
+            return rms_norm(hidden_states, w, b, eps=self.eps, cast_dtype=w.dtype, out_dtype=out)
+        out = torch.promote_types(torch.float32, w.dtype)
+        if b is not None:
+            out = torch.promote_types(out, b.dtype)
+        return rms_norm(hidden_states, w, b, eps=self.eps, out_dtype=out)
+
+
+class LayerNorm(nn.Module):
+    """``torch.nn.LayerNorm``: mean and biased variance in fp32, output in x.dtype.
+
+    ``normalized_shape`` may span several trailing dims; they are flattened into N.
+    weight and bias may be None (``elementwise_affine=False`` / ``bias=False``).
+
+    Shapes:
+        - input: (..., *normalized_shape), fp16/bf16/fp32
+        - weight, bias: normalized_shape or None
+        - output: shape and dtype of input
+    """
+
+    normalized_shape: Tuple[int, ...]
+    eps: float
+    weight: Optional[torch.Tensor]
+    bias: Optional[torch.Tensor]
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        shape = tuple(self.normalized_shape)
+        if tuple(input.shape[input.dim() - len(shape):]) != shape or input.dim() < len(shape):
+            raise ValueError(f"input of shape {tuple(input.shape)} does not end with normalized_shape {shape}")
+        N = math.prod(shape)
+        w = self.weight.reshape(N) if self.weight is not None else None
+        b = self.bias.reshape(N) if self.bias is not None else None
+        y = layer_norm(input.reshape(*input.shape[: input.dim() - len(shape)], N), w, b, eps=self.eps)
+        return y.reshape(input.shape)

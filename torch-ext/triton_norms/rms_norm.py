@@ -1,0 +1,429 @@
+"""RMSNorm (optionally fused with a residual add): Triton kernels, ops, autograd.
+
+Math, per row of N elements (all in fp32):
+
+    h    = round_res(x + residual)                    (add_rms_norm only)
+    rstd = rsqrt(sum(h * h) / N + eps)
+    xn   = round_cast(h * rstd)                        (cast_dtype; identity if None)
+    y    = xn * (w + weight_offset)                   (if weight)
+    y    = round_out(y) + b                           (if bias; the extra rounding only with cast_dtype)
+    out  = round_out(y)
+
+Each ``round_*`` is one round-to-nearest-even to a dtype. The rounding points
+are those of the modules matched in ``layers.py``: products of rounded values
+computed in fp32 equal torch's fp16/bf16 elementwise multiply (the exact product
+of two 8- or 11-bit mantissas fits in fp32, so one rounding happens either way).
+
+Backward (rounding treated as identity, as autograd does for ``.to``):
+
+    g  = dy * (w + weight_offset)
+    dx = rstd * (g - xn * sum(g * xn) / N)   (+ dh, the gradient of h, for add_rms_norm)
+    dw = sum_rows(dy * xn), db = sum_rows(dy)
+
+dw/db are deterministic: each program of the backward grid sums its rows into
+its own fp32 partial row, and the partials are summed by torch afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import (
+    check_dtype_arg,
+    check_eps,
+    check_inputs,
+    grad_rows,
+    load_grad_chunk,
+    load_input_chunk,
+    round_to,
+    rows_view,
+    vector,
+)
+from ._launch import (
+    check_launch_device,
+    device_warp_size,
+    launch_options,
+    num_partial_programs,
+    pick_config,
+    tl_dtype,
+)
+from ._ops import add_op_namespace_prefix
+
+Tensor = torch.Tensor
+
+
+@triton.jit
+def _rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """Normalises one chunk and applies weight/bias with the documented rounding points."""
+    y = round_to(x * rstd, CAST_DTYPE)
+    if w_ptr is not None:
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = y * (w + weight_offset)
+    if b_ptr is not None:
+        if CAST_DTYPE is not None:
+            y = round_to(y, OUT_DTYPE)
+        y = y + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return round_to(y, OUT_DTYPE)
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    res_ptr,  # (M, N) residual or None
+    w_ptr,  # (N,) weight or None
+    b_ptr,  # (N,) bias or None
+    y_ptr,  # (M, N) output, contiguous
+    h_ptr,  # (M, N) x + residual, contiguous, or None
+    rstd_ptr,  # (M,) fp32 1/rms, saved for backward
+    stride_x_row,  # elements x_ptr moves for one row
+    stride_res_row,  # elements res_ptr moves for one row
+    N,  # row length
+    eps,
+    weight_offset,  # added to the weight in fp32 (1.0 for Gemma)
+    CAST_DTYPE: tl.constexpr,  # None, or dtype xn is rounded to before the weight multiply
+    BLOCK_N: tl.constexpr,  # elements per chunk
+    LOOP: tl.constexpr,  # several chunks per row
+):
+    # One program per row. Bytes moved: read M*N*(x [+ res]) + N*(w [+ b]); write M*N*(y [+ h]) + 4M.
+    row = tl.program_id(0).to(tl.int64)
+    OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    if not LOOP:
+        offs = tl.arange(0, BLOCK_N)
+        mask = offs < N
+        x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, True)
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+        tl.store(rstd_ptr + row, rstd)
+        y = _rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
+        tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
+    else:
+        # pass 1: sum of squares (and h stored); pass 2: reload (recompute h) and write y
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask = offs < N
+            x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, True)
+            acc += x * x
+        rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        tl.store(rstd_ptr + row, rstd)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask = offs < N
+            x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, False)
+            y = _rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
+            tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
+
+
+@triton.jit
+def _rms_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row, offs, mask, rstd, weight_offset):
+    """(dy, xn, g = dy * (w + offset)) for one chunk of a row, fp32, masked lanes 0."""
+    dy = load_grad_chunk(dy_ptr, row, stride_dy_row, stride_dy_col, offs, mask)
+    xn = tl.load(x_ptr + row * stride_x_row + offs, mask=mask, other=0.0).to(tl.float32) * rstd
+    g = dy
+    if w_ptr is not None:
+        g = dy * (tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + weight_offset)
+    return dy, xn, g
+
+
+@triton.jit
+def _rms_bwd_store_dx(dx, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N, offs, mask):
+    """Adds the gradient of h (add_rms_norm) and stores dx (and a second copy for the residual)."""
+    if dh_ptr is not None:
+        dx += load_grad_chunk(dh_ptr, row, stride_dh_row, stride_dh_col, offs, mask)
+    tl.store(dx_ptr + row * N + offs, round_to(dx, dx_ptr.dtype.element_ty).to(dx_ptr.dtype.element_ty), mask=mask)
+    if dres_ptr is not None:
+        tl.store(dres_ptr + row * N + offs, round_to(dx, dres_ptr.dtype.element_ty).to(dres_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(
+    dy_ptr,  # (M, N) gradient of y, any strides
+    x_ptr,  # (M, N) normalised input (h for add_rms_norm), unit column stride
+    w_ptr,  # (N,) weight or None
+    rstd_ptr,  # (M,) fp32
+    dh_ptr,  # (M, N) gradient of h, any strides, or None
+    dx_ptr,  # (M, N) contiguous, x dtype (never dy's buffer)
+    dres_ptr,  # (M, N) contiguous, residual dtype, or None
+    dw_ptr,  # (P, N) fp32 partials, or None
+    db_ptr,  # (P, N) fp32 partials, or None
+    stride_dy_row, stride_dy_col,  # elements dy_ptr moves for one row / one column
+    stride_x_row,
+    stride_dh_row, stride_dh_col,
+    M, N,
+    rows_per_program,  # rows handled by each of the P programs
+    weight_offset,
+    CAST_DTYPE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    LOOP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row_start = pid.to(tl.int64) * rows_per_program  # int64 bounds: the loop index is int64 too
+    row_end = tl.minimum(row_start + rows_per_program, M)
+    part = pid.to(tl.int64) * N  # this program's partial row in dw/db
+    if not LOOP:
+        offs = tl.arange(0, BLOCK_N)
+        mask = offs < N
+        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for row in range(row_start, row_end):
+            rstd = tl.load(rstd_ptr + row)
+            dy, xn, g = _rms_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row,
+                                      offs, mask, rstd, weight_offset)
+            dot = tl.sum(g * xn, axis=0) / N
+            _rms_bwd_store_dx((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col,
+                              N, offs, mask)
+            if dw_ptr is not None:
+                dw_acc += dy * round_to(xn, CAST_DTYPE)
+            if db_ptr is not None:
+                db_acc += dy
+        if dw_ptr is not None:
+            tl.store(dw_ptr + part + offs, dw_acc, mask=mask)
+        if db_ptr is not None:
+            tl.store(db_ptr + part + offs, db_acc, mask=mask)
+    else:
+        # partials live in memory (this program's own row): zero them first
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask = offs < N
+            if dw_ptr is not None:
+                tl.store(dw_ptr + part + offs, tl.zeros([BLOCK_N], dtype=tl.float32), mask=mask)
+            if db_ptr is not None:
+                tl.store(db_ptr + part + offs, tl.zeros([BLOCK_N], dtype=tl.float32), mask=mask)
+        for row in range(row_start, row_end):
+            rstd = tl.load(rstd_ptr + row)
+            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                offs = start + tl.arange(0, BLOCK_N)
+                mask = offs < N
+                dy, xn, g = _rms_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row,
+                                          offs, mask, rstd, weight_offset)
+                acc += g * xn
+            dot = tl.sum(acc, axis=0) / N
+            for start in range(0, N, BLOCK_N):
+                offs = start + tl.arange(0, BLOCK_N)
+                mask = offs < N
+                dy, xn, g = _rms_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row,
+                                          offs, mask, rstd, weight_offset)
+                _rms_bwd_store_dx((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row,
+                                  stride_dh_col, N, offs, mask)
+                if dw_ptr is not None:
+                    p = dw_ptr + part + offs
+                    tl.store(p, tl.load(p, mask=mask, other=0.0) + dy * round_to(xn, CAST_DTYPE), mask=mask)
+                if db_ptr is not None:
+                    p = db_ptr + part + offs
+                    tl.store(p, tl.load(p, mask=mask, other=0.0) + dy, mask=mask)
+
+
+def _cast_constexpr(cast_dtype: Optional[torch.dtype]):
+    return None if cast_dtype in (None, torch.float32) else tl_dtype(cast_dtype)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("rms_norm_fwd"), mutates_args=())
+def _rms_norm_fwd(
+    x: Tensor,
+    residual: Optional[Tensor],
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    eps: float,
+    weight_offset: float,
+    cast_dtype: Optional[torch.dtype],
+    out_dtype: torch.dtype,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Returns (y, h, rstd); h is x + residual (empty without residual), rstd fp32 of shape x.shape[:-1]."""
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    h = torch.empty(x.shape if residual is not None else (0,), dtype=(residual if residual is not None else x).dtype,
+                    device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return y, h, rstd
+    check_launch_device(x, _rms_norm_fwd_kernel)
+    N = x.shape[-1]
+    x2 = rows_view(x)
+    r2 = rows_view(residual) if residual is not None else None
+    elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
+    cfg = pick_config(N, elem, device_warp_size(x.device))
+    _rms_norm_fwd_kernel[(x2.shape[0],)](
+        x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, rstd,
+        x2.stride(0), r2.stride(0) if r2 is not None else 0,
+        N, eps, weight_offset,
+        CAST_DTYPE=_cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
+        num_warps=cfg.num_warps, **launch_options(_rms_norm_fwd_kernel),
+    )
+    return y, h, rstd
+
+
+@_rms_norm_fwd.register_fake
+def _(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype):
+    h_shape = x.shape if residual is not None else (0,)
+    h_dtype = (residual if residual is not None else x).dtype
+    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty(h_shape, dtype=h_dtype), \
+        x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("rms_norm_bwd"), mutates_args=())
+def _rms_norm_bwd(
+    dy: Tensor,
+    dh: Optional[Tensor],
+    x: Tensor,
+    weight: Optional[Tensor],
+    rstd: Tensor,
+    weight_offset: float,
+    cast_dtype: Optional[torch.dtype],
+    dx_dtype: torch.dtype,
+    dres_dtype: Optional[torch.dtype],
+    need_dw: bool,
+    need_db: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Returns (dx, dres, dw, db); dres/dw/db are empty when not requested."""
+    N = x.shape[-1]
+    dx = torch.empty(x.shape, dtype=dx_dtype, device=x.device)
+    dres = torch.empty(x.shape if dres_dtype is not None else (0,), dtype=dres_dtype or dx_dtype, device=x.device)
+    if x.numel() == 0:
+        dw = x.new_zeros((N,), dtype=weight.dtype) if need_dw else x.new_empty(0)
+        db = x.new_zeros((N,), dtype=torch.float32) if need_db else x.new_empty(0)
+        return dx, dres, dw, db
+    check_launch_device(x, _rms_norm_bwd_kernel)
+    x2 = rows_view(x)
+    dy2 = grad_rows(dy, N)
+    dh2 = grad_rows(dh, N) if dh is not None else None
+    M = x2.shape[0]
+    cfg = pick_config(N, x.element_size(), device_warp_size(x.device))
+    P = num_partial_programs(x.device, M)
+    rows_per_program = triton.cdiv(M, P)
+    P = triton.cdiv(M, rows_per_program)
+    dw_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_dw else None
+    db_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_db else None
+    _rms_norm_bwd_kernel[(P,)](
+        dy2, x2, vector(weight), rstd, dh2,
+        dx, dres if dres_dtype is not None else None, dw_part, db_part,
+        dy2.stride(0), dy2.stride(1), x2.stride(0),
+        dh2.stride(0) if dh2 is not None else 0, dh2.stride(1) if dh2 is not None else 0,
+        M, N, rows_per_program, weight_offset,
+        CAST_DTYPE=_cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
+        num_warps=cfg.num_warps, **launch_options(_rms_norm_bwd_kernel),
+    )
+    dw = dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)
+    db = db_part.sum(0) if need_db else x.new_empty(0)  # fp32; the caller casts to bias.dtype
+    return dx, dres, dw, db
+
+
+@_rms_norm_bwd.register_fake
+def _(dy, dh, x, weight, rstd, weight_offset, cast_dtype, dx_dtype, dres_dtype, need_dw, need_db):
+    N = x.shape[-1]
+    dres = x.new_empty(x.shape, dtype=dres_dtype) if dres_dtype is not None else x.new_empty(0, dtype=dx_dtype)
+    dw = x.new_empty((N,), dtype=weight.dtype) if need_dw else x.new_empty(0)
+    db = x.new_empty((N,), dtype=torch.float32) if need_db else x.new_empty(0)
+    return x.new_empty(x.shape, dtype=dx_dtype), dres, dw, db
+
+
+def _setup_context(ctx, inputs, output):
+    x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype = inputs
+    y, h, rstd = output
+    ctx.save_for_backward(h if residual is not None else x, weight, rstd)
+    ctx.x_dtype = x.dtype
+    ctx.res_dtype = residual.dtype if residual is not None else None
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.weight_offset = weight_offset
+    ctx.cast_dtype = cast_dtype
+    ctx.out_dtype = out_dtype
+
+
+def _backward(ctx, dy, dh, drstd):
+    xs, weight, rstd = ctx.saved_tensors
+    if dy is None:  # only h was used
+        dy = torch.zeros(xs.shape, dtype=ctx.out_dtype, device=xs.device)
+    need = ctx.needs_input_grad
+    need_dw = weight is not None and need[2]
+    need_db = ctx.bias_dtype is not None and need[3]
+    dx, dres, dw, db = _rms_norm_bwd(
+        dy, dh if ctx.res_dtype is not None else None, xs, weight, rstd, ctx.weight_offset, ctx.cast_dtype,
+        ctx.x_dtype, ctx.res_dtype, need_dw, need_db,
+    )
+    return (dx, dres if ctx.res_dtype is not None else None, dw if need_dw else None,
+            db.to(ctx.bias_dtype) if need_db else None, None, None, None, None)
+
+
+_rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _prepare(x, residual, weight, bias, eps, cast_dtype, out_dtype):
+    check_inputs(x, residual, weight, bias)
+    check_dtype_arg("cast_dtype", cast_dtype)
+    check_dtype_arg("out_dtype", out_dtype)
+    eps = check_eps(eps)
+    if out_dtype is None:
+        out_dtype = residual.dtype if residual is not None else x.dtype
+    return eps, out_dtype
+
+
+def rms_norm(
+    x: Tensor,
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    eps: float = 1e-6,
+    *,
+    weight_offset: float = 0.0,
+    cast_dtype: Optional[torch.dtype] = None,
+    out_dtype: Optional[torch.dtype] = None,
+) -> Tensor:
+    """Root-mean-square normalisation over the last dimension.
+
+    ``y = round_out(round_cast(x * rsqrt(mean(x**2) + eps)) * (weight + weight_offset) [+ bias])``
+
+    Args:
+        x: (..., N) fp16/bf16/fp32; any leading shape and row strides; a last dim
+            that is not contiguous is copied once.
+        weight: (N,) or None; any float dtype, read in fp32.
+        bias: (N,) or None.
+        eps: >= 0, added to the mean square in fp32.
+        weight_offset: added to the weight in fp32 (1.0 for Gemma's ``1 + w``).
+        cast_dtype: round the normalised value to this dtype before the weight
+            multiply (LlamaRMSNorm: x.dtype); with a bias, the product is also
+            rounded to out_dtype before the bias add (diffusers RMSNorm).
+        out_dtype: output dtype (default x.dtype).
+
+    Returns:
+        (..., N) tensor of out_dtype, contiguous. Saves x, weight and fp32 rstd (M,) for backward.
+
+    Raises:
+        TypeError: unsupported dtype (only fp16, bf16, fp32). ValueError: weight/bias
+            shape != (N,), tensors on different devices, eps < 0.
+        RuntimeError: CPU tensor without TRITON_INTERPRET=1.
+
+    Precision: sum of squares, normalisation and affine in fp32; roundings only at
+    the points above. Performance: one program per row; reads x once (twice if
+    N is above one block), writes y once. Source: Zhang & Sennrich 2019,
+    https://arxiv.org/abs/1910.07467; numerics of transformers' LlamaRMSNorm et al.
+    """
+    eps, out_dtype = _prepare(x, None, weight, bias, eps, cast_dtype, out_dtype)
+    return _rms_norm_fwd(x, None, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype)[0]
+
+
+def add_rms_norm(
+    x: Tensor,
+    residual: Tensor,
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    eps: float = 1e-6,
+    *,
+    weight_offset: float = 0.0,
+    cast_dtype: Optional[torch.dtype] = None,
+    out_dtype: Optional[torch.dtype] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Fused ``h = x + residual``; ``out = rms_norm(h)`` in one kernel pass.
+
+    Args: as :func:`rms_norm`, plus ``residual`` of x's shape (fp16/bf16/fp32).
+    ``out_dtype`` defaults to residual.dtype (the dtype of h).
+
+    Returns:
+        ``(out, h)``: h = x + residual computed in fp32 and rounded once to
+        residual.dtype (HF's ``residual + hidden_states`` in the model dtype); out
+        is normalised from that rounded h. Gradients flow to x and residual
+        (both receive dh_total = d(out)/dh + d(h)).
+    """
+    eps, out_dtype = _prepare(x, residual, weight, bias, eps, cast_dtype, out_dtype)
+    y, h, _ = _rms_norm_fwd(x, residual, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype)
+    return y, h
