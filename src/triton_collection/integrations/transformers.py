@@ -1,0 +1,264 @@
+"""Swap the norms of a transformers (or diffusers, or plain torch) model for triton-norms Hub layers.
+
+    from kernels import Mode
+    from triton_collection.integrations.transformers import kernelize
+
+    report = kernelize(model, mode=Mode.INFERENCE)        # loads "triton-collection/triton-norms" v1
+    print(report.swapped)   # {"model.layers.0.input_layernorm": "LlamaRMSNorm", ...}
+
+Why not ``model.kernelize()`` / ``use_kernels=True``: transformers decorates every RMSNorm
+class with the one layer name ``"RMSNorm"``, whatever its numerics (Llama casts before the
+weight multiply, Olmo2/GptOss multiply in fp32, Gemma scales by ``1 + w``), so one mapping
+cannot be exact for all of them. This module picks the layer per class
+(:mod:`.families`: known classes plus a bitwise probe of the class's own forward), names
+each selected class for the duration of the call with
+:func:`kernels.replace_kernel_forward_from_hub`, registers the layers with
+:func:`kernels.use_kernel_mapping` and lets :func:`kernels.kernelize` swap the forwards.
+The class attributes are restored afterwards: the swap lives on the instances only, and a
+later ``kernels.kernelize`` of the model by someone else behaves as if we never ran.
+
+Only the selected modules are handed to ``kernels.kernelize`` (one call each), with
+``use_fallback=False``: other kernelizable layers of the model (activations, rotary
+functions) are left as they are, and a mode the layer cannot serve raises instead of
+silently keeping the original forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import kernels
+import torch
+from kernels import LayerRepository, LocalLayerRepository, Mode
+from torch import nn
+
+from .. import DEFAULT_ORG
+from .families import FAMILIES, Family, candidate_families, probe
+
+__all__ = ["KernelizeReport", "kernelize", "select_layers"]
+
+log = logging.getLogger(__name__)
+
+_MAPPING_PREFIX = "triton-collection"  # mapping keys "<prefix>/<package>:<layer>" never collide with others'
+_DEVICE_TYPES = {"cpu", "cuda", "rocm", "xpu"}  # backends triton-norms ships a build for
+
+
+@dataclass(frozen=True)
+class KernelizeReport:
+    """What :func:`kernelize` did.
+
+    Attributes:
+        device: device key the layers were mapped for (``"cuda"``, ``"rocm"``, ``"xpu"``, ``"cpu"``).
+        mode: the ``kernels.Mode`` requested.
+        swapped: qualified module name -> Hub layer name, for every module whose forward was replaced.
+        layers: class (``module.QualName``) -> ``"<repo_id>:<layer>"`` chosen for it.
+        refused: class -> reason, for norm-like classes left untouched.
+    """
+
+    device: str
+    mode: Mode
+    swapped: dict[str, str] = field(default_factory=dict)
+    layers: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.swapped)
+
+
+def _class_key(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _device_type(model: nn.Module, device: str | torch.device | None) -> str:
+    if device is None:
+        param = next(model.parameters(), None)
+        if param is None:
+            raise ValueError("kernelize: the model has no parameters to infer the device from; pass device=")
+        kind = param.device.type
+    elif isinstance(device, str) and device in _DEVICE_TYPES:
+        kind = device
+    else:
+        kind = torch.device(device).type
+    if kind == "cuda" and torch.version.hip is not None:
+        kind = "rocm"
+    if kind not in _DEVICE_TYPES:
+        raise ValueError(f"kernelize: triton-norms has no build for device type {kind!r} (has {sorted(_DEVICE_TYPES)})")
+    if kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        log.warning("Triton kernels run on CPU tensors only under TRITON_INTERPRET=1 (set before triton is imported)")
+    return kind
+
+
+def select_layers(model: nn.Module, *, families: tuple[Family, ...] = FAMILIES) -> tuple[dict[type, Family], dict[str, str]]:
+    """Classify the norm classes of ``model``: ``({class: family}, {class name: refusal reason})``.
+
+    Each class is probed once, on its first instance, see
+    :func:`.families.probe`. Classes that are not norm-like at all are not listed.
+    """
+    chosen: dict[type, Family] = {}
+    refused: dict[str, str] = {}
+    seen: set[type] = set()
+    for _, module in model.named_modules():
+        cls = type(module)
+        if cls in seen:
+            continue
+        seen.add(cls)
+        candidates = tuple(f for f in candidate_families(module) if f in families)
+        if not candidates:
+            continue
+        result = probe(module, candidates)
+        if result.family is None:
+            refused[_class_key(cls)] = result.reason
+            log.info("not swapping %s: %s", _class_key(cls), result.reason)
+        else:
+            chosen[cls] = result.family
+            log.debug("%s -> %s (%s)", _class_key(cls), result.family.layer, result.reason)
+    return chosen, refused
+
+
+def _local_override(repo_id: str) -> Path | None:
+    """The path ``LOCAL_KERNELS="org/name=/path:..."`` gives ``repo_id``, as ``kernels.get_kernel`` reads it.
+
+    ``LayerRepository(version=...)`` resolves the version in the cache before it looks at
+    ``LOCAL_KERNELS``, so an override would fail offline; a ``LocalLayerRepository`` honours it.
+    """
+    for entry in filter(None, os.environ.get("LOCAL_KERNELS", "").split(":")):
+        name, sep, path = entry.partition("=")
+        if sep and name == repo_id:
+            return Path(path)
+    return None
+
+
+def _repository(repo_id: str, layer: str, *, version: int, trust_remote_code: bool | list[str]):
+    local = _local_override(repo_id)
+    if local is not None:
+        log.info("kernelize: %s from LOCAL_KERNELS path %s", repo_id, local)
+        return LocalLayerRepository(repo_path=local, layer_name=layer)
+    return LayerRepository(repo_id=repo_id, layer_name=layer, version=version, trust_remote_code=trust_remote_code)
+
+
+def _load_layer(repo: LayerRepository | LocalLayerRepository, repo_id: str, layer: str, mode: Mode) -> type[nn.Module]:
+    """Load the Hub layer class and check that it can serve ``mode`` (clear errors, no silent fallback)."""
+    try:
+        layer_cls = repo.load()
+    except Exception as err:
+        raise RuntimeError(
+            f"kernelize: cannot load layer {layer!r} of {repo_id}: {err}. Install it (`triton-collection "
+            "install-local`, then HF_HUB_OFFLINE=1) or pass trust_remote_code=True for a Hub download."
+        ) from err
+    if Mode.TRAINING in mode and not getattr(layer_cls, "has_backward", True):
+        raise ValueError(f"kernelize: layer {layer!r} of {repo_id} has no backward, so it cannot serve {mode}")
+    if Mode.TORCH_COMPILE in mode and not getattr(layer_cls, "can_torch_compile", False):
+        raise ValueError(f"kernelize: layer {layer!r} of {repo_id} does not support torch.compile, so it cannot serve {mode}")
+    return layer_cls
+
+
+class _DropPerModuleRepoLine(logging.Filter):
+    """``kernels`` logs "Using function/layer from repo ..." on the root logger once per module."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Using function/layer from repo")
+
+
+@contextlib.contextmanager
+def _quiet_kernels_root_log():
+    # A logger filter only sees records logged on that logger itself, i.e. `logging.info(...)` calls.
+    root, flt = logging.getLogger(), _DropPerModuleRepoLine()
+    root.addFilter(flt)
+    try:
+        yield
+    finally:
+        root.removeFilter(flt)
+
+
+def _check_mode(mode: Mode) -> None:
+    if not isinstance(mode, Mode):
+        raise TypeError(f"kernelize: mode must be a kernels.Mode, got {mode!r}")
+    if mode == Mode.FALLBACK or (Mode.INFERENCE not in mode and Mode.TRAINING not in mode):
+        raise ValueError(f"kernelize: mode must contain Mode.INFERENCE or Mode.TRAINING, got {mode}")
+
+
+def kernelize(
+    model: nn.Module,
+    *,
+    mode: Mode,
+    device: str | torch.device | None = None,
+    org: str = DEFAULT_ORG,
+    version: int = 1,
+    trust_remote_code: bool | list[str] = False,
+    families: tuple[Family, ...] = FAMILIES,
+) -> KernelizeReport:
+    """Replace the forward of every norm module of ``model`` by the exactly matching triton-norms layer.
+
+    Args:
+        model: any ``nn.Module``; its modules are walked with ``named_modules()``.
+        mode: ``kernels.Mode`` (``INFERENCE``, ``TRAINING``, optionally ``| TORCH_COMPILE``).
+        device: device the layers are mapped for; default the device of the model's first parameter.
+        org: Hub organisation of ``<org>/triton-norms``.
+        version: package version (the Hub branch ``v<version>``).
+        trust_remote_code: passed to ``LayerRepository`` (the org need not be a trusted publisher;
+            with ``HF_HUB_OFFLINE=1`` the check is skipped by ``kernels``).
+        families: families allowed to be swapped (default all of :data:`.families.FAMILIES`).
+
+    Returns:
+        a :class:`KernelizeReport`; also logged at INFO level.
+
+    Raises:
+        ValueError: no module of the model can be replaced; a mode the layer cannot serve
+            (training without backward, torch.compile without ``can_torch_compile``); bad mode/device.
+        RuntimeError: the package cannot be loaded, or a forward was not replaced after ``kernels.kernelize``.
+    """
+    _check_mode(mode)
+    device_type = _device_type(model, device)
+    chosen, refused = select_layers(model, families=families)
+    if not chosen:
+        detail = "; ".join(f"{k}: {v}" for k, v in refused.items()) or "no norm-like module found"
+        raise ValueError(f"kernelize: {type(model).__name__} has no module that triton-norms can replace ({detail})")
+
+    # One repository and one loaded layer class per family.
+    repos: dict[Family, tuple[str, LayerRepository | LocalLayerRepository, type[nn.Module]]] = {}
+    for family in dict.fromkeys(chosen.values()):
+        repo_id = f"{org}/{family.package}"
+        repo = _repository(repo_id, family.layer, version=version, trust_remote_code=trust_remote_code)
+        repos[family] = (repo_id, repo, _load_layer(repo, repo_id, family.layer, mode))
+    key = {family: f"{_MAPPING_PREFIX}/{family.package}:{family.layer}" for family in repos}
+    mapping = {key[family]: {device_type: repo} for family, (_, repo, _) in repos.items()}
+
+    targets = [(name, module) for name, module in model.named_modules() if type(module) in chosen]
+    target_ids = {id(module) for _, module in targets}
+    saved = {cls: {a: cls.__dict__[a] for a in ("kernel_layer_name", "kernel_condition") if a in cls.__dict__} for cls in chosen}
+    try:
+        for cls, family in chosen.items():
+            # exact type and this call's instances only: subclasses (FP32LayerNorm) inherit the attribute
+            kernels.replace_kernel_forward_from_hub(
+                cls, key[family], condition=lambda m, cls=cls: type(m) is cls and id(m) in target_ids
+            )
+        with kernels.use_kernel_mapping(mapping), _quiet_kernels_root_log():
+            for _, module in targets:
+                kernels.kernelize(module, mode=mode, device=device_type, use_fallback=False)
+    finally:
+        for cls, attrs in saved.items():
+            for attr in ("kernel_layer_name", "kernel_condition"):
+                if attr in attrs:
+                    setattr(cls, attr, attrs[attr])
+                elif attr in cls.__dict__:
+                    delattr(cls, attr)
+
+    report = KernelizeReport(device=device_type, mode=mode, refused=refused)
+    for cls, family in chosen.items():
+        report.layers[_class_key(cls)] = f"{repos[family][0]}:{family.layer}"
+    for name, module in targets:
+        family = chosen[type(module)]
+        expected = repos[family][2].forward
+        func = getattr(module.forward, "__func__", None)
+        if func is None or (func.__module__, func.__qualname__) != (expected.__module__, expected.__qualname__):
+            raise RuntimeError(f"kernelize: {name or type(model).__name__} still runs {module.forward!r}, not {family.layer}")
+        report.swapped[name] = family.layer
+    for cls_name, layer in report.layers.items():
+        count = sum(1 for _, m in targets if _class_key(type(m)) == cls_name)
+        log.info("kernelize: %d x %s -> %s", count, cls_name, layer)
+    log.info("kernelize: swapped %d modules on %s for %s", len(report.swapped), device_type, mode)
+    return report
