@@ -1,0 +1,471 @@
+"""triton-norms functional API: values and gradients against fp64 PyTorch, ops, edge cases.
+
+The package is loaded by Hub name through the ``norms`` fixture (conftest), as users
+load it. On CPU the kernels run under the Triton interpreter (conftest sets
+TRITON_INTERPRET=1 before triton is imported).
+
+Tolerances (one table, ``ULPS``): the kernel computes in fp32 and rounds once to
+the output dtype, so a half-precision result may differ from the fp64 reference
+rounded to the same dtype by one rounding step (1 ulp). fp32 results differ from
+fp64 by fp32 accumulation (sum of N squares, rsqrt): a few ulps of the value,
+bounded by 16. Gradients may cancel (dx = rstd * (g - xn * dot)), so they also
+get an absolute slack of ``GRAD_REL`` times the largest reference value.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+MANTISSA = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
+MIN_EXP = {torch.float32: -126, torch.float16: -14, torch.bfloat16: -126}
+ULPS = {torch.float32: 16, torch.float16: 1, torch.bfloat16: 1}
+GRAD_REL = 1e-5
+# N regimes: 1 and 3 (tiny), 127 (odd, < one warp of vectors), 4095/4097/5121 (around
+# 4K, single block), 32771 (prime above one block for every dtype: the looped path).
+SIZES = [1, 3, 127, 4095, 4097, 5121, 32771]
+
+
+def ulp(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One unit in the last place of each value of ``t`` in ``dtype`` (fp64 result)."""
+    _, e = torch.frexp(t.double())
+    e = torch.clamp(e - 1, min=MIN_EXP[dtype])
+    return torch.pow(2.0, (e - MANTISSA[dtype]).double())
+
+
+def assert_close_ref(actual, ref64, *, rel_atol=1e-6, ulps=None, scale=0.0):
+    """``actual`` (any float dtype) within ulps + rel_atol * max(max|ref|, scale) of the fp64 reference."""
+    dtype = actual.dtype
+    ulps = ULPS[dtype] if ulps is None else ulps
+    expected = ref64.to(dtype).double()
+    tol = ulps * ulp(expected, dtype) + rel_atol * ref64.abs().max().clamp(min=max(float(scale), 1e-30))
+    diff = (actual.double() - expected).abs()
+    bad = ~(diff <= tol)
+    assert not bad.any(), (
+        f"{int(bad.sum())} of {actual.numel()} off; worst diff {diff.max().item():.3g} "
+        f"(actual {actual.double().flatten()[diff.argmax()].item()}, expected {expected.flatten()[diff.argmax()].item()})"
+    )
+
+
+def rms_ref(x, w=None, b=None, eps=1e-6, offset=0.0):
+    x = x.double()
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    if w is not None:
+        y = y * (w.double() + offset)
+    if b is not None:
+        y = y + b.double()
+    return y
+
+
+def ln_ref(x, w=None, b=None, eps=1e-5):
+    x = x.double()
+    return F.layer_norm(x, (x.shape[-1],), None if w is None else w.double(), None if b is None else b.double(), eps)
+
+
+def rand(shape, dtype, device, scale=1.0):
+    return (torch.randn(shape, dtype=torch.float32, device=device) * scale).to(dtype)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+# ----------------------------------------------------------------------------- forward values
+
+
+@pytest.mark.parametrize("N", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_case9_rms_norm_odd_sizes(norms, device, N, dtype):
+    x = rand((2, N), dtype, device)
+    w = rand(N, dtype, device)
+    assert_close_ref(norms.rms_norm(x, w, eps=1e-6), rms_ref(x, w))
+    assert_close_ref(norms.rms_norm(x), rms_ref(x))
+
+
+@pytest.mark.parametrize("N", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_case9_layer_norm_odd_sizes(norms, device, N, dtype):
+    x = rand((2, N), dtype, device, scale=2.0) + 0.5  # a nonzero mean
+    w, b = rand(N, dtype, device), rand(N, dtype, device)
+    assert_close_ref(norms.layer_norm(x, w, b), ln_ref(x, w, b), rel_atol=2e-6)
+    assert_close_ref(norms.layer_norm(x), ln_ref(x), rel_atol=2e-6)
+
+
+@pytest.mark.parametrize("N", [127, 5121, 32771])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_norms_round_the_sum_then_normalise(norms, device, N, dtype):
+    x, r = rand((3, N), dtype, device), rand((3, N), dtype, device)
+    w, b = rand(N, dtype, device), rand(N, dtype, device)
+    h_exp = (x.float() + r.float()).to(dtype)  # HF: residual + hidden_states in the model dtype
+    out, h = norms.add_rms_norm(x, r, w, eps=1e-6)
+    assert torch.equal(h, h_exp)
+    assert_close_ref(out, rms_ref(h_exp, w))
+    out, h = norms.add_layer_norm(x, r, w, b)
+    assert torch.equal(h, h_exp)
+    assert_close_ref(out, ln_ref(h_exp, w, b), rel_atol=2e-6)
+
+
+def test_add_norm_mixed_dtypes(norms, device):
+    # x in fp32, residual stream in bf16: h, out in the residual's dtype
+    x, r = rand((4, 64), torch.float32, device), rand((4, 64), torch.bfloat16, device)
+    out, h = norms.add_rms_norm(x, r)
+    assert h.dtype == out.dtype == torch.bfloat16
+    assert torch.equal(h, (x + r.float()).to(torch.bfloat16))
+    assert_close_ref(out, rms_ref(h))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rms_norm_rounding_options_match_eager(norms, device, dtype):
+    """cast_dtype / weight_offset / out_dtype / bias reproduce eager compositions exactly."""
+    x, w, b = rand((5, 96), dtype, device), rand(96, dtype, device), rand(96, dtype, device)
+    xf = x.float()
+    xn = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    cases = [
+        (dict(cast_dtype=dtype), w * xn.to(dtype)),  # Llama
+        (dict(), (w.float() * xn).to(dtype)),  # Olmo2
+        (dict(weight_offset=1.0), (xn * (1.0 + w.float())).to(dtype)),  # Gemma
+        (dict(out_dtype=torch.float32), w.float() * xn),
+    ]
+    for kwargs, expected in cases:
+        y = norms.rms_norm(x, w, eps=1e-6, **kwargs)
+        assert y.dtype == expected.dtype
+        _assert_mostly_exact(y, expected)
+    y = norms.rms_norm(x, w, b, eps=1e-6, cast_dtype=dtype)  # diffusers: round the product, then add bias
+    _assert_mostly_exact(y, xn.to(dtype) * w + b)
+
+
+def _assert_mostly_exact(actual, expected):
+    """Bit-exact but for torch's differently ordered fp32 mean: at most 1 ulp, on < 2% of elements."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    diff = actual != expected
+    assert diff.float().mean().item() < 0.02, f"{int(diff.sum())} of {diff.numel()} elements differ"
+    assert_close_ref(actual, expected.double(), ulps=1, rel_atol=0.0)
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+def _grads(fn, tensors, g):
+    leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in tensors]
+    out = fn(*leaves)
+    outs = out if isinstance(out, tuple) else (out,)
+    gs = g if isinstance(g, tuple) else (g,)
+    torch.autograd.backward([o for o in outs], [gg.to(o.dtype) for o, gg in zip(outs, gs)])
+    return outs, [t.grad if t is not None else None for t in leaves]
+
+
+def _check_grads(ours, ref, dx_scale=0.0):
+    """Gradients may cancel to far below their terms (N=1: dx = rstd*g*(1 - xn**2) ~ eps, and
+    LayerNorm's xhat = 0): ``dx_scale``, the size of those terms (max|dy * w| * max(rstd)),
+    is a floor for the absolute slack."""
+    for i, (a, r) in enumerate(zip(ours, ref)):
+        if r is None:
+            assert a is None
+            continue
+        assert a.dtype != torch.float64
+        assert_close_ref(a, r, rel_atol=GRAD_REL, scale=dx_scale)
+
+
+def _dx_scale(x, w, g, centre):
+    x = x.double()
+    if centre:
+        x = x - x.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(x.pow(2).mean(-1) + 1e-6).max()
+    return (g.double().abs().max() * w.double().abs().max() * rstd).item()
+
+
+@pytest.mark.parametrize("N", [1, 127, 4097, 32771])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_backward(norms, device, N, dtype):
+    x, w, b = rand((3, 2, N), dtype, device), rand(N, dtype, device), rand(N, dtype, device)
+    g = rand((3, 2, N), dtype, device)  # the upstream gradient arrives in the output dtype
+    _, ours = _grads(lambda x, w, b: norms.rms_norm(x, w, b, eps=1e-6), (x, w, b), g)
+    _, ref = _grads(lambda x, w, b: rms_ref(x, w, b), (x.double(), w.double(), b.double()), g.double())
+    _check_grads(ours, ref, _dx_scale(x, w, g, centre=False))
+
+
+@pytest.mark.parametrize("N", [1, 127, 4097, 32771])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_backward(norms, device, N, dtype):
+    x, w, b = rand((3, 2, N), dtype, device) + 1, rand(N, dtype, device), rand(N, dtype, device)
+    g = rand((3, 2, N), dtype, device)  # the upstream gradient arrives in the output dtype
+    _, ours = _grads(lambda x, w, b: norms.layer_norm(x, w, b), (x, w, b), g)
+    _, ref = _grads(lambda x, w, b: ln_ref(x, w, b), (x.double(), w.double(), b.double()), g.double())
+    _check_grads(ours, ref, _dx_scale(x, w, g, centre=True))
+
+
+@pytest.mark.parametrize("which", ["rms", "ln"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_norm_backward_reaches_x_and_residual(norms, device, which, dtype):
+    N = 4097
+    x, r, w = rand((2, N), dtype, device), rand((2, N), dtype, device), rand(N, dtype, device)
+    g_out, g_h = rand((2, N), dtype, device), rand((2, N), dtype, device)
+    ours_fn = (lambda x, r, w: norms.add_rms_norm(x, r, w)) if which == "rms" else (lambda x, r, w: norms.add_layer_norm(x, r, w))
+    norm = (lambda h, w: rms_ref(h, w)) if which == "rms" else (lambda h, w: ln_ref(h, w))
+
+    def ref_fn(x, r, w):
+        h = x + r
+        h = h + (h.to(dtype).double() - h).detach()  # rounded to the residual dtype, gradient straight through
+        return norm(h, w), h
+
+    _, ours = _grads(ours_fn, (x, r, w), (g_out, g_h))
+    _, ref = _grads(ref_fn, (x.double(), r.double(), w.double()), (g_out.double(), g_h.double()))
+    _check_grads(ours, ref)
+    assert ours[0].data_ptr() != ours[1].data_ptr()  # two buffers: accumulating into one must not touch the other
+
+
+@pytest.mark.parametrize("which", ["rms", "ln"])
+def test_weight_gradients_are_deterministic(norms, device, which):
+    x = rand((37, 300), torch.float32, device)
+    w = rand(300, torch.float32, device)
+    fn = (lambda x, w: norms.rms_norm(x, w)) if which == "rms" else (lambda x, w: norms.layer_norm(x, w))
+    g = rand((37, 300), torch.float32, device)
+    first = _grads(fn, (x, w), g)[1]
+    second = _grads(fn, (x, w), g)[1]
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_case12_layer_norm_backward_3d(norms, device):
+    """(2, 8, 64) normalised over the last dim only (not 2 rows of 512)."""
+    x, w, b = rand((2, 8, 64), torch.float32, device), rand(64, torch.float32, device), rand(64, torch.float32, device)
+    g = rand((2, 8, 64), torch.float32, device)
+    _, ours = _grads(lambda x, w, b: norms.layer_norm(x, w, b), (x, w, b), g)
+    _, ref = _grads(lambda x, w, b: F.layer_norm(x, (64,), w, b), (x.double(), w.double(), b.double()), g.double())
+    _check_grads(ours, ref)
+
+
+@pytest.mark.parametrize("N", [65537, 262144])  # ~12 s in all under the interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_case1_wide_rows_forward_backward(norms, device, N, dtype):
+    x, w, b = rand((2, N), dtype, device), rand(N, dtype, device), rand(N, dtype, device)
+    g = rand((2, N), dtype, device)
+    outs, ours = _grads(lambda x, w: norms.rms_norm(x, w), (x, w), g)
+    assert_close_ref(outs[0], rms_ref(x, w))
+    _, ref = _grads(lambda x, w: rms_ref(x, w), (x.double(), w.double()), g.double())
+    _check_grads(ours, ref)
+    outs, ours = _grads(lambda x, w, b: norms.layer_norm(x, w, b), (x, w, b), g)
+    assert_close_ref(outs[0], ln_ref(x, w, b), rel_atol=2e-6)
+    _, ref = _grads(lambda x, w, b: ln_ref(x, w, b), (x.double(), w.double(), b.double()), g.double())
+    _check_grads(ours, ref)
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+@pytest.mark.parametrize("which", ["rms", "ln"])
+def test_case3_gradient_buffers_used_twice(norms, device, which):
+    """h = r + norm1(a); out = norm2(h); the loss uses out and h; backward twice with one dy."""
+    norm = norms.rms_norm if which == "rms" else norms.layer_norm
+    ref_norm = F.rms_norm if which == "rms" else F.layer_norm
+    a, r = rand((4, 96), torch.float32, device), rand((4, 96), torch.float32, device)
+    w1, w2 = rand(96, torch.float32, device), rand(96, torch.float32, device)
+    dy = rand((4, 96), torch.float32, device)
+    dy_copy = dy.clone()
+
+    def run(fn, tensors):
+        leaves = [t.detach().clone().requires_grad_() for t in tensors]
+        a, r, w1, w2 = leaves
+        h = r + fn(a, w1)
+        out = fn(h, w2)
+        for _ in range(2):  # same upstream-gradient tensor twice: grads accumulate
+            torch.autograd.backward([out, h], [dy.to(out.dtype), dy.to(h.dtype)], retain_graph=True)
+        return [t.grad for t in leaves]
+
+    ours = run(lambda x, w: norm(x, w), (a, r, w1, w2))
+    ref = run(lambda x, w: ref_norm(x, (96,), w, eps=1e-6 if which == "rms" else 1e-5),
+              (a.double(), r.double(), w1.double(), w2.double()))
+    assert torch.equal(dy, dy_copy)  # the upstream gradient was not overwritten
+    _check_grads(ours, ref)
+
+
+@pytest.mark.parametrize("which", ["rms", "ln", "add_rms"])
+def test_case8_expanded_and_transposed_upstream_gradient(norms, device, which):
+    x, w = rand((24, 40), torch.float32, device), rand(40, torch.float32, device)
+    r = rand((24, 40), torch.float32, device)
+    fns = {
+        "rms": (lambda x, r, w: norms.rms_norm(x, w), lambda x, r, w: rms_ref(x, w)),
+        "ln": (lambda x, r, w: norms.layer_norm(x, w), lambda x, r, w: ln_ref(x, w)),
+        "add_rms": (lambda x, r, w: norms.add_rms_norm(x, r, w)[0], lambda x, r, w: rms_ref(x + r, w)),
+    }
+    ours_fn, ref_fn = fns[which]
+    leaves = [t.clone().requires_grad_() for t in (x, r, w)]
+    ours_fn(*leaves).sum().backward()  # stride-0 gradient
+    ref_leaves = [t.double().requires_grad_() for t in (x, r, w)]
+    ref_fn(*ref_leaves).sum().backward()
+    _check_grads([t.grad for t in leaves], [t.grad for t in ref_leaves])
+
+    gt = rand((40, 24), torch.float32, device).t()  # transposed gradient (column stride 24)
+    leaves = [t.clone().requires_grad_() for t in (x, r, w)]
+    ours_fn(*leaves).backward(gt)
+    ref_leaves = [t.double().requires_grad_() for t in (x, r, w)]
+    ref_fn(*ref_leaves).backward(gt.double())
+    _check_grads([t.grad for t in leaves], [t.grad for t in ref_leaves])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_case9_misaligned_inputs_and_sliced_weights(norms, device, dtype):
+    N = 127
+    buf = rand(3 * N + 1, dtype, device)
+    x = buf[1:].view(3, N)  # base pointer not 16-byte aligned
+    wbuf = rand(4 * N, dtype, device)
+    w, b = wbuf[5:5 + N], wbuf[2 * N + 3:3 * N + 3]  # weights sliced out of a larger buffer
+    assert_close_ref(norms.rms_norm(x, w, b), rms_ref(x, w, b))
+    assert_close_ref(norms.layer_norm(x, w, b), ln_ref(x, w, b), rel_atol=2e-6)
+    out, h = norms.add_rms_norm(x, buf[:-1].view(3, N), w)
+    assert_close_ref(out, rms_ref((x.float() + buf[:-1].view(3, N).float()).to(dtype), w))
+
+
+def test_row_strides_and_non_contiguous_inputs(norms, device):
+    big = rand((6, 300), torch.float32, device)
+    x = big[::2, 10:138]  # row stride 600, unit column stride: read in place
+    assert_close_ref(norms.rms_norm(x), rms_ref(x))
+    xt = rand((64, 5), torch.float32, device).t()  # column stride 5: copied once
+    assert_close_ref(norms.layer_norm(xt), ln_ref(xt), rel_atol=2e-6)
+    w = rand(128, torch.float32, device)[::2]  # strided weight: copied once
+    assert_close_ref(norms.rms_norm(xt, w), rms_ref(xt, w))
+    x3 = rand((4, 5, 32), torch.float32, device)[:, 1:4]  # leading dims that do not collapse
+    assert_close_ref(norms.rms_norm(x3), rms_ref(x3))
+
+
+def test_poisoned_memory_and_no_nan(norms, device):
+    poison = torch.full((1 << 16,), float("nan"), device=device)
+    del poison  # its memory is likely handed to the outputs below
+    x = rand((8, 1000), torch.bfloat16, device)
+    for y in (norms.rms_norm(x), norms.layer_norm(x), *norms.add_rms_norm(x, x)):
+        assert not torch.isnan(y).any()
+    zeros = torch.zeros((2, 64), device=device)  # eps keeps an all-zero row finite
+    assert torch.equal(norms.rms_norm(zeros), zeros)
+    assert torch.equal(norms.layer_norm(zeros), zeros)
+
+
+def test_empty_inputs_return_empty_outputs(norms, device):
+    for shape in [(0, 16), (3, 0, 16)]:
+        x = torch.empty(shape, device=device, requires_grad=True)
+        w = torch.ones(16, device=device, requires_grad=True)
+        y = norms.rms_norm(x, w)
+        assert y.shape == x.shape
+        y.sum().backward()
+        assert torch.equal(w.grad, torch.zeros(16, device=device))
+        assert norms.layer_norm(x, w, w).shape == x.shape
+
+
+# ----------------------------------------------------------------------------- ops and compile
+
+
+def _op(norms, name):
+    return getattr(norms._ops.ops, name).default
+
+
+def test_opcheck_every_op(norms, device):
+    N = 33
+    x = rand((3, N), torch.float32, device).requires_grad_()
+    r = rand((3, N), torch.bfloat16, device).requires_grad_()
+    w = rand(N, torch.float32, device).requires_grad_()
+    b = rand(N, torch.bfloat16, device).requires_grad_()
+    fwd = _op(norms, "rms_norm_fwd")
+    torch.library.opcheck(fwd, (x, None, w, None, 1e-6, 0.0, None, torch.float32))
+    torch.library.opcheck(fwd, (x, r, w, b, 1e-6, 1.0, torch.bfloat16, torch.bfloat16))
+    torch.library.opcheck(fwd, (x.detach(), None, None, None, 1e-6, 0.0, torch.float16, torch.float16))
+    ln = _op(norms, "layer_norm_fwd")
+    torch.library.opcheck(ln, (x, None, w, b, 1e-5))
+    torch.library.opcheck(ln, (x, r, None, None, 1e-5))
+    dy = rand((3, N), torch.float32, device)
+    rstd = torch.rand(3, device=device) + 0.5
+    torch.library.opcheck(_op(norms, "rms_norm_bwd"),
+                          (dy, dy, x.detach(), w.detach(), rstd, 0.0, None, torch.float32, torch.bfloat16, True, False))
+    torch.library.opcheck(_op(norms, "layer_norm_bwd"),
+                          (dy, None, x.detach(), w.detach(), rstd - 0.5, rstd, torch.float32, None, True, True))
+
+
+def test_case5_compile_fullgraph(norms, device):
+    def f(x, r, w, b):
+        out, h = norms.add_rms_norm(x, r, w, eps=1e-6, cast_dtype=torch.bfloat16)
+        return norms.layer_norm(out, w, b) + norms.rms_norm(h, w, weight_offset=1.0) * 2
+
+    x, r = rand((4, 64), torch.bfloat16, device), rand((4, 64), torch.bfloat16, device)
+    w, b = rand(64, torch.float32, device), rand(64, torch.float32, device)
+    leaves = [t.clone().requires_grad_() for t in (x, r, w, b)]
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    y = compiled(*leaves)
+    y.float().sum().backward()
+    eager_leaves = [t.clone().requires_grad_() for t in (x, r, w, b)]
+    y_eager = f(*eager_leaves)
+    y_eager.float().sum().backward()
+    assert torch.equal(y, y_eager)
+    for a, e in zip(leaves, eager_leaves):
+        assert torch.equal(a.grad, e.grad)
+
+
+# ----------------------------------------------------------------------------- launch config
+
+
+@pytest.mark.parametrize("warp_size", [32, 64])
+def test_case10_config_picker_respects_warp_size(norms, warp_size):
+    for N in [1, 3, 127, 4095, 4097, 32771, 65537, 262144, 1 << 20]:
+        for element_size in (2, 4):
+            cfg = norms.pick_config(N, element_size, warp_size)
+            assert cfg.num_warps * warp_size <= 1024
+            assert cfg.num_warps >= 1 and cfg.num_warps & (cfg.num_warps - 1) == 0
+            assert cfg.block_n & (cfg.block_n - 1) == 0
+            assert cfg.loop == (cfg.block_n < N)
+            if not cfg.loop:
+                assert cfg.block_n >= N
+    assert not norms.pick_config(16384, 4, warp_size).loop
+    assert norms.pick_config(16385, 4, warp_size).loop  # fp32 rows over 64 KiB loop
+    assert norms.pick_config(32768, 2, warp_size).num_warps * warp_size == 1024
+    with pytest.raises(ValueError, match="warp_size"):
+        norms.pick_config(128, 2, 48)
+    with pytest.raises(ValueError, match="N must be"):
+        norms.pick_config(0, 2, warp_size)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_bad_inputs_raise_clear_errors(norms, device):
+    x = torch.randn(2, 8, device=device)
+    with pytest.raises(TypeError, match=r"x must have dtype .*float64"):
+        norms.rms_norm(x.double())
+    with pytest.raises(TypeError, match=r"x must have dtype .*int32"):
+        norms.layer_norm(torch.ones(2, 8, dtype=torch.int32, device=device))
+    with pytest.raises(TypeError, match="weight must have dtype"):
+        norms.rms_norm(x, torch.ones(8, dtype=torch.float64, device=device))
+    with pytest.raises(ValueError, match=r"weight must have shape \(N,\) = \(8,\)"):
+        norms.rms_norm(x, torch.ones(7, device=device))
+    with pytest.raises(ValueError, match=r"bias must have shape"):
+        norms.layer_norm(x, None, torch.ones(2, 8, device=device))
+    with pytest.raises(ValueError, match="weight is on meta"):
+        norms.rms_norm(x, torch.ones(8, device="meta"))
+    with pytest.raises(ValueError, match="residual is on meta"):
+        norms.add_layer_norm(x, torch.ones(2, 8, device="meta"))
+    with pytest.raises(ValueError, match="residual must have the shape"):
+        norms.add_rms_norm(x, torch.ones(2, 9, device=device))
+    with pytest.raises(ValueError, match="eps must be"):
+        norms.rms_norm(x, eps=-1e-6)
+    with pytest.raises(ValueError, match="eps must be"):
+        norms.layer_norm(x, eps=float("nan"))
+    with pytest.raises(TypeError, match="cast_dtype must be"):
+        norms.rms_norm(x, cast_dtype=torch.float64)
+    with pytest.raises(ValueError, match="at least one dimension"):
+        norms.rms_norm(torch.tensor(1.0, device=device))
+
+
+def test_cpu_tensor_without_interpreter_raises(built):
+    """Without TRITON_INTERPRET=1 the kernels are GPU kernels: a CPU tensor gets a clear error."""
+    variant = built["triton-norms"].variant("cpu")
+    code = (
+        "import kernels, torch\n"
+        f"m = kernels.get_local_kernel(__import__('pathlib').Path({str(variant)!r}))\n"
+        "try:\n"
+        "    m.rms_norm(torch.randn(2, 8))\n"
+        "except RuntimeError as e:\n"
+        "    print('ERR', e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "ERR" in res.stdout and "TRITON_INTERPRET=1" in res.stdout, res.stdout + res.stderr
