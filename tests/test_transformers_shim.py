@@ -155,33 +155,74 @@ def test_each_family_within_one_bf16_ulp_per_module(installed, device, kind):
 
 
 def test_exact_types_only_and_plain_torch_modules(installed, device):
-    from diffusers.models.normalization import FP32LayerNorm
+    from diffusers.models.normalization import FP32LayerNorm, RMSNorm
 
-    model = nn.Sequential(nn.LayerNorm(64), FP32LayerNorm(64), nn.RMSNorm(64), nn.Linear(64, 64)).to(device)
+    model = nn.Sequential(nn.LayerNorm(64), FP32LayerNorm(64), nn.RMSNorm(64), RMSNorm(64, eps=1e-6),
+                          nn.Linear(64, 64)).to(device)
     x = torch.randn(4, 64, device=device)
     with torch.no_grad():
         ref = model(x)
 
     report = kernelize(model, mode=Mode.INFERENCE, org=ORG)
 
-    assert report.swapped == {"0": "LayerNorm", "2": "TorchRMSNorm"}
+    assert report.swapped == {"0": "LayerNorm", "2": "TorchRMSNorm", "3": "DiffusersRMSNorm"}
     assert "forward" not in vars(model[1])  # FP32LayerNorm (a LayerNorm subclass) keeps its own numerics
     with torch.no_grad():
         torch.testing.assert_close(model(x), ref, **LOGIT_TOL[torch.float32])
 
 
-def test_class_attributes_restored_after_kernelize(installed, device):
+def test_training_mode_gradients(installed, device):
+    import copy
+
+    model = _tiny("llama", torch.float32, device)
+    reference = copy.deepcopy(model)
+    kernelize(model, mode=Mode.TRAINING, org=ORG)
+    ids = _prompt(device)
+    for m in (model, reference):
+        m.train()
+        m(ids, labels=ids).loss.backward()
+    grads = dict(reference.named_parameters())
+    for name, param in model.named_parameters():  # fp32 sums in another order (dx row dots, dw partials)
+        torch.testing.assert_close(param.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_class_attributes_restored_and_kernelize_twice(installed, device):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     before = LlamaRMSNorm.__dict__.get("kernel_layer_name")
-    kernelize(_tiny("llama", torch.float32, device), mode=Mode.INFERENCE, org=ORG)
-    assert LlamaRMSNorm.__dict__.get("kernel_layer_name") == before
+    model = _tiny("llama", torch.float32, device)
+    first = kernelize(model, mode=Mode.INFERENCE, org=ORG)
+    assert LlamaRMSNorm.__dict__.get("kernel_layer_name") == before  # transformers' "RMSNorm" (or none)
+    assert kernelize(model, mode=Mode.INFERENCE, org=ORG).swapped == first.swapped
 
 
 def test_local_kernels_override(built, device, monkeypatch):
     monkeypatch.setenv("LOCAL_KERNELS", f"{ORG}/triton-norms={built['triton-norms'].path}")
     model = _tiny("olmo2", torch.float16, device)
     assert set(kernelize(model, mode=Mode.INFERENCE, org=ORG).swapped.values()) == {"Olmo2RMSNorm"}
+
+
+def test_works_with_transformers_hooks_disabled(installed):
+    """USE_HUB_KERNELS=0 turns transformers' decorators into no-ops (read at import: a fresh process)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, transformers\n"
+        "from kernels import Mode\n"
+        "from transformers.models.llama.modeling_llama import LlamaRMSNorm\n"
+        "from triton_collection.integrations.transformers import kernelize\n"
+        "assert 'kernel_layer_name' not in vars(LlamaRMSNorm)\n"
+        f"cfg = transformers.LlamaConfig(**{_TINY!r})\n"
+        "model = transformers.LlamaForCausalLM(cfg).eval()\n"
+        f"print(len(kernelize(model, mode=Mode.INFERENCE, org={ORG!r})))\n"
+        "assert 'kernel_layer_name' not in vars(LlamaRMSNorm)\n"
+    )
+    env = {**os.environ, "USE_HUB_KERNELS": "0"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "5"
 
 
 # ----------------------------------------------------------------------------- clear errors

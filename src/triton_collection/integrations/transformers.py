@@ -257,6 +257,7 @@ def kernelize(
         if func is None or (func.__module__, func.__qualname__) != (expected.__module__, expected.__qualname__):
             raise RuntimeError(f"kernelize: {name or type(model).__name__} still runs {module.forward!r}, not {family.layer}")
         report.swapped[name] = family.layer
+        log.debug("kernelize: %s -> %s", name, family.layer)
     for cls_name, layer in report.layers.items():
         count = sum(1 for _, m in targets if _class_key(type(m)) == cls_name)
         log.info("kernelize: %d x %s -> %s", count, cls_name, layer)
