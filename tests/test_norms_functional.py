@@ -382,7 +382,8 @@ def test_opcheck_every_op(norms, device):
                           (dy, None, x.detach(), w.detach(), rstd - 0.5, rstd, torch.float32, None, True, True))
 
 
-def test_case5_compile_fullgraph(norms, device):
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_case5_compile_fullgraph(norms, device, backend):
     def f(x, r, w, b):
         out, h = norms.add_rms_norm(x, r, w, eps=1e-6, cast_dtype=torch.bfloat16)
         return norms.layer_norm(out, w, b) + norms.rms_norm(h, w, weight_offset=1.0) * 2
@@ -390,7 +391,7 @@ def test_case5_compile_fullgraph(norms, device):
     x, r = rand((4, 64), torch.bfloat16, device), rand((4, 64), torch.bfloat16, device)
     w, b = rand(64, torch.float32, device), rand(64, torch.float32, device)
     leaves = [t.clone().requires_grad_() for t in (x, r, w, b)]
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
     y = compiled(*leaves)
     y.float().sum().backward()
     eager_leaves = [t.clone().requires_grad_() for t in (x, r, w, b)]
