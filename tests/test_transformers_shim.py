@@ -85,6 +85,38 @@ def test_probe_picks_the_family_of_each_class(kind, layer):
     assert norms and all(probe(m).family.layer == layer for m in norms)
 
 
+def test_known_class_lists_agree_with_the_probe():
+    """Every class named in a family's list that this transformers has probes into that family."""
+    import importlib
+
+    from triton_collection.integrations.families import FAMILIES
+
+    checked = 0
+    for family in FAMILIES:
+        for name in sorted(family.known_classes):
+            model_type = _MODEL_TYPE.get(name)
+            try:
+                module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+            except ImportError:
+                continue  # older/newer transformers without this model
+            cls = getattr(module, name, None)
+            if cls is None:
+                continue
+            result = probe(cls(64))
+            assert result.family is family, (name, result.reason)
+            checked += 1
+    assert checked >= 15
+
+
+_MODEL_TYPE = {
+    "LlamaRMSNorm": "llama", "MistralRMSNorm": "mistral", "Qwen2RMSNorm": "qwen2", "Qwen3RMSNorm": "qwen3",
+    "Qwen3MoeRMSNorm": "qwen3_moe", "Phi3RMSNorm": "phi3", "DeepseekV3RMSNorm": "deepseek_v3",
+    "Glm4RMSNorm": "glm4", "SmolLM3RMSNorm": "smollm3", "GraniteRMSNorm": "granite", "Olmo2RMSNorm": "olmo2",
+    "Olmo3RMSNorm": "olmo3", "GptOssRMSNorm": "gpt_oss", "NemotronHRMSNorm": "nemotron_h",
+    "DeepseekV4RMSNorm": "deepseek_v4", "GemmaRMSNorm": "gemma", "Gemma2RMSNorm": "gemma2", "Gemma3RMSNorm": "gemma3",
+}
+
+
 def test_probe_refuses_other_numerics_and_extra_arguments():
     class HalfPrecisionRMSNorm(nn.Module):  # normalises in the input dtype: no family matches
         def __init__(self):
