@@ -280,3 +280,21 @@ def test_invalid_mode_and_missing_package(installed, device):
         kernelize(model, mode=Mode.FALLBACK, org=ORG)
     with pytest.raises(RuntimeError, match="cannot load layer"):
         kernelize(model, mode=Mode.INFERENCE, org="no-such-org")
+
+
+def test_failure_half_way_leaves_no_module_swapped(installed, device, monkeypatch):
+    import kernels
+
+    real, calls = kernels.kernelize, []
+
+    def fail_on_third(module, **kwargs):
+        calls.append(module)
+        if len(calls) == 3:
+            raise RuntimeError("simulated failure")
+        return real(module, **kwargs)
+
+    monkeypatch.setattr(kernels, "kernelize", fail_on_third)
+    model = _tiny("llama", torch.float32, device)
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        kernelize(model, mode=Mode.INFERENCE, org=ORG)
+    assert all("forward" not in vars(m) for m in model.modules())

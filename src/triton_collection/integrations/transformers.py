@@ -236,9 +236,18 @@ def kernelize(
             kernels.replace_kernel_forward_from_hub(
                 cls, key[family], condition=lambda m, cls=cls: type(m) is cls and id(m) in target_ids
             )
-        with kernels.use_kernel_mapping(mapping), _quiet_kernels_root_log():
-            for _, module in targets:
-                kernels.kernelize(module, mode=mode, device=device_type, use_fallback=False)
+        prior = [(module, vars(module).get("forward")) for _, module in targets]
+        try:
+            with kernels.use_kernel_mapping(mapping), _quiet_kernels_root_log():
+                for _, module in targets:
+                    kernels.kernelize(module, mode=mode, device=device_type, use_fallback=False)
+        except BaseException:
+            for module, forward in prior:  # all or nothing: no half-kernelized model
+                if forward is None:
+                    vars(module).pop("forward", None)
+                else:
+                    module.forward = forward
+            raise
     finally:
         for cls, attrs in saved.items():
             for attr in ("kernel_layer_name", "kernel_condition"):
