@@ -99,23 +99,30 @@ def check_layers_exact(norms) -> None:
                 check(f"exact {name} {str(dtype)[6:]} {rows}x{hidden}", same, f"max|diff|={diff:.3g} dtype {got.dtype}/{ref.dtype}")
 
 
-def check_kernelized_llama(norms) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def check_kernelized_models(norms) -> None:
+    """Case 6: kernelized Llama, Olmo2 and Gemma models (bf16, random norm weights) give bit-identical logits."""
+    from transformers import AutoModelForCausalLM, GemmaConfig, LlamaConfig, Olmo2Config
 
-    from triton_collection.integrations.transformers import kernelize
     from kernels import Mode
+    from triton_collection.integrations.transformers import kernelize
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=9,
-                      num_key_value_heads=3, vocab_size=4096, max_position_embeddings=512)
-    model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
-    ids = torch.randint(0, cfg.vocab_size, (2, 37), device="cuda")
-    with torch.no_grad():
-        ref = model(ids).logits
-        swapped = kernelize(model, mode=Mode.INFERENCE, device="cuda")
-        got = model(ids).logits
-    check("case6 kernelized Llama bf16 logits bit-identical", torch.equal(ref, got),
-          f"swapped={len(swapped)} max|diff|={(ref.float() - got.float()).abs().max().item():.3g}")
+    shape = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=9,
+                 num_key_value_heads=3, vocab_size=4096, max_position_embeddings=512)
+    for cfg in (LlamaConfig(**shape), Olmo2Config(**shape), GemmaConfig(**shape, head_dim=64)):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg).to("cuda", torch.bfloat16).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:  # all-ones weights would hide a wrong family
+                    p.copy_(torch.randn_like(p) * 0.5 + 1.0)
+        ids = torch.randint(0, cfg.vocab_size, (2, 37), device="cuda")
+        with torch.no_grad():
+            ref = model(ids).logits
+            report = kernelize(model, mode=Mode.INFERENCE, device="cuda")
+            got = model(ids).logits
+        layers = sorted(set(report.swapped.values()))
+        check(f"case6 kernelized {cfg.model_type} bf16 logits bit-identical", torch.equal(ref, got),
+              f"swapped={len(report)} {layers} max|diff|={(ref.float() - got.float()).abs().max().item():.3g}")
 
 
 def check_case2(norms) -> None:
@@ -241,7 +248,7 @@ def main() -> int:
     ceiling = copy_ceiling()
     RESULTS["env"]["copy_gbps"] = ceiling
     log(f"copy ceiling {ceiling:.0f} GB/s on {RESULTS['env']['gpu']}")
-    steps = [check_layers_exact, check_kernelized_llama, check_case2]
+    steps = [check_layers_exact, check_kernelized_models, check_case2]
     if "--no-bench" not in sys.argv:
         steps.append(lambda n: bench_norms(n, ceiling))
     for step in steps:
