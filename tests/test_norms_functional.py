@@ -140,11 +140,21 @@ def test_rms_norm_rounding_options_match_eager(norms, device, dtype):
 
 
 def _assert_mostly_exact(actual, expected):
-    """Bit-exact but for torch's differently ordered fp32 mean: at most 1 ulp, on < 2% of elements."""
+    """Bit-exact but for torch's differently ordered fp32 sum of squares.
+
+    That order flips rstd by an fp32 ulp on some rows (about 20% of rows on an H200,
+    few on CPU); a flip moves a half-precision output by at most 2 ulps (1 ulp in xn
+    rounded before a weight multiply, then the product's rounding), on a small fraction
+    of elements. fp32 outputs keep the flip: a few ulps on those rows.
+    """
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    if actual.dtype == torch.float32:
+        assert_close_ref(actual, expected.double(), rel_atol=0.0)
+        return
     diff = actual != expected
     assert diff.float().mean().item() < 0.02, f"{int(diff.sum())} of {diff.numel()} elements differ"
-    assert_close_ref(actual, expected.double(), ulps=1, rel_atol=0.0)
+    big = torch.maximum(actual.double().abs(), expected.double().abs())
+    assert ((actual.double() - expected.double()).abs() <= 2 * ulp(big, actual.dtype)).all()
 
 
 # ----------------------------------------------------------------------------- gradients
@@ -470,3 +480,23 @@ def test_cpu_tensor_without_interpreter_raises(built):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "ERR" in res.stdout and "TRITON_INTERPRET=1" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.gpu
+def test_case2_more_than_2_31_elements(norms, device):
+    """(1, 1048576, 4096) bf16 forward + backward: row offsets must be 64-bit (rows >= 524288)."""
+    if device != "cuda":
+        pytest.skip("4.3 GB tensors: GPU only")
+    M, N = 1 << 20, 4096
+    x = torch.randn(1, M, N, device=device, dtype=torch.bfloat16).requires_grad_()
+    w = (torch.rand(N, device=device) + 0.5).to(torch.bfloat16).requires_grad_()
+    y = norms.rms_norm(x, w, cast_dtype=torch.bfloat16)
+    dy = torch.ones((), device=device, dtype=torch.bfloat16).expand(y.shape)  # also stride-0 (case 8)
+    y.backward(dy)
+    rows = torch.tensor([0, 524287, 524288, M - 1], device=device)
+    xs = x.detach()[0, rows].double().requires_grad_()
+    ref = rms_ref(xs, w.detach())
+    assert_close_ref(y.detach()[0, rows], ref, ulps=2)
+    ref.sum().backward()
+    assert_close_ref(x.grad[0, rows], xs.grad, rel_atol=GRAD_REL, scale=_dx_scale(xs, w, dy[0, :4], centre=False))
+    assert torch.isfinite(w.grad.float()).all()

@@ -4,7 +4,8 @@ Each layer's ``forward`` is run with the original module as ``self`` (exactly wh
 ``kernelize`` does) and compared with the module's own forward: same output dtype,
 same values. Half-precision outputs must be bit-identical except where torch's
 differently ordered fp32 mean of squares lands on the other side of a rounding
-boundary: at most 1 ulp, on under 2% of elements (typically 0). fp32 outputs
+boundary: at most 2 ulps, on under 2% of elements (measured on an H200: rstd differs
+by one fp32 ulp on ~20% of rows, output elements differ at a rate of ~1e-5). fp32 outputs
 differ only by that fp32 reduction order (a few ulps). One test goes through
 ``kernels.kernelize`` with the layers loaded by Hub name.
 """
@@ -29,8 +30,9 @@ def _ulp(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def assert_matches_module(actual: torch.Tensor, expected: torch.Tensor):
     assert actual.dtype == expected.dtype, f"dtype {actual.dtype} != module's {expected.dtype}"
     assert actual.shape == expected.shape
-    ulps = FP32_ULPS if expected.dtype == torch.float32 else 1
-    tol = ulps * _ulp(expected, expected.dtype)
+    # a flipped rstd moves a half output by <= 2 ulps (xn rounded before the weight multiply)
+    ulps = FP32_ULPS if expected.dtype == torch.float32 else 2
+    tol = ulps * _ulp(torch.maximum(actual.abs(), expected.abs()), expected.dtype)
     if expected.dtype == torch.float32:  # x * w + b may cancel: fp32 rounding at the terms' scale
         tol = tol + 4 * _ulp(expected.abs().max(), torch.float32)
     diff = (actual.double() - expected.double()).abs()
@@ -141,7 +143,10 @@ def test_layer_norm_matches_torch(norms, device, shape, affine, bias, x_dtype, p
     module = _randomise(nn.LayerNorm(shape, elementwise_affine=affine, bias=bias)).to(device=device, dtype=p_dtype)
     x = torch.randn(3, 2, *shape, device=device).to(x_dtype) + 1
     with torch.no_grad():
-        expected = module(x)
+        try:
+            expected = module(x)
+        except RuntimeError as e:  # CUDA layer_norm rejects a half input with fp32 parameters
+            pytest.skip(f"torch rejects this combination here: {e}")
         actual = _run_layer(norms.layers.LayerNorm, module, x)
     assert actual.dtype == expected.dtype
     scale = expected.abs().max().double()
