@@ -94,6 +94,24 @@ def check_inputs(
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all tensors must be on one device")
 
 
+def prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype):
+    """Validates rms_norm/add_rms_norm arguments; returns (eps, out_dtype) with the default filled in."""
+    check_inputs(x, residual, weight, bias)
+    check_dtype_arg("cast_dtype", cast_dtype)
+    check_dtype_arg("out_dtype", out_dtype)
+    eps = check_eps(eps)
+    if out_dtype is None:
+        out_dtype = residual.dtype if residual is not None else x.dtype
+    return eps, out_dtype
+
+
+def cast_constexpr(cast_dtype: Optional[torch.dtype]):
+    """The CAST_DTYPE meta-parameter: None when rounding to it would be a no-op."""
+    if cast_dtype in (None, torch.float32):
+        return None
+    return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[cast_dtype]
+
+
 def rows_view(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a (M, N) matrix with a unit last-dim stride.
 

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import triton
-import triton.language as tl
 
 # Largest row (in bytes of input) kept in registers in one block.
 MAX_FUSED_BYTES = 65536
@@ -31,12 +29,6 @@ LOOP_BLOCK_BYTES = 16384
 BYTES_PER_THREAD = 64
 # Threads per program allowed by NVIDIA and AMD hardware alike.
 MAX_THREADS_PER_PROGRAM = 1024
-
-TL_DTYPES = {
-    torch.float16: tl.float16,
-    torch.bfloat16: tl.bfloat16,
-    torch.float32: tl.float32,
-}
 
 
 @dataclass(frozen=True)
@@ -89,10 +81,14 @@ def num_partial_programs(device: torch.device, M: int) -> int:
     A few programs per multiprocessor on a GPU (each loops over M / P rows); a
     handful under the interpreter, where programs run one after another.
     """
+    if device.type == "cpu":
+        return max(1, min(M, 4))
+    units = 256  # a safe default for a GPU whose core count torch does not report
     if device.type == "cuda" and torch.cuda.is_available():
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return max(1, min(M, 4 * sms))
-    return max(1, min(M, 4))
+        units = torch.cuda.get_device_properties(device).multi_processor_count
+    elif device.type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
+        units = getattr(torch.xpu.get_device_properties(device), "gpu_subslice_count", units)
+    return max(1, min(M, 4 * units))
 
 
 def is_interpreter(kernel) -> bool:
@@ -127,7 +123,3 @@ def launch_options(kernel) -> dict:
         return {}
     return {"enable_fp_fusion": False}
 
-
-def tl_dtype(dtype: Optional[torch.dtype]):
-    """The Triton dtype for a torch float dtype (None stays None)."""
-    return None if dtype is None else TL_DTYPES[dtype]

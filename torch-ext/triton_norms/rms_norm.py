@@ -33,24 +33,9 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    check_dtype_arg,
-    check_eps,
-    check_inputs,
-    grad_rows,
-    load_grad_chunk,
-    load_input_chunk,
-    round_to,
-    rows_view,
-    vector,
+    cast_constexpr, grad_rows, load_grad_chunk, load_input_chunk, prepare_rms_args, round_to, rows_view, vector,
 )
-from ._launch import (
-    check_launch_device,
-    device_warp_size,
-    launch_options,
-    num_partial_programs,
-    pick_config,
-    tl_dtype,
-)
+from ._launch import check_launch_device, device_warp_size, launch_options, num_partial_programs, pick_config
 from ._ops import add_op_namespace_prefix
 
 Tensor = torch.Tensor
@@ -217,10 +202,6 @@ def _rms_norm_bwd_kernel(
                     tl.store(p, tl.load(p, mask=mask, other=0.0) + dy, mask=mask)
 
 
-def _cast_constexpr(cast_dtype: Optional[torch.dtype]):
-    return None if cast_dtype in (None, torch.float32) else tl_dtype(cast_dtype)
-
-
 @torch.library.custom_op(add_op_namespace_prefix("rms_norm_fwd"), mutates_args=())
 def _rms_norm_fwd(
     x: Tensor,
@@ -249,7 +230,7 @@ def _rms_norm_fwd(
         x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, rstd,
         x2.stride(0), r2.stride(0) if r2 is not None else 0,
         N, eps, weight_offset,
-        CAST_DTYPE=_cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
+        CAST_DTYPE=cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
         num_warps=cfg.num_warps, **launch_options(_rms_norm_fwd_kernel),
     )
     return y, h, rstd
@@ -302,7 +283,7 @@ def _rms_norm_bwd(
         dy2.stride(0), dy2.stride(1), x2.stride(0),
         dh2.stride(0) if dh2 is not None else 0, dh2.stride(1) if dh2 is not None else 0,
         M, N, rows_per_program, weight_offset,
-        CAST_DTYPE=_cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
+        CAST_DTYPE=cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
         num_warps=cfg.num_warps, **launch_options(_rms_norm_bwd_kernel),
     )
     dw = dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)
@@ -349,16 +330,6 @@ def _backward(ctx, dy, dh, drstd):
 _rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _prepare(x, residual, weight, bias, eps, cast_dtype, out_dtype):
-    check_inputs(x, residual, weight, bias)
-    check_dtype_arg("cast_dtype", cast_dtype)
-    check_dtype_arg("out_dtype", out_dtype)
-    eps = check_eps(eps)
-    if out_dtype is None:
-        out_dtype = residual.dtype if residual is not None else x.dtype
-    return eps, out_dtype
-
-
 def rms_norm(
     x: Tensor,
     weight: Optional[Tensor] = None,
@@ -398,7 +369,7 @@ def rms_norm(
     N is above one block), writes y once. Source: Zhang & Sennrich 2019,
     https://arxiv.org/abs/1910.07467; numerics of transformers' LlamaRMSNorm et al.
     """
-    eps, out_dtype = _prepare(x, None, weight, bias, eps, cast_dtype, out_dtype)
+    eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
     return _rms_norm_fwd(x, None, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype)[0]
 
 
@@ -424,6 +395,6 @@ def add_rms_norm(
         is normalised from that rounded h. Gradients flow to x and residual
         (both receive dh_total = d(out)/dh + d(h)).
     """
-    eps, out_dtype = _prepare(x, residual, weight, bias, eps, cast_dtype, out_dtype)
+    eps, out_dtype = prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype)
     y, h, _ = _rms_norm_fwd(x, residual, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype)
     return y, h
