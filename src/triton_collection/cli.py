@@ -48,7 +48,8 @@ def _cmd_install_local(args) -> int:
 
     collection = _collection(args)
     org = args.org or collection.org
-    out = Path(args.out) if args.out else collection.root / "dist" / "hub"
+    # local builds carry the cpu variant: keep them apart from the publishable dist/hub trees
+    out = Path(args.out) if args.out else collection.root / "dist" / "local" / org
     built = build_collection(collection, out, org=org, packages=args.package, cpu_variant=True)
     installed = [install_local(b, org=org) for b in built]
     rows = [{"repo_id": i.repo_id, "version": i.version, "commit": i.commit, "snapshot": str(i.snapshot)} for i in installed]
@@ -57,7 +58,7 @@ def _cmd_install_local(args) -> int:
     else:
         for r in rows:
             print(f"{r['repo_id']} v{r['version']} -> revision {r['commit']}")
-            print(f"  HF_HUB_OFFLINE=1 python -c \"import kernels; kernels.get_kernel('{r['repo_id']}', version={r['version']})\"")
+            print(f"  load: HF_HUB_OFFLINE=1 python -c \"import kernels; kernels.get_kernel('{r['repo_id']}', version={r['version']})\"")
     return 0
 
 
@@ -69,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     def common(p):
         p.add_argument("--root", help="collection folder (default: the one holding build.toml above the cwd)")
         p.add_argument("--package", action="append", help="Hub name of a package (repeat; default: all)")
-        p.add_argument("--out", help="output folder (default: <root>/dist/hub)")
+        p.add_argument("--out", help="output folder (default: <root>/dist/hub; install-local: <root>/dist/local/<org>)")
         p.add_argument("--org", help=f"Hub organisation (default: build.toml's, {DEFAULT_ORG})")
         p.add_argument("--json", action="store_true", help="print the result as JSON")
 

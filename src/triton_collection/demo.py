@@ -125,35 +125,38 @@ def _load(model: str | None, device: str, dtype: str):
     return tokenizer, lm
 
 
-def _find_collection_root() -> Path:
+def _find_collection_root() -> Path | None:
     here = Path(__file__).resolve()
     for folder in (Path.cwd(), *Path.cwd().parents, *here.parents):
         if (folder / "build.toml").is_file() and (folder / "torch-ext").is_dir():
             return folder
-    raise SystemExit("demo: the kernels are not installed and no collection checkout (build.toml) was found to build them")
+    return None
 
 
-def ensure_installed(org: str, version: int, *, reinstall: bool = False):
-    """Load ``<org>/triton-norms`` by Hub name from the cache; build and install it first if missing.
+def ensure_installed(org: str, version: int):
+    """Install ``<org>/triton-norms`` from the collection checkout, then load it by Hub name.
+
+    Inside a checkout the package is always rebuilt and installed (a fraction of a second; an
+    unchanged tree keeps its revision), so the demo never runs a stale cached build after the
+    kernels were edited. Without a checkout, the build already in the cache is used.
 
     Returns the loaded kernel module.
     """
     import kernels
 
-    repo_id = f"{org}/{NORMS_PACKAGE}"
-    if not reinstall:
-        try:
-            return kernels.get_kernel(repo_id, version=version)
-        except (ValueError, FileNotFoundError, OSError) as err:
-            log.info("%s v%d is not in the cache (%s); building and installing it", repo_id, version, err)
     from .build import build_collection
     from .install import install_local
     from .manifest import load_manifest
 
+    repo_id = f"{org}/{NORMS_PACKAGE}"
     root = _find_collection_root()
-    for built in build_collection(load_manifest(root), root / "dist" / "hub", org=org, packages=[NORMS_PACKAGE], cpu_variant=True):
-        installed = install_local(built, org=org)
-        log.info("installed %s v%d (revision %s)", installed.repo_id, installed.version, installed.commit)
+    if root is None:
+        log.info("no collection checkout here: loading %s v%d from the cache as installed", repo_id, version)
+    else:
+        out = root / "dist" / "local" / org
+        for built in build_collection(load_manifest(root), out, org=org, packages=[NORMS_PACKAGE], cpu_variant=True):
+            installed = install_local(built, org=org)
+            log.info("installed %s v%d from %s (revision %s)", installed.repo_id, installed.version, root, installed.commit)
     return kernels.get_kernel(repo_id, version=version)
 
 
@@ -192,7 +195,6 @@ def run_demo(
     max_new_tokens: int = 32,
     org: str = DEFAULT_ORG,
     version: int = 1,
-    reinstall: bool = False,
 ) -> DemoResult:
     """Answer ``prompt`` without and with the triton-norms kernels; see the module docstring.
 
@@ -203,7 +205,6 @@ def run_demo(
         dtype: ``"auto"`` (fp32 on CPU, bf16 on GPU), ``"float32"``, ``"float16"``, ``"bfloat16"``.
         max_new_tokens: generation length limit (greedy decoding).
         org / version: which ``<org>/triton-norms`` v<version> to load by Hub name.
-        reinstall: rebuild and reinstall the package even if the cache has it.
     """
     device = _pick_device(device)
     _prepare_environment(device)
@@ -219,7 +220,7 @@ def run_demo(
         baseline = _generate(lm, inputs, max_new_tokens)
 
     with _step(f"load {org}/{NORMS_PACKAGE} v{version} by Hub name", seconds):
-        kernel = ensure_installed(org, version, reinstall=reinstall)
+        kernel = ensure_installed(org, version)
     namespace = getattr(getattr(kernel, "ops", None), "name", kernel.__name__)
 
     from kernels import Mode
@@ -277,7 +278,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=32, help="greedy generation length limit (default: 32)")
     parser.add_argument("--org", default=DEFAULT_ORG, help=f"Hub organisation of the kernels (default: {DEFAULT_ORG})")
     parser.add_argument("--version", type=int, default=1, help="triton-norms version to load (default: 1)")
-    parser.add_argument("--reinstall", action="store_true", help="rebuild and reinstall the kernels even if cached")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
     return parser
@@ -286,7 +286,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run the parsed ``demo`` subcommand; exit code 0 when the greedy tokens agree, else 1."""
     result = run_demo(prompt=args.prompt, model=args.model, device=args.device, dtype=args.dtype,
-                      max_new_tokens=args.max_new_tokens, org=args.org, version=args.version, reinstall=args.reinstall)
+                      max_new_tokens=args.max_new_tokens, org=args.org, version=args.version)
     print(json.dumps(asdict(result), indent=2) if args.json else _report(result, args.prompt))
     return 0 if result.tokens_equal else 1
 
