@@ -63,3 +63,11 @@ def norms(installed):
     import kernels
 
     return kernels.get_kernel(f"{ORG}/triton-norms", version=1)
+
+
+@pytest.fixture(scope="session")
+def activations(installed):
+    """triton-activations v1 loaded by Hub name, offline, the way users load it."""
+    import kernels
+
+    return kernels.get_kernel(f"{ORG}/triton-activations", version=1)

@@ -1,0 +1,448 @@
+"""triton-activations functional API: values and gradients against fp64 PyTorch, views, ops, errors.
+
+The package is loaded by Hub name through the ``activations`` fixture (conftest), as
+users load it. On CPU the kernels run under the Triton interpreter.
+
+Tolerances (one table): the kernels compute in fp32 and round once (``"fused"``), so a
+half-precision result is within ``ULPS[dtype]`` = 1 rounding step of the fp64 reference
+rounded to that dtype. fp32 results carry fp32 evaluation error: tanh/exp/erf within a
+few ulps, and the GELU forms ``1 + tanh(u)`` / ``1 + erf(u)`` cancel for x << 0, where
+the error is absolute, about one fp32 ulp of 1 times |x| (torch's own kernels have it
+too): hence ``ABS_REL`` times max|reference| on top. Gradients get ``GRAD_REL``.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+HALF = [torch.float16, torch.bfloat16]
+MANTISSA = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
+MIN_EXP = {torch.float32: -126, torch.float16: -14, torch.bfloat16: -126}
+ULPS = {torch.float32: 8, torch.float16: 1, torch.bfloat16: 1}
+ABS_REL = 2.0**-21
+GRAD_REL = 2.0**-19
+GATED = ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul"]
+PLAIN = ["silu", "gelu", "gelu_tanh", "gelu_new", "gelu_fast", "gelu_quick"]
+# d regimes: 1 (one column), 3 and 127 (odd, under one block), 4097 (prime, over one block
+# for every dtype: the second grid axis).
+WIDTHS = [1, 3, 127, 4097]
+THRESHOLD = 0.25  # fatrelu_and_mul in these tests
+
+
+def _gelu_fast64(x):
+    return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+ACT64 = {
+    "silu": lambda x: x * torch.sigmoid(x),
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_fast": _gelu_fast64,
+    "gelu_quick": lambda x: x * torch.sigmoid(1.702 * x),
+    "fatrelu": lambda x: torch.where(x > THRESHOLD, x, torch.zeros_like(x)),
+}
+GATED_ACT = {"silu_and_mul": "silu", "mul_and_silu": "silu", "gelu_and_mul": "gelu",
+             "gelu_tanh_and_mul": "gelu_tanh", "fatrelu_and_mul": "fatrelu"}
+
+
+def reference(op, x):
+    """op of x in fp64 (the math, no intermediate rounding)."""
+    x = x.double()
+    if op not in GATED_ACT:
+        return ACT64[op](x)
+    a, b = x.chunk(2, dim=-1)
+    if op == "mul_and_silu":
+        a, b = b, a
+    return ACT64[GATED_ACT[op]](a) * b
+
+
+def eager(op, x):
+    """The eager PyTorch expression ``rounding="eager"`` reproduces (gated ops), in x's dtype."""
+    a, b = x.chunk(2, dim=-1)
+    act = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+           "fatrelu": lambda t: torch.where(t > THRESHOLD, t, torch.zeros_like(t))}[GATED_ACT[op]]
+    return a * act(b) if op == "mul_and_silu" else act(a) * b
+
+
+def call(A, op, *tensors, **kw):
+    if op == "fatrelu_and_mul":
+        kw.setdefault("threshold", THRESHOLD)
+    return getattr(A, op)(*tensors, **kw)
+
+
+def ulp(t, dtype):
+    _, e = torch.frexp(t.double())
+    return torch.pow(2.0, (torch.clamp(e - 1, min=MIN_EXP[dtype]) - MANTISSA[dtype]).double())
+
+
+def assert_close_ref(actual, ref64, *, rel_atol=ABS_REL, ulps=None):
+    """``actual`` within ulps of the fp64 reference rounded to its dtype + rel_atol * max|ref|."""
+    dtype = actual.dtype
+    ulps = ULPS[dtype] if ulps is None else ulps
+    expected = ref64.to(dtype).double()
+    tol = ulps * ulp(expected, dtype) + rel_atol * ref64.abs().max().clamp(min=1e-30)
+    diff = (actual.double() - expected).abs()
+    bad = ~(diff <= tol)
+    assert not bad.any(), (
+        f"{int(bad.sum())} of {actual.numel()} off; worst diff {diff.max().item():.3g} at "
+        f"{diff.argmax().item()} (actual {actual.double().flatten()[diff.argmax()].item()}, "
+        f"expected {expected.flatten()[diff.argmax()].item()})"
+    )
+
+
+def tail_noise(op, x):
+    """Per element, how far two correct fp32 evaluations of op may differ (absolute).
+
+    ``1 + erf(u)`` / ``1 + tanh(u)`` for u << 0 cancel: fp32 erf/tanh implementations a
+    few ulps of 1 apart (2**-22) give results that differ by that much times 0.5*|a|
+    (and |b| for gated ops). torch's CPU kernels differ among themselves there (fp16
+    and fp32 GELU disagree on ~6% of such elements); elsewhere the noise is negligible.
+    """
+    x = x.double().abs()
+    if op not in GATED_ACT:
+        return 2.0**-22 * x
+    a, b = x.chunk(2, dim=-1)
+    return 2.0**-22 * a * b
+
+
+def assert_mostly_exact(actual, expected, noise, *, ulps=1, max_frac=2e-3):
+    """Bit-exact but for rare 1-ulp flips and the cancellation tail.
+
+    Where ``noise`` (see :func:`tail_noise`) is far below one ulp of the result, at most
+    ``max_frac`` of the elements may differ (fp32 exp/tanh/erf a few ulps off torch's,
+    landing on the other side of a rounding tie); a wrong rounding point would show up on
+    a large fraction. Everywhere the difference is within ``ulps`` ulps plus the noise.
+    """
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    if actual.dtype == torch.float32:
+        assert_close_ref(actual, expected.double())
+        return
+    diff = (actual.double() - expected.double()).abs()
+    big = torch.maximum(actual.double().abs(), expected.double().abs())
+    assert (diff <= ulps * ulp(big, actual.dtype) + noise).all(), f"worst diff {diff.max().item():.3g}"
+    clean = noise < ulp(expected, actual.dtype) / 64
+    frac = (diff[clean] != 0).float().mean().item()
+    assert frac <= max_frac, f"{int((diff[clean] != 0).sum())} of {int(clean.sum())} elements differ"
+
+
+def rand(shape, dtype, device, scale=3.0):
+    """randn * scale with the specials 0, +-1e-3, +-8, +-40 at the front (tails, saturation)."""
+    x = torch.randn(shape, dtype=torch.float32, device=device) * scale
+    flat = x.view(-1)
+    specials = torch.tensor([0.0, 1e-3, -1e-3, 8.0, -8.0, 40.0, -40.0], device=device)
+    k = min(flat.numel(), specials.numel())
+    flat[:k] = specials[:k]
+    return x.to(dtype)
+
+
+def width(op, d):
+    return 2 * d if op in GATED_ACT else d
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _no_copy_ops(fn):
+    """Runs fn under the profiler; fails if an aten op that copies a tensor ran (contiguous/clone/to)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        result = fn()
+    names = {e.name for e in prof.events()}
+    copies = names & {"aten::contiguous", "aten::clone", "aten::_to_copy", "aten::reshape", "aten::_unsafe_view"}
+    assert not copies, f"a copy was made: {sorted(copies)}"
+    return result
+
+
+# ----------------------------------------------------------------------------- forward values
+
+
+@pytest.mark.parametrize("d", WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", GATED + PLAIN)
+def test_forward_matches_fp64(activations, device, op, dtype, d):
+    x = rand((3, width(op, d)), dtype, device)
+    y = call(activations, op, x)
+    assert y.dtype == dtype and y.shape == reference(op, x).shape and y.is_contiguous()
+    assert_close_ref(y, reference(op, x))
+    if op in GATED_ACT or dtype == torch.float32:  # eager == fused math here; the rounding differs
+        assert_close_ref(call(activations, op, x, rounding="eager"), reference(op, x), ulps=ULPS[dtype] + 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", GATED)
+def test_eager_rounding_equals_torch_expression(activations, device, op, dtype):
+    """rounding="eager": ``act(a) * b`` in x's dtype, as torch (and kernels-community's CUDA kernels) round."""
+    x = rand((16, 2 * 515), dtype, device)
+    assert_mostly_exact(call(activations, op, x, rounding="eager"), eager(op, x), tail_noise(op, x), ulps=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["silu", "gelu", "gelu_tanh"])
+def test_single_aten_op_activations_equal_torch(activations, device, op, dtype):
+    x = rand((16, 515), dtype, device)
+    expected = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[op](x)
+    for rounding in ("fused", "eager"):
+        assert_mostly_exact(call(activations, op, x, rounding=rounding), expected, tail_noise(op, x))
+
+
+def test_fatrelu_threshold_forms(activations, device):
+    x = rand((4, 64), torch.float32, device)
+    a, b = x.chunk(2, dim=-1)
+    for thr in (0.0, 0.5, -1.0, 2):
+        expected = torch.where(a > thr, a, torch.zeros_like(a)) * b
+        assert torch.equal(activations.fatrelu_and_mul(x, threshold=thr), expected)
+        assert torch.equal(activations.fatrelu_and_mul(x, thr), expected)
+        out = torch.empty_like(a)
+        assert activations.fatrelu_and_mul(out, x, thr) is out and torch.equal(out, expected)
+    assert torch.equal(activations.fatrelu_and_mul(x), F.relu(a) * b)  # default threshold 0
+
+
+def test_zero_dim_and_empty_inputs(activations, device):
+    s = torch.tensor(0.75, device=device)
+    assert activations.silu(s).shape == () and torch.allclose(activations.silu(s), F.silu(s))
+    for shape in [(0, 8), (3, 0, 8), (2, 0)]:
+        x = torch.randn(shape, device=device, requires_grad=True)
+        y = activations.silu_and_mul(x)
+        assert y.shape == shape[:-1] + (shape[-1] // 2,)
+        y.sum().backward()
+        assert x.grad.shape == x.shape
+        assert activations.gelu(x).shape == x.shape
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", GATED + PLAIN)
+def test_backward_matches_fp64(activations, device, op, dtype):
+    d = 131
+    x = rand((2, 3, width(op, d)), dtype, device, scale=2.0)
+    for rounding in ("fused", "eager"):
+        xl = x.clone().requires_grad_()
+        y = call(activations, op, xl, rounding=rounding)
+        dy = torch.randn(y.shape, device=device).to(dtype)
+        y.backward(dy)
+        x64 = x.double().requires_grad_()
+        reference(op, x64).backward(dy.double())
+        assert xl.grad.dtype == dtype
+        # eager: du = dy * round(act(g)), the rounded value the forward multiplied by
+        assert_close_ref(xl.grad, x64.grad, rel_atol=GRAD_REL, ulps=ULPS[dtype] + (rounding == "eager"))
+
+
+@pytest.mark.parametrize("op", ["silu_and_mul", "gelu_tanh", "mul_and_silu"])
+def test_case8_expanded_and_transposed_upstream_gradient(activations, device, op):
+    x = rand((6, width(op, 40)), torch.float32, device).requires_grad_()
+    call(activations, op, x).sum().backward()  # dy: a stride-0 expanded ones tensor
+    x64 = x.detach().double().requires_grad_()
+    reference(op, x64).sum().backward()
+    assert_close_ref(x.grad, x64.grad, rel_atol=GRAD_REL)
+    x.grad = None
+    y = call(activations, op, x)
+    dy = torch.randn(y.shape[::-1], device=device).t()  # transposed
+    y.backward(dy)
+    x64.grad = None
+    reference(op, x64).backward(dy.double())
+    assert_close_ref(x.grad, x64.grad, rel_atol=GRAD_REL)
+
+
+# ----------------------------------------------------------------------------- case 7: views
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_case7_chunk_views_in_place_and_exact(activations, device, dtype):
+    """gate, up = proj(h).chunk(2, -1): (2, 3, 1152) views with row stride 2304, read without a copy."""
+    A = activations
+    h = rand((2, 3, 2304), dtype, device)
+    gate, up = h.chunk(2, dim=-1)
+    assert gate.stride() == (3 * 2304, 2304, 1) and not gate.is_contiguous()
+    for op in PLAIN:
+        y = _no_copy_ops(lambda: call(A, op, gate))
+        assert torch.equal(y, call(A, op, gate.contiguous()))
+        assert_close_ref(y, reference(op, gate))
+    for op in ["silu", "gelu", "gelu_tanh"]:
+        expected = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[op](up)
+        assert_mostly_exact(call(A, op, up), expected, tail_noise(op, up))
+    # the gated ops on an (.., 2d) half of a wider projection: row stride 2x the width
+    wide = rand((2, 3, 4608), dtype, device)
+    x = wide[..., :2304]
+    for op in GATED:
+        y = _no_copy_ops(lambda: call(A, op, x))
+        assert torch.equal(y, call(A, op, x.contiguous()))
+        assert_close_ref(y, reference(op, x))
+        assert_mostly_exact(call(A, op, x, rounding="eager"), eager(op, x), tail_noise(op, x), ulps=2)
+
+
+@pytest.mark.parametrize("op", ["silu_and_mul", "gelu_and_mul", "gelu_tanh", "gelu"])
+def test_case7_expanded_inputs(activations, device, op):
+    A = activations
+    w = width(op, 96)
+    for x in (rand((1, 1, w), torch.bfloat16, device).expand(2, 3, w),  # stride-0 rows
+              rand((2, 3, 1), torch.bfloat16, device).expand(2, 3, w),  # stride-0 columns
+              rand((w,), torch.bfloat16, device).expand(4, 2, 3, w)):  # four leading dims, all stride 0
+        y = _no_copy_ops(lambda: call(A, op, x))
+        assert torch.equal(y, call(A, op, x.contiguous()))
+        assert_close_ref(y, reference(op, x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_case7_out_with_storage_offset_poisoned(activations, device, dtype):
+    """out is a strided view with a storage offset inside a NaN-filled buffer: every element
+    of out is written, nothing else is, and no copy is made."""
+    A = activations
+    x = rand((2, 3, 2304), dtype, device)
+    for op in GATED + PLAIN:
+        n = x.shape[-1] // 2 if op in GATED_ACT else x.shape[-1]
+        buf = torch.full((2, 3, n + 7), float("nan"), dtype=dtype, device=device)
+        out = buf[..., 5:5 + n]
+        assert out.storage_offset() == 5
+        ptr = out.data_ptr()
+        res = _no_copy_ops(lambda: call(A, op, out, x))
+        assert res is out and out.data_ptr() == ptr
+        assert not torch.isnan(out).any(), "an element of out was not written"
+        assert torch.isnan(buf[..., :5]).all() and torch.isnan(buf[..., 5 + n:]).all(), "wrote outside out"
+        assert torch.equal(out, call(A, op, x))
+    # a transposed out (column stride != 1), in place
+    out_t = torch.full((1152, 6), float("nan"), dtype=dtype, device=device).t().view(2, 3, 1152)
+    A.silu_and_mul(out_t, x)
+    assert torch.equal(out_t, A.silu_and_mul(x))
+
+
+def test_leading_dims_that_do_not_merge(activations, device):
+    """Five leading dims, permuted so that none merge: launched per slice of dim 0, still views."""
+    base = rand((3, 4, 2, 5, 2, 64), torch.float32, device)
+    x = base.permute(4, 2, 0, 3, 1, 5)  # (2, 2, 3, 5, 4, 64)
+    y = _no_copy_ops(lambda: activations.silu_and_mul(x))
+    assert_close_ref(y, reference("silu_and_mul", x))
+    out = torch.empty((32, 4, 5, 3, 2, 2), device=device).permute(5, 4, 3, 2, 1, 0)  # column stride 240
+    activations.silu_and_mul(out, x)
+    assert torch.equal(out, y)
+
+
+def test_case9_misaligned_base_pointer(activations, device):
+    buf = rand((1 + 4 * 258,), torch.bfloat16, device)
+    x = buf[1:].view(4, 258)  # 2-byte offset: not 16-byte aligned
+    assert_close_ref(activations.gelu_tanh_and_mul(x), reference("gelu_tanh_and_mul", x))
+    assert_close_ref(activations.silu(x), reference("silu", x))
+
+
+# ----------------------------------------------------------------------------- ops and compile
+
+
+def _op(A, name):
+    return getattr(A._ops.ops, name).default
+
+
+def test_opcheck_every_op(activations, device):
+    A = activations
+    x = rand((3, 2, 34), torch.float32, device).requires_grad_()
+    for op in GATED + PLAIN:
+        for eager_rounding in (False, True):
+            torch.library.opcheck(_op(A, "act_fwd"), (x, op, eager_rounding, THRESHOLD))
+    xb = rand((3, 34), torch.bfloat16, device)
+    torch.library.opcheck(_op(A, "act_fwd_out"), (torch.empty(3, 17, dtype=torch.bfloat16, device=device),
+                                                 xb, "gelu_and_mul", True, 0.0))
+    torch.library.opcheck(_op(A, "act_bwd"), (torch.randn(3, 17, device=device), xb.float(), "silu_and_mul", False, 0.0))
+
+
+@pytest.mark.parametrize("backend,dtype", [("aot_eager", torch.bfloat16), ("aot_eager", torch.float32),
+                                           ("inductor", torch.float32)])
+def test_case5_compile_fullgraph(activations, device, backend, dtype):
+    """Allocating and (out, x) forms under torch.compile(fullgraph=True): same outputs and gradients as eager.
+
+    No glue arithmetic between the ops: inductor would fuse it in fp32 and round once,
+    eager rounds each op (inductor's fp32 gradient sums equal eager's).
+    """
+    A = activations
+
+    def f(x, out):
+        A.gelu_and_mul(out, x, rounding="eager")
+        y = A.silu_and_mul(x)
+        return y, A.gelu_tanh(x.chunk(2, dim=-1)[1]), A.fatrelu_and_mul(x, threshold=0.1), A.gelu_new(y, rounding="eager")
+
+    x = rand((4, 64), dtype, device)
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_c, out_e = (torch.empty(4, 32, dtype=dtype, device=device) for _ in range(2))
+    ys = torch.compile(f, fullgraph=True, backend=backend)(xc, out_c)
+    ys_eager = f(xe, out_e)
+    assert torch.equal(out_c, out_e)
+    for a, e in zip(ys, ys_eager):
+        assert torch.equal(a, e)
+    sum(y.float().sum() * (i + 1) for i, y in enumerate(ys)).backward()
+    sum(y.float().sum() * (i + 1) for i, y in enumerate(ys_eager)).backward()
+    assert torch.equal(xc.grad, xe.grad)
+
+
+# ----------------------------------------------------------------------------- launch config
+
+
+@pytest.mark.parametrize("warp_size", [32, 64])
+def test_case10_config_picker_respects_warp_size(activations, warp_size):
+    for N in [1, 3, 127, 4095, 4097, 14336, 1 << 20, 1 << 30]:
+        for element_size in (2, 4):
+            cfg = activations.pick_config(N, element_size, warp_size)
+            assert cfg.num_warps * warp_size <= 1024 and cfg.num_warps >= 1
+            assert cfg.num_warps & (cfg.num_warps - 1) == 0 and cfg.block_n & (cfg.block_n - 1) == 0
+            assert cfg.column_blocks == -(-N // cfg.block_n) <= 65535
+    assert activations.pick_config(3, 2, warp_size).column_blocks == 1
+    assert activations.pick_config(14336, 2, warp_size).column_blocks > 1  # 2-D grid for wide rows
+    with pytest.raises(ValueError, match="warp_size"):
+        activations.pick_config(128, 2, 48)
+    with pytest.raises(ValueError, match="N must be"):
+        activations.pick_config(0, 2, warp_size)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_bad_inputs_raise_clear_errors(activations, device):
+    A = activations
+    x = torch.randn(2, 8, device=device)
+    with pytest.raises(TypeError, match=r"silu_and_mul: x must have dtype .*float64"):
+        A.silu_and_mul(x.double())
+    with pytest.raises(TypeError, match=r"gelu: x must have dtype .*int32"):
+        A.gelu(torch.ones(2, 8, dtype=torch.int32, device=device))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        A.silu([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"last dim of x must be even"):
+        A.gelu_and_mul(torch.randn(2, 7, device=device))
+    with pytest.raises(ValueError, match="at least one dimension"):
+        A.silu_and_mul(torch.tensor(1.0, device=device))
+    with pytest.raises(ValueError, match=r"out must have shape x.shape\[:-1\] \+ \(x.shape\[-1\] // 2,\) = \(2, 4\)"):
+        A.silu_and_mul(torch.empty(2, 8, device=device), x)
+    with pytest.raises(ValueError, match=r"gelu: out must have shape the shape of x \(2, 8\)"):
+        A.gelu(torch.empty(2, 4, device=device), x)
+    with pytest.raises(TypeError, match=r"out must have the dtype of x \(torch.float32\), got torch.bfloat16"):
+        A.mul_and_silu(torch.empty(2, 4, dtype=torch.bfloat16, device=device), x)
+    with pytest.raises(ValueError, match="out is on meta"):
+        A.silu(torch.empty(2, 8, device="meta"), x)
+    with pytest.raises(ValueError, match="overlapping elements"):
+        A.silu(torch.empty(1, 8, device=device).expand(2, 8), x)
+    with pytest.raises(ValueError, match="rounding must be 'fused' or 'eager'"):
+        A.gelu_new(x, rounding="exact")
+    with pytest.raises(TypeError, match="threshold must be a Python float"):
+        A.fatrelu_and_mul(x, threshold=torch.tensor(0.5))
+    with pytest.raises(ValueError, match="threshold must not be NaN"):
+        A.fatrelu_and_mul(x, threshold=float("nan"))
+
+
+def test_cpu_tensor_without_interpreter_raises(built):
+    """Without TRITON_INTERPRET=1 the kernels are GPU kernels: a CPU tensor gets a clear error."""
+    variant = built["triton-activations"].variant("cpu")
+    code = (
+        "import kernels, torch\n"
+        f"m = kernels.get_local_kernel(__import__('pathlib').Path({str(variant)!r}))\n"
+        "try:\n"
+        "    m.silu_and_mul(torch.randn(2, 8))\n"
+        "except RuntimeError as e:\n"
+        "    print('ERR', e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "ERR" in res.stdout and "TRITON_INTERPRET=1" in res.stdout, res.stdout + res.stderr

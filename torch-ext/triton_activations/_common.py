@@ -1,0 +1,165 @@
+"""What each public op computes, argument validation, and strided row addressing.
+
+* ``OPS``: the op table (activation id, gated or not, which half gets the activation).
+* validation for the public functions: ``TypeError``/``ValueError`` naming the
+  argument; never ``assert``.
+* ``leading_layout``: the leading (row) dims of several same-shaped tensors merged
+  into at most 3 dims with per-tensor strides, so any view (``chunk``/``narrow``
+  halves, expanded or transposed inputs, outputs with a storage offset) is addressed
+  in place, without a copy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from ._math import ACT_IDS
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
+ROUNDINGS = ("fused", "eager")
+MAX_LEADING_DIMS = 3
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One public op: ``act(x)``, or ``act(gate) * up`` over the two halves of the last dim."""
+
+    act: int  # activation id (``_math.ACT_IDS``)
+    gated: bool  # x is (..., 2d): act of one half times the other half
+    act_on_second: bool = False  # mul_and_silu: x[..., :d] * silu(x[..., d:])
+
+
+OPS = {
+    "silu_and_mul": OpSpec(ACT_IDS["silu"], True),
+    "mul_and_silu": OpSpec(ACT_IDS["silu"], True, act_on_second=True),
+    "gelu_and_mul": OpSpec(ACT_IDS["gelu"], True),
+    "gelu_tanh_and_mul": OpSpec(ACT_IDS["gelu_tanh"], True),
+    "fatrelu_and_mul": OpSpec(ACT_IDS["fatrelu"], True),
+    "silu": OpSpec(ACT_IDS["silu"], False),
+    "gelu": OpSpec(ACT_IDS["gelu"], False),
+    "gelu_tanh": OpSpec(ACT_IDS["gelu_tanh"], False),
+    "gelu_new": OpSpec(ACT_IDS["gelu_new"], False),
+    "gelu_fast": OpSpec(ACT_IDS["gelu_fast"], False),
+    "gelu_quick": OpSpec(ACT_IDS["gelu_quick"], False),
+}
+
+
+def out_shape(x_shape: Sequence[int], gated: bool) -> Tuple[int, ...]:
+    if not gated:
+        return tuple(x_shape)
+    return tuple(x_shape[:-1]) + (x_shape[-1] // 2,)
+
+
+def check_x(name: str, x, gated: bool) -> None:
+    """Validates the input tensor of op ``name``.
+
+    Raises:
+        TypeError: not a tensor, or a dtype other than fp16/bf16/fp32.
+        ValueError: a 0-d tensor for a gated op, or an odd last dim.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name}: x must have dtype {_DTYPE_NAMES}, got {x.dtype}")
+    if gated:
+        if x.dim() < 1:
+            raise ValueError(f"{name}: x must have at least one dimension (..., 2 * d), got a 0-d tensor")
+        if x.shape[-1] % 2:
+            raise ValueError(f"{name}: the last dim of x must be even (2 * d), got x of shape {tuple(x.shape)}")
+
+
+def check_out(name: str, out, x: torch.Tensor, gated: bool) -> None:
+    """Validates ``out`` of the ``(out, x)`` form against ``x``.
+
+    Raises:
+        TypeError: out is not a tensor, or its dtype differs from x's.
+        ValueError: wrong shape (for gated ops the last dim must be x.shape[-1] // 2),
+            another device, or an out whose elements overlap (stride 0).
+    """
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{name}: out must be a torch.Tensor, got {type(out).__name__}")
+    if out.dtype != x.dtype:
+        raise TypeError(f"{name}: out must have the dtype of x ({x.dtype}), got {out.dtype}")
+    if out.device != x.device:
+        raise ValueError(f"{name}: out is on {out.device} but x is on {x.device}: both must be on one device")
+    expected = out_shape(x.shape, gated)
+    if tuple(out.shape) != expected:
+        what = f"x.shape[:-1] + (x.shape[-1] // 2,) = {expected}" if gated else f"the shape of x {expected}"
+        raise ValueError(f"{name}: out must have shape {what}, got {tuple(out.shape)}")
+    if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape)):
+        raise ValueError(f"{name}: out has overlapping elements (a stride-0, expanded dim): it cannot be written")
+
+
+def check_rounding(name: str, rounding: str) -> bool:
+    """Returns True for ``"eager"``; raises ValueError for anything but "fused"/"eager"."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"{name}: rounding must be 'fused' or 'eager', got {rounding!r}")
+    return rounding == "eager"
+
+
+def check_threshold(threshold) -> float:
+    if isinstance(threshold, torch.Tensor) or not isinstance(threshold, (int, float)) or isinstance(threshold, bool):
+        raise TypeError(f"fatrelu_and_mul: threshold must be a Python float, got {type(threshold).__name__}")
+    threshold = float(threshold)
+    if math.isnan(threshold):
+        raise ValueError("fatrelu_and_mul: threshold must not be NaN")
+    return threshold
+
+
+def leading_layout(
+    sizes: Sequence[int], strides: Sequence[Sequence[int]]
+) -> Tuple[List[int], List[List[int]]]:
+    """Merges leading dims shared by several tensors.
+
+    Size-1 dims are dropped; neighbouring dims ``i, i+1`` are merged when, for every
+    tensor, ``stride[i] == stride[i+1] * size[i+1]`` (one row stride covers both).
+
+    Args:
+        sizes: the leading sizes (the same for every tensor).
+        strides: per tensor, its strides of those dims.
+
+    Returns:
+        ``(sizes, strides)`` after merging; empty lists for a single row.
+    """
+    out_sizes: List[int] = []
+    out_strides: List[List[int]] = [[] for _ in strides]
+    for i, size in enumerate(sizes):
+        if size == 1:
+            continue
+        if out_sizes and all(st[-1] == s[i] * size for st, s in zip(out_strides, strides)):
+            out_sizes[-1] *= size
+            for st, s in zip(out_strides, strides):
+                st[-1] = s[i]
+        else:
+            out_sizes.append(size)
+            for st, s in zip(out_strides, strides):
+                st.append(s[i])
+    return out_sizes, out_strides
+
+
+def padded_layout(t_sizes: List[int], t_strides: List[List[int]]) -> Tuple[List[int], List[List[int]]]:
+    """Pads a layout of <= 3 leading dims to exactly 3 (size-1 dims in front, stride 0)."""
+    pad = MAX_LEADING_DIMS - len(t_sizes)
+    return [1] * pad + list(t_sizes), [[0] * pad + list(s) for s in t_strides]
+
+
+def rounding_dtype(x: torch.Tensor, eager: bool) -> Optional[torch.dtype]:
+    """The dtype eager intermediate steps round to (None: fp32 or fused, nothing to round)."""
+    if not eager or x.dtype == torch.float32:
+        return None
+    return x.dtype
+
+
+def pow_rounds_square(x: torch.Tensor) -> bool:
+    """Whether ATen's ``torch.pow(x, 3.0)`` rounds ``x * x`` to x.dtype first on x's device.
+
+    CUDA/ROCm/XPU: ``x * x * x`` in the tensor dtype (two roundings). CPU: bf16 the
+    same, fp16 computed in fp32 (one rounding). Measured on CPU (torch 2.13); the GPU
+    rule follows ATen's CUDA PowKernel.
+    """
+    return not (x.device.type == "cpu" and x.dtype == torch.float16)

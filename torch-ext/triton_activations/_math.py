@@ -1,0 +1,154 @@
+"""The activation functions and their derivatives as ``@triton.jit`` helpers (fp32 in, fp32 out).
+
+Formulas (``x`` fp32; constants are the fp32 values of the Python literals):
+
+===========  =============================================================  ==============================
+ACT          value                                                          reference
+===========  =============================================================  ==============================
+SILU         ``x / (1 + exp(-x))``                                          ``F.silu`` (ATen's formula)
+GELU         ``x * 0.5 * (1 + erf(x * 0.7071067811865476))``               ``F.gelu`` (exact erf)
+GELU_TANH    ``0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x*x*x)))``  ``F.gelu(approximate="tanh")``
+GELU_NEW     the same formula, written as transformers' ``NewGELUActivation``  transformers
+GELU_FAST    ``0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x)))``  ``FastGELUActivation``
+GELU_QUICK   ``x * sigmoid(1.702 * x)``, ``sigmoid(a) = 1 / (1 + exp(-a))``  ``QuickGELUActivation``
+FATRELU      ``x if x > threshold else 0``                                  vLLM / kernels-community
+===========  =============================================================  ==============================
+
+``R`` (the rounding dtype, a constexpr) selects where intermediate values are rounded:
+``None`` computes everything in fp32 (the caller rounds once at the store);
+``tl.float16``/``tl.bfloat16`` rounds after every step at which the eager PyTorch
+expression of the reference rounds (each eager op computes in fp32 and rounds its
+result to the tensor dtype). Only GELU_NEW, GELU_FAST and GELU_QUICK have such steps;
+SILU, GELU and GELU_TANH are single ATen ops (one rounding), FATRELU is exact.
+
+``torch.pow(x, 3.0)`` rounds differently by device and dtype: ATen's CUDA kernel
+computes ``x * x * x`` in the tensor dtype (two roundings), its CPU kernel does so
+for bf16 but computes fp16 in fp32 (one rounding). GELU_NEW therefore takes
+``round_square`` (runtime int: 1 = round ``x * x`` too), chosen by the launcher.
+
+Precision: tanh is computed here (Triton has no portable tanh): an odd Taylor
+polynomial for |v| < 0.55, ``(1 - e) / (1 + e)`` with ``e = exp(-2|v|)`` above;
+measured <= 2 fp32 ulps against fp64 on the interpreter. exp/erf are Triton's
+(``tl.exp``/``tl.erf``): correctly rounded on the interpreter; on GPUs ``tl.exp`` may
+be an approximation of a few fp32 ulps, which can move a half-precision result by
+one ulp on rare elements (check on the device).
+"""
+
+import triton
+import triton.language as tl
+
+# Activation ids (the ACT constexpr).
+SILU: tl.constexpr = tl.constexpr(0)
+GELU: tl.constexpr = tl.constexpr(1)
+GELU_TANH: tl.constexpr = tl.constexpr(2)
+GELU_NEW: tl.constexpr = tl.constexpr(3)
+GELU_FAST: tl.constexpr = tl.constexpr(4)
+GELU_QUICK: tl.constexpr = tl.constexpr(5)
+FATRELU: tl.constexpr = tl.constexpr(6)
+
+ACT_IDS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "gelu_new": 3, "gelu_fast": 4, "gelu_quick": 5, "fatrelu": 6}
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr):
+    """Rounds fp32 ``x`` to ``DTYPE`` (nearest even) and back to fp32.
+
+    ``DTYPE`` None or fp32 returns ``x`` unchanged. bf16 rounding uses integer ops
+    on the fp32 bits, exact on GPUs and under the Triton interpreter (whose own
+    fp32 -> bf16 conversion truncates). NaN stays NaN.
+    """
+    if DTYPE is None:
+        return x
+    elif DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        # add 0x7FFF plus the lowest kept bit, then drop the 16 low bits: ties go to even
+        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    elif DTYPE == tl.float16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit
+def tanh_f32(v):
+    """tanh in fp32 from exp only (<= 2 ulps); saturates to +-1, NaN stays NaN."""
+    a = tl.abs(v)
+    vs = tl.where(a < 0.55, v, 0.0)  # the series only sees its own range (no overflow in z**9)
+    z = vs * vs
+    # |v| < 0.55: odd Taylor series up to v**19 (truncation below 1e-9 relative)
+    p = -443861162.0 / 1856156927625.0
+    p = p * z + 6404582.0 / 10854718875.0
+    p = p * z - 929569.0 / 638512875.0
+    p = p * z + 21844.0 / 6081075.0
+    p = p * z - 1382.0 / 155925.0
+    p = p * z + 62.0 / 2835.0
+    p = p * z - 17.0 / 315.0
+    p = p * z + 2.0 / 15.0
+    p = p * z - 1.0 / 3.0
+    small = vs + vs * (z * p)
+    e = tl.exp(-2.0 * tl.minimum(a, 40.0))  # tanh(40) == 1 in fp32; avoids inf - inf
+    big = tl.math.div_rn(1.0 - e, 1.0 + e)
+    big = tl.where(v < 0, -big, big)
+    return tl.where(a < 0.55, small, big)
+
+
+@triton.jit
+def sigmoid_f32(a):
+    """``1 / (1 + exp(-a))``, ATen's sigmoid formula."""
+    return tl.math.div_rn(1.0, 1.0 + tl.exp(-a))
+
+
+@triton.jit
+def activation(x, threshold, round_square, ACT: tl.constexpr, R: tl.constexpr):
+    """The activation of fp32 ``x`` with the eager rounding points of dtype ``R`` (None: none)."""
+    if ACT == SILU:
+        y = tl.math.div_rn(x, 1.0 + tl.exp(-x))
+    elif ACT == GELU:
+        y = x * 0.5 * (1.0 + tl.erf(x * 0.7071067811865476))
+    elif ACT == GELU_TANH:
+        y = 0.5 * x * (1.0 + tanh_f32(0.7978845608028654 * (x + 0.044715 * (x * x * x))))
+    elif ACT == GELU_NEW:
+        # 0.5 * x * (1.0 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3.0))))
+        sq = x * x
+        sq = tl.where(round_square != 0, round_to(sq, R), sq)
+        cube = round_to(sq * x, R)
+        inner = round_to(x + round_to(0.044715 * cube, R), R)
+        t = round_to(tanh_f32(round_to(0.7978845608028654 * inner, R)), R)
+        y = round_to(0.5 * x, R) * round_to(1.0 + t, R)
+    elif ACT == GELU_FAST:
+        # 0.5 * x * (1.0 + tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+        a = round_to(x * 0.7978845608, R)
+        b = round_to(round_to(0.044715 * x, R) * x, R)
+        t = round_to(tanh_f32(round_to(a * round_to(1.0 + b, R), R)), R)
+        y = round_to(0.5 * x, R) * round_to(1.0 + t, R)
+    elif ACT == GELU_QUICK:
+        # x * sigmoid(1.702 * x)
+        y = x * round_to(sigmoid_f32(round_to(1.702 * x, R)), R)
+    else:  # FATRELU
+        y = tl.where(x > threshold, x, 0.0)
+    return y
+
+
+@triton.jit
+def activation_grad(x, threshold, ACT: tl.constexpr):
+    """d activation / dx at fp32 ``x`` (the derivative of the exact formula; roundings count as identity)."""
+    if ACT == SILU:
+        s = sigmoid_f32(x)
+        g = s * (1.0 + x * (1.0 - s))
+    elif ACT == GELU:
+        cdf = 0.5 * (1.0 + tl.erf(x * 0.7071067811865476))
+        g = cdf + x * (tl.exp(-0.5 * x * x) * 0.3989422804014327)  # + x * pdf(x)
+    elif ACT == GELU_QUICK:
+        s = sigmoid_f32(1.702 * x)
+        g = s + 1.702 * x * s * (1.0 - s)
+    elif ACT == FATRELU:
+        g = tl.where(x > threshold, 1.0, 0.0)
+    else:  # GELU_TANH, GELU_NEW, GELU_FAST: 0.5 * x * (1 + tanh(k0 * (x + k1 * x**3)))
+        k0 = 0.7978845608028654
+        if ACT == GELU_FAST:
+            k0 = 0.7978845608
+        x2 = x * x
+        t = tanh_f32(k0 * x * (1.0 + 0.044715 * x2))
+        g = 0.5 * (1.0 + t) + 0.5 * x * ((1.0 - t) * (1.0 + t)) * (k0 * (1.0 + 3.0 * 0.044715 * x2))
+    return g

@@ -1,0 +1,217 @@
+"""Activation kernels (plain and gated ``act(gate) * up``): Triton kernels, launchers, ops, autograd.
+
+Forward, per element (fp32 math, see ``_math.py`` for each activation):
+
+    y = round_out(act(x))                                   plain activation
+    y = round_out(round_r(act(g)) * u)                      gated; g, u the halves of x
+
+``round_r`` is the identity for ``rounding="fused"`` and a rounding to x.dtype for
+``rounding="eager"`` (the rounding point of eager ``act(g) * u`` in PyTorch, and of
+kernels-community/activation's CUDA kernels, which round ``act(g)`` to the input type
+before the multiply). ``round_out`` rounds once to the output dtype (= x.dtype).
+
+Backward (roundings count as identity, as autograd treats ``.to``):
+
+    dx = dy * act'(x)                                       plain
+    dg = dy * u * act'(g),  du = dy * round_r(act(g))       gated
+
+Memory: every operand is addressed through its own strides (three merged leading
+dims plus the column stride, 64-bit offsets), so ``chunk``/``narrow`` halves, expanded
+(stride-0) or transposed inputs and outputs with a storage offset are read and
+written in place: no copy is ever made. Bytes moved: plain ``2 * numel * elem``;
+gated ``3 * M * d * elem`` (x read once, y written once); backward adds dy and dx.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_rounds_square, rounding_dtype
+from ._launch import check_launch_device, device_warp_size, launch_options, pick_config
+from ._math import activation, activation_grad, round_to
+from ._ops import add_op_namespace_prefix
+
+Tensor = torch.Tensor
+
+_TL_DTYPES = {None: None, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+@triton.jit
+def _row_offset(row, D1, D2, s0, s1, s2):
+    """Element offset of row ``row`` of a tensor with leading sizes (., D1, D2) and strides (s0, s1, s2)."""
+    i2 = row % D2
+    rest = row // D2
+    return (rest // D1) * s0 + (rest % D1) * s1 + i2 * s2
+
+
+@triton.jit
+def _act_fwd_kernel(
+    g_ptr,  # activation input: x, or the half of x the activation is applied to
+    u_ptr,  # the other half of x (the multiplier), or None for a plain activation
+    y_ptr,  # output, x's dtype, any strides
+    D1, D2,  # sizes of leading dims 1 and 2 (dim 0 spans the rest of grid axis 0)
+    N,  # columns per row (d)
+    stride_x0, stride_x1, stride_x2, stride_xn,  # elements x moves per leading index / per column
+    stride_y0, stride_y1, stride_y2, stride_yn,  # the same for y
+    threshold,  # fatrelu threshold (fp32)
+    round_square,  # GELU_NEW eager: 1 if pow(x, 3.0) rounds x * x first
+    ACT: tl.constexpr,  # activation id (_math)
+    R: tl.constexpr,  # None (fused) or the dtype eager steps round to
+    BLOCK_N: tl.constexpr,  # columns per program
+):
+    # One program per (row, column block). Reads N * elem of g (and u), writes N * elem of y.
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < N
+    cols = offs.to(tl.int64)
+    x_off = _row_offset(row, D1, D2, stride_x0, stride_x1, stride_x2) + cols * stride_xn
+    g = tl.load(g_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+    y = activation(g, threshold, round_square, ACT, R)
+    if u_ptr is not None:
+        u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+        y = round_to(y, R) * u
+    OUT: tl.constexpr = y_ptr.dtype.element_ty
+    y_off = _row_offset(row, D1, D2, stride_y0, stride_y1, stride_y2) + cols * stride_yn
+    tl.store(y_ptr + y_off, round_to(y, OUT).to(OUT), mask=mask)
+
+
+@triton.jit
+def _act_bwd_kernel(
+    dy_ptr,  # upstream gradient, any strides (0 for expanded)
+    g_ptr, u_ptr,  # as in the forward
+    dg_ptr, du_ptr,  # gradient of g and of u (du_ptr None when plain); x's dtype
+    D1, D2, N,
+    stride_dy0, stride_dy1, stride_dy2, stride_dyn,
+    stride_x0, stride_x1, stride_x2, stride_xn,
+    stride_dx0, stride_dx1, stride_dx2, stride_dxn,
+    threshold, round_square,
+    ACT: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # Reads dy and x, writes dx: 3 (plain) or 5 (gated) * N * elem per row.
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < N
+    cols = offs.to(tl.int64)
+    dy_off = _row_offset(row, D1, D2, stride_dy0, stride_dy1, stride_dy2) + cols * stride_dyn
+    x_off = _row_offset(row, D1, D2, stride_x0, stride_x1, stride_x2) + cols * stride_xn
+    dx_off = _row_offset(row, D1, D2, stride_dx0, stride_dx1, stride_dx2) + cols * stride_dxn
+    dy = tl.load(dy_ptr + dy_off, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+    dg = dy * activation_grad(g, threshold, ACT)
+    DX: tl.constexpr = dg_ptr.dtype.element_ty
+    if u_ptr is not None:
+        u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+        dg = dg * u
+        du = dy * round_to(activation(g, threshold, round_square, ACT, R), R)
+        tl.store(du_ptr + dx_off, round_to(du, DX).to(DX), mask=mask)
+    tl.store(dg_ptr + dx_off, round_to(dg, DX).to(DX), mask=mask)
+
+
+def _halves(x: Tensor, spec: OpSpec) -> Tuple[Tensor, Optional[Tensor]]:
+    """(activation input, multiplier) as views of x: no copy."""
+    if not spec.gated:
+        return x, None
+    d = x.shape[-1] // 2
+    first, second = x.narrow(-1, 0, d), x.narrow(-1, d, d)
+    return (second, first) if spec.act_on_second else (first, second)
+
+
+def _launch(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int, lead: Tuple[Tensor, ...],
+            ptrs: tuple):
+    """Launches ``kernel`` over ``d`` columns of the rows shared by ``lead``; ptrs are its tensor arguments.
+
+    ``lead``: the tensors whose strides the kernel takes, in its argument order. Layouts
+    whose leading dims do not merge into three are split along dim 0 (views).
+    """
+    sizes, strides = leading_layout(x.shape[:-1], [t.stride()[:-1] for t in lead])
+    if len(sizes) > 3:
+        for i in range(x.shape[0]):
+            sub_ptrs = tuple(p[i] if p is not None else None for p in ptrs)
+            _launch(kernel, spec, eager, threshold, x[i], d, tuple(t[i] for t in lead), sub_ptrs)
+        return
+    sizes, strides = padded_layout(sizes, strides)
+    check_launch_device(x, kernel)
+    cfg = pick_config(d, x.element_size(), device_warp_size(x.device))
+    R = rounding_dtype(x, eager)
+    grid = (sizes[0] * sizes[1] * sizes[2], cfg.column_blocks)
+    stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
+    kernel[grid](
+        *ptrs, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)),
+        ACT=spec.act, R=_TL_DTYPES[R], BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel),
+    )
+
+
+def _as_1d(*ts: Tensor) -> Tuple[Tensor, ...]:
+    """0-d tensors as (1,) views."""
+    return tuple(t.reshape(1) if t.dim() == 0 else t for t in ts)
+
+
+def forward_into(out: Tensor, x: Tensor, spec: OpSpec, eager: bool, threshold: float) -> None:
+    """Writes op ``spec`` of ``x`` into ``out`` (validated shapes; any strides)."""
+    if out.numel() == 0:
+        return
+    out, x = _as_1d(out, x)
+    g, u = _halves(x, spec)
+    _launch(_act_fwd_kernel, spec, eager, threshold, x, g.shape[-1], (x, out), (g, u, out))
+
+
+@torch.library.custom_op(add_op_namespace_prefix("act_fwd"), mutates_args=())
+def _act_fwd(x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
+    """The allocating forward: a contiguous output of x's dtype."""
+    spec = OPS[op]
+    out = torch.empty(out_shape(x.shape, spec.gated), dtype=x.dtype, device=x.device)
+    forward_into(out, x, spec, eager, threshold)
+    return out
+
+
+@_act_fwd.register_fake
+def _(x, op, eager, threshold):
+    return x.new_empty(out_shape(x.shape, OPS[op].gated))
+
+
+@torch.library.custom_op(add_op_namespace_prefix("act_fwd_out"), mutates_args=("out",))
+def _act_fwd_out(out: Tensor, x: Tensor, op: str, eager: bool, threshold: float) -> None:
+    """The ``(out, x)`` form: writes into ``out`` in place, whatever its strides."""
+    forward_into(out, x, OPS[op], eager, threshold)
+
+
+@_act_fwd_out.register_fake
+def _(out, x, op, eager, threshold):
+    return None
+
+
+@torch.library.custom_op(add_op_namespace_prefix("act_bwd"), mutates_args=())
+def _act_bwd(dy: Tensor, x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
+    """Gradient of the allocating forward with respect to x: contiguous, x's shape and dtype."""
+    spec = OPS[op]
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if dy.numel() == 0:
+        return dx.zero_()
+    dy1, x1, dx1 = _as_1d(dy, x, dx)
+    g, u = _halves(x1, spec)
+    dg, du = _halves(dx1, spec)
+    _launch(_act_bwd_kernel, spec, eager, threshold, x1, g.shape[-1], (dy1, x1, dx1), (dy1, g, u, dg, du))
+    return dx
+
+
+@_act_bwd.register_fake
+def _(dy, x, op, eager, threshold):
+    return x.new_empty(x.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    x, op, eager, threshold = inputs
+    ctx.save_for_backward(x)
+    ctx.op, ctx.eager, ctx.threshold = op, eager, threshold
+
+
+def _backward(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return _act_bwd(dy, x, ctx.op, ctx.eager, ctx.threshold), None, None, None
+
+
+_act_fwd.register_autograd(_backward, setup_context=_setup_context)

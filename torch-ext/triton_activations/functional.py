@@ -1,0 +1,166 @@
+"""The public functions: kernels-community/activation's names, two call forms each.
+
+Call forms (every function):
+
+* ``y = silu_and_mul(x)``: allocates a contiguous output of x's dtype and supports
+  autograd (forward and backward kernels), ``torch.compile(fullgraph=True)``.
+* ``silu_and_mul(out, x)``: kernels-community/activation's convention: writes into
+  ``out`` in place (any strides, storage offsets included) and returns ``out``. No
+  autograd (as in kernels-community): ``out`` is not connected to x's graph.
+
+Shapes: the ``*_and_mul`` ops take x of shape (..., 2 * d) and return (..., d); the
+activation is applied to ``x[..., :d]`` (``mul_and_silu``: to ``x[..., d:]``) and
+multiplied by the other half. Plain activations keep x's shape. x may be any view
+(``chunk``/``narrow`` halves with row stride 2x the width, expanded or transposed
+tensors): it is read in place, never copied. dtypes: fp16, bf16, fp32; out has x's dtype.
+
+Rounding (keyword ``rounding``):
+
+* ``"fused"`` (default): all math in fp32, one rounding to the output dtype.
+* ``"eager"``: the rounding points of the eager PyTorch expression the op stands for:
+  ``act(x[..., :d]) * x[..., d:]`` for the ``*_and_mul`` ops (the activation is rounded
+  to x.dtype before the multiply, as torch does and as kernels-community/activation's
+  CUDA kernels do); transformers' ``NewGELUActivation`` / ``FastGELUActivation`` /
+  ``QuickGELUActivation`` forward for ``gelu_new`` / ``gelu_fast`` / ``gelu_quick``.
+  For ``silu``, ``gelu``, ``gelu_tanh`` (one ATen op each) and ``fatrelu_and_mul``
+  (exact in any dtype) both settings give the same result. In fp32 they differ only
+  where the fused formula is evaluated in another order.
+
+Raises (all functions): TypeError for a non-tensor or a dtype other than
+fp16/bf16/fp32, for ``out`` of another dtype; ValueError for an odd last dim of x
+(gated ops), an ``out`` of the wrong shape, on another device, or with overlapping
+(stride-0) elements, an unknown ``rounding``; RuntimeError for a CPU tensor without
+``TRITON_INTERPRET=1``.
+
+Performance: one program per (row, block of columns), one read of x and one write
+of the output; see ``activation.py``. Source: kernels-community/activation (names,
+call convention, layers), PyTorch and transformers (numerics).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._common import OPS, check_out, check_rounding, check_threshold, check_x
+from .activation import _act_fwd, _act_fwd_out
+
+Tensor = torch.Tensor
+
+
+def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, threshold: float = 0.0) -> Tensor:
+    spec = OPS[name]
+    eager = check_rounding(name, rounding)
+    if second is None:
+        check_x(name, first, spec.gated)
+        return _act_fwd(first, name, eager, threshold)
+    out, x = first, second
+    check_x(name, x, spec.gated)
+    check_out(name, out, x, spec.gated)
+    _act_fwd_out(out, x, name, eager, threshold)
+    return out
+
+
+def silu_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+    """SwiGLU gate: ``silu(x[..., :d]) * x[..., d:]``, ``silu(a) = a / (1 + exp(-a))``.
+
+    ``silu_and_mul(x)`` -> new (..., d) tensor with autograd; ``silu_and_mul(out, x)`` -> out.
+    See the module docstring for shapes, ``rounding``, errors and precision.
+    """
+    return _apply("silu_and_mul", out_or_x, x, rounding)
+
+
+def mul_and_silu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+    """``x[..., :d] * silu(x[..., d:])`` (the activation on the second half).
+
+    ``mul_and_silu(x)`` -> new (..., d) tensor with autograd; ``mul_and_silu(out, x)`` -> out.
+    """
+    return _apply("mul_and_silu", out_or_x, x, rounding)
+
+
+def gelu_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+    """GeGLU gate: ``gelu(x[..., :d]) * x[..., d:]`` with the exact (erf) GELU.
+
+    ``gelu_and_mul(x)`` -> new (..., d) tensor with autograd; ``gelu_and_mul(out, x)`` -> out.
+    """
+    return _apply("gelu_and_mul", out_or_x, x, rounding)
+
+
+def gelu_tanh_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+    """``gelu_tanh(x[..., :d]) * x[..., d:]`` with ``F.gelu(approximate="tanh")``'s formula.
+
+    ``gelu_tanh_and_mul(x)`` -> new (..., d) tensor with autograd; ``gelu_tanh_and_mul(out, x)`` -> out.
+    """
+    return _apply("gelu_tanh_and_mul", out_or_x, x, rounding)
+
+
+def fatrelu_and_mul(
+    out_or_x: Tensor, x=None, /, threshold: float = 0.0, *, rounding: str = "fused"
+) -> Tensor:
+    """FATReLU gate: ``where(a > threshold, a, 0) * x[..., d:]`` with ``a = x[..., :d]``.
+
+    ``fatrelu_and_mul(x, threshold=0.0)`` -> new (..., d) tensor with autograd (no
+    gradient for threshold); ``fatrelu_and_mul(out, x, threshold=0.0)`` -> out, as in
+    kernels-community. ``fatrelu_and_mul(x, 0.5)`` also reads 0.5 as the threshold.
+
+    Raises: additionally TypeError for a threshold that is not a Python number,
+    ValueError for a NaN threshold.
+    """
+    if x is not None and not isinstance(x, torch.Tensor):
+        x, threshold = None, x  # fatrelu_and_mul(x, threshold)
+    return _apply("fatrelu_and_mul", out_or_x, x, rounding, check_threshold(threshold))
+
+
+def silu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+    """``x / (1 + exp(-x))``, equal to ``F.silu`` (one rounding).
+
+    ``silu(x)`` -> new tensor with autograd; ``silu(out, x)`` -> out.
+    """
+    return _apply("silu", out_or_x, x, rounding)
+
+
+def gelu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+    """``x * 0.5 * (1 + erf(x / sqrt(2)))``, equal to ``F.gelu`` (exact erf, one rounding).
+
+    ``gelu(x)`` -> new tensor with autograd; ``gelu(out, x)`` -> out.
+    """
+    return _apply("gelu", out_or_x, x, rounding)
+
+
+def gelu_tanh(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+    """``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``, equal to ``F.gelu(approximate="tanh")``.
+
+    ``gelu_tanh(x)`` -> new tensor with autograd; ``gelu_tanh(out, x)`` -> out.
+    """
+    return _apply("gelu_tanh", out_or_x, x, rounding)
+
+
+def gelu_new(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+    """transformers' ``NewGELUActivation``: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3))))``.
+
+    ``rounding="eager"`` rounds after each of its eager ops in x.dtype, as the
+    transformers module does (``torch.pow(x, 3.0)`` rounds as ATen does on x's device);
+    ``"fused"`` equals :func:`gelu_tanh`'s math. ``gelu_new(x)`` -> new tensor with
+    autograd; ``gelu_new(out, x)`` -> out.
+    """
+    return _apply("gelu_new", out_or_x, x, rounding)
+
+
+def gelu_fast(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+    """transformers' ``FastGELUActivation``: ``0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x)))``.
+
+    ``rounding="eager"`` reproduces the module's rounding points in x.dtype.
+    ``gelu_fast(x)`` -> new tensor with autograd; ``gelu_fast(out, x)`` -> out.
+    """
+    return _apply("gelu_fast", out_or_x, x, rounding)
+
+
+def gelu_quick(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+    """transformers' ``QuickGELUActivation``: ``x * sigmoid(1.702 * x)``.
+
+    ``rounding="eager"`` rounds ``1.702 * x`` and the sigmoid to x.dtype, as the module
+    does; ``"fused"`` rounds once (kernels-community's ``gelu_quick``).
+    ``gelu_quick(x)`` -> new tensor with autograd; ``gelu_quick(out, x)`` -> out.
+    """
+    return _apply("gelu_quick", out_or_x, x, rounding)

@@ -1,0 +1,293 @@
+"""Hub layers for ``kernels.kernelize``: stateless drop-in forwards.
+
+Two sets, resolved by name (no clashes):
+
+* **kernels-community/activation's names** (``SiluAndMul``, ``MulAndSilu``,
+  ``GeluAndMul``, ``GeluTanhAndMul``, ``FatreluAndMul``, ``FastGELU``, ``NewGELU``,
+  ``QuickGELU``, ``Silu``, ``Gelu``, ``GeluTanh``): same ``forward(x)``, shapes and
+  dtypes as kernels-community's layers, with kernels-community's numerics where they
+  follow a PyTorch expression: the gated layers round the activation to x.dtype before
+  the multiply (``rounding="eager"``: equal to eager ``act(a) * b`` and to
+  kernels-community's CUDA kernels); the plain ones compute in fp32 and round once
+  (equal to ``F.silu``/``F.gelu``/kernels-community's ``gelu_quick``; kernels-community's
+  CUDA ``gelu_new``/``gelu_fast`` round at ad-hoc intermediate points that match
+  neither transformers nor the math, which is not reproduced).
+* **transformers' decorated activation classes**, named after the class each replaces
+  exactly (the names transformers' ``use_kernel_forward_from_hub`` gives them in
+  parentheses): ``SiLUActivation`` (``SiLU``), ``GELUActivation`` (``GeLU``),
+  ``GELUTanh`` (``GeluTanh``), ``NewGELUActivation`` (``NewGELU``),
+  ``FastGELUActivation`` (``FastGELU``), ``QuickGELUActivation`` (``QuickGELU``):
+  ``forward(input)`` with the module's own rounding points in fp16/bf16.
+
+Rules of ``kernels``: no ``__init__``, no members but ``has_backward`` /
+``can_torch_compile``; a layer reads the replaced module's attributes.
+``FatreluAndMul`` reads ``self.threshold`` (the attribute kernels-community's and
+vLLM's ``FatreluAndMul`` modules set in ``__init__``); there is no default: a module
+without ``threshold`` raises AttributeError instead of silently using 0.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .functional import (
+    fatrelu_and_mul, gelu, gelu_and_mul, gelu_fast, gelu_new, gelu_quick, gelu_tanh, gelu_tanh_and_mul, mul_and_silu,
+    silu, silu_and_mul,
+)
+
+
+# ----------------------------------------------------------------------------- kernels-community names
+
+
+class SiluAndMul(nn.Module):
+    """SwiGLU: ``silu(x[..., :d]) * x[..., d:]``, silu rounded to x.dtype before the multiply.
+
+    Shapes:
+        - x: (..., 2 * d), fp16/bf16/fp32, any strides
+        - output: (..., d), x's dtype, contiguous
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return silu_and_mul(x, rounding="eager")
+
+
+class MulAndSilu(nn.Module):
+    """``x[..., :d] * silu(x[..., d:])``, silu rounded to x.dtype before the multiply.
+
+    Shapes:
+        - x: (..., 2 * d)
+        - output: (..., d), x's dtype
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return mul_and_silu(x, rounding="eager")
+
+
+class GeluAndMul(nn.Module):
+    """GeGLU: ``gelu(x[..., :d]) * x[..., d:]`` (exact erf GELU), rounded to x.dtype before the multiply.
+
+    Shapes:
+        - x: (..., 2 * d)
+        - output: (..., d), x's dtype
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_and_mul(x, rounding="eager")
+
+
+class GeluTanhAndMul(nn.Module):
+    """``gelu_tanh(x[..., :d]) * x[..., d:]``, rounded to x.dtype before the multiply.
+
+    Shapes:
+        - x: (..., 2 * d)
+        - output: (..., d), x's dtype
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh_and_mul(x, rounding="eager")
+
+
+class FatreluAndMul(nn.Module):
+    """FATReLU gate ``where(a > self.threshold, a, 0) * x[..., d:]``, ``a = x[..., :d]``.
+
+    Reads the replaced module's ``threshold`` (a Python float).
+
+    Shapes:
+        - x: (..., 2 * d)
+        - output: (..., d), x's dtype
+    """
+
+    threshold: float
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fatrelu_and_mul(x, threshold=self.threshold)
+
+
+class Silu(nn.Module):
+    """``F.silu(x)``. Shapes: - x: any; - output: x's shape and dtype."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return silu(x)
+
+
+class Gelu(nn.Module):
+    """``F.gelu(x)`` (exact erf). Shapes: - x: any; - output: x's shape and dtype."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu(x)
+
+
+class GeluTanh(nn.Module):
+    """``F.gelu(x, approximate="tanh")``. Shapes: - x: any; - output: x's shape and dtype."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh(x)
+
+
+class NewGELU(nn.Module):
+    """The tanh GELU of ``gelu_new``, computed in fp32 and rounded once.
+
+    Shapes: - x: any; - output: x's shape and dtype.
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_new(x)
+
+
+class FastGELU(nn.Module):
+    """``gelu_fast``, computed in fp32 and rounded once. Shapes: - x: any; - output: x's shape and dtype."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_fast(x)
+
+
+class QuickGELU(nn.Module):
+    """``x * sigmoid(1.702 * x)`` in fp32, rounded once. Shapes: - x: any; - output: x's shape and dtype."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_quick(x)
+
+
+# ----------------------------------------------------------------------------- exact to transformers
+
+
+def _is_partial_gelu_tanh(act) -> bool:
+    return (
+        isinstance(act, functools.partial) and act.func is F.gelu and not act.args
+        and act.keywords == {"approximate": "tanh"}
+    )
+
+
+class SiLUActivation(nn.Module):
+    """transformers' ``SiLUActivation`` (``F.silu``), exact.
+
+    Shapes: - input: any, fp16/bf16/fp32; - output: input's shape and dtype.
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return silu(input)
+
+
+class GELUActivation(nn.Module):
+    """transformers' ``GELUActivation``: ``self.act(input)``, exact.
+
+    ``act`` is ``F.gelu`` (the default): the erf GELU kernel (one rounding, as ATen).
+    ``use_gelu_python=True`` modules run their own Python formula (no kernel): its
+    ``input / math.sqrt(2.0)`` rounds differently in ATen's CPU and CUDA kernels.
+
+    Shapes: - input: any; - output: input's shape and dtype.
+    """
+
+    act: Callable
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.act is F.gelu:
+            return gelu(input)
+        return self.act(input)
+
+
+class GELUTanh(nn.Module):
+    """transformers' ``GELUTanh``: ``self.act(input)``, exact.
+
+    ``act`` is ``partial(F.gelu, approximate="tanh")`` (the default): the tanh GELU
+    kernel (one rounding). ``use_gelu_tanh_python=True``: the NewGELU formula with its
+    eager rounding points (the same ops in the same order). Any other ``act`` runs as is.
+
+    Shapes: - input: any; - output: input's shape and dtype.
+    """
+
+    act: Callable
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        act = self.act
+        if _is_partial_gelu_tanh(act):
+            return gelu_tanh(input)
+        if getattr(getattr(act, "__func__", None), "__name__", None) == "_gelu_tanh_python":
+            return gelu_new(input, rounding="eager")
+        return act(input)
+
+
+class NewGELUActivation(nn.Module):
+    """transformers' ``NewGELUActivation``, exact: its eager rounding points in fp16/bf16.
+
+    Shapes: - input: any; - output: input's shape and dtype.
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return gelu_new(input, rounding="eager")
+
+
+class FastGELUActivation(nn.Module):
+    """transformers' ``FastGELUActivation``, exact: its eager rounding points in fp16/bf16.
+
+    Shapes: - input: any; - output: input's shape and dtype.
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return gelu_fast(input, rounding="eager")
+
+
+class QuickGELUActivation(nn.Module):
+    """transformers' ``QuickGELUActivation``, exact: ``1.702 * input`` and the sigmoid rounded to the input dtype.
+
+    Shapes: - input: any; - output: input's shape and dtype.
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return gelu_quick(input, rounding="eager")
