@@ -1,6 +1,7 @@
 """The GPU half of the foundation checks, in one process (``make gpu-check``).
 
-1. bf16 bit-exactness of every triton-norms layer to the module it replaces, on random data.
+1. bf16 bit-exactness of every triton-norms layer to the module it replaces, on random data, and of
+   the torch-order statistics (rstd, mean) to torch's own CUDA kernels.
 2. A kernelized random-weight Llama (bf16) gives logits bit-identical to the eager model (case 6).
 3. Case 2: rms_norm forward+backward on (1, 1048576, 4096) bf16 (> 2^31 elements).
 4. A first benchmark: rms_norm / layer_norm forward and forward+backward in GB/s next to HF eager,
@@ -97,6 +98,40 @@ def check_layers_exact(norms) -> None:
                 same = got.dtype == ref.dtype and torch.equal(got, ref)
                 diff = (got.float() - ref.float()).abs().max().item() if got.shape == ref.shape else float("nan")
                 check(f"exact {name} {str(dtype)[6:]} {rows}x{hidden}", same, f"max|diff|={diff:.3g} dtype {got.dtype}/{ref.dtype}")
+
+
+def check_torch_orders(norms) -> None:
+    """The statistics of the bit-exact forwards equal torch's on CUDA, bit for bit (bf16 input).
+
+    ``torch_order="mean"``: rstd vs ``rsqrt(x.float().pow(2).mean(-1) + eps)``; ``"fused"``: rstd and
+    y vs ``aten._fused_rms_norm``, mean/rstd/y vs ``native_layer_norm`` (vectorized N % 4 == 0 and
+    row-wise Welford paths)."""
+    ops = norms._ops.ops
+
+    def same(a, b):
+        return torch.equal(a.reshape(-1).view(torch.int32), b.reshape(-1).contiguous().view(torch.int32)) \
+            if a.dtype == torch.float32 else torch.equal(a, b)
+
+    torch.manual_seed(0)
+    for N in (576, 2048, 4096, 5120, 5121, 8192, 65537):
+        bad = []
+        for M in (1, 2, 7, 37, 333, 4096):
+            x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 3
+            _, _, rstd = ops.rms_norm_fwd(x, None, None, None, 1e-6, 0.0, torch.bfloat16, torch.bfloat16, 1)
+            if not same(rstd, torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)):
+                bad.append(M)
+        check(f"torch order mean: rstd bit-exact, N={N}, M in 1..4096", not bad, f"inexact M={bad}")
+    for M, N in ((333, 4096), (7, 576), (5, 5121), (2, 65537), (64, 1000)):
+        x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 3 + 0.5
+        w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        y, _, rstd = ops.rms_norm_fwd(x, None, w, None, 1e-6, 0.0, None, torch.bfloat16, 2)
+        yt, rt = torch.ops.aten._fused_rms_norm(x, [N], w, 1e-6)
+        check(f"torch order fused rms_norm {M}x{N}", same(rstd, rt) and torch.equal(y, yt))
+        y, _, mean, rstd = ops.layer_norm_fwd(x, None, w, b, 1e-5, 2)
+        yt, mt, rt = torch.native_layer_norm(x, [N], w, b, 1e-5)
+        check(f"torch order fused layer_norm {M}x{N}", same(mean, mt) and same(rstd, rt) and torch.equal(y, yt),
+              f"mean {same(mean, mt)} rstd {same(rstd, rt)} y {torch.equal(y, yt)}")
 
 
 def check_kernelized_models(norms) -> None:
@@ -248,7 +283,7 @@ def main() -> int:
     ceiling = copy_ceiling()
     RESULTS["env"]["copy_gbps"] = ceiling
     log(f"copy ceiling {ceiling:.0f} GB/s on {RESULTS['env']['gpu']}")
-    steps = [check_layers_exact, check_kernelized_models, check_case2]
+    steps = [check_layers_exact, check_torch_orders, check_kernelized_models, check_case2]
     if "--no-bench" not in sys.argv:
         steps.append(lambda n: bench_norms(n, ceiling))
     for step in steps:

@@ -378,12 +378,15 @@ def test_opcheck_every_op(norms, device):
     w = rand(N, torch.float32, device).requires_grad_()
     b = rand(N, torch.bfloat16, device).requires_grad_()
     fwd = _op(norms, "rms_norm_fwd")
-    torch.library.opcheck(fwd, (x, None, w, None, 1e-6, 0.0, None, torch.float32))
-    torch.library.opcheck(fwd, (x, r, w, b, 1e-6, 1.0, torch.bfloat16, torch.bfloat16))
-    torch.library.opcheck(fwd, (x.detach(), None, None, None, 1e-6, 0.0, torch.float16, torch.float16))
+    torch.library.opcheck(fwd, (x, None, w, None, 1e-6, 0.0, None, torch.float32, 0))
+    torch.library.opcheck(fwd, (x, r, w, b, 1e-6, 1.0, torch.bfloat16, torch.bfloat16, 0))
+    torch.library.opcheck(fwd, (x.detach(), None, None, None, 1e-6, 0.0, torch.float16, torch.float16, 0))
+    torch.library.opcheck(fwd, (x, None, w, None, 1e-6, 0.0, None, torch.float32, 1))  # torch's orders
+    torch.library.opcheck(fwd, (x, None, w, b, 1e-6, 0.0, torch.bfloat16, torch.bfloat16, 2))
     ln = _op(norms, "layer_norm_fwd")
-    torch.library.opcheck(ln, (x, None, w, b, 1e-5))
-    torch.library.opcheck(ln, (x, r, None, None, 1e-5))
+    torch.library.opcheck(ln, (x, None, w, b, 1e-5, 0))
+    torch.library.opcheck(ln, (x, r, None, None, 1e-5, 0))
+    torch.library.opcheck(ln, (x, None, w, b, 1e-5, 2))
     dy = rand((3, N), torch.float32, device)
     rstd = torch.rand(3, device=device) + 0.5
     torch.library.opcheck(_op(norms, "rms_norm_bwd"),

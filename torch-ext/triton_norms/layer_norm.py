@@ -24,8 +24,10 @@ import triton
 import triton.language as tl
 
 from ._common import check_eps, check_inputs, grad_rows, load_grad_chunk, load_input_chunk, round_to, rows_view, vector
+from ._exact import ln_exact_forward
 from ._launch import check_launch_device, device_warp_size, launch_options, num_partial_programs, pick_config
 from ._ops import add_op_namespace_prefix
+from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order
 
 Tensor = torch.Tensor
 
@@ -199,9 +201,10 @@ def _layer_norm_bwd_kernel(
 
 @torch.library.custom_op(add_op_namespace_prefix("layer_norm_fwd"), mutates_args=())
 def _layer_norm_fwd(
-    x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
+    x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps: float, order: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Returns (y, h, mean, rstd); y in h's dtype (x.dtype without residual), h empty without residual."""
+    """Returns (y, h, mean, rstd); y in h's dtype (x.dtype without residual), h empty without residual.
+    ``order``: ORDER_FUSED follows ``F.layer_norm``'s CUDA order (not with a residual)."""
     h_dtype = (residual if residual is not None else x).dtype
     y = torch.empty(x.shape, dtype=h_dtype, device=x.device)
     h = torch.empty(x.shape if residual is not None else (0,), dtype=h_dtype, device=x.device)
@@ -212,6 +215,9 @@ def _layer_norm_fwd(
     check_launch_device(x, _layer_norm_fwd_kernel)
     N = x.shape[-1]
     x2 = rows_view(x)
+    if order == ORDER_FUSED and residual is None:
+        ln_exact_forward(x2, vector(weight), vector(bias), y, mean, rstd, eps, x)
+        return y, h, mean, rstd
     r2 = rows_view(residual) if residual is not None else None
     elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
     cfg = pick_config(N, elem, device_warp_size(x.device))
@@ -224,7 +230,7 @@ def _layer_norm_fwd(
 
 
 @_layer_norm_fwd.register_fake
-def _(x, residual, weight, bias, eps):
+def _(x, residual, weight, bias, eps, order):
     h_dtype = (residual if residual is not None else x).dtype
     stat = x.new_empty(x.shape[:-1], dtype=torch.float32)
     return (x.new_empty(x.shape, dtype=h_dtype), x.new_empty(x.shape if residual is not None else (0,), dtype=h_dtype),
@@ -277,7 +283,7 @@ def _(dy, dh, x, weight, mean, rstd, dx_dtype, dres_dtype, need_dw, need_db):
 
 
 def _setup_context(ctx, inputs, output):
-    x, residual, weight, bias, eps = inputs
+    x, residual, weight, bias, eps, order = inputs
     y, h, mean, rstd = output
     ctx.save_for_backward(h if residual is not None else x, weight, mean, rstd)
     ctx.x_dtype = x.dtype
@@ -298,13 +304,14 @@ def _backward(ctx, dy, dh, dmean, drstd):
         need_dw, need_db,
     )
     return (dx, dres if ctx.res_dtype is not None else None, dw if need_dw else None,
-            db.to(ctx.bias_dtype) if need_db else None, None)
+            db.to(ctx.bias_dtype) if need_db else None, None, None)
 
 
 _layer_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5, *,
+               torch_order: Optional[str] = None) -> Tensor:
     """Layer normalisation over the last dimension (``F.layer_norm(x, (N,), weight, bias, eps)``).
 
     ``y = (x - mean) * rsqrt(var + eps) * weight + bias`` with the biased variance.
@@ -314,6 +321,8 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
             non-contiguous last dim is copied once).
         weight, bias: (N,) or None, any float dtype, read in fp32.
         eps: >= 0.
+        torch_order: None (fastest) or ``"fused"``: mean and variance in the
+            order of ``F.layer_norm``'s CUDA kernels (bit-exact on CUDA).
 
     Returns:
         (..., N) tensor of x.dtype, contiguous. Saves x, weight, fp32 mean and rstd (M,) for backward.
@@ -328,7 +337,10 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
     is above one block). Source: Ba et al. 2016, https://arxiv.org/abs/1607.06450.
     """
     check_inputs(x, None, weight, bias)
-    return _layer_norm_fwd(x, None, weight, bias, check_eps(eps))[0]
+    order = parse_order(torch_order)
+    if order not in (ORDER_FAST, ORDER_FUSED):
+        raise ValueError(f"layer_norm: torch_order must be None or 'fused', got {torch_order!r}")
+    return _layer_norm_fwd(x, None, weight, bias, check_eps(eps), order)[0]
 
 
 def add_layer_norm(
@@ -341,5 +353,5 @@ def add_layer_norm(
         (residual.dtype) normalised from that rounded h. Gradients flow to x and residual.
     """
     check_inputs(x, residual, weight, bias)
-    y, h, _, _ = _layer_norm_fwd(x, residual, weight, bias, check_eps(eps))
+    y, h, _, _ = _layer_norm_fwd(x, residual, weight, bias, check_eps(eps), ORDER_FAST)
     return y, h

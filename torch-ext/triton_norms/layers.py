@@ -1,5 +1,9 @@
 """Hub layers for ``kernels.kernelize``: drop-in forwards, exact to the modules they replace.
 
+On CUDA the row statistics are summed in the order of the replaced module's own
+CUDA kernels (``torch_order``, see ``_torch_order.py``), so half-precision
+outputs are bit-identical, not just within an ulp.
+
 Each class is stateless (no ``__init__``, no methods besides ``forward``) and
 reads the replaced module's own attributes. Every forward is one call of the
 functional API with the rounding points of the original module:
@@ -52,7 +56,7 @@ class LlamaRMSNorm(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return rms_norm(
             hidden_states, self.weight, eps=self.variance_epsilon, cast_dtype=hidden_states.dtype,
-            out_dtype=torch.promote_types(self.weight.dtype, hidden_states.dtype),
+            out_dtype=torch.promote_types(self.weight.dtype, hidden_states.dtype), torch_order="mean",
         )
 
 
@@ -74,7 +78,7 @@ class Olmo2RMSNorm(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return rms_norm(hidden_states, self.weight, eps=self.variance_epsilon)
+        return rms_norm(hidden_states, self.weight, eps=self.variance_epsilon, torch_order="mean")
 
 
 class GemmaRMSNorm(nn.Module):
@@ -93,7 +97,7 @@ class GemmaRMSNorm(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, eps=self.eps, weight_offset=1.0)
+        return rms_norm(x, self.weight, eps=self.eps, weight_offset=1.0, torch_order="mean")
 
 
 class TorchRMSNorm(nn.Module):
@@ -123,7 +127,9 @@ class TorchRMSNorm(nn.Module):
         eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
         N = math.prod(shape)
         w = self.weight.reshape(N) if self.weight is not None else None
-        y = rms_norm(x.reshape(*x.shape[: x.dim() - len(shape)], N), w, eps=eps)
+        # F.rms_norm runs its fused kernel only when the weight has x's dtype; else x.pow(2).mean()
+        order = "fused" if w is None or w.dtype == x.dtype else "mean"
+        y = rms_norm(x.reshape(*x.shape[: x.dim() - len(shape)], N), w, eps=eps, torch_order=order)
         return y.reshape(x.shape)
 
 
@@ -151,15 +157,15 @@ class DiffusersRMSNorm(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if w is None:
-            return rms_norm(hidden_states, eps=self.eps)
+            return rms_norm(hidden_states, eps=self.eps, torch_order="mean")
         b = getattr(self, "bias", None)
         if w.dtype in _HALF:
             out = w.dtype if b is None else torch.promote_types(w.dtype, b.dtype)
-            return rms_norm(hidden_states, w, b, eps=self.eps, cast_dtype=w.dtype, out_dtype=out)
+            return rms_norm(hidden_states, w, b, eps=self.eps, cast_dtype=w.dtype, out_dtype=out, torch_order="mean")
         out = torch.promote_types(torch.float32, w.dtype)
         if b is not None:
             out = torch.promote_types(out, b.dtype)
-        return rms_norm(hidden_states, w, b, eps=self.eps, out_dtype=out)
+        return rms_norm(hidden_states, w, b, eps=self.eps, out_dtype=out, torch_order="mean")
 
 
 class LayerNorm(nn.Module):
@@ -189,5 +195,6 @@ class LayerNorm(nn.Module):
         N = math.prod(shape)
         w = self.weight.reshape(N) if self.weight is not None else None
         b = self.bias.reshape(N) if self.bias is not None else None
-        y = layer_norm(input.reshape(*input.shape[: input.dim() - len(shape)], N), w, b, eps=self.eps)
+        y = layer_norm(input.reshape(*input.shape[: input.dim() - len(shape)], N), w, b, eps=self.eps,
+                       torch_order="fused")
         return y.reshape(input.shape)

@@ -35,8 +35,10 @@ import triton.language as tl
 from ._common import (
     cast_constexpr, grad_rows, load_grad_chunk, load_input_chunk, prepare_rms_args, round_to, rows_view, vector,
 )
+from ._exact import rms_exact_forward
 from ._launch import check_launch_device, device_warp_size, launch_options, num_partial_programs, pick_config
 from ._ops import add_op_namespace_prefix
+from ._torch_order import ORDER_FAST, parse_order
 
 Tensor = torch.Tensor
 
@@ -204,16 +206,11 @@ def _rms_norm_bwd_kernel(
 
 @torch.library.custom_op(add_op_namespace_prefix("rms_norm_fwd"), mutates_args=())
 def _rms_norm_fwd(
-    x: Tensor,
-    residual: Optional[Tensor],
-    weight: Optional[Tensor],
-    bias: Optional[Tensor],
-    eps: float,
-    weight_offset: float,
-    cast_dtype: Optional[torch.dtype],
-    out_dtype: torch.dtype,
+    x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
+    weight_offset: float, cast_dtype: Optional[torch.dtype], out_dtype: torch.dtype, order: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """Returns (y, h, rstd); h is x + residual (empty without residual), rstd fp32 of shape x.shape[:-1]."""
+    """Returns (y, h, rstd); h is x + residual (empty without residual), rstd fp32 of shape x.shape[:-1].
+    ``order``: ``_torch_order.ORDER_*``, the summation order of the statistics (not with a residual)."""
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     h = torch.empty(x.shape if residual is not None else (0,), dtype=(residual if residual is not None else x).dtype,
                     device=x.device)
@@ -223,6 +220,10 @@ def _rms_norm_fwd(
     check_launch_device(x, _rms_norm_fwd_kernel)
     N = x.shape[-1]
     x2 = rows_view(x)
+    if order != ORDER_FAST and residual is None:
+        rms_exact_forward(x2, vector(weight), vector(bias), y, rstd, eps, weight_offset, cast_constexpr(cast_dtype),
+                          order, x)
+        return y, h, rstd
     r2 = rows_view(residual) if residual is not None else None
     elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
     cfg = pick_config(N, elem, device_warp_size(x.device))
@@ -237,7 +238,7 @@ def _rms_norm_fwd(
 
 
 @_rms_norm_fwd.register_fake
-def _(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype):
+def _(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order):
     h_shape = x.shape if residual is not None else (0,)
     h_dtype = (residual if residual is not None else x).dtype
     return x.new_empty(x.shape, dtype=out_dtype), x.new_empty(h_shape, dtype=h_dtype), \
@@ -246,16 +247,8 @@ def _(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype):
 
 @torch.library.custom_op(add_op_namespace_prefix("rms_norm_bwd"), mutates_args=())
 def _rms_norm_bwd(
-    dy: Tensor,
-    dh: Optional[Tensor],
-    x: Tensor,
-    weight: Optional[Tensor],
-    rstd: Tensor,
-    weight_offset: float,
-    cast_dtype: Optional[torch.dtype],
-    dx_dtype: torch.dtype,
-    dres_dtype: Optional[torch.dtype],
-    need_dw: bool,
+    dy: Tensor, dh: Optional[Tensor], x: Tensor, weight: Optional[Tensor], rstd: Tensor, weight_offset: float,
+    cast_dtype: Optional[torch.dtype], dx_dtype: torch.dtype, dres_dtype: Optional[torch.dtype], need_dw: bool,
     need_db: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Returns (dx, dres, dw, db); dres/dw/db are empty when not requested."""
@@ -301,7 +294,7 @@ def _(dy, dh, x, weight, rstd, weight_offset, cast_dtype, dx_dtype, dres_dtype, 
 
 
 def _setup_context(ctx, inputs, output):
-    x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype = inputs
+    x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order = inputs
     y, h, rstd = output
     ctx.save_for_backward(h if residual is not None else x, weight, rstd)
     ctx.x_dtype = x.dtype
@@ -324,7 +317,7 @@ def _backward(ctx, dy, dh, drstd):
         ctx.x_dtype, ctx.res_dtype, need_dw, need_db,
     )
     return (dx, dres if ctx.res_dtype is not None else None, dw if need_dw else None,
-            db.to(ctx.bias_dtype) if need_db else None, None, None, None, None)
+            db.to(ctx.bias_dtype) if need_db else None, None, None, None, None, None)
 
 
 _rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -339,6 +332,7 @@ def rms_norm(
     weight_offset: float = 0.0,
     cast_dtype: Optional[torch.dtype] = None,
     out_dtype: Optional[torch.dtype] = None,
+    torch_order: Optional[str] = None,
 ) -> Tensor:
     """Root-mean-square normalisation over the last dimension.
 
@@ -355,6 +349,9 @@ def rms_norm(
             multiply (LlamaRMSNorm: x.dtype); with a bias, the product is also
             rounded to out_dtype before the bias add (diffusers RMSNorm).
         out_dtype: output dtype (default x.dtype).
+        torch_order: None (fastest), ``"mean"`` (sum the squares in the order of
+            CUDA ``x.float().pow(2).mean(-1)``: transformers' RMSNorms) or
+            ``"fused"`` (``F.rms_norm``'s CUDA kernel): bit-exact rstd on CUDA.
 
     Returns:
         (..., N) tensor of out_dtype, contiguous. Saves x, weight and fp32 rstd (M,) for backward.
@@ -370,7 +367,8 @@ def rms_norm(
     https://arxiv.org/abs/1910.07467; numerics of transformers' LlamaRMSNorm et al.
     """
     eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
-    return _rms_norm_fwd(x, None, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype)[0]
+    order = parse_order(torch_order)
+    return _rms_norm_fwd(x, None, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype, order)[0]
 
 
 def add_rms_norm(
@@ -396,5 +394,5 @@ def add_rms_norm(
         (both receive dh_total = d(out)/dh + d(h)).
     """
     eps, out_dtype = prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype)
-    y, h, _ = _rms_norm_fwd(x, residual, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype)
+    y, h, _ = _rms_norm_fwd(x, residual, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype, ORDER_FAST)
     return y, h

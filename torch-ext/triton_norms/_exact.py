@@ -1,0 +1,213 @@
+"""Forward kernels whose row statistics follow PyTorch's CUDA summation order (bit-exact layers).
+
+Two passes per block of ``ROWS`` rows: the statistics (``_exact_stats``, in the
+order chosen by ``_torch_order``), then the normalisation, which reads the rows
+again (from L1/L2) and writes y. Only the forward differs from the fast kernels;
+the backward of the custom ops is shared.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import round_to
+from ._exact_stats import fused_ln_stats_vec, fused_rms_sumsq_vec, mean_sq_torch_order, rowwise_welford
+from ._launch import is_interpreter, launch_options
+from ._torch_order import (
+    LN_VEC_THREADS, ORDER_FUSED, ORDER_MEAN, ROWWISE_THREADS, device_limits, fused_vectorized,
+    mean_config, mean_constexprs,
+)
+
+# statistics of the order: 1 generic reduce (mean of squares), 2 fused vectorized, 3 fused row-wise Welford
+STATS_MEAN, STATS_VEC, STATS_ROWWISE = 1, 2, 3
+# widest row (bytes of input) normalised in one tile; wider rows go in chunks of this size
+MAX_ROW_BYTES = 16384
+# LayerNorm: which product cuWelfordCombine fuses into its fma (0: nA * mean_A, 1: nB * mean_B, 2: none)
+LN_MEAN_FMA = 0
+
+
+@triton.jit
+def _rms_stats(base, rm, rows, N, factor, STATS: tl.constexpr, ROWS: tl.constexpr, ITERS: tl.constexpr,
+               VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr, CP: tl.constexpr,
+               LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr):
+    """Mean of squares of ROWS rows, (ROWS,) fp32."""
+    if STATS == 1:
+        var = mean_sq_torch_order(base, rm, rows, N, factor, ROWS, VEC, BW, BHR, CTAS, CP, ITERS, LOG_BHR, LOG_BW,
+                                  LOG_PAD, LOG_WRAP)
+    elif STATS == 2:
+        ss = fused_rms_sumsq_vec(base, rm, N, ROWS, ITERS)
+        var = tl.math.div_rn(ss, tl.zeros_like(ss) + N)
+    else:
+        mean, var = rowwise_welford(base, rm, N, ROWS, ITERS)
+        var = tl.fma(mean, mean, var)  # rsqrt(m2 + m1 * m1 + eps)
+    return var
+
+
+@triton.jit
+def _rms_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, r, start, N, weight_offset, CAST_DTYPE: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    offs = start + tl.arange(0, BLOCK_N)
+    cm = offs < N
+    m = rm & cm[None, :]
+    x = tl.load(base + offs[None, :], mask=m, other=0.0).to(tl.float32)
+    y = round_to(x * r, CAST_DTYPE)
+    if w_ptr is not None:
+        w = tl.load(w_ptr + offs, mask=cm, other=0.0).to(tl.float32)
+        y = y * (w + weight_offset)[None, :]
+    if b_ptr is not None:
+        if CAST_DTYPE is not None:
+            y = round_to(y, OUT_DTYPE)
+        y = y + tl.load(b_ptr + offs, mask=cm, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows64[:, None] * N + offs[None, :], round_to(y, OUT_DTYPE).to(OUT_DTYPE), mask=m)
+
+
+@triton.jit
+def _ln_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, mu, r, start, N, STATS: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    offs = start + tl.arange(0, BLOCK_N)
+    cm = offs < N
+    m = rm & cm[None, :]
+    d = tl.load(base + offs[None, :], mask=m, other=0.0).to(tl.float32) - mu
+    t = r * d
+    if w_ptr is not None:
+        w = tl.load(w_ptr + offs, mask=cm, other=0.0).to(tl.float32)[None, :]
+        if b_ptr is not None:
+            y = tl.fma(w, t, tl.load(b_ptr + offs, mask=cm, other=0.0).to(tl.float32)[None, :])
+        else:
+            y = w * t
+    elif b_ptr is not None:
+        b = tl.load(b_ptr + offs, mask=cm, other=0.0).to(tl.float32)[None, :]
+        if STATS == 2:
+            y = tl.fma(r, d, b)  # (rstd * (x - mean)) + beta, contracted by nvcc
+        else:
+            y = t + b  # fma(t, gamma = 1, beta)
+    else:
+        y = t
+    tl.store(y_ptr + rows64[:, None] * N + offs[None, :], round_to(y, OUT_DTYPE).to(OUT_DTYPE), mask=m)
+
+
+@triton.jit
+def _rms_exact_fwd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, rstd_ptr,
+    M, N, stride_x_row, eps, weight_offset, factor,
+    CAST_DTYPE: tl.constexpr, STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
+    ITERS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
+    CP: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
+):
+    # Bytes: read M*N*x twice (the second time mostly from cache) + N*(w [+ b]); write M*N*y + 4M.
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+    base = x_ptr + rows64[:, None] * stride_x_row
+    rm = rmask[:, None]
+    var = _rms_stats(base, rm, rows, N, factor, STATS, ROWS, ITERS, VEC, BW, BHR, CTAS, CP, LOG_BHR, LOG_BW,
+                     LOG_PAD, LOG_WRAP)
+    rstd = tl.math.rsqrt(var + eps)
+    tl.store(rstd_ptr + rows64, rstd, mask=rmask)
+    r = rstd[:, None]
+    if LOOP:
+        for start in range(0, N, BLOCK_N):
+            _rms_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, r, start, N, weight_offset, CAST_DTYPE, BLOCK_N)
+    else:
+        _rms_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, r, 0, N, weight_offset, CAST_DTYPE, BLOCK_N)
+
+
+@triton.jit
+def _ln_exact_fwd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+    M, N, stride_x_row, eps,
+    STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr, ITERS: tl.constexpr,
+    MEAN_FMA: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+    base = x_ptr + rows64[:, None] * stride_x_row
+    rm = rmask[:, None]
+    if STATS == 2:
+        mean, s = fused_ln_stats_vec(base, rm, N, ROWS, ITERS, MEAN_FMA)
+        var = tl.math.div_rn(s, tl.zeros_like(s) + N)
+    else:
+        mean, var = rowwise_welford(base, rm, N, ROWS, ITERS)
+    rstd = tl.math.rsqrt(var + eps)
+    tl.store(mean_ptr + rows64, mean, mask=rmask)
+    tl.store(rstd_ptr + rows64, rstd, mask=rmask)
+    mu = mean[:, None]
+    r = rstd[:, None]
+    if LOOP:
+        for start in range(0, N, BLOCK_N):
+            _ln_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, mu, r, start, N, STATS, BLOCK_N)
+    else:
+        _ln_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, mu, r, 0, N, STATS, BLOCK_N)
+
+
+def _interp_rows(M: int, kernel, rows: Optional[int]) -> Optional[int]:
+    """Under the interpreter (numpy, one program after another) many rows per program run far faster;
+    rows are independent, so this changes no result."""
+    return min(64, triton.next_power_of_2(M)) if rows is None and is_interpreter(kernel) else rows
+
+
+def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps: Optional[int]):
+    """(ROWS, BLOCK_N, LOOP, num_warps): rows per program and the normalisation tile.
+
+    Measured on an H200 (32768 x 4096 bf16): 4 warps; one row per program for the
+    mean order (several rows per program ran 3x to 50x slower), two for the fused
+    orders. Rows above MAX_ROW_BYTES are normalised in chunks (they are re-read
+    from cache anyway).
+    """
+    block_n = triton.next_power_of_2(N)
+    loop = block_n * elem > MAX_ROW_BYTES
+    if loop:
+        block_n = MAX_ROW_BYTES // elem
+    rows = (1 if loop else rows_default) if rows is None else rows
+    return rows, block_n, loop, 4 if num_warps is None else num_warps
+
+
+def rms_exact_forward(x2: torch.Tensor, weight, bias, y, rstd, eps: float, weight_offset: float, cast_constexpr,
+                      order: int, x_orig: torch.Tensor, rows: Optional[int] = None, num_warps: Optional[int] = None):
+    """Launches the RMS forward with torch's order ``order`` (ORDER_MEAN / ORDER_FUSED) on x2 (M, N)."""
+    M, N = x2.shape
+    factor = 1.0
+    meta = dict(VEC=False, BW=1, BHR=1, CTAS=1, CP=1, LOG_BHR=0, LOG_BW=0, LOG_PAD=0, LOG_WRAP=0)
+    if order == ORDER_MEAN:
+        cfg = mean_config(M, N, *device_limits(x2.device))
+        stats, iters, factor, rows_default = STATS_MEAN, cfg.iters, cfg.factor, 1
+        meta.update(mean_constexprs(cfg))
+    elif fused_vectorized(x_orig, N, weight):
+        stats, iters, rows_default = STATS_VEC, triton.cdiv(N, 4 * LN_VEC_THREADS), 2
+    else:
+        stats, iters, rows_default = STATS_ROWWISE, triton.cdiv(N, ROWWISE_THREADS), 2
+    rows = _interp_rows(M, _rms_exact_fwd_kernel, rows)
+    R, block_n, loop, warps = _tiles(N, x2.element_size(), rows_default, rows, num_warps)
+    _rms_exact_fwd_kernel[(triton.cdiv(M, R),)](
+        x2, weight, bias, y, rstd, M, N, x2.stride(0), eps, weight_offset, factor,
+        CAST_DTYPE=cast_constexpr, STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, **meta,
+        num_warps=warps, **launch_options(_rms_exact_fwd_kernel),
+    )
+
+
+def ln_exact_forward(x2: torch.Tensor, weight, bias, y, mean, rstd, eps: float, x_orig: torch.Tensor,
+                     rows: Optional[int] = None, num_warps: Optional[int] = None, mean_fma: Optional[int] = None):
+    """Launches the LayerNorm forward in ``F.layer_norm``'s CUDA order on x2 (M, N)."""
+    M, N = x2.shape
+    if fused_vectorized(x_orig, N, weight, bias):
+        stats, iters = STATS_VEC, triton.cdiv(N, 4 * LN_VEC_THREADS)
+    else:
+        stats, iters = STATS_ROWWISE, triton.cdiv(N, ROWWISE_THREADS)
+    rows = _interp_rows(M, _ln_exact_fwd_kernel, rows)
+    R, block_n, loop, warps = _tiles(N, x2.element_size(), 2, rows, num_warps)
+    _ln_exact_fwd_kernel[(triton.cdiv(M, R),)](
+        x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), eps,
+        STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters,
+        MEAN_FMA=LN_MEAN_FMA if mean_fma is None else mean_fma,
+        num_warps=warps, **launch_options(_ln_exact_fwd_kernel),
+    )
+
+
+__all__ = ["ORDER_FUSED", "ORDER_MEAN", "ln_exact_forward", "rms_exact_forward"]

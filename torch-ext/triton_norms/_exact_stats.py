@@ -1,0 +1,343 @@
+"""Row statistics summed in the order of PyTorch's CUDA kernels (see ``_torch_order.py``).
+
+Each helper takes ``ROWS`` rows (``base``: (ROWS, 1) row pointers, ``rm``: (ROWS, 1)
+row mask), reads them chunk by chunk in the order one CUDA thread reads its
+elements, keeps one accumulator per CUDA thread (and per vector lane) in a
+register tensor, and combines the accumulators with explicit trees built from
+``reshape``/``permute``/``split`` (``tl.sum`` is never used: its order is the
+compiler's). Every tree is a halving tree (element i += element i + half), as
+ATen's shared-memory and ``shfl_down`` stages are (intra-warp offsets decreasing
+since torch 2.10 or so; older releases paired adjacent lanes instead). Loads that fall outside a row give 0, which leaves a sum of
+squares unchanged; the Welford updates are masked instead.
+
+Divisions use ``div_rn`` (IEEE, like nvcc without fast math; Triton's ``/`` is
+approximate) and the multiply-adds that nvcc contracts by default are explicit
+``tl.fma`` calls, with ``enable_fp_fusion=False`` at launch for everything else.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _split_halves(t):
+    """(R, H, W) -> ((R, H/2, W) lower half, upper half) along axis 1."""
+    t = tl.permute(tl.reshape(t, (t.shape[0], 2, t.shape[1] // 2, t.shape[2])), (0, 2, 3, 1))
+    return tl.split(t)
+
+
+@triton.jit
+def _fold_mid(t, LEVELS: tl.constexpr):
+    """Halving tree along axis 1 of (R, H, W): row h += row h + H/2, LEVELS times."""
+    if LEVELS >= 1:
+        lo, hi = _split_halves(t)
+        t = lo + hi
+    if LEVELS >= 2:
+        lo, hi = _split_halves(t)
+        t = lo + hi
+    if LEVELS >= 3:
+        lo, hi = _split_halves(t)
+        t = lo + hi
+    if LEVELS >= 4:
+        lo, hi = _split_halves(t)
+        t = lo + hi
+    if LEVELS >= 5:
+        lo, hi = _split_halves(t)
+        t = lo + hi
+    if LEVELS >= 6:
+        lo, hi = _split_halves(t)
+        t = lo + hi
+    if LEVELS >= 7:
+        lo, hi = _split_halves(t)
+        t = lo + hi
+    if LEVELS >= 8:
+        lo, hi = _split_halves(t)
+        t = lo + hi
+    if LEVELS >= 9:
+        lo, hi = _split_halves(t)
+        t = lo + hi
+    return t
+
+
+@triton.jit
+def _lanes4(t):
+    """(R, T, 4) -> the 4 lanes (R, T) each, in lane order."""
+    a, b = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))
+    v0, v2 = tl.split(a)
+    v1, v3 = tl.split(b)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _x_then_y(t, BHR: tl.constexpr, BW: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr):
+    """Reduce.cuh's block_x_reduce then block_y_reduce of thread values t (R, BHR * BW), tid = y * BW + x:
+    halving trees (shared memory down to a warp, then ``shfl_down`` 16, 8, ..., 1) over x, then over y."""
+    R: tl.constexpr = t.shape[0]
+    t = _fold_mid(tl.permute(tl.reshape(t, (R, BHR, BW)), (0, 2, 1)), LOG_BW)  # (R, 1, BHR)
+    t = _fold_mid(tl.reshape(t, (R, BHR, 1)), LOG_BHR)
+    return tl.reshape(t, (R,))
+
+
+@triton.jit
+def _y_then_x(t, BHR: tl.constexpr, BW: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr):
+    """The final block of a global reduce: block_y_reduce, then block_x_reduce (both halving trees)."""
+    R: tl.constexpr = t.shape[0]
+    t = _fold_mid(tl.reshape(t, (R, BHR, BW)), LOG_BHR)  # (R, 1, BW)
+    t = _fold_mid(tl.reshape(t, (R, BW, 1)), LOG_BW)
+    return tl.reshape(t, (R,))
+
+
+@triton.jit
+def _mean_chunk(acc, base, rm, c, it, head, nvec, inner, tid, N, T: tl.constexpr, NT: tl.constexpr,
+                VEC: tl.constexpr):
+    if VEC:
+        q0 = it * T + c * NT
+        m = rm & (q0 + tid < nvec)
+        v = tl.load(base + head + q0 * 4 + inner, mask=m, other=0.0).to(tl.float32)
+    else:
+        e = (4 * it + inner // NT) * T + c * NT + inner % NT
+        v = tl.load(base + e, mask=rm & (e < N), other=0.0).to(tl.float32)
+    return acc + v * v
+
+
+@triton.jit
+def mean_sq_torch_order(
+    base, rm, rows, N, factor,
+    ROWS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
+    CP: tl.constexpr, ITERS: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr,
+    LOG_WRAP: tl.constexpr,
+):
+    """``x.float().pow(2).mean(-1)`` of ROWS rows, summed as ATen's generic reduce kernel does. Returns (ROWS,)."""
+    NT: tl.constexpr = BHR * BW
+    T: tl.constexpr = CTAS * NT
+    INNER: tl.constexpr = 4 * NT
+    inner = tl.arange(0, INNER)[None, :]
+    tid = inner // 4
+    lane = inner % 4
+    if VEC:
+        # the fp32 copy torch reduces is contiguous: row r starts (r * N) % 4 floats past a 16-byte boundary
+        s = ((rows.to(tl.int64) * N) % 4).to(tl.int32)[:, None]
+        head = (4 - s) % 4  # elements before the first aligned vector, added first by threads s..3
+        nvec = (N - head) // 4
+    else:
+        s = tl.zeros([ROWS, 1], tl.int32)
+        head = s
+        nvec = s
+    part = tl.zeros([ROWS, CP], tl.float32)
+    cidx = tl.arange(0, CP)[None, :]
+    for c in range(CTAS):
+        if VEC:
+            hm = rm & (c == 0) & (s > 0) & (lane == 0) & (tid >= s) & (tid < 4)
+            acc = tl.load(base + (tid - s), mask=hm, other=0.0).to(tl.float32)
+            acc = acc * acc
+        else:
+            acc = tl.zeros([ROWS, INNER], tl.float32)
+        if ITERS <= 64:
+            for it in tl.static_range(ITERS):
+                acc = _mean_chunk(acc, base, rm, c, it, head, nvec, inner, tid, N, T, NT, VEC)
+        else:
+            for it in range(ITERS):
+                acc = _mean_chunk(acc, base, rm, c, it, head, nvec, inner, tid, N, T, NT, VEC)
+        if VEC:
+            tm = rm & (c == 0) & (lane == 0) & (tid < (N - head) % 4)
+            v = tl.load(base + head + 4 * nvec + tid, mask=tm, other=0.0).to(tl.float32)
+            acc = acc + v * v  # the row's tail, after the vectors (threads 0..2)
+            a0, a1, a2, a3 = _lanes4(tl.reshape(acc, (ROWS, NT, 4)))
+        else:
+            a0, a1, a2, a3 = _lanes4(tl.permute(tl.reshape(acc, (ROWS, 4, NT)), (0, 2, 1)))
+        lanes = ((a0 + a1) + a2) + a3
+        p = _x_then_y(lanes, BHR, BW, LOG_BHR, LOG_BW)
+        part = tl.where(cidx == c, p[:, None], part)
+    if CTAS == 1:
+        total = tl.reshape(part, (ROWS,))
+    else:
+        # global reduce: the last block's thread t adds the staged partial sums t, t + NT
+        # (zeros where there are none), then the same block trees
+        # exact for up to 2 partial sums per thread (t, then t + NT); a tree beyond (see exact_global_reduce)
+        part = tl.reshape(_fold_mid(tl.reshape(part, (ROWS, 1 << LOG_WRAP, CP >> LOG_WRAP)), LOG_WRAP),
+                          (ROWS, CP >> LOG_WRAP))
+        for _ in tl.static_range(LOG_PAD):
+            z = tl.join(part, tl.zeros_like(part))
+            part = tl.reshape(tl.permute(z, (0, 2, 1)), (ROWS, 2 * part.shape[1]))
+        total = _y_then_x(part, BHR, BW, LOG_BHR, LOG_BW)
+    return total * factor
+
+
+@triton.jit
+def fused_rms_sumsq_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr):
+    """``vectorized_layer_norm_kernel<rms_norm=true>``: sum of squares of ROWS rows (N % 4 == 0).
+
+    Thread t = x + 32 y (128 threads) reads vectors t, t + 128, ... and does
+    ``s = fma(v, v, s)`` per element; halving trees over the 32 lanes, then the 4 warps."""
+    inner = tl.arange(0, 512)[None, :]
+    acc = tl.zeros([ROWS, 128], tl.float32)
+    for k in tl.static_range(ITERS):
+        e = k * 512 + inner
+        v = tl.load(base + e, mask=rm & (e < N), other=0.0).to(tl.float32)
+        v0, v1, v2, v3 = _lanes4(tl.reshape(v, (ROWS, 128, 4)))
+        acc = tl.fma(v0, v0, acc)
+        acc = tl.fma(v1, v1, acc)
+        acc = tl.fma(v2, v2, acc)
+        acc = tl.fma(v3, v3, acc)
+    t = tl.permute(tl.reshape(acc, (ROWS, 4, 32)), (0, 2, 1))  # (R, lane, warp)
+    t = _fold_mid(t, 5)  # shfl_down 16, 8, 4, 2, 1 within each warp
+    t = _fold_mid(tl.reshape(t, (ROWS, 4, 1)), 2)  # warps 2, 3 onto 0, 1; then 1 onto 0
+    return tl.reshape(t, (ROWS,))
+
+
+@triton.jit
+def _recip(x):
+    return tl.math.div_rn(tl.zeros_like(x) + 1.0, x)
+
+
+@triton.jit
+def _ln_combine(bm, bs, bc, am, as_, ac, MEAN_FMA: tl.constexpr):
+    """layer_norm_kernel.cu's cuWelfordCombine(dataB = this thread, dataA = the other), fp32 counts."""
+    delta = bm - am
+    count = ac + bc
+    pos = count > 0.0
+    coef = _recip(tl.where(pos, count, 1.0))
+    na = ac * coef
+    nb = bc * coef
+    if MEAN_FMA == 0:
+        mean = tl.fma(na, am, nb * bm)
+    elif MEAN_FMA == 1:
+        mean = tl.fma(nb, bm, na * am)
+    else:
+        mean = na * am + nb * bm
+    s = tl.fma((delta * delta) * ac, nb, as_ + bs)
+    return tl.where(pos, mean, 0.0), tl.where(pos, s, 0.0), count
+
+
+@triton.jit
+def _ln_fold(m, s, c, MEAN_FMA: tl.constexpr):
+    """One halving step along axis 1 of (R, H, W): lower half = this thread, upper half = the other."""
+    ml, mh = _split_halves(m)
+    sl, sh = _split_halves(s)
+    cl, ch = _split_halves(c)
+    return _ln_combine(ml, sl, cl, mh, sh, ch, MEAN_FMA)
+
+
+@triton.jit
+def _ln_update(m, s, c, v, ok):
+    """cuWelfordOnlineSum: mean += delta * (1 / count) and sigma2 += delta * (v - new mean), both fused."""
+    delta = v - m
+    c1 = c + 1.0
+    m1 = tl.fma(delta, _recip(c1), m)
+    s1 = tl.fma(delta, v - m1, s)
+    return tl.where(ok, m1, m), tl.where(ok, s1, s), tl.where(ok, c1, c)
+
+
+@triton.jit
+def _ln_chunk(m, s, c, base, rm, k, N, inner, t, ROWS: tl.constexpr):
+    e = k * 512 + inner
+    v = tl.load(base + e, mask=rm & (e < N), other=0.0).to(tl.float32)
+    v0, v1, v2, v3 = _lanes4(tl.reshape(v, (ROWS, 128, 4)))
+    ok = rm & (k * 128 + t < N // 4)
+    m, s, c = _ln_update(m, s, c, v0, ok)
+    m, s, c = _ln_update(m, s, c, v1, ok)
+    m, s, c = _ln_update(m, s, c, v2, ok)
+    m, s, c = _ln_update(m, s, c, v3, ok)
+    return m, s, c
+
+
+@triton.jit
+def fused_ln_stats_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, MEAN_FMA: tl.constexpr):
+    """``vectorized_layer_norm_kernel`` (LayerNorm): Welford per thread (vectors t, t + 128, ...),
+    combined over 32 lanes then 4 warps. Returns (mean, sum of squared deviations) (ROWS,) each."""
+    inner = tl.arange(0, 512)[None, :]
+    t = tl.arange(0, 128)[None, :]
+    m = tl.zeros([ROWS, 128], tl.float32)
+    s = tl.zeros([ROWS, 128], tl.float32)
+    c = tl.zeros([ROWS, 128], tl.float32)
+    if ITERS <= 64:
+        for k in tl.static_range(ITERS):
+            m, s, c = _ln_chunk(m, s, c, base, rm, k, N, inner, t, ROWS)
+    else:
+        for k in range(ITERS):
+            m, s, c = _ln_chunk(m, s, c, base, rm, k, N, inner, t, ROWS)
+    m = tl.permute(tl.reshape(m, (ROWS, 4, 32)), (0, 2, 1))
+    s = tl.permute(tl.reshape(s, (ROWS, 4, 32)), (0, 2, 1))
+    c = tl.permute(tl.reshape(c, (ROWS, 4, 32)), (0, 2, 1))
+    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # shfl_down 16
+    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # 8
+    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # 4
+    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # 2
+    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # 1
+    m = tl.reshape(m, (ROWS, 4, 1))
+    s = tl.reshape(s, (ROWS, 4, 1))
+    c = tl.reshape(c, (ROWS, 4, 1))
+    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # warps 2, 3 -> 0, 1
+    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # warp 1 -> 0
+    return tl.reshape(m, (ROWS,)), tl.reshape(s, (ROWS,))
+
+
+@triton.jit
+def _wf_combine(am, a2, an, bm, b2, bn):
+    """SharedReduceOps.h WelfordOps::combine(a = this thread, b = the other); an empty side returns the other."""
+    delta = bm - am
+    n = an + bn
+    r = tl.math.div_rn(bn, tl.where(n > 0.0, n, 1.0))
+    m = tl.fma(delta, r, am)
+    q = tl.fma((delta * delta) * an, r, a2 + b2)
+    m = tl.where(an == 0.0, bm, tl.where(bn == 0.0, am, m))
+    q = tl.where(an == 0.0, b2, tl.where(bn == 0.0, a2, q))
+    return m, q, n
+
+
+@triton.jit
+def _wf_fold(m, q, n):
+    ml, mh = _split_halves(m)
+    ql, qh = _split_halves(q)
+    nl, nh = _split_halves(n)
+    return _wf_combine(ml, ql, nl, mh, qh, nh)
+
+
+@triton.jit
+def _wf_chunk(m, q, n, base, rm, k, N, j):
+    e = k * 512 + j
+    ok = rm & (e < N)
+    v = tl.load(base + e, mask=ok, other=0.0).to(tl.float32)
+    n1 = n + 1.0
+    delta = v - m
+    m1 = m + tl.math.div_rn(delta, n1)
+    q1 = tl.fma(delta, v - m1, q)
+    return tl.where(ok, m1, m), tl.where(ok, q1, q), tl.where(ok, n1, n)
+
+
+@triton.jit
+def rowwise_welford(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr):
+    """``RowwiseMomentsCUDAKernel``: ATen's WelfordOps per thread (elements j, j + 512, ...), then
+    ``BlockReduce`` (halving trees over each warp's 32 lanes, then over the 16 warps).
+    Returns (mean, biased variance) (ROWS,) each."""
+    j = tl.arange(0, 512)[None, :]
+    m = tl.zeros([ROWS, 512], tl.float32)
+    q = tl.zeros([ROWS, 512], tl.float32)
+    n = tl.zeros([ROWS, 512], tl.float32)
+    if ITERS <= 64:
+        for k in tl.static_range(ITERS):
+            m, q, n = _wf_chunk(m, q, n, base, rm, k, N, j)
+    else:
+        for k in range(ITERS):
+            m, q, n = _wf_chunk(m, q, n, base, rm, k, N, j)
+    m = tl.permute(tl.reshape(m, (ROWS, 16, 32)), (0, 2, 1))
+    q = tl.permute(tl.reshape(q, (ROWS, 16, 32)), (0, 2, 1))
+    n = tl.permute(tl.reshape(n, (ROWS, 16, 32)), (0, 2, 1))
+    m, q, n = _wf_fold(m, q, n)
+    m, q, n = _wf_fold(m, q, n)
+    m, q, n = _wf_fold(m, q, n)
+    m, q, n = _wf_fold(m, q, n)
+    m, q, n = _wf_fold(m, q, n)
+    m = tl.reshape(m, (ROWS, 16, 1))
+    q = tl.reshape(q, (ROWS, 16, 1))
+    n = tl.reshape(n, (ROWS, 16, 1))
+    m, q, n = _wf_fold(m, q, n)
+    m, q, n = _wf_fold(m, q, n)
+    m, q, n = _wf_fold(m, q, n)
+    m, q, n = _wf_fold(m, q, n)
+    m = tl.reshape(m, (ROWS,))
+    q = tl.reshape(q, (ROWS,))
+    n = tl.reshape(n, (ROWS,))
+    return m, tl.math.div_rn(q, tl.where(n > 0.0, n, 1.0))
