@@ -124,7 +124,12 @@ class FatreluAndMul(nn.Module):
 
 
 class Silu(nn.Module):
-    """``F.silu(x)``. Shapes: - x: any; - output: x's shape and dtype."""
+    """``F.silu(x)``.
+
+    Shapes:
+        - x: any
+        - output: x's shape and dtype
+    """
 
     has_backward = True
     can_torch_compile = True
@@ -134,7 +139,12 @@ class Silu(nn.Module):
 
 
 class Gelu(nn.Module):
-    """``F.gelu(x)`` (exact erf). Shapes: - x: any; - output: x's shape and dtype."""
+    """``F.gelu(x)`` (exact erf).
+
+    Shapes:
+        - x: any
+        - output: x's shape and dtype
+    """
 
     has_backward = True
     can_torch_compile = True
@@ -144,7 +154,12 @@ class Gelu(nn.Module):
 
 
 class GeluTanh(nn.Module):
-    """``F.gelu(x, approximate="tanh")``. Shapes: - x: any; - output: x's shape and dtype."""
+    """``F.gelu(x, approximate="tanh")``.
+
+    Shapes:
+        - x: any
+        - output: x's shape and dtype
+    """
 
     has_backward = True
     can_torch_compile = True
@@ -156,7 +171,9 @@ class GeluTanh(nn.Module):
 class NewGELU(nn.Module):
     """The tanh GELU of ``gelu_new``, computed in fp32 and rounded once.
 
-    Shapes: - x: any; - output: x's shape and dtype.
+    Shapes:
+        - x: any
+        - output: x's shape and dtype
     """
 
     has_backward = True
@@ -167,7 +184,12 @@ class NewGELU(nn.Module):
 
 
 class FastGELU(nn.Module):
-    """``gelu_fast``, computed in fp32 and rounded once. Shapes: - x: any; - output: x's shape and dtype."""
+    """``gelu_fast``, computed in fp32 and rounded once.
+
+    Shapes:
+        - x: any
+        - output: x's shape and dtype
+    """
 
     has_backward = True
     can_torch_compile = True
@@ -177,7 +199,12 @@ class FastGELU(nn.Module):
 
 
 class QuickGELU(nn.Module):
-    """``x * sigmoid(1.702 * x)`` in fp32, rounded once. Shapes: - x: any; - output: x's shape and dtype."""
+    """``x * sigmoid(1.702 * x)`` in fp32, rounded once.
+
+    Shapes:
+        - x: any
+        - output: x's shape and dtype
+    """
 
     has_backward = True
     can_torch_compile = True
@@ -199,7 +226,9 @@ def _is_partial_gelu_tanh(act) -> bool:
 class SiLUActivation(nn.Module):
     """transformers' ``SiLUActivation`` (``F.silu``), exact.
 
-    Shapes: - input: any, fp16/bf16/fp32; - output: input's shape and dtype.
+    Shapes:
+        - input: any, fp16/bf16/fp32
+        - output: input's shape and dtype
     """
 
     has_backward = True
@@ -214,9 +243,12 @@ class GELUActivation(nn.Module):
 
     ``act`` is ``F.gelu`` (the default): the erf GELU kernel (one rounding, as ATen).
     ``use_gelu_python=True`` modules run their own Python formula (no kernel): its
-    ``input / math.sqrt(2.0)`` rounds differently in ATen's CPU and CUDA kernels.
+    ``input / math.sqrt(2.0)`` is a true division in ATen's CPU kernel (measured) and a
+    multiply by the reciprocal in its CUDA kernel, so no one rounding emulation fits both.
 
-    Shapes: - input: any; - output: input's shape and dtype.
+    Shapes:
+        - input: any
+        - output: input's shape and dtype
     """
 
     act: Callable
@@ -237,7 +269,9 @@ class GELUTanh(nn.Module):
     kernel (one rounding). ``use_gelu_tanh_python=True``: the NewGELU formula with its
     eager rounding points (the same ops in the same order). Any other ``act`` runs as is.
 
-    Shapes: - input: any; - output: input's shape and dtype.
+    Shapes:
+        - input: any
+        - output: input's shape and dtype
     """
 
     act: Callable
@@ -257,7 +291,9 @@ class GELUTanh(nn.Module):
 class NewGELUActivation(nn.Module):
     """transformers' ``NewGELUActivation``, exact: its eager rounding points in fp16/bf16.
 
-    Shapes: - input: any; - output: input's shape and dtype.
+    Shapes:
+        - input: any
+        - output: input's shape and dtype
     """
 
     has_backward = True
@@ -270,7 +306,9 @@ class NewGELUActivation(nn.Module):
 class FastGELUActivation(nn.Module):
     """transformers' ``FastGELUActivation``, exact: its eager rounding points in fp16/bf16.
 
-    Shapes: - input: any; - output: input's shape and dtype.
+    Shapes:
+        - input: any
+        - output: input's shape and dtype
     """
 
     has_backward = True
@@ -283,7 +321,9 @@ class FastGELUActivation(nn.Module):
 class QuickGELUActivation(nn.Module):
     """transformers' ``QuickGELUActivation``, exact: ``1.702 * input`` and the sigmoid rounded to the input dtype.
 
-    Shapes: - input: any; - output: input's shape and dtype.
+    Shapes:
+        - input: any
+        - output: input's shape and dtype
     """
 
     has_backward = True

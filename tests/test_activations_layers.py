@@ -1,0 +1,215 @@
+"""triton-activations Hub layers against the modules they replace, and through ``kernels.kernelize``.
+
+Each layer's ``forward`` runs with the original module as ``self`` (what ``kernelize``
+does) and is compared with the module's own forward. transformers' NewGELU/FastGELU/
+QuickGELU forwards round after every eager op; the layers reproduce those rounding points
+and are bit-exact in fp16/bf16 (measured: 0 of 65536 elements differ on CPU). The
+single-op activations (``F.silu``/``F.gelu``) are bit-exact but for the cancellation tail
+of ``1 + erf(u)``, u << 0, where torch's own CPU fp16 and fp32 kernels disagree (see
+``tail_noise``). fp32 outputs differ from torch's by the fp32 error of exp/tanh/erf.
+"""
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .conftest import ORG
+from .test_activations import DTYPES, THRESHOLD, assert_close_ref, assert_mostly_exact, rand, tail_noise
+
+KC_LAYERS = ["SiluAndMul", "MulAndSilu", "GeluAndMul", "GeluTanhAndMul", "FatreluAndMul", "FastGELU", "NewGELU",
+             "QuickGELU", "Silu", "Gelu", "GeluTanh"]
+HF_LAYERS = ["SiLUActivation", "GELUActivation", "GELUTanh", "NewGELUActivation", "FastGELUActivation",
+             "QuickGELUActivation"]
+
+
+def _hf(name, **kwargs):
+    from transformers import activations
+
+    return getattr(activations, name)(**kwargs)
+
+
+# (layer, transformers module factory, op whose tail noise applies)
+HF_CASES = [
+    ("SiLUActivation", lambda: _hf("SiLUActivation"), "silu"),
+    ("GELUActivation", lambda: _hf("GELUActivation"), "gelu"),
+    ("GELUActivation", lambda: _hf("GELUActivation", use_gelu_python=True), "gelu"),
+    ("GELUTanh", lambda: _hf("GELUTanh"), "gelu_tanh"),
+    ("GELUTanh", lambda: _hf("GELUTanh", use_gelu_tanh_python=True), "gelu_tanh"),
+    ("NewGELUActivation", lambda: _hf("NewGELUActivation"), "gelu_new"),
+    ("FastGELUActivation", lambda: _hf("FastGELUActivation"), "gelu_fast"),
+    ("QuickGELUActivation", lambda: _hf("QuickGELUActivation"), "gelu_quick"),
+]
+
+
+class GatedModule(nn.Module):
+    """An eager ``act(x[..., :d]) * x[..., d:]`` module (vLLM/kernels-community style), ``threshold`` for FATReLU."""
+
+    def __init__(self, kind: str, threshold: float = 0.0):
+        super().__init__()
+        self.kind, self.threshold = kind, threshold
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        a, b = x[..., :d], x[..., d:]
+        if self.kind == "mul_and_silu":
+            return a * F.silu(b)
+        act = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+               "fatrelu": lambda t: torch.where(t > self.threshold, t, torch.zeros_like(t))}[self.kind]
+        return act(a) * b
+
+
+# layer -> (eager module, op for the tail noise)
+KC_GATED = {
+    "SiluAndMul": (lambda: GatedModule("silu"), "silu_and_mul"),
+    "MulAndSilu": (lambda: GatedModule("mul_and_silu"), "mul_and_silu"),
+    "GeluAndMul": (lambda: GatedModule("gelu"), "gelu_and_mul"),
+    "GeluTanhAndMul": (lambda: GatedModule("gelu_tanh"), "gelu_tanh_and_mul"),
+    "FatreluAndMul": (lambda: GatedModule("fatrelu", THRESHOLD), "fatrelu_and_mul"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def test_layers_follow_the_hub_layer_rules(activations):
+    for name in KC_LAYERS + HF_LAYERS:
+        cls = getattr(activations.layers, name)
+        assert issubclass(cls, nn.Module) and cls.__init__ is nn.Module.__init__
+        assert cls.has_backward is True and cls.can_torch_compile is True
+        assert "Shapes:" in cls.__doc__, name
+        extra = {n for n in dir(cls)} - {n for n in dir(nn.Module)}
+        assert extra <= {"has_backward", "can_torch_compile"}, extra
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layer,make,op", HF_CASES)
+def test_transformers_activations_exact(activations, device, layer, make, op, dtype):
+    module = make()
+    x = rand((8, 1031), dtype, device)
+    y = getattr(activations.layers, layer).forward(module, x)
+    expected = module(x)
+    assert_mostly_exact(y, expected, tail_noise(op, x))
+    if op in ("gelu_new", "gelu_fast", "gelu_quick") and dtype != torch.float32:
+        assert torch.equal(y, expected)  # every eager rounding point reproduced
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layer", list(KC_GATED))
+def test_kernels_community_gated_layers_equal_eager_act_times_up(activations, device, layer, dtype):
+    make, op = KC_GATED[layer]
+    module = make()
+    h = rand((2, 5, 2 * 2 * 259), dtype, device)
+    x = h[..., : 2 * 259]  # a view with row stride 2x its width
+    y = getattr(activations.layers, layer).forward(module, x)
+    assert_mostly_exact(y, module(x), tail_noise(op, x), ulps=2)
+
+
+def test_fatrelu_layer_reads_the_module_threshold(activations, device):
+    x = rand((4, 64), torch.float32, device)
+    for thr in (0.0, 0.7):
+        assert torch.equal(activations.layers.FatreluAndMul.forward(GatedModule("fatrelu", thr), x),
+                           GatedModule("fatrelu", thr)(x))
+    with pytest.raises(AttributeError, match="threshold"):
+        activations.layers.FatreluAndMul().forward(x)  # no default: the module must carry it
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernels_community_plain_layers_fused(activations, device, dtype):
+    A = activations
+    x = rand((8, 515), dtype, device)
+    for layer, fn in [("Silu", A.silu), ("Gelu", A.gelu), ("GeluTanh", A.gelu_tanh), ("NewGELU", A.gelu_new),
+                      ("FastGELU", A.gelu_fast), ("QuickGELU", A.gelu_quick)]:
+        y = getattr(A.layers, layer)().forward(x)
+        assert torch.equal(y, fn(x)) and y.dtype == dtype  # computed in fp32, rounded once
+
+
+@pytest.mark.parametrize("layer,make,op", HF_CASES)
+def test_layer_gradients_match_module_autograd(activations, device, layer, make, op):
+    module = make()
+    x = rand((4, 300), torch.float32, device, scale=2.0)
+    xl, xm = x.clone().requires_grad_(), x.double().requires_grad_()
+    dy = torch.randn(4, 300, device=device)
+    getattr(activations.layers, layer).forward(module, xl).backward(dy)
+    module(xm).backward(dy.double())
+    assert_close_ref(xl.grad, xm.grad, rel_atol=2.0**-19)
+
+
+def _mapping(layers, device):
+    from kernels import LayerRepository
+
+    return {name: {device: LayerRepository(repo_id=f"{ORG}/triton-activations", layer_name=layer, version=1)}
+            for name, layer in layers.items()}
+
+
+def test_kernelize_transformers_activations_train_and_compile(installed, device):
+    """kernels.kernelize (TRAINING | TORCH_COMPILE) swaps every decorated transformers activation for
+    its exact layer, loaded by Hub name; outputs equal the eager model bitwise in bf16, and the
+    compiled fp32 model matches outputs and gradients."""
+    import kernels
+    from kernels import Mode
+    from transformers import activations as ta
+
+    classes = {"SiLU": ta.SiLUActivation, "GeLU": ta.GELUActivation, "GeluTanh": ta.GELUTanh,
+               "NewGELU": ta.NewGELUActivation, "FastGELU": ta.FastGELUActivation, "QuickGELU": ta.QuickGELUActivation}
+    for name, cls in classes.items():  # transformers' decorator is active with kernels 0.17.2
+        assert getattr(cls, "kernel_layer_name", None) == name
+    layer_of = {"SiLU": "SiLUActivation", "GeLU": "GELUActivation", "GeluTanh": "GELUTanh",
+                "NewGELU": "NewGELUActivation", "FastGELU": "FastGELUActivation", "QuickGELU": "QuickGELUActivation"}
+
+    def build(dtype):
+        torch.manual_seed(3)
+        mods = []
+        for cls in classes.values():
+            mods += [nn.Linear(64, 64), cls()]
+        return nn.Sequential(*mods, nn.Linear(64, 8)).to(device=device, dtype=dtype)
+
+    for dtype in (torch.bfloat16, torch.float32):
+        ref, model = build(dtype), build(dtype)
+        with kernels.use_kernel_mapping(_mapping(layer_of, device), inherit_mapping=False):
+            kernels.kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, device=device, use_fallback=False)
+        for i, cls in enumerate(classes.values()):
+            assert model[2 * i + 1].forward.__func__.__qualname__ == f"{layer_of[cls.kernel_layer_name]}.forward"
+        x = torch.randn(6, 64, device=device).to(dtype)
+        if dtype == torch.bfloat16:
+            with torch.no_grad():
+                out, out_ref = model(x), ref(x)
+            assert torch.equal(out, out_ref)  # every activation bit-exact (a GELU-tail flip would show here)
+            continue
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        out, out_ref = compiled(x), ref(x)
+        torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
+        out.square().sum().backward()
+        out_ref.square().sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_kernelize_gated_modules_by_kernels_community_names(installed, device):
+    """A model's own SwiGLU / FATReLU modules, named like kernels-community's layers, swapped bitwise (bf16)."""
+    import kernels
+    from kernels import Mode
+
+    class SwiGLU(GatedModule):
+        pass
+
+    class FATReLU(GatedModule):
+        pass
+
+    kernels.replace_kernel_forward_from_hub(SwiGLU, "SiluAndMul")
+    kernels.replace_kernel_forward_from_hub(FATReLU, "FatreluAndMul")
+    model = nn.Sequential(nn.Linear(32, 128), SwiGLU("silu"), nn.Linear(64, 64), FATReLU("fatrelu", 0.05))
+    model = model.to(device=device, dtype=torch.bfloat16)
+    x = torch.randn(5, 32, device=device).to(torch.bfloat16)
+    with torch.no_grad():
+        expected = model(x)
+        mapping = _mapping({"SiluAndMul": "SiluAndMul", "FatreluAndMul": "FatreluAndMul"}, device)
+        with kernels.use_kernel_mapping(mapping, inherit_mapping=False):
+            kernels.kernelize(model, mode=Mode.INFERENCE, device=device, use_fallback=False)
+        assert model[1].forward.__func__.__qualname__ == "SiluAndMul.forward"
+        assert model[3].forward.__func__.__qualname__ == "FatreluAndMul.forward"
+        assert torch.equal(model(x), expected)
