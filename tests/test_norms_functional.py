@@ -503,3 +503,28 @@ def test_case2_more_than_2_31_elements(norms, device):
     ref.sum().backward()
     assert_close_ref(x.grad[0, rows], xs.grad, rel_atol=GRAD_REL, scale=_dx_scale(xs, w, dy[0, :4], centre=False))
     assert torch.isfinite(w.grad.float()).all()
+
+
+def test_eager_fast_path_equals_the_registered_op(norms, device):
+    """Plain eager inference skips the dispatcher; under a dispatch mode (or with autograd) the op runs.
+    Both give the same bits, and a dispatch mode sees every call (the demo counts launches that way)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(func.namespace)
+            return func(*args, **(kwargs or {}))
+
+    x = rand((5, 77), torch.float16, device)
+    w = rand(77, torch.float16, device)
+    r = rand((5, 77), torch.float16, device)
+    with torch.no_grad():
+        fast = [norms.rms_norm(x, w, cast_dtype=torch.float16), norms.layer_norm(x, w, w), *norms.add_rms_norm(x, r, w)]
+        with Count():
+            via_op = [norms.rms_norm(x, w, cast_dtype=torch.float16), norms.layer_norm(x, w, w), *norms.add_rms_norm(x, r, w)]
+    ns = norms._ops.NAMESPACE
+    assert calls.count(ns) == 3, calls
+    for a, b in zip(fast, via_op):
+        assert torch.equal(a, b)

@@ -15,6 +15,7 @@ both NVIDIA (32-lane warps) and AMD (64-lane wavefronts).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ class LaunchConfig:
     loop: bool  # True: several chunks of BLOCK_N per row (wide rows)
 
 
+@functools.lru_cache(maxsize=4096)
 def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
     """Picks (BLOCK_N, num_warps, loop) for rows of ``N`` elements.
 
@@ -68,6 +70,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
     return LaunchConfig(block_n=block, num_warps=num_warps, loop=loop)
 
 
+@functools.lru_cache(maxsize=64)
 def device_warp_size(device: torch.device) -> int:
     """Lanes per warp of ``device``: the device property where torch has it, else 32."""
     if device.type == "cuda" and torch.cuda.is_available():
@@ -105,11 +108,13 @@ def check_launch_device(x: torch.Tensor, kernel) -> None:
             this package were imported).
     """
     if x.device.type == "cpu" and not is_interpreter(kernel):
-        raise RuntimeError(
-            "triton_norms got a CPU tensor, but CPU tensors only run under the Triton interpreter: "
-            "set the environment variable TRITON_INTERPRET=1 before importing triton and this kernel "
-            f"(TRITON_INTERPRET is currently {os.environ.get('TRITON_INTERPRET')!r})."
-        )
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            why = "TRITON_INTERPRET=1 was set after triton had been imported; set it before the first import of triton"
+        else:
+            value = os.environ.get("TRITON_INTERPRET")
+            why = ("set the environment variable TRITON_INTERPRET=1 before importing triton and this kernel "
+                   f"(it is {'unset' if value is None else repr(value)})")
+        raise RuntimeError(f"triton_norms got a CPU tensor, but CPU tensors only run under the Triton interpreter: {why}.")
 
 
 def launch_options(kernel) -> dict:

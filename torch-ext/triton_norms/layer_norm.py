@@ -27,6 +27,7 @@ from ._common import check_eps, check_inputs, grad_rows, load_grad_chunk, load_i
 from ._exact import ln_exact_forward
 from ._launch import check_launch_device, device_warp_size, launch_options, num_partial_programs, pick_config
 from ._ops import add_op_namespace_prefix
+from ._dispatch import call_op
 from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order
 
 Tensor = torch.Tensor
@@ -199,8 +200,7 @@ def _layer_norm_bwd_kernel(
                     tl.store(p, tl.load(p, mask=mask, other=0.0) + dy, mask=mask)
 
 
-@torch.library.custom_op(add_op_namespace_prefix("layer_norm_fwd"), mutates_args=())
-def _layer_norm_fwd(
+def _layer_norm_fwd_impl(
     x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps: float, order: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Returns (y, h, mean, rstd); y in h's dtype (x.dtype without residual), h empty without residual.
@@ -227,6 +227,10 @@ def _layer_norm_fwd(
         BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps, **launch_options(_layer_norm_fwd_kernel),
     )
     return y, h, mean, rstd
+
+
+_layer_norm_fwd = torch.library.custom_op(add_op_namespace_prefix("layer_norm_fwd"), _layer_norm_fwd_impl, mutates_args=())
+"""The registered op (autograd, fake, compile); eager inference calls ``_layer_norm_fwd_impl`` directly."""
 
 
 @_layer_norm_fwd.register_fake
@@ -340,7 +344,7 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
     order = parse_order(torch_order)
     if order not in (ORDER_FAST, ORDER_FUSED):
         raise ValueError(f"layer_norm: torch_order must be None or 'fused', got {torch_order!r}")
-    return _layer_norm_fwd(x, None, weight, bias, check_eps(eps), order)[0]
+    return call_op(_layer_norm_fwd, _layer_norm_fwd_impl, x, None, weight, bias, check_eps(eps), order)[0]
 
 
 def add_layer_norm(
@@ -353,5 +357,5 @@ def add_layer_norm(
         (residual.dtype) normalised from that rounded h. Gradients flow to x and residual.
     """
     check_inputs(x, residual, weight, bias)
-    y, h, _, _ = _layer_norm_fwd(x, residual, weight, bias, check_eps(eps), ORDER_FAST)
+    y, h, _, _ = call_op(_layer_norm_fwd, _layer_norm_fwd_impl, x, residual, weight, bias, check_eps(eps), ORDER_FAST)
     return y, h

@@ -38,6 +38,7 @@ from ._common import (
 from ._exact import rms_exact_forward
 from ._launch import check_launch_device, device_warp_size, launch_options, num_partial_programs, pick_config
 from ._ops import add_op_namespace_prefix
+from ._dispatch import call_op
 from ._torch_order import ORDER_FAST, parse_order
 
 Tensor = torch.Tensor
@@ -204,8 +205,7 @@ def _rms_norm_bwd_kernel(
                     tl.store(p, tl.load(p, mask=mask, other=0.0) + dy, mask=mask)
 
 
-@torch.library.custom_op(add_op_namespace_prefix("rms_norm_fwd"), mutates_args=())
-def _rms_norm_fwd(
+def _rms_norm_fwd_impl(
     x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
     weight_offset: float, cast_dtype: Optional[torch.dtype], out_dtype: torch.dtype, order: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -235,6 +235,10 @@ def _rms_norm_fwd(
         num_warps=cfg.num_warps, **launch_options(_rms_norm_fwd_kernel),
     )
     return y, h, rstd
+
+
+_rms_norm_fwd = torch.library.custom_op(add_op_namespace_prefix("rms_norm_fwd"), _rms_norm_fwd_impl, mutates_args=())
+"""The registered op (autograd, fake, compile); eager inference calls ``_rms_norm_fwd_impl`` directly."""
 
 
 @_rms_norm_fwd.register_fake
@@ -368,7 +372,7 @@ def rms_norm(
     """
     eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
     order = parse_order(torch_order)
-    return _rms_norm_fwd(x, None, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype, order)[0]
+    return call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, None, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype, order)[0]
 
 
 def add_rms_norm(
@@ -394,5 +398,5 @@ def add_rms_norm(
         (both receive dh_total = d(out)/dh + d(h)).
     """
     eps, out_dtype = prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype)
-    y, h, _ = _rms_norm_fwd(x, residual, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype, ORDER_FAST)
+    y, h, _ = call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, residual, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype, ORDER_FAST)
     return y, h
