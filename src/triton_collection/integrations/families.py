@@ -14,6 +14,11 @@ family             output                           classes (examples)
 ``diffusers_rms``  ``h.to(w.dtype) * w`` (+ bias)    diffusers.models.normalization.RMSNorm
 =================  ==============================  ==========================================
 
+Activations (package ``triton-activations``, opt-in through :data:`ALL_FAMILIES`): the six
+classes transformers decorates with ``use_kernel_forward_from_hub`` (``SiLUActivation``,
+``GELUActivation``, ``GELUTanh``, ``NewGELUActivation``, ``FastGELUActivation``,
+``QuickGELUActivation``), each to the layer of the same name that keeps its rounding points.
+
 In fp32 the first three coincide for ``w = 1``; in half precision with a random weight they
 differ in the last bits, and one Llama-exact kernel is off by 3e-2 on the fp32-weight
 family. So a class is mapped only when its own ``forward``, run on a randomised copy of
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,10 +39,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FAMILIES", "Family", "ProbeResult", "candidate_families", "probe"]
+__all__ = ["ACTIVATION_FAMILIES", "ALL_FAMILIES", "FAMILIES", "Family", "ProbeResult", "candidate_families", "probe"]
 
 NORMS_PACKAGE = "triton-norms"
-"""Hub package (``<org>/triton-norms``) that serves every family below."""
+"""Hub package (``<org>/triton-norms``) that serves the norm families."""
+ACTIVATIONS_PACKAGE = "triton-activations"
+"""Hub package (``<org>/triton-activations``) that serves the activation families."""
 
 
 def _normalise_fp32(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -75,6 +83,30 @@ def _ref_diffusers_rms(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
         h = h.to(m.weight.dtype)
     h = h * m.weight
     return h + m.bias if m.bias is not None else h
+
+
+def _ref_silu(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return F.silu(x)
+
+
+def _ref_gelu(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x)
+
+
+def _ref_gelu_tanh(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def _ref_new_gelu(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _ref_fast_gelu(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+def _ref_quick_gelu(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
 
 
 @dataclass(frozen=True)
@@ -116,7 +148,26 @@ LAYER_NORM = Family("layer_norm", "LayerNorm", NORMS_PACKAGE, _ref_layer_norm, (
 DIFFUSERS_RMS = Family("diffusers_rms", "DiffusersRMSNorm", NORMS_PACKAGE, _ref_diffusers_rms, ("weight", "bias", "eps"))
 
 FAMILIES: tuple[Family, ...] = (LLAMA, FP32_WEIGHT, GEMMA, TORCH_RMS, LAYER_NORM, DIFFUSERS_RMS)
-"""Every family the integration can map, in probe order."""
+"""The norm families: what ``kernelize`` maps by default, in probe order."""
+
+
+def _activation(name: str, layer: str, ref, attrs: tuple[str, ...] = ()) -> Family:
+    return Family(name, layer, ACTIVATIONS_PACKAGE, ref, attrs, frozenset({layer}))
+
+
+# transformers' decorator name -> family; each Hub layer is named after the class it replaces
+_HF_ACTIVATIONS = {
+    "SiLU": _activation("silu", "SiLUActivation", _ref_silu),
+    "GeLU": _activation("gelu", "GELUActivation", _ref_gelu, ("act",)),
+    "GeluTanh": _activation("gelu_tanh", "GELUTanh", _ref_gelu_tanh, ("act",)),
+    "NewGELU": _activation("new_gelu", "NewGELUActivation", _ref_new_gelu),
+    "FastGELU": _activation("fast_gelu", "FastGELUActivation", _ref_fast_gelu),
+    "QuickGELU": _activation("quick_gelu", "QuickGELUActivation", _ref_quick_gelu),
+}
+ACTIVATION_FAMILIES: tuple[Family, ...] = tuple(_HF_ACTIVATIONS.values())
+"""transformers' decorated activation classes (``kernelize(..., families=ALL_FAMILIES)``)."""
+ALL_FAMILIES: tuple[Family, ...] = FAMILIES + ACTIVATION_FAMILIES
+"""Norms and activations."""
 
 _HF_RMS_FAMILIES = (LLAMA, FP32_WEIGHT, GEMMA)
 _HF_KERNEL_LAYER_NAMES = {"RMSNorm", "RMSNormZeroCentered"}  # transformers' decorator names
@@ -140,7 +191,12 @@ def candidate_families(module: nn.Module) -> tuple[Family, ...]:
     if _is_diffusers_rms_norm(cls):
         return (DIFFUSERS_RMS,)
     # `kernel_layer_name` is read from the class dict of the transformers-decorated class only.
-    decorated = cls.__dict__.get("kernel_layer_name") in _HF_KERNEL_LAYER_NAMES
+    layer_name = cls.__dict__.get("kernel_layer_name")
+    if cls.__module__ == "transformers.activations":  # decorated or not (USE_HUB_KERNELS=0)
+        return tuple(f for f in ACTIVATION_FAMILIES if cls.__name__ in f.known_classes)
+    if layer_name in _HF_ACTIVATIONS:  # a model's own class decorated with an activation name
+        return (_HF_ACTIVATIONS[layer_name],)
+    decorated = layer_name in _HF_KERNEL_LAYER_NAMES
     if decorated or "rmsnorm" in cls.__name__.lower():
         return _HF_RMS_FAMILIES
     return ()
@@ -174,6 +230,8 @@ def _missing_attrs(module: nn.Module, family: Family) -> list[str]:
 
 
 def _hidden_size(module: nn.Module) -> int:
+    if module.__class__.__dict__.get("kernel_layer_name") in _HF_ACTIVATIONS or not hasattr(module, "weight"):
+        return 64  # an elementwise activation: any width
     shape = getattr(module, "normalized_shape", None) or getattr(module, "dim", None)
     if shape is not None:
         shape = tuple(shape) if not isinstance(shape, int) else (shape,)
@@ -204,7 +262,7 @@ def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed
     """
     families = candidate_families(module) if families is None else families
     if not families:
-        return ProbeResult(None, "not a norm class triton-norms serves")
+        return ProbeResult(None, "not a class the collection's layers serve")
     problem = _structure_problem(module)
     if problem is not None:
         return ProbeResult(None, problem)

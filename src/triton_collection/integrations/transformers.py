@@ -201,7 +201,9 @@ def kernelize(
         version: package version (the Hub branch ``v<version>``).
         trust_remote_code: passed to ``LayerRepository`` (the org need not be a trusted publisher;
             with ``HF_HUB_OFFLINE=1`` the check is skipped by ``kernels``).
-        families: families allowed to be swapped (default all of :data:`.families.FAMILIES`).
+        families: families allowed to be swapped (default the norms, :data:`.families.FAMILIES`;
+            :data:`.families.ALL_FAMILIES` also swaps transformers' decorated activations for
+            triton-activations layers, e.g. the ``SiLUActivation`` of Llama MLPs).
 
     Returns:
         a :class:`KernelizeReport`; also logged at INFO level.
@@ -216,7 +218,8 @@ def kernelize(
     chosen, refused = select_layers(model, families=families)
     if not chosen:
         detail = "; ".join(f"{k}: {v}" for k, v in refused.items()) or "no norm-like module found"
-        raise ValueError(f"kernelize: {type(model).__name__} has no module that triton-norms can replace ({detail})")
+        packages = " or ".join(sorted({f.package for f in families}, reverse=True))
+        raise ValueError(f"kernelize: {type(model).__name__} has no module that {packages} can replace ({detail})")
 
     # One repository and one loaded layer class per family.
     repos: dict[Family, tuple[str, LayerRepository | LocalLayerRepository, type[nn.Module]]] = {}
