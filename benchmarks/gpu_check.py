@@ -224,6 +224,7 @@ def bench_norms(norms, ceiling: float) -> None:
                     "hf-eager": lambda x: hf.weight * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype),
                     "F.rms_norm": lambda x: F.rms_norm(x, (n,), w, 1e-6),
                 }
+                providers["triton-norms LlamaRMSNorm layer (bit-exact order)"] = lambda x: norms.layers.LlamaRMSNorm.forward(hf, x)
                 providers["torch.compile"] = torch.compile(providers["hf-eager"])
                 if LigerRMSNormFunction is not None:
                     providers["liger"] = lambda x: LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", False)
@@ -232,6 +233,8 @@ def bench_norms(norms, ceiling: float) -> None:
                     "triton-norms": lambda x: norms.layer_norm(x, w, b, eps=1e-5),
                     "F.layer_norm": lambda x: F.layer_norm(x, (n,), w, b, 1e-5),
                 }
+                ln = torch.nn.LayerNorm(n).to("cuda", dtype)
+                providers["triton-norms LayerNorm layer (bit-exact order)"] = lambda x: norms.layers.LayerNorm.forward(ln, x)
                 providers["torch.compile"] = torch.compile(lambda x: F.layer_norm(x, (n,), w, b, 1e-5))
                 if LigerLayerNormFunction is not None:
                     providers["liger"] = lambda x: LigerLayerNormFunction.apply(x, w, b, 1e-5)
@@ -256,7 +259,7 @@ def bench_norms(norms, ceiling: float) -> None:
                 except Exception as exc:  # noqa: BLE001 - a failing peer is reported, not fatal
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 RESULTS["bench"].append(row)
-                log(f"{op:10s} {rows:6d}x{n:<6d} {name:14s} fwd {row.get('fwd_gbps', float('nan')):7.0f} GB/s  "
+                log(f"{op:10s} {rows:6d}x{n:<6d} {name[:28]:28s} fwd {row.get('fwd_gbps', float('nan')):7.0f} GB/s  "
                     f"fwd+bwd {row.get('fwdbwd_gbps', float('nan')):7.0f} GB/s {row.get('error', '')}")
 
 
