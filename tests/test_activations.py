@@ -446,3 +446,13 @@ def test_cpu_tensor_without_interpreter_raises(built):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "ERR" in res.stdout and "TRITON_INTERPRET=1" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("backend,arch", [("cuda", "90"), ("rocm", "gfx942")])
+def test_kernels_compile_for_gpu_targets(built, backend, arch):
+    """The compiled (non-interpreter) path lowers to an H100/H200 and an MI300 binary, libdevice included."""
+    script = os.path.join(os.path.dirname(__file__), "compile_gpu_targets.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, script, str(built["triton-activations"].variant(backend)), arch],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "COMPILED 56" in res.stdout, res.stdout + res.stderr[-3000:]

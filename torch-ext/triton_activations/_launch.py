@@ -95,6 +95,16 @@ def check_launch_device(x: torch.Tensor, kernel) -> None:
         )
 
 
+def use_libdevice(device: torch.device, kernel) -> bool:
+    """Whether exp/tanh/erf come from the vendor math library (the LIBDEVICE constexpr).
+
+    True on CUDA and ROCm devices (torch calls both ``cuda``), whose ``libdevice`` holds the
+    functions ATen's kernels call; False under the interpreter and on other backends (XPU),
+    which use Triton's portable ``tl.exp``/``tl.erf`` and our own tanh.
+    """
+    return device.type == "cuda" and not is_interpreter(kernel)
+
+
 def launch_options(kernel) -> dict:
     """Keyword options for a kernel launch.
 

@@ -26,16 +26,19 @@ computes ``x * x * x`` in the tensor dtype (two roundings), its CPU kernel does 
 for bf16 but computes fp16 in fp32 (one rounding). GELU_NEW therefore takes
 ``round_square`` (runtime int: 1 = round ``x * x`` too), chosen by the launcher.
 
-Precision: tanh is computed here (Triton has no portable tanh): an odd Taylor
-polynomial for |v| < 0.55, ``(1 - e) / (1 + e)`` with ``e = exp(-2|v|)`` above;
-measured <= 2 fp32 ulps against fp64 on the interpreter. exp/erf are Triton's
-(``tl.exp``/``tl.erf``): correctly rounded on the interpreter; on GPUs ``tl.exp`` may
-be an approximation of a few fp32 ulps, which can move a half-precision result by
-one ulp on rare elements (check on the device).
+Precision: ``LIBDEVICE`` (a constexpr the launcher sets for CUDA and ROCm devices) takes
+exp/tanh/erf from the vendor math library (``libdevice``: CUDA's ``expf``/``tanhf``/``erff``,
+ROCm's ocml), the functions ATen's own CUDA/ROCm kernels call, so fp32 results can agree
+bitwise. Otherwise (the Triton interpreter, XPU) exp is ``tl.exp``, erf ``tl.erf`` and tanh
+is computed here: an odd Taylor polynomial for |v| < 0.55, ``(1 - e) / (1 + e)`` with
+``e = exp(-2|v|)`` above; measured <= 2 fp32 ulps against fp64 on the interpreter. Note that
+``tl.exp`` compiles to ``ex2.approx`` on NVIDIA (a few ulps), hence libdevice there.
+Divisions are IEEE (``div_rn``), and launches disable fp contraction (``_launch``).
 """
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 # Activation ids (the ACT constexpr).
 SILU: tl.constexpr = tl.constexpr(0)
@@ -71,7 +74,31 @@ def round_to(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def tanh_f32(v):
+def exp_f32(x, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def erf_f32(x, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:
+        return libdevice.erf(x)
+    else:
+        return tl.erf(x)
+
+
+@triton.jit
+def tanh_f32(v, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:
+        return libdevice.tanh(v)
+    else:
+        return _tanh_portable(v)
+
+
+@triton.jit
+def _tanh_portable(v):
     """tanh in fp32 from exp only (<= 2 ulps); saturates to +-1, NaN stays NaN."""
     a = tl.abs(v)
     vs = tl.where(a < 0.55, v, 0.0)  # the series only sees its own range (no overflow in z**9)
@@ -94,53 +121,53 @@ def tanh_f32(v):
 
 
 @triton.jit
-def sigmoid_f32(a):
+def sigmoid_f32(a, LIBDEVICE: tl.constexpr):
     """``1 / (1 + exp(-a))``, ATen's sigmoid formula."""
-    return tl.math.div_rn(1.0, 1.0 + tl.exp(-a))
+    return tl.math.div_rn(1.0, 1.0 + exp_f32(-a, LIBDEVICE))
 
 
 @triton.jit
-def activation(x, threshold, round_square, ACT: tl.constexpr, R: tl.constexpr):
+def activation(x, threshold, round_square, ACT: tl.constexpr, R: tl.constexpr, LIBDEVICE: tl.constexpr):
     """The activation of fp32 ``x`` with the eager rounding points of dtype ``R`` (None: none)."""
     if ACT == SILU:
-        y = tl.math.div_rn(x, 1.0 + tl.exp(-x))
+        y = tl.math.div_rn(x, 1.0 + exp_f32(-x, LIBDEVICE))
     elif ACT == GELU:
-        y = x * 0.5 * (1.0 + tl.erf(x * 0.7071067811865476))
+        y = x * 0.5 * (1.0 + erf_f32(x * 0.7071067811865476, LIBDEVICE))
     elif ACT == GELU_TANH:
-        y = 0.5 * x * (1.0 + tanh_f32(0.7978845608028654 * (x + 0.044715 * (x * x * x))))
+        y = 0.5 * x * (1.0 + tanh_f32(0.7978845608028654 * (x + 0.044715 * (x * x * x)), LIBDEVICE))
     elif ACT == GELU_NEW:
         # 0.5 * x * (1.0 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3.0))))
         sq = x * x
         sq = tl.where(round_square != 0, round_to(sq, R), sq)
         cube = round_to(sq * x, R)
         inner = round_to(x + round_to(0.044715 * cube, R), R)
-        t = round_to(tanh_f32(round_to(0.7978845608028654 * inner, R)), R)
+        t = round_to(tanh_f32(round_to(0.7978845608028654 * inner, R), LIBDEVICE), R)
         y = round_to(0.5 * x, R) * round_to(1.0 + t, R)
     elif ACT == GELU_FAST:
         # 0.5 * x * (1.0 + tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
         a = round_to(x * 0.7978845608, R)
         b = round_to(round_to(0.044715 * x, R) * x, R)
-        t = round_to(tanh_f32(round_to(a * round_to(1.0 + b, R), R)), R)
+        t = round_to(tanh_f32(round_to(a * round_to(1.0 + b, R), R), LIBDEVICE), R)
         y = round_to(0.5 * x, R) * round_to(1.0 + t, R)
     elif ACT == GELU_QUICK:
         # x * sigmoid(1.702 * x)
-        y = x * round_to(sigmoid_f32(round_to(1.702 * x, R)), R)
+        y = x * round_to(sigmoid_f32(round_to(1.702 * x, R), LIBDEVICE), R)
     else:  # FATRELU
         y = tl.where(x > threshold, x, 0.0)
     return y
 
 
 @triton.jit
-def activation_grad(x, threshold, ACT: tl.constexpr):
+def activation_grad(x, threshold, ACT: tl.constexpr, LIBDEVICE: tl.constexpr):
     """d activation / dx at fp32 ``x`` (the derivative of the exact formula; roundings count as identity)."""
     if ACT == SILU:
-        s = sigmoid_f32(x)
+        s = sigmoid_f32(x, LIBDEVICE)
         g = s * (1.0 + x * (1.0 - s))
     elif ACT == GELU:
-        cdf = 0.5 * (1.0 + tl.erf(x * 0.7071067811865476))
-        g = cdf + x * (tl.exp(-0.5 * x * x) * 0.3989422804014327)  # + x * pdf(x)
+        cdf = 0.5 * (1.0 + erf_f32(x * 0.7071067811865476, LIBDEVICE))
+        g = cdf + x * (exp_f32(-0.5 * x * x, LIBDEVICE) * 0.3989422804014327)  # + x * pdf(x)
     elif ACT == GELU_QUICK:
-        s = sigmoid_f32(1.702 * x)
+        s = sigmoid_f32(1.702 * x, LIBDEVICE)
         g = s + 1.702 * x * s * (1.0 - s)
     elif ACT == FATRELU:
         g = tl.where(x > threshold, 1.0, 0.0)
@@ -149,6 +176,6 @@ def activation_grad(x, threshold, ACT: tl.constexpr):
         if ACT == GELU_FAST:
             k0 = 0.7978845608
         x2 = x * x
-        t = tanh_f32(k0 * x * (1.0 + 0.044715 * x2))
+        t = tanh_f32(k0 * x * (1.0 + 0.044715 * x2), LIBDEVICE)
         g = 0.5 * (1.0 + t) + 0.5 * x * ((1.0 - t) * (1.0 + t)) * (k0 * (1.0 + 3.0 * 0.044715 * x2))
     return g

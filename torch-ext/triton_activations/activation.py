@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_rounds_square, rounding_dtype
-from ._launch import check_launch_device, device_warp_size, launch_options, pick_config
+from ._launch import check_launch_device, device_warp_size, launch_options, pick_config, use_libdevice
 from ._math import activation, activation_grad, round_to
 from ._ops import add_op_namespace_prefix
 
@@ -61,6 +61,7 @@ def _act_fwd_kernel(
     round_square,  # GELU_NEW eager: 1 if pow(x, 3.0) rounds x * x first
     ACT: tl.constexpr,  # activation id (_math)
     R: tl.constexpr,  # None (fused) or the dtype eager steps round to
+    LIBDEVICE: tl.constexpr,  # exp/tanh/erf from the vendor math library (CUDA, ROCm)
     BLOCK_N: tl.constexpr,  # columns per program
 ):
     # One program per (row, column block). Reads N * elem of g (and u), writes N * elem of y.
@@ -70,7 +71,7 @@ def _act_fwd_kernel(
     cols = offs.to(tl.int64)
     x_off = _row_offset(row, D1, D2, stride_x0, stride_x1, stride_x2) + cols * stride_xn
     g = tl.load(g_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
-    y = activation(g, threshold, round_square, ACT, R)
+    y = activation(g, threshold, round_square, ACT, R, LIBDEVICE)
     if u_ptr is not None:
         u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
         y = round_to(y, R) * u
@@ -89,7 +90,7 @@ def _act_bwd_kernel(
     stride_x0, stride_x1, stride_x2, stride_xn,
     stride_dx0, stride_dx1, stride_dx2, stride_dxn,
     threshold, round_square,
-    ACT: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr,
+    ACT: tl.constexpr, R: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Reads dy and x, writes dx: 3 (plain) or 5 (gated) * N * elem per row.
     row = tl.program_id(0).to(tl.int64)
@@ -101,12 +102,12 @@ def _act_bwd_kernel(
     dx_off = _row_offset(row, D1, D2, stride_dx0, stride_dx1, stride_dx2) + cols * stride_dxn
     dy = tl.load(dy_ptr + dy_off, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
-    dg = dy * activation_grad(g, threshold, ACT)
+    dg = dy * activation_grad(g, threshold, ACT, LIBDEVICE)
     DX: tl.constexpr = dg_ptr.dtype.element_ty
     if u_ptr is not None:
         u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
         dg = dg * u
-        du = dy * round_to(activation(g, threshold, round_square, ACT, R), R)
+        du = dy * round_to(activation(g, threshold, round_square, ACT, R, LIBDEVICE), R)
         tl.store(du_ptr + dx_off, round_to(du, DX).to(DX), mask=mask)
     tl.store(dg_ptr + dx_off, round_to(dg, DX).to(DX), mask=mask)
 
@@ -141,7 +142,8 @@ def _launch(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: i
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
     kernel[grid](
         *ptrs, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)),
-        ACT=spec.act, R=_TL_DTYPES[R], BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel),
+        ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps, **launch_options(kernel),
     )
 
 
