@@ -456,3 +456,14 @@ def test_kernels_compile_for_gpu_targets(built, backend, arch):
     res = subprocess.run([sys.executable, script, str(built["triton-activations"].variant(backend)), arch],
                          env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "COMPILED 56" in res.stdout, res.stdout + res.stderr[-3000:]
+
+
+def test_in_place_into_the_input(activations, device):
+    """out may be x itself (plain ops) or x's gate half (gated ops): each element is read before it is written."""
+    x = rand((3, 2 * 300), torch.bfloat16, device)
+    expected_plain, expected_gated = activations.gelu(x), activations.silu_and_mul(x)
+    y = x.clone()
+    assert activations.gelu(y, y) is y and torch.equal(y, expected_plain)
+    y = x.clone()
+    activations.silu_and_mul(y[:, :300], y)
+    assert torch.equal(y[:, :300], expected_gated) and torch.equal(y[:, 300:], x[:, 300:])
