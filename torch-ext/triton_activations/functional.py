@@ -23,8 +23,8 @@ Rounding (keyword ``rounding``):
   CUDA kernels do); transformers' ``NewGELUActivation`` / ``FastGELUActivation`` /
   ``QuickGELUActivation`` forward for ``gelu_new`` / ``gelu_fast`` / ``gelu_quick``.
   For ``silu``, ``gelu``, ``gelu_tanh`` (one ATen op each) and ``fatrelu_and_mul``
-  (exact in any dtype) both settings give the same result. In fp32 they differ only
-  where the fused formula is evaluated in another order.
+  (exact in any dtype) both settings give the same result; for fp32 inputs every op
+  gives the same result with both (the eager steps round to fp32 anyway).
 
 Raises (all functions): TypeError for a non-tensor or a dtype other than
 fp16/bf16/fp32, for ``out`` of another dtype; ValueError for an odd last dim of x
