@@ -2,6 +2,7 @@
 
     triton-collection build [--package NAME ...] [--out DIR] [--org ORG] [--cpu-variant]
     triton-collection install-local [--org ORG] [--package NAME ...] [--out DIR]
+    triton-collection publish --org ORG [--package NAME ...] [--dry-run] [--private] [--create-pr] [--endpoint URL]
     triton-collection demo [--prompt TEXT] [--model DIR] [--device DEV]
 """
 
@@ -62,16 +63,40 @@ def _cmd_install_local(args) -> int:
     return 0
 
 
+def _cmd_publish(args) -> int:
+    from .publish import PublishError, publish_collection
+
+    if not args.verbose:  # one line per HTTP request is for -v
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
+    collection = _collection(args)
+    try:
+        done = publish_collection(collection, org=args.org, packages=args.package, dry_run=args.dry_run, private=args.private,
+                                  create_pr=args.create_pr, endpoint=args.endpoint, out=Path(args.out) if args.out else None)
+    except PublishError as err:
+        print(f"publish failed: {err}", file=sys.stderr)
+        if err.step != "check versioning rules":
+            print("Every step is idempotent: run the same command again to finish.", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([{"plan": plan.as_dict(), "result": result and vars(result)} for plan, result in done], indent=2))
+        return 0
+    for plan, result in done:
+        print(("dry run, nothing written: " if args.dry_run else "") + plan.describe())
+        if result is not None:
+            print(f"  published: {result.branch} at {result.commit}" + "".join(f"\n  pull request: {u}" for u in result.pull_requests))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triton-collection", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p):
+    def common(p, *, org_required: bool = False):
         p.add_argument("--root", help="collection folder (default: the one holding build.toml above the cwd)")
         p.add_argument("--package", action="append", help="Hub name of a package (repeat; default: all)")
         p.add_argument("--out", help="output folder (default: <root>/dist/hub; install-local: <root>/dist/local/<org>)")
-        p.add_argument("--org", help=f"Hub organisation (default: build.toml's, {DEFAULT_ORG})")
+        p.add_argument("--org", required=org_required, help="Hub organisation" + ("" if org_required else f" (default: build.toml's, {DEFAULT_ORG})"))
         p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     build = sub.add_parser("build", help="render each package's Hub tree under dist/hub/")
@@ -82,6 +107,14 @@ def _parser() -> argparse.ArgumentParser:
     install = sub.add_parser("install-local", help="build and lay the packages into the HF cache, loadable by Hub name")
     common(install)
     install.set_defaults(func=_cmd_install_local)
+
+    publish = sub.add_parser("publish", help="build and upload the packages to the Kernels Hub (branch v<version>)")
+    common(publish, org_required=True)
+    publish.add_argument("--dry-run", action="store_true", help="print the plan (repo, branch, files added/deleted); write nothing")
+    publish.add_argument("--private", action="store_true", help="create new repos private (existing repos keep their visibility)")
+    publish.add_argument("--create-pr", action="store_true", help="open pull requests instead of committing to the branches")
+    publish.add_argument("--endpoint", help="Hub URL (default: $HF_ENDPOINT or https://huggingface.co)")
+    publish.set_defaults(func=_cmd_publish)
 
     from . import demo
 
