@@ -38,6 +38,8 @@ interpreter runs the same arithmetic as the GPU).
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +101,7 @@ class MeanConfig:
         return self.bw * self.bhr * self.ctas
 
 
+@functools.lru_cache(maxsize=64)
 def device_limits(device: torch.device) -> tuple:
     """(multiprocessors, max threads per multiprocessor) of a CUDA device; H200 values otherwise."""
     if device.type == "cuda" and torch.cuda.is_available():
@@ -108,6 +111,7 @@ def device_limits(device: torch.device) -> tuple:
     return DEFAULT_SMS, DEFAULT_THREADS_PER_SM
 
 
+@functools.lru_cache(maxsize=4096)
 def mean_config(M: int, N: int, num_sms: int = DEFAULT_SMS,
                 threads_per_sm: int = DEFAULT_THREADS_PER_SM) -> MeanConfig:
     """``setReduceConfig`` for ``mean(-1)`` of a contiguous fp32 (M, N) tensor (M, N >= 1)."""
