@@ -1,0 +1,145 @@
+"""Helpers shared by the softmax and cross-entropy kernels and wrappers.
+
+Row addressing without copies
+-----------------------------
+A kernel reduces "rows": the 1-D fibres of a tensor along the reduced dimension
+``dim``. ``row_layout`` moves ``dim`` last (a view: ``movedim``) and describes the
+remaining leading dims of every tensor of the call (input, mask, output, ...)
+jointly as at most ``MAX_LEAD = 3`` dims of sizes ``(R0, R1, R2)`` with one stride
+per tensor and dim, plus the stride of the reduced dim itself. Adjacent leading
+dims are merged when every tensor allows it (outer stride == inner stride *
+inner size); size-1 dims are dropped. Row ``r`` (the row-major index over the
+leading dims) starts at ``i0*s0 + i1*s1 + i2*s2`` with ``(i0, i1, i2)`` the digits
+of ``r`` in base ``(R0, R1, R2)`` (``row_start``, int64). So sliced rows, a
+non-unit column stride (``dim`` other than the last), expanded (stride-0) masks and
+gradients, and a (B, 1, S, S) mask broadcast against (B, H, S, S) scores are all
+read in place. Only a layout that keeps more than 3 unmergeable leading dims is
+copied once (``contiguous``), the one documented copy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
+MAX_LEAD = 3
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr):
+    """Rounds fp32 ``x`` to ``DTYPE`` (nearest even) and back to fp32.
+
+    bf16 rounding uses integer ops on the fp32 bits, so it is exact on GPUs and
+    under the Triton interpreter (whose own fp32 -> bf16 conversion truncates).
+    NaN stays NaN; fp32 and other dtypes are returned unchanged.
+    """
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        # add 0x7FFF plus the lowest kept bit, then drop the 16 low bits: ties go to even
+        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    elif DTYPE == tl.float16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit
+def store_rounded(ptr, offsets, value, mask):
+    """Stores fp32 ``value`` into ``ptr``'s dtype, rounded to nearest even."""
+    DTYPE: tl.constexpr = ptr.dtype.element_ty
+    tl.store(ptr + offsets, round_to(value, DTYPE).to(DTYPE), mask=mask)
+
+
+@triton.jit
+def row_start(row, R1, R2, s0, s1, s2):
+    """Element offset (int64) of row ``row`` (int64) for leading sizes (., R1, R2) and strides (s0, s1, s2)."""
+    i2 = row % R2
+    rest = row // R2
+    return (rest // R1) * s0 + (rest % R1) * s1 + i2 * s2
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Leading sizes (R0, R1, R2) and, per tensor, strides (s0, s1, s2, s_col). See the module docstring."""
+
+    sizes: Tuple[int, int, int]
+    strides: List[Tuple[int, int, int, int]]
+
+    @property
+    def rows(self) -> int:
+        return self.sizes[0] * self.sizes[1] * self.sizes[2]
+
+    def args(self, i: int) -> Tuple[int, int, int, int]:
+        """The four stride arguments of tensor ``i`` (zeros for a missing tensor)."""
+        return self.strides[i]
+
+
+def row_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int) -> Optional[RowLayout]:
+    """Joint row layout of same-shaped tensors reduced over ``dim``; None if more than 3 leading dims remain.
+
+    ``None`` entries get zero strides (an absent optional tensor).
+    """
+    present = [t for t in tensors if t is not None]
+    shape = present[0].shape
+    groups: List[Tuple[int, List[int]]] = []  # (size, stride per tensor)
+    for d in range(len(shape)):
+        if d == dim or shape[d] == 1:
+            continue
+        strides = [t.stride(d) if t is not None else 0 for t in tensors]
+        if groups:
+            size0, strides0 = groups[-1]
+            if all(s0 == s * shape[d] for s0, s in zip(strides0, strides)):
+                groups[-1] = (size0 * shape[d], strides)
+                continue
+        groups.append((shape[d], strides))
+    if len(groups) > MAX_LEAD:
+        return None
+    while len(groups) < MAX_LEAD:
+        groups.insert(0, (1, [0] * len(tensors)))
+    sizes = tuple(g[0] for g in groups)
+    strides = []
+    for i, t in enumerate(tensors):
+        col = t.stride(dim) if t is not None and len(shape) > 0 else 0
+        strides.append(tuple(g[1][i] for g in groups) + (col,))
+    return RowLayout(sizes, strides)
+
+
+def normalize_dim(dim, ndim: int, name: str = "dim") -> int:
+    """``dim`` in [0, ndim) (a 0-d tensor counts as 1-d); IndexError as torch raises it."""
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+def check_float_tensor(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must have dtype {_DTYPE_NAMES}, got {t.dtype}")
+
+
+def check_same_device(name: str, t: torch.Tensor, x: torch.Tensor, x_name: str = "x") -> None:
+    if t.device != x.device:
+        raise ValueError(f"{name} is on {t.device} but {x_name} is on {x.device}: all tensors must be on one device")
+
+
+def check_real(name: str, value, *, low: Optional[float] = None, high: Optional[float] = None) -> float:
+    """A finite Python number (not a tensor: a tensor would need a host sync), optionally in [low, high]."""
+    if isinstance(value, (torch.Tensor, bool)) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high):
+        bounds = f" in [{low}, {high}]" if low is not None and high is not None else (f" >= {low}" if low is not None else "")
+        raise ValueError(f"{name} must be a finite number{bounds}, got {value}")
+    return value

@@ -1,0 +1,118 @@
+"""Launch settings for the softmax and cross-entropy kernels, in one place.
+
+Every kernel reduces one row of ``N`` elements per program. When the row fits in
+one block of registers (``BLOCK_N = next_pow2(N)`` elements, at most
+``MAX_FUSED_BYTES`` of input) the program reads the row once and keeps it in
+registers (single pass: read once, write once). Wider rows (131072, 262147, a
+128K vocabulary) loop over the row in chunks of ``LOOP_BLOCK_BYTES``: an online
+max/sum pass, then an output pass that reads the row again. No row is too wide.
+
+Warps follow from the block's size in bytes (``BYTES_PER_THREAD`` of input per
+thread: four 16-byte vectors) and are capped so that
+``num_warps * warp_size <= 1024`` threads per program, the hardware limit on both
+NVIDIA (32-lane warps) and AMD (64-lane wavefronts).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+# Largest row (bytes of input) kept in registers in one block: 16K fp32 / 32K bf16 elements.
+MAX_FUSED_BYTES = 65536
+# Chunk size (bytes of input) of the looped path for wider rows.
+LOOP_BLOCK_BYTES = 16384
+# Bytes of input per thread the warp count aims for.
+BYTES_PER_THREAD = 64
+# Threads per program allowed by NVIDIA and AMD hardware alike.
+MAX_THREADS_PER_PROGRAM = 1024
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How one row of N elements is processed by one program."""
+
+    block_n: int  # BLOCK_N constexpr: elements handled per step
+    num_warps: int  # warps per program; num_warps * warp_size <= 1024
+    loop: bool  # True: several chunks of BLOCK_N per row (online max/sum, then an output pass)
+
+
+@functools.lru_cache(maxsize=4096)
+def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
+    """Picks (BLOCK_N, num_warps, loop) for rows of ``N`` elements.
+
+    Args:
+        N: row length (the reduced size), >= 1.
+        element_size: bytes per input element (2 for fp16/bf16, 4 for fp32).
+        warp_size: lanes per warp of the device (32 NVIDIA, 64 on AMD CDNA).
+
+    Raises:
+        ValueError: for N < 1, element_size < 1 or a warp_size that is not a
+            power of two in [1, 1024].
+    """
+    if N < 1:
+        raise ValueError(f"N must be >= 1, got {N}")
+    if element_size < 1:
+        raise ValueError(f"element_size must be >= 1, got {element_size}")
+    if warp_size < 1 or warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
+        raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
+    block = triton.next_power_of_2(N)
+    loop = block * element_size > MAX_FUSED_BYTES
+    if loop:
+        block = LOOP_BLOCK_BYTES // element_size
+    threads = max(block * element_size // BYTES_PER_THREAD, 1)
+    num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
+    num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
+    return LaunchConfig(block_n=block, num_warps=num_warps, loop=loop)
+
+
+@functools.lru_cache(maxsize=64)
+def device_warp_size(device: torch.device) -> int:
+    """Lanes per warp of ``device``: the device property where torch has it, else 32."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(getattr(torch.cuda.get_device_properties(device), "warp_size", 32))
+    return 32
+
+
+def config_for(N: int, t: torch.Tensor) -> LaunchConfig:
+    """:func:`pick_config` for rows of ``N`` elements of ``t`` on ``t``'s device."""
+    return pick_config(N, t.element_size(), device_warp_size(t.device))
+
+
+def is_interpreter(kernel) -> bool:
+    """True when ``kernel`` was decorated while ``TRITON_INTERPRET=1`` was set."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def check_launch_device(x: torch.Tensor, kernel) -> None:
+    """Raises a clear error before launching ``kernel`` on a tensor it cannot run on.
+
+    Raises:
+        RuntimeError: ``x`` is on the CPU but the Triton kernels were compiled
+            for a GPU (``TRITON_INTERPRET=1`` was not set before ``triton`` and
+            this package were imported).
+    """
+    if x.device.type == "cpu" and not is_interpreter(kernel):
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            why = "TRITON_INTERPRET=1 was set after triton had been imported; set it before the first import of triton"
+        else:
+            value = os.environ.get("TRITON_INTERPRET")
+            why = ("set the environment variable TRITON_INTERPRET=1 before importing triton and this kernel "
+                   f"(it is {'unset' if value is None else repr(value)})")
+        raise RuntimeError(f"triton_softmax got a CPU tensor, but CPU tensors only run under the Triton interpreter: {why}.")
+
+
+def launch_options(kernel) -> dict:
+    """Keyword options for a kernel launch.
+
+    ``enable_fp_fusion=False`` keeps ``x * scale + mask`` as two rounded
+    operations, as PyTorch's eager elementwise ops compute it, instead of one
+    fused multiply-add.
+    """
+    if is_interpreter(kernel):
+        return {}
+    return {"enable_fp_fusion": False}

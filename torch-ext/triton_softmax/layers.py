@@ -1,0 +1,71 @@
+"""Hub layers for ``kernels.kernelize``: drop-in forwards, exact to the PyTorch modules they replace.
+
+Each class is stateless (no ``__init__``, no methods besides ``forward``) and reads the
+replaced module's own attributes.
+
+=================  ===========================  ==============================================
+layer              replaces                     reads
+=================  ===========================  ==============================================
+Softmax            torch.nn.Softmax             ``dim`` (None: torch's legacy implicit dim)
+CrossEntropyLoss   torch.nn.CrossEntropyLoss    ``ignore_index``, ``reduction``, ``label_smoothing``;
+                                                ``weight`` must be None (class weights: ValueError)
+=================  ===========================  ==============================================
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .cross_entropy import cross_entropy
+from .softmax import softmax
+
+
+class Softmax(nn.Module):
+    """``nn.Softmax``: softmax over ``self.dim`` (any dim; the last is the fast one).
+
+    ``dim=None`` picks torch's legacy implicit dim (0 for 0-, 1- and 3-d input, else 1), as
+    ``nn.Softmax(dim=None)`` does.
+
+    Shapes:
+        - input: any shape, fp16/bf16/fp32
+        - output: input's shape and dtype (contiguous)
+    """
+
+    dim: Optional[int]
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        dim = self.dim
+        if dim is None:
+            dim = 0 if input.dim() in (0, 1, 3) else 1
+        return softmax(input, dim)
+
+
+class CrossEntropyLoss(nn.Module):
+    """``nn.CrossEntropyLoss`` for class-index targets, loss and gradient fused (see ``cross_entropy``).
+
+    Shapes:
+        - input: (C,), (N, C) or (N, C, d1, ...), fp16/bf16/fp32
+        - target: int64 class indices of input's shape without the class dim
+        - output: scalar, or target's shape for ``reduction="none"``; input's dtype
+    """
+
+    weight: Optional[torch.Tensor]
+    ignore_index: int
+    reduction: str
+    label_smoothing: float
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "weight", None) is not None:
+            raise ValueError("CrossEntropyLoss with a class weight is not supported by triton-softmax "
+                             "(weight must be None)")
+        return cross_entropy(input, target, ignore_index=self.ignore_index, reduction=self.reduction,
+                             label_smoothing=self.label_smoothing)

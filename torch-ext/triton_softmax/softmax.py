@@ -1,0 +1,351 @@
+"""Softmax and log-softmax (scale and additive/causal mask folded in): Triton kernels, ops, autograd.
+
+Math, per row of N elements along ``dim`` (all in fp32):
+
+    z   = x * scale + mask                    (mask: additive, broadcast to x; absent = 0)
+    z_j = -inf where causal and j > i         (i, j: indices of the last two dims; top-left aligned,
+                                               as ``torch.ones(L, S).tril()`` in SDPA's is_causal)
+    m   = max_j z_j,  s = sum_j exp(z_j - m)
+    softmax:      y = exp(z - m) / s
+    log_softmax:  y = (z - m) - log(s)
+
+A fully masked row (every z = -inf) gives NaN, as torch does (-inf - -inf).
+
+Rows that fit in one block (``_launch.MAX_FUSED_BYTES``) are read once and written
+once. Wider rows run an online max/sum over chunks (the running sum is rescaled by
+``exp(m_old - m_new)`` when the maximum grows; chunks that are entirely -inf so far
+leave it at 0), then an output pass that reads the row again: 3 row transfers.
+
+Backward, one kernel per row (y is the saved output, dy the upstream gradient):
+
+    softmax:      dz = y * (dy - sum(dy * y))
+    log_softmax:  dz = dy - exp(y) * sum(dy)      (0 where causal masks: masked_fill has no gradient)
+    dx = scale * dz;  dmask = dz summed to the mask's shape (only if the mask requires grad)
+
+``dim`` other than the last is a ``movedim`` view: the kernels read the row with its
+column stride (no copy), see ``_common``. Performance on the GPU is best for
+``dim=-1`` (unit column stride, coalesced loads).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import check_float_tensor, check_real, check_same_device, normalize_dim, row_layout, row_start, store_rounded
+from ._dispatch import call_op
+from ._launch import check_launch_device, config_for, launch_options
+from ._ops import add_op_namespace_prefix
+
+Tensor = torch.Tensor
+
+
+@triton.jit
+def _load_scores(x_ptr, m_ptr, x_row, m_row, stride_x_col, stride_m_col, offs, mask_n, scale, q,
+                 CAUSAL: tl.constexpr):
+    """z = x * scale + mask for one chunk of a row, fp32; -inf past the row end and where causal masks."""
+    cols = offs.to(tl.int64)
+    keep = mask_n
+    if CAUSAL:
+        keep = keep & (offs <= q)
+    z = tl.load(x_ptr + x_row + cols * stride_x_col, mask=keep, other=0.0).to(tl.float32) * scale
+    if m_ptr is not None:
+        z = z + tl.load(m_ptr + m_row + cols * stride_m_col, mask=keep, other=0.0).to(tl.float32)
+    return tl.where(keep, z, float("-inf"))
+
+
+@triton.jit
+def _softmax_fwd_kernel(
+    x_ptr,  # input, any strides
+    m_ptr,  # additive mask expanded to x's shape (stride 0 where broadcast), or None
+    y_ptr,  # output, x's shape, contiguous in x's original layout
+    R1, R2,  # sizes of the two inner leading dims (see _common.row_layout)
+    sx0, sx1, sx2, sxc,  # elements x_ptr moves per leading index / per column
+    sm0, sm1, sm2, smc,  # the same for the mask
+    sy0, sy1, sy2, syc,  # the same for y
+    N,  # row length (size of dim)
+    Sq,  # size of the second-to-last dim (causal: query index = row % Sq)
+    scale,  # fp32 multiplier of x
+    CAUSAL: tl.constexpr,  # mask j > i over the last two dims
+    LOG: tl.constexpr,  # log_softmax instead of softmax
+    BLOCK_N: tl.constexpr,  # elements per chunk
+    LOOP: tl.constexpr,  # the row spans several chunks
+):
+    # One program per row. Bytes: read N*x (+ N*mask), write N*y; wide rows read x (and mask) twice.
+    row = tl.program_id(0).to(tl.int64)
+    x_row = row_start(row, R1, R2, sx0, sx1, sx2)
+    m_row = row_start(row, R1, R2, sm0, sm1, sm2)
+    y_row = row_start(row, R1, R2, sy0, sy1, sy2)
+    q = row % Sq
+    if not LOOP:
+        offs = tl.arange(0, BLOCK_N)
+        mask_n = offs < N
+        z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL)
+        zm = z - tl.max(z, axis=0)
+        e = tl.exp(zm)
+        s = tl.sum(e, axis=0)
+        if LOG:
+            y = zm - tl.log(s)
+        else:
+            y = e / s
+        store_rounded(y_ptr + y_row, offs.to(tl.int64) * syc, y, mask_n)
+    else:
+        # pass 1: online max and sum of exp over the chunks
+        mx = tl.full([], float("-inf"), tl.float32)
+        s = tl.full([], 0.0, tl.float32)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask_n = offs < N
+            z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL)
+            new = tl.maximum(mx, tl.max(z, axis=0))
+            base = tl.where(new == float("-inf"), 0.0, new)  # all -inf so far: s stays 0, no NaN
+            s = s * tl.exp(mx - base) + tl.sum(tl.exp(z - base), axis=0)
+            mx = new
+        # pass 2: read the row again and write y (mx = -inf, s = 0 for a fully masked row: NaN as torch)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask_n = offs < N
+            zm = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL) - mx
+            if LOG:
+                y = zm - tl.log(s)
+            else:
+                y = tl.exp(zm) / s
+            store_rounded(y_ptr + y_row, offs.to(tl.int64) * syc, y, mask_n)
+
+
+@triton.jit
+def _load_bwd(y_ptr, dy_ptr, y_row, dy_row, stride_y_col, stride_dy_col, offs, mask_n, LOG: tl.constexpr):
+    """(p, dy) for one chunk, fp32: p = y for softmax, exp(y) for log_softmax; 0 past the row end."""
+    cols = offs.to(tl.int64)
+    p = tl.load(y_ptr + y_row + cols * stride_y_col, mask=mask_n, other=0.0).to(tl.float32)
+    if LOG:
+        p = tl.where(mask_n, tl.exp(p), 0.0)
+    dy = tl.load(dy_ptr + dy_row + cols * stride_dy_col, mask=mask_n, other=0.0).to(tl.float32)
+    return p, dy
+
+
+@triton.jit
+def _dz(p, dy, red, offs, q, CAUSAL: tl.constexpr, LOG: tl.constexpr):
+    """dz of one chunk given the row's reduction ``red`` (sum(dy*y), or sum(dy) for log_softmax)."""
+    if LOG:
+        dz = dy - p * red
+    else:
+        dz = p * (dy - red)
+    if CAUSAL:
+        dz = tl.where(offs <= q, dz, 0.0)
+    return dz
+
+
+@triton.jit
+def _softmax_bwd_kernel(
+    y_ptr,  # saved output, contiguous in x's original layout
+    dy_ptr,  # upstream gradient, any strides (0 for expanded)
+    dx_ptr,  # output gradient, contiguous in x's original layout (never dy's buffer)
+    R1, R2,
+    sy0, sy1, sy2, syc,
+    sdy0, sdy1, sdy2, sdyc,
+    sdx0, sdx1, sdx2, sdxc,
+    N, Sq,
+    scale,  # dx = scale * dz
+    CAUSAL: tl.constexpr,
+    LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    LOOP: tl.constexpr,
+):
+    # One program per row. Bytes: read N*(y + dy), write N*dx; wide rows read y and dy twice.
+    row = tl.program_id(0).to(tl.int64)
+    y_row = row_start(row, R1, R2, sy0, sy1, sy2)
+    dy_row = row_start(row, R1, R2, sdy0, sdy1, sdy2)
+    dx_row = row_start(row, R1, R2, sdx0, sdx1, sdx2)
+    q = row % Sq
+    if not LOOP:
+        offs = tl.arange(0, BLOCK_N)
+        mask_n = offs < N
+        p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG)
+        if LOG:
+            red = tl.sum(dy, axis=0)
+        else:
+            red = tl.sum(p * dy, axis=0)
+        dz = _dz(p, dy, red, offs, q, CAUSAL, LOG)
+        store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, dz * scale, mask_n)
+    else:
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask_n = offs < N
+            p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG)
+            if LOG:
+                acc += dy
+            else:
+                acc += p * dy
+        red = tl.sum(acc, axis=0)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask_n = offs < N
+            p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG)
+            dz = _dz(p, dy, red, offs, q, CAUSAL, LOG)
+            store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, dz * scale, mask_n)
+
+
+def _as_1d(t: Optional[Tensor]) -> Optional[Tensor]:
+    """A 0-d tensor as shape (1,) (torch treats a scalar as a row of one)."""
+    return t.reshape(1) if t is not None and t.dim() == 0 else t
+
+
+def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float, causal: bool, log: bool) -> Tensor:
+    """y = (log_)softmax(x * scale + mask) over ``dim`` (x's dtype, contiguous)."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return y
+    check_launch_device(x, _softmax_fwd_kernel)
+    xs, ys = _as_1d(x), _as_1d(y)
+    ms = _as_1d(mask.expand(x.shape)) if mask is not None else None
+    layout = row_layout([xs, ms, ys], dim)
+    if layout is None:  # more than 3 unmergeable leading dims: the one documented copy
+        xs = xs.contiguous()
+        ms = ms.contiguous() if ms is not None else None
+        layout = row_layout([xs, ms, ys], dim)
+    N = xs.shape[dim]
+    cfg = config_for(N, xs if ms is None or xs.element_size() >= ms.element_size() else ms)
+    _softmax_fwd_kernel[(layout.rows,)](
+        xs, ms, ys, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
+        N, xs.shape[-2] if causal else 1, scale,
+        CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, LOOP=cfg.loop,
+        num_warps=cfg.num_warps, **launch_options(_softmax_fwd_kernel),
+    )
+    return y
+
+
+_softmax_fwd = torch.library.custom_op(add_op_namespace_prefix("softmax_fwd"), _softmax_fwd_impl, mutates_args=())
+"""The registered op (autograd, fake, compile); eager inference calls ``_softmax_fwd_impl`` directly."""
+
+
+@_softmax_fwd.register_fake
+def _(x, mask, dim, scale, causal, log):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("softmax_bwd"), mutates_args=())
+def _softmax_bwd(dy: Tensor, y: Tensor, dim: int, scale: float, causal: bool, log: bool, dx_dtype: torch.dtype) -> Tensor:
+    """dx = scale * dz (see the module docstring), dtype ``dx_dtype``, contiguous."""
+    dx = torch.empty(y.shape, dtype=dx_dtype, device=y.device)
+    if y.numel() == 0:
+        return dx
+    check_launch_device(y, _softmax_bwd_kernel)
+    ys, dys, dxs = _as_1d(y), _as_1d(dy), _as_1d(dx)
+    layout = row_layout([ys, dys, dxs], dim)
+    if layout is None:
+        dys = dys.contiguous()
+        layout = row_layout([ys, dys, dxs], dim)
+    N = ys.shape[dim]
+    cfg = config_for(N, ys)
+    _softmax_bwd_kernel[(layout.rows,)](
+        ys, dys, dxs, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
+        N, ys.shape[-2] if causal else 1, scale,
+        CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, LOOP=cfg.loop,
+        num_warps=cfg.num_warps, **launch_options(_softmax_bwd_kernel),
+    )
+    return dx
+
+
+@_softmax_bwd.register_fake
+def _(dy, y, dim, scale, causal, log, dx_dtype):
+    return torch.empty(y.shape, dtype=dx_dtype, device=y.device)
+
+
+def _setup_context(ctx, inputs, output):
+    x, mask, dim, scale, causal, log = inputs
+    ctx.save_for_backward(output)
+    ctx.args = (dim, scale, causal, log)
+    ctx.x_dtype = x.dtype
+    ctx.mask_meta = (mask.shape, mask.dtype) if mask is not None else None
+
+
+def _backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    dim, scale, causal, log = ctx.args
+    need_x, need_mask = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    dx = dmask = None
+    if need_mask:
+        dz = _softmax_bwd(dy, y, dim, 1.0, causal, log, torch.float32)
+        dx = (dz * scale).to(ctx.x_dtype) if need_x else None
+        shape, dtype = ctx.mask_meta
+        dmask = dz.sum_to_size(shape).to(dtype)
+    elif need_x:
+        dx = _softmax_bwd(dy, y, dim, scale, causal, log, ctx.x_dtype)
+    return dx, dmask, None, None, None, None
+
+
+_softmax_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _prepare(x, dim, scale, mask, causal):
+    check_float_tensor("x", x)
+    dim = normalize_dim(dim, x.dim())
+    scale = 1.0 if scale is None else check_real("scale", scale)
+    if mask is not None:
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
+        if mask.dtype == torch.bool:
+            raise TypeError("mask must be an additive float mask (0 keeps, -inf drops); for a boolean keep-mask "
+                            "pass torch.zeros_like(x).masked_fill(~keep, float('-inf'))")
+        check_float_tensor("mask", mask)
+        check_same_device("mask", mask, x)
+        try:
+            shape = torch.broadcast_shapes(mask.shape, x.shape)
+        except RuntimeError:
+            shape = None
+        if shape != x.shape:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to x's shape {tuple(x.shape)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if causal and (x.dim() < 2 or dim != x.dim() - 1):
+        raise ValueError(f"causal=True masks over the last two dims and needs dim=-1 on a tensor with >= 2 dims; "
+                         f"got dim={dim} for x of shape {tuple(x.shape)}")
+    return dim, scale
+
+
+def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Optional[Tensor] = None,
+            causal: bool = False) -> Tensor:
+    """Softmax over ``dim`` with an optional scale and additive (tensor or causal) mask folded in.
+
+    ``y = softmax(x * scale + mask, dim)``, causal positions (j > i over the last two dims) set to -inf first.
+
+    Args:
+        x: fp16/bf16/fp32 of any shape and strides (a 0-d tensor is one row of one).
+        dim: the reduced dim; any dim (not the last: read through its stride, no copy).
+        scale: Python float multiplying x (default 1); a tensor is refused (it would need a host sync).
+        mask: additive float mask broadcastable to x (0 keeps, -inf drops; any of the three dtypes, read in
+            fp32); its gradient is computed when it requires grad. Boolean masks are refused.
+        causal: mask j > i over the last two dims (top-left aligned, SDPA's is_causal); needs dim=-1.
+
+    Returns:
+        Tensor of x's shape and dtype, contiguous. Saves the output for backward.
+
+    Raises:
+        TypeError: unsupported dtype, a boolean or non-tensor mask, a non-float scale.
+        ValueError: a mask that does not broadcast to x, a non-finite scale, causal with dim != -1.
+        IndexError: dim out of range. RuntimeError: CPU tensor without TRITON_INTERPRET=1.
+
+    Precision: scale, mask add, max, exp and sum in fp32; one rounding to x.dtype at the store.
+    A fully masked row is NaN (as torch). Performance: one program per row; rows up to 64 KiB
+    (16K fp32 / 32K half elements) read x once, wider rows twice (online max/sum, then output).
+    Source: matches ``torch.softmax(x * scale + mask, dim)``.
+    """
+    dim, scale = _prepare(x, dim, scale, mask, causal)
+    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, False)
+
+
+def log_softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Optional[Tensor] = None,
+                causal: bool = False) -> Tensor:
+    """Log-softmax over ``dim``: ``(z - max z) - log(sum exp(z - max z))`` with ``z = x * scale + mask``.
+
+    Args, Returns, Raises, Precision: as :func:`softmax` (masked positions give -inf; a fully masked
+    row NaN, as torch). Backward: ``dx = scale * (dy - exp(y) * sum(dy))``.
+    Source: matches ``torch.log_softmax(x * scale + mask, dim)``.
+    """
+    dim, scale = _prepare(x, dim, scale, mask, causal)
+    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, True)
