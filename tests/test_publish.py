@@ -307,12 +307,6 @@ def test_consumer_pins_versions_revisions_trust_and_layers(hub, published, tmp_p
     assert got["kernelize"]["err"] < 1e-5  # CUDA summation order, run on the CPU
 
 
-_DOWNLOAD_FULL = """
-import sys
-from huggingface_hub import snapshot_download
-print(snapshot_download(sys.argv[1], repo_type="kernel", revision=sys.argv[2]))
-"""
-
 _LOAD_LOCKED = """
 import json, sys
 from pathlib import Path
@@ -355,7 +349,7 @@ def test_kernels_lock_then_load_kernel_offline(hub, published, tmp_path):
         assert partial["cause"] == "IncompleteSnapshotError", partial
 
     # a full snapshot of the locked commit is what load_kernel needs offline
-    full = _run([sys.executable, "-c", _DOWNLOAD_FULL, REPO, published["C2"]], env)
+    full = _run([str(Path(sys.executable).with_name("hf")), "download", REPO, "--repo-type", "kernel", "--revision", published["C2"]], env)
     assert full.returncode == 0, full.stderr
     loaded = _json_tail(_run(args, offline))
     assert loaded == {"name": loaded["name"], "marker": "v1b"} and loaded["name"].startswith("_triton_norms_cpu_")
