@@ -71,3 +71,11 @@ def activations(installed):
     import kernels
 
     return kernels.get_kernel(f"{ORG}/triton-activations", version=1)
+
+
+@pytest.fixture(scope="session")
+def softmax(installed):
+    """triton-softmax v1 loaded by Hub name, offline, the way users load it."""
+    import kernels
+
+    return kernels.get_kernel(f"{ORG}/triton-softmax", version=1)

@@ -1,0 +1,447 @@
+"""triton-softmax ``softmax`` / ``log_softmax``: values and gradients against fp64 PyTorch, layouts, masks, ops.
+
+The package is loaded by Hub name through the ``softmax`` fixture (conftest), as users
+load it; on CPU the kernels run under the Triton interpreter.
+
+Tolerances (one table, ``ULPS``, plus an absolute slack ``ATOL_REL`` times the largest
+reference value): the kernel computes in fp32 and rounds once, so a half-precision value
+is within 1 ulp of the fp64 reference rounded to its dtype. fp32 values carry the error
+of exp on arguments up to ~|z - max| and of the N-term fp32 sum: a few ulps relative, and
+at most ~1e-6 absolute for log-probabilities around -20 (``ATOL_REL``). Half-precision
+gradients are checked against the fp64 backward formula evaluated on the kernel's own
+rounded output (what the kernel and torch both use), so rounding of y is not counted twice.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+MANTISSA = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
+MIN_EXP = {torch.float32: -126, torch.float16: -14, torch.bfloat16: -126}
+ULPS = {torch.float32: 8, torch.float16: 1, torch.bfloat16: 1}
+ATOL_REL = 1e-6
+# N regimes: 1 and 3 (tiny), 127 (odd, < one warp of vectors), 4097 (just above 4K, one
+# block), 20011 (prime: looped for fp32 rows > 16K elements, one block for half).
+SIZES = [1, 3, 127, 4097, 20011]
+
+
+def ulp(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One unit in the last place of each value of ``t`` in ``dtype`` (fp64 result)."""
+    _, e = torch.frexp(t.double().nan_to_num(posinf=0.0, neginf=0.0))
+    e = torch.clamp(e - 1, min=MIN_EXP[dtype])
+    return torch.pow(2.0, (e - MANTISSA[dtype]).double())
+
+
+def assert_close_ref(actual, ref64, *, ulps=None, rel_atol=ATOL_REL, scale=0.0):
+    """``actual`` within ulps + rel_atol * max(max|ref|, scale) of the fp64 reference (same infinities and NaNs).
+
+    ``scale``: the size of the terms that cancel when the reference itself is ~0 (e.g. 1 for a
+    softmax gradient of ``sum()``, whose exact value is 0)."""
+    dtype = actual.dtype
+    assert actual.shape == ref64.shape, (actual.shape, ref64.shape)
+    ulps = ULPS[dtype] if ulps is None else ulps
+    expected = ref64.to(dtype).double()
+    a = actual.double()
+    assert torch.equal(torch.isnan(a), torch.isnan(expected)), "NaNs differ"
+    assert torch.equal(torch.isinf(a), torch.isinf(expected)), "infinities differ"
+    fin = torch.isfinite(expected)
+    a, expected, ref_f = a[fin], expected[fin], ref64[fin]
+    if a.numel() == 0:
+        return
+    tol = ulps * ulp(expected, dtype) + rel_atol * ref_f.abs().max().clamp(min=max(float(scale), 1e-30))
+    diff = (a - expected).abs()
+    bad = ~(diff <= tol)
+    assert not bad.any(), (
+        f"{int(bad.sum())} of {a.numel()} off; worst diff {diff.max().item():.3g} "
+        f"(actual {a[diff.argmax()].item()}, expected {expected[diff.argmax()].item()})"
+    )
+
+
+def rand(shape, dtype, device, scale=1.0):
+    return (torch.randn(shape, dtype=torch.float32, device=device) * scale).to(dtype)
+
+
+def sm_ref(x, dim=-1, *, scale=1.0, mask=None, causal=False, log=False):
+    """fp64 reference: torch's (log_)softmax of x * scale + mask, causal positions filled with -inf."""
+    z = x.double() * scale
+    if mask is not None:
+        z = z + mask.double()
+    if causal:
+        L, S = z.shape[-2:]
+        z = z.masked_fill(~torch.ones(L, S, dtype=torch.bool, device=z.device).tril(), float("-inf"))
+    return torch.log_softmax(z, dim) if log else torch.softmax(z, dim)
+
+
+def bwd_ref(y, dy, dim=-1, *, scale=1.0, log=False):
+    """fp64 backward formula evaluated on the kernel's own output y."""
+    y, dy = y.double(), dy.double()
+    if log:
+        return scale * (dy - y.exp() * dy.sum(dim, keepdim=True))
+    return scale * y * (dy - (dy * y).sum(dim, keepdim=True))
+
+
+def fn(softmax, log):
+    return softmax.log_softmax if log else softmax.softmax
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+# ----------------------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("N", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_values_odd_sizes(softmax, device, N, dtype, log):
+    x = rand((3, N), dtype, device, scale=3.0)
+    assert_close_ref(fn(softmax, log)(x), sm_ref(x, log=log))
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("N", [3, 127, 20011])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradients(softmax, device, N, dtype, log):
+    x = rand((2, N), dtype, device, scale=2.0).requires_grad_()
+    dy = rand((2, N), dtype, device)
+    y = fn(softmax, log)(x)
+    y.backward(dy)
+    if dtype == torch.float32:
+        xr = x.detach().double().requires_grad_()
+        sm_ref(xr, log=log).backward(dy.double())
+        assert_close_ref(x.grad, xr.grad, rel_atol=1e-5)
+    else:
+        assert_close_ref(x.grad, bwd_ref(y.detach(), dy, log=log), rel_atol=1e-5)
+
+
+def test_properties_rows_sum_to_one_and_shift_invariance(softmax, device):
+    x = rand((5, 333), torch.float32, device, scale=4.0)
+    y = softmax.softmax(x)
+    torch.testing.assert_close(y.double().sum(-1), torch.ones(5, dtype=torch.float64), rtol=0, atol=1e-6)
+    torch.testing.assert_close(softmax.softmax(x + 100.0), y, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(softmax.log_softmax(x).exp(), y, rtol=1e-5, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- case 1: wide rows
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape", [(2, 131072), (3, 262147)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_case1_wide_rows_forward_backward(softmax, device, shape, dtype, log):
+    """Rows wider than 64K (a peer refused them): the looped path, forward and backward."""
+    x = rand(shape, dtype, device, scale=3.0).requires_grad_()
+    dy = rand(shape, dtype, device)
+    y = fn(softmax, log)(x)
+    assert_close_ref(y, sm_ref(x.detach(), log=log))
+    y.backward(dy)
+    if dtype == torch.float32:
+        xr = x.detach().double().requires_grad_()
+        sm_ref(xr, log=log).backward(dy.double())
+        assert_close_ref(x.grad, xr.grad, rel_atol=1e-5)
+    else:
+        assert_close_ref(x.grad, bwd_ref(y.detach(), dy, log=log), rel_atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -2])
+def test_dim_other_than_last(softmax, device, dim):
+    """A movedim view read through its column stride; forward and backward."""
+    x = rand((4, 6, 9), torch.float32, device).requires_grad_()
+    dy = rand((4, 6, 9), torch.float32, device)
+    for log in (False, True):
+        y = fn(softmax, log)(x, dim)
+        assert y.is_contiguous()
+        assert_close_ref(y, sm_ref(x.detach(), dim, log=log))
+        (gx,) = torch.autograd.grad(y, x, dy)
+        xr = x.detach().double().requires_grad_()
+        (gr,) = torch.autograd.grad(sm_ref(xr, dim, log=log), xr, dy.double())
+        assert_close_ref(gx, gr, rel_atol=1e-5)
+
+
+def test_strided_and_non_contiguous_inputs(softmax, device):
+    big = rand((6, 300), torch.float32, device)
+    x = big[::2, 10:138]  # row stride 600
+    assert_close_ref(softmax.softmax(x), sm_ref(x))
+    xt = rand((64, 5), torch.float32, device).t()  # column stride 5
+    assert_close_ref(softmax.log_softmax(xt), sm_ref(xt, log=True))
+    x3 = rand((4, 5, 32), torch.float32, device)[:, 1:4]  # leading dims that do not merge
+    assert_close_ref(softmax.softmax(x3), sm_ref(x3))
+    xe = rand((1, 33), torch.float32, device).expand(7, 33)  # stride-0 rows
+    assert_close_ref(softmax.softmax(xe), sm_ref(xe))
+    # five leading dims that cannot merge: the one documented copy
+    x6 = rand((3, 4, 5, 6, 7, 40), torch.float32, device)[:, ::2, :, 1:, ::2]
+    assert_close_ref(softmax.softmax(x6), sm_ref(x6))
+    buf = rand(3 * 127 + 1, torch.bfloat16, device)
+    xm = buf[1:].view(3, 127)  # base pointer not 16-byte aligned
+    assert_close_ref(softmax.softmax(xm), sm_ref(xm))
+
+
+def test_empty_and_scalar_inputs(softmax, device):
+    for shape in [(0, 16), (3, 0), (2, 0, 5)]:
+        x = torch.empty(shape, device=device, requires_grad=True)
+        y = softmax.softmax(x)
+        assert y.shape == x.shape
+        y.sum().backward()
+        assert x.grad.shape == x.shape
+    s = torch.tensor(2.5, device=device)
+    assert torch.equal(softmax.softmax(s), torch.softmax(s, 0))
+    assert torch.equal(softmax.log_softmax(s), torch.log_softmax(s, 0))
+
+
+def test_poisoned_outputs(softmax, device):
+    poison = torch.full((1 << 16,), float("nan"), device=device)
+    del poison  # its memory is likely handed to the outputs below
+    x = rand((8, 1000), torch.bfloat16, device).requires_grad_()
+    for log in (False, True):
+        y = fn(softmax, log)(x)
+        assert not torch.isnan(y).any()
+        (g,) = torch.autograd.grad(y, x, torch.ones_like(y))
+        assert not torch.isnan(g).any()
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_case8_expanded_and_transposed_upstream_gradient(softmax, device, log):
+    x = rand((24, 40), torch.float32, device).requires_grad_()
+    fn(softmax, log)(x).sum().backward()  # stride-0 gradient
+    xr = x.detach().double().requires_grad_()
+    sm_ref(xr, log=log).sum().backward()
+    assert_close_ref(x.grad, xr.grad, rel_atol=1e-5, scale=1.0)  # softmax: exactly 0, fp32 leaves ~1e-7
+    gt = rand((40, 24), torch.float32, device).t()  # column stride 24
+    (g,) = torch.autograd.grad(fn(softmax, log)(x), x, gt)
+    (gr,) = torch.autograd.grad(sm_ref(xr, log=log), xr, gt.double())
+    assert_close_ref(g, gr, rel_atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- scale and masks
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("mask_dtype", [torch.float32, torch.bfloat16])
+def test_scale_and_broadcast_mask_forward_backward(softmax, device, log, mask_dtype):
+    """Attention-shaped scores (B, H, S, S) with a (B, 1, S, S) mask: three leading dims, no copy."""
+    B, H, S = 2, 3, 17
+    x = rand((B, H, S, S), torch.float32, device, scale=2.0).requires_grad_()
+    mask = rand((B, 1, S, S), mask_dtype, device)
+    mask = mask.masked_fill(torch.rand(B, 1, S, S, device=device) < 0.3, float("-inf"))
+    mask[..., 0] = 0.0  # keep every row partly alive
+    mask.requires_grad_()
+    dy = rand((B, H, S, S), torch.float32, device)
+    y = fn(softmax, log)(x, scale=0.125, mask=mask)
+    assert_close_ref(y, sm_ref(x.detach(), scale=0.125, mask=mask.detach(), log=log))
+    gx, gm = torch.autograd.grad(y, (x, mask), dy)
+    xr, mr = x.detach().double().requires_grad_(), mask.detach().double().requires_grad_()
+    rx, rm = torch.autograd.grad(sm_ref(xr, scale=0.125, mask=mr, log=log), (xr, mr), dy.double())
+    assert_close_ref(gx, rx, rel_atol=1e-5)
+    assert gm.dtype == mask_dtype and gm.shape == mask.shape
+    assert_close_ref(gm, rm, ulps=ULPS[mask_dtype] + 1, rel_atol=1e-5)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (9, 6), (1, 5, 20011)])
+def test_causal_mask_forward_backward(softmax, device, log, shape):
+    """Top-left aligned causal mask over the last two dims (SDPA's is_causal), with and without a tensor mask."""
+    x = rand(shape, torch.float32, device).requires_grad_()
+    dy = rand(shape, torch.float32, device)
+    for mask in (None, rand(shape[-1:], torch.float32, device)):
+        y = fn(softmax, log)(x, causal=True, mask=mask)
+        assert_close_ref(y, sm_ref(x.detach(), mask=mask, causal=True, log=log))
+        (g,) = torch.autograd.grad(y, x, dy)
+        xr = x.detach().double().requires_grad_()
+        (gr,) = torch.autograd.grad(sm_ref(xr, mask=mask, causal=True, log=log), xr, dy.double())
+        assert_close_ref(g, gr, rel_atol=1e-5)
+
+
+@pytest.mark.parametrize("N", [7, 20011])  # one block; looped (the first chunks entirely -inf)
+def test_fully_masked_rows_match_torch(softmax, device, N):
+    x = rand((3, N), torch.float32, device)
+    mask = torch.zeros((3, N), device=device)
+    mask[0] = float("-inf")  # every position dropped: torch gives NaN
+    mask[1, : N - 2] = float("-inf")  # only the last two positions alive
+    for log in (False, True):
+        y = fn(softmax, log)(x, mask=mask)
+        ref = sm_ref(x, mask=mask, log=log)
+        assert torch.isnan(ref[0]).all() and torch.isnan(y[0]).all()
+        assert_close_ref(y, ref)
+        torch_y = (torch.log_softmax if log else torch.softmax)(x + mask, -1)
+        assert torch.equal(torch.isnan(y), torch.isnan(torch_y))
+
+
+# ----------------------------------------------------------------------------- ops and compile
+
+
+def _op(softmax, name):
+    return getattr(softmax._ops.ops, name).default
+
+
+def test_opcheck_every_op(softmax, device):
+    x = rand((3, 5, 33), torch.float32, device).requires_grad_()
+    mask = rand((5, 33), torch.bfloat16, device).requires_grad_()
+    fwd = _op(softmax, "softmax_fwd")
+    torch.library.opcheck(fwd, (x, None, 2, 1.0, False, False))
+    torch.library.opcheck(fwd, (x, mask, 2, 0.5, True, True))
+    torch.library.opcheck(fwd, (x, None, 1, 2.0, False, True))
+    y = torch.softmax(x.detach(), -1)
+    dy = rand((3, 5, 33), torch.float32, device)
+    torch.library.opcheck(_op(softmax, "softmax_bwd"), (dy, y, 2, 1.0, False, False, torch.float32))
+    torch.library.opcheck(_op(softmax, "softmax_bwd"), (dy, y.log(), 2, 0.5, True, True, torch.bfloat16))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_case5_compile_fullgraph(softmax, device, backend):
+    def f(x, mask):
+        a = softmax.softmax(x, scale=0.5, mask=mask)
+        b = softmax.log_softmax(x, dim=1, causal=False)
+        c = softmax.softmax(x, causal=True)
+        return a * 2 + b + c
+
+    x = rand((2, 6, 6), torch.float32, device)
+    mask = rand((6, 6), torch.float32, device)
+    leaves = [t.clone().requires_grad_() for t in (x, mask)]
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    y = compiled(*leaves)
+    y.sum().backward()
+    eager = [t.clone().requires_grad_() for t in (x, mask)]
+    y_eager = f(*eager)
+    y_eager.sum().backward()
+    assert torch.equal(y, y_eager)
+    for a, e in zip(leaves, eager):
+        assert torch.equal(a.grad, e.grad)
+
+
+def test_eager_fast_path_equals_the_registered_op(softmax, device):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(func.namespace)
+            return func(*args, **(kwargs or {}))
+
+    x = rand((5, 77), torch.float16, device)
+    with torch.no_grad():
+        fast = [softmax.softmax(x), softmax.log_softmax(x, 0)]
+        with Count():
+            via_op = [softmax.softmax(x), softmax.log_softmax(x, 0)]
+    assert calls.count(softmax._ops.NAMESPACE) == 2, calls
+    for a, b in zip(fast, via_op):
+        assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------- launch config
+
+
+@pytest.mark.parametrize("warp_size", [32, 64])
+def test_case10_config_picker_respects_warp_size(softmax, warp_size):
+    for N in [1, 3, 127, 4095, 4097, 32771, 65537, 131072, 262147]:
+        for element_size in (2, 4):
+            cfg = softmax.pick_config(N, element_size, warp_size)
+            assert cfg.num_warps * warp_size <= 1024
+            assert cfg.num_warps >= 1 and cfg.num_warps & (cfg.num_warps - 1) == 0
+            assert cfg.block_n & (cfg.block_n - 1) == 0
+            assert cfg.loop == (cfg.block_n < N)
+    assert not softmax.pick_config(16384, 4, warp_size).loop
+    assert softmax.pick_config(16385, 4, warp_size).loop
+    with pytest.raises(ValueError, match="warp_size"):
+        softmax.pick_config(128, 2, 48)
+    with pytest.raises(ValueError, match="N must be"):
+        softmax.pick_config(0, 2, warp_size)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_bad_inputs_raise_clear_errors(softmax, device):
+    x = torch.randn(2, 8, device=device)
+    with pytest.raises(TypeError, match=r"x must have dtype .*float64"):
+        softmax.softmax(x.double())
+    with pytest.raises(TypeError, match=r"x must have dtype .*int64"):
+        softmax.log_softmax(torch.ones(2, 8, dtype=torch.int64, device=device))
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        softmax.softmax(x, 2)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        softmax.softmax(x, None)
+    with pytest.raises(TypeError, match="boolean keep-mask"):
+        softmax.softmax(x, mask=torch.ones(2, 8, dtype=torch.bool, device=device))
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 8\) does not broadcast"):
+        softmax.softmax(x, mask=torch.zeros(3, 8, device=device))
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 2, 8\) does not broadcast"):
+        softmax.softmax(x, mask=torch.zeros(2, 2, 8, device=device))
+    with pytest.raises(ValueError, match="mask is on meta"):
+        softmax.softmax(x, mask=torch.zeros(8, device="meta"))
+    with pytest.raises(TypeError, match="scale must be a Python float"):
+        softmax.softmax(x, scale=torch.tensor(0.5))
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        softmax.softmax(x, scale=float("inf"))
+    with pytest.raises(ValueError, match="causal=True .* needs dim=-1"):
+        softmax.softmax(x, 0, causal=True)
+    with pytest.raises(ValueError, match="causal=True"):
+        softmax.softmax(torch.randn(8, device=device), causal=True)
+
+
+def test_cpu_tensor_without_interpreter_raises(built):
+    """Without TRITON_INTERPRET=1 the kernels are GPU kernels: a CPU tensor gets a clear error."""
+    variant = built["triton-softmax"].variant("cpu")
+    code = (
+        "import kernels, torch\n"
+        f"m = kernels.get_local_kernel(__import__('pathlib').Path({str(variant)!r}))\n"
+        "for f in (lambda: m.softmax(torch.randn(2, 8)), lambda: m.cross_entropy(torch.randn(2, 8), torch.zeros(2, dtype=torch.long))):\n"
+        "    try:\n"
+        "        f()\n"
+        "    except RuntimeError as e:\n"
+        "        print('ERR', e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.stdout.count("ERR") == 2 and "TRITON_INTERPRET=1" in res.stdout, res.stdout + res.stderr
+
+
+_COMPILE_SCRIPT = r'''
+import itertools, sys
+from pathlib import Path
+import kernels, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+name = kernels.get_local_kernel(Path(sys.argv[1])).__name__
+smod, cmod = sys.modules[name + ".softmax"], sys.modules[name + ".cross_entropy"]
+def sig(kernel, dtype, consts, ptr_types):
+    return {n: "constexpr" if n in consts else ("*" + ptr_types.get(n, dtype)) if n.endswith("_ptr")
+            else "fp32" if n in ("scale", "smoothing", "z_loss") else "i64" for n in kernel.arg_names}
+count = 0
+for arch in ("90", "gfx942"):
+    target = GPUTarget("cuda", 90, 32) if arch == "90" else GPUTarget("hip", arch, 64)
+    for dtype, loop, flag in itertools.product(["bf16", "fp32"], [False, True], [False, True]):
+        for kernel, consts, pt in [
+            (smod._softmax_fwd_kernel, {"CAUSAL": flag, "LOG": not flag, "BLOCK_N": 1024, "LOOP": loop}, {}),
+            (smod._softmax_fwd_kernel, {"CAUSAL": flag, "LOG": flag, "BLOCK_N": 1024, "LOOP": loop, "m_ptr": None}, {}),
+            (smod._softmax_bwd_kernel, {"CAUSAL": flag, "LOG": flag, "BLOCK_N": 1024, "LOOP": loop}, {}),
+            (cmod._cross_entropy_fwd_kernel, {"BLOCK_N": 1024, "LOOP": loop, **({} if flag else {"g_ptr": None})},
+             {"t_ptr": "i64", "loss_ptr": "fp32"}),
+        ]:
+            src = ASTSource(kernel, sig(kernel, dtype, consts, pt),
+                            constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+            triton.compile(src, target=target, options={"num_warps": 4, "enable_fp_fusion": False})
+            count += 1
+print("COMPILED", count)
+'''
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90_and_gfx942(built):
+    """Lower every kernel (fwd/bwd, looped or not, causal/log, with and without optional pointers) to a
+    binary for an H100/H200 and an MI300 without a GPU: catches what the interpreter never sees."""
+    variant = built["triton-softmax"].variant("cpu")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(variant)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert "COMPILED 64" in res.stdout, res.stdout + res.stderr

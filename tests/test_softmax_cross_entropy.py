@@ -1,0 +1,346 @@
+"""triton-softmax ``cross_entropy`` and the layers: values and gradients against fp64 PyTorch.
+
+Reference: ``torch.nn.functional.cross_entropy`` in fp64 (label smoothing and ignore_index
+included) plus ``z_loss * logsumexp(x)^2`` on non-ignored rows (PaLM's z-loss), reduced the
+same way. Tolerances: the loss is computed in fp32 and rounded once (``ULPS`` of
+test_softmax, plus ``ATOL_REL`` of the largest reference value for the fp32 sum); the gradient is
+computed in fp32, rounded at the store and once more by the upstream-gradient multiply when that
+is not 1 (the mean's 1/count), hence 2 ulps for half dtypes.
+"""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .conftest import ORG
+from .test_softmax import DTYPES, assert_close_ref, rand
+
+GRAD_ULPS = {torch.float32: 8, torch.float16: 2, torch.bfloat16: 2}
+
+
+def ce_ref(x, t, *, ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0):
+    """fp64 reference: F.cross_entropy + z_loss * lse^2 on non-ignored rows, reduced as torch reduces."""
+    x = x.double()
+    loss = F.cross_entropy(x, t.long(), ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing)
+    if z_loss:
+        class_dim = 0 if x.dim() == 1 else 1
+        loss = loss + z_loss * torch.logsumexp(x, class_dim).square() * (t != ignore_index)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (t != ignore_index).sum()
+
+
+def targets(shape, V, device, ignore_frac=0.25, ignore_index=-100):
+    t = torch.randint(0, V, shape, device=device)
+    return t.masked_fill(torch.rand(shape, device=device) < ignore_frac, ignore_index)
+
+
+def check(softmax, x, t, dtype, **kw):
+    """Loss and gradient of ours against the fp64 reference."""
+    xs = x.detach().to(dtype).requires_grad_()
+    loss = softmax.cross_entropy(xs, t, **kw)
+    assert loss.dtype == dtype
+    xr = xs.detach().double().requires_grad_()
+    ref = ce_ref(xr, t, **kw)
+    assert_close_ref(loss, ref.detach(), rel_atol=1e-6)
+    dl = torch.randn(loss.shape, device=x.device).to(dtype) if loss.dim() else None
+    (g,) = torch.autograd.grad(loss, xs, dl)
+    (gr,) = torch.autograd.grad(ref, xr, dl.double() if dl is not None else None)
+    assert_close_ref(g, gr, ulps=GRAD_ULPS[dtype], rel_atol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+# ----------------------------------------------------------------------------- values and gradients
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("V", [1, 3, 127, 5003, 20011])  # 20011: looped for fp32
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_values_and_gradients(softmax, device, V, dtype, reduction):
+    x = rand((6, V), torch.float32, device, scale=2.0)
+    t = targets((6,), V, device)
+    check(softmax, x, t, dtype, reduction=reduction)
+
+
+@pytest.mark.parametrize("V", [7, 20011])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smoothing,z_loss", [(0.1, 0.0), (0.0, 1e-3), (0.3, 0.5)])
+def test_label_smoothing_and_z_loss(softmax, device, V, reduction, label_smoothing, z_loss):
+    x = rand((5, V), torch.float32, device, scale=3.0)
+    t = targets((5,), V, device)
+    check(softmax, x, t, torch.float32, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss)
+    check(softmax, x, t, torch.bfloat16, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss)
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 0, 3, -1])
+def test_ignore_index_everywhere(softmax, device, ignore_index):
+    x = rand((8, 11), torch.float32, device)
+    t = torch.randint(0, 11, (8,), device=device)
+    t[::3] = ignore_index
+    for reduction in ("mean", "sum", "none"):
+        for ls in (0.0, 0.2):
+            check(softmax, x, t, torch.float32, ignore_index=ignore_index, reduction=reduction, label_smoothing=ls,
+                  z_loss=1e-2)
+
+
+def test_all_targets_ignored_and_out_of_range(softmax, device):
+    x = rand((4, 9), torch.float32, device).requires_grad_()
+    t = torch.full((4,), -100, device=device)
+    loss = softmax.cross_entropy(x, t)
+    ref = F.cross_entropy(x, t)
+    assert torch.isnan(loss) and torch.isnan(ref)  # 0 / 0, as torch
+    (g,) = torch.autograd.grad(loss, x)
+    assert torch.equal(g, torch.zeros_like(x))  # torch's gradient is 0 too
+    assert softmax.cross_entropy(x, t, reduction="sum") == 0
+    bad = torch.tensor([0, 9, -5, 2], device=device)  # torch raises; no host sync here: NaN on those rows
+    rows = softmax.cross_entropy(x.detach(), bad, reduction="none")
+    assert torch.isnan(rows[1:3]).all() and torch.isfinite(rows[[0, 3]]).all()
+
+
+def test_masked_vocabulary_with_minus_inf_logits(softmax, device):
+    x = rand((3, 50), torch.float32, device)
+    x[:, 40:] = float("-inf")  # e.g. padded vocabulary
+    t = torch.tensor([1, 39, -100], device=device)
+    check(softmax, x, t, torch.float32)  # finite: the smoothing term is off, never 0 * inf
+
+
+# ----------------------------------------------------------------------------- case 4: tiny shapes, optional outputs
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("requires_grad", [True, False])
+@pytest.mark.parametrize("label_smoothing,z_loss", [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-4), (0.2, 0.1)])
+def test_case4_tiny_logits_targets_all_zero(softmax, device, reduction, requires_grad, label_smoothing, z_loss):
+    """(4, 3) fp32 logits from randn, targets [0, 0, 0, 0] (a peer returned 0.0: an optional output aliased the
+    loss). Every optional output on and off: the stored gradient (requires_grad), z-loss, label smoothing."""
+    x = torch.randn(4, 3, device=device).requires_grad_(requires_grad)
+    t = torch.zeros(4, dtype=torch.long, device=device)
+    kw = dict(reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss)
+    loss = softmax.cross_entropy(x, t, **kw)
+    xr = x.detach().double().requires_grad_()
+    ref = ce_ref(xr, t, **kw)
+    assert (loss != 0).all()
+    assert_close_ref(loss.detach(), ref.detach())
+    if z_loss == 0:
+        torch.testing.assert_close(loss, F.cross_entropy(x, t, reduction=reduction, label_smoothing=label_smoothing))
+    if requires_grad:
+        loss.sum().backward()
+        ref.sum().backward()
+        assert_close_ref(x.grad, xr.grad, rel_atol=1e-6)
+    with torch.no_grad():  # inference: no gradient stored, same loss
+        assert torch.equal(softmax.cross_entropy(x, t, **kw), loss.detach())
+
+
+# ----------------------------------------------------------------------------- views and shapes
+
+
+def test_views_sliced_shifted_and_k_dim(softmax, device):
+    B, S, V = 2, 6, 40
+    h = rand((B, S, V + 8), torch.float32, device)
+    labels = torch.randint(0, V, (B, S), device=device)
+    sliced = h[..., :V]  # vocabulary slice: row stride V + 8
+    check(softmax, h.reshape(-1, V + 8)[:, :V], labels.reshape(-1), torch.float32)
+    # causal-LM shift without a copy: (B, V, S-1) view of h[:, :-1] in F.cross_entropy's K-dim form
+    shifted = sliced[:, :-1].transpose(1, 2)
+    assert shifted.data_ptr() == h.data_ptr()
+    check(softmax, shifted, labels[:, 1:], torch.float32)
+    check(softmax, shifted, labels[:, 1:], torch.bfloat16, reduction="none")
+    x2 = rand((9, V), torch.float32, device)
+    check(softmax, x2[:-1], labels.reshape(-1)[:8], torch.float32)  # rows view
+    check(softmax, rand((V,), torch.float32, device), torch.tensor(3, device=device), torch.float32)  # 1-D
+    x4 = rand((2, 5, 3, 4), torch.float32, device)  # (N, C, d1, d2)
+    check(softmax, x4, targets((2, 3, 4), 5, device), torch.float32, label_smoothing=0.1)
+    texp = torch.tensor([1], device=device).expand(8)  # stride-0 target
+    check(softmax, x2[:8], texp, torch.float32)
+    check(softmax, x2[:8], texp.to(torch.int32), torch.float32)
+
+
+def test_empty_batch(softmax, device):
+    x = torch.empty(0, 7, device=device, requires_grad=True)
+    t = torch.empty(0, dtype=torch.long, device=device)
+    assert torch.isnan(softmax.cross_entropy(x, t)) and torch.isnan(F.cross_entropy(x, t))
+    assert softmax.cross_entropy(x, t, reduction="none").shape == (0,)
+    softmax.cross_entropy(x, t, reduction="sum").backward()
+    assert x.grad.shape == x.shape
+
+
+def test_backward_twice_and_loss_used_twice(softmax, device):
+    """Case 3 for the loss: the stored gradient is not consumed or overwritten by a backward."""
+    x = rand((5, 13), torch.float32, device).requires_grad_()
+    t = targets((5,), 13, device)
+    loss = softmax.cross_entropy(x, t, label_smoothing=0.1)
+    total = loss * 2 + loss.square()
+    total.backward(retain_graph=True)
+    first = x.grad.clone()
+    total.backward()
+    xr = x.detach().double().requires_grad_()
+    lr = ce_ref(xr, t, label_smoothing=0.1)
+    (lr * 2 + lr.square()).backward()
+    assert_close_ref(first, xr.grad, rel_atol=1e-6)
+    assert_close_ref(x.grad, 2 * xr.grad, rel_atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("V", [131072, 262144])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wide_vocabulary(softmax, device, V, dtype):
+    x = rand((3, V), torch.float32, device, scale=2.0)
+    t = torch.tensor([0, V - 1, 12345], device=device)
+    check(softmax, x, t, dtype, label_smoothing=0.1, z_loss=1e-4)
+
+
+# ----------------------------------------------------------------------------- ops, compile, errors
+
+
+def test_opcheck(softmax, device):
+    op = getattr(softmax._ops.ops, "cross_entropy_fwd").default
+    x = rand((4, 37), torch.float32, device).requires_grad_()
+    t = targets((4,), 37, device)
+    torch.library.opcheck(op, (x, t, 1, -100, 0.0, 0.0, True))
+    torch.library.opcheck(op, (x, t, 1, -100, 0.1, 1e-3, True))
+    torch.library.opcheck(op, (x.detach(), t, 1, -100, 0.0, 0.0, False))
+    torch.library.opcheck(op, (rand((2, 5, 3), torch.float32, device), targets((2, 3), 5, device), 1, -100, 0.2, 0.0, False))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_case5_compile_fullgraph_no_host_sync(softmax, device, backend):
+    """fullgraph=True fails on a graph break, so a ``.item()`` (host sync) anywhere would fail here."""
+    def f(x, t):
+        return (softmax.cross_entropy(x, t) + softmax.cross_entropy(x, t, reduction="sum", label_smoothing=0.1,
+                                                                     z_loss=1e-3) * 0.5)
+
+    x = rand((6, 19), torch.float32, device)
+    t = targets((6,), 19, device)
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = torch.compile(f, fullgraph=True, backend=backend)(xc, t)
+    y.backward()
+    ye = f(xe, t)
+    ye.backward()
+    assert torch.equal(y, ye)
+    assert torch.equal(xc.grad, xe.grad)
+
+
+def test_bad_inputs_raise_clear_errors(softmax, device):
+    x = torch.randn(4, 5, device=device)
+    t = torch.zeros(4, dtype=torch.long, device=device)
+    with pytest.raises(TypeError, match=r"logits must have dtype .*float64"):
+        softmax.cross_entropy(x.double(), t)
+    with pytest.raises(TypeError, match="class-probability targets are not supported"):
+        softmax.cross_entropy(x, torch.rand(4, 5, device=device))
+    with pytest.raises(TypeError, match="target must have dtype torch.int64 or torch.int32"):
+        softmax.cross_entropy(x, t.to(torch.int16))
+    with pytest.raises(ValueError, match=r"target must have shape \(4,\)"):
+        softmax.cross_entropy(x, t[:3])
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        softmax.cross_entropy(x, t, reduction="batchmean")
+    with pytest.raises(ValueError, match=r"label_smoothing must be a finite number in \[0.0, 1.0\]"):
+        softmax.cross_entropy(x, t, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="z_loss must be a finite number >= 0"):
+        softmax.cross_entropy(x, t, z_loss=-1.0)
+    with pytest.raises(TypeError, match="ignore_index must be an int"):
+        softmax.cross_entropy(x, t, ignore_index=1.0)
+    with pytest.raises(ValueError, match="at least one dimension"):
+        softmax.cross_entropy(torch.tensor(1.0, device=device), t)
+    with pytest.raises(ValueError, match="target is on meta"):
+        softmax.cross_entropy(x, t.to("meta"))
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def test_layers_follow_the_hub_layer_rules(softmax):
+    for name in ["Softmax", "CrossEntropyLoss"]:
+        cls = getattr(softmax.layers, name)
+        assert issubclass(cls, nn.Module) and cls.__init__ is nn.Module.__init__
+        assert cls.has_backward is True and cls.can_torch_compile is True
+        assert "Shapes:" in cls.__doc__
+        extra = {n for n in dir(cls)} - {n for n in dir(nn.Module)}
+        assert extra <= {"has_backward", "can_torch_compile"}, extra
+
+
+@pytest.mark.parametrize("dim", [None, 0, 1, -1])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_layer_matches_module(softmax, device, dim, dtype):
+    """Same dim choice (incl. torch's legacy implicit dim for dim=None), dtype and shape as nn.Softmax;
+    values within 1 ulp of the module's fp64 result (bf16/fp16 exactness is checked on the GPU)."""
+    module = nn.Softmax(dim=dim)
+    for shape in [(7,), (3, 9), (2, 3, 5), (2, 3, 4, 5)]:
+        if dim is not None and dim >= len(shape):
+            continue
+        x = rand(shape, dtype, device, scale=2.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # dim=None: torch's implicit-dim warning
+            expected = module(x)
+            ref = module(x.double())
+        ours = softmax.layers.Softmax.forward(module, x)
+        assert ours.dtype == expected.dtype and ours.shape == expected.shape
+        assert_close_ref(ours, ref)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.15])
+def test_cross_entropy_layer_matches_module(softmax, device, reduction, label_smoothing):
+    module = nn.CrossEntropyLoss(ignore_index=2, reduction=reduction, label_smoothing=label_smoothing)
+    x = rand((6, 10), torch.float32, device).requires_grad_()
+    t = torch.tensor([2, 0, 9, 2, 5, 1], device=device)
+    ours = softmax.layers.CrossEntropyLoss.forward(module, x, t)
+    expected = module(x, t)
+    torch.testing.assert_close(ours, expected, rtol=1e-6, atol=1e-7)
+    (g,) = torch.autograd.grad(ours.sum(), x)
+    (ge,) = torch.autograd.grad(expected.sum(), x)
+    torch.testing.assert_close(g, ge, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="class weight is not supported"):
+        softmax.layers.CrossEntropyLoss.forward(nn.CrossEntropyLoss(weight=torch.ones(10)), x, t)
+
+
+def test_kernelize_swaps_both_layers_and_compiles(installed, device):
+    import kernels
+    from kernels import LayerRepository, Mode
+
+    class SoftmaxA(nn.Softmax):
+        pass
+
+    class LossA(nn.CrossEntropyLoss):
+        pass
+
+    kernels.replace_kernel_forward_from_hub(SoftmaxA, "Softmax")
+    kernels.replace_kernel_forward_from_hub(LossA, "CrossEntropyLoss")
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 12)
+            self.act = SoftmaxA(dim=-1)
+            self.loss = LossA(label_smoothing=0.1)
+
+        def forward(self, x, t):
+            return self.loss(self.proj(x) * self.act(x[:, :12]), t)
+
+    def build():
+        torch.manual_seed(3)
+        return Model().to(device)
+
+    ref, model = build(), build()
+    mapping = {name: {device: LayerRepository(repo_id=f"{ORG}/triton-softmax", layer_name=name, version=1)}
+               for name in ["Softmax", "CrossEntropyLoss"]}
+    with kernels.use_kernel_mapping(mapping, inherit_mapping=False):
+        kernels.kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, device=device, use_fallback=False)
+    assert model.act.forward.__func__.__qualname__ == "Softmax.forward"
+    assert model.loss.forward.__func__.__qualname__ == "CrossEntropyLoss.forward"
+    x, t = torch.randn(5, 16, device=device), torch.randint(0, 12, (5,), device=device)
+    out = torch.compile(model, fullgraph=True, backend="aot_eager")(x, t)
+    out_ref = ref(x, t)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    out.backward()
+    out_ref.backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
