@@ -79,3 +79,11 @@ def softmax(installed):
     import kernels
 
     return kernels.get_kernel(f"{ORG}/triton-softmax", version=1)
+
+
+@pytest.fixture(scope="session")
+def matmul(installed):
+    """triton-matmul v1 loaded by Hub name, offline, the way users load it."""
+    import kernels
+
+    return kernels.get_kernel(f"{ORG}/triton-matmul", version=1)

@@ -1,0 +1,239 @@
+"""triton-matmul ``matmul``: values and gradients against fp64 PyTorch, layouts, configs, ops, errors.
+
+Loaded by Hub name through the ``matmul`` fixture (conftest); on CPU the kernel runs under the
+Triton interpreter, so shapes are tiny (primes 17, 31, 67 cover partial tiles on every edge).
+
+Tolerance (``assert_matmul_close``): the kernel accumulates in fp32 and rounds once, so the
+error is at most 1 ulp of the output dtype (the rounding; ``ULPS``) plus the fp32 accumulation
+error, bounded by ``EPS_ACC[dtype] * (|a| @ |b| + |bias|)`` (K products summed in fp32 grow
+with the magnitudes summed, not with the result, which may cancel to ~0). Gated outputs
+``p * act(g)`` propagate both halves' slack (|act'| <= 1.13 for gelu, 1.1 for silu, bound 1.2).
+On CUDA fp32 inputs run as tf32 (10-bit mantissa products): ``EPS_ACC`` is 2^-10 there.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+DEVICE = os.environ.get("TEST_DEVICE", "cpu")
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ULPS = {torch.float32: 2, torch.float16: 1, torch.bfloat16: 1}
+MANTISSA = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
+MIN_EXP = {torch.float32: -126, torch.float16: -14, torch.bfloat16: -126}
+EPS_ACC = {torch.float32: 2.0 ** -10 if DEVICE == "cuda" else 1e-6, torch.float16: 1e-6, torch.bfloat16: 1e-6}
+ACTIVATIONS = [None, "gelu", "gelu_tanh", "silu", "relu", "geglu", "swiglu"]
+GATED = {"geglu": "gelu", "swiglu": "silu"}
+
+
+def act_ref(h, name):
+    if name is None:
+        return h
+    return {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu,
+            "relu": F.relu}[name](h)
+
+
+def ref(a, b, bias, activation):
+    """fp64 reference of ``matmul`` (diffusers' split for the gated forms: proj first, gate activated)."""
+    h = a.double().reshape(math.prod(a.shape[:-1]), a.shape[-1]) @ b.double()
+    if bias is not None:
+        h = h + bias.double()
+    if activation in GATED:
+        p, g = h.chunk(2, dim=-1)
+        y = p * act_ref(g, GATED[activation])
+    else:
+        y = act_ref(h, activation)
+    return y.reshape(*a.shape[:-1], y.shape[-1])
+
+
+def slack(a, b, bias, activation):
+    """fp32-accumulation error bound per output element (see the module docstring), fp64."""
+    s = a.double().abs().reshape(math.prod(a.shape[:-1]), a.shape[-1]) @ b.double().abs()
+    if bias is not None:
+        s = s + bias.double().abs()
+    eps = EPS_ACC[a.dtype]
+    if activation in GATED:
+        h = a.double().reshape(math.prod(a.shape[:-1]), a.shape[-1]) @ b.double() + (bias.double() if bias is not None else 0)
+        p, g = h.chunk(2, dim=-1)
+        sp, sg = s.chunk(2, dim=-1)
+        out = eps * (sp * act_ref(g, GATED[activation]).abs() + 1.2 * (p.abs() + eps * sp) * sg)
+    else:
+        out = eps * 1.2 * s
+    return out.reshape(*a.shape[:-1], out.shape[-1])
+
+
+def ulp(t, dtype):
+    _, e = torch.frexp(t.double())
+    e = torch.clamp(e - 1, min=MIN_EXP[dtype])
+    return torch.pow(2.0, (e - MANTISSA[dtype]).double())
+
+
+def assert_matmul_close(y, a, b, bias, activation):
+    expected = ref(a, b, bias, activation)
+    assert y.shape == expected.shape and y.dtype == a.dtype
+    rounded = expected.to(y.dtype).double()
+    tol = ULPS[y.dtype] * ulp(rounded, y.dtype) + slack(a, b, bias, activation)
+    diff = (y.double() - rounded).abs()
+    bad = ~(diff <= tol)
+    assert not bad.any(), f"{int(bad.sum())} of {y.numel()} off; worst {diff.max().item():.3g} (tol {tol.flatten()[diff.argmax()].item():.3g})"
+
+
+def rand(*shape, dtype, scale=1.0):
+    return (torch.randn(shape) * scale).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_values(matmul, dtype, activation, has_bias):
+    # M=17, K=31, N=22 (gated: 11 outputs): every edge of every tile partial
+    torch.manual_seed(0)
+    a, b = rand(17, 31, dtype=dtype), rand(31, 22, dtype=dtype, scale=0.3)
+    bias = rand(22, dtype=dtype) if has_bias else None
+    assert_matmul_close(matmul.matmul(a, b, bias, activation), a, b, bias, activation)
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 16, 16), (67, 31, 17), (3, 67, 67), (17, 2, 1), (5, 7, 0)])
+def test_shapes(matmul, M, N, K):
+    # 1 row; primes on each dim; K = 1; K = 0 (y = bias)
+    torch.manual_seed(1)
+    a, b, bias = rand(M, K, dtype=torch.float16), rand(K, N, dtype=torch.float16), rand(N, dtype=torch.float16)
+    assert_matmul_close(matmul.matmul(a, b, bias, "gelu"), a, b, bias, "gelu")
+
+
+def test_empty(matmul):
+    a = rand(0, 5, dtype=torch.float16)
+    assert matmul.matmul(a, rand(5, 7, dtype=torch.float16)).shape == (0, 7)
+
+
+@pytest.mark.parametrize("activation", [None, "geglu"])
+def test_transposed_and_strided(matmul, activation):
+    # a^T and b^T read in place, a column slice (row stride > K), batch dims flattened
+    torch.manual_seed(2)
+    dt = torch.bfloat16
+    at = rand(31, 17, dtype=dt).t()
+    bt = rand(22, 31, dtype=dt).t()
+    assert not at.is_contiguous() and not bt.is_contiguous()
+    assert_matmul_close(matmul.matmul(at, bt, None, activation), at, bt, None, activation)
+    wide = rand(17, 40, dtype=dt)[:, 3:34]
+    assert_matmul_close(matmul.matmul(wide, bt, None, activation), wide, bt, None, activation)
+    batched = rand(2, 3, 5, 31, dtype=dt)
+    y = matmul.matmul(batched, bt, None, activation)
+    assert y.shape == (2, 3, 5, 22 if activation is None else 11)
+    assert_matmul_close(y, batched, bt, None, activation)
+    vec = rand(31, dtype=dt)
+    assert matmul.matmul(vec, bt).shape == (22,)
+
+
+def test_configs_agree(matmul):
+    # correctness never depends on the config: every tile shape gives the fp64 result within tolerance,
+    # and configs with the same BLOCK_K (same fp32 summation order per element) agree bit for bit
+    torch.manual_seed(3)
+    a, b, bias = rand(37, 67, dtype=torch.float16), rand(67, 46, dtype=torch.float16), rand(46, dtype=torch.float16)
+    C = matmul.MatmulConfig
+    configs = [C(16, 16, 16, 1, 1, 1), C(32, 16, 16, 4, 2, 2), C(16, 64, 16, 8, 4, 3), C(64, 32, 32, 2, 4, 3),
+               C(128, 128, 64, 8, 8, 4)]
+    outs = [matmul.matmul(a, b, bias, "swiglu", config=c) for c in configs]
+    for y in outs:
+        assert_matmul_close(y, a, b, bias, "swiglu")
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
+
+
+def test_config_lookup(matmul):
+    pick = matmul.pick_config
+    # unknown GPU -> default.json; tiny problems clamp blocks to 16
+    small = pick(5, 7, 9, "Some Unknown GPU")
+    assert (small.block_m, small.block_n, small.block_k) == (16, 16, 16)
+    big_default = pick(4096, 4096, 4096, None)
+    big_h200 = pick(4096, 4096, 4096, "NVIDIA H200")
+    assert big_default.num_warps * 32 <= 1024 and big_h200.num_warps * 32 <= 1024
+    assert big_h200.block_n == 256 and big_default.block_n == 128
+    assert pick(4096, 4096, 4096, "NVIDIA H200", True).block_n == 128  # gated: two accumulators
+    assert pick(4096, 4096, 4096, None, False, 64).num_warps * 64 <= 1024
+
+
+def _grad_check(matmul, dtype, activation, has_bias, rtol):
+    torch.manual_seed(4)
+    a = rand(2, 9, 31, dtype=dtype).requires_grad_()
+    b = rand(31, 22, dtype=dtype, scale=0.3).requires_grad_()
+    bias = rand(22, dtype=dtype).requires_grad_() if has_bias else None
+    y = matmul.matmul(a, b, bias, activation)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [t for t in (a, b, bias) if t is not None], dy)
+    a64 = a.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_()
+    bias64 = bias.detach().double().requires_grad_() if has_bias else None
+    ins64 = [t for t in (a64, b64, bias64) if t is not None]
+    y64 = ref(a64, b64, bias64, activation)
+    grads64 = torch.autograd.grad(y64, ins64, dy.double())
+    for g, g64 in zip(grads, grads64):
+        assert g.dtype == dtype and g.shape == g64.shape
+        torch.testing.assert_close(g.double(), g64, rtol=rtol, atol=rtol * g64.abs().max().item())
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_gradients_fp32(matmul, activation, has_bias):
+    # fp32 (exact products on CPU): error ~ K * eps32 relative to the largest gradient
+    _grad_check(matmul, torch.float32, activation, has_bias, 1e-4 if DEVICE == "cpu" else 5e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("activation", [None, "gelu_tanh", "geglu", "swiglu"])
+def test_gradients_half(matmul, dtype, activation):
+    # h and dh rounded to the dtype (as eager PyTorch), then dtype matmuls: a few ulps of the largest gradient
+    _grad_check(matmul, dtype, activation, True, 4 * 2.0 ** -MANTISSA[dtype])
+
+
+@pytest.mark.parametrize("activation", [None, "gelu", "geglu"])
+def test_opcheck(matmul, activation):
+    op = next(getattr(getattr(torch.ops, ns), "matmul_fwd") for ns in dir(torch.ops)
+              if ns.startswith("_triton_matmul") and hasattr(getattr(torch.ops, ns), "matmul_fwd"))
+    a = rand(17, 31, dtype=torch.float16).requires_grad_()
+    b = rand(31, 22, dtype=torch.float16).requires_grad_()
+    bias = rand(22, dtype=torch.float16).requires_grad_()
+    torch.library.opcheck(op, (a, b, bias, activation, activation is not None, None))
+
+
+def test_compile_fullgraph(matmul):
+    torch.manual_seed(5)
+    a = rand(17, 31, dtype=torch.bfloat16).requires_grad_()
+    b = rand(31, 22, dtype=torch.bfloat16).requires_grad_()
+    bias = rand(22, dtype=torch.bfloat16)
+
+    def f(a, b, bias):
+        return matmul.matmul(a, b, bias, "geglu").float().square().sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    loss_c = compiled(a, b, bias)
+    ga_c, gb_c = torch.autograd.grad(loss_c, [a, b])
+    loss_e = f(a, b, bias)
+    ga_e, gb_e = torch.autograd.grad(loss_e, [a, b])
+    assert torch.equal(loss_c, loss_e) and torch.equal(ga_c, ga_e) and torch.equal(gb_c, gb_e)
+
+
+def test_errors(matmul):
+    f16 = torch.float16
+    a, b = rand(4, 8, dtype=f16), rand(8, 6, dtype=f16)
+    with pytest.raises(ValueError, match=r"a of shape \(4, 9\) and b of shape \(8, 6\)"):
+        matmul.matmul(rand(4, 9, dtype=f16), b)
+    with pytest.raises(TypeError, match="same dtype"):
+        matmul.matmul(a, b.float())
+    with pytest.raises(TypeError, match="dtype"):
+        matmul.matmul(a.to(torch.int32), b.to(torch.int32))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        matmul.matmul(a, b, None, "tanh")
+    with pytest.raises(ValueError, match="even number of columns"):
+        matmul.matmul(a, rand(8, 5, dtype=f16), None, "geglu")
+    with pytest.raises(ValueError, match=r"bias of shape \(5,\)"):
+        matmul.matmul(a, b, rand(5, dtype=f16))
+    with pytest.raises(ValueError, match="b exactly 2"):
+        matmul.matmul(a, b[None])
+    with pytest.raises(ValueError, match="power of two"):
+        matmul.matmul(a, b, config=matmul.MatmulConfig(24, 16, 16, 1, 4, 2))
+    if torch.device(DEVICE).type == "cpu":
+        meta = torch.empty(8, 6, dtype=f16, device="meta")
+        with pytest.raises(ValueError, match="one device"):
+            matmul.matmul(a, meta)

@@ -1,0 +1,65 @@
+"""triton-matmul layers against the modules they replace: diffusers ``GELU``/``GEGLU``, ``torch.nn.Linear``.
+
+The layer forwards run on the real module instances (``forward.__get__(module)``, as
+``kernels.kernelize`` binds them). Tolerance: both sides accumulate in fp32; the modules round
+the linear output to the dtype before the activation (and GEGLU rounds gelu(gate) and the
+product again) where the kernel rounds once, so they differ by a few ulps of the output:
+``ULPS`` of the largest output value per dtype. Gradients flow through the layers too.
+"""
+
+import pytest
+import torch
+
+from diffusers.models.activations import GEGLU, GELU
+
+ULPS = {torch.float32: 1e-5, torch.float16: 4 * 2.0 ** -10, torch.bfloat16: 4 * 2.0 ** -7}
+
+
+def _check(module, layer_cls, x, dtype):
+    module = module.to(dtype)
+    expected = module(x)
+    actual = layer_cls.forward.__get__(module)(x)
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    tol = ULPS[dtype] * expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=0, atol=tol)
+    return actual, expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_layer(matmul, dtype, approximate):
+    torch.manual_seed(0)
+    module = GELU(31, 17, approximate=approximate)
+    x = torch.randn(2, 5, 31).to(dtype)
+    _check(module, matmul.layers.GELU, x, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_geglu_layer(matmul, dtype):
+    torch.manual_seed(1)
+    module = GEGLU(31, 17)
+    x = torch.randn(3, 7, 31).to(dtype)
+    _check(module, matmul.layers.GEGLU, x, dtype)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_layer_and_grad(matmul, bias):
+    torch.manual_seed(2)
+    module = torch.nn.Linear(31, 17, bias=bias)
+    x = torch.randn(4, 31, requires_grad=True)
+    actual, expected = _check(module, matmul.layers.Linear, x, torch.float32)
+    dy = torch.randn_like(expected)
+    g_exp = torch.autograd.grad(expected, [x, module.weight], dy)
+    g_act = torch.autograd.grad(actual, [x, module.weight], dy)
+    for g, e in zip(g_act, g_exp):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_layer_rules(matmul):
+    for cls in (matmul.layers.GELU, matmul.layers.GEGLU, matmul.layers.Linear):
+        assert "__init__" not in vars(cls)
+        assert cls.has_backward and cls.can_torch_compile
+    import inspect
+    assert list(inspect.signature(matmul.layers.GELU.forward).parameters) == list(inspect.signature(GELU.forward).parameters)
+    assert list(inspect.signature(matmul.layers.GEGLU.forward).parameters) == list(inspect.signature(GEGLU.forward).parameters)
+    assert list(inspect.signature(matmul.layers.Linear.forward).parameters) == list(inspect.signature(torch.nn.Linear.forward).parameters)

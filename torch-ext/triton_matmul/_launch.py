@@ -1,0 +1,145 @@
+"""Launch configs for the matmul kernel: per-GPU JSON files and the nearest-bucket lookup.
+
+Files
+-----
+``configs/<GPU name>.json`` (spaces -> ``_``, e.g. ``NVIDIA_H200.json`` for
+``torch.cuda.get_device_name() == "NVIDIA H200"``) holds a list of buckets; each bucket is
+a problem shape ``(M, N, K)`` and the tile settings for it (``BLOCK_M``, ``BLOCK_N``,
+``BLOCK_K``, ``GROUP_M``, ``num_warps``, ``num_stages``). ``"tuned": false`` marks files
+written by hand. A GPU without a file, and the Triton interpreter (CPU tensors), use
+``configs/default.json``: small tiles and 3 stages that fit every supported GPU.
+
+Lookup
+------
+The bucket nearest to the call's ``(M, N, K)`` in log2 distance
+``|log2 M - log2 Mb| + |log2 N - log2 Nb| + |log2 K - log2 Kb|`` wins (ties: the first in the
+file). Its block sizes are then clamped to ``max(16, next_pow2(dim))`` so a tiny problem
+does not run mostly-masked tiles (16 is ``tl.dot``'s minimum), and ``num_warps`` to
+``1024 / warp_size`` threads per program. Gated epilogues use half of ``BLOCK_N`` of the
+bucket (they run two accumulators). The kernel masks every edge, so correctness never
+depends on which config is picked.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+import triton
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+MAX_THREADS_PER_PROGRAM = 1024
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    """Tile settings of one launch (see the module docstring)."""
+
+    block_m: int  # rows of C per program
+    block_n: int  # columns of C per program (of the activated output for gated epilogues)
+    block_k: int  # K step of the main loop
+    group_m: int  # programs along M sharing a band of B (L2 reuse); >= 1
+    num_warps: int
+    num_stages: int
+
+    def as_list(self) -> list:
+        return [self.block_m, self.block_n, self.block_k, self.group_m, self.num_warps, self.num_stages]
+
+    @classmethod
+    def from_list(cls, values) -> "MatmulConfig":
+        return cls(*(int(v) for v in values))
+
+    def check(self) -> None:
+        """Raises ValueError for block sizes that are not powers of two >= 16, or bad group/warps/stages."""
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's minimum), got {v}")
+        if self.group_m < 1 or self.num_stages < 1:
+            raise ValueError(f"group_m and num_stages must be >= 1, got {self.group_m} and {self.num_stages}")
+        if self.num_warps < 1 or self.num_warps & (self.num_warps - 1):
+            raise ValueError(f"num_warps must be a power of two, got {self.num_warps}")
+
+
+def config_file_name(gpu_name: str) -> str:
+    """``"NVIDIA H200"`` -> ``"NVIDIA_H200.json"``."""
+    return "_".join(gpu_name.split()) + ".json"
+
+
+@functools.lru_cache(maxsize=16)
+def load_buckets(gpu_name: Optional[str]) -> Tuple[Tuple[Tuple[int, int, int], MatmulConfig], ...]:
+    """The buckets of ``gpu_name``'s file, or of ``default.json`` when there is none (or ``gpu_name`` is None)."""
+    path = CONFIG_DIR / config_file_name(gpu_name) if gpu_name else None
+    if path is None or not path.is_file():
+        path = CONFIG_DIR / "default.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    out = []
+    for b in data["configs"]:
+        cfg = MatmulConfig(b["BLOCK_M"], b["BLOCK_N"], b["BLOCK_K"], b["GROUP_M"], b["num_warps"], b["num_stages"])
+        cfg.check()
+        out.append(((int(b["M"]), int(b["N"]), int(b["K"])), cfg))
+    if not out:
+        raise ValueError(f"{path} has no configs")
+    return tuple(out)
+
+
+def _clamp_block(block: int, dim: int) -> int:
+    return max(16, min(block, triton.next_power_of_2(max(dim, 1))))
+
+
+@functools.lru_cache(maxsize=4096)
+def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: bool = False,
+                warp_size: int = 32) -> MatmulConfig:
+    """The nearest bucket's config for an (M, N, K) problem (N: output columns), clamped (module docstring)."""
+    def dist(shape):
+        return sum(abs(math.log2(max(x, 1)) - math.log2(max(b, 1))) for x, b in zip((M, N, K), shape))
+
+    _, cfg = min(load_buckets(gpu_name), key=lambda item: dist(item[0]))
+    block_n = max(16, cfg.block_n // 2) if gated else cfg.block_n
+    return MatmulConfig(
+        block_m=_clamp_block(cfg.block_m, M),
+        block_n=_clamp_block(block_n, N),
+        block_k=_clamp_block(cfg.block_k, K),
+        group_m=cfg.group_m,
+        num_warps=min(cfg.num_warps, MAX_THREADS_PER_PROGRAM // warp_size),
+        num_stages=cfg.num_stages,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def device_info(device: torch.device) -> Tuple[Optional[str], int]:
+    """(GPU name or None on CPU, warp size) of ``device``."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(device)
+        return props.name, int(getattr(props, "warp_size", 32))
+    if device.type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.xpu.get_device_name(device), 32
+    return None, 32
+
+
+def config_for(M: int, N: int, K: int, device: torch.device, gated: bool) -> MatmulConfig:
+    name, warp = device_info(device)
+    return pick_config(M, N, K, name, gated, warp)
+
+
+def is_interpreter(kernel) -> bool:
+    """True when ``kernel`` was decorated while ``TRITON_INTERPRET=1`` was set."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def check_launch_device(x: torch.Tensor, kernel) -> None:
+    """RuntimeError for a CPU tensor when the kernels were not built for the Triton interpreter."""
+    if x.device.type == "cpu" and not is_interpreter(kernel):
+        value = os.environ.get("TRITON_INTERPRET")
+        if value == "1":
+            why = "TRITON_INTERPRET=1 was set after triton had been imported; set it before the first import of triton"
+        else:
+            why = ("set the environment variable TRITON_INTERPRET=1 before importing triton and this kernel "
+                   f"(it is {'unset' if value is None else repr(value)})")
+        raise RuntimeError(f"triton_matmul got a CPU tensor, but CPU tensors only run under the Triton interpreter: {why}.")

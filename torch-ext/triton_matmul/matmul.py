@@ -1,0 +1,332 @@
+"""``matmul``: a tiled ``tl.dot`` GEMM with bias and activation fused into the store; ops and autograd.
+
+Math (M rows, K reduced, all accumulation in fp32):
+
+    h = a @ b + bias                       a (M, K), b (K, N), bias (N,) or none
+    plain:   y = act(h)                    act in {identity, gelu, gelu_tanh, silu, relu}
+    gated:   p, g = h[:, :N/2], h[:, N/2:]  ("proj" half first, "gate" half second)
+             y = p * act(g)                geglu: act = gelu (erf), swiglu: act = silu
+
+The gated split is diffusers' ``GEGLU``/``SwiGLU``: ``hidden_states, gate = proj(x).chunk(2, -1);
+hidden_states * gelu(gate)``: the **second** half is activated (kernels-community's
+``gelu_and_mul`` activates the first). y is rounded once, from fp32, to a's dtype.
+
+Kernel: one program per (BLOCK_M, BLOCK_N) tile of y, grouped along M (``GROUP_M``) so
+programs running together share columns of b in L2. The main loop walks K in steps of
+``BLOCK_K``; every load is masked, so any M, N, K (primes included) and any strides
+(transposed operands are read in place through their strides, no copy) work with any
+config. Gated epilogues keep two accumulators (the proj and gate columns of the same
+tile): b is read once per output, h never goes to memory unless autograd needs it.
+Bytes: a is read N/BLOCK_N times, b M/BLOCK_M times, y written once (+ h when saved).
+FLOPs: 2*M*N*K (N = all columns of b).
+
+Backward: the forward writes h (rounded to a's dtype, as eager ``F.gelu(F.linear(x))``
+saves it) when a gradient is needed. ``dh`` = dy * act'(h) (gated: ``dp = dy * act(g)``,
+``dg = dy * p * act'(g)``) is computed in fp32 by PyTorch elementwise ops and rounded to a's
+dtype; then ``da = dh @ b.T``, ``db = a.T @ dh`` run as ``torch.matmul`` (cuBLAS on GPU) and
+``dbias = dh.sum(0)`` in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._dispatch import call_op
+from ._launch import MatmulConfig, check_launch_device, config_for, is_interpreter
+from ._ops import add_op_namespace_prefix
+
+Tensor = torch.Tensor
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# activation name -> (ACT id of the kernel, gated)
+ACTIVATIONS = {
+    None: (0, False), "gelu": (1, False), "gelu_tanh": (2, False), "silu": (3, False), "relu": (4, False),
+    "geglu": (1, True), "swiglu": (3, True),
+}
+
+
+@triton.jit
+def _round_to(x, DTYPE: tl.constexpr):
+    """fp32 ``x`` rounded to ``DTYPE`` (nearest even), as fp32. bf16 by integer ops: exact on GPUs and
+    under the interpreter (whose own fp32 -> bf16 cast truncates)."""
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    elif DTYPE == tl.float16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit
+def _store(ptr, value, mask):
+    DTYPE: tl.constexpr = ptr.dtype.element_ty
+    tl.store(ptr, _round_to(value, DTYPE).to(DTYPE), mask=mask)
+
+
+@triton.jit
+def _activation(x, ACT: tl.constexpr):
+    """fp32 epilogue activation: 0 identity, 1 gelu (erf), 2 gelu_tanh, 3 silu, 4 relu."""
+    if ACT == 1:
+        return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+    elif ACT == 2:
+        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)  # tanh; saturates to +-1 without inf - inf
+        return 0.5 * x * (1.0 + t)
+    elif ACT == 3:
+        return x / (1.0 + tl.exp(-x))
+    elif ACT == 4:
+        return tl.maximum(x, 0.0)
+    else:
+        return x
+
+
+@triton.jit
+def _matmul_fwd_kernel(
+    a_ptr,  # (M, K), any strides
+    b_ptr,  # (K, N_total), any strides; N_total = N (plain) or 2 * N (gated)
+    bias_ptr,  # (N_total,) contiguous, or None
+    y_ptr,  # (M, N) output, row stride stride_ym, unit column stride
+    h_ptr,  # (M, N_total) pre-activation saved for backward (unit column stride), or None
+    M, N, K,  # N: output columns
+    stride_am, stride_ak,  # elements a_ptr moves per row / per k
+    stride_bk, stride_bn,  # elements b_ptr moves per k / per column
+    stride_ym, stride_hm,  # row strides of y and h
+    GATED: tl.constexpr,  # y = h[:, :N] * act(h[:, N:]) instead of act(h)
+    ACT: tl.constexpr,  # see _activation
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,  # tile rows per group (programs of a group share b's columns in L2)
+    UPCAST: tl.constexpr,  # interpreter only: its bf16 tl.dot is wrong; fp32 products of bf16 values are exact
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % rows_in_group
+    pid_n = (pid % per_group) // rows_in_group
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None].to(tl.int64) * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
+    gate_shift = N.to(tl.int64) * stride_bn  # gated: the gate columns start N columns to the right
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        mask_k = offs_k < K - k
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)  # fp16/bf16: tensor cores, fp32 accumulation; fp32: tf32
+        if GATED:
+            bg = tl.load(b_ptrs + gate_shift, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            if UPCAST:
+                bg = bg.to(tl.float32)
+            acc_g = tl.dot(a, bg, acc_g)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    # epilogue, all fp32: bias, (save h), activation, one rounding on the store
+    if bias_ptr is not None:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_g += tl.load(bias_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    rows = offs_m[:, None].to(tl.int64)
+    mask = mask_m[:, None] & mask_n[None, :]
+    if h_ptr is not None:
+        _store(h_ptr + rows * stride_hm + offs_n[None, :], acc, mask)
+        if GATED:
+            _store(h_ptr + rows * stride_hm + N + offs_n[None, :], acc_g, mask)
+    if GATED:
+        y = acc * _activation(acc_g, ACT)
+    else:
+        y = _activation(acc, ACT)
+    _store(y_ptr + rows * stride_ym + offs_n[None, :], y, mask)
+
+
+def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], save_h: bool,
+                     config: Optional[List[int]]) -> Tuple[Tensor, Tensor]:
+    """(y, h): y (M, N_out) contiguous in a's dtype; h (M, N_total) when ``save_h`` else an empty (0,) tensor."""
+    act, gated = ACTIVATIONS[activation]
+    M, K = a.shape
+    n_total = b.shape[1]
+    N = n_total // 2 if gated else n_total
+    y = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    h = torch.empty((M, n_total) if save_h else (0,), dtype=a.dtype, device=a.device)
+    if M == 0 or N == 0:
+        return y, h
+    check_launch_device(a, _matmul_fwd_kernel)
+    cfg = MatmulConfig.from_list(config) if config else config_for(M, N, K, a.device, gated)
+    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+    _matmul_fwd_kernel[grid](
+        a, b, bias.contiguous() if bias is not None else None, y, h if save_h else None,
+        M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0), h.stride(0) if save_h else 0,
+        GATED=gated, ACT=act, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        UPCAST=is_interpreter(_matmul_fwd_kernel) and a.dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return y, h
+
+
+_matmul_fwd = torch.library.custom_op(add_op_namespace_prefix("matmul_fwd"), _matmul_fwd_impl, mutates_args=())
+
+
+@_matmul_fwd.register_fake
+def _(a, b, bias, activation, save_h, config):
+    gated = ACTIVATIONS[activation][1]
+    M, n_total = a.shape[0], b.shape[1]
+    y = a.new_empty((M, n_total // 2 if gated else n_total))
+    h = a.new_empty((M, n_total) if save_h else (0,))
+    return y, h
+
+
+def _act_and_grad(x: Tensor, activation: str) -> Tuple[Tensor, Tensor]:
+    """(act(x), act'(x)) in fp32 for the base activation of ``activation``."""
+    if activation in ("gelu", "geglu"):
+        cdf = 0.5 * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+        return x * cdf, cdf + x * torch.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+    if activation == "gelu_tanh":
+        k0, k1 = math.sqrt(2.0 / math.pi), 0.044715
+        t = torch.tanh(k0 * (x + k1 * x * x * x))
+        return 0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k0 * (1.0 + 3.0 * k1 * x * x)
+    if activation in ("silu", "swiglu"):
+        s = torch.sigmoid(x)
+        return x * s, s * (1.0 + x * (1.0 - s))
+    if activation == "relu":
+        return x.clamp_min(0.0), (x > 0).to(x.dtype)
+    raise AssertionError(activation)
+
+
+def _epilogue_grad(dy: Tensor, h: Tensor, activation: Optional[str]) -> Tensor:
+    """dL/dh from dL/dy (fp32 math, rounded to h's dtype)."""
+    if activation is None:
+        return dy
+    gated = ACTIVATIONS[activation][1]
+    dyf, hf = dy.float(), h.float()
+    if gated:
+        p, g = hf.chunk(2, dim=-1)
+        act, dact = _act_and_grad(g, activation)
+        dh = torch.cat([dyf * act, dyf * p * dact], dim=-1)
+    else:
+        dh = dyf * _act_and_grad(hf, activation)[1]
+    return dh.to(h.dtype)
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, bias, activation, save_h, config = inputs
+    _, h = output
+    ctx.activation = activation
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(a, b, h if activation is not None else None)
+
+
+def _backward(ctx, dy, _dh_unused):
+    a, b, h = ctx.saved_tensors
+    if ctx.activation is not None and h.dim() != 2:
+        raise RuntimeError("matmul: the pre-activation was not saved (the forward ran without grad mode)")
+    dh = _epilogue_grad(dy, h, ctx.activation).to(a.dtype)
+    da = dh @ b.t() if ctx.needs_input_grad[0] else None
+    db = a.t() @ dh if ctx.needs_input_grad[1] else None
+    dbias = dh.float().sum(0).to(a.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return da, db, dbias, None, None, None
+
+
+_matmul_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _check(a, b, bias, activation) -> None:
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must have dtype torch.float16, torch.bfloat16 or torch.float32, got {t.dtype}")
+    if activation not in ACTIVATIONS:
+        names = ", ".join(repr(k) for k in ACTIVATIONS)
+        raise ValueError(f"activation must be one of {names}, got {activation!r}")
+    if a.dim() < 1 or b.dim() != 2:
+        raise ValueError(f"a must have >= 1 dims and b exactly 2, got a of shape {tuple(a.shape)} and b of shape "
+                         f"{tuple(b.shape)}")
+    if a.shape[-1] != b.shape[0]:
+        raise ValueError(f"a of shape {tuple(a.shape)} and b of shape {tuple(b.shape)} cannot be multiplied: "
+                         f"a.shape[-1] = {a.shape[-1]} != b.shape[0] = {b.shape[0]}")
+    if b.dtype != a.dtype:
+        raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if b.device != a.device:
+        raise ValueError(f"b is on {b.device} but a is on {a.device}: all tensors must be on one device")
+    if ACTIVATIONS[activation][1] and b.shape[1] % 2:
+        raise ValueError(f"activation={activation!r} splits b's {b.shape[1]} columns into two halves: "
+                         f"b of shape {tuple(b.shape)} needs an even number of columns")
+    if bias is not None:
+        if not isinstance(bias, Tensor):
+            raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if bias.shape != (b.shape[1],):
+            raise ValueError(f"bias of shape {tuple(bias.shape)} does not match b of shape {tuple(b.shape)}: "
+                             f"expected ({b.shape[1]},)")
+        if bias.dtype != a.dtype:
+            raise TypeError(f"bias must have a's dtype {a.dtype}, got {bias.dtype}")
+        if bias.device != a.device:
+            raise ValueError(f"bias is on {bias.device} but a is on {a.device}: all tensors must be on one device")
+
+
+def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None, *,
+           config: Optional[MatmulConfig] = None) -> Tensor:
+    """``act(a @ b + bias)`` (or the gated ``p * act(g)``) in one kernel, epilogue fused into the store.
+
+    Math: see the module docstring. ``matmul(x, W.t(), bias)`` equals ``F.linear(x, W, bias)``.
+
+    Args:
+        a: (..., K), fp16/bf16/fp32, any strides; leading dims are flattened as ``nn.Linear`` does
+            (a view where the strides allow, else one copy).
+        b: (K, N), a's dtype and device, any strides (``W.t()`` of a (N, K) weight is read in place).
+        bias: (N,) in a's dtype, or None.
+        activation: None, ``"gelu"`` (erf), ``"gelu_tanh"``, ``"silu"``, ``"relu"``, or a gated form
+            ``"geglu"`` / ``"swiglu"``: b's N columns are split into ``[proj | gate]`` halves and
+            ``proj * gelu(gate)`` / ``proj * silu(gate)`` is returned (the second half is activated,
+            as diffusers' ``GEGLU``/``SwiGLU``); N must be even.
+        config: tile settings (:class:`MatmulConfig`); default: the nearest bucket of the device's
+            JSON file (see ``_launch``). Results do not depend on it beyond fp32 summation order.
+
+    Returns:
+        (..., N) or, gated, (..., N // 2): a's dtype, contiguous. With autograd, the pre-activation
+        (M, N) is saved in a's dtype (as eager PyTorch saves ``linear``'s output).
+
+    Raises:
+        TypeError: unsupported or mismatched dtypes, non-tensor inputs.
+        ValueError: shapes that do not multiply (both shapes named), bad bias shape, unknown activation,
+            odd N for a gated activation, tensors on different devices.
+        RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
+
+    Precision: fp32 accumulation; fp16/bf16 products are exact on tensor cores; **fp32 inputs use tf32**
+    on NVIDIA GPUs (10-bit mantissa products, ~1e-3 relative error, like ``torch.backends.cuda.matmul.
+    allow_tf32 = True``). Bias, activation and the gated product are fp32; y is rounded once. eager
+    ``F.gelu(F.linear(...))`` rounds h first, so values differ from it by ~1 ulp of the output dtype.
+
+    Performance: one launch; grid = ceil(M / BLOCK_M) * ceil(N_out / BLOCK_N). Backward: one elementwise
+    pass for dh plus two ``torch.matmul`` calls (dgrad, wgrad).
+    """
+    _check(a, b, bias, activation)
+    if config is not None:
+        if not isinstance(config, MatmulConfig):
+            raise TypeError(f"config must be a MatmulConfig or None, got {type(config).__name__}")
+        config.check()
+    K = a.shape[-1]
+    lead = a.shape[:-1]
+    a2 = a.reshape(math.prod(lead), K)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias))
+    save_h = activation is not None and grad
+    y, _ = call_op(_matmul_fwd, _matmul_fwd_impl, a2, b, bias, activation, save_h,
+                   config.as_list() if config is not None else None)
+    return y.reshape(*lead, y.shape[-1])
