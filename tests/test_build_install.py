@@ -110,3 +110,31 @@ def test_install_local_cli_in_a_fresh_process(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], env={**env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith("_triton_norms_cpu_")
+
+
+def test_shared_modules_ship_in_every_package(built):
+    shared = sorted(p.name for p in (ROOT / "torch-ext" / "_shared").glob("*.py"))
+    assert shared
+    for b in built.values():
+        for rel in ("torch-ext/" + b.package.python_name, "build/torch-cpu", "build/torch-cuda"):
+            for name in shared:
+                assert (b.path / rel / name).read_bytes() == (ROOT / "torch-ext" / "_shared" / name).read_bytes()
+
+
+def test_a_package_may_not_redefine_a_shared_or_generated_module(tmp_path):
+    import shutil
+
+    from triton_collection.build import package_files
+
+    root = tmp_path / "coll"
+    shutil.copytree(ROOT / "torch-ext" / "_shared", root / "torch-ext" / "_shared")
+    (root / "torch-ext" / "triton_norms").mkdir(parents=True)
+    (root / "torch-ext" / "triton_norms" / "__init__.py").write_text("")
+    (root / "build.toml").write_text((ROOT / "build.toml").read_text().split("[package.triton-activations]")[0])
+    collection = load_manifest(root)
+    assert "_dispatch.py" in package_files(collection, collection.packages[0])
+    for name in ("_dispatch.py", "_ops.py"):
+        (root / "torch-ext" / "triton_norms" / name).write_text("")
+        with pytest.raises(ValueError, match=name):
+            package_files(collection, collection.packages[0])
+        (root / "torch-ext" / "triton_norms" / name).unlink()

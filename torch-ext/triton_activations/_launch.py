@@ -15,11 +15,12 @@ NVIDIA (32-lane warps) and AMD (64-lane wavefronts).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
+
+from ._device import is_interpreter
 
 # Largest block (in bytes of one operand) one program handles.
 MAX_BLOCK_BYTES = 8192
@@ -67,34 +68,6 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
     return LaunchConfig(block_n=block, num_warps=num_warps, column_blocks=triton.cdiv(N, block))
 
 
-def device_warp_size(device: torch.device) -> int:
-    """Lanes per warp of ``device``: the device property where torch has it, else 32."""
-    if device.type == "cuda" and torch.cuda.is_available():
-        return int(getattr(torch.cuda.get_device_properties(device), "warp_size", 32))
-    return 32
-
-
-def is_interpreter(kernel) -> bool:
-    """True when ``kernel`` was decorated while ``TRITON_INTERPRET=1`` was set."""
-    return type(kernel).__name__ == "InterpretedFunction"
-
-
-def check_launch_device(x: torch.Tensor, kernel) -> None:
-    """Raises a clear error before launching ``kernel`` on a tensor it cannot run on.
-
-    Raises:
-        RuntimeError: ``x`` is on the CPU but the Triton kernels were compiled for a
-            GPU (``TRITON_INTERPRET=1`` was not set before ``triton`` and this
-            package were imported).
-    """
-    if x.device.type == "cpu" and not is_interpreter(kernel):
-        raise RuntimeError(
-            "triton_activations got a CPU tensor, but CPU tensors only run under the Triton interpreter: "
-            "set the environment variable TRITON_INTERPRET=1 before importing triton and this kernel "
-            f"(TRITON_INTERPRET is currently {os.environ.get('TRITON_INTERPRET')!r})."
-        )
-
-
 def use_libdevice(device: torch.device, kernel) -> bool:
     """Whether exp/tanh/erf come from the vendor math library (the LIBDEVICE constexpr).
 
@@ -103,15 +76,3 @@ def use_libdevice(device: torch.device, kernel) -> bool:
     which use Triton's portable ``tl.exp``/``tl.erf`` and our own tanh.
     """
     return device.type == "cuda" and not is_interpreter(kernel)
-
-
-def launch_options(kernel) -> dict:
-    """Keyword options for a kernel launch.
-
-    ``enable_fp_fusion=False`` keeps ``a * b + c`` as two rounded operations, as
-    PyTorch's eager elementwise ops compute them, instead of one fused
-    multiply-add: needed for the ``rounding="eager"`` paths to match torch.
-    """
-    if is_interpreter(kernel):
-        return {}
-    return {"enable_fp_fusion": False}

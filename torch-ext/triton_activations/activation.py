@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_rounds_square, rounding_dtype
-from ._launch import check_launch_device, device_warp_size, launch_options, pick_config, use_libdevice
+from ._launch import pick_config, use_libdevice
+from ._device import check_launch_device, device_warp_size, launch_options
 from ._math import activation, activation_grad, round_to
 from ._ops import add_op_namespace_prefix
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
@@ -126,20 +125,3 @@ def device_info(device: torch.device) -> Tuple[Optional[str], int]:
 def config_for(M: int, N: int, K: int, device: torch.device, gated: bool) -> MatmulConfig:
     name, warp = device_info(device)
     return pick_config(M, N, K, name, gated, warp)
-
-
-def is_interpreter(kernel) -> bool:
-    """True when ``kernel`` was decorated while ``TRITON_INTERPRET=1`` was set."""
-    return type(kernel).__name__ == "InterpretedFunction"
-
-
-def check_launch_device(x: torch.Tensor, kernel) -> None:
-    """RuntimeError for a CPU tensor when the kernels were not built for the Triton interpreter."""
-    if x.device.type == "cpu" and not is_interpreter(kernel):
-        value = os.environ.get("TRITON_INTERPRET")
-        if value == "1":
-            why = "TRITON_INTERPRET=1 was set after triton had been imported; set it before the first import of triton"
-        else:
-            why = ("set the environment variable TRITON_INTERPRET=1 before importing triton and this kernel "
-                   f"(it is {'unset' if value is None else repr(value)})")
-        raise RuntimeError(f"triton_matmul got a CPU tensor, but CPU tensors only run under the Triton interpreter: {why}.")

@@ -37,7 +37,8 @@ import triton
 import triton.language as tl
 
 from ._dispatch import call_op
-from ._launch import MatmulConfig, check_launch_device, config_for, is_interpreter
+from ._launch import MatmulConfig, config_for
+from ._device import check_launch_device, is_interpreter
 from ._ops import add_op_namespace_prefix
 
 Tensor = torch.Tensor

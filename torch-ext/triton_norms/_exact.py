@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ._common import round_to
 from ._exact_stats import fused_ln_stats_vec, fused_rms_sumsq_vec, mean_sq_torch_order, rowwise_welford
-from ._launch import is_interpreter, launch_options
+from ._device import is_interpreter, launch_options
 from ._torch_order import (
     LN_VEC_THREADS, ORDER_FUSED, ORDER_MEAN, ROWWISE_THREADS, device_limits, fused_vectorized,
     mean_config, mean_constexprs,

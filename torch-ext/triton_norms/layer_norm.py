@@ -25,7 +25,8 @@ import triton.language as tl
 
 from ._common import check_eps, check_inputs, grad_rows, load_grad_chunk, load_input_chunk, round_to, rows_view, vector
 from ._exact import ln_exact_forward
-from ._launch import check_launch_device, device_warp_size, launch_options, num_partial_programs, pick_config
+from ._launch import num_partial_programs, pick_config
+from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op
 from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order

@@ -36,7 +36,8 @@ from ._common import (
     cast_constexpr, grad_rows, load_grad_chunk, load_input_chunk, prepare_rms_args, round_to, rows_view, vector,
 )
 from ._exact import rms_exact_forward
-from ._launch import check_launch_device, device_warp_size, launch_options, num_partial_programs, pick_config
+from ._launch import num_partial_programs, pick_config
+from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op
 from ._torch_order import ORDER_FAST, parse_order

@@ -16,11 +16,12 @@ NVIDIA (32-lane warps) and AMD (64-lane wavefronts).
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
+
+from ._device import device_warp_size
 
 # Largest row (bytes of input) kept in registers in one block: 16K fp32 / 32K bf16 elements.
 MAX_FUSED_BYTES = 65536
@@ -70,49 +71,6 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
     return LaunchConfig(block_n=block, num_warps=num_warps, loop=loop)
 
 
-@functools.lru_cache(maxsize=64)
-def device_warp_size(device: torch.device) -> int:
-    """Lanes per warp of ``device``: the device property where torch has it, else 32."""
-    if device.type == "cuda" and torch.cuda.is_available():
-        return int(getattr(torch.cuda.get_device_properties(device), "warp_size", 32))
-    return 32
-
-
 def config_for(N: int, t: torch.Tensor) -> LaunchConfig:
     """:func:`pick_config` for rows of ``N`` elements of ``t`` on ``t``'s device."""
     return pick_config(N, t.element_size(), device_warp_size(t.device))
-
-
-def is_interpreter(kernel) -> bool:
-    """True when ``kernel`` was decorated while ``TRITON_INTERPRET=1`` was set."""
-    return type(kernel).__name__ == "InterpretedFunction"
-
-
-def check_launch_device(x: torch.Tensor, kernel) -> None:
-    """Raises a clear error before launching ``kernel`` on a tensor it cannot run on.
-
-    Raises:
-        RuntimeError: ``x`` is on the CPU but the Triton kernels were compiled
-            for a GPU (``TRITON_INTERPRET=1`` was not set before ``triton`` and
-            this package were imported).
-    """
-    if x.device.type == "cpu" and not is_interpreter(kernel):
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            why = "TRITON_INTERPRET=1 was set after triton had been imported; set it before the first import of triton"
-        else:
-            value = os.environ.get("TRITON_INTERPRET")
-            why = ("set the environment variable TRITON_INTERPRET=1 before importing triton and this kernel "
-                   f"(it is {'unset' if value is None else repr(value)})")
-        raise RuntimeError(f"triton_softmax got a CPU tensor, but CPU tensors only run under the Triton interpreter: {why}.")
-
-
-def launch_options(kernel) -> dict:
-    """Keyword options for a kernel launch.
-
-    ``enable_fp_fusion=False`` keeps ``x * scale + mask`` as two rounded
-    operations, as PyTorch's eager elementwise ops compute it, instead of one
-    fused multiply-add.
-    """
-    if is_interpreter(kernel):
-        return {}
-    return {"enable_fp_fusion": False}

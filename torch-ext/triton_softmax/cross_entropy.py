@@ -41,7 +41,8 @@ import triton.language as tl
 
 from ._common import check_float_tensor, check_real, check_same_device, row_layout, row_start, store_rounded
 from ._dispatch import call_op
-from ._launch import check_launch_device, config_for, launch_options
+from ._launch import config_for
+from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
 
 Tensor = torch.Tensor

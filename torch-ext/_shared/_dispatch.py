@@ -1,6 +1,6 @@
 """Calling a registered op without the dispatcher when nothing needs it.
 
-Every forward is a ``torch.library.custom_op`` (autograd formula, fake implementation,
+Every op of the collection is a ``torch.library.custom_op`` (autograd formula, fake implementation,
 ``torch.compile``, dispatch modes). Going through the dispatcher costs tens of
 microseconds per call in Python (custom-op autograd wrapper, redispatch, the
 dynamo-disable wrapper), as much as a whole small kernel. In plain eager inference
