@@ -39,6 +39,7 @@ Divisions are IEEE (``div_rn``), and launches disable fp contraction (``_launch`
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from ._rounding import round_to
 
 # Activation ids (the ACT constexpr).
 SILU: tl.constexpr = tl.constexpr(0)
@@ -50,27 +51,6 @@ GELU_QUICK: tl.constexpr = tl.constexpr(5)
 FATRELU: tl.constexpr = tl.constexpr(6)
 
 ACT_IDS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "gelu_new": 3, "gelu_fast": 4, "gelu_quick": 5, "fatrelu": 6}
-
-
-@triton.jit
-def round_to(x, DTYPE: tl.constexpr):
-    """Rounds fp32 ``x`` to ``DTYPE`` (nearest even) and back to fp32.
-
-    ``DTYPE`` None or fp32 returns ``x`` unchanged. bf16 rounding uses integer ops
-    on the fp32 bits, exact on GPUs and under the Triton interpreter (whose own
-    fp32 -> bf16 conversion truncates). NaN stays NaN.
-    """
-    if DTYPE is None:
-        return x
-    elif DTYPE == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        # add 0x7FFF plus the lowest kept bit, then drop the 16 low bits: ties go to even
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
-    elif DTYPE == tl.float16:
-        return x.to(tl.float16).to(tl.float32)
-    else:
-        return x
 
 
 @triton.jit

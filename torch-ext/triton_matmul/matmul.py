@@ -40,6 +40,7 @@ from ._dispatch import call_op
 from ._launch import MatmulConfig, config_for
 from ._device import check_launch_device, is_interpreter
 from ._ops import add_op_namespace_prefix
+from ._rounding import round_to
 
 Tensor = torch.Tensor
 
@@ -52,23 +53,9 @@ ACTIVATIONS = {
 
 
 @triton.jit
-def _round_to(x, DTYPE: tl.constexpr):
-    """fp32 ``x`` rounded to ``DTYPE`` (nearest even), as fp32. bf16 by integer ops: exact on GPUs and
-    under the interpreter (whose own fp32 -> bf16 cast truncates)."""
-    if DTYPE == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
-    elif DTYPE == tl.float16:
-        return x.to(tl.float16).to(tl.float32)
-    else:
-        return x
-
-
-@triton.jit
 def _store(ptr, value, mask):
     DTYPE: tl.constexpr = ptr.dtype.element_ty
-    tl.store(ptr, _round_to(value, DTYPE).to(DTYPE), mask=mask)
+    tl.store(ptr, round_to(value, DTYPE).to(DTYPE), mask=mask)
 
 
 @triton.jit

@@ -1,9 +1,7 @@
 """Helpers shared by the RMSNorm and LayerNorm kernels and wrappers.
 
-* ``round_to``: a ``@triton.jit`` helper that rounds fp32 values to fp16/bf16
-  (round to nearest even) and returns them as fp32. bf16 rounding is done with
-  integer ops on the fp32 bits, so it is exact both on GPUs and under the Triton
-  interpreter (whose own fp32 -> bf16 conversion truncates).
+* ``@triton.jit`` loaders of input/gradient chunks (``round_to`` comes from the
+  collection's shared ``_rounding`` module);
 * argument validation for the public functions (ValueError / TypeError naming the
   argument; never ``assert``).
 """
@@ -16,29 +14,10 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from ._rounding import round_to
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
-
-
-@triton.jit
-def round_to(x, DTYPE: tl.constexpr):
-    """Rounds fp32 ``x`` to ``DTYPE`` (nearest even) and back to fp32.
-
-    ``DTYPE`` None or fp32 returns ``x`` unchanged. NaN stays NaN, values above
-    the largest finite bf16 round to inf as in a hardware conversion.
-    """
-    if DTYPE is None:
-        return x
-    elif DTYPE == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        # add 0x7FFF plus the lowest kept bit, then drop the 16 low bits: ties go to even
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
-    elif DTYPE == tl.float16:
-        return x.to(tl.float16).to(tl.float32)
-    else:
-        return x
 
 
 def check_float_tensor(name: str, t: torch.Tensor) -> None:

@@ -26,29 +26,11 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import triton
 import triton.language as tl
+from ._rounding import round_to
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
 MAX_LEAD = 3
-
-
-@triton.jit
-def round_to(x, DTYPE: tl.constexpr):
-    """Rounds fp32 ``x`` to ``DTYPE`` (nearest even) and back to fp32.
-
-    bf16 rounding uses integer ops on the fp32 bits, so it is exact on GPUs and
-    under the Triton interpreter (whose own fp32 -> bf16 conversion truncates).
-    NaN stays NaN; fp32 and other dtypes are returned unchanged.
-    """
-    if DTYPE == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        # add 0x7FFF plus the lowest kept bit, then drop the 16 low bits: ties go to even
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
-    elif DTYPE == tl.float16:
-        return x.to(tl.float16).to(tl.float32)
-    else:
-        return x
 
 
 @triton.jit
