@@ -1,4 +1,4 @@
-"""The demo: SmolLM2-135M-Instruct answers the same greedy tokens with and without triton-norms.
+"""The demo: SmolLM2-135M-Instruct answers the same greedy tokens with and without our norms and activations.
 
 The real-model run takes about 30 s on CPU (20 s of it loading the GGUF), so it is not
 marked slow. The kernels come from the session's private HF cache by Hub name.
@@ -27,11 +27,13 @@ def test_smollm2_same_tokens_with_kernels(installed, device):
 
     assert result.tokens_equal
     assert "Paris" in result.answer and result.answer == result.baseline_answer
-    assert len(result.swapped) == 61  # 30 layers x 2 + final norm, all LlamaRMSNorm
-    assert set(result.swapped.values()) == {"LlamaRMSNorm"}
-    # one op call per norm per forward: prefill + one per further token
-    assert result.kernel_calls == 61 * result.new_tokens
-    assert result.namespace.startswith("_triton_norms_")
+    layers = list(result.swapped.values())
+    # 30 layers x 2 + final norm (LlamaRMSNorm), and the SiLU of each of the 30 MLPs
+    assert (layers.count("LlamaRMSNorm"), layers.count("SiLUActivation"), len(layers)) == (61, 30, 91)
+    # one op call per swapped module per forward: prefill + one per further token
+    assert result.kernel_calls == 91 * result.new_tokens
+    norms_ns, act_ns = result.namespace.split(", ")
+    assert norms_ns.startswith("_triton_norms_") and act_ns.startswith("_triton_activations_")
 
 
 def _args(**overrides) -> argparse.Namespace:
@@ -44,8 +46,8 @@ def _args(**overrides) -> argparse.Namespace:
 
 def test_cli_options_and_exit_code(monkeypatch, capsys):
     args = _args()
-    assert (args.prompt, args.model, args.device, args.max_new_tokens, args.org) == (
-        demo.DEFAULT_PROMPT, None, None, 32, "triton-collection")
+    assert (args.prompt, args.model, args.device, args.max_new_tokens, args.org, args.families) == (
+        demo.DEFAULT_PROMPT, None, None, 32, "triton-collection", "all")
     assert args.func is demo.run
 
     fake = demo.DemoResult(answer="Lyon.", baseline_answer="Paris.", tokens_equal=False, new_tokens=2,
@@ -66,3 +68,8 @@ def test_cli_registers_demo():
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["demo", "--help"])
     assert exit_info.value.code == 0
+
+
+def test_unknown_families_named():
+    with pytest.raises(ValueError, match="families must be one of"):
+        demo.run_demo(families="everything")

