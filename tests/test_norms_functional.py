@@ -528,3 +528,19 @@ def test_eager_fast_path_equals_the_registered_op(norms, device):
     assert calls.count(ns) == 3, calls
     for a, b in zip(fast, via_op):
         assert torch.equal(a, b)
+
+
+def test_eager_fast_path_takes_module_parameters(norms):
+    """A module's weight is an nn.Parameter: in no_grad inference it still takes the dispatcher-free path."""
+    plain_eager = norms._dispatch._plain_eager
+    w = torch.nn.Parameter(torch.randn(8))
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        assert plain_eager((x, w, None, 1e-6))
+    assert not plain_eager((x, w))  # grad mode on and w requires grad: autograd must run
+
+    class Sub(torch.Tensor):
+        pass
+
+    with torch.no_grad():
+        assert not plain_eager((x.as_subclass(Sub),))

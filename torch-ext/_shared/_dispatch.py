@@ -15,13 +15,17 @@ import torch
 __all__ = ["call_op"]
 
 
+# Plain tensors: a module's weights are nn.Parameter, which changes nothing for the dispatcher.
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def _plain_eager(args) -> bool:
     """No compile tracing, no dispatch mode, no tensor subclass, no tensor that needs a gradient."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
         return False
     grad = torch.is_grad_enabled()
     for a in args:
-        if isinstance(a, torch.Tensor) and (type(a) is not torch.Tensor or (grad and a.requires_grad)):
+        if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN_TYPES or (grad and a.requires_grad)):
             return False
     return True
 

@@ -8,6 +8,7 @@ the backward of the custom ops is shared.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -169,26 +170,36 @@ def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps:
     return rows, block_n, loop, 4 if num_warps is None else num_warps
 
 
+@functools.lru_cache(maxsize=4096)
+def _rms_plan(M: int, N: int, elem: int, order: int, vectorized: bool, limits: tuple, rows: Optional[int],
+              num_warps: Optional[int]):
+    """(grid, factor, meta-parameters) of one RMS launch: a pure function of its arguments, cached
+    because it runs on every call of a layer (host time matters for small inputs)."""
+    factor = 1.0
+    meta = dict(VEC=False, BW=1, BHR=1, CTAS=1, CP=1, LOG_BHR=0, LOG_BW=0, LOG_PAD=0, LOG_WRAP=0)
+    if order == ORDER_MEAN:
+        cfg = mean_config(M, N, *limits)
+        stats, iters, factor, rows_default = STATS_MEAN, cfg.iters, cfg.factor, 1
+        meta.update(mean_constexprs(cfg))
+    elif vectorized:
+        stats, iters, rows_default = STATS_VEC, triton.cdiv(N, 4 * LN_VEC_THREADS), 2
+    else:
+        stats, iters, rows_default = STATS_ROWWISE, triton.cdiv(N, ROWWISE_THREADS), 2
+    R, block_n, loop, warps = _tiles(N, elem, rows_default, rows, num_warps)
+    meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps)
+    return (triton.cdiv(M, R),), factor, meta
+
+
 def rms_exact_forward(x2: torch.Tensor, weight, bias, y, rstd, eps: float, weight_offset: float, cast_constexpr,
                       order: int, x_orig: torch.Tensor, rows: Optional[int] = None, num_warps: Optional[int] = None):
     """Launches the RMS forward with torch's order ``order`` (ORDER_MEAN / ORDER_FUSED) on x2 (M, N)."""
     M, N = x2.shape
-    factor = 1.0
-    meta = dict(VEC=False, BW=1, BHR=1, CTAS=1, CP=1, LOG_BHR=0, LOG_BW=0, LOG_PAD=0, LOG_WRAP=0)
-    if order == ORDER_MEAN:
-        cfg = mean_config(M, N, *device_limits(x2.device))
-        stats, iters, factor, rows_default = STATS_MEAN, cfg.iters, cfg.factor, 1
-        meta.update(mean_constexprs(cfg))
-    elif fused_vectorized(x_orig, N, weight):
-        stats, iters, rows_default = STATS_VEC, triton.cdiv(N, 4 * LN_VEC_THREADS), 2
-    else:
-        stats, iters, rows_default = STATS_ROWWISE, triton.cdiv(N, ROWWISE_THREADS), 2
-    rows = _interp_rows(M, _rms_exact_fwd_kernel, rows)
-    R, block_n, loop, warps = _tiles(N, x2.element_size(), rows_default, rows, num_warps)
-    _rms_exact_fwd_kernel[(triton.cdiv(M, R),)](
+    vectorized = order != ORDER_MEAN and fused_vectorized(x_orig, N, weight)
+    grid, factor, meta = _rms_plan(M, N, x2.element_size(), order, vectorized, device_limits(x2.device),
+                                   _interp_rows(M, _rms_exact_fwd_kernel, rows), num_warps)
+    _rms_exact_fwd_kernel[grid](
         x2, weight, bias, y, rstd, M, N, x2.stride(0), eps, weight_offset, factor,
-        CAST_DTYPE=cast_constexpr, STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, **meta,
-        num_warps=warps, **launch_options(_rms_exact_fwd_kernel),
+        CAST_DTYPE=cast_constexpr, **meta, **launch_options(_rms_exact_fwd_kernel),
     )
 
 
