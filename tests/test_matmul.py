@@ -141,6 +141,48 @@ def test_configs_agree(matmul):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
 
 
+@pytest.mark.parametrize("activation", [None, "gelu", "swiglu"])
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_tma_kernel(matmul, activation, b_layout):
+    # the Hopper TMA-descriptor kernel (run by the interpreter here, with 4 "SMs"): every variant
+    # (one program per tile / persistent, whole or split epilogue, b as (K, N) or read through W.T)
+    # gives the fp64 result, on prime M and K / N that are not multiples of the tiles
+    torch.manual_seed(6)
+    dt = torch.bfloat16
+    M, K, n_total = 37, 72, 80 if activation == "swiglu" else 40
+    a = rand(M, K, dtype=dt)
+    b = rand(K, n_total, dtype=dt) if b_layout == "kn" else rand(n_total, K, dtype=dt).t()
+    bias = rand(n_total, dtype=dt)
+    C = matmul.MatmulConfig
+    outs = []
+    for persistent, subtile in [(0, 0), (1, 0), (1, 1)]:
+        cfg = C(16, 32, 32, 2, 4, 2, tma=1, persistent=persistent, epilogue_subtile=subtile)
+        y = matmul.matmul(a, b, bias, activation, config=cfg)
+        assert_matmul_close(y, a, b, bias, activation)
+        outs.append(y)
+    # same BLOCK_K: same summation order per element as the pointer kernel, bit for bit
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    assert torch.equal(outs[0], matmul.matmul(a, b, bias, activation, config=C(16, 32, 32, 2, 4, 2)))
+
+
+def test_tma_kernel_grad_and_fallback(matmul):
+    # h saved through pointers by the TMA kernel; unaligned strides (K = 31) fall back to the pointer kernel
+    torch.manual_seed(7)
+    dt = torch.float16
+    cfg = matmul.MatmulConfig(16, 16, 16, 1, 4, 2, tma=1, persistent=1)
+    for K in (40, 31):
+        a = rand(19, K, dtype=dt).requires_grad_()
+        b = rand(K, 48, dtype=dt, scale=0.3).requires_grad_()
+        y = matmul.matmul(a, b, None, "geglu", config=cfg)
+        assert_matmul_close(y, a, b, None, "geglu")
+        dy = torch.randn_like(y)
+        ga, gb = torch.autograd.grad(y, [a, b], dy)
+        a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+        ga64, gb64 = torch.autograd.grad(ref(a64, b64, None, "geglu"), [a64, b64], dy.double())
+        for g, g64 in ((ga, ga64), (gb, gb64)):
+            torch.testing.assert_close(g.double(), g64, rtol=4 * 2.0 ** -10, atol=4 * 2.0 ** -10 * g64.abs().max().item())
+
+
 def test_config_lookup(matmul):
     pick = matmul.pick_config
     # unknown GPU -> default.json; tiny problems clamp blocks to 16

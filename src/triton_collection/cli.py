@@ -4,6 +4,9 @@
     triton-collection install-local [--org ORG] [--package NAME ...] [--out DIR]
     triton-collection publish --org ORG [--package NAME ...] [--dry-run] [--private] [--create-pr] [--endpoint URL]
     triton-collection demo [--prompt TEXT] [--model DIR] [--device DEV]
+    triton-collection port-check FIXTURE [FIXTURE ...] [--kernel NAME] [--dtype D] [--json] [--out FILE] [--validate]
+    triton-collection bench [PACKAGE ...] [--shapes quick|full] [--dtype bf16] [--out DIR] [--e2e MODEL ...]
+    triton-collection tune [--shape M,N,K ...] [--candidates FILE] [--out FILE] [--budget-s S]
 """
 
 from __future__ import annotations
@@ -116,9 +119,16 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("--endpoint", help="Hub URL (default: $HF_ENDPOINT or https://huggingface.co)")
     publish.set_defaults(func=_cmd_publish)
 
-    from . import demo
+    from . import demo, tune
 
     demo.add_parser(sub)
+    from . import port_check
+
+    port_check.add_parser(sub)
+    tune.add_parser(sub)
+    from . import bench
+
+    bench.add_parser(sub)
     return parser
 
 

@@ -46,13 +46,35 @@ class MatmulConfig:
     group_m: int  # programs along M sharing a band of B (L2 reuse); >= 1
     num_warps: int
     num_stages: int
+    # Hopper+ fast path (NVIDIA sm_90 and newer, fp16/bf16, 16-byte aligned operands): TMA descriptor loads
+    # and stores; elsewhere (or when an operand is not aligned) these are ignored and the pointer kernel runs.
+    tma: int = 0  # 1: the TMA-descriptor kernel where eligible
+    persistent: int = 0  # 1: one program per SM looping over tiles (TMA kernel only)
+    warp_specialize: int = 0  # 1: tl.range(warp_specialize=True) over tiles (TMA kernel only)
+    epilogue_subtile: int = 0  # 1: the epilogue stores two (BLOCK_M, BLOCK_N / 2) halves (TMA kernel only)
 
     def as_list(self) -> list:
-        return [self.block_m, self.block_n, self.block_k, self.group_m, self.num_warps, self.num_stages]
+        return [self.block_m, self.block_n, self.block_k, self.group_m, self.num_warps, self.num_stages,
+                self.tma, self.persistent, self.warp_specialize, self.epilogue_subtile]
 
     @classmethod
     def from_list(cls, values) -> "MatmulConfig":
         return cls(*(int(v) for v in values))
+
+    @classmethod
+    def from_json(cls, entry: dict) -> "MatmulConfig":
+        """A config from one bucket of a JSON file (the optional Hopper keys default to 0)."""
+        return cls(int(entry["BLOCK_M"]), int(entry["BLOCK_N"]), int(entry["BLOCK_K"]), int(entry["GROUP_M"]),
+                   int(entry["num_warps"]), int(entry["num_stages"]), int(entry.get("TMA", 0)),
+                   int(entry.get("PERSISTENT", 0)), int(entry.get("WARP_SPECIALIZE", 0)),
+                   int(entry.get("EPILOGUE_SUBTILE", 0)))
+
+    def to_json(self) -> dict:
+        """The JSON keys of this config (inverse of :meth:`from_json`)."""
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m,
+                "num_warps": self.num_warps, "num_stages": self.num_stages, "TMA": self.tma,
+                "PERSISTENT": self.persistent, "WARP_SPECIALIZE": self.warp_specialize,
+                "EPILOGUE_SUBTILE": self.epilogue_subtile}
 
     def check(self) -> None:
         """Raises ValueError for block sizes that are not powers of two >= 16, or bad group/warps/stages."""
@@ -64,6 +86,9 @@ class MatmulConfig:
             raise ValueError(f"group_m and num_stages must be >= 1, got {self.group_m} and {self.num_stages}")
         if self.num_warps < 1 or self.num_warps & (self.num_warps - 1):
             raise ValueError(f"num_warps must be a power of two, got {self.num_warps}")
+        for name in ("tma", "persistent", "warp_specialize", "epilogue_subtile"):
+            if getattr(self, name) not in (0, 1):
+                raise ValueError(f"{name} must be 0 or 1, got {getattr(self, name)}")
 
 
 def config_file_name(gpu_name: str) -> str:
@@ -80,7 +105,7 @@ def load_buckets(gpu_name: Optional[str]) -> Tuple[Tuple[Tuple[int, int, int], M
     data = json.loads(path.read_text(encoding="utf-8"))
     out = []
     for b in data["configs"]:
-        cfg = MatmulConfig(b["BLOCK_M"], b["BLOCK_N"], b["BLOCK_K"], b["GROUP_M"], b["num_warps"], b["num_stages"])
+        cfg = MatmulConfig.from_json(b)
         cfg.check()
         out.append(((int(b["M"]), int(b["N"]), int(b["K"])), cfg))
     if not out:
@@ -108,6 +133,10 @@ def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: b
         group_m=cfg.group_m,
         num_warps=min(cfg.num_warps, MAX_THREADS_PER_PROGRAM // warp_size),
         num_stages=cfg.num_stages,
+        tma=cfg.tma,
+        persistent=cfg.persistent,
+        warp_specialize=cfg.warp_specialize,
+        epilogue_subtile=cfg.epilogue_subtile,
     )
 
 
@@ -120,6 +149,15 @@ def device_info(device: torch.device) -> Tuple[Optional[str], int]:
     if device.type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
         return torch.xpu.get_device_name(device), 32
     return None, 32
+
+
+@functools.lru_cache(maxsize=64)
+def tma_capable(device: torch.device) -> Tuple[bool, int]:
+    """(True on NVIDIA sm_90+ (TMA, warpgroup MMA), number of SMs) of ``device``; (False, 1) elsewhere."""
+    if device.type == "cuda" and torch.cuda.is_available() and torch.version.hip is None:
+        props = torch.cuda.get_device_properties(device)
+        return props.major >= 9, int(props.multi_processor_count)
+    return False, 1
 
 
 def config_for(M: int, N: int, K: int, device: torch.device, gated: bool) -> MatmulConfig:

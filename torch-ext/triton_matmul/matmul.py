@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import call_op
-from ._launch import MatmulConfig, config_for
+from ._launch import MatmulConfig, config_for, tma_capable
 from ._device import check_launch_device, is_interpreter
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
@@ -146,6 +146,147 @@ def _matmul_fwd_kernel(
     _store(y_ptr + rows * stride_ym + offs_n[None, :], y, mask)
 
 
+@triton.jit
+def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of a linear tile index, grouped along M (GROUP_M tile rows share b's columns in L2)."""
+    per_group = GROUP_M * num_n
+    first_m = (tile // per_group) * GROUP_M
+    rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % rows_in_group, (tile % per_group) // rows_in_group
+
+
+@triton.jit
+def _tma_epilogue(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                  GATED: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  ROUND_BF16: tl.constexpr):
+    """bias, (save h through pointers), activation, one rounding, TMA store of a (BLOCK_M, BLOCK_N) tile of y."""
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    if bias_ptr is not None:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_g += tl.load(bias_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    if h_ptr is not None:
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        rows = offs_m[:, None].to(tl.int64)
+        mask = (offs_m < M)[:, None] & mask_n[None, :]
+        _store(h_ptr + rows * stride_hm + offs_n[None, :], acc, mask)
+        if GATED:
+            _store(h_ptr + rows * stride_hm + N + offs_n[None, :], acc_g, mask)
+    if GATED:
+        y = acc * _activation(acc_g, ACT)
+    else:
+        y = _activation(acc, ACT)
+    if ROUND_BF16:  # interpreter: its fp32 -> bf16 conversion truncates; GPUs round to nearest even
+        y = round_to(y, tl.bfloat16)
+    y_desc.store([off_m, off_n], y.to(y_desc.dtype))  # TMA clips the rows/columns past M, N
+
+
+@triton.jit
+def _matmul_tma_kernel(
+    a_desc,  # (M, K) descriptor, block (BLOCK_M, BLOCK_K)
+    b_desc,  # B_NK: (N_total, K) descriptor of b.T, block (BLOCK_N, BLOCK_K); else (K, N_total), block (BLOCK_K, BLOCK_N)
+    bias_ptr,  # (N_total,) contiguous, or None
+    y_desc,  # (M, N) descriptor of y, block (BLOCK_M, BLOCK_N) or (BLOCK_M, BLOCK_N // 2) with EPILOGUE_SUBTILE
+    h_ptr,  # (M, N_total) pre-activation saved for backward (unit column stride), or None
+    M, N, K,  # N: output columns
+    stride_hm,
+    NUM_PROGS,  # programs launched (persistent: <= number of SMs; else one per tile)
+    GATED: tl.constexpr, ACT: tl.constexpr, B_NK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+    UPCAST: tl.constexpr,  # interpreter only (bf16): see _matmul_fwd_kernel; also rounds the store to nearest even
+):
+    """Hopper+ path: TMA loads into shared memory (out-of-bounds rows/columns/k read as zero, so any M, N, K),
+    warpgroup MMA, optionally persistent (each program walks tiles pid, pid + NUM_PROGS, ...)."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_m * num_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            off_k = kt * BLOCK_K
+            a = a_desc.load([off_m, off_k])
+            if B_NK:
+                b = b_desc.load([off_n, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+            if GATED:  # gate columns: N to the right (reads past N in the proj tile only feed masked columns)
+                if B_NK:
+                    bg = b_desc.load([N + off_n, off_k]).T
+                else:
+                    bg = b_desc.load([off_k, N + off_n])
+                if UPCAST:
+                    bg = bg.to(tl.float32)
+                acc_g = tl.dot(a, bg, acc_g)
+        if EPILOGUE_SUBTILE:
+            acc0, acc1 = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+            if GATED:
+                g0, g1 = acc_g.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+            else:
+                g0 = acc0
+                g1 = acc1
+            _tma_epilogue(acc0, g0, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                          GATED, ACT, BLOCK_M, BLOCK_N // 2, UPCAST)
+            _tma_epilogue(acc1, g1, bias_ptr, y_desc, h_ptr, off_m, off_n + BLOCK_N // 2, M, N, stride_hm,
+                          GATED, ACT, BLOCK_M, BLOCK_N // 2, UPCAST)
+        else:
+            _tma_epilogue(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                          GATED, ACT, BLOCK_M, BLOCK_N, UPCAST)
+
+
+def _tma_layout(a: Tensor, b: Tensor, N: int) -> Optional[bool]:
+    """None when the TMA kernel cannot read these operands, else B_NK (b read as the (N, K) matrix b.T).
+
+    TMA needs a unit stride in the last dimension of each descriptor and 16-byte aligned base
+    pointers and other strides; y (allocated contiguous here) needs N * itemsize % 16 == 0.
+    """
+    e = a.element_size()
+    if a.dtype not in (torch.float16, torch.bfloat16) or (N * e) % 16:
+        return None
+    if a.data_ptr() % 16 or b.data_ptr() % 16:
+        return None
+    if not (a.stride(1) == 1 or a.shape[1] == 1) or (a.stride(0) * e) % 16:
+        return None
+    if b.stride(1) == 1 and (b.stride(0) * e) % 16 == 0:
+        return False
+    if b.stride(0) == 1 and (b.stride(1) * e) % 16 == 0:
+        return True
+    return None
+
+
+def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, interp) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    subtile = bool(cfg.epilogue_subtile) and bn >= 32
+    a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [bm, bk])
+    if b_nk:
+        b_desc = TensorDescriptor(b, [b.shape[1], K], [b.stride(1), 1], [bn, bk])
+    else:
+        b_desc = TensorDescriptor(b, [K, b.shape[1]], [b.stride(0), 1], [bk, bn])
+    y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn // 2 if subtile else bn])
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    progs = min(num_sms, tiles) if cfg.persistent else tiles
+    ws = bool(cfg.warp_specialize) and not interp
+    _matmul_tma_kernel[(progs,)](
+        a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h,
+        M, N, K, h.stride(0) if h is not None else 0, progs,
+        GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
+        WARP_SPECIALIZE=ws, FLATTEN=bool(cfg.persistent) and not ws and not interp, EPILOGUE_SUBTILE=subtile,
+        UPCAST=interp and a.dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
 def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], save_h: bool,
                      config: Optional[List[int]]) -> Tuple[Tensor, Tensor]:
     """(y, h): y (M, N_out) contiguous in a's dtype; h (M, N_total) when ``save_h`` else an empty (0,) tensor."""
@@ -159,6 +300,13 @@ def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: O
         return y, h
     check_launch_device(a, _matmul_fwd_kernel)
     cfg = MatmulConfig.from_list(config) if config else config_for(M, N, K, a.device, gated)
+    if cfg.tma and K > 0:
+        interp = is_interpreter(_matmul_tma_kernel)
+        capable, num_sms = (True, 4) if interp else tma_capable(a.device)
+        b_nk = _tma_layout(a, b, N) if capable else None
+        if b_nk is not None:
+            _launch_tma(a, b, bias, y, h if save_h else None, M, N, K, gated, act, b_nk, cfg, num_sms, interp)
+            return y, h
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     _matmul_fwd_kernel[grid](
         a, b, bias.contiguous() if bias is not None else None, y, h if save_h else None,

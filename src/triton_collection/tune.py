@@ -1,0 +1,255 @@
+"""``triton-collection tune``: measure triton-matmul tile configs on this GPU and write its config file.
+
+    triton-collection tune [--shape M,N,K ...] [--candidates FILE] [--out FILE] [--budget-s S] [--rep-ms MS]
+
+For every bucket shape (default: :data:`DEFAULT_BUCKETS`, transformer projections from one token to
+16K tokens) each candidate config (default: :func:`default_candidates`, chosen by M; or a JSON file
+holding a list of config objects, or ``{"<M>": [...]}`` per bucket M) is run on bf16 operands in the
+``nn.Linear`` layout (``x @ W.T``, W read transposed in place), checked against ``torch.matmul`` and
+timed; the fastest correct one becomes the bucket's entry. The file is written in the format
+``triton_matmul/_launch.py`` reads (``configs/<GPU name>.json``, spaces as ``_``), with
+``"tuned": true`` and, per bucket, the measured TFLOP/s of the winner and of ``torch.matmul``
+(cuBLAS on NVIDIA) in the same process.
+
+Timing: ``triton.testing.do_bench_cudagraph`` (median of CUDA-graph replays, so Python launch cost is
+excluded for both sides; L2 is not flushed between replays, for both sides alike), else
+``do_bench``. FLOPs = 2 * M * N * K. The kernel package is built from this checkout and loaded with
+``kernels.get_local_kernel``, as users load it.
+
+Needs a GPU; the budget (``--budget-s``) stops measuring new candidates when spent, and buckets
+with no measurement are left out of the file (``_launch`` picks the nearest remaining bucket).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+__all__ = ["DEFAULT_BUCKETS", "BucketResult", "add_parser", "default_candidates", "load_matmul", "measure",
+           "tune", "write_config_file"]
+
+DEVICE = "cuda"  # the device tune() measures on
+
+# (M, N, K): M tokens x the projections of Llama-3-8B (q/o 4096x4096, gate_up 2x14336x4096, down 4096x14336)
+# and Flux (3072, 12288): the log2-nearest bucket serves every other shape.
+DEFAULT_BUCKETS = [
+    (m, n, k)
+    for m in (1, 16, 64, 256, 1024, 4096, 16384)
+    for (n, k) in ((4096, 4096), (28672, 4096), (4096, 14336))
+]
+
+
+def default_candidates(M: int) -> list[dict]:
+    """Candidate configs (JSON dicts, ``_launch`` keys) for buckets with M rows, TMA kernel first."""
+    def c(bm, bn, bk, g, w, s, tma=1, pers=0, ws=0, sub=0):
+        return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "num_warps": w, "num_stages": s,
+                "TMA": tma, "PERSISTENT": pers, "WARP_SPECIALIZE": ws, "EPILOGUE_SUBTILE": sub}
+    if M <= 16:
+        return [c(16, 32, 256, 1, 4, 4), c(16, 64, 256, 1, 4, 4), c(16, 64, 128, 1, 4, 6), c(16, 32, 128, 1, 4, 6, tma=0)]
+    if M <= 64:
+        return [c(64, 64, 128, 8, 4, 5), c(64, 128, 128, 8, 4, 4), c(64, 32, 256, 8, 4, 4), c(64, 64, 128, 8, 4, 4, tma=0)]
+    if M <= 256:
+        return [c(64, 128, 64, 8, 4, 5), c(128, 128, 64, 8, 8, 4), c(64, 256, 64, 8, 8, 4), c(128, 64, 128, 8, 4, 4)]
+    if M <= 1024:
+        return [c(128, 128, 64, 8, 8, 4), c(128, 256, 64, 8, 8, 3, pers=1, sub=1), c(128, 128, 64, 8, 4, 4),
+                c(64, 256, 64, 8, 8, 4)]
+    return [c(128, 256, 64, 8, 8, 3, pers=1, sub=1), c(128, 256, 64, 8, 8, 3, sub=1), c(128, 256, 64, 8, 8, 4, pers=1, sub=1),
+            c(128, 128, 64, 8, 8, 4, pers=1)]
+
+
+def load_matmul(root: Path):
+    """triton-matmul built from the checkout at ``root`` and loaded by ``kernels`` for this machine's backend."""
+    import kernels
+    import torch
+
+    from .build import build_collection
+    from .manifest import load_manifest
+
+    out = Path(tempfile.mkdtemp(prefix="triton-matmul-tune-")) / "hub"
+    built = build_collection(load_manifest(root), out, packages=["triton-matmul"], cpu_variant=True)[0]
+    if torch.cuda.is_available():
+        backend = "rocm" if torch.version.hip else "cuda"
+    else:
+        backend = "xpu" if hasattr(torch, "xpu") and torch.xpu.is_available() else "cpu"
+    return kernels.get_local_kernel(built.variant(backend))
+
+
+def _bench(fn: Callable[[], object], rep_ms: float) -> float:
+    """Median milliseconds of ``fn`` (CUDA-graph replays where possible)."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    fn()
+    try:
+        return float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
+    except Exception:  # noqa: BLE001 - e.g. a backend without graphs: eager timing instead
+        return float(do_bench(fn, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median"))
+
+
+def measure(mm, a, b, config: Optional[dict], rep_ms: float = 30.0, reference=None) -> dict:
+    """Time ``mm.matmul(a, b, config=...)`` (``config`` None: torch.matmul) and check it against ``reference``.
+
+    Returns ``{"ms", "tflops", "max_rel_err"}`` (relative to ``reference``'s largest magnitude), or
+    ``{"error": ...}`` when the config does not compile or run.
+    """
+    M, K = a.shape
+    N = b.shape[1]
+    if config is None:
+        fn = lambda: a @ b  # noqa: E731
+    else:
+        cfg = mm.MatmulConfig(config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"],
+                              config["num_warps"], config["num_stages"], config.get("TMA", 0),
+                              config.get("PERSISTENT", 0), config.get("WARP_SPECIALIZE", 0),
+                              config.get("EPILOGUE_SUBTILE", 0))
+        fn = lambda: mm.matmul(a, b, config=cfg)  # noqa: E731
+    try:
+        y = fn()
+        err = None
+        if reference is not None:
+            err = float((y.float() - reference).abs().max() / reference.abs().max().clamp_min(1e-30))
+        ms = _bench(fn, rep_ms)
+    except Exception as exc:  # noqa: BLE001 - a config that does not compile/run is reported, not fatal
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
+    return {"ms": ms, "tflops": 2.0 * M * N * K / (ms * 1e-3) / 1e12, "max_rel_err": err}
+
+
+@dataclass
+class BucketResult:
+    shape: tuple
+    cublas: dict
+    candidates: list = field(default_factory=list)  # (config dict, measure dict)
+    best: Optional[dict] = None
+    best_measure: Optional[dict] = None
+
+
+def tune(mm, buckets: Iterable[tuple], candidates: Callable[[int], list], *, rep_ms: float = 30.0,
+         budget_s: float = 200.0, tolerance: float = 2e-2, log=print) -> list[BucketResult]:
+    """Measure every candidate of every bucket (bf16, ``x @ W.T``); the fastest correct one wins.
+
+    A candidate is correct when its largest error is below ``tolerance`` times the reference's
+    largest magnitude (bf16 output rounding is 2^-8; a wrong tile or edge is off by O(1)).
+    """
+    import torch
+
+    start = time.monotonic()
+    results = []
+    for M, N, K in buckets:
+        if time.monotonic() - start > budget_s:
+            log(f"budget spent: bucket {(M, N, K)} and later ones not measured")
+            break
+        gen = torch.Generator(device=DEVICE).manual_seed(M * 31 + N * 7 + K)
+        a = torch.randn(M, K, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(N, K, device=DEVICE, dtype=torch.bfloat16, generator=gen) * (1.0 / math.sqrt(K))
+        b = w.t()
+        reference = a.float() @ b.float()
+        res = BucketResult((M, N, K), measure(mm, a, b, None, rep_ms))
+        for cfg in candidates(M):
+            if time.monotonic() - start > budget_s:
+                break
+            m = measure(mm, a, b, cfg, rep_ms, reference)
+            res.candidates.append((cfg, m))
+            ok = "error" not in m and m["max_rel_err"] is not None and m["max_rel_err"] < tolerance
+            if ok and (res.best_measure is None or m["ms"] < res.best_measure["ms"]):
+                res.best, res.best_measure = cfg, m
+        cub = res.cublas.get("tflops")
+        if res.best is not None:
+            log(f"{(M, N, K)}: {res.best_measure['tflops']:.1f} TFLOP/s (cuBLAS {cub or float('nan'):.1f}) {res.best}")
+        else:
+            log(f"{(M, N, K)}: no correct candidate: {[m for _, m in res.candidates]}")
+        results.append(res)
+        del a, w, b, reference
+    return results
+
+
+def write_config_file(path: Path, gpu: str, results: list[BucketResult], meta: Optional[dict] = None) -> dict:
+    """Write the winners as a ``_launch`` config file; returns the written object."""
+    configs = []
+    for r in results:
+        if r.best is None:
+            continue
+        M, N, K = r.shape
+        entry = {"M": M, "N": N, "K": K, **r.best,
+                 "tflops": round(r.best_measure["tflops"], 2), "cublas_tflops": round(r.cublas.get("tflops", 0.0), 2)}
+        configs.append(entry)
+    if not configs:
+        raise RuntimeError("no bucket has a measured, correct config: nothing to write")
+    data = {"gpu": gpu, "tuned": True,
+            "note": "Written by `triton-collection tune`: per bucket the fastest correct candidate (bf16, x @ W.T), "
+                    "TFLOP/s of it and of torch.matmul measured in the same process (CUDA-graph medians).",
+            **(meta or {}), "configs": configs}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=1)
+    path.write_text(text + "\n", encoding="utf-8")
+    return data
+
+
+def _parse_shape(text: str) -> tuple:
+    try:
+        m, n, k = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape takes M,N,K (three integers), got {text!r}") from None
+    if min(m, n, k) < 1:
+        raise argparse.ArgumentTypeError(f"--shape sizes must be >= 1, got {text!r}")
+    return m, n, k
+
+
+def _load_candidates(path: Optional[str]) -> Callable[[int], list]:
+    if path is None:
+        return default_candidates
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if isinstance(data, list):
+        return lambda M: data
+    per_m = sorted((int(k), v) for k, v in data.items())
+    return lambda M: min(per_m, key=lambda item: abs(math.log2(item[0]) - math.log2(M)))[1]
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``tune`` subcommand: exit code 0 when a file was written."""
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        print("tune needs a GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 1
+    from .cli import _find_root
+
+    root = Path(args.root) if args.root else _find_root(Path.cwd())
+    mm = load_matmul(root)
+    gpu = torch.cuda.get_device_name()
+    out = Path(args.out) if args.out else root / "torch-ext" / "triton_matmul" / "configs" / ("_".join(gpu.split()) + ".json")
+    results = tune(mm, args.shape or DEFAULT_BUCKETS, _load_candidates(args.candidates), rep_ms=args.rep_ms,
+                   budget_s=args.budget_s)
+    meta = {"torch": torch.__version__, "triton": triton.__version__,
+            "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    try:
+        write_config_file(out, gpu, results, meta)
+    except RuntimeError as err:
+        print(f"tune: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([{"shape": r.shape, "cublas": r.cublas, "best": r.best, "best_measure": r.best_measure,
+                           "candidates": r.candidates} for r in results], indent=1))
+    print(f"wrote {out} ({sum(r.best is not None for r in results)} buckets)")
+    return 0
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``tune`` subcommand on an ``argparse`` subparsers object."""
+    p = subparsers.add_parser("tune", help="measure triton-matmul configs on this GPU, write configs/<GPU>.json",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", help="collection folder (default: the one holding build.toml above the cwd)")
+    p.add_argument("--shape", action="append", type=_parse_shape, metavar="M,N,K",
+                   help="bucket shape (repeat; default: M 1..16384 x Llama-3-8B projections)")
+    p.add_argument("--candidates", help="JSON file: a list of configs, or {\"<M>\": [configs]} (nearest M in log2)")
+    p.add_argument("--out", help="file to write (default: torch-ext/triton_matmul/configs/<GPU name>.json)")
+    p.add_argument("--budget-s", type=float, default=200.0, help="stop starting new measurements after this (default 200)")
+    p.add_argument("--rep-ms", type=float, default=30.0, help="timing window per measurement in ms (default 30)")
+    p.add_argument("--json", action="store_true", help="also print every measurement as JSON")
+    p.set_defaults(func=run)
+    return p
