@@ -205,10 +205,10 @@ def test_opcheck(softmax, device):
     op = getattr(softmax._ops.ops, "cross_entropy_fwd").default
     x = rand((4, 37), torch.float32, device).requires_grad_()
     t = targets((4,), 37, device)
-    torch.library.opcheck(op, (x, t, 1, -100, 0.0, 0.0, True))
-    torch.library.opcheck(op, (x, t, 1, -100, 0.1, 1e-3, True))
-    torch.library.opcheck(op, (x.detach(), t, 1, -100, 0.0, 0.0, False))
-    torch.library.opcheck(op, (rand((2, 5, 3), torch.float32, device), targets((2, 3), 5, device), 1, -100, 0.2, 0.0, False))
+    torch.library.opcheck(op, (x, t, 1, -100, 0.0, 0.0, "mean", True))
+    torch.library.opcheck(op, (x, t, 1, -100, 0.1, 1e-3, "sum", True))
+    torch.library.opcheck(op, (x.detach(), t, 1, -100, 0.0, 0.0, "none", False))
+    torch.library.opcheck(op, (rand((2, 5, 3), torch.float32, device), targets((2, 3), 5, device), 1, -100, 0.2, 0.0, "none", False))
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

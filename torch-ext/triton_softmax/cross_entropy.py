@@ -23,11 +23,18 @@ Gradient of loss_i with respect to x_j, written by the same kernel (the softmax 
     g_ij = p_j * (1 + 2 z lse) - eps / V - (1 - eps) [j == t],   p_j = exp(x_j - m) / s
     g_ij = 0 on ignored rows
 
-and the backward multiplies it by the upstream gradient of loss_i (the reduction's 1 or 1/count,
-times the caller's gradient): ``dlogits = g * dloss_i`` (one elementwise pass, no host sync).
+The forward stores ``w * g`` (w = 1/count for "mean", else 1): the gradient of the reduced loss for
+an upstream gradient of 1, which is what ``loss.backward()`` asks for. The backward then only checks,
+per row and on the device, whether the upstream gradient differs from the one already applied
+(``applied``, 1 after the forward) and rescales those rows in place; with an upstream gradient of 1
+it reads 12 bytes per row and returns the stored tensor. Logits + gradient traffic of forward +
+backward: read V*x once, write V*g once (no host sync, no full-size elementwise pass). Under tracing
+(torch.compile) the backward is an out-of-place product ``g * dloss`` instead (one more read and
+write of g), because a traced graph cannot update a saved forward output in place.
 
 Rows that fit in one block are read once (loss and g from registers); wider rows (a 128K or 256K
-vocabulary) run the online logsumexp over chunks, then a gradient pass that reads the row again.
+vocabulary) run the online logsumexp over chunks, then a gradient pass that reads the row again
+right away, newest chunks first, with L2 eviction hints so that the re-read mostly hits L2.
 Without a gradient (inference, or logits that do not require grad) the kernel only reads.
 """
 
@@ -50,12 +57,18 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 @triton.jit
-def _grad_chunk(x, offs, t, mx, s, coef, smoothing, V, valid, in_range):
-    """g for one chunk of logits ``x`` (fp32) given the row's max, sum of exp and z-loss factor."""
-    p = tl.exp(x - mx) / s
-    g = p * coef - smoothing / V - tl.where(offs == t, 1.0 - smoothing, 0.0)
+def _load_logits(x_ptr, x_row, sxc, offs, mask_n, EVICT: tl.constexpr):
+    """One chunk of logits as fp32 (-inf past the row end), with an L2 eviction hint."""
+    ptrs = x_ptr + x_row + offs.to(tl.int64) * sxc
+    return tl.load(ptrs, mask=mask_n, other=float("-inf"), eviction_policy=EVICT).to(tl.float32)
+
+
+@triton.jit
+def _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range):
+    """w * g for one chunk of logits ``x`` (fp32) given the row's logsumexp and z-loss factor."""
+    g = tl.exp(x - lse) * coef - smoothing / V - tl.where(offs == t, 1.0 - smoothing, 0.0)
     g = tl.where(in_range, g, float("nan"))
-    return tl.where(valid, g, 0.0)
+    return tl.where(valid, g * w, 0.0)  # after the scaling: 0 on ignored rows even when w = 1/0
 
 
 @triton.jit
@@ -63,7 +76,8 @@ def _cross_entropy_fwd_kernel(
     x_ptr,  # logits, any strides
     t_ptr,  # int targets, expanded over the class dim (column stride 0)
     loss_ptr,  # (rows,) fp32 per-row loss, contiguous
-    g_ptr,  # gradient of loss_i wrt logits, logits' shape, contiguous; None: no gradient
+    g_ptr,  # w * gradient of loss_i wrt logits, logits' shape, contiguous; None: no gradient
+    count_ptr,  # int64 number of non-ignored targets (reduction "mean": w = 1 / count); None: w = 1
     R1, R2,  # sizes of the two inner leading dims (see _common.row_layout)
     sx0, sx1, sx2, sxc,  # elements x_ptr moves per leading index / per class
     st0, st1, st2,  # the same for the target (no class stride)
@@ -72,23 +86,30 @@ def _cross_entropy_fwd_kernel(
     ignore_index,
     smoothing,  # label_smoothing eps in [0, 1]
     z_loss,  # z-loss coefficient >= 0
+    SMOOTH: tl.constexpr,  # smoothing > 0: also sum the logits
     BLOCK_N: tl.constexpr,  # classes per chunk
     LOOP: tl.constexpr,  # the row spans several chunks
+    REVERSE: tl.constexpr,  # looped: the gradient pass walks the chunks last to first (the most recent in L2)
+    EVICT1: tl.constexpr,  # looped: eviction hint of the first pass ("evict_last" keeps the row in L2)
+    EVICT2: tl.constexpr,  # looped: eviction hint of the gradient pass's re-read ("evict_first")
 ):
-    # One program per row. Bytes: read V*x (+ V*x again for a wide row with gradient), write V*g + 4.
+    # One program per row. DRAM bytes: read V*x, write V*g + 4 (a looped row is read twice, the
+    # second time mostly from L2: the row is re-read right after its first pass, newest chunks first).
     row = tl.program_id(0).to(tl.int64)
     x_row = row_start(row, R1, R2, sx0, sx1, sx2)
     g_row = row_start(row, R1, R2, sg0, sg1, sg2)
     t = tl.load(t_ptr + row_start(row, R1, R2, st0, st1, st2)).to(tl.int64)
     valid = t != ignore_index
     in_range = (t >= 0) & (t < V)
+    sum_x = 0.0
     if not LOOP:
         offs = tl.arange(0, BLOCK_N)
         mask_n = offs < V
-        x = tl.load(x_ptr + x_row + offs.to(tl.int64) * sxc, mask=mask_n, other=float("-inf")).to(tl.float32)
+        x = _load_logits(x_ptr, x_row, sxc, offs, mask_n, "")
         mx = tl.max(x, axis=0)
         s = tl.sum(tl.exp(x - mx), axis=0)
-        sum_x = tl.sum(tl.where(mask_n, x, 0.0), axis=0)
+        if SMOOTH:
+            sum_x = tl.sum(tl.where(mask_n, x, 0.0), axis=0)
     else:
         mx = tl.full([], float("-inf"), tl.float32)
         s = tl.full([], 0.0, tl.float32)
@@ -96,62 +117,124 @@ def _cross_entropy_fwd_kernel(
         for start in range(0, V, BLOCK_N):
             offs = start + tl.arange(0, BLOCK_N)
             mask_n = offs < V
-            x = tl.load(x_ptr + x_row + offs.to(tl.int64) * sxc, mask=mask_n, other=float("-inf")).to(tl.float32)
+            x = _load_logits(x_ptr, x_row, sxc, offs, mask_n, EVICT1)
             new = tl.maximum(mx, tl.max(x, axis=0))
             base = tl.where(new == float("-inf"), 0.0, new)  # all -inf so far: s stays 0
             s = s * tl.exp(mx - base) + tl.sum(tl.exp(x - base), axis=0)
             mx = new
-            acc_x += tl.where(mask_n, x, 0.0)
-        sum_x = tl.sum(acc_x, axis=0)
+            if SMOOTH:
+                acc_x += tl.where(mask_n, x, 0.0)
+        if SMOOTH:
+            sum_x = tl.sum(acc_x, axis=0)
     lse = mx + tl.log(s)
     x_t = tl.load(x_ptr + x_row + tl.where(in_range, t, 0) * sxc, mask=valid & in_range, other=0.0).to(tl.float32)
     loss = lse - x_t
     # the optional terms only when on, so that eps = 0 never multiplies an infinite mean of x
-    loss = tl.where(smoothing > 0.0, (1.0 - smoothing) * loss + smoothing * (lse - sum_x / V), loss)
+    if SMOOTH:
+        loss = (1.0 - smoothing) * loss + smoothing * (lse - sum_x / V)
     loss = tl.where(z_loss > 0.0, loss + z_loss * lse * lse, loss)
     loss = tl.where(in_range, loss, float("nan"))
     tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
     if g_ptr is not None:
         coef = tl.where(z_loss > 0.0, 1.0 + 2.0 * z_loss * lse, 1.0)
+        w = 1.0
+        if count_ptr is not None:
+            w = 1.0 / tl.load(count_ptr).to(tl.float32)
         if not LOOP:
-            g = _grad_chunk(x, offs, t, mx, s, coef, smoothing, V, valid, in_range)
+            g = _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range)
             store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)
         else:
+            n_chunks = tl.cdiv(V, BLOCK_N)
+            for i in range(0, n_chunks):
+                if REVERSE:
+                    start = (n_chunks - 1 - i) * BLOCK_N
+                else:
+                    start = i * BLOCK_N
+                offs = start + tl.arange(0, BLOCK_N)
+                mask_n = offs < V
+                x = _load_logits(x_ptr, x_row, sxc, offs, mask_n, EVICT2)
+                g = _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range)
+                store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)
+
+
+@triton.jit
+def _scale_grad_kernel(
+    g_ptr,  # the stored w * gradient, scaled in place
+    applied_ptr,  # (rows,) fp32: the upstream gradient already multiplied into each row of g (1 after the forward)
+    d_ptr,  # upstream gradient of loss_i (the reduced loss's, stride 0, for "mean"/"sum")
+    t_ptr,  # targets (ignored rows stay 0, as torch's gradient, whatever the upstream gradient)
+    R1, R2,
+    sg0, sg1, sg2, sgc,
+    sd0, sd1, sd2,
+    st0, st1, st2,
+    V,
+    ignore_index,
+    BLOCK_N: tl.constexpr,
+):
+    # One program per row. A row whose upstream gradient equals the one already applied (1 after the
+    # forward: loss.backward() of a "mean" or "sum") reads 12 bytes and returns; others read and
+    # write the row once. No host sync: the test is on the device, per row.
+    row = tl.program_id(0).to(tl.int64)
+    d = tl.load(d_ptr + row_start(row, R1, R2, sd0, sd1, sd2)).to(tl.float32)
+    a = tl.load(applied_ptr + row)
+    if d != a:
+        t = tl.load(t_ptr + row_start(row, R1, R2, st0, st1, st2))
+        if t != ignore_index:
+            ratio = d / a  # = d after the forward (a = 1): one rounding, as g * d out of place
+            g_row = row_start(row, R1, R2, sg0, sg1, sg2)
             for start in range(0, V, BLOCK_N):
                 offs = start + tl.arange(0, BLOCK_N)
                 mask_n = offs < V
-                x = tl.load(x_ptr + x_row + offs.to(tl.int64) * sxc, mask=mask_n, other=float("-inf")).to(tl.float32)
-                g = _grad_chunk(x, offs, t, mx, s, coef, smoothing, V, valid, in_range)
-                store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)
+                ptrs = offs.to(tl.int64) * sgc
+                g = tl.load(g_ptr + g_row + ptrs, mask=mask_n, other=0.0).to(tl.float32)
+                store_rounded(g_ptr + g_row, ptrs, g * ratio, mask_n)
+        tl.store(applied_ptr + row, d)
+
+
+# Looped path of the forward: (REVERSE, EVICT1, EVICT2), the fastest on the H200 (benchmarks/NOTES.md).
+CE_LOOP_OPTIONS = (True, "evict_last", "evict_first")
 
 
 def _cross_entropy_fwd_impl(
     logits: Tensor, target: Tensor, class_dim: int, ignore_index: int, label_smoothing: float, z_loss: float,
-    need_grad: bool,
-) -> Tuple[Tensor, Tensor]:
-    """Returns (loss fp32 of target's shape, g of logits' shape and dtype, or an empty tensor without gradient)."""
-    loss = torch.empty(target.shape, dtype=torch.float32, device=logits.device)
+    reduction: str, need_grad: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Returns (loss, w * g, applied).
+
+    loss: fp32, reduced ("mean"/"sum": 0-d; "none": target's shape). g: logits' shape and dtype
+    (empty without gradient), the gradient of the reduced loss for an upstream gradient of 1
+    (w = 1/count for "mean", else 1). applied: fp32 (rows,) of ones (empty without gradient), the
+    upstream gradient already applied to each row of g (updated in place by the backward).
+    """
+    rows = torch.empty(target.shape, dtype=torch.float32, device=logits.device)
     g = torch.empty(logits.shape if need_grad else (0,), dtype=logits.dtype, device=logits.device)
-    if loss.numel() == 0:
-        return loss, g
-    check_launch_device(logits, _cross_entropy_fwd_kernel)
-    V = logits.shape[class_dim]
-    if V == 0:  # torch: no class to pick
-        raise ValueError(f"logits have no classes (shape {tuple(logits.shape)})")
-    t = target.unsqueeze(class_dim).expand(logits.shape)
-    gs = g if need_grad else None
-    layout = row_layout([logits, t, gs], class_dim)
-    if layout is None:  # more than 3 unmergeable leading dims: the one documented copy
-        logits, t = logits.contiguous(), target.contiguous().unsqueeze(class_dim).expand(logits.shape)
+    applied = torch.ones(target.numel() if need_grad else 0, dtype=torch.float32, device=logits.device)
+    count = (target != ignore_index).sum() if reduction == "mean" else None
+    if rows.numel() > 0:
+        check_launch_device(logits, _cross_entropy_fwd_kernel)
+        V = logits.shape[class_dim]
+        if V == 0:  # torch: no class to pick
+            raise ValueError(f"logits have no classes (shape {tuple(logits.shape)})")
+        t = target.unsqueeze(class_dim).expand(logits.shape)
+        gs = g if need_grad else None
         layout = row_layout([logits, t, gs], class_dim)
-    cfg = config_for(V, logits)
-    _cross_entropy_fwd_kernel[(layout.rows,)](
-        logits, t, loss, gs, layout.sizes[1], layout.sizes[2],
-        *layout.args(0), *layout.args(1)[:3], *layout.args(2),
-        V, ignore_index, label_smoothing, z_loss,
-        BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps, **launch_options(_cross_entropy_fwd_kernel),
-    )
-    return loss, g
+        if layout is None:  # more than 3 unmergeable leading dims: the one documented copy
+            logits, t = logits.contiguous(), target.contiguous().unsqueeze(class_dim).expand(logits.shape)
+            layout = row_layout([logits, t, gs], class_dim)
+        cfg = config_for(V, logits)
+        reverse, evict1, evict2 = CE_LOOP_OPTIONS
+        _cross_entropy_fwd_kernel[(layout.rows,)](
+            logits, t, rows, gs, count if need_grad else None, layout.sizes[1], layout.sizes[2],
+            *layout.args(0), *layout.args(1)[:3], *layout.args(2),
+            V, ignore_index, label_smoothing, z_loss,
+            SMOOTH=label_smoothing > 0.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop,
+            REVERSE=reverse, EVICT1=evict1, EVICT2=evict2,
+            num_warps=cfg.num_warps, **launch_options(_cross_entropy_fwd_kernel),
+        )
+    if reduction == "none":
+        return rows, g, applied
+    total = rows.sum()
+    return (total / count if reduction == "mean" else total), g, applied
 
 
 _cross_entropy_fwd = torch.library.custom_op(
@@ -161,27 +244,76 @@ _cross_entropy_fwd = torch.library.custom_op(
 
 
 @_cross_entropy_fwd.register_fake
-def _(logits, target, class_dim, ignore_index, label_smoothing, z_loss, need_grad):
+def _(logits, target, class_dim, ignore_index, label_smoothing, z_loss, reduction, need_grad):
     g = logits.new_empty(logits.shape if need_grad else (0,))
-    return logits.new_empty(target.shape, dtype=torch.float32), g
+    applied = logits.new_empty((target.numel() if need_grad else 0,), dtype=torch.float32)
+    loss = logits.new_empty(target.shape if reduction == "none" else (), dtype=torch.float32)
+    return loss, g, applied
+
+
+def _scale_grad_impl(g: Tensor, applied: Tensor, dloss: Tensor, target: Tensor, class_dim: int,
+                              ignore_index: int) -> None:
+    """Makes ``g`` the gradient for the upstream gradient ``dloss`` (0-d, or target's shape), in place.
+
+    Rows whose ``dloss`` equals ``applied`` (1 after the forward) are left untouched; the others are
+    multiplied by ``dloss / applied`` and ``applied`` is set to ``dloss``. So a second backward through
+    the same graph (``retain_graph=True``) with the same upstream gradient returns the same values.
+    """
+    if g.numel() == 0:
+        return
+    check_launch_device(g, _scale_grad_kernel)
+    V = g.shape[class_dim]
+    t = target.unsqueeze(class_dim).expand(g.shape)
+    d = dloss.to(torch.float32).reshape(dloss.shape if dloss.dim() else (1,) * target.dim())
+    d = d.unsqueeze(class_dim).expand(g.shape)
+    layout = row_layout([g, d, t], class_dim)
+    if layout is None:
+        d, t = d.contiguous(), t.contiguous()
+        layout = row_layout([g, d, t], class_dim)
+    cfg = config_for(min(V, 8192), g)  # bounded chunk: the loop streams the row once
+    _scale_grad_kernel[(layout.rows,)](
+        g, applied, d, t, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3],
+        *layout.args(2)[:3], V, ignore_index, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        **launch_options(_scale_grad_kernel),
+    )
+
+
+def _scaled_grad(g: Tensor, dloss: Tensor, target: Tensor, class_dim: int, ignore_index: int) -> Tensor:
+    """``g * dloss`` per row, out of place, 0 on ignored rows: the traced (compile) form of the backward.
+
+    Under tracing (torch.compile, make_fx) the in-place update of a saved forward output cannot be
+    expressed, so the compiled graph gets this elementwise product (inductor fuses it into one kernel:
+    it reads g and writes the gradient once more than the eager path when the upstream gradient is 1).
+    """
+    d = torch.where(target == ignore_index, 0.0, dloss.to(torch.float32)).unsqueeze(class_dim)
+    return (g.to(torch.float32) * d).to(g.dtype)
 
 
 def _setup_context(ctx, inputs, output):
-    logits, target, class_dim, ignore_index, label_smoothing, z_loss, need_grad = inputs
-    ctx.save_for_backward(output[1], target)
+    logits, target, class_dim, ignore_index, label_smoothing, z_loss, reduction, need_grad = inputs
+    ctx.save_for_backward(output[1], output[2], target)
     ctx.class_dim = class_dim
     ctx.ignore_index = ignore_index
     ctx.need_grad = need_grad
+    ctx.mark_non_differentiable(output[1], output[2])
 
 
-def _backward(ctx, dloss, dg):
-    g, target = ctx.saved_tensors
+def _backward(ctx, dloss, dg, dapplied):
+    g, applied, target = ctx.saved_tensors
     if not ctx.need_grad:
         raise RuntimeError("cross_entropy: the gradient was not stored (the logits did not require grad "
                            "when the loss was computed)")
-    # ignored rows get 0 even when dloss is inf/NaN (a mean over no targets), as torch
-    dl = dloss.masked_fill(target == ctx.ignore_index, 0.0).unsqueeze(ctx.class_dim).to(g.dtype)
-    return g * dl, None, None, None, None, None, None
+    if dloss is None:
+        return None, None, None, None, None, None, None, None
+    # g already holds the gradient for dloss = 1; rows with another upstream gradient are scaled in place.
+    # Eager launches the kernel directly (no op: it would bump the saved tensors' version counters and a
+    # second backward with retain_graph would refuse them, although ``applied`` keeps it correct).
+    tracing = (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+               or any(type(a) is not torch.Tensor for a in (g, applied, dloss, target)))
+    if tracing:
+        return _scaled_grad(g, dloss, target, ctx.class_dim, ctx.ignore_index), None, None, None, None, None, None, None
+    _scale_grad_impl(g, applied, dloss, target, ctx.class_dim, ctx.ignore_index)
+    return g, None, None, None, None, None, None, None
 
 
 _cross_entropy_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -238,8 +370,9 @@ def cross_entropy(
         z_loss: coefficient >= 0 of the per-row ``lse^2`` term (0: off).
 
     Returns:
-        The loss in logits' dtype: a scalar, or target's shape for "none". Saves the fp32-computed
-        gradient (logits' dtype, logits' shape) for backward when logits require grad.
+        The loss in logits' dtype: a scalar, or target's shape for "none". When logits require grad,
+        saves the fp32-computed gradient (logits' dtype and shape, already divided by the count for
+        "mean") for backward, which rescales it in place only where the upstream gradient is not 1.
 
     Raises:
         TypeError: unsupported dtypes (float targets: class probabilities are not supported).
@@ -247,19 +380,17 @@ def cross_entropy(
         RuntimeError: CPU tensor without TRITON_INTERPRET=1.
 
     Precision: logsumexp, loss and gradient in fp32; per-row losses summed in fp32 by torch; one rounding
-    of the loss to logits' dtype, one of the gradient at the store and one at the backward multiply (none
-    when the upstream gradient is 1). An out-of-range target gives NaN (torch raises; that needs a sync).
+    of the loss to logits' dtype, one of the gradient at the store and one more where the upstream gradient
+    is not 1. An out-of-range target gives NaN (torch raises; that needs a sync).
     Performance: one program per row; reads the logits once and writes the gradient once (a row wider than
-    64 KiB is read twice); the backward is one elementwise multiply. No ``.item()``: CUDA-graph capturable.
+    64 KiB is re-read, mostly from L2); with an upstream gradient of 1 the backward touches no logits-sized
+    tensor. No ``.item()``: CUDA-graph capturable. A second backward through the same graph
+    (``retain_graph=True``) is exact when its upstream gradient equals the first's; otherwise rows carry
+    one more rounding (and NaN where the first upstream gradient was 0).
     Source: ``torch.nn.functional.cross_entropy``; z-loss from PaLM (arXiv:2204.02311).
     """
     class_dim, label_smoothing, z_loss = _check(logits, target, ignore_index, reduction, label_smoothing, z_loss)
     need_grad = torch.is_grad_enabled() and logits.requires_grad
-    loss, _ = call_op(_cross_entropy_fwd, _cross_entropy_fwd_impl, logits, target, class_dim, ignore_index,
-                      label_smoothing, z_loss, need_grad)
-    if reduction == "none":
-        return loss.to(logits.dtype)
-    total = loss.sum()
-    if reduction == "mean":
-        total = total / (target != ignore_index).sum()
-    return total.to(logits.dtype)
+    loss, _, _ = call_op(_cross_entropy_fwd, _cross_entropy_fwd_impl, logits, target, class_dim, ignore_index,
+                         label_smoothing, z_loss, reduction, need_grad)
+    return loss.to(logits.dtype)
