@@ -163,6 +163,10 @@ def test_tma_kernel(matmul, activation, b_layout):
     # same BLOCK_K: same summation order per element as the pointer kernel, bit for bit
     assert all(torch.equal(o, outs[0]) for o in outs)
     assert torch.equal(outs[0], matmul.matmul(a, b, bias, activation, config=C(16, 32, 32, 2, 4, 2)))
+    # split-K (3 programs per tile; K = 72 has 3 k-tiles of 32, 5 of 16: one split runs empty)
+    for bk in (32, 16):
+        y = matmul.matmul(a, b, bias, activation, config=C(16, 32, bk, 2, 4, 2, tma=1, split_k=3))
+        assert_matmul_close(y, a, b, bias, activation)
 
 
 def test_tma_kernel_grad_and_fallback(matmul):

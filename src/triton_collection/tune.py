@@ -48,20 +48,23 @@ DEFAULT_BUCKETS = [
 
 def default_candidates(M: int) -> list[dict]:
     """Candidate configs (JSON dicts, ``_launch`` keys) for buckets with M rows, TMA kernel first."""
-    def c(bm, bn, bk, g, w, s, tma=1, pers=0, ws=0, sub=0):
+    def c(bm, bn, bk, g, w, s, tma=1, pers=0, ws=0, sub=0, split=1):
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "num_warps": w, "num_stages": s,
-                "TMA": tma, "PERSISTENT": pers, "WARP_SPECIALIZE": ws, "EPILOGUE_SUBTILE": sub}
-    if M <= 16:
-        return [c(16, 32, 256, 1, 4, 4), c(16, 64, 256, 1, 4, 4), c(16, 64, 128, 1, 4, 6), c(16, 32, 128, 1, 4, 6, tma=0)]
+                "TMA": tma, "PERSISTENT": pers, "WARP_SPECIALIZE": ws, "EPILOGUE_SUBTILE": sub, "SPLIT_K": split}
+    if M <= 16:  # weight streaming: many narrow tiles, split-K when N alone gives too few programs
+        return [c(16, 64, 256, 1, 4, 4), c(16, 32, 256, 1, 4, 4), c(16, 64, 256, 1, 4, 4, split=4),
+                c(16, 128, 128, 1, 4, 4, split=4), c(16, 64, 128, 1, 4, 6, split=2), c(16, 32, 128, 1, 4, 4, tma=0)]
     if M <= 64:
-        return [c(64, 64, 128, 8, 4, 5), c(64, 128, 128, 8, 4, 4), c(64, 32, 256, 8, 4, 4), c(64, 64, 128, 8, 4, 4, tma=0)]
+        return [c(64, 64, 128, 8, 4, 4), c(64, 128, 128, 8, 4, 4), c(64, 64, 128, 8, 4, 4, split=4),
+                c(64, 128, 64, 8, 4, 4, split=2), c(32, 64, 256, 8, 4, 4, split=2), c(64, 64, 128, 8, 4, 4, tma=0)]
     if M <= 256:
-        return [c(64, 128, 64, 8, 4, 5), c(128, 128, 64, 8, 8, 4), c(64, 256, 64, 8, 8, 4), c(128, 64, 128, 8, 4, 4)]
+        return [c(64, 128, 64, 8, 4, 5), c(128, 128, 64, 8, 8, 4), c(64, 256, 64, 8, 8, 4),
+                c(128, 128, 64, 8, 8, 4, split=2), c(64, 128, 64, 8, 4, 4, split=2)]
     if M <= 1024:
         return [c(128, 128, 64, 8, 8, 4), c(128, 256, 64, 8, 8, 3, pers=1, sub=1), c(128, 128, 64, 8, 4, 4),
-                c(64, 256, 64, 8, 8, 4)]
-    return [c(128, 256, 64, 8, 8, 3, pers=1, sub=1), c(128, 256, 64, 8, 8, 3, sub=1), c(128, 256, 64, 8, 8, 4, pers=1, sub=1),
-            c(128, 128, 64, 8, 8, 4, pers=1)]
+                c(64, 256, 64, 8, 8, 4), c(128, 256, 64, 8, 8, 3, sub=1)]
+    return [c(128, 256, 64, 8, 8, 3, pers=1, sub=1), c(128, 256, 64, 8, 8, 3, sub=1),
+            c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(128, 128, 64, 8, 8, 4, pers=1)]
 
 
 def load_matmul(root: Path):
@@ -103,10 +106,7 @@ def measure(mm, a, b, config: Optional[dict], rep_ms: float = 30.0, reference=No
     if config is None:
         fn = lambda: a @ b  # noqa: E731
     else:
-        cfg = mm.MatmulConfig(config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"],
-                              config["num_warps"], config["num_stages"], config.get("TMA", 0),
-                              config.get("PERSISTENT", 0), config.get("WARP_SPECIALIZE", 0),
-                              config.get("EPILOGUE_SUBTILE", 0))
+        cfg = mm.MatmulConfig.from_json(config)
         fn = lambda: mm.matmul(a, b, config=cfg)  # noqa: E731
     try:
         y = fn()

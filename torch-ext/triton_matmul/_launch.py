@@ -52,10 +52,11 @@ class MatmulConfig:
     persistent: int = 0  # 1: one program per SM looping over tiles (TMA kernel only)
     warp_specialize: int = 0  # 1: tl.range(warp_specialize=True) over tiles (TMA kernel only)
     epilogue_subtile: int = 0  # 1: the epilogue stores two (BLOCK_M, BLOCK_N / 2) halves (TMA kernel only)
+    split_k: int = 1  # > 1: programs per tile splitting K, fp32 partials summed in order (TMA, not persistent)
 
     def as_list(self) -> list:
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.num_warps, self.num_stages,
-                self.tma, self.persistent, self.warp_specialize, self.epilogue_subtile]
+                self.tma, self.persistent, self.warp_specialize, self.epilogue_subtile, self.split_k]
 
     @classmethod
     def from_list(cls, values) -> "MatmulConfig":
@@ -67,14 +68,14 @@ class MatmulConfig:
         return cls(int(entry["BLOCK_M"]), int(entry["BLOCK_N"]), int(entry["BLOCK_K"]), int(entry["GROUP_M"]),
                    int(entry["num_warps"]), int(entry["num_stages"]), int(entry.get("TMA", 0)),
                    int(entry.get("PERSISTENT", 0)), int(entry.get("WARP_SPECIALIZE", 0)),
-                   int(entry.get("EPILOGUE_SUBTILE", 0)))
+                   int(entry.get("EPILOGUE_SUBTILE", 0)), int(entry.get("SPLIT_K", 1)))
 
     def to_json(self) -> dict:
         """The JSON keys of this config (inverse of :meth:`from_json`)."""
         return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m,
                 "num_warps": self.num_warps, "num_stages": self.num_stages, "TMA": self.tma,
                 "PERSISTENT": self.persistent, "WARP_SPECIALIZE": self.warp_specialize,
-                "EPILOGUE_SUBTILE": self.epilogue_subtile}
+                "EPILOGUE_SUBTILE": self.epilogue_subtile, "SPLIT_K": self.split_k}
 
     def check(self) -> None:
         """Raises ValueError for block sizes that are not powers of two >= 16, or bad group/warps/stages."""
@@ -89,6 +90,8 @@ class MatmulConfig:
         for name in ("tma", "persistent", "warp_specialize", "epilogue_subtile"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"{name} must be 0 or 1, got {getattr(self, name)}")
+        if self.split_k < 1:
+            raise ValueError(f"split_k must be >= 1, got {self.split_k}")
 
 
 def config_file_name(gpu_name: str) -> str:
@@ -137,6 +140,7 @@ def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: b
         persistent=cfg.persistent,
         warp_specialize=cfg.warp_specialize,
         epilogue_subtile=cfg.epilogue_subtile,
+        split_k=cfg.split_k,
     )
 
 

@@ -183,18 +183,42 @@ def _tma_epilogue(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, strid
 
 
 @triton.jit
+def _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                GATED: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                EPILOGUE_SUBTILE: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """The epilogue of one tile: whole, or as two (BLOCK_M, BLOCK_N / 2) halves (less shared memory for the store)."""
+    if EPILOGUE_SUBTILE:
+        acc0, acc1 = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+        if GATED:
+            g0, g1 = acc_g.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+        else:
+            g0 = acc0
+            g1 = acc1
+        _tma_epilogue(acc0, g0, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                      GATED, ACT, BLOCK_M, BLOCK_N // 2, ROUND_BF16)
+        _tma_epilogue(acc1, g1, bias_ptr, y_desc, h_ptr, off_m, off_n + BLOCK_N // 2, M, N, stride_hm,
+                      GATED, ACT, BLOCK_M, BLOCK_N // 2, ROUND_BF16)
+    else:
+        _tma_epilogue(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                      GATED, ACT, BLOCK_M, BLOCK_N, ROUND_BF16)
+
+
+@triton.jit
 def _matmul_tma_kernel(
     a_desc,  # (M, K) descriptor, block (BLOCK_M, BLOCK_K)
     b_desc,  # B_NK: (N_total, K) descriptor of b.T, block (BLOCK_N, BLOCK_K); else (K, N_total), block (BLOCK_K, BLOCK_N)
     bias_ptr,  # (N_total,) contiguous, or None
     y_desc,  # (M, N) descriptor of y, block (BLOCK_M, BLOCK_N) or (BLOCK_M, BLOCK_N // 2) with EPILOGUE_SUBTILE
     h_ptr,  # (M, N_total) pre-activation saved for backward (unit column stride), or None
+    ws_ptr,  # SPLIT_K > 1: (SPLIT_K, M, N_total) fp32 partial sums; else None
+    cnt_ptr,  # SPLIT_K > 1: (tiles,) int32 zeros, arrivals per tile; else None
     M, N, K,  # N: output columns
     stride_hm,
     NUM_PROGS,  # programs launched (persistent: <= number of SMs; else one per tile)
     GATED: tl.constexpr, ACT: tl.constexpr, B_NK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+    SPLIT_K: tl.constexpr,  # programs per tile, each summing a contiguous 1/SPLIT_K of the K tiles
     UPCAST: tl.constexpr,  # interpreter only (bf16): see _matmul_fwd_kernel; also rounds the store to nearest even
 ):
     """Hopper+ path: TMA loads into shared memory (out-of-bounds rows/columns/k read as zero, so any M, N, K),
@@ -203,13 +227,17 @@ def _matmul_tma_kernel(
     num_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_m * num_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+    for t in tl.range(tl.program_id(0), num_tiles * SPLIT_K, NUM_PROGS, flatten=FLATTEN,
+                      warp_specialize=WARP_SPECIALIZE):
+        tile = t // SPLIT_K
         pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_tiles):
+        k_per_split = tl.cdiv(k_tiles, SPLIT_K)
+        k_first = (t % SPLIT_K) * k_per_split
+        for kt in range(k_first, tl.minimum(k_first + k_per_split, k_tiles)):
             off_k = kt * BLOCK_K
             a = a_desc.load([off_m, off_k])
             if B_NK:
@@ -228,20 +256,32 @@ def _matmul_tma_kernel(
                 if UPCAST:
                     bg = bg.to(tl.float32)
                 acc_g = tl.dot(a, bg, acc_g)
-        if EPILOGUE_SUBTILE:
-            acc0, acc1 = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+        if SPLIT_K > 1:
+            # split-K: each program writes its fp32 partial; the last of the tile's SPLIT_K programs to arrive
+            # (atomic counter, acq_rel) sums the partials in split order 0, 1, ... (deterministic) and finishes
+            n_ws = N * 2 if GATED else N
+            offs_m = off_m + tl.arange(0, BLOCK_M)
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+            part = offs_m[:, None].to(tl.int64) * n_ws + offs_n[None, :]
+            split_size = M.to(tl.int64) * n_ws
+            tl.store(ws_ptr + (t % SPLIT_K) * split_size + part, acc, mask=mask)
             if GATED:
-                g0, g1 = acc_g.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
-            else:
-                g0 = acc0
-                g1 = acc1
-            _tma_epilogue(acc0, g0, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
-                          GATED, ACT, BLOCK_M, BLOCK_N // 2, UPCAST)
-            _tma_epilogue(acc1, g1, bias_ptr, y_desc, h_ptr, off_m, off_n + BLOCK_N // 2, M, N, stride_hm,
-                          GATED, ACT, BLOCK_M, BLOCK_N // 2, UPCAST)
+                tl.store(ws_ptr + (t % SPLIT_K) * split_size + N + part, acc_g, mask=mask)
+            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            if arrived == SPLIT_K - 1:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(SPLIT_K):
+                    acc += tl.load(ws_ptr + s * split_size + part, mask=mask, other=0.0, cache_modifier=".cg")
+                    if GATED:
+                        acc_g += tl.load(ws_ptr + s * split_size + N + part, mask=mask, other=0.0,
+                                         cache_modifier=".cg")
+                _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                            GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST)
         else:
-            _tma_epilogue(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
-                          GATED, ACT, BLOCK_M, BLOCK_N, UPCAST)
+            _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                        GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST)
 
 
 def _tma_layout(a: Tensor, b: Tensor, N: int) -> Optional[bool]:
@@ -276,14 +316,17 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
         b_desc = TensorDescriptor(b, [K, b.shape[1]], [b.stride(0), 1], [bk, bn])
     y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn // 2 if subtile else bn])
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    progs = min(num_sms, tiles) if cfg.persistent else tiles
+    split = 1 if cfg.persistent else max(1, min(cfg.split_k, triton.cdiv(K, bk)))
+    progs = min(num_sms, tiles) if cfg.persistent else tiles * split
     ws = bool(cfg.warp_specialize) and not interp
+    work = torch.empty((split, M, b.shape[1]), dtype=torch.float32, device=a.device) if split > 1 else None
+    arrivals = torch.zeros((tiles,), dtype=torch.int32, device=a.device) if split > 1 else None
     _matmul_tma_kernel[(progs,)](
-        a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h,
+        a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h, work, arrivals,
         M, N, K, h.stride(0) if h is not None else 0, progs,
         GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
         WARP_SPECIALIZE=ws, FLATTEN=bool(cfg.persistent) and not ws and not interp, EPILOGUE_SUBTILE=subtile,
-        UPCAST=interp and a.dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT_K=split, UPCAST=interp and a.dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
