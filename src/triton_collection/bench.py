@@ -82,9 +82,15 @@ def load_packages(names: list[str], *, org: str = DEFAULT_ORG, root: Path | None
         log.warning("bench: %s not in build.toml: skipped", ", ".join(missing))
     out = Path(tempfile.mkdtemp(prefix="triton-collection-bench-")) / "hub"
     cpu = not _has_gpu()
-    for built in build_collection(collection, out, org=org, packages=wanted, cpu_variant=cpu):
-        install_local(built, org=org)
-    return {n: kernels.get_kernel(f"{org}/{n}", version=collection.package(n).version) for n in wanted}
+    loaded = {}
+    for name in wanted:  # one broken package must not stop the others' measurements
+        try:
+            for built in build_collection(collection, out, org=org, packages=[name], cpu_variant=cpu):
+                install_local(built, org=org)
+            loaded[name] = kernels.get_kernel(f"{org}/{name}", version=collection.package(name).version)
+        except Exception as exc:  # noqa: BLE001
+            log.error("bench: cannot build or load %s: %s: %s", name, type(exc).__name__, exc)
+    return loaded
 
 
 def _has_gpu() -> bool:

@@ -241,7 +241,7 @@ def write_e2e_report(result: dict, out: Path, name: str) -> list[Path]:
     return paths
 
 
-def run_e2e_cli(args, out: Path) -> int:
+def run_e2e_cli(args, out: Path, *, device: str = "cuda") -> int:
     """``bench --e2e MODEL ...``: one result (JSON + Markdown) for all the models named."""
     unknown = [m for m in args.e2e if m not in MODELS]
     if unknown:
@@ -250,7 +250,7 @@ def run_e2e_cli(args, out: Path) -> int:
     result: dict = {"env": {}, "rows": []}
     for model in args.e2e:
         part = run_e2e(model, batches=tuple(args.batch), new_tokens=args.new_tokens, prompt_len=args.prompt_len,
-                       layers=args.layers, dtype=dtype, compile=args.compile)
+                       layers=args.layers, dtype=dtype, compile=args.compile, device=device)
         result["env"] = part["env"]
         result["rows"] += part["rows"]
     stamp = result["env"].get("date", datetime.date.today().isoformat())[:10]
