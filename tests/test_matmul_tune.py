@@ -1,0 +1,131 @@
+"""``triton-collection tune`` (the parts that run without a GPU) and the ``kernels benchmark`` workloads of
+triton-matmul under the interpreter.
+
+The tuner's measuring loop needs a GPU; here: its config file is read back by the package's own
+loader (same buckets, same configs, nearest-bucket lookup), candidate files parse, shapes are
+validated, the CLI has the subcommand and fails clearly without a GPU, and every benchmark
+workload's output passes the runner's own check (``torch.allclose(atol=1e-2)``) against eager
+PyTorch -- with a poisoned output failing it.
+"""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from triton_collection import tune
+from triton_collection.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _launch_module(matmul):
+    return sys.modules[matmul.__name__ + "._launch"]
+
+
+def _result(shape, best, tflops, cublas):
+    r = tune.BucketResult(shape, {"ms": 1.0, "tflops": cublas})
+    if best is not None:
+        r.best, r.best_measure = best, {"ms": 1.0, "tflops": tflops, "max_rel_err": 1e-3}
+    return r
+
+
+def test_config_file_round_trip(matmul, tmp_path, monkeypatch):
+    cands = tune.default_candidates(16) + tune.default_candidates(4096)
+    results = [_result((16, 4096, 4096), cands[2], 10.5, 12.0), _result((64, 4096, 4096), None, 0, 5.0),
+               _result((4096, 4096, 4096), cands[-2], 700.0, 720.0)]
+    launch = _launch_module(matmul)
+    monkeypatch.setattr(launch, "CONFIG_DIR", tmp_path)
+    launch.load_buckets.cache_clear()
+    launch.pick_config.cache_clear()
+    try:
+        data = tune.write_config_file(tmp_path / "Test_GPU_X.json", "Test GPU X", results, {"triton": "3.6.0"})
+        assert data["tuned"] is True and data["triton"] == "3.6.0"
+        assert [(e["M"], e["N"], e["K"]) for e in data["configs"]] == [(16, 4096, 4096), (4096, 4096, 4096)]
+        assert data["configs"][1]["tflops"] == 700.0 and data["configs"][1]["cublas_tflops"] == 720.0
+        buckets = launch.load_buckets("Test GPU X")
+        assert [b[0] for b in buckets] == [(16, 4096, 4096), (4096, 4096, 4096)]
+        assert buckets[0][1] == matmul.MatmulConfig.from_json(cands[2]) and buckets[0][1].split_k == 4
+        assert buckets[1][1].to_json() == {k: v for k, v in cands[-2].items()}
+        # nearest bucket in log2 distance: 8 rows -> the 16-row bucket, 2000 rows -> the 4096-row one
+        small = matmul.pick_config(8, 4096, 4096, "Test GPU X")
+        big = matmul.pick_config(2000, 4096, 4096, "Test GPU X")
+        assert small.split_k == 4 and small.block_m == 16
+        assert (big.block_m, big.block_n, big.persistent, big.num_stages) == (128, 256, 1, 4)
+    finally:
+        launch.load_buckets.cache_clear()
+        launch.pick_config.cache_clear()
+    with pytest.raises(RuntimeError, match="nothing to write"):
+        tune.write_config_file(tmp_path / "none.json", "x", [results[1]])
+
+
+def test_shipped_files_load(matmul):
+    # every shipped file parses, every config passes MatmulConfig.check (a typo fails here, not on a GPU)
+    launch = _launch_module(matmul)
+    for path in sorted(launch.CONFIG_DIR.glob("*.json")):
+        gpu = None if path.stem == "default" else json.loads(path.read_text())["gpu"]
+        assert launch.config_file_name(gpu) == path.name if gpu else True
+        assert len(launch.load_buckets(gpu)) >= 1
+
+
+def test_candidates_and_shapes(tmp_path):
+    for M in (1, 16, 64, 256, 1024, 4096, 16384):
+        for c in tune.default_candidates(M):
+            cfg_keys = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "TMA", "PERSISTENT",
+                        "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "SPLIT_K"}
+            assert set(c) == cfg_keys and c["num_warps"] * 32 <= 1024
+            assert all(c[k] >= 16 and c[k] & (c[k] - 1) == 0 for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    one = [{"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}]
+    (tmp_path / "list.json").write_text(json.dumps(one))
+    assert tune._load_candidates(str(tmp_path / "list.json"))(7) == one
+    per_m = {"16": one, "4096": one * 2}
+    (tmp_path / "per_m.json").write_text(json.dumps(per_m))
+    pick = tune._load_candidates(str(tmp_path / "per_m.json"))
+    assert pick(1) == one and pick(2048) == one * 2 and pick(100) == one
+    assert tune._parse_shape("1,4096,14336") == (1, 4096, 14336)
+    for bad in ("1,2", "a,b,c", "0,4,4"):
+        with pytest.raises(Exception, match="M,N,K|>= 1"):
+            tune._parse_shape(bad)
+    assert all(len(s) == 3 and min(s) >= 1 for s in tune.DEFAULT_BUCKETS)
+    assert {s[0] for s in tune.DEFAULT_BUCKETS} == {1, 16, 64, 256, 1024, 4096, 16384}
+
+
+def test_cli(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["tune", "--help"])
+    assert exit_info.value.code == 0
+    assert "--candidates" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        assert cli_main(["tune", "--root", str(ROOT)]) == 1
+        assert "needs a GPU" in capsys.readouterr().err
+
+
+def _benchmark_module():
+    spec = importlib.util.spec_from_file_location("benchmark_matmul", ROOT / "benchmarks" / "benchmark_matmul.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_workloads(matmul, device):
+    mod = _benchmark_module()
+    names = [n[len("benchmark_"):] for n in dir(mod.MatmulBenchmark) if n.startswith("benchmark_")]
+    assert len(names) == 7
+    for name in names:
+        bench = mod.MatmulBenchmark()
+        bench.kernel, bench.device = matmul, device
+        torch.manual_seed(bench.seed)
+        getattr(bench, f"setup_{name}")()
+        getattr(bench, f"benchmark_{name}")()
+        expected = getattr(bench, f"verify_{name}")()
+        assert bench.out.shape == expected.shape and bench.out.dtype == expected.dtype
+        assert torch.allclose(bench.out, expected, atol=1e-2), name  # the runner's check
+        assert expected.abs().max() < 1.0  # scaled so that atol=1e-2 means ~2 bf16 ulps
+        poisoned = bench.out.clone()
+        poisoned.view(-1)[poisoned.numel() // 2] += 0.1
+        assert not torch.allclose(poisoned, expected, atol=1e-2)
+    assert mod.flops(2, 3, 5) == 60 and math.isclose(mod.flops(4096, 4096, 4096) / 1e12, 0.137438953472)
