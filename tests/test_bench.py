@@ -269,3 +269,50 @@ def test_e2e_tiny_model_on_cpu(device, tmp_path, installed):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ---------------------------------------------------------------- kernels benchmark (the Hub's runner)
+BENCH_SCRIPTS = sorted((ROOT / "benchmarks").glob("benchmark_*.py"))
+
+
+def test_every_package_ships_kernels_benchmark_workloads(built):
+    """Each package's Hub tree carries benchmarks/benchmark_<short>*.py (matmul/attention: their own authors)."""
+    for name, b in built.items():
+        scripts = sorted((b.path / "benchmarks").glob("benchmark*.py"))
+        if name in ("triton-matmul", "triton-attention") and not scripts:
+            continue
+        assert scripts, f"{name} has no benchmarks/benchmark*.py for `kernels benchmark`"
+
+
+@pytest.mark.parametrize("script", BENCH_SCRIPTS, ids=lambda p: p.name)
+def test_kernels_benchmark_conventions(script):
+    """Found by kernels' own discovery; every benchmark_<w> has a verify_<w> (the runner checks self.out
+    against it) and a setup; classes define a seed."""
+    from kernels.benchmark import Benchmark
+    from kernels.cli.benchmark import discover_benchmark_classes
+
+    classes = discover_benchmark_classes(script, script.parent)
+    assert classes, f"{script.name}: no kernels.benchmark.Benchmark subclass"
+    for cls in classes:
+        assert issubclass(cls, Benchmark) and cls.seed is not None
+        workloads = [n.removeprefix("benchmark_") for n in dir(cls) if n.startswith("benchmark_") and callable(getattr(cls, n))]
+        assert workloads, cls.__name__
+        for w in workloads:
+            assert callable(getattr(cls, f"verify_{w}", None)), f"{cls.__name__}.benchmark_{w} has no verify_{w}"
+            assert callable(getattr(cls, f"setup_{w}", None)) or cls.setup is not Benchmark.setup, f"{cls.__name__}: no setup for {w}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("package", ["triton-norms", "triton-activations", "triton-softmax"])
+def test_kernels_benchmark_runs_and_verifies(package, built):
+    """`kernels benchmark <built tree>`'s own runner: every workload runs and passes its verify (CPU shapes)."""
+    pytest.importorskip("tabulate")  # kernels[benchmark]
+    from kernels.cli.benchmark import run_benchmark_script
+
+    path = built[package].path
+    scripts = sorted((path / "benchmarks").glob("benchmark*.py"))
+    assert scripts
+    for script in scripts:
+        results, sha = run_benchmark_script(script, iterations=1, warmup=0, cwd=path, repo_id=str(path), is_local=True, revision="local")
+        assert results and sha
+        assert all(t.verified is True for t in results.values()), {k: t.verified for k, t in results.items()}
