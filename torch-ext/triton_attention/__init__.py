@@ -1,0 +1,25 @@
+"""triton-attention: flash attention (forward + backward) and rotary embeddings in Triton.
+
+``flash_attention`` computes ``softmax(scale * q k^T + mask) v`` with an online softmax
+(no S x S matrix in memory), forward and backward, causal or not, with an optional boolean
+or additive mask, MHA/GQA/MQA, head dims up to 256 (others padded), fp16/bf16/fp32, in the
+[B, H, S, D] (transformers) and [B, S, H, D] (diffusers) layouts read in place.
+Each op is a ``torch.library.custom_op`` with a fake implementation and an autograd
+formula, so it runs under ``torch.compile(fullgraph=True)`` and in CUDA graphs.
+
+On CPU tensors the kernels run under the Triton interpreter: set
+``TRITON_INTERPRET=1`` before importing triton and this package.
+"""
+
+from . import layers
+from ._launch import BwdConfig, FwdConfig, pick_bwd_config, pick_fwd_config
+from .flash import flash_attention
+
+__all__ = [
+    "BwdConfig",
+    "FwdConfig",
+    "flash_attention",
+    "layers",
+    "pick_bwd_config",
+    "pick_fwd_config",
+]

@@ -1,0 +1,93 @@
+"""Tile sizes and warps of the attention kernels, in one place.
+
+Correctness never depends on the config: every kernel masks the sequence tails and the
+padded head dims, so any power-of-two tiles >= 16 give the same result (up to fp32
+summation order). The picks below are for NVIDIA Hopper-class GPUs (H100/H200) and are
+reasonable elsewhere; on the Triton interpreter (CPU) tiles are 16 so that small test
+shapes cross several blocks.
+
+``num_warps * warp_size <= 1024`` threads per program on every device (AMD wavefronts
+have 64 lanes): :func:`clamp_warps` enforces it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+
+from ._device import device_warp_size
+
+MAX_THREADS_PER_PROGRAM = 1024
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    """Forward: one program per (BLOCK_M queries, head); keys visited BLOCK_N at a time."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """Backward: dK/dV per (BLOCK_N1 keys, kv head) over BLOCK_M1 queries; dQ per (BLOCK_M2 queries, head)."""
+
+    block_m1: int
+    block_n1: int
+    block_m2: int
+    block_n2: int
+    num_warps: int
+    num_stages: int
+
+
+def clamp_warps(num_warps: int, warp_size: int) -> int:
+    """``num_warps`` capped so that ``num_warps * warp_size <= 1024``."""
+    if warp_size < 1 or warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
+        raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
+    return max(1, min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size))
+
+
+@functools.lru_cache(maxsize=1024)
+def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32) -> FwdConfig:
+    """Forward tiles for a (padded) head dim ``head_dim`` (a power of two >= 16)."""
+    if interpret:
+        return FwdConfig(16, 16, 1, 1)
+    if head_dim <= 64:
+        cfg = FwdConfig(128, 64, 4, 3)
+    elif head_dim <= 128:
+        cfg = FwdConfig(128, 64, 8, 3)
+    else:
+        cfg = FwdConfig(64, 64, 8, 2)
+    return replace(cfg, num_warps=clamp_warps(cfg.num_warps, warp_size))
+
+
+@functools.lru_cache(maxsize=1024)
+def pick_bwd_config(head_dim: int, interpret: bool, warp_size: int = 32) -> BwdConfig:
+    """Backward tiles for a (padded) head dim ``head_dim`` (a power of two >= 16)."""
+    if interpret:
+        return BwdConfig(16, 16, 16, 16, 1, 1)
+    if head_dim <= 64:
+        cfg = BwdConfig(32, 128, 128, 32, 4, 4)
+    elif head_dim <= 128:
+        cfg = BwdConfig(32, 128, 128, 32, 4, 3)
+    else:
+        cfg = BwdConfig(32, 64, 64, 32, 4, 2)
+    return replace(cfg, num_warps=clamp_warps(cfg.num_warps, warp_size))
+
+
+def fwd_config_for(t: torch.Tensor, head_dim: int, interpret: bool) -> FwdConfig:
+    return pick_fwd_config(head_dim, interpret, device_warp_size(t.device))
+
+
+def bwd_config_for(t: torch.Tensor, head_dim: int, interpret: bool) -> BwdConfig:
+    return pick_bwd_config(head_dim, interpret, device_warp_size(t.device))
+
+
+def padded_head_dim(d: int) -> int:
+    """Head dim rounded up to a power of two, at least 16 (the smallest ``tl.dot`` operand)."""
+    return max(16, triton.next_power_of_2(d))

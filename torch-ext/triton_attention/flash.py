@@ -1,0 +1,602 @@
+"""Flash attention (forward and backward) in Triton: online softmax, no S x S matrix in memory.
+
+Math (per batch b, query head h, kv head g = h // (Hq / Hkv); everything in fp32):
+
+    s_ij = scale * <q_i, k_j> + mask_ij          (mask: additive float, or boolean keep-mask -> 0 / -inf)
+    s_ij = -inf  where causal and j > i          (top-left aligned, as SDPA's ``is_causal``)
+    o_i  = sum_j softmax_j(s_i)_j * v_j
+    lse_i = log sum_j exp(s_ij)
+
+The forward visits the keys BLOCK_N at a time, keeping a running maximum ``m`` and sum ``l``
+(rescaled by ``exp(m_old - m_new)`` when the maximum grows) and the unnormalised output in
+registers; exponentials are taken in base 2 with ``log2(e)`` folded into the scale. A row
+whose every score is -inf (fully masked) gives an output of 0 (as SDPA's math backend since
+torch 2.5) and ``lse = +inf`` internally, so the backward gives it zero gradients.
+
+Backward (FlashAttention-2 scheme), with ``p_ij = exp(s_ij - lse_i)`` recomputed from q, k:
+
+    delta_i = <do_i, o_i>
+    dv_j = sum_i p_ij do_i
+    ds_ij = p_ij (<do_i, v_j> - delta_i)
+    dk_j = scale * sum_i ds_ij q_i          (summed over the query heads of the group for GQA/MQA)
+    dq_i = scale * sum_j ds_ij k_j
+    dmask = ds (summed to the mask's shape; only when the mask requires grad)
+
+One kernel computes dk, dv per block of keys and kv head (looping over the group's query
+heads: no atomics, deterministic), another dq per block of queries (and ds when needed).
+
+Layouts: q, k, v are read through their strides as [B, H, S, D] (transformers) or
+[B, S, H, D] (diffusers); nothing is copied. Head dims that are not a power of two are
+padded in registers (masked loads), up to 256. Offsets along the batch, head and sequence
+dims are 64-bit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._device import check_launch_device, is_interpreter
+from ._dispatch import call_op
+from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
+from ._ops import add_op_namespace_prefix
+
+Tensor = torch.Tensor
+
+LOG2E = 1.4426950408889634
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+# mask kinds (constexpr MASK_KIND)
+_NO_MASK, _ADD_MASK, _BOOL_MASK = 0, 1, 2
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr, F32: tl.constexpr):
+    """a @ b with fp32 accumulation; F32: operands widened to fp32 first (the interpreter's bf16 dot is unusable)."""
+    if F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _scores(q, k_t, qk_scale, m_ptrs, row_ok, col_ok, offs_m, offs_n,
+            MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, PREC: tl.constexpr, F32: tl.constexpr):
+    """Base-2 scores (BLOCK_M, BLOCK_N) of q (M, D) against k_t (D, N): -inf where masked."""
+    s = _dot(q, k_t, PREC, F32) * qk_scale
+    if MASK_KIND == 1:
+        add = tl.load(m_ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+        s = s + add * 1.4426950408889634
+    if MASK_KIND == 2:
+        keep = tl.load(m_ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0)
+        s = tl.where(keep != 0, s, float("-inf"))
+    if BOUNDS:
+        s = tl.where(col_ok[None, :], s, float("-inf"))
+    if CAUSAL:
+        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+    return s
+
+
+@triton.jit
+def _fwd_blocks(acc, l_i, m_i, q, k_ptr, v_ptr, m_ptr, offs_m, row_ok, lo, hi, Sk, D: tl.constexpr, DV: tl.constexpr,
+                sks, skd, svs, svd, smq, smk, qk_scale,
+                MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, PREC: tl.constexpr, F32: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Online-softmax update over keys [lo, hi); BOUNDS/CAUSAL: apply the tail and diagonal masks."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+    offs_0 = (lo + tl.arange(0, BLOCK_N)).to(tl.int64)
+    k_ptrs = k_ptr + offs_0[None, :] * sks + offs_d[:, None] * skd
+    v_ptrs = v_ptr + offs_0[:, None] * svs + offs_dv[None, :] * svd
+    m_ptrs = m_ptr + offs_m[:, None].to(tl.int64) * smq + offs_0[None, :] * smk
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < Sk
+        if BOUNDS:
+            k_t = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+        elif D == BLOCK_D:
+            k_t = tl.load(k_ptrs)
+        else:
+            k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+        s = _scores(q, k_t, qk_scale, m_ptrs, row_ok, col_ok, offs_m, offs_n, MASK_KIND, CAUSAL, BOUNDS, PREC, F32)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if MASK_KIND != 0 or CAUSAL or BOUNDS:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # row all -inf so far: p = 0, no NaN
+        else:
+            m_use = m_new
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if BOUNDS:
+            v = tl.load(v_ptrs, mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
+        elif DV == BLOCK_DV:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC, F32)
+        m_i = m_new
+        k_ptrs += BLOCK_N * sks
+        v_ptrs += BLOCK_N * svs
+        m_ptrs += BLOCK_N * smk
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, M, O, LSE,
+    sqb, sqh, sqs, sqd,
+    skb, skh, sks, skd,
+    svb, svh, svs, svd,
+    smb, smh, smq, smk,
+    sob, soh, sos, sod,
+    Sq, Sk, GROUP,
+    qk_scale,  # scale * log2(e)
+    D: tl.constexpr, DV: tl.constexpr,
+    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    # One program per (BLOCK_M queries, query head, batch). Reads q once, k/v once per program.
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
+    q_ptr = Q + b * sqb + h * sqh
+    k_ptr = K + b * skb + hk * skh
+    v_ptr = V + b * svb + hk * svh
+    m_ptr = M + b * smb + h * smh
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < Sq
+    q = tl.load(q_ptr + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    # keys [0, full): valid for every query of the block (no tail, below the diagonal)
+    full = (Sk // BLOCK_N) * BLOCK_N
+    hi = Sk
+    if CAUSAL:
+        q_lo = pid_m * BLOCK_M
+        full = tl.minimum(full, ((q_lo + 1) // BLOCK_N) * BLOCK_N)
+        hi = tl.minimum(Sk, q_lo + BLOCK_M)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptr, v_ptr, m_ptr, offs_m, row_ok, 0, full, Sk, D, DV,
+                                sks, skd, svs, svd, smq, smk, qk_scale,
+                                MASK_KIND, False, False, PREC, F32, BLOCK_N, BLOCK_D, BLOCK_DV)
+    # keys [full, hi): the diagonal blocks and the tail, masked
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptr, v_ptr, m_ptr, offs_m, row_ok, full, hi, Sk, D, DV,
+                                sks, skd, svs, svd, smq, smk, qk_scale,
+                                MASK_KIND, CAUSAL, True, PREC, F32, BLOCK_N, BLOCK_D, BLOCK_DV)
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # base 2
+    tl.store(LSE + (b * tl.num_programs(1) + h) * Sq + offs_m, lse, mask=row_ok)
+    o_ptr = O + b * sob + h * soh
+    tl.store(o_ptr + offs_m[:, None].to(tl.int64) * sos + offs_dv[None, :] * sod, out.to(O.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_dv < DV)[None, :])
+
+
+@triton.jit
+def _bwd_delta_kernel(O, DO, DELTA, sob, soh, sos, sod, sdb, sdh, sds, sdd, Sq, DV,
+                      BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """delta_i = <do_i, o_i> (fp32), one program per (BLOCK_M rows, head, batch)."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    ok = (offs_m < Sq)[:, None] & (offs_dv < DV)[None, :]
+    rows = offs_m[:, None].to(tl.int64)
+    o = tl.load(O + b * sob + h * soh + rows * sos + offs_dv[None, :] * sod, mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdb + h * sdh + rows * sds + offs_dv[None, :] * sdd, mask=ok, other=0.0).to(tl.float32)
+    tl.store(DELTA + (b * tl.num_programs(1) + h) * Sq + offs_m, tl.sum(o * do, axis=1), mask=offs_m < Sq)
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, M, DO, LSE, DELTA, DK, DV_,
+    sqb, sqh, sqs, sqd,
+    skb, skh, sks, skd,
+    svb, svh, svs, svd,
+    smb, smh, smq, smk,
+    sdb, sdh, sds, sdd,  # do
+    skgb, skgh, skgs, skgd,  # dk
+    svgb, svgh, svgs, svgd,  # dv
+    H, Sq, Sk, GROUP,
+    qk_scale, scale,
+    D: tl.constexpr, DV: tl.constexpr,
+    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    # One program per (BLOCK_N keys, kv head, batch); loops over the group's query heads and query blocks.
+    pid_n = tl.program_id(0)
+    hk = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    col_ok = offs_n < Sk
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+    rows_n = offs_n[:, None].to(tl.int64)
+    k = tl.load(K + b * skb + hk * skh + rows_n * sks + offs_d[None, :] * skd,
+                mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    v = tl.load(V + b * svb + hk * svh + rows_n * svs + offs_dv[None, :] * svd,
+                mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    lo = 0
+    if CAUSAL:
+        lo = ((pid_n * BLOCK_N) // BLOCK_M) * BLOCK_M  # queries i >= first key of the block
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        q_ptr = Q + b * sqb + h * sqh
+        do_ptr = DO + b * sdb + h * sdh
+        m_ptr = M + b * smb + h * smh
+        row_base = (b * H + h) * Sq
+        for start in range(lo, Sq, BLOCK_M):
+            offs_m = start + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < Sq
+            rows_m = offs_m[None, :].to(tl.int64)
+            q_t = tl.load(q_ptr + rows_m * sqs + offs_d[:, None] * sqd, mask=row_ok[None, :] & d_ok[:, None], other=0.0)
+            lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
+            delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+            # scores transposed: (BLOCK_N keys, BLOCK_M queries)
+            s_t = _dot(k, q_t, PREC, F32) * qk_scale
+            if MASK_KIND == 1:
+                add = tl.load(m_ptr + rows_m * smq + offs_n[:, None].to(tl.int64) * smk,
+                              mask=row_ok[None, :] & col_ok[:, None], other=0.0).to(tl.float32)
+                s_t = s_t + add * 1.4426950408889634
+            if MASK_KIND == 2:
+                keep = tl.load(m_ptr + rows_m * smq + offs_n[:, None].to(tl.int64) * smk,
+                               mask=row_ok[None, :] & col_ok[:, None], other=0)
+                s_t = tl.where(keep != 0, s_t, float("-inf"))
+            if CAUSAL:
+                s_t = tl.where(offs_m[None, :] >= offs_n[:, None], s_t, float("-inf"))
+            p_t = tl.exp2(s_t - lse[None, :])
+            p_t = tl.where(row_ok[None, :] & col_ok[:, None], p_t, 0.0)
+            do = tl.load(do_ptr + offs_m[:, None].to(tl.int64) * sds + offs_dv[None, :] * sdd,
+                         mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
+            dv += _dot(p_t.to(do.dtype), do, PREC, F32)
+            dp_t = _dot(v, tl.trans(do), PREC, F32)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk += _dot(ds_t.to(q_t.dtype), tl.trans(q_t), PREC, F32)
+    dk = dk * scale
+    tl.store(DK + b * skgb + hk * skgh + rows_n * skgs + offs_d[None, :] * skgd, dk.to(DK.dtype.element_ty),
+             mask=col_ok[:, None] & d_ok[None, :])
+    tl.store(DV_ + b * svgb + hk * svgh + rows_n * svgs + offs_dv[None, :] * svgd, dv.to(DV_.dtype.element_ty),
+             mask=col_ok[:, None] & dv_ok[None, :])
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    Q, K, V, M, DO, LSE, DELTA, DQ, DS,
+    sqb, sqh, sqs, sqd,
+    skb, skh, sks, skd,
+    svb, svh, svs, svd,
+    smb, smh, smq, smk,
+    sdb, sdh, sds, sdd,  # do
+    sqgb, sqgh, sqgs, sqgd,  # dq
+    H, Sq, Sk, GROUP,
+    qk_scale, scale,
+    D: tl.constexpr, DV: tl.constexpr,
+    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32: tl.constexpr, STORE_DS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    # One program per (BLOCK_M queries, query head, batch); loops over the key blocks.
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    hk = h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < Sq
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+    rows_m = offs_m[:, None].to(tl.int64)
+    q = tl.load(Q + b * sqb + h * sqh + rows_m * sqs + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    do = tl.load(DO + b * sdb + h * sdh + rows_m * sds + offs_dv[None, :] * sdd,
+                 mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
+    row_base = (b * H + h) * Sq
+    lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+    k_ptr = K + b * skb + hk * skh
+    v_ptr = V + b * svb + hk * svh
+    m_ptr = M + b * smb + h * smh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    hi = Sk
+    if CAUSAL:
+        hi = tl.minimum(Sk, pid_m * BLOCK_M + BLOCK_M)
+    for start in range(0, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < Sk
+        cols = offs_n[None, :].to(tl.int64)
+        k_t = tl.load(k_ptr + cols * sks + offs_d[:, None] * skd, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+        v_t = tl.load(v_ptr + cols * svs + offs_dv[:, None] * svd, mask=col_ok[None, :] & dv_ok[:, None], other=0.0)
+        m_ptrs = m_ptr + rows_m * smq + cols * smk
+        s = _scores(q, k_t, qk_scale, m_ptrs, row_ok, col_ok, offs_m, offs_n, MASK_KIND, CAUSAL, True, PREC, F32)
+        p = tl.exp2(s - lse[:, None])
+        dp = _dot(do, v_t, PREC, F32)
+        ds = p * (dp - delta[:, None])
+        ds = tl.where(row_ok[:, None] & col_ok[None, :], ds, 0.0)
+        dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PREC, F32)
+        if STORE_DS:
+            tl.store(DS + row_base * Sk + rows_m * Sk + cols, ds, mask=row_ok[:, None] & col_ok[None, :])
+    dq = dq * scale
+    tl.store(DQ + b * sqgb + h * sqgh + rows_m * sqgs + offs_d[None, :] * sqgd, dq.to(DQ.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
+
+
+# ----------------------------------------------------------------------------- host side
+
+def _bhsd(t: Tensor, bshd: bool) -> Tensor:
+    """A [B, H, S, D] view of ``t`` (no copy)."""
+    return t.transpose(1, 2) if bshd else t
+
+
+def _empty_layout(B: int, H: int, S: int, D: int, like: Tensor, bshd: bool, dtype=None) -> Tensor:
+    """A new [B, H, S, D] view whose memory is contiguous in the given layout."""
+    dtype = like.dtype if dtype is None else dtype
+    if bshd:
+        return torch.empty(B, S, H, D, dtype=dtype, device=like.device).transpose(1, 2)
+    return torch.empty(B, H, S, D, dtype=dtype, device=like.device)
+
+
+def _mask_view(mask: Optional[Tensor], B: int, H: int, Sq: int, Sk: int, dummy: Tensor):
+    """(mask expanded to [B, H, Sq, Sk] (stride 0 where broadcast) or ``dummy`` (never read), strides, kind)."""
+    if mask is None:
+        return dummy, (0, 0, 0, 0), _NO_MASK
+    m = mask
+    while m.dim() < 4:
+        m = m.unsqueeze(0)
+    m = m.expand(B, H, Sq, Sk)
+    strides = tuple(m.stride(i) if m.shape[i] > 1 else 0 for i in range(4))
+    return m, strides, (_BOOL_MASK if mask.dtype == torch.bool else _ADD_MASK)
+
+
+def _prec(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, causal: bool,
+                     bshd: bool, out_bshd: bool, cfg: Optional[FwdConfig] = None) -> Tuple[Tensor, Tensor]:
+    qv, kv, vv = _bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd)
+    B, H, Sq, D = qv.shape
+    Hk, Sk, DV = kv.shape[1], kv.shape[2], vv.shape[3]
+    o = _empty_layout(B, H, Sq, DV, q, out_bshd)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return (o.transpose(1, 2) if out_bshd else o), lse
+    check_launch_device(q, _attn_fwd_kernel)
+    interp = is_interpreter(_attn_fwd_kernel)
+    BD, BDV = padded_head_dim(D), padded_head_dim(DV)
+    cfg = cfg or fwd_config_for(q, max(BD, BDV), interp)
+    m, ms, kind = _mask_view(mask, B, H, Sq, Sk, qv)
+    grid = (triton.cdiv(Sq, cfg.block_m), H, B)
+    extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    _attn_fwd_kernel[grid](
+        qv, kv, vv, m, o, lse,
+        *qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(),
+        Sq, Sk, H // Hk, scale * LOG2E, D, DV,
+        MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype), F32=interp and q.dtype == torch.bfloat16,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=BD, BLOCK_DV=BDV, **extra,
+    )
+    return (o.transpose(1, 2) if out_bshd else o), lse
+
+
+def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], o: Tensor, lse: Tensor,
+                     scale: float, causal: bool, bshd: bool, out_bshd: bool, need_dmask: bool,
+                     cfg: Optional[BwdConfig] = None):
+    qv, kv, vv = _bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd)
+    ov, dov = _bhsd(o, out_bshd), _bhsd(do, out_bshd)
+    B, H, Sq, D = qv.shape
+    Hk, Sk, DV = kv.shape[1], kv.shape[2], vv.shape[3]
+    dq = _empty_layout(B, H, Sq, D, q, bshd)
+    dk = _empty_layout(B, Hk, Sk, D, k, bshd)
+    dv = _empty_layout(B, Hk, Sk, DV, v, bshd)
+    ds = torch.zeros(B, H, Sq, Sk, dtype=torch.float32, device=q.device) if need_dmask else q.new_empty(0)
+    back = (lambda t: t.transpose(1, 2)) if bshd else (lambda t: t)
+    if B * H * Sq == 0 or Sk == 0:
+        return back(dq.zero_()), back(dk.zero_()), back(dv.zero_()), ds
+    check_launch_device(q, _attn_bwd_dq_kernel)
+    interp = is_interpreter(_attn_bwd_dq_kernel)
+    BD, BDV = padded_head_dim(D), padded_head_dim(DV)
+    cfg = cfg or bwd_config_for(q, max(BD, BDV), interp)
+    m, ms, kind = _mask_view(mask, B, H, Sq, Sk, qv)
+    extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    delta = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+    block_delta = 16 if interp else 64
+    _bwd_delta_kernel[(triton.cdiv(Sq, block_delta), H, B)](
+        ov, dov, delta, *ov.stride(), *dov.stride(), Sq, DV, BLOCK_M=block_delta, BLOCK_DV=BDV,
+        **({} if interp else {"num_warps": 4}),
+    )
+    common = dict(MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype), F32=interp and q.dtype == torch.bfloat16, BLOCK_D=BD, BLOCK_DV=BDV, **extra)
+    _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, cfg.block_n1), Hk, B)](
+        qv, kv, vv, m, dov, lse, delta, dk, dv,
+        *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dk.stride(), *dv.stride(),
+        H, Sq, Sk, H // Hk, scale * LOG2E, scale, D, DV,
+        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, **common,
+    )
+    _attn_bwd_dq_kernel[(triton.cdiv(Sq, cfg.block_m2), H, B)](
+        qv, kv, vv, m, dov, lse, delta, dq, ds,
+        *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dq.stride(),
+        H, Sq, Sk, H // Hk, scale * LOG2E, scale, D, DV,
+        STORE_DS=need_dmask, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, **common,
+    )
+    return back(dq), back(dk), back(dv), ds
+
+
+def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, causal: bool,
+                   bshd: bool, out_bshd: bool) -> Tuple[Tensor, Tensor]:
+    return _attn_fwd_launch(q, k, v, mask, scale, causal, bshd, out_bshd)
+
+
+_attn_fwd = torch.library.custom_op(add_op_namespace_prefix("flash_attn_fwd"), _attn_fwd_impl, mutates_args=())
+"""The registered forward op (autograd, fake, compile); eager inference calls ``_attn_fwd_impl`` directly."""
+
+
+def _out_shape(q: Tensor, v: Tensor, bshd: bool, out_bshd: bool):
+    B = q.shape[0]
+    H, Sq = (q.shape[2], q.shape[1]) if bshd else (q.shape[1], q.shape[2])
+    DV = v.shape[3]
+    return (B, Sq, H, DV) if out_bshd else (B, H, Sq, DV), (B, H, Sq)
+
+
+@_attn_fwd.register_fake
+def _(q, k, v, mask, scale, causal, bshd, out_bshd):
+    oshape, lshape = _out_shape(q, v, bshd, out_bshd)
+    return q.new_empty(oshape), q.new_empty(lshape, dtype=torch.float32)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("flash_attn_bwd"), mutates_args=())
+def _attn_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], o: Tensor, lse: Tensor,
+              scale: float, causal: bool, bshd: bool, out_bshd: bool, need_dmask: bool
+              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, ds): gradients in the inputs' layouts; ds (fp32 [B, H, Sq, Sk]) only if need_dmask."""
+    return _attn_bwd_launch(do, q, k, v, mask, o, lse, scale, causal, bshd, out_bshd, need_dmask)
+
+
+@_attn_bwd.register_fake
+def _(do, q, k, v, mask, o, lse, scale, causal, bshd, out_bshd, need_dmask):
+    if need_dmask:
+        B, H, Sq = lse.shape
+        Sk = k.shape[1] if bshd else k.shape[2]
+        ds = q.new_empty((B, H, Sq, Sk), dtype=torch.float32)
+    else:
+        ds = q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, mask, scale, causal, bshd, out_bshd = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, mask, o, lse)
+    ctx.args = (scale, causal, bshd, out_bshd)
+    ctx.mask_meta = (mask.shape, mask.dtype) if mask is not None else None
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, mask, o, lse = ctx.saved_tensors
+    scale, causal, bshd, out_bshd = ctx.args
+    need_dmask = ctx.needs_input_grad[3]
+    dq, dk, dv, ds = _attn_bwd(do, q, k, v, mask, o, lse, scale, causal, bshd, out_bshd, need_dmask)
+    dmask = None
+    if need_dmask:
+        shape, dtype = ctx.mask_meta
+        dmask = ds.sum_to_size(shape).to(dtype)
+    return dq, dk, dv, dmask, None, None, None, None
+
+
+_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------- public API
+
+def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D ({layout.upper()}), got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be torch.float16, torch.bfloat16 or torch.float32, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all tensors must be on one device")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"layout must be 'bhsd' ([B, H, S, D], transformers) or 'bshd' ([B, S, H, D], diffusers), "
+                         f"got {layout!r}")
+    bshd = layout == "bshd"
+    qv, kv, vv = _bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd)
+    B, H, Sq, D = qv.shape
+    if kv.shape[0] != B or vv.shape[0] != B:
+        raise ValueError(f"q, k and v must share the batch size, got {B}, {kv.shape[0]}, {vv.shape[0]}")
+    if kv.shape[1] != vv.shape[1] or kv.shape[2] != vv.shape[2]:
+        raise ValueError(f"k and v must have the same heads and sequence length, got k {tuple(k.shape)} and "
+                         f"v {tuple(v.shape)} ({layout})")
+    Hk, Sk = kv.shape[1], kv.shape[2]
+    if Hk == 0 or H % Hk:
+        raise ValueError(f"the query heads ({H}) must be a multiple of the key/value heads ({Hk}) (MHA, GQA, MQA)")
+    if kv.shape[3] != D:
+        raise ValueError(f"q and k must have the same head dim, got {D} and {kv.shape[3]}")
+    if max(D, vv.shape[3]) > MAX_HEAD_DIM or min(D, vv.shape[3]) < 1:
+        raise ValueError(f"head dims must be in [1, {MAX_HEAD_DIM}], got q/k {D}, v {vv.shape[3]}")
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+        if attn_mask.dtype != torch.bool and attn_mask.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"attn_mask must be boolean (True = attend) or an additive float mask, got {attn_mask.dtype}")
+        if attn_mask.device != q.device:
+            raise ValueError(f"attn_mask is on {attn_mask.device} but q is on {q.device}")
+        if attn_mask.dim() > 4:
+            raise ValueError(f"attn_mask must have at most 4 dims, got shape {tuple(attn_mask.shape)}")
+        try:
+            ok = torch.broadcast_shapes(attn_mask.shape, (B, H, Sq, Sk)) == (B, H, Sq, Sk)
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                             f"[B, H, Sq, Sk] = {(B, H, Sq, Sk)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif isinstance(scale, (Tensor, bool)) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite Python float or None, got {scale!r}")
+    return bshd, float(scale)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tensor] = None, causal: bool = False,
+                    scale: Optional[float] = None, layout: str = "bhsd", out_layout: Optional[str] = None) -> Tensor:
+    """Scaled dot-product attention, ``softmax(scale * q k^T + mask) v``, without an S x S matrix in memory.
+
+    Args:
+        q: queries, [B, Hq, Sq, D] (``layout="bhsd"``, transformers) or [B, Sq, Hq, D] (``"bshd"``, diffusers);
+            fp16, bf16 or fp32, any strides (read in place).
+        k: keys, [B, Hk, Sk, D] or [B, Sk, Hk, D] with ``Hq % Hk == 0`` (MHA, GQA, MQA: query head h uses kv
+            head ``h // (Hq // Hk)``, as ``repeat_interleave`` / transformers' ``repeat_kv``).
+        v: values, k's shape with head dim Dv (may differ from D). D and Dv up to 256; any size (padded
+            in registers to a power of two).
+        attn_mask: optional mask broadcastable to [B, Hq, Sq, Sk] (in both layouts): boolean (True = attend,
+            as SDPA) or additive float (fp16/bf16/fp32, added to the scaled scores in fp32; -inf drops).
+            An additive mask that requires grad gets a gradient (costs a [B, Hq, Sq, Sk] fp32 buffer).
+        causal: drop key j for query i when j > i (top-left aligned, as SDPA's ``is_causal``).
+        scale: softmax scale (default ``1 / sqrt(D)``), a Python float.
+        layout: ``"bhsd"`` or ``"bshd"`` for q, k, v (and their gradients).
+        out_layout: layout of the output (default: ``layout``); ``"bshd"`` with ``"bhsd"`` inputs writes
+            transformers' [B, S, H, D] attention output directly (no transpose copy).
+
+    Returns:
+        [B, Hq, Sq, Dv] or [B, Sq, Hq, Dv] in q's dtype, contiguous in ``out_layout``. A query whose every key is
+        masked gets 0 (as SDPA's math backend). Differentiable in q, k, v (and a float mask).
+
+    Raises:
+        TypeError: unsupported dtypes, mixed dtypes, a non-tensor or integer mask, a non-float scale.
+        ValueError: wrong ranks, shapes that do not agree (batch, heads, head dims, kv lengths), Hq not a
+            multiple of Hk, head dim > 256, a mask that does not broadcast, an unknown layout.
+        RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
+
+    Precision: scores, softmax and output accumulated in fp32; P and dS cast to the input dtype before
+    their matmuls (as FlashAttention-2); fp32 inputs use IEEE fp32 dot products. Source: Dao, "FlashAttention-2"
+    (2023), online softmax of Milakov & Gimelshein (2018); equals ``F.scaled_dot_product_attention``.
+    """
+    bshd, scale = _check_inputs(q, k, v, attn_mask, scale, causal, layout)
+    out_layout = layout if out_layout is None else out_layout
+    if out_layout not in ("bhsd", "bshd"):
+        raise ValueError(f"out_layout must be 'bhsd' or 'bshd', got {out_layout!r}")
+    o, _ = call_op(_attn_fwd, _attn_fwd_impl, q, k, v, attn_mask, scale, causal, bshd, out_layout == "bshd")
+    return o

@@ -1,0 +1,1 @@
+"""Hub layers for ``kernels.kernelize`` (none yet for attention modules)."""
