@@ -142,6 +142,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tag", default="matmul_" + time.strftime("%Y-%m-%d", time.gmtime()))
     parser.add_argument("--budget-s", type=float, default=150.0)
     parser.add_argument("--plot", help="only redraw the PNG (and the .md) from this JSON")
+    parser.add_argument("--skip", default="", help="comma-separated sections to skip: checks,square,sass,fused,sweep")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU check of this script: tiny shapes under the Triton interpreter, timings are fake")
     args = parser.parse_args(argv)
@@ -151,10 +152,10 @@ def main(argv=None) -> int:
         return 0 if plot(data, Path(args.plot).with_suffix(".png")) else 1
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
-    return run(Path(args.out), args.tag, args.budget_s, smoke=args.smoke)
+    return run(Path(args.out), args.tag, args.budget_s, smoke=args.smoke, skip=set(filter(None, args.skip.split(","))))
 
 
-def run(out: Path, tag: str, budget_s: float, smoke: bool = False) -> int:
+def run(out: Path, tag: str, budget_s: float, smoke: bool = False, skip: frozenset = frozenset()) -> int:
     t0 = time.monotonic()
     left = lambda: budget_s - (time.monotonic() - t0)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
@@ -211,7 +212,7 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False) -> int:
 
     # ---------------------------------------------------------------- correctness (default lookup)
     try:
-        for (M, N, K) in sizes["cases"]:
+        for (M, N, K) in ([] if "checks" in skip else sizes["cases"]):
             a, w, bias = operands(M, N, K)
             for act in ([None, "gelu", "gelu_tanh", "silu", "relu", "geglu", "swiglu"] if M in (257, 37)
                         else [None, "geglu"]):
@@ -226,6 +227,8 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False) -> int:
                         err, ok = repr(exc)[:300], False
                     data["checks"].append({"name": f"{M}x{N}x{K} {layout} {act}", "ok": ok, "err": err})
         # fp16, fp32 (tf32), strided/transposed a, batched leading dims, autograd
+        if "checks" in skip:
+            raise StopIteration
         a, w, bias = operands(300, 512, 256, torch.float16)
         for name, fn, ref_fn in [
             ("fp16 gelu", lambda: mm.matmul(a, w.t(), bias, "gelu"), lambda: reference(a, w.t(), bias, "gelu")),
@@ -256,6 +259,8 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False) -> int:
             err = max(float((g.double() - r).abs().max() / r.abs().max()) for g, r in zip(grads, g64))
             data["checks"].append({"name": f"autograd {act}", "ok": err < 2 ** -5, "err": err})
         log(f"checks: {sum(c['ok'] for c in data['checks'])}/{len(data['checks'])}")
+    except StopIteration:
+        pass
     except Exception:  # noqa: BLE001
         data["errors"].append("checks: " + traceback.format_exc())
         log(traceback.format_exc())
@@ -264,7 +269,7 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False) -> int:
     # ---------------------------------------------------------------- square GEMMs
     from triton.testing import do_bench
     try:
-        for S in sizes["square"]:
+        for S in ([] if "square" in skip else sizes["square"]):
             a, w, _ = operands(S, S, S)
             for layout in ("nk", "kn"):
                 b = w.t() if layout == "nk" else w.t().contiguous()
@@ -289,8 +294,8 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False) -> int:
 
     # ---------------------------------------------------------------- SASS of the kernel launched at 8192^3
     try:
-        if sizes["sass"] is None:
-            raise RuntimeError("no SASS in a smoke run")
+        if sizes["sass"] is None or "sass" in skip:
+            raise RuntimeError("SASS skipped (smoke run or --skip sass)")
         a, w, _ = operands(8192, 8192, 8192)
         cfg = launch.config_for(8192, 8192, 8192, a.device, False)
         real = mmod._matmul_tma_kernel
@@ -344,7 +349,7 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False) -> int:
 
     # ---------------------------------------------------------------- fused epilogues
     try:
-        for name, M, N, K, act in sizes["fused"]:
+        for name, M, N, K, act in ([] if "fused" in skip else sizes["fused"]):
             if left() < 60:
                 data["errors"].append(f"budget: fused {name} and later not run")
                 break
@@ -371,7 +376,7 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False) -> int:
 
     # ---------------------------------------------------------------- transformer sweep
     try:
-        for M in sizes["sweep_m"]:
+        for M in ([] if "sweep" in skip else sizes["sweep_m"]):
             for name, N, K in sizes["sweep_nk"]:
                 if left() < 5:
                     raise TimeoutError(f"budget: sweep stopped before M={M} {name}")
