@@ -748,6 +748,7 @@ class NvccBackend:
         build_dir.mkdir(parents=True, exist_ok=True)
         (build_dir / "generated_source.cu").write_text(cuda)  # for reading compile errors
         start = time.perf_counter()
+        log.info("compiling %d CUDA kernel(s) into %s (%s, -O3) ...", len(names), build_dir, self.arch)
         try:
             self.module = load_inline(name=self.name, cpp_sources=[cpp], cuda_sources=[cuda], functions=names,
                                       extra_cuda_cflags=flags, build_directory=str(build_dir), verbose=verbose,
@@ -755,6 +756,7 @@ class NvccBackend:
         except Exception as err:  # compiler output is in the message
             raise PortError(f"compiling the CUDA sources failed ({build_dir}/generated_source.cu):\n{err}") from None
         self.compile_seconds = round(time.perf_counter() - start, 1)
+        log.info("CUDA extension %s ready in %.1f s", self.name, self.compile_seconds)
         self.build_dir = build_dir
         self._fns = {}
         i = 0
@@ -1181,6 +1183,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     parser.add_argument("--out", action="append", default=[], help="also write the report to FILE (.json: JSON, .md: Markdown "
                         "table, else text); repeat for several")
+    parser.add_argument("--log-jsonl", help="append each finished row to FILE as one JSON line (survives a killed run)")
     parser.add_argument("--org", default=DEFAULT_ORG, help=f"Hub organisation the ports are loaded from (default: {DEFAULT_ORG})")
     parser.add_argument("--build-dir", default=str(DEFAULT_BUILD_ROOT), help=f"extension build cache (default: {DEFAULT_BUILD_ROOT})")
     parser.add_argument("--verbose-build", action="store_true", help="show the compiler's command lines")
@@ -1215,6 +1218,11 @@ def run(args: argparse.Namespace) -> int:
             ratio = f" Triton/CUDA {row.ratio:.2f}" if row.ratio else ""
             print(f"[port-check] {row.fixture}/{row.kernel} {row.dtype} {row.shape}: {status}{ratio}", file=sys.stderr,
                   flush=True)
+            if args.log_jsonl:
+                d = asdict(row)
+                d.update(max_abs=row.max_abs, max_rel=row.max_rel, tol_used=row.tol_used, mismatches=row.mismatches)
+                with open(args.log_jsonl, "a") as fh:
+                    fh.write(json.dumps(d) + "\n")
 
         report = run_port_check(specs, kernels=args.kernel, dtypes=args.dtype, shapes=args.shape, seed=args.seed,
                                 time_results=not args.no_time, rep_ms=args.rep_ms, org=args.org,
