@@ -14,12 +14,15 @@ On CPU tensors the kernels run under the Triton interpreter: set
 from . import layers
 from ._launch import BwdConfig, FwdConfig, pick_bwd_config, pick_fwd_config
 from .flash import flash_attention
+from .rotary import apply_rotary_pos_emb, rotary_embedding
 
 __all__ = [
     "BwdConfig",
     "FwdConfig",
+    "apply_rotary_pos_emb",
     "flash_attention",
     "layers",
     "pick_bwd_config",
     "pick_fwd_config",
+    "rotary_embedding",
 ]

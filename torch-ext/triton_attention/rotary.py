@@ -1,0 +1,236 @@
+"""Rotary position embedding (RoPE) in Triton: transformers' ``apply_rotary_pos_emb`` and diffusers' real-valued form.
+
+Math, per element d of the last dim (size D, even), with partner p(d) and sign:
+
+    half-split (transformers' rotate_half):  p(d) = d + D/2 (d < D/2) or d - D/2;  sign = -1 for d < D/2, else +1
+    interleaved (diffusers Flux/Wan pairs):  p(d) = d xor 1;                       sign = -1 for even d, else +1
+    out[d] = x[d] * cos[d] + sign * x[p(d)] * sin[d]
+
+Rounding (``fp32_math``):
+    False (transformers): ``q * cos + rotate_half(q) * sin`` evaluated as eager PyTorch does it, each
+        product and the sum rounded to the promoted dtype of (x, cos, sin): bit-exact to the eager function.
+    True (diffusers ``apply_rotary_emb``): products and sum in fp32, one rounding to x's dtype at the end.
+
+Backward (the transpose of the rotation), in fp32 and rounded once:
+    dx[d] = dy[d] * cos[d] - sign * dy[p(d)] * sin[p(d)] cos and sin get no gradient (they are buffers in every model
+we serve); a cos/sin that requires grad is refused.
+
+Addressing: x, cos, sin (expanded to x's shape: stride 0 where broadcast) and the output are
+read/written through up to 4 dims of strides (64-bit offsets); nothing is copied.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._device import check_launch_device, is_interpreter, launch_options
+from ._dispatch import call_op
+from ._ops import add_op_namespace_prefix
+from ._rounding import round_to
+
+Tensor = torch.Tensor
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _rope_kernel(
+    X, C, S, O,
+    n_rows, R1, R2,
+    sx0, sx1, sx2, sxd,
+    sc0, sc1, sc2, scd,
+    ss0, ss1, ss2, ssd,
+    so0, so1, so2, sod,
+    D: tl.constexpr,
+    INTERLEAVED: tl.constexpr,  # pairs (2j, 2j+1) instead of (j, j + D/2)
+    ROUND_EACH: tl.constexpr,  # round each product and the sum to the output dtype (eager transformers order)
+    INVERSE: tl.constexpr,  # the transpose (backward)
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # One program per BLOCK_R rows of D elements. Bytes: read x (twice, cached), cos, sin; write out.
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+    row_ok = rows < n_rows
+    i2 = rows % R2
+    rest = rows // R2
+    i1 = rest % R1
+    i0 = rest // R1
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    if INTERLEAVED:
+        p = d ^ 1
+        first = (d % 2) == 0
+    else:
+        HALF: tl.constexpr = D // 2
+        p = tl.where(d < HALF, d + HALF, d - HALF)
+        first = d < HALF
+    ok = row_ok[:, None] & d_ok[None, :]
+    xb = (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None]
+    cb = (i0 * sc0 + i1 * sc1 + i2 * sc2)[:, None]
+    sb = (i0 * ss0 + i1 * ss1 + i2 * ss2)[:, None]
+    x = tl.load(X + xb + d[None, :] * sxd, mask=ok, other=0.0).to(tl.float32)
+    xp = tl.load(X + xb + p[None, :] * sxd, mask=ok, other=0.0).to(tl.float32)
+    OUT: tl.constexpr = O.dtype.element_ty
+    if INVERSE:
+        c = tl.load(C + cb + d[None, :] * scd, mask=ok, other=0.0).to(tl.float32)
+        sp = tl.load(S + sb + p[None, :] * ssd, mask=ok, other=0.0).to(tl.float32)
+        y = x * c + tl.where(first[None, :], xp * sp, -(xp * sp))
+    else:
+        c = tl.load(C + cb + d[None, :] * scd, mask=ok, other=0.0).to(tl.float32)
+        s = tl.load(S + sb + d[None, :] * ssd, mask=ok, other=0.0).to(tl.float32)
+        a = x * c
+        b = xp * s
+        if ROUND_EACH:
+            a = round_to(a, OUT)
+            b = round_to(b, OUT)
+        y = tl.where(first[None, :], a - b, a + b)
+    y = round_to(y, OUT)
+    ob = (i0 * so0 + i1 * so1 + i2 * so2)[:, None]
+    tl.store(O + ob + d[None, :] * sod, y.to(OUT), mask=ok)
+
+
+def _as4(t: Tensor) -> Tensor:
+    while t.dim() < 4:
+        t = t.unsqueeze(0)
+    return t
+
+
+def _strides(t: Tensor) -> Tuple[int, int, int, int]:
+    return tuple(t.stride(i) if t.shape[i] > 1 else 0 for i in range(4))
+
+
+def _rope_launch(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, fp32_math: bool, inverse: bool,
+                 out_dtype: torch.dtype) -> Tensor:
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    if x.numel() == 0:
+        return out
+    check_launch_device(x, _rope_kernel)
+    x4, o4 = _as4(x), _as4(out)
+    c4, s4 = _as4(cos).expand(x4.shape), _as4(sin).expand(x4.shape)
+    R0, R1, R2, D = x4.shape
+    n_rows = R0 * R1 * R2
+    BLOCK_D = triton.next_power_of_2(D)
+    BLOCK_R = max(1, min(64, 4096 // BLOCK_D))
+    interp = is_interpreter(_rope_kernel)
+    _rope_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
+        x4, c4, s4, o4, n_rows, R1, R2,
+        *_strides(x4)[:3], x4.stride(3), *_strides(c4)[:3], c4.stride(3), *_strides(s4)[:3], s4.stride(3),
+        *o4.stride(),
+        D=D, INTERLEAVED=interleaved, ROUND_EACH=not fp32_math and not inverse, INVERSE=inverse,
+        BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, **({} if interp else {"num_warps": 4}), **launch_options(_rope_kernel),
+    )
+    return out
+
+
+def _rope_impl(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, fp32_math: bool) -> Tensor:
+    out_dtype = x.dtype if fp32_math else torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+    return _rope_launch(x, cos, sin, interleaved, fp32_math, False, out_dtype)
+
+
+_rope = torch.library.custom_op(add_op_namespace_prefix("rotary"), _rope_impl, mutates_args=())
+
+
+@_rope.register_fake
+def _(x, cos, sin, interleaved, fp32_math):
+    out_dtype = x.dtype if fp32_math else torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+    return x.new_empty(x.shape, dtype=out_dtype)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())
+def _rope_bwd(dy: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, dx_dtype: torch.dtype) -> Tensor:
+    return _rope_launch(dy, cos, sin, interleaved, True, True, dx_dtype)
+
+
+@_rope_bwd.register_fake
+def _(dy, cos, sin, interleaved, dx_dtype):
+    return dy.new_empty(dy.shape, dtype=dx_dtype)
+
+
+def _setup(ctx, inputs, output):
+    x, cos, sin, interleaved, fp32_math = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.interleaved = interleaved
+    ctx.x_dtype = x.dtype
+
+
+def _bwd(ctx, dy):
+    cos, sin = ctx.saved_tensors
+    return _rope_bwd(dy, cos, sin, ctx.interleaved, ctx.x_dtype), None, None, None, None
+
+
+_rope.register_autograd(_bwd, setup_context=_setup)
+
+
+def _check(name: str, x: Tensor, cos: Tensor, sin: Tensor) -> None:
+    for n, t in ((name, x), ("cos", cos), ("sin", sin)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{n} must be torch.float16, torch.bfloat16 or torch.float32, got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{n} is on {t.device} but {name} is on {x.device}: all tensors must be on one device")
+    if x.dim() < 1 or x.dim() > 4:
+        raise ValueError(f"{name} must have 1 to 4 dims, got shape {tuple(x.shape)}")
+    if x.shape[-1] % 2:
+        raise ValueError(f"the last dim of {name} (the rotary dim) must be even, got {x.shape[-1]}")
+    for n, t in (("cos", cos), ("sin", sin)):
+        try:
+            ok = torch.broadcast_shapes(t.shape, x.shape) == x.shape
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{n} of shape {tuple(t.shape)} does not broadcast to {name}'s shape {tuple(x.shape)}")
+        if torch.is_grad_enabled() and t.requires_grad:
+            raise ValueError(f"{n} requires grad, but triton-attention's rotary embedding gives no gradient to "
+                             f"cos/sin; detach them (they are buffers in transformers and diffusers models)")
+
+
+def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False,
+                     fp32_math: bool = False) -> Tensor:
+    """Applies rotary position embedding to ``x``: ``x * cos + rotate(x) * sin``.
+
+    Args:
+        x: [..., D] (1 to 4 dims, D even), fp16/bf16/fp32, any strides (read in place).
+        cos, sin: broadcastable to x's shape (e.g. [B, 1, S, D] for x [B, H, S, D], or [S, 1, D] for
+            [B, S, H, D]); fp16/bf16/fp32. No gradient flows to them.
+        interleaved: rotate pairs (2j, 2j+1) as diffusers' ``apply_rotary_emb(use_real_unbind_dim=-1)``
+            (Flux, Wan); default: halves (j, j + D/2) as transformers' ``rotate_half``.
+        fp32_math: compute in fp32 and round once to x's dtype (diffusers); default: round every product
+            and the sum to the promoted dtype of (x, cos, sin), as the eager transformers expression.
+
+    Returns:
+        A new contiguous tensor of x's shape (never a view of x); dtype: x's with ``fp32_math``, else the
+        promoted dtype. Differentiable in x.
+
+    Raises:
+        TypeError: unsupported dtypes or non-tensors. ValueError: odd D, more than 4 dims, cos/sin that
+        do not broadcast, cos/sin that require grad. RuntimeError: CPU tensors without TRITON_INTERPRET=1.
+
+    Source: Su et al., "RoFormer" (2021); the formulas of transformers' ``apply_rotary_pos_emb`` and
+    diffusers' ``apply_rotary_emb``.
+    """
+    _check("x", x, cos, sin)
+    return call_op(_rope, _rope_impl, x, cos, sin, bool(interleaved), bool(fp32_math))
+
+
+def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[Tensor] = None,
+                         unsqueeze_dim: int = 1) -> Tuple[Tensor, Tensor]:
+    """transformers' ``apply_rotary_pos_emb``, bit-exact: ``(q * cos + rotate_half(q) * sin, same for k)``.
+
+    Args:
+        q: [B, Hq, S, D] (or any layout where ``cos.unsqueeze(unsqueeze_dim)`` broadcasts), D even.
+        k: [B, Hk, S, D]; Hk may differ from Hq (GQA/MQA, one KV head).
+        cos, sin: [B, S, D] (transformers' rotary module output), unsqueezed at ``unsqueeze_dim``.
+        position_ids: unused (kept for the older transformers signature).
+        unsqueeze_dim: where cos/sin get their broadcast dim (1 for [B, H, S, D], 2 for [B, S, H, D]).
+
+    Returns:
+        (q_embed, k_embed): new tensors (inputs are never modified or aliased), dtype promoted as eager.
+
+    Raises: as :func:`rotary_embedding`.
+    """
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    return rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)
