@@ -369,6 +369,12 @@ def test_exceptions_become_error_rows(small_ports):
     assert "ERROR" in report.table()
 
 
+def test_make_timer_kinds():
+    assert set(pc.TIMERS) == {"do_bench", "cudagraph"}
+    with pytest.raises(pc.PortError, match="unknown timer 'wallclock'"):
+        pc.make_timer("wallclock")
+
+
 def test_unknown_filters(small_ports):
     for kw in ({"kernels": ["silu"]}, {"dtypes": ["float64"]}, {"shapes": ["huge"]}):
         with pytest.raises(pc.PortError, match="unknown"):

@@ -96,6 +96,7 @@ __all__ = [
     "evaluate",
     "load_port",
     "main",
+    "make_timer",
     "require_cuda_toolchain",
     "run",
     "run_port_check",
@@ -1015,10 +1016,25 @@ def _triton_call(spec: PortSpec, kernel: KernelSpec, fn: Callable, shape, dtype:
     return call
 
 
-def _default_timer(rep_ms: int):
-    def timer(fn: Callable[[], Any]) -> float:
-        from triton.testing import do_bench
+TIMERS = ("do_bench", "cudagraph")
 
+
+def make_timer(kind: str = "do_bench", rep_ms: int = 50) -> Callable[[Callable[[], Any]], float]:
+    """``fn -> median milliseconds``.
+
+    ``"do_bench"``: ``triton.testing.do_bench`` (L2 flushed before each call; host launch
+    overhead included where it exceeds the GPU time). ``"cudagraph"``:
+    ``triton.testing.do_bench_cudagraph`` (calls replayed from a CUDA graph: kernel time
+    without host overhead, L2 not flushed), for comparing kernels at small shapes.
+    """
+    if kind not in TIMERS:
+        raise PortError(f"unknown timer {kind!r}; use one of {', '.join(TIMERS)}")
+
+    def timer(fn: Callable[[], Any]) -> float:
+        from triton.testing import do_bench, do_bench_cudagraph
+
+        if kind == "cudagraph":
+            return float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
         return float(do_bench(fn, warmup=max(rep_ms // 4, 5), rep=rep_ms, return_mode="median"))
 
     return timer
@@ -1037,6 +1053,7 @@ def run_port_check(
     timer: Optional[Callable[[Callable[[], Any]], float]] = None,
     time_results: bool = True,
     rep_ms: int = 50,
+    timer_kind: str = "do_bench",
     org: str = DEFAULT_ORG,
     build_root: Path = DEFAULT_BUILD_ROOT,
     verbose_build: bool = False,
@@ -1053,7 +1070,7 @@ def run_port_check(
             and the Triton interpreter).
         kernels, dtypes, shapes: run only these names (default: all).
         seed: base seed of the random inputs (default: a fresh one, reported in ``env``).
-        timer: ``fn -> milliseconds``; default ``triton.testing.do_bench`` median with ``rep_ms``.
+        timer: ``fn -> milliseconds``; default :func:`make_timer` (``timer_kind``, ``rep_ms``).
         time_results: False skips timing (correctness only).
 
     Returns:
@@ -1099,7 +1116,8 @@ def run_port_check(
     env["seed"] = seed
     loader = triton_loader or HubLoader(org)
     if time_results and timer is None:
-        timer = _default_timer(rep_ms)
+        timer = make_timer(timer_kind, rep_ms)
+        env["timer"] = timer_kind
     rows = []
     for spec in selected:
         for kernel in spec.kernels:
@@ -1179,6 +1197,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, help="base seed of the random inputs (default: fresh, printed)")
     parser.add_argument("--no-time", action="store_true", help="correctness only, no timing")
     parser.add_argument("--rep-ms", type=int, default=50, help="do_bench repetition time per measurement (default 50)")
+    parser.add_argument("--timer", choices=TIMERS, default="do_bench", help="do_bench (default: L2 flushed, host overhead "
+                        "included) or cudagraph (replayed CUDA graph: kernel time only)")
     parser.add_argument("--validate", action="store_true", help="only parse and validate the launch descriptions; print the plan")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     parser.add_argument("--out", action="append", default=[], help="also write the report to FILE (.json: JSON, .md: Markdown "
@@ -1225,7 +1245,7 @@ def run(args: argparse.Namespace) -> int:
                     fh.write(json.dumps(d) + "\n")
 
         report = run_port_check(specs, kernels=args.kernel, dtypes=args.dtype, shapes=args.shape, seed=args.seed,
-                                time_results=not args.no_time, rep_ms=args.rep_ms, org=args.org,
+                                time_results=not args.no_time, rep_ms=args.rep_ms, timer_kind=args.timer, org=args.org,
                                 build_root=Path(args.build_dir), verbose_build=args.verbose_build, progress=progress)
     except PortError as err:
         print(f"port-check: {err}", file=sys.stderr)
@@ -1242,7 +1262,7 @@ def run(args: argparse.Namespace) -> int:
             head = (f"# port-check, {env.get('date')}\n\n{env.get('gpu', env.get('device'))}, torch {env.get('torch')}, "
                     f"triton {env.get('triton')}, seed {env.get('seed')}"
                     + (f", CUDA compiled for {env['arch']} in {env['compile_seconds']} s" if "arch" in env else "")
-                    + ". GB/s = bytes moved (the fixture's formula) / median time (triton.testing.do_bench); "
+                    + f". GB/s = bytes moved (the fixture's formula) / median time ({env.get('timer', 'untimed')}); "
                     "Triton/CUDA > 1: the port is faster. `*`: throughput shape.\n\n")
             path.write_text(head + report.table(markdown=True))
         else:
