@@ -5,8 +5,10 @@ Files
 ``configs/<GPU name>.json`` (spaces -> ``_``, e.g. ``NVIDIA_H200.json`` for
 ``torch.cuda.get_device_name() == "NVIDIA H200"``) holds a list of buckets; each bucket is
 a problem shape ``(M, N, K)`` and the tile settings for it (``BLOCK_M``, ``BLOCK_N``,
-``BLOCK_K``, ``GROUP_M``, ``num_warps``, ``num_stages``). ``"tuned": false`` marks files
-written by hand. A GPU without a file, and the Triton interpreter (CPU tensors), use
+``BLOCK_K``, ``GROUP_M``, ``num_warps``, ``num_stages``; optional, default 0/1: ``TMA``,
+``PERSISTENT``, ``WARP_SPECIALIZE``, ``EPILOGUE_SUBTILE``, ``SPLIT_K``: the Hopper kernel's
+options, see ``matmul``). ``"tuned": false`` marks files written by hand; ``triton-collection
+tune`` writes ``"tuned": true`` files with the measured TFLOP/s per bucket. A GPU without a file, and the Triton interpreter (CPU tensors), use
 ``configs/default.json``: small tiles and 3 stages that fit every supported GPU.
 
 Lookup

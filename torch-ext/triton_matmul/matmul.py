@@ -20,6 +20,19 @@ tile): b is read once per output, h never goes to memory unless autograd needs i
 Bytes: a is read N/BLOCK_N times, b M/BLOCK_M times, y written once (+ h when saved).
 FLOPs: 2*M*N*K (N = all columns of b).
 
+Hopper path (``_matmul_tma_kernel``): on NVIDIA sm_90+ with fp16/bf16 operands whose last
+dimension (a's K; b's N, or b's K when b is a transposed (N, K) weight such as ``W.t()``) has
+unit stride, other strides and base pointers 16-byte aligned, and N * itemsize % 16 == 0, a
+config with ``tma=1`` runs a kernel that loads tiles with TMA descriptors (host
+``TensorDescriptor``s; out-of-bounds rows, columns and k read as zero, so any M, N, K still
+work), multiplies with warpgroup MMA and stores y through a descriptor (clipped at M, N).
+Options: a persistent grid (one program per SM walking the tiles), warp specialization,
+the epilogue in two column halves (less shared memory), and split-K (``split_k`` programs per
+tile each sum a contiguous range of k tiles in fp32; the last to arrive, counted with an
+atomic, adds the partials in split order -- deterministic -- and runs the epilogue). Any other
+case, the Triton interpreter included unless a config asks for TMA, runs the pointer kernel
+above: the result never depends on which kernel or config ran beyond fp32 summation order.
+
 Backward: the forward writes h (rounded to a's dtype, as eager ``F.gelu(F.linear(x))``
 saves it) when a gradient is needed. ``dh`` = dy * act'(h) (gated: ``dp = dy * act(g)``,
 ``dg = dy * p * act'(g)``) is computed in fp32 by PyTorch elementwise ops and rounded to a's

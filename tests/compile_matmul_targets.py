@@ -1,0 +1,82 @@
+"""Compile the triton-matmul kernels for GPU targets on a machine without a GPU; report warpgroup MMA.
+
+    python tests/compile_matmul_targets.py <build variant folder> <arch>
+
+``arch``: ``90`` (Hopper: the TMA kernel in its main configurations + the pointer kernel; the
+SASS, disassembled with the ``cuobjdump`` Triton ships, must hold ``HGMMA``), or an AMD target
+such as ``gfx942`` (the pointer kernel). Must run without ``TRITON_INTERPRET=1``. Prints one
+line per kernel (``<name> hgmma=<n> shared=<bytes>``) and ``COMPILED <n>``.
+"""
+
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import kernels
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+def _sass_hgmma(cubin: bytes) -> int:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.is_file():
+        return -1
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, timeout=120).stdout
+    return len(re.findall(r"\bHGMMA\b", sass))
+
+
+def _compile(kernel, sig: dict, consts: dict, target, warps: int, stages: int):
+    sig = dict(sig)
+    for name in consts:
+        sig[name] = "constexpr"
+    src = ASTSource(kernel, sig, constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})
+
+
+def main(variant: Path, arch: str) -> int:
+    mm = sys.modules[kernels.get_local_kernel(variant).__name__ + ".matmul"]
+    target = GPUTarget("cuda", int(arch), 32) if arch.isdigit() else GPUTarget("hip", arch, 64)
+    count = 0
+    # the pointer kernel: bf16 plain with bias, gated with h saved
+    for gated in (False, True):
+        sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*bf16", "h_ptr": "*bf16",
+               "M": "i32", "N": "i32", "K": "i32", "stride_am": "i64", "stride_ak": "i64", "stride_bk": "i64",
+               "stride_bn": "i64", "stride_ym": "i64", "stride_hm": "i64"}
+        consts = {"GATED": gated, "ACT": 1, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "UPCAST": False}
+        c = _compile(mm._matmul_fwd_kernel, sig, consts, target, 4, 3)
+        print(f"pointer gated={gated} hgmma={_sass_hgmma(c.asm['cubin']) if 'cubin' in c.asm else 'n/a'} "
+              f"shared={c.metadata.shared}")
+        count += 1
+    if arch.isdigit():
+        # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, warp_specialize, subtile, split_k, gated, b as W.T)
+        variants = [(128, 256, 64, 8, 3, False, True, 1, False, True), (128, 256, 64, 8, 3, True, True, 1, False, True),
+                    (128, 128, 64, 8, 4, False, False, 1, True, False), (16, 64, 256, 4, 4, False, False, 4, False, True)]
+        for bm, bn, bk, warps, stages, ws, sub, split, gated, b_nk in variants:
+            b_block = f"[{bn}, {bk}]" if b_nk else f"[{bk}, {bn}]"
+            sig = {"a_desc": f"tensordesc<bf16[{bm}, {bk}]>", "b_desc": f"tensordesc<bf16{b_block}>",
+                   "bias_ptr": "*bf16", "y_desc": f"tensordesc<bf16[{bm}, {bn // 2 if sub else bn}]>",
+                   "M": "i32", "N": "i32", "K": "i32", "stride_hm": "i32", "NUM_PROGS": "i32"}
+            consts = {"GATED": gated, "ACT": 1, "B_NK": b_nk, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                      "GROUP_M": 8, "WARP_SPECIALIZE": ws, "FLATTEN": not ws and split == 1,
+                      "EPILOGUE_SUBTILE": sub, "SPLIT_K": split, "UPCAST": False, "h_ptr": None}
+            if split > 1:
+                sig.update({"ws_ptr": "*fp32", "cnt_ptr": "*i32"})
+            else:
+                consts.update({"ws_ptr": None, "cnt_ptr": None})
+            c = _compile(mm._matmul_tma_kernel, sig, consts, target, warps, stages)
+            print(f"tma {bm}x{bn}x{bk} w{warps} s{stages} ws={ws} subtile={sub} split_k={split} gated={gated} "
+                  f"b_nk={b_nk} hgmma={_sass_hgmma(c.asm['cubin'])} wgmma_ptx={c.asm['ptx'].count('wgmma.mma_async')} "
+                  f"shared={c.metadata.shared}")
+            count += 1
+    print("COMPILED", count)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]), sys.argv[2]))
