@@ -1101,7 +1101,8 @@ def run_port_check(
     }
     if cuda is None:
         require_cuda_toolchain()
-        cuda = NvccBackend(selected, build_root=build_root, verbose=verbose_build)
+        # every kernel of the given fixtures, whatever the filters: one extension that later runs reuse
+        cuda = NvccBackend(specs, build_root=build_root, verbose=verbose_build)
         env.update(compile_seconds=cuda.compile_seconds, extension=cuda.name, arch=cuda.arch)
     if device.startswith("cuda") and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
