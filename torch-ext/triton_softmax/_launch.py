@@ -5,7 +5,9 @@ one block of registers (``BLOCK_N = next_pow2(N)`` elements, at most
 ``MAX_FUSED_BYTES`` of input) the program reads the row once and keeps it in
 registers (single pass: read once, write once). Wider rows (131072, 262147, a
 128K vocabulary) loop over the row in chunks of ``LOOP_BLOCK_BYTES``: an online
-max/sum pass, then an output pass that reads the row again. No row is too wide.
+max/sum pass, then an output pass that reads the row again right away (last chunk first, with L2
+eviction hints, so the re-read mostly hits L2). No row is too wide. Narrow rows go several to a
+program (``rows``) so that a program moves at least ``MIN_TILE_BYTES``.
 
 Warps follow from the block's size in bytes (``BYTES_PER_THREAD`` of input per
 thread: four 16-byte vectors) and are capped so that
@@ -31,6 +33,12 @@ LOOP_BLOCK_BYTES = 16384
 BYTES_PER_THREAD = 64
 # Threads per program allowed by NVIDIA and AMD hardware alike.
 MAX_THREADS_PER_PROGRAM = 1024
+# Narrow rows: several rows per program until the tile holds this many bytes of input.
+MIN_TILE_BYTES = 2048
+# Looped rows: the output pass walks the chunks last to first (the ones most recently read are the
+# likeliest still in L2), and the loads carry these eviction hints (first pass, re-read).
+LOOP_REVERSE = True
+LOOP_EVICT = ("evict_last", "evict_first")
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,14 @@ class LaunchConfig:
     block_n: int  # BLOCK_N constexpr: elements handled per step
     num_warps: int  # warps per program; num_warps * warp_size <= 1024
     loop: bool  # True: several chunks of BLOCK_N per row (online max/sum, then an output pass)
+    rows: int = 1  # ROWS constexpr: rows per program (a ROWS x BLOCK_N tile); 1 when loop
+    reverse: bool = False  # looped: output pass from the last chunk to the first
+    evict: tuple = ("", "")  # looped: eviction hints of the first pass and of the re-read
+
+    @property
+    def loop_options(self) -> dict:
+        """The looped path's constexpr keywords (REVERSE, EVICT1, EVICT2)."""
+        return {"REVERSE": self.reverse, "EVICT1": self.evict[0], "EVICT2": self.evict[1]}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -63,12 +79,17 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
         raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
     block = triton.next_power_of_2(N)
     loop = block * element_size > MAX_FUSED_BYTES
+    rows = 1
     if loop:
         block = LOOP_BLOCK_BYTES // element_size
-    threads = max(block * element_size // BYTES_PER_THREAD, 1)
+    else:
+        rows = max(MIN_TILE_BYTES // (block * element_size), 1)
+    threads = max(rows * block * element_size // BYTES_PER_THREAD, 1)
     num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
-    return LaunchConfig(block_n=block, num_warps=num_warps, loop=loop)
+    if loop:
+        return LaunchConfig(block_n=block, num_warps=num_warps, loop=True, reverse=LOOP_REVERSE, evict=LOOP_EVICT)
+    return LaunchConfig(block_n=block, num_warps=num_warps, loop=False, rows=rows)
 
 
 def config_for(N: int, t: torch.Tensor) -> LaunchConfig:

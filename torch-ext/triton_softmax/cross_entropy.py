@@ -191,10 +191,6 @@ def _scale_grad_kernel(
         tl.store(applied_ptr + row, d)
 
 
-# Looped path of the forward: (REVERSE, EVICT1, EVICT2), the fastest on the H200 (benchmarks/NOTES.md).
-CE_LOOP_OPTIONS = (True, "evict_last", "evict_first")
-
-
 def _cross_entropy_fwd_impl(
     logits: Tensor, target: Tensor, class_dim: int, ignore_index: int, label_smoothing: float, z_loss: float,
     reduction: str, need_grad: bool,
@@ -222,13 +218,12 @@ def _cross_entropy_fwd_impl(
             logits, t = logits.contiguous(), target.contiguous().unsqueeze(class_dim).expand(logits.shape)
             layout = row_layout([logits, t, gs], class_dim)
         cfg = config_for(V, logits)
-        reverse, evict1, evict2 = CE_LOOP_OPTIONS
         _cross_entropy_fwd_kernel[(layout.rows,)](
             logits, t, rows, gs, count if need_grad else None, layout.sizes[1], layout.sizes[2],
             *layout.args(0), *layout.args(1)[:3], *layout.args(2),
             V, ignore_index, label_smoothing, z_loss,
             SMOOTH=label_smoothing > 0.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop,
-            REVERSE=reverse, EVICT1=evict1, EVICT2=evict2,
+            **cfg.loop_options,
             num_warps=cfg.num_warps, **launch_options(_cross_entropy_fwd_kernel),
         )
     if reduction == "none":

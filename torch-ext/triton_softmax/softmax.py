@@ -46,16 +46,27 @@ Tensor = torch.Tensor
 
 @triton.jit
 def _load_scores(x_ptr, m_ptr, x_row, m_row, stride_x_col, stride_m_col, offs, mask_n, scale, q,
-                 CAUSAL: tl.constexpr):
-    """z = x * scale + mask for one chunk of a row, fp32; -inf past the row end and where causal masks."""
+                 CAUSAL: tl.constexpr, EVICT: tl.constexpr):
+    """z = x * scale + mask for one chunk of a row (or a tile of rows), fp32; -inf past the row end and
+    where causal masks. ``x_row``/``m_row``/``q`` broadcast against ``offs``."""
     cols = offs.to(tl.int64)
     keep = mask_n
     if CAUSAL:
         keep = keep & (offs <= q)
-    z = tl.load(x_ptr + x_row + cols * stride_x_col, mask=keep, other=0.0).to(tl.float32) * scale
+    z = tl.load(x_ptr + x_row + cols * stride_x_col, mask=keep, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    z = z * scale
     if m_ptr is not None:
-        z = z + tl.load(m_ptr + m_row + cols * stride_m_col, mask=keep, other=0.0).to(tl.float32)
+        z = z + tl.load(m_ptr + m_row + cols * stride_m_col, mask=keep, other=0.0, eviction_policy=EVICT).to(tl.float32)
     return tl.where(keep, z, float("-inf"))
+
+
+@triton.jit
+def _chunk_start(i, n_chunks, BLOCK_N: tl.constexpr, REVERSE: tl.constexpr):
+    """First column of the i-th chunk of the second pass (last chunk first when REVERSE)."""
+    if REVERSE:
+        return (n_chunks - 1 - i) * BLOCK_N
+    else:
+        return i * BLOCK_N
 
 
 @triton.jit
@@ -67,6 +78,7 @@ def _softmax_fwd_kernel(
     sx0, sx1, sx2, sxc,  # elements x_ptr moves per leading index / per column
     sm0, sm1, sm2, smc,  # the same for the mask
     sy0, sy1, sy2, syc,  # the same for y
+    M,  # number of rows
     N,  # row length (size of dim)
     Sq,  # size of the second-to-last dim (causal: query index = row % Sq)
     scale,  # fp32 multiplier of x
@@ -74,42 +86,55 @@ def _softmax_fwd_kernel(
     LOG: tl.constexpr,  # log_softmax instead of softmax
     BLOCK_N: tl.constexpr,  # elements per chunk
     LOOP: tl.constexpr,  # the row spans several chunks
+    ROWS: tl.constexpr,  # rows per program (one block: ROWS x BLOCK_N); 1 when LOOP
+    REVERSE: tl.constexpr,  # looped: the output pass walks the chunks last to first (the newest in L2)
+    EVICT1: tl.constexpr,  # looped: eviction hint of the first pass's loads ("evict_last": keep for the re-read)
+    EVICT2: tl.constexpr,  # looped: eviction hint of the output pass's re-read ("evict_first")
 ):
-    # One program per row. Bytes: read N*x (+ N*mask), write N*y; wide rows read x (and mask) twice.
-    row = tl.program_id(0).to(tl.int64)
-    x_row = row_start(row, R1, R2, sx0, sx1, sx2)
-    m_row = row_start(row, R1, R2, sm0, sm1, sm2)
-    y_row = row_start(row, R1, R2, sy0, sy1, sy2)
-    q = row % Sq
+    # DRAM bytes: read N*x (+ N*mask), write N*y; a looped row is read twice, the second time
+    # right after the first and newest chunks first, so mostly from L2.
     if not LOOP:
-        offs = tl.arange(0, BLOCK_N)
-        mask_n = offs < N
-        z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL)
-        zm = z - tl.max(z, axis=0)
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
+        row_ok = rows < M
+        rows = tl.where(row_ok, rows, 0)
+        x_row = row_start(rows, R1, R2, sx0, sx1, sx2)[:, None]
+        m_row = row_start(rows, R1, R2, sm0, sm1, sm2)[:, None]
+        y_row = row_start(rows, R1, R2, sy0, sy1, sy2)[:, None]
+        q = (rows % Sq)[:, None]
+        offs = tl.arange(0, BLOCK_N)[None, :]
+        mask_n = (offs < N) & row_ok[:, None]
+        z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "")
+        zm = z - tl.max(z, axis=1)[:, None]
         e = tl.exp(zm)
-        s = tl.sum(e, axis=0)
+        s = tl.sum(e, axis=1)[:, None]
         if LOG:
             y = zm - tl.log(s)
         else:
             y = e / s
         store_rounded(y_ptr + y_row, offs.to(tl.int64) * syc, y, mask_n)
     else:
+        row = tl.program_id(0).to(tl.int64)
+        x_row = row_start(row, R1, R2, sx0, sx1, sx2)
+        m_row = row_start(row, R1, R2, sm0, sm1, sm2)
+        y_row = row_start(row, R1, R2, sy0, sy1, sy2)
+        q = row % Sq
         # pass 1: online max and sum of exp over the chunks
         mx = tl.full([], float("-inf"), tl.float32)
         s = tl.full([], 0.0, tl.float32)
         for start in range(0, N, BLOCK_N):
             offs = start + tl.arange(0, BLOCK_N)
             mask_n = offs < N
-            z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL)
+            z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, EVICT1)
             new = tl.maximum(mx, tl.max(z, axis=0))
             base = tl.where(new == float("-inf"), 0.0, new)  # all -inf so far: s stays 0, no NaN
             s = s * tl.exp(mx - base) + tl.sum(tl.exp(z - base), axis=0)
             mx = new
         # pass 2: read the row again and write y (mx = -inf, s = 0 for a fully masked row: NaN as torch)
-        for start in range(0, N, BLOCK_N):
-            offs = start + tl.arange(0, BLOCK_N)
+        n_chunks = tl.cdiv(N, BLOCK_N)
+        for i in range(0, n_chunks):
+            offs = _chunk_start(i, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
             mask_n = offs < N
-            zm = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL) - mx
+            zm = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, EVICT2) - mx
             if LOG:
                 y = zm - tl.log(s)
             else:
@@ -118,13 +143,14 @@ def _softmax_fwd_kernel(
 
 
 @triton.jit
-def _load_bwd(y_ptr, dy_ptr, y_row, dy_row, stride_y_col, stride_dy_col, offs, mask_n, LOG: tl.constexpr):
+def _load_bwd(y_ptr, dy_ptr, y_row, dy_row, stride_y_col, stride_dy_col, offs, mask_n, LOG: tl.constexpr,
+              EVICT: tl.constexpr):
     """(p, dy) for one chunk, fp32: p = y for softmax, exp(y) for log_softmax; 0 past the row end."""
     cols = offs.to(tl.int64)
-    p = tl.load(y_ptr + y_row + cols * stride_y_col, mask=mask_n, other=0.0).to(tl.float32)
+    p = tl.load(y_ptr + y_row + cols * stride_y_col, mask=mask_n, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if LOG:
         p = tl.where(mask_n, tl.exp(p), 0.0)
-    dy = tl.load(dy_ptr + dy_row + cols * stride_dy_col, mask=mask_n, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + dy_row + cols * stride_dy_col, mask=mask_n, other=0.0, eviction_policy=EVICT).to(tl.float32)
     return p, dy
 
 
@@ -149,44 +175,56 @@ def _softmax_bwd_kernel(
     sy0, sy1, sy2, syc,
     sdy0, sdy1, sdy2, sdyc,
     sdx0, sdx1, sdx2, sdxc,
-    N, Sq,
+    M, N, Sq,
     scale,  # dx = scale * dz
     CAUSAL: tl.constexpr,
     LOG: tl.constexpr,
     BLOCK_N: tl.constexpr,
     LOOP: tl.constexpr,
+    ROWS: tl.constexpr,
+    REVERSE: tl.constexpr,
+    EVICT1: tl.constexpr,
+    EVICT2: tl.constexpr,
 ):
-    # One program per row. Bytes: read N*(y + dy), write N*dx; wide rows read y and dy twice.
-    row = tl.program_id(0).to(tl.int64)
-    y_row = row_start(row, R1, R2, sy0, sy1, sy2)
-    dy_row = row_start(row, R1, R2, sdy0, sdy1, sdy2)
-    dx_row = row_start(row, R1, R2, sdx0, sdx1, sdx2)
-    q = row % Sq
+    # DRAM bytes: read N*(y + dy), write N*dx; a looped row re-reads y and dy (mostly from L2).
     if not LOOP:
-        offs = tl.arange(0, BLOCK_N)
-        mask_n = offs < N
-        p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG)
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
+        row_ok = rows < M
+        rows = tl.where(row_ok, rows, 0)
+        y_row = row_start(rows, R1, R2, sy0, sy1, sy2)[:, None]
+        dy_row = row_start(rows, R1, R2, sdy0, sdy1, sdy2)[:, None]
+        dx_row = row_start(rows, R1, R2, sdx0, sdx1, sdx2)[:, None]
+        q = (rows % Sq)[:, None]
+        offs = tl.arange(0, BLOCK_N)[None, :]
+        mask_n = (offs < N) & row_ok[:, None]
+        p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG, "")
         if LOG:
-            red = tl.sum(dy, axis=0)
+            red = tl.sum(dy, axis=1)[:, None]
         else:
-            red = tl.sum(p * dy, axis=0)
+            red = tl.sum(p * dy, axis=1)[:, None]
         dz = _dz(p, dy, red, offs, q, CAUSAL, LOG)
         store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, dz * scale, mask_n)
     else:
+        row = tl.program_id(0).to(tl.int64)
+        y_row = row_start(row, R1, R2, sy0, sy1, sy2)
+        dy_row = row_start(row, R1, R2, sdy0, sdy1, sdy2)
+        dx_row = row_start(row, R1, R2, sdx0, sdx1, sdx2)
+        q = row % Sq
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
             offs = start + tl.arange(0, BLOCK_N)
             mask_n = offs < N
-            p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG)
+            p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG, EVICT1)
             if LOG:
                 acc += dy
             else:
                 acc += p * dy
         red = tl.sum(acc, axis=0)
-        for start in range(0, N, BLOCK_N):
-            offs = start + tl.arange(0, BLOCK_N)
+        n_chunks = tl.cdiv(N, BLOCK_N)
+        for i in range(0, n_chunks):
+            offs = _chunk_start(i, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
             mask_n = offs < N
-            p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG)
+            p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG, EVICT2)
             dz = _dz(p, dy, red, offs, q, CAUSAL, LOG)
             store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, dz * scale, mask_n)
 
@@ -211,10 +249,10 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
         layout = row_layout([xs, ms, ys], dim)
     N = xs.shape[dim]
     cfg = config_for(N, xs if ms is None or xs.element_size() >= ms.element_size() else ms)
-    _softmax_fwd_kernel[(layout.rows,)](
+    _softmax_fwd_kernel[(triton.cdiv(layout.rows, cfg.rows),)](
         xs, ms, ys, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
-        N, xs.shape[-2] if causal else 1, scale,
-        CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, LOOP=cfg.loop,
+        layout.rows, N, xs.shape[-2] if causal else 1, scale,
+        CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, LOOP=cfg.loop, ROWS=cfg.rows, **cfg.loop_options,
         num_warps=cfg.num_warps, **launch_options(_softmax_fwd_kernel),
     )
     return y
@@ -243,10 +281,10 @@ def _softmax_bwd(dy: Tensor, y: Tensor, dim: int, scale: float, causal: bool, lo
         layout = row_layout([ys, dys, dxs], dim)
     N = ys.shape[dim]
     cfg = config_for(N, ys)
-    _softmax_bwd_kernel[(layout.rows,)](
+    _softmax_bwd_kernel[(triton.cdiv(layout.rows, cfg.rows),)](
         ys, dys, dxs, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
-        N, ys.shape[-2] if causal else 1, scale,
-        CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, LOOP=cfg.loop,
+        layout.rows, N, ys.shape[-2] if causal else 1, scale,
+        CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, LOOP=cfg.loop, ROWS=cfg.rows, **cfg.loop_options,
         num_warps=cfg.num_warps, **launch_options(_softmax_bwd_kernel),
     )
     return dx
