@@ -189,6 +189,66 @@ def test_backward_twice_and_loss_used_twice(softmax, device):
     assert_close_ref(x.grad, 2 * xr.grad, rel_atol=1e-6)
 
 
+def test_backward_rescales_only_rows_whose_upstream_gradient_is_not_one(softmax, device):
+    """The forward stores the gradient for an upstream gradient of 1; the backward rescales in place only
+    the rows whose upstream gradient differs from the one already applied. Repeated backwards through
+    the same graph (retain_graph) with upstream gradients 1, 3, 3 accumulate 1 + 3 + 3 times the gradient;
+    per-row upstream gradients mixing exact 1s, other values and inf on ignored rows ("none")."""
+    x = rand((6, 29), torch.float32, device).requires_grad_()
+    t = targets((6,), 29, device)
+    t[2] = -100
+    xr = x.detach().double().requires_grad_()
+    (gr,) = torch.autograd.grad(ce_ref(xr, t, label_smoothing=0.05), xr)
+    loss = softmax.cross_entropy(x, t, label_smoothing=0.05)
+    loss.backward(retain_graph=True)
+    assert_close_ref(x.grad, gr, rel_atol=1e-6)
+    (loss * 3).backward(retain_graph=True)
+    assert_close_ref(x.grad, 4 * gr, rel_atol=1e-6)
+    (loss * 3).backward()
+    assert_close_ref(x.grad, 7 * gr, rel_atol=1e-6)
+
+    xb = x.detach().to(torch.bfloat16).requires_grad_()
+    rows = softmax.cross_entropy(xb, t, reduction="none")
+    dl = torch.tensor([1.0, 0.5, float("inf"), 1.0, -2.0, 1.0], device=device)  # row 2 is ignored
+    (g,) = torch.autograd.grad(rows, xb, dl.to(torch.bfloat16), retain_graph=True)
+    xr = xb.detach().double().requires_grad_()
+    (gr,) = torch.autograd.grad(ce_ref(xr, t, reduction="none"), xr, dl.double().nan_to_num(posinf=0.0))
+    assert torch.equal(g[2], torch.zeros_like(g[2]))  # torch: ignored rows get 0 whatever the upstream gradient
+    assert_close_ref(g, gr, ulps=2, rel_atol=1e-5)
+    (g2,) = torch.autograd.grad(rows, xb, dl.to(torch.bfloat16))  # same upstream gradient again: same values
+    assert torch.equal(g2, g)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_forward_backward(softmax, device):
+    """Loss and gradient captured in one CUDA graph (no host sync anywhere) and replayed on new logits."""
+    if device != "cuda":
+        pytest.skip("CUDA graphs need TEST_DEVICE=cuda")
+    x = torch.randn(64, 5003, device=device, dtype=torch.bfloat16).requires_grad_()
+    t = targets((64,), 5003, device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            x.grad = None
+            softmax.cross_entropy(x, t, label_smoothing=0.1, z_loss=1e-4).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = softmax.cross_entropy(x, t, label_smoothing=0.1, z_loss=1e-4)
+        loss.backward()
+    new = torch.randn_like(x)
+    with torch.no_grad():
+        x.copy_(new)
+        x.grad.fill_(float("nan"))  # poisoned: x.grad was None at capture, so the replay overwrites it
+    graph.replay()
+    xe = new.clone().requires_grad_()
+    le = softmax.cross_entropy(xe, t, label_smoothing=0.1, z_loss=1e-4)
+    le.backward()
+    assert torch.equal(loss, le) and torch.equal(x.grad, xe.grad)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("V", [131072, 262144])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
