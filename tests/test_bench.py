@@ -316,3 +316,14 @@ def test_kernels_benchmark_runs_and_verifies(package, built):
         results, sha = run_benchmark_script(script, iterations=1, warmup=0, cwd=path, repo_id=str(path), is_local=True, revision="local")
         assert results and sha
         assert all(t.verified is True for t in results.values()), {k: t.verified for k, t in results.items()}
+
+
+@pytest.mark.slow
+def test_compiled_peer_in_backward_only_mode(packages, device):
+    """The backward-alone timing keeps the graph (retain_graph): a compiled peer must not donate its buffers."""
+    if device != "cpu":
+        pytest.skip("the GPU run covers it")
+    rows = bench.run_case(_spec("triton-norms", "rms_norm", "bwd"), (4, 24), packages["triton-norms"], torch.float32, device,
+                          peers=("compile",), timer=_fake_timer(1.0))
+    row = next(r for r in rows if r["provider"] == "torch.compile")
+    assert row.get("ok") is True and "error" not in row, row

@@ -17,6 +17,7 @@ device the kernels run on (on CPU, under the Triton interpreter, for tests).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -135,7 +136,11 @@ def _bwd_only(f, x, dy, w=None):
 
     def run():
         if not graph:
-            graph.append(f(x))
+            # a compiled backward may donate its saved buffers, which forbids retain_graph
+            functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
+            patch = functorch_config.patch(donated_buffer=False) if hasattr(functorch_config, "donated_buffer") else contextlib.nullcontext()
+            with patch:
+                graph.append(f(x))
         return torch.autograd.grad(graph[0], inputs, dy, retain_graph=True)[0]
 
     return run
