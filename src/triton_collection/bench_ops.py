@@ -455,7 +455,8 @@ def _build_ce(kernel, shape, dtype, device, peers):
         F.cross_entropy(xd, t).backward()
         return xd.grad
 
-    return Workload(providers, ref, skipped=skipped, rtol=5e-2, atol=1e-4)
+    # gradient entries are ~1/count (the -1 of the target column): an absolute tolerance must scale with it
+    return Workload(providers, ref, skipped=skipped, rtol=5e-2, atol=2e-2 / M)
 
 
 SOFTMAX = (
