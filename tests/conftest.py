@@ -87,3 +87,11 @@ def matmul(installed):
     import kernels
 
     return kernels.get_kernel(f"{ORG}/triton-matmul", version=1)
+
+
+@pytest.fixture(scope="session")
+def attention(installed):
+    """triton-attention v1 loaded by Hub name, offline, the way users load it."""
+    import kernels
+
+    return kernels.get_kernel(f"{ORG}/triton-attention", version=1)

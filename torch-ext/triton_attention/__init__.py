@@ -15,6 +15,7 @@ from . import layers
 from ._launch import BwdConfig, FwdConfig, pick_bwd_config, pick_fwd_config
 from .flash import flash_attention
 from .rotary import apply_rotary_pos_emb, rotary_embedding
+from .transformers_attention import attention_forward as transformers_attention_forward
 
 __all__ = [
     "BwdConfig",
@@ -25,4 +26,5 @@ __all__ = [
     "pick_bwd_config",
     "pick_fwd_config",
     "rotary_embedding",
+    "transformers_attention_forward",
 ]

@@ -21,7 +21,7 @@ read/written through up to 4 dims of strides (64-bit offsets); nothing is copied
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 import triton
@@ -215,15 +215,13 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
     return call_op(_rope, _rope_impl, x, cos, sin, bool(interleaved), bool(fp32_math))
 
 
-def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[Tensor] = None,
-                         unsqueeze_dim: int = 1) -> Tuple[Tensor, Tensor]:
+def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1) -> Tuple[Tensor, Tensor]:
     """transformers' ``apply_rotary_pos_emb``, bit-exact: ``(q * cos + rotate_half(q) * sin, same for k)``.
 
     Args:
         q: [B, Hq, S, D] (or any layout where ``cos.unsqueeze(unsqueeze_dim)`` broadcasts), D even.
         k: [B, Hk, S, D]; Hk may differ from Hq (GQA/MQA, one KV head).
         cos, sin: [B, S, D] (transformers' rotary module output), unsqueezed at ``unsqueeze_dim``.
-        position_ids: unused (kept for the older transformers signature).
         unsqueeze_dim: where cos/sin get their broadcast dim (1 for [B, H, S, D], 2 for [B, S, H, D]).
 
     Returns:

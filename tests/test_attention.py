@@ -1,0 +1,402 @@
+"""triton-attention: flash attention and rotary embeddings against fp64 PyTorch and the HF functions.
+
+The package is loaded by Hub name through the ``attention`` fixture (conftest), as users load it;
+on CPU the kernels run under the Triton interpreter with tiles of 16, so the tiny shapes here
+(S <= 64, D <= 64) still cross several key/query blocks, ragged tails and the causal diagonal.
+
+Tolerances: the kernels accumulate in fp32 and round P (and dS) to the input dtype before their
+matmuls, as FlashAttention-2 does; an output element is a convex combination of v rows, so its
+error is a few ulps of the input dtype times max|v| (``TOL``). Under the interpreter bf16 values
+are truncated instead of rounded (conftest), hence the wider bf16 bound. fp32 inputs use IEEE fp32
+dot products: 1e-5 relative.
+"""
+
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 4e-2}
+GRAD_TOL = {torch.float32: 5e-5, torch.float16: 1e-2, torch.bfloat16: 8e-2}
+
+
+def rand(*shape, dtype=torch.float32, device="cpu", scale=1.0):
+    return (torch.randn(*shape, device=device) * scale).to(dtype)
+
+
+def ref_attention(q, k, v, mask=None, causal=False, scale=None, layout="bhsd"):
+    """fp64 SDPA (math): GQA via enable_gqa, causal folded into the mask when both are given."""
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    q, k, v = q.double(), k.double(), v.double()
+    m = mask
+    if m is not None and m.dtype != torch.bool:
+        m = m.double()
+    if causal and m is not None:
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        m = m.masked_fill(~keep, float("-inf")) if m.dtype != torch.bool else (m & keep)
+        causal = False
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal, scale=scale,
+                                       enable_gqa=q.shape[1] != k.shape[1])
+    return o.transpose(1, 2) if layout == "bshd" else o
+
+
+def assert_close(actual, expected64, tol, what=""):
+    assert actual.shape == expected64.shape, (what, actual.shape, expected64.shape)
+    assert torch.isfinite(actual).all(), f"{what}: non-finite values"
+    err = (actual.double() - expected64).abs().max().item()
+    bound = tol * max(expected64.abs().max().item(), 1.0)
+    assert err <= bound, f"{what}: max error {err:.3g} > {bound:.3g}"
+
+
+def make_qkv(B, Hq, Hk, Sq, Sk, D, dtype, device, layout="bhsd", Dv=None, grad=False):
+    Dv = Dv or D
+    shp = (lambda h, s, d: (B, s, h, d)) if layout == "bshd" else (lambda h, s, d: (B, h, s, d))
+    q, k, v = rand(*shp(Hq, Sq, D), dtype=dtype, device=device), rand(*shp(Hk, Sk, D), dtype=dtype, device=device), \
+        rand(*shp(Hk, Sk, Dv), dtype=dtype, device=device)
+    if grad:
+        for t in (q, k, v):
+            t.requires_grad_(True)
+    return q, k, v
+
+
+# (B, Hq, Hk, Sq, Sk, D, causal, layout): MHA/GQA/MQA, prime and ragged lengths, padded head dims
+FWD_CASES = [
+    (2, 4, 4, 37, 37, 32, False, "bhsd"),
+    (1, 4, 2, 45, 45, 64, True, "bhsd"),
+    (2, 3, 1, 17, 29, 16, False, "bshd"),
+    (1, 2, 2, 53, 31, 24, True, "bshd"),  # Sq > Sk, D padded 24 -> 32
+    (1, 2, 1, 1, 41, 40, False, "bhsd"),  # one query (decode)
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", FWD_CASES)
+def test_flash_forward(attention, device, case, dtype):
+    B, Hq, Hk, Sq, Sk, D, causal, layout = case
+    torch.manual_seed(hash((case, str(dtype))) % 2**31)
+    q, k, v = make_qkv(B, Hq, Hk, Sq, Sk, D, dtype, device, layout)
+    o = attention.flash_attention(q, k, v, causal=causal, layout=layout)
+    assert o.dtype == dtype and o.shape == q.shape and o.is_contiguous()
+    assert_close(o, ref_attention(q, k, v, causal=causal, layout=layout), TOL[dtype], "o")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", FWD_CASES[:4])
+def test_flash_backward(attention, device, case, dtype):
+    B, Hq, Hk, Sq, Sk, D, causal, layout = case
+    torch.manual_seed(1 + hash((case, str(dtype))) % 2**31)
+    q, k, v = make_qkv(B, Hq, Hk, Sq, Sk, D, dtype, device, layout, grad=True)
+    o = attention.flash_attention(q, k, v, causal=causal, layout=layout)
+    do = rand(*o.shape, dtype=dtype, device=device)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    r = ref_attention(q64, k64, v64, causal=causal, layout=layout)
+    refs = torch.autograd.grad(r, (q64, k64, v64), do.double())
+    for name, g, rg, t in zip(("dq", "dk", "dv"), grads, refs, (q, k, v)):
+        assert g.dtype == dtype and g.shape == t.shape
+        assert_close(g, rg, GRAD_TOL[dtype], name)
+
+
+def test_flash_scale_and_value_dim(attention, device):
+    torch.manual_seed(2)
+    q, k, v = make_qkv(2, 2, 1, 19, 23, 32, torch.float32, device, Dv=48, grad=True)
+    o = attention.flash_attention(q, k, v, scale=0.37)
+    assert o.shape == (2, 2, 19, 48)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    r = ref_attention(q64, k64, v64, scale=0.37)
+    assert_close(o, r, TOL[torch.float32], "o")
+    do = torch.randn_like(o)
+    for g, rg in zip(torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(r, (q64, k64, v64), do.double())):
+        assert_close(g, rg, GRAD_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive", "additive_grad", "bool_causal"])
+def test_flash_masks(attention, device, kind):
+    """Boolean (True = attend) and additive masks broadcast from [B, 1, Sq, Sk] / [Sq, Sk], with gradients."""
+    torch.manual_seed(3)
+    B, H, Sq, Sk, D = 2, 2, 21, 34, 32
+    q, k, v = make_qkv(B, H, H, Sq, Sk, D, torch.float32, device, grad=True)
+    if kind.startswith("bool"):
+        mask = torch.rand(Sq, Sk, device=device) > 0.3
+    else:
+        mask = rand(B, 1, Sq, Sk, device=device).requires_grad_(kind == "additive_grad")
+    causal = kind == "bool_causal"
+    o = attention.flash_attention(q, k, v, attn_mask=mask, causal=causal)
+    m64 = mask if mask.dtype == torch.bool else mask.detach().double().requires_grad_(mask.requires_grad)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    r = ref_attention(q64, k64, v64, m64, causal=causal)
+    assert_close(o, r, TOL[torch.float32], "o")
+    do = torch.randn_like(o)
+    ins = (q, k, v) + ((mask,) if mask.requires_grad else ())
+    ins64 = (q64, k64, v64) + ((m64,) if mask.requires_grad else ())
+    for g, rg in zip(torch.autograd.grad(o, ins, do), torch.autograd.grad(r, ins64, do.double())):
+        assert_close(g, rg, GRAD_TOL[torch.float32])
+
+
+def test_flash_fully_masked_rows_are_zero(attention, device):
+    """A query whose every key is masked gives 0 (as SDPA's math backend) and zero gradients, never NaN."""
+    torch.manual_seed(4)
+    q, k, v = make_qkv(1, 2, 2, 18, 20, 16, torch.float32, device, grad=True)
+    mask = torch.ones(18, 20, dtype=torch.bool, device=device)
+    mask[3] = False
+    mask[17] = False
+    o = attention.flash_attention(q, k, v, attn_mask=mask)
+    r = ref_attention(q, k, v, mask)
+    assert_close(o, r, TOL[torch.float32])
+    assert (o[:, :, 3] == 0).all() and (o[:, :, 17] == 0).all()
+    dq, dk, dv = torch.autograd.grad(o.sum(), (q, k, v))  # also: a stride-0 upstream gradient
+    assert torch.isfinite(dq).all() and (dq[:, :, 3] == 0).all()
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    refs = torch.autograd.grad(ref_attention(q64, k64, v64, mask).sum(), (q64, k64, v64))
+    for g, rg in zip((dq, dk, dv), refs):
+        assert_close(g, rg, GRAD_TOL[torch.float32])
+
+
+def test_flash_strided_views_read_in_place(attention, device):
+    """q, k, v sliced out of one fused projection (diffusers' [B, S, H, D] views) and a transposed output layout."""
+    torch.manual_seed(5)
+    B, S, H, D = 2, 27, 3, 16
+    qkv = rand(B, S, 3 * H * D + 5, device=device)[..., 5:]
+    q, k, v = (t.unflatten(-1, (H, D)) for t in qkv.split(H * D, dim=-1))
+    assert not q.is_contiguous()
+    o = attention.flash_attention(q, k, v, layout="bshd")
+    assert_close(o, ref_attention(q, k, v, layout="bshd"), TOL[torch.float32])
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D] views of the same memory
+    o2 = attention.flash_attention(qt, kt, vt, layout="bhsd", out_layout="bshd")
+    assert o2.shape == (B, S, H, D) and o2.is_contiguous()
+    assert torch.equal(o2, o)
+
+
+def test_flash_zero_sizes(attention, device):
+    q, k, v = make_qkv(0, 2, 2, 5, 5, 16, torch.float32, device)
+    assert attention.flash_attention(q, k, v).shape == (0, 2, 5, 16)
+    q, k, v = make_qkv(1, 2, 2, 5, 0, 16, torch.float32, device)
+    assert (attention.flash_attention(q, k, v) == 0).all()  # no key at all: 0, as SDPA
+
+
+def test_flash_errors(attention, device):
+    q, k, v = make_qkv(1, 4, 2, 8, 8, 16, torch.float32, device)
+    fa = attention.flash_attention
+    with pytest.raises(ValueError, match="multiple of the key/value heads"):
+        fa(q, k[:, :1].expand(1, 3, 8, 16), v[:, :1].expand(1, 3, 8, 16))
+    with pytest.raises(TypeError, match="share one dtype"):
+        fa(q, k.half(), v)
+    with pytest.raises(TypeError, match="q must be"):
+        fa(q.long(), k, v)
+    with pytest.raises(ValueError, match="4-D"):
+        fa(q[0], k, v)
+    with pytest.raises(ValueError, match="same head dim"):
+        fa(q, k[..., :8], v)
+    with pytest.raises(ValueError, match="layout"):
+        fa(q, k, v, layout="sbhd")
+    with pytest.raises(ValueError, match="does not broadcast"):
+        fa(q, k, v, attn_mask=torch.zeros(3, 8, device=device))
+    with pytest.raises(TypeError, match="attn_mask"):
+        fa(q, k, v, attn_mask=torch.zeros(8, 8, dtype=torch.int32, device=device))
+    with pytest.raises(TypeError, match="scale"):
+        fa(q, k, v, scale=torch.tensor(0.1))
+    with pytest.raises(ValueError, match="head dims"):
+        big = rand(1, 1, 4, 272, device=device)
+        fa(big, big, big)
+
+
+def test_flash_opcheck(attention, device):
+    """torch.library.opcheck of the registered forward/backward ops (schema, fake, autograd registration)."""
+    import sys
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    torch.manual_seed(6)
+    q, k, v = make_qkv(1, 2, 1, 9, 11, 16, torch.float32, device, grad=True)
+    mask = rand(1, 1, 9, 11, device=device)
+    torch.library.opcheck(flash._attn_fwd, (q, k, v, mask, 0.25, False, False, True),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+@pytest.mark.slow
+def test_flash_compile_fullgraph(attention, device):
+    torch.manual_seed(7)
+    q, k, v = make_qkv(1, 2, 1, 20, 20, 16, torch.float32, device, grad=True)
+
+    def f(q, k, v):
+        return attention.flash_attention(q, k, v, causal=True).sin().sum()
+
+    out = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert torch.allclose(out, f(q, k, v))
+    out.backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.parametrize("warp_size", [32, 64])
+def test_launch_configs_respect_thread_limit(attention, warp_size):
+    for d in (16, 32, 64, 128, 256):
+        for interp in (False, True):
+            f = attention.pick_fwd_config(d, interp, warp_size)
+            b = attention.pick_bwd_config(d, interp, warp_size)
+            assert f.num_warps * warp_size <= 1024 and b.num_warps * warp_size <= 1024
+            assert min(f.block_m, f.block_n, b.block_m1, b.block_n1, b.block_m2, b.block_n2) >= 16
+
+
+# ----------------------------------------------------------------------------- rotary
+
+ROPE_DTYPES = [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.float32, torch.float32),
+               (torch.bfloat16, torch.float32)]
+
+
+@pytest.mark.parametrize("dtypes", ROPE_DTYPES)
+def test_apply_rotary_pos_emb_bit_exact_to_transformers(attention, device, dtypes):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    dt, cdt = dtypes
+    torch.manual_seed(8)
+    q, k = rand(2, 4, 7, 64, dtype=dt, device=device), rand(2, 2, 7, 64, dtype=dt, device=device)
+    cos, sin = rand(2, 7, 64, dtype=cdt, device=device), rand(2, 7, 64, dtype=cdt, device=device)
+    got = attention.apply_rotary_pos_emb(q, k, cos, sin)
+    want = apply_rotary_pos_emb(q, k, cos, sin)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+    # [B, S, H, D] with unsqueeze_dim=2
+    got = attention.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
+    want = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+def test_case11_rope_with_one_kv_head(attention, device):
+    """Case 11: k (1, 1, 2, 128), q (1, 2, 2, 128): rotated k is right and the inputs are neither modified nor aliased."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    torch.manual_seed(11)
+    q = rand(1, 2, 2, 128, dtype=torch.bfloat16, device=device)
+    k = rand(1, 1, 2, 128, dtype=torch.bfloat16, device=device)
+    cos, sin = rand(1, 2, 128, dtype=torch.bfloat16, device=device), rand(1, 2, 128, dtype=torch.bfloat16, device=device)
+    q0, k0 = q.clone(), k.clone()
+    qe, ke = attention.apply_rotary_pos_emb(q, k, cos, sin)
+    wq, wk = apply_rotary_pos_emb(q0, k0, cos, sin)
+    assert torch.equal(ke, wk) and torch.equal(qe, wq)
+    assert torch.equal(q, q0) and torch.equal(k, k0)
+    assert ke.data_ptr() != k.data_ptr() and qe.data_ptr() != q.data_ptr()
+    assert not torch.equal(ke, k)  # it did rotate
+
+
+def test_rotary_interleaved_bit_exact_to_diffusers(attention, device):
+    """Flux's apply_rotary_emb (pairs, fp32 math, [S, D] fp32 cos/sin) and Wan's pair formula, bit for bit."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    torch.manual_seed(12)
+    S, D = 13, 32
+    x = rand(2, S, 3, D, dtype=torch.bfloat16, device=device)
+    ang = torch.rand(S, D // 2, device=device) * 6
+    cos, sin = ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1)
+    want = apply_rotary_emb(x, (cos, sin), sequence_dim=1)
+    got = attention.rotary_embedding(x, cos[:, None], sin[:, None], interleaved=True, fp32_math=True)
+    assert got.dtype == x.dtype and torch.equal(got, want)
+    # Wan: x1 * cos - x2 * sin / x1 * sin + x2 * cos on pairs, fp32, stored into x's dtype
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[None, :, None, 0::2], sin[None, :, None, 1::2]
+    wan = torch.empty_like(x)
+    wan[..., 0::2] = x1 * c - x2 * s
+    wan[..., 1::2] = x1 * s + x2 * c
+    assert torch.equal(attention.rotary_embedding(x, cos[None, :, None], sin[None, :, None], interleaved=True,
+                                                  fp32_math=True), wan)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_backward(attention, device, interleaved):
+    torch.manual_seed(13)
+    x = rand(2, 5, 3, 32, device=device).requires_grad_(True)
+    cos, sin = rand(5, 1, 32, device=device), rand(5, 1, 32, device=device)
+    y = attention.rotary_embedding(x, cos, sin, interleaved=interleaved, fp32_math=True)
+    x64 = x.detach().double().requires_grad_(True)
+    if interleaved:
+        rot = torch.stack([-x64[..., 1::2], x64[..., 0::2]], -1).flatten(-2)
+    else:
+        rot = torch.cat([-x64[..., 16:], x64[..., :16]], -1)
+    y64 = x64 * cos.double() + rot * sin.double()
+    assert_close(y, y64, 1e-6)
+    g = torch.randn_like(y)
+    (gx,), (gx64,) = torch.autograd.grad(y, x, g), torch.autograd.grad(y64, x64, g.double())
+    assert_close(gx, gx64, 1e-6)
+
+
+def test_rotary_errors(attention, device):
+    x = rand(1, 2, 3, 8, device=device)
+    c = rand(3, 8, device=device)
+    with pytest.raises(ValueError, match="even"):
+        attention.rotary_embedding(x[..., :7], c[..., :7], c[..., :7])
+    with pytest.raises(ValueError, match="does not broadcast"):
+        attention.rotary_embedding(x, c[:2], c)
+    with pytest.raises(ValueError, match="requires grad"):
+        attention.rotary_embedding(x, c.requires_grad_(True), c.detach())
+    with pytest.raises(TypeError, match="must be torch.float16"):
+        attention.rotary_embedding(x.long(), c.detach(), c.detach())
+
+
+def test_rotary_layer_kernelize_in_llama(attention, device):
+    """The RotaryPosEmb layer through kernels.kernelize swaps Llama's apply_rotary_pos_emb: same logits bit for bit."""
+    import kernels
+    from kernels import LocalLayerRepository, Mode
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama import modeling_llama
+
+    torch.manual_seed(14)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (2, 11))
+    with torch.no_grad():
+        before = model(ids).logits
+    func = modeling_llama.apply_rotary_pos_emb
+    original = func.forward
+    path = __import__("pathlib").Path(__import__("sys").modules[attention.__name__].__file__).parent
+    repo = LocalLayerRepository(repo_path=path, layer_name="RotaryPosEmb")
+    calls = []
+    try:
+        with kernels.use_kernel_mapping({"rotary_pos_emb": {"cpu": repo}}, inherit_mapping=False):
+            kernels.kernelize(func, mode=Mode.INFERENCE, device="cpu", use_fallback=False)
+        assert func.forward is not original
+        inner = func.forward
+        func.forward = lambda *a, **kw: calls.append(1) or inner(*a, **kw)
+        with torch.no_grad():
+            after = model(ids).logits
+    finally:
+        func.forward = original
+    assert len(calls) == 2 and torch.equal(after, before)
+
+
+def test_transformers_attention_interface(attention, device):
+    """attn_implementation="triton" (registered function + sdpa masks) matches SDPA: causal, padding, GQA."""
+    from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("triton", attention.transformers_attention_forward)
+    AttentionMaskInterface.register("triton", sdpa_mask)
+    torch.manual_seed(15)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=1, max_position_embeddings=64, attn_implementation="sdpa")
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (2, 13))
+    pad = torch.ones(2, 13, dtype=torch.long)
+    pad[1, :4] = 0  # left padding in the second row
+    with torch.no_grad():
+        ref_causal = model(ids).logits
+        ref_pad = model(ids, attention_mask=pad).logits
+        model.set_attn_implementation("triton")
+        assert model.config._attn_implementation == "triton"
+        got_causal = model(ids).logits
+        got_pad = model(ids, attention_mask=pad).logits
+    assert_close(got_causal, ref_causal.double(), 1e-4, "causal")
+    assert_close(got_pad[1, 4:], ref_pad[1, 4:].double(), 1e-4, "padded")
+    assert_close(got_pad[0], ref_pad[0].double(), 1e-4, "unpadded row")
+
+
+def test_transformers_attention_refuses_unsupported(attention, device):
+    q = rand(1, 2, 4, 16, device=device)
+    mod = torch.nn.Module()
+    with pytest.raises(ValueError, match="dropout"):
+        attention.transformers_attention_forward(mod, q, q, q, None, dropout=0.1)
+    with pytest.raises(ValueError, match="softcap"):
+        attention.transformers_attention_forward(mod, q, q, q, None, softcap=30.0)
+    out, w = attention.transformers_attention_forward(mod, q, q, q, None, scaling=0.5)
+    assert w is None and out.shape == (1, 4, 2, 16)
+    assert_close(out, ref_attention(q, q, q, causal=True, scale=0.5).transpose(1, 2), TOL[torch.float32])

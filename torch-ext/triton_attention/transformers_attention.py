@@ -1,0 +1,53 @@
+"""transformers' attention interface backed by :func:`flash_attention` (``attn_implementation="triton"``).
+
+``attention_forward`` has the signature transformers calls registered attention functions with
+(``AttentionInterface.register(name, fn)``) and the semantics of its ``sdpa`` implementation:
+q, k, v in [B, H, S, D] (kv heads may be fewer: GQA/MQA, no ``repeat_kv`` copy), the mask from
+transformers' ``sdpa_mask`` (boolean, True = attend, or None), ``is_causal`` resolved as SDPA's path
+does (causal only for more than one query and no mask), output [B, S, H, D] written directly.
+Registering the name is done by ``triton_collection.integrations.transformers_attention.register``
+(this module imports nothing from transformers).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from .flash import flash_attention
+
+_UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
+                      is_causal: Optional[bool] = None, **kwargs) -> Tuple[torch.Tensor, None]:
+    """One attention call of a transformers model: ``(attn_output [B, S, Hq, Dv], None)``.
+
+    Args:
+        module: the attention module (reads ``is_causal`` when the call does not pass it).
+        query: [B, Hq, Sq, D]; key, value: [B, Hk, Sk, D] / [B, Hk, Sk, Dv], Hq % Hk == 0.
+        attention_mask: boolean or additive float mask broadcastable to [B, Hq, Sq, Sk], or None.
+        dropout: must be 0 (attention dropout is not implemented: ValueError otherwise).
+        scaling: softmax scale (default 1/sqrt(D)).
+        is_causal: overrides ``module.is_causal``; causal masking applies only when Sq > 1 and no mask
+            is given (as transformers' SDPA path), top-left aligned.
+        kwargs: other arguments transformers passes (ignored), except ``softcap``, ``s_aux``/``sinks`` and
+            ``position_bias``, which are refused with ValueError when set.
+
+    Returns:
+        (output [B, Sq, Hq, Dv] contiguous in q's dtype, None); no attention weights.
+    """
+    for name in _UNSUPPORTED:
+        if kwargs.get(name) is not None:
+            raise ValueError(f"triton attention does not support `{name}`; use attn_implementation='eager' or 'sdpa'")
+    if kwargs.get("output_attentions", False):
+        raise ValueError("triton attention does not return attention weights (output_attentions=True)")
+    if dropout:
+        raise ValueError(f"triton attention has no attention dropout; got dropout={dropout} (use model.eval())")
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
+    out = flash_attention(query, key, value, attn_mask=attention_mask, causal=causal, scale=scaling,
+                          layout="bhsd", out_layout="bshd")
+    return out, None
