@@ -47,7 +47,7 @@ def main(variant: Path, arch: str, everything: bool) -> int:
     count = 0
     for (dtype, eager, libdevice), act_id, gated in itertools.product(combos, range(7), [False, True]):
         for kernel in (act._act_fwd_kernel, act._act_bwd_kernel):
-            consts = {"ACT": act_id, "R": _TL[dtype] if eager else None, "LIBDEVICE": libdevice, "BLOCK_N": 1024}
+            consts = {"ACT": act_id, "R": _TL[dtype] if eager else None, "LIBDEVICE": libdevice, "ROWS": 2, "BLOCK_N": 1024}
             if not gated:
                 consts.update({n: None for n in ("u_ptr", "du_ptr") if n in kernel.arg_names})
             src = ASTSource(kernel, _signature(kernel, dtype, consts),

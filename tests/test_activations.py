@@ -386,12 +386,18 @@ def test_case5_compile_fullgraph(activations, device, backend, dtype):
 def test_case10_config_picker_respects_warp_size(activations, warp_size):
     for N in [1, 3, 127, 4095, 4097, 14336, 1 << 20, 1 << 30]:
         for element_size in (2, 4):
-            cfg = activations.pick_config(N, element_size, warp_size)
-            assert cfg.num_warps * warp_size <= 1024 and cfg.num_warps >= 1
-            assert cfg.num_warps & (cfg.num_warps - 1) == 0 and cfg.block_n & (cfg.block_n - 1) == 0
-            assert cfg.column_blocks == -(-N // cfg.block_n) <= 65535
+            for M in (1, 7, 16384):
+                cfg = activations.pick_config(N, element_size, warp_size, M)
+                assert cfg.num_warps * warp_size <= 1024 and cfg.num_warps >= 1
+                assert cfg.num_warps & (cfg.num_warps - 1) == 0 and cfg.block_n & (cfg.block_n - 1) == 0
+                assert cfg.column_blocks == -(-N // cfg.block_n) <= 65535
+                assert cfg.rows & (cfg.rows - 1) == 0 and 1 <= cfg.rows <= max(1, 2 * M - 1)
+                assert cfg.row_blocks == -(-M // cfg.rows)
     assert activations.pick_config(3, 2, warp_size).column_blocks == 1
-    assert activations.pick_config(14336, 2, warp_size).column_blocks > 1  # 2-D grid for wide rows
+    assert activations.pick_config(3, 2, warp_size, 1000).rows > 1  # narrow rows share a program
+    assert activations.pick_config(14336, 2, warp_size, 16).column_blocks > 1  # 2-D grid for wide rows
+    with pytest.raises(ValueError, match="M must be"):
+        activations.pick_config(128, 2, warp_size, 0)
     with pytest.raises(ValueError, match="warp_size"):
         activations.pick_config(128, 2, 48)
     with pytest.raises(ValueError, match="N must be"):

@@ -143,9 +143,13 @@ def leading_layout(
 
 
 def padded_layout(t_sizes: List[int], t_strides: List[List[int]]) -> Tuple[List[int], List[List[int]]]:
-    """Pads a layout of <= 3 leading dims to exactly 3 (size-1 dims in front, stride 0)."""
+    """Pads a layout of <= 3 leading dims to exactly 3 (size-1 dims at the end, stride 0).
+
+    At the end, so that the common one-dim layout passes D1 = D2 = 1, which Triton
+    specialises as constants: the kernels then need no integer division per row.
+    """
     pad = MAX_LEADING_DIMS - len(t_sizes)
-    return [1] * pad + list(t_sizes), [[0] * pad + list(s) for s in t_strides]
+    return list(t_sizes) + [1] * pad, [list(s) + [0] * pad for s in t_strides]
 
 
 def rounding_dtype(x: torch.Tensor, eager: bool) -> Optional[torch.dtype]:

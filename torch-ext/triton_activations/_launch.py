@@ -1,20 +1,23 @@
 """Launch settings for the activation kernels, in one place.
 
-Every kernel is elementwise over rows: the grid is ``(rows, column_blocks)``, one
-program per chunk of ``BLOCK_N`` columns of one row (``rows`` = the product of the
-leading dims; for ``*_and_mul`` a row has ``d = x.shape[-1] // 2`` output columns).
-Rows narrower than a block get one program each; wider rows get a second grid
-axis of ``cdiv(d, BLOCK_N)`` programs, so no row is ever too wide.
+Every kernel is elementwise over rows: one program handles a tile of ``ROWS`` rows x
+``BLOCK_N`` columns (for ``*_and_mul`` a row has ``d = x.shape[-1] // 2`` output
+columns). The grid is ``(cdiv(rows, ROWS), cdiv(d, BLOCK_N))``: rows wider than a tile
+get a second grid axis of column blocks, so no row is ever too wide; narrow rows are
+stacked ``ROWS`` to a tile.
 
-``BLOCK_N`` is the next power of two of the row, capped at ``MAX_BLOCK_BYTES`` of
-one operand. Warps follow from the block's size in bytes (``BYTES_PER_THREAD`` of
-each operand per thread: one 16-byte vector) and are capped so that
-``num_warps * warp_size <= 1024`` threads per program, the hardware limit on both
-NVIDIA (32-lane warps) and AMD (64-lane wavefronts).
+A tile holds ``TILE_BYTES`` of each operand: on an H200 (16384 x 2*14336 bf16,
+``benchmarks/NOTES.md``) 4 KiB tiles over 128 threads (two 16-byte vectors per operand
+per thread) ran fastest, forward and backward: the math (libdevice exp/tanh, IEEE
+division) then overlaps the memory traffic, where bigger tiles per program or fewer
+threads left the multiprocessors short of loads in flight. Threads per program are
+capped so that ``num_warps * warp_size <= 1024``, the hardware limit on both NVIDIA
+(32-lane warps) and AMD (64-lane wavefronts).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -22,10 +25,10 @@ import triton
 
 from ._device import is_interpreter
 
-# Largest block (in bytes of one operand) one program handles.
-MAX_BLOCK_BYTES = 8192
-# Bytes of each operand per thread the warp count aims for (one 16-byte vector).
-BYTES_PER_THREAD = 16
+# Bytes of one operand one program handles.
+TILE_BYTES = 4096
+# Bytes of each operand per thread (two 16-byte vectors).
+BYTES_PER_THREAD = 32
 # Threads per program allowed by NVIDIA and AMD hardware alike.
 MAX_THREADS_PER_PROGRAM = 1024
 # Largest second grid dimension on CUDA (gridDim.y).
@@ -34,38 +37,47 @@ MAX_GRID_Y = 65535
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """How the columns of one row are split over programs."""
+    """How rows and columns are split over programs."""
 
-    block_n: int  # BLOCK_N constexpr: columns handled by one program
+    block_n: int  # BLOCK_N constexpr: columns of a tile
+    rows: int  # ROWS constexpr: rows of a tile
     num_warps: int  # warps per program; num_warps * warp_size <= 1024
     column_blocks: int  # programs per row (second grid axis)
+    row_blocks: int  # programs along the rows (first grid axis)
 
 
-def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
-    """Picks (BLOCK_N, num_warps, column blocks) for rows of ``N`` output columns.
+@functools.lru_cache(maxsize=4096)
+def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1) -> LaunchConfig:
+    """Picks the tile (ROWS x BLOCK_N), warps and grid for ``M`` rows of ``N`` output columns.
 
     Args:
         N: columns per row (``d`` for the ``*_and_mul`` ops), >= 1.
         element_size: bytes per element of the input (2 for fp16/bf16, 4 for fp32).
         warp_size: lanes per warp of the device (32 NVIDIA, 64 on AMD CDNA).
+        M: rows (the product of the leading dims), >= 1.
 
     Raises:
-        ValueError: for N < 1, element_size < 1 or a warp_size that is not a power
-            of two in [1, 1024].
+        ValueError: for N < 1, M < 1, element_size < 1 or a warp_size that is not a
+            power of two in [1, 1024].
     """
     if N < 1:
         raise ValueError(f"N must be >= 1, got {N}")
+    if M < 1:
+        raise ValueError(f"M must be >= 1, got {M}")
     if element_size < 1:
         raise ValueError(f"element_size must be >= 1, got {element_size}")
     if warp_size < 1 or warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
         raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
-    block = min(triton.next_power_of_2(N), max(MAX_BLOCK_BYTES // element_size, 1))
+    tile = max(TILE_BYTES // element_size, 1)
+    block = min(triton.next_power_of_2(N), tile)
     # keep the second grid axis within CUDA's gridDim.y limit for absurdly wide rows
     block = max(block, triton.next_power_of_2(triton.cdiv(N, MAX_GRID_Y)))
-    threads = max(block * element_size // BYTES_PER_THREAD, 1)
+    rows = min(max(tile // block, 1), triton.next_power_of_2(M))
+    threads = max(rows * block * element_size // BYTES_PER_THREAD, 1)
     num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
-    return LaunchConfig(block_n=block, num_warps=num_warps, column_blocks=triton.cdiv(N, block))
+    return LaunchConfig(block_n=block, rows=rows, num_warps=num_warps, column_blocks=triton.cdiv(N, block),
+                        row_blocks=triton.cdiv(M, rows))
 
 
 def use_libdevice(device: torch.device, kernel) -> bool:

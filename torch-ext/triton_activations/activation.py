@@ -50,11 +50,18 @@ def _row_offset(row, D1, D2, s0, s1, s2):
 
 
 @triton.jit
+def _tile_offsets(rows, cols, D1, D2, s0, s1, s2, sn):
+    """Element offsets (ROWS, BLOCK_N) of a tile of a tensor with leading sizes (., D1, D2) and strides (s0, s1, s2, sn)."""
+    return _row_offset(rows, D1, D2, s0, s1, s2)[:, None] + cols[None, :] * sn
+
+
+@triton.jit
 def _act_fwd_kernel(
     g_ptr,  # activation input: x, or the half of x the activation is applied to
     u_ptr,  # the other half of x (the multiplier), or None for a plain activation
     y_ptr,  # output, x's dtype, any strides
-    D1, D2,  # sizes of leading dims 1 and 2 (dim 0 spans the rest of grid axis 0)
+    M,  # rows: the product of the leading sizes
+    D1, D2,  # sizes of leading dims 1 and 2 (dim 0 spans the rest); 1 when unused (constants then)
     N,  # columns per row (d)
     stride_x0, stride_x1, stride_x2, stride_xn,  # elements x moves per leading index / per column
     stride_y0, stride_y1, stride_y2, stride_yn,  # the same for y
@@ -63,21 +70,22 @@ def _act_fwd_kernel(
     ACT: tl.constexpr,  # activation id (_math)
     R: tl.constexpr,  # None (fused) or the dtype eager steps round to
     LIBDEVICE: tl.constexpr,  # exp/tanh/erf from the vendor math library (CUDA, ROCm)
+    ROWS: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # columns per program
 ):
-    # One program per (row, column block). Reads N * elem of g (and u), writes N * elem of y.
-    row = tl.program_id(0).to(tl.int64)
+    # One program per tile of ROWS x BLOCK_N. Reads the tile of g (and u), writes the tile of y.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = offs < N
+    mask = (rows < M)[:, None] & (offs < N)[None, :]
     cols = offs.to(tl.int64)
-    x_off = _row_offset(row, D1, D2, stride_x0, stride_x1, stride_x2) + cols * stride_xn
+    x_off = _tile_offsets(rows, cols, D1, D2, stride_x0, stride_x1, stride_x2, stride_xn)
     g = tl.load(g_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
     y = activation(g, threshold, round_square, ACT, R, LIBDEVICE)
     if u_ptr is not None:
         u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
         y = round_to(y, R) * u
     OUT: tl.constexpr = y_ptr.dtype.element_ty
-    y_off = _row_offset(row, D1, D2, stride_y0, stride_y1, stride_y2) + cols * stride_yn
+    y_off = _tile_offsets(rows, cols, D1, D2, stride_y0, stride_y1, stride_y2, stride_yn)
     tl.store(y_ptr + y_off, round_to(y, OUT).to(OUT), mask=mask)
 
 
@@ -86,21 +94,21 @@ def _act_bwd_kernel(
     dy_ptr,  # upstream gradient, any strides (0 for expanded)
     g_ptr, u_ptr,  # as in the forward
     dg_ptr, du_ptr,  # gradient of g and of u (du_ptr None when plain); x's dtype
-    D1, D2, N,
+    M, D1, D2, N,
     stride_dy0, stride_dy1, stride_dy2, stride_dyn,
     stride_x0, stride_x1, stride_x2, stride_xn,
     stride_dx0, stride_dx1, stride_dx2, stride_dxn,
     threshold, round_square,
-    ACT: tl.constexpr, R: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK_N: tl.constexpr,
+    ACT: tl.constexpr, R: tl.constexpr, LIBDEVICE: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    # Reads dy and x, writes dx: 3 (plain) or 5 (gated) * N * elem per row.
-    row = tl.program_id(0).to(tl.int64)
+    # Reads dy and x, writes dx: 3 (plain) or 5 (gated) tiles per program.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = offs < N
+    mask = (rows < M)[:, None] & (offs < N)[None, :]
     cols = offs.to(tl.int64)
-    dy_off = _row_offset(row, D1, D2, stride_dy0, stride_dy1, stride_dy2) + cols * stride_dyn
-    x_off = _row_offset(row, D1, D2, stride_x0, stride_x1, stride_x2) + cols * stride_xn
-    dx_off = _row_offset(row, D1, D2, stride_dx0, stride_dx1, stride_dx2) + cols * stride_dxn
+    dy_off = _tile_offsets(rows, cols, D1, D2, stride_dy0, stride_dy1, stride_dy2, stride_dyn)
+    x_off = _tile_offsets(rows, cols, D1, D2, stride_x0, stride_x1, stride_x2, stride_xn)
+    dx_off = _tile_offsets(rows, cols, D1, D2, stride_dx0, stride_dx1, stride_dx2, stride_dxn)
     dy = tl.load(dy_ptr + dy_off, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
     dg = dy * activation_grad(g, threshold, ACT, LIBDEVICE)
@@ -137,14 +145,14 @@ def _launch(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: i
         return
     sizes, strides = padded_layout(sizes, strides)
     check_launch_device(x, kernel)
-    cfg = pick_config(d, x.element_size(), device_warp_size(x.device))
+    M = sizes[0] * sizes[1] * sizes[2]
+    cfg = pick_config(d, x.element_size(), device_warp_size(x.device), M)
     R = rounding_dtype(x, eager)
-    grid = (sizes[0] * sizes[1] * sizes[2], cfg.column_blocks)
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
-    kernel[grid](
-        *ptrs, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)),
-        ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps, **launch_options(kernel),
+    kernel[(cfg.row_blocks, cfg.column_blocks)](
+        *ptrs, M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)),
+        ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
+        BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel),
     )
 
 
