@@ -392,6 +392,8 @@ def test_report_formats(small_ports, loader, tmp_path):
     assert "Triton/CUDA" in text and "rms_norm" in text and "pow2 4x64 *" in text
     md = report.table(markdown=True)
     assert md.startswith("| port | kernel |") and md.count("\n| ") == 6
+    png = tmp_path / "r.png"
+    assert report.plot(png) and png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_hub_loader_loads_by_name(installed):

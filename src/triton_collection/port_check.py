@@ -941,6 +941,33 @@ class Report:
             rows.append(d)
         return {"env": self.env, "summary": self.summary(), "rows": rows}
 
+    def plot(self, path: Path) -> bool:
+        """Bar chart of CUDA and Triton GB/s at the throughput shapes (needs matplotlib); False if nothing was timed."""
+        rows = [r for r in self.rows if r.throughput and r.ratio]
+        if not rows:
+            return False
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        labels = [f"{r.kernel}\n{r.dtype}" for r in rows]
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(rows) + 2), 4.5))
+        xs = range(len(rows))
+        ax.bar([x - 0.2 for x in xs], [r.cuda_gbps for r in rows], width=0.4, label="CUDA (classic fixture)")
+        ax.bar([x + 0.2 for x in xs], [r.triton_gbps for r in rows], width=0.4, label="Triton port")
+        for x, r in zip(xs, rows):
+            ax.text(x, max(r.cuda_gbps, r.triton_gbps), f"{r.ratio:.2f}x", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(list(xs), labels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("GB/s (bytes moved / median time)")
+        ax.set_title(f"port-check, throughput shapes, {self.env.get('gpu', self.env.get('device'))}: Triton/CUDA above bars",
+                     fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return True
+
     def table(self, markdown: bool = False) -> str:
         head = ["port", "kernel", "dtype", "shape", "ok", "max abs", "max rel", "tol used", "bad", "CUDA µs", "Triton µs",
                 "CUDA GB/s", "Triton GB/s", "Triton/CUDA"]
@@ -1203,7 +1230,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--validate", action="store_true", help="only parse and validate the launch descriptions; print the plan")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     parser.add_argument("--out", action="append", default=[], help="also write the report to FILE (.json: JSON, .md: Markdown "
-                        "table, else text); repeat for several")
+                        "table, .png: GB/s bar chart of the throughput shapes, else text); repeat for several")
     parser.add_argument("--log-jsonl", help="append each finished row to FILE as one JSON line (survives a killed run)")
     parser.add_argument("--org", default=DEFAULT_ORG, help=f"Hub organisation the ports are loaded from (default: {DEFAULT_ORG})")
     parser.add_argument("--build-dir", default=str(DEFAULT_BUILD_ROOT), help=f"extension build cache (default: {DEFAULT_BUILD_ROOT})")
@@ -1266,6 +1293,9 @@ def run(args: argparse.Namespace) -> int:
                     + f". GB/s = bytes moved (the fixture's formula) / median time ({env.get('timer', 'untimed')}); "
                     "Triton/CUDA > 1: the port is faster. `*`: throughput shape.\n\n")
             path.write_text(head + report.table(markdown=True))
+        elif path.suffix == ".png":
+            if not report.plot(path):
+                print(f"port-check: nothing timed, no plot written to {path}", file=sys.stderr)
         else:
             path.write_text(report.table())
     return 0 if report.ok else 1
