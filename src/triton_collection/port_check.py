@@ -985,7 +985,7 @@ class Report:
                           f(r.triton_ms and r.triton_ms * 1e3, ".1f"), f(r.cuda_gbps, ".0f"), f(r.triton_gbps, ".0f"),
                           f(r.ratio, ".2f")])
         s = self.summary()
-        foot = (f"{s['checks']} checks, {s['failed']} failed; Triton/CUDA at the throughput shapes (*): "
+        foot = (f"{s['checks']} checks, {s['failed']} failed (seed {self.env.get('seed')}); Triton/CUDA at the throughput shapes (*): "
                 f"min {s['throughput_ratio_min']}, geomean {s['throughput_ratio_geomean']}; all shapes: min "
                 f"{s['all_shapes_ratio_min']}, geomean {s['all_shapes_ratio_geomean']}")
         errors = [f"{r.fixture}/{r.kernel} {r.dtype} {r.shape}: {r.error}" for r in self.rows if r.error]
