@@ -1,0 +1,290 @@
+"""Swap the attention processors (and norms) of diffusers Flux, SD3/SD3.5 and Wan transformers for Triton ones.
+
+    from kernels import Mode
+    from triton_collection.integrations.diffusers import kernelize
+
+    report = kernelize(pipe, mode=Mode.INFERENCE)   # a pipeline (its .transformer) or the model itself
+    print(report.summary())
+
+Attention: diffusers has no public way to add an attention backend (its hub backends are a closed
+enum), so every attention module whose processor is one we know gets a processor of ours through
+``model.set_attn_processor``:
+
+=====================  ==========================  ================================================
+processor replaced      ours                        what changes
+=====================  ==========================  ================================================
+FluxAttnProcessor       TritonFluxAttnProcessor     RoPE on q and k in one Triton pass each (fp32 math,
+                                                    bit-exact to ``apply_rotary_emb``) instead of ~8
+                                                    eager ops; flash attention reading [B, S, H, D]
+JointAttnProcessor2_0   TritonJointAttnProcessor    no [B, H, S, D] transposes: flash attention on the
+(SD3, SD3.5)                                        [B, S, H, D] projections, output without a copy
+WanAttnProcessor        TritonWanAttnProcessor      RoPE (pairs) in one pass, flash attention; the I2V
+                                                    image-context attention too
+=====================  ==========================  ================================================
+
+Everything else a processor does (projections, q/k norms, concatenation of the text and image
+tokens, output projections) is the model's own modules, called in the same order. Processors of
+other classes (IP-adapters, fused projections we do not know, custom ones) are left alone and
+listed in ``report.refused`` with the reason.
+
+Norms (``norms=True``): the norm modules go through :func:`.transformers.kernelize` (triton-norms
+layers with the replaced module's numerics: diffusers ``RMSNorm`` q/k norms, ``nn.RMSNorm``,
+``nn.LayerNorm``; ``FP32LayerNorm`` and AdaLayerNorm chains are left alone).
+
+Numerics: RoPE is bit-exact; attention equals SDPA within bf16 tolerance (fp32 accumulation), so one
+denoising step of the kernelized transformer stays within bf16 tolerance of the original.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Optional
+
+import torch
+from kernels import Mode
+
+from .. import DEFAULT_ORG
+
+__all__ = ["DiffusersKernelizeReport", "TritonFluxAttnProcessor", "TritonJointAttnProcessor", "TritonWanAttnProcessor",
+           "kernelize"]
+
+log = logging.getLogger(__name__)
+
+
+class _TritonProcessor:
+    """Base: holds the loaded triton-attention package."""
+
+    replaces = ""
+
+    def __init__(self, kernel: ModuleType):
+        self.kernel = kernel
+
+    def _attention(self, q, k, v, mask=None):
+        return self.kernel.flash_attention(q, k, v, attn_mask=mask, layout="bshd")
+
+    def _rope_pairs(self, x, cos, sin):
+        return self.kernel.rotary_embedding(x, cos, sin, interleaved=True, fp32_math=True)
+
+
+class TritonFluxAttnProcessor(_TritonProcessor):
+    """Flux (and Flux-like) joint attention: ``FluxAttnProcessor``'s computation with Triton RoPE + flash attention.
+
+    Inputs as ``FluxAttnProcessor``: hidden_states [B, S_img, C], encoder_hidden_states [B, S_txt, C] or None
+    (single-stream blocks), image_rotary_emb ``(cos, sin)`` of [S_txt + S_img, D] (fp32), attention_mask
+    broadcastable to [B, H, S, S] or None.
+    """
+
+    replaces = "FluxAttnProcessor"
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: Optional[torch.Tensor] = None,
+                 attention_mask: Optional[torch.Tensor] = None, image_rotary_emb: Any = None) -> Any:
+        from diffusers.models.transformers.transformer_flux import _get_qkv_projections
+
+        q, k, v, eq, ek, ev = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        heads = (-1, attn.head_dim)
+        q, k, v = attn.norm_q(q.unflatten(-1, heads)), attn.norm_k(k.unflatten(-1, heads)), v.unflatten(-1, heads)
+        if attn.added_kv_proj_dim is not None:
+            eq = attn.norm_added_q(eq.unflatten(-1, heads))
+            ek = attn.norm_added_k(ek.unflatten(-1, heads))
+            ev = ev.unflatten(-1, heads)
+            q, k, v = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1), torch.cat([ev, v], dim=1)
+        if image_rotary_emb is not None:
+            cos, sin = image_rotary_emb
+            cos, sin = cos.to(q.device)[:, None, :], sin.to(q.device)[:, None, :]  # [S, 1, D] against [B, S, H, D]
+            q, k = self._rope_pairs(q, cos, sin), self._rope_pairs(k, cos, sin)
+        out = self._attention(q, k, v, attention_mask).flatten(2, 3)
+        if encoder_hidden_states is None:
+            return out
+        n_txt = encoder_hidden_states.shape[1]
+        txt, img = out.split_with_sizes([n_txt, out.shape[1] - n_txt], dim=1)
+        img = attn.to_out[1](attn.to_out[0](img.contiguous()))
+        return img, attn.to_add_out(txt.contiguous())
+
+
+class TritonJointAttnProcessor(_TritonProcessor):
+    """SD3/SD3.5 joint attention: ``JointAttnProcessor2_0``'s computation on [B, S, H, D] with flash attention.
+
+    Like the processor it replaces, ``attention_mask`` is not used.
+    """
+
+    replaces = "JointAttnProcessor2_0"
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: Optional[torch.Tensor] = None,
+                 attention_mask: Optional[torch.Tensor] = None, *args, **kwargs) -> Any:
+        B, n_img = hidden_states.shape[0], hidden_states.shape[1]
+        q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        head_dim = k.shape[-1] // attn.heads
+        split = lambda t: t.view(B, -1, attn.heads, head_dim)  # noqa: E731
+        q, k, v = split(q), split(k), split(v)
+        if attn.norm_q is not None:
+            q = attn.norm_q(q)
+        if attn.norm_k is not None:
+            k = attn.norm_k(k)
+        if encoder_hidden_states is not None:
+            eq = split(attn.add_q_proj(encoder_hidden_states))
+            ek = split(attn.add_k_proj(encoder_hidden_states))
+            ev = split(attn.add_v_proj(encoder_hidden_states))
+            if attn.norm_added_q is not None:
+                eq = attn.norm_added_q(eq)
+            if attn.norm_added_k is not None:
+                ek = attn.norm_added_k(ek)
+            q, k, v = torch.cat([q, eq], dim=1), torch.cat([k, ek], dim=1), torch.cat([v, ev], dim=1)
+        out = self._attention(q, k, v).reshape(B, -1, attn.heads * head_dim)
+        txt = None
+        if encoder_hidden_states is not None:
+            out, txt = out[:, :n_img], out[:, n_img:]
+            if not attn.context_pre_only:
+                txt = attn.to_add_out(txt)
+        out = attn.to_out[1](attn.to_out[0](out))
+        return (out, txt) if encoder_hidden_states is not None else out
+
+
+class TritonWanAttnProcessor(_TritonProcessor):
+    """Wan self/cross attention: ``WanAttnProcessor``'s computation with Triton RoPE (pairs) + flash attention.
+
+    ``rotary_emb = (cos, sin)`` of [1, S, 1, D] fp32 with equal values within each pair (as
+    ``WanRotaryPosEmbed`` builds them with ``repeat_interleave_real=True``). I2V models (``add_k_proj``)
+    attend to the image context (the first ``S_ctx - 512`` tokens) separately and add the result.
+    """
+
+    replaces = "WanAttnProcessor"
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: Optional[torch.Tensor] = None,
+                 attention_mask: Optional[torch.Tensor] = None, rotary_emb: Any = None) -> torch.Tensor:
+        from diffusers.models.transformers.transformer_wan import _get_added_kv_projections, _get_qkv_projections
+
+        img_ctx = None
+        if attn.add_k_proj is not None:
+            n_img = encoder_hidden_states.shape[1] - 512  # the text context is the last 512 tokens
+            img_ctx, encoder_hidden_states = encoder_hidden_states[:, :n_img], encoder_hidden_states[:, n_img:]
+        q, k, v = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        q, k = attn.norm_q(q), attn.norm_k(k)
+        heads = (attn.heads, -1)
+        q, k, v = q.unflatten(2, heads), k.unflatten(2, heads), v.unflatten(2, heads)
+        if rotary_emb is not None:
+            cos, sin = rotary_emb
+            q, k = self._rope_pairs(q, cos, sin), self._rope_pairs(k, cos, sin)
+        extra = None
+        if img_ctx is not None:
+            ki, vi = _get_added_kv_projections(attn, img_ctx)
+            ki = attn.norm_added_k(ki).unflatten(2, heads)
+            vi = vi.unflatten(2, heads)
+            extra = self._attention(q, ki, vi).flatten(2, 3).type_as(q)
+        out = self._attention(q, k, v, attention_mask).flatten(2, 3).type_as(q)
+        if extra is not None:
+            out = out + extra
+        out = attn.to_out[0](out)
+        return attn.to_out[1](out)
+
+
+_PROCESSORS = {cls.replaces: cls for cls in (TritonFluxAttnProcessor, TritonJointAttnProcessor, TritonWanAttnProcessor)}
+
+
+@dataclass
+class DiffusersKernelizeReport:
+    """What :func:`kernelize` did.
+
+    Attributes:
+        model: the class name of the transformer that was kernelized.
+        processors: attention module name -> our processor class name, for every swapped processor.
+        refused: attention module name (or ``"norms"``) -> why it was left alone.
+        norms: module name -> Hub layer name for the norm modules swapped (``norms=True``).
+    """
+
+    model: str
+    processors: dict = field(default_factory=dict)
+    refused: dict = field(default_factory=dict)
+    norms: dict = field(default_factory=dict)
+
+    @property
+    def swapped(self) -> dict:
+        """Every swapped module: processors and norms."""
+        return {**self.processors, **self.norms}
+
+    def __len__(self) -> int:
+        return len(self.processors) + len(self.norms)
+
+    def summary(self) -> str:
+        from collections import Counter
+
+        lines = [f"{self.model}: {len(self.processors)} attention processors, {len(self.norms)} norms swapped"]
+        for what, n in sorted(Counter(self.processors.values()).items()):
+            lines.append(f"  {n} x {what}")
+        for what, n in sorted(Counter(self.norms.values()).items()):
+            lines.append(f"  {n} x {what}")
+        for name, why in sorted(self.refused.items()):
+            lines.append(f"  left alone: {name}: {why}")
+        return "\n".join(lines)
+
+
+def _transformer(pipe_or_model) -> torch.nn.Module:
+    model = getattr(pipe_or_model, "transformer", None)
+    if isinstance(model, torch.nn.Module):
+        return model
+    if isinstance(pipe_or_model, torch.nn.Module):
+        return pipe_or_model
+    raise TypeError(f"kernelize needs a diffusers pipeline with a .transformer or an nn.Module, got "
+                    f"{type(pipe_or_model).__name__}")
+
+
+def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = True, norms: bool = True,
+              device: Optional[str] = None, org: str = DEFAULT_ORG, version: int = 1, trust_remote_code: bool = False,
+              kernel: Optional[ModuleType] = None) -> DiffusersKernelizeReport:
+    """Swaps the attention processors (and norms) of a Flux / SD3 / Wan transformer for triton-collection kernels.
+
+    Args:
+        pipe_or_model: a diffusers pipeline (its ``.transformer`` is used) or the transformer model.
+        mode: ``kernels.Mode`` for the norm layers (the processors serve every mode: they have a backward
+            and compile with ``torch.compile``).
+        attention: swap the known attention processors (loads ``<org>/triton-attention``).
+        norms: swap the norm modules through :func:`.transformers.kernelize` (loads ``<org>/triton-norms``);
+            a model without a swappable norm is reported, not an error.
+        device, org, version, trust_remote_code: where the packages come from, as in :mod:`.transformers`.
+        kernel: an already loaded triton-attention package (else loaded by Hub name).
+
+    Returns:
+        :class:`DiffusersKernelizeReport` (``report.summary()`` prints it).
+
+    Raises:
+        TypeError: not a pipeline or module. ValueError: nothing at all could be swapped (never a silent no-op).
+    """
+    model = _transformer(pipe_or_model)
+    report = DiffusersKernelizeReport(model=type(model).__name__)
+    if attention:
+        procs = getattr(model, "attn_processors", None)
+        if procs is None:
+            report.refused["attention"] = "the model has no attn_processors (not a diffusers AttentionMixin model)"
+        else:
+            if kernel is None:
+                from .transformers_attention import load
+
+                kernel = load(org=org, version=version, trust_remote_code=trust_remote_code)
+            new = {}
+            for name, proc in procs.items():
+                cls = _PROCESSORS.get(type(proc).__name__)
+                if cls is None:
+                    new[name] = proc
+                    if not isinstance(proc, _TritonProcessor):
+                        report.refused[name] = f"processor {type(proc).__name__} has no Triton counterpart"
+                    continue
+                new[name] = cls(kernel)
+                report.processors[name] = cls.__name__
+            if report.processors:
+                model.set_attn_processor(new)
+    if norms:
+        from .transformers import kernelize as kernelize_norms
+
+        try:
+            norm_report = kernelize_norms(model, mode=mode, device=device, org=org, version=version,
+                                          trust_remote_code=trust_remote_code)
+            report.norms = dict(norm_report.swapped)
+            for cls_name, why in norm_report.refused.items():
+                report.refused[f"norms:{cls_name}"] = why
+        except ValueError as err:
+            report.refused["norms"] = str(err)
+    if not len(report):
+        raise ValueError(f"kernelize: nothing to swap in {report.model}:\n{report.summary()}")
+    log.info("%s", report.summary())
+    return report
