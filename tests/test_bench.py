@@ -196,6 +196,11 @@ def test_cli_plot_redraws_from_json(tmp_path, capsys):
     assert main(["bench", "--plot", str(src), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "bench_x.png").stat().st_size > 10_000
     assert (tmp_path / "out" / "bench_x.md").read_text().startswith("# triton-collection bench")
+    notes = tmp_path / "why.txt"
+    notes.write_text("- rms_norm 4096x65536: torch.compile splits the row over 2 programs\n\n")
+    assert main(["bench", "--plot", str(src), "--notes", str(notes), "--out", str(tmp_path / "n")]) == 0
+    assert json.loads((tmp_path / "n" / "bench_x.json").read_text())["notes"] == ["rms_norm 4096x65536: torch.compile splits the row over 2 programs"]
+    assert "- rms_norm 4096x65536: torch.compile splits the row over 2 programs" in (tmp_path / "n" / "bench_x.md").read_text()
     (tmp_path / "e.json").write_text("{}")
     with pytest.raises(SystemExit, match="no 'rows'"):
         main(["bench", "--plot", str(tmp_path / "e.json")])

@@ -294,8 +294,8 @@ def _markdown(result: dict, title: str) -> str:
                          f"{s['best_peer']} | {_fmt(s['best_peer_value'], digits)} | {s['ratio']:.2f}{mark} |")
         below = [s for s in summary if not s["at_or_above"]]
         lines += ["", f"{len(summary) - len(below)} of {len(summary)} shapes at or above the best peer." if summary else ""]
-        if below and result.get("notes"):
-            lines += ["", "Why not:", ""] + [f"- {n}" for n in result["notes"]]
+        if result.get("notes"):
+            lines += ["", "Where a peer is faster, why (from the run's analysis):", ""] + [f"- {n}" for n in result["notes"]]
         lines.append("")
     lines += ["## All rows", "", "| package | op | mode | shape | provider | value | metric | % of ceiling | ms | ok | max err | count / error |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -392,6 +392,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rep", type=int, default=100, help="do_bench rep in ms (default: 100)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.add_argument("--plot", metavar="JSON", help="only redraw the PNG (and Markdown) of an earlier results JSON; no GPU needed")
+    p.add_argument("--notes", metavar="FILE", help="with --plot: store these notes (one per line: why a peer is faster) in the JSON and Markdown")
     p.add_argument("--e2e", nargs="+", metavar="MODEL", help="end-to-end greedy decode instead of the op sweep (see triton_collection.e2e)")
     p.add_argument("--batch", nargs="+", type=int, default=[1, 64], help="--e2e batch sizes (default: 1 64)")
     p.add_argument("--new-tokens", type=int, default=32, help="--e2e tokens generated per sequence (default: 32)")
@@ -407,10 +408,12 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         src = Path(args.plot)
         result = json.loads(src.read_text())
-        out = Path(args.out) if args.out else src.parent
-        paths = write_report(result, out, name=args.name or src.stem) if "rows" in result else []
         if "rows" not in result:
             raise SystemExit(f"bench --plot: {src} has no 'rows' (not a bench results file)")
+        if args.notes:
+            result["notes"] = [line.strip().removeprefix("- ") for line in Path(args.notes).read_text().splitlines() if line.strip()]
+        out = Path(args.out) if args.out else src.parent
+        paths = write_report(result, out, name=args.name or src.stem)
         print("\n".join(map(str, paths)))
         return 0
     import torch
