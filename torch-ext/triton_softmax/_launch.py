@@ -51,6 +51,7 @@ class LaunchConfig:
     rows: int = 1  # ROWS constexpr: rows per program (a ROWS x BLOCK_N tile); 1 when loop
     reverse: bool = False  # looped: output pass from the last chunk to the first
     evict: tuple = ("", "")  # looped: eviction hints of the first pass and of the re-read
+    split: int = 0  # looped softmax: programs per row (0: chosen by split_for from the row count)
 
     @property
     def loop_options(self) -> dict:
@@ -95,3 +96,32 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
 def config_for(N: int, t: torch.Tensor) -> LaunchConfig:
     """:func:`pick_config` for rows of ``N`` elements of ``t`` on ``t``'s device."""
     return pick_config(N, t.element_size(), device_warp_size(t.device))
+
+
+# Few wide rows: split a row over several programs when there are fewer than this many rows per SM.
+SPLIT_BELOW_ROWS_PER_SM = 4
+# ... aiming at this many programs per SM in all.
+SPLIT_PROGRAMS_PER_SM = 4
+# Streaming multiprocessors assumed for a CPU tensor (the interpreter), so that CPU tests exercise the split.
+CPU_SMS = 8
+
+
+@functools.lru_cache(maxsize=64)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return CPU_SMS
+
+
+def split_for(cfg: LaunchConfig, N: int, rows: int, device: torch.device) -> int:
+    """Programs per row for a looped softmax: 1 (one program reads its row twice, the second time
+    mostly from L2) unless there are too few rows to fill the GPU, then enough to give every SM
+    ``SPLIT_PROGRAMS_PER_SM`` programs (each row read once per launch of a two-launch pass)."""
+    if not cfg.loop:
+        return 1
+    if cfg.split:
+        return cfg.split
+    sms = _sm_count(device)
+    if rows >= SPLIT_BELOW_ROWS_PER_SM * sms:
+        return 1
+    return max(1, min(triton.cdiv(N, cfg.block_n), triton.cdiv(SPLIT_PROGRAMS_PER_SM * sms, rows)))

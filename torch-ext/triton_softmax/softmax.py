@@ -37,7 +37,7 @@ import triton.language as tl
 
 from ._common import check_float_tensor, check_real, check_same_device, normalize_dim, row_layout, row_start, store_rounded
 from ._dispatch import call_op
-from ._launch import config_for
+from ._launch import config_for, split_for
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
 
@@ -229,6 +229,137 @@ def _softmax_bwd_kernel(
             store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, dz * scale, mask_n)
 
 
+@triton.jit
+def _split_part(SPLIT, SPAN, N):
+    """(row, first column, end column) of this program's part of a split row."""
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // SPLIT
+    lo = (pid % SPLIT) * SPAN
+    return pid, row, lo, tl.minimum(lo + SPAN, N)
+
+
+@triton.jit
+def _softmax_split_stats_kernel(
+    x_ptr, m_ptr, ws_ptr,  # ws: fp32 (2, rows * SPLIT): each part's max, then its sum of exp
+    R1, R2,
+    sx0, sx1, sx2, sxc,
+    sm0, sm1, sm2, smc,
+    M, N, Sq, scale,
+    SPLIT,  # programs per row
+    SPAN,  # columns per program (a multiple of BLOCK_N)
+    CAUSAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Wide rows and few of them: SPLIT programs per row, each reduces its SPAN columns (read once).
+    pid, row, lo, hi = _split_part(SPLIT, SPAN, N)
+    x_row = row_start(row, R1, R2, sx0, sx1, sx2)
+    m_row = row_start(row, R1, R2, sm0, sm1, sm2)
+    q = row % Sq
+    mx = tl.full([], float("-inf"), tl.float32)
+    s = tl.full([], 0.0, tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask_n = offs < hi
+        z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "")
+        new = tl.maximum(mx, tl.max(z, axis=0))
+        base = tl.where(new == float("-inf"), 0.0, new)
+        s = s * tl.exp(mx - base) + tl.sum(tl.exp(z - base), axis=0)
+        mx = new
+    tl.store(ws_ptr + pid, mx)
+    tl.store(ws_ptr + M * SPLIT + pid, s)
+
+
+@triton.jit
+def _softmax_split_out_kernel(
+    x_ptr, m_ptr, y_ptr, ws_ptr,
+    R1, R2,
+    sx0, sx1, sx2, sxc,
+    sm0, sm1, sm2, smc,
+    sy0, sy1, sy2, syc,
+    M, N, Sq, scale,
+    SPLIT, SPAN,
+    CAUSAL: tl.constexpr,
+    LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT_P2: tl.constexpr,  # next power of 2 of SPLIT
+):
+    # Combines the row's SPLIT partial (max, sum) pairs, then writes its SPAN columns (read again).
+    pid, row, lo, hi = _split_part(SPLIT, SPAN, N)
+    k = tl.arange(0, SPLIT_P2)
+    mi = tl.load(ws_ptr + row * SPLIT + k, mask=k < SPLIT, other=float("-inf"))
+    si = tl.load(ws_ptr + M * SPLIT + row * SPLIT + k, mask=k < SPLIT, other=0.0)
+    mx = tl.max(mi, axis=0)
+    base = tl.where(mx == float("-inf"), 0.0, mx)
+    s = tl.sum(si * tl.exp(mi - base), axis=0)
+    x_row = row_start(row, R1, R2, sx0, sx1, sx2)
+    m_row = row_start(row, R1, R2, sm0, sm1, sm2)
+    y_row = row_start(row, R1, R2, sy0, sy1, sy2)
+    q = row % Sq
+    for start in range(lo, hi, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask_n = offs < hi
+        zm = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "") - mx
+        if LOG:
+            y = zm - tl.log(s)
+        else:
+            y = tl.exp(zm) / s
+        store_rounded(y_ptr + y_row, offs.to(tl.int64) * syc, y, mask_n)
+
+
+@triton.jit
+def _softmax_bwd_split_stats_kernel(
+    y_ptr, dy_ptr, ws_ptr,  # ws: fp32 (rows * SPLIT,) partial sums of dy * y (log: of dy)
+    R1, R2,
+    sy0, sy1, sy2, syc,
+    sdy0, sdy1, sdy2, sdyc,
+    SPLIT, SPAN, N,
+    LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid, row, lo, hi = _split_part(SPLIT, SPAN, N)
+    y_row = row_start(row, R1, R2, sy0, sy1, sy2)
+    dy_row = row_start(row, R1, R2, sdy0, sdy1, sdy2)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask_n = offs < hi
+        p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG, "")
+        if LOG:
+            acc += dy
+        else:
+            acc += p * dy
+    tl.store(ws_ptr + pid, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _softmax_bwd_split_out_kernel(
+    y_ptr, dy_ptr, dx_ptr, ws_ptr,
+    R1, R2,
+    sy0, sy1, sy2, syc,
+    sdy0, sdy1, sdy2, sdyc,
+    sdx0, sdx1, sdx2, sdxc,
+    N, Sq, scale,
+    SPLIT, SPAN,
+    CAUSAL: tl.constexpr,
+    LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+):
+    pid, row, lo, hi = _split_part(SPLIT, SPAN, N)
+    k = tl.arange(0, SPLIT_P2)
+    red = tl.sum(tl.load(ws_ptr + row * SPLIT + k, mask=k < SPLIT, other=0.0), axis=0)
+    y_row = row_start(row, R1, R2, sy0, sy1, sy2)
+    dy_row = row_start(row, R1, R2, sdy0, sdy1, sdy2)
+    dx_row = row_start(row, R1, R2, sdx0, sdx1, sdx2)
+    q = row % Sq
+    for start in range(lo, hi, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask_n = offs < hi
+        p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG, "")
+        dz = _dz(p, dy, red, offs, q, CAUSAL, LOG)
+        store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, dz * scale, mask_n)
+
+
 def _as_1d(t: Optional[Tensor]) -> Optional[Tensor]:
     """A 0-d tensor as shape (1,) (torch treats a scalar as a row of one)."""
     return t.reshape(1) if t is not None and t.dim() == 0 else t
@@ -249,6 +380,21 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
         layout = row_layout([xs, ms, ys], dim)
     N = xs.shape[dim]
     cfg = config_for(N, xs if ms is None or xs.element_size() >= ms.element_size() else ms)
+    split = split_for(cfg, N, layout.rows, x.device)
+    if split > 1:  # few wide rows: split each row over several programs (two launches)
+        span = triton.cdiv(triton.cdiv(N, split), cfg.block_n) * cfg.block_n
+        split = triton.cdiv(N, span)
+        ws = torch.empty(2 * layout.rows * split, dtype=torch.float32, device=x.device)
+        common = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1))
+        sq = xs.shape[-2] if causal else 1
+        _softmax_split_stats_kernel[(layout.rows * split,)](
+            xs, ms, ws, *common, layout.rows, N, sq, scale, split, span,
+            CAUSAL=causal, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(_softmax_split_stats_kernel))
+        _softmax_split_out_kernel[(layout.rows * split,)](
+            xs, ms, ys, ws, *common, *layout.args(2), layout.rows, N, sq, scale, split, span,
+            CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, SPLIT_P2=triton.next_power_of_2(split),
+            num_warps=cfg.num_warps, **launch_options(_softmax_split_out_kernel))
+        return y
     _softmax_fwd_kernel[(triton.cdiv(layout.rows, cfg.rows),)](
         xs, ms, ys, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
         layout.rows, N, xs.shape[-2] if causal else 1, scale,
@@ -281,6 +427,20 @@ def _softmax_bwd(dy: Tensor, y: Tensor, dim: int, scale: float, causal: bool, lo
         layout = row_layout([ys, dys, dxs], dim)
     N = ys.shape[dim]
     cfg = config_for(N, ys)
+    split = split_for(cfg, N, layout.rows, y.device)
+    if split > 1:  # few wide rows: split each row over several programs (two launches)
+        span = triton.cdiv(triton.cdiv(N, split), cfg.block_n) * cfg.block_n
+        split = triton.cdiv(N, span)
+        ws = torch.empty(layout.rows * split, dtype=torch.float32, device=y.device)
+        common = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1))
+        _softmax_bwd_split_stats_kernel[(layout.rows * split,)](
+            ys, dys, ws, *common, split, span, N, LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+            **launch_options(_softmax_bwd_split_stats_kernel))
+        _softmax_bwd_split_out_kernel[(layout.rows * split,)](
+            ys, dys, dxs, ws, *common, *layout.args(2), N, ys.shape[-2] if causal else 1, scale, split, span,
+            CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, SPLIT_P2=triton.next_power_of_2(split),
+            num_warps=cfg.num_warps, **launch_options(_softmax_bwd_split_out_kernel))
+        return dx
     _softmax_bwd_kernel[(triton.cdiv(layout.rows, cfg.rows),)](
         ys, dys, dxs, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
         layout.rows, N, ys.shape[-2] if causal else 1, scale,
