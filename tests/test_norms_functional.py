@@ -544,3 +544,35 @@ def test_eager_fast_path_takes_module_parameters(norms):
 
     with torch.no_grad():
         assert not plain_eager((x.as_subclass(Sub),))
+
+
+def test_fast_launch_key_follows_triton_specialisation(norms):
+    """The direct-launch cache may reuse a compiled kernel only where Triton would: the key
+    separates 16-byte aligned from unaligned pointers, ints equal to 1, multiples of 16 and
+    the integer width, and dtypes."""
+    key = norms._fastlaunch._arg_key
+    base = torch.zeros(64, dtype=torch.float16)
+    assert key(base) != key(base[1:])  # 2-byte offset: no longer 16-byte aligned
+    assert key(base) == key(base[8:])  # 16-byte offset: same specialisation
+    assert key(base) != key(base.float())
+    assert len({key(1), key(2), key(16), key(32), key(2**31), key(2**63)}) == 5  # 16 and 32 share a key
+    assert key(16) == key(32) and key(3) == key(5) and key(1) != key(3)
+    assert key(None) != key(False) and key(0.5) == key(1e-6)
+
+
+@pytest.mark.gpu
+def test_fast_launch_equals_triton_launch_across_alignments(norms, device):
+    """Alternate aligned / unaligned inputs and widths so cached launches meet every key; each result
+    equals the fp64 reference (a kernel specialised for aligned pointers run on an unaligned one
+    would read wrong vectors)."""
+    if device != "cuda":
+        pytest.skip("the direct launch exists on GPUs only (the interpreter takes Triton's path)")
+    store = torch.randn(40 * 801 + 16, device=device, dtype=torch.bfloat16)
+    w = torch.randn(800, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        for offset, N in ((0, 800), (1, 800), (3, 799), (8, 800), (0, 16), (1, 1)):
+            x = store[offset: offset + 40 * N].view(40, N)
+            y = norms.rms_norm(x, w[:N], eps=1e-6)
+            assert_close_ref(y, rms_ref(x.double(), w[:N].double()), ulps=2)
+            layer = norms.rms_norm(x, w[:N], eps=1e-6, cast_dtype=x.dtype, torch_order="mean")
+            assert torch.equal(layer, w[:N] * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype))

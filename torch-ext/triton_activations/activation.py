@@ -33,6 +33,7 @@ import triton.language as tl
 from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_rounds_square, rounding_dtype
 from ._launch import pick_config, use_libdevice
 from ._device import check_launch_device, device_warp_size, launch_options
+from ._fastlaunch import launch
 from ._math import activation, activation_grad, round_to
 from ._ops import add_op_namespace_prefix
 
@@ -149,11 +150,10 @@ def _launch(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: i
     cfg = pick_config(d, x.element_size(), device_warp_size(x.device), M)
     R = rounding_dtype(x, eager)
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
-    kernel[(cfg.row_blocks, cfg.column_blocks)](
-        *ptrs, M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)),
-        ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
-        BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel),
-    )
+    launch(kernel, (cfg.row_blocks, cfg.column_blocks),
+           (*ptrs, M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x))),
+           dict(ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
+                BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel)), x.device)
 
 
 def _as_1d(*ts: Tensor) -> Tuple[Tensor, ...]:

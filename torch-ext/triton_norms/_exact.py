@@ -18,6 +18,7 @@ import triton.language as tl
 from ._common import round_to
 from ._exact_stats import fused_ln_stats_vec, fused_rms_sumsq_vec, mean_sq_torch_order, rowwise_welford
 from ._device import is_interpreter, launch_options
+from ._fastlaunch import launch
 from ._torch_order import (
     LN_VEC_THREADS, ORDER_FUSED, ORDER_MEAN, ROWWISE_THREADS, device_limits, fused_vectorized,
     mean_config, mean_constexprs,
@@ -197,10 +198,8 @@ def rms_exact_forward(x2: torch.Tensor, weight, bias, y, rstd, eps: float, weigh
     vectorized = order != ORDER_MEAN and fused_vectorized(x_orig, N, weight)
     grid, factor, meta = _rms_plan(M, N, x2.element_size(), order, vectorized, device_limits(x2.device),
                                    _interp_rows(M, _rms_exact_fwd_kernel, rows), num_warps)
-    _rms_exact_fwd_kernel[grid](
-        x2, weight, bias, y, rstd, M, N, x2.stride(0), eps, weight_offset, factor,
-        CAST_DTYPE=cast_constexpr, **meta, **launch_options(_rms_exact_fwd_kernel),
-    )
+    launch(_rms_exact_fwd_kernel, grid, (x2, weight, bias, y, rstd, M, N, x2.stride(0), eps, weight_offset, factor),
+           dict(CAST_DTYPE=cast_constexpr, **meta, **launch_options(_rms_exact_fwd_kernel)), x2.device)
 
 
 def ln_exact_forward(x2: torch.Tensor, weight, bias, y, mean, rstd, eps: float, x_orig: torch.Tensor,
@@ -213,12 +212,10 @@ def ln_exact_forward(x2: torch.Tensor, weight, bias, y, mean, rstd, eps: float, 
         stats, iters = STATS_ROWWISE, triton.cdiv(N, ROWWISE_THREADS)
     rows = _interp_rows(M, _ln_exact_fwd_kernel, rows)
     R, block_n, loop, warps = _tiles(N, x2.element_size(), 2, rows, num_warps)
-    _ln_exact_fwd_kernel[(triton.cdiv(M, R),)](
-        x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), eps,
-        STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters,
-        MEAN_FMA=LN_MEAN_FMA if mean_fma is None else mean_fma,
-        num_warps=warps, **launch_options(_ln_exact_fwd_kernel),
-    )
+    launch(_ln_exact_fwd_kernel, (triton.cdiv(M, R),), (x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), eps),
+           dict(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters,
+                MEAN_FMA=LN_MEAN_FMA if mean_fma is None else mean_fma,
+                num_warps=warps, **launch_options(_ln_exact_fwd_kernel)), x2.device)
 
 
 __all__ = ["ORDER_FUSED", "ORDER_MEAN", "ln_exact_forward", "rms_exact_forward"]

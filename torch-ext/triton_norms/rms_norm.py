@@ -40,6 +40,7 @@ from ._launch import num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op
+from ._fastlaunch import launch
 from ._torch_order import ORDER_FAST, parse_order
 
 Tensor = torch.Tensor
@@ -228,13 +229,12 @@ def _rms_norm_fwd_impl(
     r2 = rows_view(residual) if residual is not None else None
     elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
     cfg = pick_config(N, elem, device_warp_size(x.device))
-    _rms_norm_fwd_kernel[(x2.shape[0],)](
+    launch(_rms_norm_fwd_kernel, (x2.shape[0],), (
         x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, rstd,
         x2.stride(0), r2.stride(0) if r2 is not None else 0,
         N, eps, weight_offset,
-        CAST_DTYPE=cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
-        num_warps=cfg.num_warps, **launch_options(_rms_norm_fwd_kernel),
-    )
+    ), dict(CAST_DTYPE=cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
+            num_warps=cfg.num_warps, **launch_options(_rms_norm_fwd_kernel)), x.device)
     return y, h, rstd
 
 
