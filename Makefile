@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast build install-local gpu-check clean
+.PHONY: setup demo test test-fast build install-local gpu-check gpu-test clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,21 @@ install-local: setup
 # > 2^31 elements, and the first norms benchmark, written to benchmarks/results/.
 gpu-check:
 	python3 benchmarks/gpu_check.py
+
+# The GPU half of the suite on a CUDA machine (its own python3, TEST_DEVICE=cuda): every test marked
+# `gpu` (torch.compile inference+training, CUDA-graph replay on new data, streams, > 2^31 elements),
+# then the property generators of tests/test_reliability_properties.py on the GPU, scaled by
+# GPU_HYPOTHESIS_SCALE (their case count is printed). JUnit XML and counts go to GPU_TEST_OUT.
+GPU_TEST_OUT ?= gpu-test-results
+GPU_HYPOTHESIS_SCALE ?= 2
+gpu-test:
+	mkdir -p $(GPU_TEST_OUT)
+	TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -rfE -m gpu --junitxml=$(GPU_TEST_OUT)/junit_gpu.xml $(PYTEST_ARGS) tests; \
+	rc1=$$?; \
+	TEST_DEVICE=cuda HYPOTHESIS_SCALE=$(GPU_HYPOTHESIS_SCALE) RELIABILITY_COUNTS=$(GPU_TEST_OUT)/hypothesis_counts.json \
+	python3 -m pytest -q -p no:cacheprovider -rfE --junitxml=$(GPU_TEST_OUT)/junit_properties.xml $(PYTEST_ARGS) \
+	tests/test_reliability_properties.py; \
+	rc2=$$?; test $$rc1 -eq 0 -a $$rc2 -eq 0
 
 clean:
 	rm -rf dist .pytest_cache

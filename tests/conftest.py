@@ -95,3 +95,12 @@ def attention(installed):
     import kernels
 
     return kernels.get_kernel(f"{ORG}/triton-attention", version=1)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The number of hypothesis cases the reliability generators ran (tests/test_reliability_properties.py)."""
+    import sys
+
+    mod = sys.modules.get("tests.test_reliability_properties")
+    if mod is not None and getattr(mod, "COUNTS", None):
+        terminalreporter.write_line(f"reliability: {sum(mod.COUNTS.values())} generated cases {dict(mod.COUNTS)}")

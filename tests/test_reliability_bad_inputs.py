@@ -1,0 +1,375 @@
+"""The bad-input catalog: what a user can hand each op, and what they get back.
+
+Every row is (package fixture, id, call, expected exception type, words the message must hold):
+wrong dtypes (int, fp8, fp64), tensors on different devices (``meta`` stands for the other device on
+a CPU-only machine, the CPU on a GPU one), mismatched weight/bias/residual/target/out shapes, odd
+last dims for gated ops, non-tensor arguments, bad scalars (negative / NaN / infinite eps,
+thresholds, scales, label smoothing, z-loss), unknown option strings. Each must raise a clear
+error that names the argument, before any kernel runs; never a crash, a hang or a wrong value.
+
+Values that are not errors must equal PyTorch's: empty tensors (0 rows, 0 columns) give PyTorch's
+result (shape, dtype, values), and NaN / +inf / -inf propagate to the same positions as PyTorch's
+own ops (``F.rms_norm``, ``F.layer_norm``, ``F.silu``..., ``torch.softmax``, ``F.cross_entropy``,
+``F.linear``) computed in the same dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+INT = torch.int32
+FP8 = getattr(torch, "float8_e4m3fn", torch.int8)
+
+
+def other_device(device: str) -> str:
+    return "cpu" if device == "cuda" else "meta"
+
+
+def r(*shape, device, dtype=torch.float32):
+    return torch.randn(shape, device="cpu").to(dtype).to(device)
+
+
+# (fixture, id, call(pkg, device), exception type, words the message must contain)
+CATALOG = []
+
+
+PENDING = {}  # id -> reason: known gaps not fixed yet (strict xfail: a fix turns them into failures to remove)
+
+
+def bad(fixture, case_id, exc, words):
+    def deco(f):
+        case = f"{fixture}-{case_id}"
+        marks = [pytest.mark.xfail(strict=True, reason=PENDING[case])] if case in PENDING else []
+        CATALOG.append(pytest.param(fixture, f, exc, words, id=case, marks=marks))
+        return f
+    return deco
+
+
+# ----------------------------------------------------------------------------- norms
+N = 37
+for _name in ("rms_norm", "layer_norm"):
+    def _f(pkg, name=_name):
+        return getattr(pkg, name)
+    bad("norms", f"{_name}-x-int", TypeError, ["x", "dtype"])(
+        lambda p, d, f=_f: f(p)(torch.ones(2, N, dtype=INT, device=d), None))
+    bad("norms", f"{_name}-x-fp8", TypeError, ["x", "dtype"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d).to(FP8), None))
+    bad("norms", f"{_name}-x-fp64", TypeError, ["x", "dtype"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d, dtype=torch.float64), None))
+    bad("norms", f"{_name}-x-list", TypeError, ["x", "Tensor"])(lambda p, d, f=_f: f(p)([[1.0, 2.0]], None))
+    bad("norms", f"{_name}-x-0d", ValueError, ["x", "dimension"])(lambda p, d, f=_f: f(p)(r(device=d), None))
+    bad("norms", f"{_name}-weight-int", TypeError, ["weight", "dtype"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), torch.ones(N, dtype=INT, device=d)))
+    bad("norms", f"{_name}-weight-numpy", TypeError, ["weight", "Tensor"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), r(N, device="cpu").numpy()))
+    bad("norms", f"{_name}-weight-shape", ValueError, ["weight", "shape", str(N)])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), r(N + 1, device=d)))
+    bad("norms", f"{_name}-weight-2d", ValueError, ["weight", "shape"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), r(1, N, device=d)))
+    bad("norms", f"{_name}-bias-shape", ValueError, ["bias", "shape"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), r(N, device=d), r(N - 1, device=d)))
+    bad("norms", f"{_name}-weight-device", ValueError, ["weight", "device"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), r(N, device=other_device(d))))
+    bad("norms", f"{_name}-bias-device", ValueError, ["bias", "device"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), r(N, device=d), r(N, device=other_device(d))))
+    bad("norms", f"{_name}-eps-negative", ValueError, ["eps", ">= 0"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), None, None, -1e-6))
+    bad("norms", f"{_name}-eps-nan", ValueError, ["eps"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), None, None, math.nan))
+    bad("norms", f"{_name}-eps-inf", ValueError, ["eps"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), None, None, math.inf))
+    bad("norms", f"{_name}-eps-tensor", TypeError, ["eps"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), None, None, torch.tensor(1e-5)))
+    bad("norms", f"{_name}-eps-str", TypeError, ["eps"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), None, None, "1e-5"))
+    bad("norms", f"{_name}-torch_order-unknown", ValueError, ["torch_order"])(
+        lambda p, d, f=_f: f(p)(r(2, N, device=d), None, torch_order="cuda"))
+
+for _name in ("add_rms_norm", "add_layer_norm"):
+    def _g(pkg, name=_name):
+        return getattr(pkg, name)
+    bad("norms", f"{_name}-residual-shape", ValueError, ["residual", "shape"])(
+        lambda p, d, f=_g: f(p)(r(2, N, device=d), r(3, N, device=d)))
+    bad("norms", f"{_name}-residual-int", TypeError, ["residual", "dtype"])(
+        lambda p, d, f=_g: f(p)(r(2, N, device=d), torch.ones(2, N, dtype=INT, device=d)))
+    bad("norms", f"{_name}-residual-none", TypeError, ["residual"])(
+        lambda p, d, f=_g: f(p)(r(2, N, device=d), None))
+    bad("norms", f"{_name}-residual-device", ValueError, ["residual", "device"])(
+        lambda p, d, f=_g: f(p)(r(2, N, device=d), r(2, N, device=other_device(d))))
+    bad("norms", f"{_name}-eps-negative", ValueError, ["eps"])(
+        lambda p, d, f=_g: f(p)(r(2, N, device=d), r(2, N, device=d), None, None, -1.0))
+
+bad("norms", "rms_norm-weight_offset-str", TypeError, ["weight_offset"])(
+    lambda p, d: p.rms_norm(r(2, N, device=d), r(N, device=d), weight_offset="one"))
+bad("norms", "rms_norm-weight_offset-nan", ValueError, ["weight_offset"])(
+    lambda p, d: p.rms_norm(r(2, N, device=d), r(N, device=d), weight_offset=math.nan))
+bad("norms", "rms_norm-cast_dtype-int", TypeError, ["cast_dtype"])(
+    lambda p, d: p.rms_norm(r(2, N, device=d), cast_dtype=torch.int32))
+bad("norms", "rms_norm-out_dtype-fp8", TypeError, ["out_dtype"])(
+    lambda p, d: p.rms_norm(r(2, N, device=d), out_dtype=FP8))
+
+# ----------------------------------------------------------------------------- activations
+GATED = ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul"]
+PLAIN = ["silu", "gelu", "gelu_tanh", "gelu_new", "gelu_fast", "gelu_quick"]
+for _name in GATED + PLAIN:
+    w = 2 * 19 if _name in GATED else 19
+    bad("activations", f"{_name}-x-int", TypeError, ["x", "dtype"])(
+        lambda p, d, n=_name, w=w: getattr(p, n)(torch.ones(2, w, dtype=INT, device=d)))
+    bad("activations", f"{_name}-x-fp8", TypeError, ["x", "dtype"])(
+        lambda p, d, n=_name, w=w: getattr(p, n)(r(2, w, device=d).to(FP8)))
+    bad("activations", f"{_name}-x-list", TypeError, ["x", "Tensor"])(
+        lambda p, d, n=_name: getattr(p, n)([1.0, 2.0]))
+    bad("activations", f"{_name}-out-shape", ValueError, ["out", "shape"])(
+        lambda p, d, n=_name, w=w: getattr(p, n)(r(2, w + 2, device=d), r(2, w, device=d)))
+    bad("activations", f"{_name}-out-dtype", TypeError, ["out", "dtype"])(
+        lambda p, d, n=_name, w=w: getattr(p, n)(r(2, w // 2 if n in GATED else w, device=d, dtype=torch.float16),
+                                                 r(2, w, device=d)))
+    bad("activations", f"{_name}-out-device", ValueError, ["out", "device"])(
+        lambda p, d, n=_name, w=w: getattr(p, n)(r(2, w // 2 if n in GATED else w, device=other_device(d)),
+                                                 r(2, w, device=d)))
+    bad("activations", f"{_name}-out-expanded", ValueError, ["out", "overlapping"])(
+        lambda p, d, n=_name, w=w: getattr(p, n)(r(1, w // 2 if n in GATED else w, device=d).expand(2, -1),
+                                                 r(2, w, device=d)))
+    bad("activations", f"{_name}-rounding-unknown", ValueError, ["rounding"])(
+        lambda p, d, n=_name, w=w: getattr(p, n)(r(2, w, device=d), rounding="exact"))
+for _name in GATED:
+    bad("activations", f"{_name}-odd-width", ValueError, ["last dim", "even"])(
+        lambda p, d, n=_name: getattr(p, n)(r(2, 37, device=d)))
+    bad("activations", f"{_name}-x-0d", ValueError, ["x", "0-d"])(lambda p, d, n=_name: getattr(p, n)(r(device=d)))
+bad("activations", "fatrelu_and_mul-threshold-nan", ValueError, ["threshold"])(
+    lambda p, d: p.fatrelu_and_mul(r(2, 8, device=d), threshold=math.nan))
+bad("activations", "fatrelu_and_mul-threshold-tensor", TypeError, ["threshold"])(
+    lambda p, d: p.fatrelu_and_mul(r(2, 8, device=d), threshold=torch.tensor(0.5)))
+bad("activations", "fatrelu_and_mul-threshold-str", TypeError, ["threshold"])(
+    lambda p, d: p.fatrelu_and_mul(r(2, 8, device=d), threshold="0.5"))
+
+# ----------------------------------------------------------------------------- softmax
+for _name in ("softmax", "log_softmax"):
+    f = (lambda p, n=_name: getattr(p, n))
+    bad("softmax", f"{_name}-x-int", TypeError, ["x", "dtype"])(
+        lambda p, d, f=f: f(p)(torch.ones(2, 5, dtype=INT, device=d)))
+    bad("softmax", f"{_name}-x-fp8", TypeError, ["x", "dtype"])(lambda p, d, f=f: f(p)(r(2, 5, device=d).to(FP8)))
+    bad("softmax", f"{_name}-x-fp64", TypeError, ["x", "dtype"])(
+        lambda p, d, f=f: f(p)(r(2, 5, device=d, dtype=torch.float64)))
+    bad("softmax", f"{_name}-x-list", TypeError, ["x", "Tensor"])(lambda p, d, f=f: f(p)([1.0, 2.0]))
+    bad("softmax", f"{_name}-dim-range", IndexError, ["Dimension out of range"])(
+        lambda p, d, f=f: f(p)(r(2, 5, device=d), 2))
+    bad("softmax", f"{_name}-dim-float", TypeError, ["dim"])(lambda p, d, f=f: f(p)(r(2, 5, device=d), 1.0))
+    bad("softmax", f"{_name}-scale-tensor", TypeError, ["scale"])(
+        lambda p, d, f=f: f(p)(r(2, 5, device=d), scale=torch.tensor(0.5)))
+    bad("softmax", f"{_name}-scale-nan", ValueError, ["scale"])(
+        lambda p, d, f=f: f(p)(r(2, 5, device=d), scale=math.nan))
+    bad("softmax", f"{_name}-mask-bool", TypeError, ["mask"])(
+        lambda p, d, f=f: f(p)(r(2, 5, device=d), mask=torch.ones(2, 5, dtype=torch.bool, device=d)))
+    bad("softmax", f"{_name}-mask-int", TypeError, ["mask", "dtype"])(
+        lambda p, d, f=f: f(p)(r(2, 5, device=d), mask=torch.zeros(2, 5, dtype=INT, device=d)))
+    bad("softmax", f"{_name}-mask-shape", ValueError, ["mask", "broadcast"])(
+        lambda p, d, f=f: f(p)(r(2, 5, device=d), mask=r(3, 5, device=d)))
+    bad("softmax", f"{_name}-mask-device", ValueError, ["mask", "device"])(
+        lambda p, d, f=f: f(p)(r(2, 5, device=d), mask=r(2, 5, device=other_device(d))))
+    bad("softmax", f"{_name}-mask-list", TypeError, ["mask"])(
+        lambda p, d, f=f: f(p)(r(2, 5, device=d), mask=[[0.0] * 5] * 2))
+    bad("softmax", f"{_name}-causal-int", TypeError, ["causal"])(
+        lambda p, d, f=f: f(p)(r(2, 5, device=d), causal=1))
+    bad("softmax", f"{_name}-causal-dim", ValueError, ["causal", "dim"])(
+        lambda p, d, f=f: f(p)(r(2, 5, device=d), 0, causal=True))
+
+
+def _ce(p, d, logits=None, target=None, **kw):
+    logits = r(4, 7, device=d) if logits is None else logits
+    target = torch.tensor([0, 1, 2, 6], device=d) if target is None else target
+    return p.cross_entropy(logits, target, **kw)
+
+
+bad("softmax", "cross_entropy-logits-int", TypeError, ["logits", "dtype"])(
+    lambda p, d: _ce(p, d, logits=torch.ones(4, 7, dtype=INT, device=d)))
+bad("softmax", "cross_entropy-logits-fp8", TypeError, ["logits", "dtype"])(
+    lambda p, d: _ce(p, d, logits=r(4, 7, device=d).to(FP8)))
+bad("softmax", "cross_entropy-logits-0d", ValueError, ["logits"])(lambda p, d: _ce(p, d, logits=r(device=d)))
+bad("softmax", "cross_entropy-logits-list", TypeError, ["logits", "Tensor"])(
+    lambda p, d: _ce(p, d, logits=[[0.0] * 7] * 4))
+bad("softmax", "cross_entropy-target-float", TypeError, ["target"])(
+    lambda p, d: _ce(p, d, target=r(4, device=d)))
+bad("softmax", "cross_entropy-target-list", TypeError, ["target", "Tensor"])(lambda p, d: _ce(p, d, target=[0, 1, 2, 3]))
+bad("softmax", "cross_entropy-target-shape", ValueError, ["target", "shape"])(
+    lambda p, d: _ce(p, d, target=torch.zeros(5, dtype=torch.long, device=d)))
+bad("softmax", "cross_entropy-target-device", ValueError, ["target", "device"])(
+    lambda p, d: _ce(p, d, target=torch.zeros(4, dtype=torch.long, device=other_device(d))))
+bad("softmax", "cross_entropy-ignore_index-float", TypeError, ["ignore_index"])(
+    lambda p, d: _ce(p, d, ignore_index=-100.0))
+bad("softmax", "cross_entropy-reduction-unknown", ValueError, ["reduction"])(lambda p, d: _ce(p, d, reduction="avg"))
+bad("softmax", "cross_entropy-label_smoothing-range", ValueError, ["label_smoothing"])(
+    lambda p, d: _ce(p, d, label_smoothing=1.5))
+bad("softmax", "cross_entropy-label_smoothing-negative", ValueError, ["label_smoothing"])(
+    lambda p, d: _ce(p, d, label_smoothing=-0.1))
+bad("softmax", "cross_entropy-z_loss-negative", ValueError, ["z_loss"])(lambda p, d: _ce(p, d, z_loss=-1e-4))
+bad("softmax", "cross_entropy-z_loss-nan", ValueError, ["z_loss"])(lambda p, d: _ce(p, d, z_loss=math.nan))
+
+# ----------------------------------------------------------------------------- matmul
+H = torch.float16
+bad("matmul", "matmul-a-int", TypeError, ["a", "dtype"])(
+    lambda p, d: p.matmul(torch.ones(3, 8, dtype=INT, device=d), r(8, 4, device=d, dtype=H)))
+bad("matmul", "matmul-b-fp8", TypeError, ["b", "dtype"])(
+    lambda p, d: p.matmul(r(3, 8, device=d, dtype=H), r(8, 4, device=d).to(FP8)))
+bad("matmul", "matmul-a-list", TypeError, ["a", "Tensor"])(lambda p, d: p.matmul([[1.0] * 8], r(8, 4, device=d, dtype=H)))
+bad("matmul", "matmul-dtype-mismatch", TypeError, ["a and b", "dtype"])(
+    lambda p, d: p.matmul(r(3, 8, device=d, dtype=H), r(8, 4, device=d, dtype=torch.bfloat16)))
+bad("matmul", "matmul-K-mismatch", ValueError, ["a of shape", "b of shape"])(
+    lambda p, d: p.matmul(r(3, 8, device=d, dtype=H), r(9, 4, device=d, dtype=H)))
+bad("matmul", "matmul-b-3d", ValueError, ["b", "2"])(
+    lambda p, d: p.matmul(r(3, 8, device=d, dtype=H), r(1, 8, 4, device=d, dtype=H)))
+bad("matmul", "matmul-b-device", ValueError, ["b", "device"])(
+    lambda p, d: p.matmul(r(3, 8, device=d, dtype=H), r(8, 4, device=other_device(d), dtype=H)))
+bad("matmul", "matmul-bias-shape", ValueError, ["bias", "shape"])(
+    lambda p, d: p.matmul(r(3, 8, device=d, dtype=H), r(8, 4, device=d, dtype=H), r(5, device=d, dtype=H)))
+bad("matmul", "matmul-bias-dtype", TypeError, ["bias", "dtype"])(
+    lambda p, d: p.matmul(r(3, 8, device=d, dtype=H), r(8, 4, device=d, dtype=H), r(4, device=d)))
+bad("matmul", "matmul-bias-device", ValueError, ["bias", "device"])(
+    lambda p, d: p.matmul(r(3, 8, device=d, dtype=H), r(8, 4, device=d, dtype=H), r(4, device=other_device(d), dtype=H)))
+bad("matmul", "matmul-bias-list", TypeError, ["bias"])(
+    lambda p, d: p.matmul(r(3, 8, device=d, dtype=H), r(8, 4, device=d, dtype=H), [0.0] * 4))
+bad("matmul", "matmul-activation-unknown", ValueError, ["activation"])(
+    lambda p, d: p.matmul(r(3, 8, device=d, dtype=H), r(8, 4, device=d, dtype=H), None, "tanh"))
+bad("matmul", "matmul-gated-odd-N", ValueError, ["activation", "even"])(
+    lambda p, d: p.matmul(r(3, 8, device=d, dtype=H), r(8, 5, device=d, dtype=H), None, "swiglu"))
+bad("matmul", "matmul-config-type", TypeError, ["config"])(
+    lambda p, d: p.matmul(r(3, 8, device=d, dtype=H), r(8, 4, device=d, dtype=H), config={"BLOCK_M": 16}))
+
+
+@pytest.mark.parametrize("fixture, call, exc, words", CATALOG)
+def test_bad_input_raises_clear_error_naming_the_argument(request, device, fixture, call, exc, words):
+    pkg = request.getfixturevalue(fixture)
+    with pytest.raises(exc) as info:
+        call(pkg, device)
+    message = str(info.value)
+    missing = [w for w in words if w not in message]
+    assert not missing, f"message {message!r} lacks {missing}"
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def test_bad_input_layers(norms, activations, softmax, device):
+    """Layers raise clear errors for what their modules hold: a class weight, no threshold."""
+    from torch import nn
+
+    with pytest.raises(ValueError, match="weight"):
+        softmax.layers.CrossEntropyLoss.forward(nn.CrossEntropyLoss(weight=torch.ones(7, device=device)),
+                                               r(4, 7, device=device), torch.zeros(4, dtype=torch.long, device=device))
+    with pytest.raises(AttributeError, match="threshold"):
+        activations.layers.FatreluAndMul.forward(nn.Module(), r(2, 8, device=device))
+    with pytest.raises(ValueError, match="normalized_shape"):  # an input that does not end with the module's shape
+        norms.layers.LayerNorm.forward(nn.LayerNorm(5).to(device), r(2, 6, device=device))
+
+
+# ----------------------------------------------------------------------------- empty tensors: PyTorch's result
+
+
+def _same_as_torch(got, want):
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    torch.testing.assert_close(got.cpu(), want.cpu(), equal_nan=True, rtol=1e-5, atol=1e-6)
+
+
+EMPTY_SHAPES = [(0, 5), (2, 0, 5), (0, 0), (3, 0)]
+
+
+@pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=str)
+def test_empty_tensors_norms_equal_pytorch(norms, device, shape):
+    x = r(*shape, device=device)
+    n = shape[-1]
+    w, b = r(n, device=device), r(n, device=device)
+    _same_as_torch(norms.rms_norm(x, w, None, 1e-6), F.rms_norm(x, (n,), w, 1e-6))
+    _same_as_torch(norms.layer_norm(x, w, b, 1e-5), F.layer_norm(x, (n,), w, b, 1e-5))
+    xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+    y = norms.layer_norm(xg, wg, bg, 1e-5)
+    y.sum().backward()
+    xe, we, be = (t.clone().requires_grad_() for t in (x, w, b))
+    F.layer_norm(xe, (n,), we, be, 1e-5).sum().backward()
+    for a, e in ((xg, xe), (wg, we), (bg, be)):
+        _same_as_torch(a.grad, e.grad)
+
+
+@pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=str)
+def test_empty_tensors_activations_softmax_equal_pytorch(activations, softmax, device, shape):
+    x = r(*shape, device=device)
+    _same_as_torch(activations.silu(x), F.silu(x))
+    _same_as_torch(activations.gelu_tanh(x), F.gelu(x, approximate="tanh"))
+    if shape[-1] % 2 == 0:
+        xs = x.clone().requires_grad_()
+        y = activations.silu_and_mul(xs)
+        d = shape[-1] // 2
+        _same_as_torch(y, F.silu(x[..., :d]) * x[..., d:])
+        y.sum().backward()
+        assert xs.grad.shape == x.shape
+    for dim in range(-len(shape), len(shape)):
+        _same_as_torch(softmax.softmax(x, dim), torch.softmax(x, dim))
+        _same_as_torch(softmax.log_softmax(x, dim), torch.log_softmax(x, dim))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_empty_tensors_cross_entropy_equal_pytorch(softmax, device, reduction):
+    logits = r(0, 7, device=device)
+    target = torch.zeros(0, dtype=torch.long, device=device)
+    _same_as_torch(softmax.cross_entropy(logits, target, reduction=reduction),
+                   F.cross_entropy(logits, target, reduction=reduction))
+
+
+@pytest.mark.parametrize("m, k, n", [(0, 8, 4), (3, 0, 4), (3, 8, 0), (0, 0, 0)])
+def test_empty_tensors_matmul_equal_pytorch(matmul, device, m, k, n):
+    a, b, bias = r(m, k, device=device, dtype=H), r(k, n, device=device, dtype=H), r(n, device=device, dtype=H)
+    _same_as_torch(matmul.matmul(a, b, bias), (a.float() @ b.float() + bias.float()).to(H))
+
+
+# ----------------------------------------------------------------------------- NaN / inf: PyTorch's positions
+
+
+def _specials(shape, device, dtype=torch.float32):
+    x = torch.randn(shape)
+    flat = x.view(-1)
+    flat[1], flat[shape[-1] + 2], flat[2 * shape[-1] + 3] = math.nan, math.inf, -math.inf
+    return x.to(dtype).to(device)
+
+
+def _same_specials(name, got, want):
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
+    assert got.shape == want.shape, name
+    assert torch.equal(got.isnan(), want.isnan()), f"{name}: NaN positions differ from PyTorch's"
+    assert torch.equal(got.isposinf(), want.isposinf()) and torch.equal(got.isneginf(), want.isneginf()), \
+        f"{name}: infinities differ from PyTorch's"
+    fin = want.isfinite()
+    torch.testing.assert_close(got[fin], want[fin], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nan_inf_propagate_as_pytorch(norms, activations, softmax, matmul, device, dtype):
+    """Rows 0-2 hold a NaN, a +inf and a -inf, row 3 is clean; every op against PyTorch's own op."""
+    x = _specials((4, 22), device, dtype)
+    n = x.shape[-1]
+    w, b = r(n, device=device, dtype=dtype), r(n, device=device, dtype=dtype)
+    _same_specials("rms_norm", norms.rms_norm(x, w, None, 1e-6), F.rms_norm(x.float(), (n,), w.float(), 1e-6))
+    _same_specials("layer_norm", norms.layer_norm(x, w, b, 1e-5), F.layer_norm(x.float(), (n,), w.float(), b.float()))
+    h, _ = norms.add_rms_norm(x, torch.zeros_like(x), w, None, 1e-6)
+    _same_specials("add_rms_norm", h, F.rms_norm(x.float(), (n,), w.float(), 1e-6))
+    xf = x.float()
+    d = n // 2
+    # gelu: torch's CPU fp32/bf16 kernel returns NaN for +inf where its fp64 (and the math) give +inf: fp64 here
+    for name, want in (("silu", F.silu(xf)), ("gelu", F.gelu(xf.double())), ("gelu_tanh", F.gelu(xf, approximate="tanh")),
+                       ("gelu_quick", xf * torch.sigmoid(1.702 * xf)),
+                       ("silu_and_mul", F.silu(xf[:, :d]) * xf[:, d:]),
+                       ("gelu_and_mul", F.gelu(xf[:, :d].double()) * xf[:, d:]),
+                       ("mul_and_silu", xf[:, :d] * F.silu(xf[:, d:]))):
+        _same_specials(name, getattr(activations, name)(x), want)
+    for dim in (0, 1):
+        _same_specials(f"softmax dim={dim}", softmax.softmax(x, dim), torch.softmax(xf, dim))
+        _same_specials(f"log_softmax dim={dim}", softmax.log_softmax(x, dim), torch.log_softmax(xf, dim))
+    t = torch.tensor([0, 5, 7, 3], device=device)
+    for red in ("none", "sum"):
+        _same_specials(f"cross_entropy {red}", softmax.cross_entropy(x, t, reduction=red),
+                       F.cross_entropy(xf, t, reduction=red))
+    if dtype != torch.float32:
+        wt = r(n, 6, device=device, dtype=dtype)
+        _same_specials("matmul", matmul.matmul(x, wt, None, "gelu"), F.gelu((xf @ wt.float()).double()))

@@ -1,0 +1,274 @@
+"""Every registered op and every Hub layer of the collection, checked the way PyTorch checks its own ops.
+
+Driven by ``reliability_catalog.CATALOG`` (one entry per package; a package added later registers
+there). Per package:
+
+* the catalog covers every public name (``__all__``) and every layer class (so nothing below
+  silently skips a new op);
+* ``torch.library.opcheck`` (schema, fake tensor, autograd registration, AOT dispatch static and
+  dynamic) for every op registered in the build's namespace, with the arguments the public
+  functions really pass (recorded under a dispatch mode while running every sample forward and
+  backward); every op of the namespace must have been reached;
+* case 5, GPU half (``@pytest.mark.gpu``, run by ``make gpu-test``): every op sample and layer
+  under ``torch.compile(fullgraph=True)`` in inference and training equal to eager; captured in
+  one CUDA graph and replayed on new data (forward, and forward + backward) equal to eager;
+  run concurrently on several CUDA streams equal to the default-stream results.
+
+The compile test also runs on the CPU (``aot_eager`` under the interpreter) with ``-m gpu``.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .reliability_catalog import CATALOG, as_tuple, clone_inputs, layer_names, loss_of, public_names
+
+PACKAGES = sorted(CATALOG)
+TOL = {torch.float32: (1e-5, 1e-6), torch.float16: (1e-3, 1e-5), torch.bfloat16: (8e-3, 1e-5)}
+
+
+def _pkg(request, name):
+    return request.getfixturevalue(name)
+
+
+def _runs(pkg, entry, device, *, dtype_index=-1):
+    """(name, fn, make, grad, out_arg, dtype, params) for every op sample and layer of a package."""
+    runs = []
+    for s in entry.ops(pkg):
+        runs.append((s.name, s.fn, s.make, tuple(s.grad), s.out_arg, s.dtypes[dtype_index], ()))
+    for ls in entry.layers(pkg):
+        dtype = ls.dtypes[dtype_index]
+        module = ls.module(device, dtype)
+        cls = getattr(pkg.layers, ls.name)
+        fn = (lambda *xs, cls=cls, module=module: cls.forward(module, *xs))
+        runs.append((f"layers.{ls.name}", fn, ls.make, tuple(ls.grad), -1, dtype, tuple(module.parameters())))
+    return runs
+
+
+def _assert_same(name, actual, expected, dtype):
+    rtol, atol = TOL[dtype]
+    for i, (a, e) in enumerate(zip(as_tuple(actual), as_tuple(expected))):
+        if not isinstance(e, torch.Tensor):
+            continue
+        assert a.shape == e.shape and a.dtype == e.dtype, f"{name} output {i}: {a.shape}/{a.dtype} vs {e.shape}/{e.dtype}"
+        torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{name} output {i}: {m}")
+
+
+# ----------------------------------------------------------------------------- coverage
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_catalog_covers_every_public_name_and_layer(request, package):
+    pkg = _pkg(request, package)
+    entry = CATALOG[package]
+    covered = {s.public for s in entry.ops(pkg)}
+    missing = sorted(set(public_names(pkg, entry)) - covered)
+    assert not missing, f"{package}: public names without a reliability sample: {missing}"
+    layers = {ls.name for ls in entry.layers(pkg)}
+    missing_layers = sorted(set(layer_names(pkg)) - layers)
+    assert not missing_layers, f"{package}: layers without a reliability sample: {missing_layers}"
+
+
+# ----------------------------------------------------------------------------- opcheck
+
+
+class _Recorder(TorchDispatchMode):
+    """Records calls of the ops in ``namespace`` (copies of the arguments, grad flags as they were)."""
+
+    def __init__(self, namespace):
+        super().__init__()
+        self.namespace = namespace
+        self.calls = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == self.namespace:
+            grad = torch.is_grad_enabled()
+
+            def copy(a):
+                if not isinstance(a, torch.Tensor):
+                    return a
+                c = a.detach().clone()
+                return c.requires_grad_(grad and a.requires_grad and c.is_floating_point())
+
+            self.calls.setdefault(func, []).append(([copy(a) for a in args], {k: copy(v) for k, v in kwargs.items()}))
+        return func(*args, **kwargs)
+
+
+def _all_ops(namespace):
+    return sorted(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
+                  if n.startswith(namespace + "::"))
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_opcheck_every_registered_op(request, package, device):
+    """torch.library.opcheck on every op of the build's namespace, with arguments the public API really passes."""
+    pkg = _pkg(request, package)
+    namespace = pkg._ops.NAMESPACE
+    rec = _Recorder(namespace)
+    torch.manual_seed(0)
+    # is_compiling() -> True: the paths eager mode shortcuts (implementation called without the
+    # dispatcher) go through the registered ops, as they do under torch.compile
+    with rec, mock.patch.object(torch.compiler, "is_compiling", lambda: True):
+        for name, fn, make, grad, out_arg, dtype, params in _runs(pkg, CATALOG[package], device, dtype_index=0):
+            inputs = clone_inputs(make(device, dtype), grad)
+            out = fn(*inputs)
+            if grad:
+                loss_of(out).backward()
+            with torch.no_grad():
+                fn(*clone_inputs(inputs))
+    reached = sorted(op._opname for op in rec.calls)
+    assert reached == _all_ops(namespace), f"ops never reached by the samples: {set(_all_ops(namespace)) - set(reached)}"
+    for op, calls in rec.calls.items():
+        # the first call with a gradient, the first without, and one more: distinct code paths
+        picked, seen = [], set()
+        for args, kwargs in calls:
+            key = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args) + tuple(
+                (a.dtype, a.dim()) if isinstance(a, torch.Tensor) else type(a) for a in args)
+            if key not in seen:
+                seen.add(key)
+                picked.append((args, kwargs))
+        for args, kwargs in picked[:4]:
+            torch.library.opcheck(op, args, kwargs)
+
+
+# ----------------------------------------------------------------------------- case 5: compile, CUDA graphs, streams
+
+
+def _grads(out, inputs, params, grad):
+    leaves = [inputs[i] for i in grad if inputs[i].requires_grad] + list(params)
+    return torch.autograd.grad(loss_of(out), leaves, allow_unused=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("package", PACKAGES)
+def test_case5_compile_fullgraph_inference_and_training_equal_eager(request, package, device):
+    """All samples of a package in one ``torch.compile(fullgraph=True)`` graph (one compile per mode)."""
+    pkg = _pkg(request, package)
+    runs = _runs(pkg, CATALOG[package], device)
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    torch.manual_seed(1)
+    data = [make(device, dtype) for _, _, make, _, _, dtype, _ in runs]
+
+    def every(*flat):
+        outs, k = [], 0
+        for (name, fn, make, grad, out_arg, dtype, params), inputs in zip(runs, data):
+            outs.append(fn(*flat[k:k + len(inputs)]))
+            k += len(inputs)
+        return outs
+
+    compiled = torch.compile(every, fullgraph=True, backend=backend)
+    # inference
+    flat = [t for inputs in data for t in clone_inputs(inputs)]
+    flat_e = [t for inputs in data for t in clone_inputs(inputs)]
+    with torch.no_grad():
+        got, want = compiled(*flat), every(*flat_e)
+    for (name, *_rest), g, w in zip(runs, got, want):
+        _assert_same(f"{name} [inference]", g, w, _rest[4])
+    # training: forward compiled with inputs that require grad, backward through the compiled graph
+    trainable = [r for r in runs if r[3]]
+    flat, flat_e, per = [], [], []
+    for r, inputs in zip(runs, data):
+        a, b = clone_inputs(inputs, r[3] if r[3] else ()), clone_inputs(inputs, r[3] if r[3] else ())
+        flat += a
+        flat_e += b
+        per.append((a, b))
+    got, want = compiled(*flat), every(*flat_e)
+    assert trainable
+    leaves_c, leaves_e, owners = [], [], []
+    for (name, fn, make, grad, out_arg, dtype, params), g, w, (a, b) in zip(runs, got, want, per):
+        _assert_same(f"{name} [training forward]", g, w, dtype)
+        for i in grad:
+            if a[i].requires_grad:
+                leaves_c.append(a[i])
+                leaves_e.append(b[i])
+                owners.append((name, i, dtype))
+    # one backward through the one compiled graph (its buffers are donated: no retain_graph)
+    total_c = sum(loss_of(g) for r, g in zip(runs, got) if r[3])
+    total_e = sum(loss_of(w) for r, w in zip(runs, want) if r[3])
+    grads_c = torch.autograd.grad(total_c, leaves_c, allow_unused=True)
+    grads_e = torch.autograd.grad(total_e, leaves_e, allow_unused=True)
+    for (name, i, dtype), x, y in zip(owners, grads_c, grads_e):
+        assert (x is None) == (y is None), f"{name} [training grad of input {i}]: None in one of compiled/eager"
+        if x is not None:
+            _assert_same(f"{name} [training grad of input {i}]", x, y, dtype)
+
+
+def _cuda_only(device):
+    if device != "cuda":
+        pytest.skip("CUDA graphs and streams need TEST_DEVICE=cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("package", PACKAGES)
+def test_case5_cuda_graph_capture_then_replay_on_new_data(request, package, device):
+    """Forward (inference) and forward + backward of every sample in one CUDA graph, replayed on new inputs."""
+    _cuda_only(device)
+    pkg = _pkg(request, package)
+    runs = _runs(pkg, CATALOG[package], device)
+    torch.manual_seed(2)
+    static = [clone_inputs(make(device, dtype), grad) for _, _, make, grad, _, dtype, _ in runs]
+
+    def step():
+        outs = []
+        for (name, fn, make, grad, out_arg, dtype, params), inputs in zip(runs, static):
+            out = fn(*inputs)
+            g = _grads(out, inputs, params, grad) if grad else ()
+            outs.append((out, g))
+        return outs
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm up: compile every kernel and fill caches outside the capture
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for trial in range(2):
+        fresh = [make(device, dtype) for _, _, make, _, _, dtype, _ in runs]
+        with torch.no_grad():
+            for inputs, new, r in zip(static, fresh, runs):
+                for k, (s, n) in enumerate(zip(inputs, new)):
+                    if isinstance(s, torch.Tensor):
+                        s.copy_(torch.full_like(n, float("nan")) if k == r[4] else n)
+        graph.replay()
+        torch.cuda.synchronize()
+        for (name, fn, make, grad, out_arg, dtype, params), new, (out, g) in zip(runs, fresh, captured):
+            eager_in = clone_inputs(new, grad)
+            want = fn(*eager_in)
+            _assert_same(f"{name} [graph replay {trial}]", out, want, dtype)
+            if grad:
+                for i, (x, y) in enumerate(zip(g, _grads(want, eager_in, params, grad))):
+                    _assert_same(f"{name} [graph replay {trial} grad {i}]", x, y, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("package", PACKAGES)
+def test_multiple_cuda_streams_give_default_stream_results(request, package, device):
+    """Each sample run on 4 streams at once, each stream with its own inputs, equals the default stream."""
+    _cuda_only(device)
+    pkg = _pkg(request, package)
+    runs = _runs(pkg, CATALOG[package], device)
+    torch.manual_seed(3)
+    streams = [torch.cuda.Stream() for _ in range(4)]
+    for name, fn, make, grad, out_arg, dtype, params in runs:
+        inputs = [make(device, dtype) for _ in streams]
+        want = [fn(*clone_inputs(x)) for x in inputs]
+        got = []
+        torch.cuda.synchronize()
+        for s, x in zip(streams, inputs):
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                xs = clone_inputs(x)  # allocated on s
+                got.append(fn(*xs))
+        for s in streams:
+            torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        for k, (g, w) in enumerate(zip(got, want)):
+            _assert_same(f"{name} [stream {k}]", g, w, dtype)
