@@ -473,3 +473,31 @@ def test_in_place_into_the_input(activations, device):
     y = x.clone()
     activations.silu_and_mul(y[:, :300], y)
     assert torch.equal(y[:, :300], expected_gated) and torch.equal(y[:, 300:], x[:, 300:])
+
+
+@pytest.mark.parametrize("op", ["silu_and_mul", "gelu", "gelu_quick"])
+def test_eager_autograd_equals_the_registered_op(activations, device, op):
+    """Eager training runs a torch.autograd.Function built from the op's own formula; under a
+    dispatch mode the registered op runs: same output and gradient bits."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Through(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x0 = rand((5, width(op, 37)), torch.float32, device)
+    graph = []
+
+    def run():
+        x = x0.clone().requires_grad_()
+        y = getattr(activations, op)(x)
+        graph.append(type(y.grad_fn).__name__)
+        y.backward(torch.ones_like(y) * 0.5)
+        return y.detach(), x.grad
+
+    eager = run()
+    with Through():
+        through_op = run()
+    assert "EagerAutograd" in graph[0] and "EagerAutograd" not in graph[1], graph
+    for a, b in zip(eager, through_op):
+        assert torch.equal(a, b)

@@ -532,18 +532,18 @@ def test_eager_fast_path_equals_the_registered_op(norms, device):
 
 def test_eager_fast_path_takes_module_parameters(norms):
     """A module's weight is an nn.Parameter: in no_grad inference it still takes the dispatcher-free path."""
-    plain_eager = norms._dispatch._plain_eager
+    d = norms._dispatch
     w = torch.nn.Parameter(torch.randn(8))
     x = torch.randn(2, 8)
     with torch.no_grad():
-        assert plain_eager((x, w, None, 1e-6))
-    assert not plain_eager((x, w))  # grad mode on and w requires grad: autograd must run
+        assert d._route((x, w, None, 1e-6)) == d.IMPL
+    assert d._route((x, w)) == d.AUTOGRAD  # grad mode on and w requires grad: autograd must run
 
     class Sub(torch.Tensor):
         pass
 
     with torch.no_grad():
-        assert not plain_eager((x.as_subclass(Sub),))
+        assert d._route((x.as_subclass(Sub),)) == d.OP
 
 
 def test_fast_launch_key_follows_triton_specialisation(norms):
@@ -576,3 +576,42 @@ def test_fast_launch_equals_triton_launch_across_alignments(norms, device):
             assert_close_ref(y, rms_ref(x.double(), w[:N].double()), ulps=2)
             layer = norms.rms_norm(x, w[:N], eps=1e-6, cast_dtype=x.dtype, torch_order="mean")
             assert torch.equal(layer, w[:N] * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype))
+
+
+@pytest.mark.parametrize("fn", ["rms_norm", "layer_norm", "add_rms_norm"])
+def test_eager_autograd_equals_the_registered_op(norms, device, fn):
+    """Eager training runs a torch.autograd.Function built from the op's own formula; under a
+    dispatch mode the registered op runs. Outputs and every gradient are the same bits."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Through(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x0 = rand((7, 97), torch.float32, device)
+    r0 = rand((7, 97), torch.float32, device)
+    w0 = rand((97,), torch.float32, device)
+    dy = rand((7, 97), torch.float32, device)
+
+    graph = []
+
+    def run():
+        x, r, w = (t.clone().requires_grad_() for t in (x0, r0, w0))
+        if fn == "add_rms_norm":
+            y, h = norms.add_rms_norm(x, r, w)
+            graph.append(type(y.grad_fn).__name__)
+            (y * dy).sum().backward(retain_graph=True)
+            (h * dy).sum().backward()
+        else:
+            y = getattr(norms, fn)(x, w)
+            graph.append(type(y.grad_fn).__name__)
+            y.backward(dy)
+        return y.detach(), x.grad, w.grad, r.grad
+
+    eager = run()
+    with Through():
+        op = run()
+    assert "EagerAutograd" in graph[0] and "EagerAutograd" not in graph[1], graph
+    assert all(a is not None for a in eager[:3])
+    for a, b in zip(eager, op):
+        assert (a is None and b is None) or torch.equal(a, b)

@@ -3,33 +3,68 @@
 Every op of the collection is a ``torch.library.custom_op`` (autograd formula, fake implementation,
 ``torch.compile``, dispatch modes). Going through the dispatcher costs tens of
 microseconds per call in Python (custom-op autograd wrapper, redispatch, the
-dynamo-disable wrapper), as much as a whole small kernel. In plain eager inference
-none of that machinery has anything to do, so the implementation is called directly;
-everything else goes through the op.
+dynamo-disable wrapper), as much as a whole small kernel. In plain eager code
+none of that machinery has anything to do: inference calls the implementation
+directly, and training calls it through a ``torch.autograd.Function`` built from the
+op's own autograd formula (:func:`eager_autograd`). Everything else (compile
+tracing, dispatch modes, tensor subclasses) goes through the op. Results are the
+same bits either way.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["call_op"]
-
+__all__ = ["call_op", "eager_autograd"]
 
 # Plain tensors: a module's weights are nn.Parameter, which changes nothing for the dispatcher.
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+OP, IMPL, AUTOGRAD = 0, 1, 2
 
 
-def _plain_eager(args) -> bool:
-    """No compile tracing, no dispatch mode, no tensor subclass, no tensor that needs a gradient."""
+def _route(args) -> int:
+    """OP under compile tracing, a dispatch mode or a tensor subclass; else AUTOGRAD when a
+    tensor needs a gradient, IMPL when none does."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
-        return False
+        return OP
     grad = torch.is_grad_enabled()
+    route = IMPL
     for a in args:
-        if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN_TYPES or (grad and a.requires_grad)):
-            return False
-    return True
+        if isinstance(a, torch.Tensor):
+            if type(a) not in _PLAIN_TYPES:
+                return OP
+            if grad and a.requires_grad:
+                route = AUTOGRAD
+    return route
 
 
-def call_op(op, impl, *args):
-    """``impl(*args)`` in plain eager inference, else ``op(*args)`` (same results either way)."""
-    return impl(*args) if _plain_eager(args) else op(*args)
+def eager_autograd(impl, setup_context, backward) -> type:
+    """A ``torch.autograd.Function`` running ``impl`` with the op's ``setup_context``/``backward``
+    (the functions given to ``register_autograd``), for eager training without the dispatcher."""
+
+    class EagerAutograd(torch.autograd.Function):
+        @staticmethod
+        def forward(*args):
+            return impl(*args)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            setup_context(ctx, inputs, output)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return backward(ctx, *grads)
+
+    EagerAutograd.__name__ = EagerAutograd.__qualname__ = f"EagerAutograd_{impl.__name__}"
+    return EagerAutograd
+
+
+def call_op(op, impl, *args, autograd=None):
+    """``impl(*args)`` in plain eager inference, ``autograd.apply(*args)`` in plain eager
+    training (when given), else ``op(*args)``; the same results every way."""
+    route = _route(args)
+    if route == IMPL:
+        return impl(*args)
+    if route == AUTOGRAD and autograd is not None:
+        return autograd.apply(*args)
+    return op(*args)

@@ -33,6 +33,7 @@ import triton.language as tl
 from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_rounds_square, rounding_dtype
 from ._launch import pick_config, use_libdevice
 from ._device import check_launch_device, device_warp_size, launch_options
+from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch
 from ._math import activation, activation_grad, round_to
 from ._ops import add_op_namespace_prefix
@@ -170,8 +171,7 @@ def forward_into(out: Tensor, x: Tensor, spec: OpSpec, eager: bool, threshold: f
     _launch(_act_fwd_kernel, spec, eager, threshold, x, g.shape[-1], (x, out), (g, u, out))
 
 
-@torch.library.custom_op(add_op_namespace_prefix("act_fwd"), mutates_args=())
-def _act_fwd(x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
+def _act_fwd_impl(x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
     """The allocating forward: a contiguous output of x's dtype."""
     spec = OPS[op]
     out = torch.empty(out_shape(x.shape, spec.gated), dtype=x.dtype, device=x.device)
@@ -179,15 +179,21 @@ def _act_fwd(x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
     return out
 
 
+_act_fwd = torch.library.custom_op(add_op_namespace_prefix("act_fwd"), _act_fwd_impl, mutates_args=())
+
+
 @_act_fwd.register_fake
 def _(x, op, eager, threshold):
     return x.new_empty(out_shape(x.shape, OPS[op].gated))
 
 
-@torch.library.custom_op(add_op_namespace_prefix("act_fwd_out"), mutates_args=("out",))
-def _act_fwd_out(out: Tensor, x: Tensor, op: str, eager: bool, threshold: float) -> None:
+def _act_fwd_out_impl(out: Tensor, x: Tensor, op: str, eager: bool, threshold: float) -> None:
     """The ``(out, x)`` form: writes into ``out`` in place, whatever its strides."""
     forward_into(out, x, OPS[op], eager, threshold)
+
+
+_act_fwd_out = torch.library.custom_op(add_op_namespace_prefix("act_fwd_out"), _act_fwd_out_impl,
+                                       mutates_args=("out",))
 
 
 @_act_fwd_out.register_fake
@@ -195,8 +201,7 @@ def _(out, x, op, eager, threshold):
     return None
 
 
-@torch.library.custom_op(add_op_namespace_prefix("act_bwd"), mutates_args=())
-def _act_bwd(dy: Tensor, x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
+def _act_bwd_impl(dy: Tensor, x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
     """Gradient of the allocating forward with respect to x: contiguous, x's shape and dtype."""
     spec = OPS[op]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -207,6 +212,9 @@ def _act_bwd(dy: Tensor, x: Tensor, op: str, eager: bool, threshold: float) -> T
     dg, du = _halves(dx1, spec)
     _launch(_act_bwd_kernel, spec, eager, threshold, x1, g.shape[-1], (dy1, x1, dx1), (dy1, g, u, dg, du))
     return dx
+
+
+_act_bwd = torch.library.custom_op(add_op_namespace_prefix("act_bwd"), _act_bwd_impl, mutates_args=())
 
 
 @_act_bwd.register_fake
@@ -222,7 +230,18 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     (x,) = ctx.saved_tensors
-    return _act_bwd(dy, x, ctx.op, ctx.eager, ctx.threshold), None, None, None
+    return call_op(_act_bwd, _act_bwd_impl, dy, x, ctx.op, ctx.eager, ctx.threshold), None, None, None
 
 
 _act_fwd.register_autograd(_backward, setup_context=_setup_context)
+_ACT_AUTOGRAD = eager_autograd(_act_fwd_impl, _setup_context, _backward)
+
+
+def act_forward(x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
+    """The allocating forward with autograd (the op, or its implementation in plain eager code)."""
+    return call_op(_act_fwd, _act_fwd_impl, x, op, eager, threshold, autograd=_ACT_AUTOGRAD)
+
+
+def act_forward_out(out: Tensor, x: Tensor, op: str, eager: bool, threshold: float) -> None:
+    """The ``(out, x)`` form (the op, or its implementation in plain eager code)."""
+    call_op(_act_fwd_out, _act_fwd_out_impl, out, x, op, eager, threshold)

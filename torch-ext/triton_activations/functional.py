@@ -44,7 +44,7 @@ from typing import Optional
 import torch
 
 from ._common import OPS, check_out, check_rounding, check_threshold, check_x
-from .activation import _act_fwd, _act_fwd_out
+from .activation import act_forward, act_forward_out
 
 Tensor = torch.Tensor
 
@@ -54,11 +54,11 @@ def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, th
     eager = check_rounding(name, rounding)
     if second is None:
         check_x(name, first, spec.gated)
-        return _act_fwd(first, name, eager, threshold)
+        return act_forward(first, name, eager, threshold)
     out, x = first, second
     check_x(name, x, spec.gated)
     check_out(name, out, x, spec.gated)
-    _act_fwd_out(out, x, name, eager, threshold)
+    act_forward_out(out, x, name, eager, threshold)
     return out
 
 

@@ -28,7 +28,7 @@ from ._exact import ln_exact_forward
 from ._launch import num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
-from ._dispatch import call_op
+from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch
 from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order
 
@@ -243,8 +243,7 @@ def _(x, residual, weight, bias, eps, order):
             stat, torch.empty_like(stat))
 
 
-@torch.library.custom_op(add_op_namespace_prefix("layer_norm_bwd"), mutates_args=())
-def _layer_norm_bwd(
+def _layer_norm_bwd_impl(
     dy: Tensor, dh: Optional[Tensor], x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd: Tensor,
     dx_dtype: torch.dtype, dres_dtype: Optional[torch.dtype], need_dw: bool, need_db: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -279,6 +278,10 @@ def _layer_norm_bwd(
     return dx, dres, dw, db
 
 
+_layer_norm_bwd = torch.library.custom_op(add_op_namespace_prefix("layer_norm_bwd"), _layer_norm_bwd_impl,
+                                          mutates_args=())
+
+
 @_layer_norm_bwd.register_fake
 def _(dy, dh, x, weight, mean, rstd, dx_dtype, dres_dtype, need_dw, need_db):
     N = x.shape[-1]
@@ -305,8 +308,8 @@ def _backward(ctx, dy, dh, dmean, drstd):
     need = ctx.needs_input_grad
     need_dw = weight is not None and need[2]
     need_db = ctx.bias_dtype is not None and need[3]
-    dx, dres, dw, db = _layer_norm_bwd(
-        dy, dh if ctx.res_dtype is not None else None, xs, weight, mean, rstd, ctx.x_dtype, ctx.res_dtype,
+    dx, dres, dw, db = call_op(
+        _layer_norm_bwd, _layer_norm_bwd_impl, dy, dh if ctx.res_dtype is not None else None, xs, weight, mean, rstd, ctx.x_dtype, ctx.res_dtype,
         need_dw, need_db,
     )
     return (dx, dres if ctx.res_dtype is not None else None, dw if need_dw else None,
@@ -314,6 +317,7 @@ def _backward(ctx, dy, dh, dmean, drstd):
 
 
 _layer_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
+_LN_AUTOGRAD = eager_autograd(_layer_norm_fwd_impl, _setup_context, _backward)
 
 
 def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5, *,
@@ -346,7 +350,8 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
     order = parse_order(torch_order)
     if order not in (ORDER_FAST, ORDER_FUSED):
         raise ValueError(f"layer_norm: torch_order must be None or 'fused', got {torch_order!r}")
-    return call_op(_layer_norm_fwd, _layer_norm_fwd_impl, x, None, weight, bias, check_eps(eps), order)[0]
+    return call_op(_layer_norm_fwd, _layer_norm_fwd_impl, x, None, weight, bias, check_eps(eps), order,
+                   autograd=_LN_AUTOGRAD)[0]
 
 
 def add_layer_norm(
@@ -359,5 +364,6 @@ def add_layer_norm(
         (residual.dtype) normalised from that rounded h. Gradients flow to x and residual.
     """
     check_inputs(x, residual, weight, bias)
-    y, h, _, _ = call_op(_layer_norm_fwd, _layer_norm_fwd_impl, x, residual, weight, bias, check_eps(eps), ORDER_FAST)
+    y, h, _, _ = call_op(_layer_norm_fwd, _layer_norm_fwd_impl, x, residual, weight, bias, check_eps(eps), ORDER_FAST,
+                            autograd=_LN_AUTOGRAD)
     return y, h

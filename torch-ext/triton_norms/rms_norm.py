@@ -39,7 +39,7 @@ from ._exact import rms_exact_forward
 from ._launch import num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
-from ._dispatch import call_op
+from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch
 from ._torch_order import ORDER_FAST, parse_order
 
@@ -250,8 +250,7 @@ def _(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, orde
         x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
-@torch.library.custom_op(add_op_namespace_prefix("rms_norm_bwd"), mutates_args=())
-def _rms_norm_bwd(
+def _rms_norm_bwd_impl(
     dy: Tensor, dh: Optional[Tensor], x: Tensor, weight: Optional[Tensor], rstd: Tensor, weight_offset: float,
     cast_dtype: Optional[torch.dtype], dx_dtype: torch.dtype, dres_dtype: Optional[torch.dtype], need_dw: bool,
     need_db: bool,
@@ -289,6 +288,9 @@ def _rms_norm_bwd(
     return dx, dres, dw, db
 
 
+_rms_norm_bwd = torch.library.custom_op(add_op_namespace_prefix("rms_norm_bwd"), _rms_norm_bwd_impl, mutates_args=())
+
+
 @_rms_norm_bwd.register_fake
 def _(dy, dh, x, weight, rstd, weight_offset, cast_dtype, dx_dtype, dres_dtype, need_dw, need_db):
     N = x.shape[-1]
@@ -317,8 +319,8 @@ def _backward(ctx, dy, dh, drstd):
     need = ctx.needs_input_grad
     need_dw = weight is not None and need[2]
     need_db = ctx.bias_dtype is not None and need[3]
-    dx, dres, dw, db = _rms_norm_bwd(
-        dy, dh if ctx.res_dtype is not None else None, xs, weight, rstd, ctx.weight_offset, ctx.cast_dtype,
+    dx, dres, dw, db = call_op(
+        _rms_norm_bwd, _rms_norm_bwd_impl, dy, dh if ctx.res_dtype is not None else None, xs, weight, rstd, ctx.weight_offset, ctx.cast_dtype,
         ctx.x_dtype, ctx.res_dtype, need_dw, need_db,
     )
     return (dx, dres if ctx.res_dtype is not None else None, dw if need_dw else None,
@@ -326,6 +328,7 @@ def _backward(ctx, dy, dh, drstd):
 
 
 _rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
+_RMS_AUTOGRAD = eager_autograd(_rms_norm_fwd_impl, _setup_context, _backward)
 
 
 def rms_norm(
@@ -373,7 +376,8 @@ def rms_norm(
     """
     eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
     order = parse_order(torch_order)
-    return call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, None, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype, order)[0]
+    return call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, None, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype, order,
+                   autograd=_RMS_AUTOGRAD)[0]
 
 
 def add_rms_norm(
@@ -399,5 +403,6 @@ def add_rms_norm(
         (both receive dh_total = d(out)/dh + d(h)).
     """
     eps, out_dtype = prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype)
-    y, h, _ = call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, residual, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype, ORDER_FAST)
+    y, h, _ = call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, residual, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype, ORDER_FAST,
+                      autograd=_RMS_AUTOGRAD)
     return y, h
