@@ -285,6 +285,73 @@ def _matmul_layers(pkg) -> List[LayerSample]:
 register("matmul", _matmul_ops, _matmul_layers, skip=("layers", "MatmulConfig", "pick_config"))
 
 
+# ----------------------------------------------------------------------------- triton-attention
+
+
+def _attention_ops(pkg) -> List[OpSample]:
+    def qkv(hq, hk, s_q=5, s_k=7, d=16, bshd=False):
+        def make(device, dtype):
+            shape = (lambda h, s: (1, s, h, d)) if bshd else (lambda h, s: (1, h, s, d))
+            return randn(shape(hq, s_q), device, dtype), randn(shape(hk, s_k), device, dtype), \
+                randn(shape(hk, s_k), device, dtype)
+        return make
+
+    def with_mask(kind):
+        def make(device, dtype):
+            q, k, v = qkv(4, 2)(device, dtype)
+            keep = torch.rand((1, 1, 5, 7), device=device) > 0.3
+            keep[..., 0] = True
+            mask = keep if kind == "bool" else torch.zeros((1, 1, 5, 7), device=device, dtype=dtype).masked_fill(
+                ~keep, float("-inf"))
+            return q, k, v, mask
+        return make
+
+    def rope(device, dtype):
+        x = randn((1, 2, 5, 16), device, dtype)
+        ang = torch.arange(5, device=device)[:, None] * torch.linspace(0.1, 1.0, 16, device=device)[None]
+        return x, ang.cos()[None, None].to(dtype), ang.sin()[None, None].to(dtype)
+
+    def rope_qk(device, dtype):
+        q, k = randn((1, 2, 5, 16), device, dtype), randn((1, 1, 5, 16), device, dtype)
+        ang = torch.arange(5, device=device)[:, None] * torch.linspace(0.1, 1.0, 16, device=device)[None]
+        return q, k, ang.cos()[None].to(dtype), ang.sin()[None].to(dtype)
+
+    class _Attn(nn.Module):
+        is_causal = True
+
+    fa = pkg.flash_attention
+    return [
+        OpSample("flash_attention", lambda q, k, v: fa(q, k, v), qkv(2, 2), grad=(0, 1, 2)),
+        OpSample("flash_attention[causal,gqa]", lambda q, k, v: fa(q, k, v, causal=True), qkv(4, 2, 7, 7),
+                 grad=(0, 1, 2)),
+        OpSample("flash_attention[bool mask]", lambda q, k, v, m: fa(q, k, v, attn_mask=m), with_mask("bool"),
+                 grad=(0, 1, 2)),
+        OpSample("flash_attention[additive mask,scale]", lambda q, k, v, m: fa(q, k, v, attn_mask=m, scale=0.3),
+                 with_mask("add"), grad=(0, 1, 2)),
+        OpSample("flash_attention[bshd,mqa]", lambda q, k, v: fa(q, k, v, layout="bshd"), qkv(2, 1, bshd=True),
+                 grad=(0, 1, 2)),
+        OpSample("rotary_embedding", lambda x, c, s: pkg.rotary_embedding(x, c, s), rope, grad=(0,)),
+        OpSample("apply_rotary_pos_emb", lambda q, k, c, s: pkg.apply_rotary_pos_emb(q, k, c, s), rope_qk,
+                 grad=(0, 1)),
+        OpSample("transformers_attention_forward",
+                 lambda q, k, v: pkg.transformers_attention_forward(_Attn(), q, k, v, None)[0], qkv(4, 2, 6, 6),
+                 grad=(0, 1, 2)),
+    ]
+
+
+def _attention_layers(pkg) -> List[LayerSample]:
+    def rope_qk(device, dtype):
+        q, k = randn((1, 2, 5, 16), device, dtype), randn((1, 1, 5, 16), device, dtype)
+        ang = torch.arange(5, device=device)[:, None] * torch.linspace(0.1, 1.0, 16, device=device)[None]
+        return q, k, ang.cos()[None].to(dtype), ang.sin()[None].to(dtype)
+
+    return [LayerSample("RotaryPosEmb", lambda d, t: nn.Module(), rope_qk, grad=(0, 1))]
+
+
+register("attention", _attention_ops, _attention_layers,
+         skip=("layers", "BwdConfig", "FwdConfig", "pick_bwd_config", "pick_fwd_config"))
+
+
 # ----------------------------------------------------------------------------- helpers
 
 

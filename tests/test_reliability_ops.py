@@ -25,6 +25,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .conftest import ROOT
 from .reliability_catalog import CATALOG, as_tuple, clone_inputs, layer_names, loss_of, public_names
 
 PACKAGES = sorted(CATALOG)
@@ -59,6 +60,14 @@ def _assert_same(name, actual, expected, dtype):
 
 
 # ----------------------------------------------------------------------------- coverage
+
+
+def test_catalog_has_every_package_of_the_manifest():
+    """A package added to build.toml must register its samples in reliability_catalog (fixture = name - 'triton-')."""
+    from triton_collection.manifest import load_manifest
+
+    names = {p.name.removeprefix("triton-") for p in load_manifest(ROOT).packages}
+    assert names <= set(CATALOG), f"packages without a reliability catalog entry: {sorted(names - set(CATALOG))}"
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -594,6 +594,76 @@ def test_matmul_against_fp64(matmul, device, request, data):
             check(f"matmul act={act} {name}", gt, wt, mg, rel=rel)
 
 
+# ----------------------------------------------------------------------------- attention
+
+
+@given(data=st.data())
+@cases(150)  # ~0.3 s a case under the interpreter: fewer examples than the cheap ops
+def test_attention_against_fp64(attention, device, request, data):
+    """flash_attention: MHA/GQA/MQA, Sq/Sk from 1 to 33, head dims 8-80 (not powers of 2 too), bhsd/bshd,
+    causal, boolean or additive broadcast masks (fully masked queries give 0), scale; strided q/k/v views."""
+    count(request)
+    draw = data.draw
+    b = draw(st.integers(1, 2))
+    hk = draw(st.sampled_from([1, 2]))
+    hq = hk * draw(st.sampled_from([1, 2, 3]))
+    sq, sk = draw(st.sampled_from([1, 2, 3, 5, 8, 17])), draw(st.sampled_from([1, 2, 3, 5, 8, 17, 33]))
+    d = draw(st.sampled_from([8, 16, 24, 40, 64, 80]))
+    dv = draw(st.sampled_from([d, d, 16]))
+    dtype = draw(st.sampled_from(DTYPES))
+    layout = draw(st.sampled_from(["bhsd", "bshd"]))
+    backward = draw(st.booleans())
+    shape = (lambda h, n, e: (b, n, h, e)) if layout == "bshd" else (lambda h, n, e: (b, h, n, e))
+    q = draw(tensors(shape(hq, sq, d), dtype, device, scale=1.0, grad=backward,
+                     layouts=["contiguous", "offset", "padded", "transposed"]))
+    k = draw(tensors(shape(hk, sk, d), dtype, device, scale=1.0, grad=backward,
+                     layouts=["contiguous", "offset", "padded", "transposed"]))
+    v = draw(tensors(shape(hk, sk, dv), dtype, device, scale=1.0, grad=backward,
+                     layouts=["contiguous", "offset", "padded"]))
+    causal = draw(st.booleans())
+    scale = draw(st.sampled_from([None, 0.5]))
+    mask_kind = draw(st.sampled_from([None, None, "bool", "add"]))
+    mask = None
+    if mask_kind:
+        mshape = (draw(st.sampled_from([1, b])), draw(st.sampled_from([1, hq])), draw(st.sampled_from([1, sq])), sk)
+        g = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 31 - 1)))
+        keep = torch.rand(mshape, generator=g) > 0.3
+        mask = keep if mask_kind == "bool" else (torch.randn(mshape, generator=g).masked_fill(~keep, -math.inf)
+                                                 .to(draw(st.sampled_from(DTYPES))))
+        mask = mask.to(device)
+    out = attention.flash_attention(q, k, v, attn_mask=mask, causal=causal, scale=scale, layout=layout)
+    to_bhsd = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
+    q64, k64, v64 = (t.detach().double().requires_grad_(backward) for t in (q, k, v))
+    qh, kh, vh = (to_bhsd(t) for t in (q64, k64, v64))
+    kh, vh = kh.repeat_interleave(hq // hk, 1), vh.repeat_interleave(hq // hk, 1)
+    sc = (1.0 / math.sqrt(d)) if scale is None else scale
+    z = qh @ kh.transpose(-1, -2) * sc
+    if mask is not None:
+        z = z.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else z + mask.double()
+    if causal:
+        z = z.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=z.device).triu(1), -math.inf)
+    p = torch.softmax(z, -1)
+    p = torch.where(torch.isneginf(z).all(-1, keepdim=True), torch.zeros_like(p), p)  # fully masked: 0
+    o = p @ vh
+    pd = p.detach()
+    mag = pd @ vh.detach().abs()
+    rel = 2.0 ** -MANT[dtype] if dtype != torch.float32 else 2.0 ** -17  # P is rounded to q's dtype before P @ V
+    check(f"flash_attention {layout} causal={causal} mask={mask_kind} hq={hq} hk={hk}", out, to_bhsd(o), to_bhsd(mag),
+          rel=rel)
+    if backward:
+        dy = draw(tensors(out.shape, dtype, device, scale=1.0))
+        got = grads(out, [q, k, v], dy)
+        want = grads(to_bhsd(o), [q64, k64, v64], dy.double())
+        dyh = to_bhsd(dy.double()).abs()
+        ds = pd * (dyh @ vh.detach().abs().transpose(-1, -2) + (dyh * o.detach().abs()).sum(-1, keepdim=True))
+        group = lambda t: t.reshape(b, hk, hq // hk, *t.shape[2:]).sum(2)  # noqa: E731
+        mags = [sc * ds @ kh.detach().abs(), group(sc * ds.transpose(-1, -2) @ qh.detach().abs()),
+                group(pd.transpose(-1, -2) @ dyh)]
+        grel = 2.0 ** (3 - MANT[dtype]) if dtype != torch.float32 else 2.0 ** -16
+        for name, gt, wt, mg in zip(("dq", "dk", "dv"), got, want, mags):
+            check(f"flash_attention {name}", gt, wt, to_bhsd(mg), rel=grel)
+
+
 # ----------------------------------------------------------------------------- the count
 
 
@@ -601,7 +671,7 @@ def test_zz_generated_case_count(request):
     """At least 10,000 x HYPOTHESIS_SCALE generated cases ran in this module (when the whole module ran)."""
     expected = {"test_norms_against_fp64", "test_case1_norms_wide_rows_against_fp64", "test_activations_against_fp64",
                 "test_softmax_against_fp64", "test_case1_softmax_wide_rows_against_fp64",
-                "test_cross_entropy_against_fp64", "test_matmul_against_fp64"}
+                "test_cross_entropy_against_fp64", "test_matmul_against_fp64", "test_attention_against_fp64"}
     total = sum(COUNTS.values())
     _write_counts()
     print(f"\nreliability: {total} generated cases: {dict(COUNTS)}")
