@@ -37,11 +37,7 @@ def r(*shape, device, dtype=torch.float32):
 CATALOG = []
 
 
-_NORMS_PENDING = "triton-norms: add_* accept residual=None and weight_offset is not validated (fix pending)"
-PENDING = {  # id -> reason: known gaps not fixed yet (strict xfail: a fix turns them into failures to remove)
-    "norms-add_rms_norm-residual-none": _NORMS_PENDING, "norms-add_layer_norm-residual-none": _NORMS_PENDING,
-    "norms-rms_norm-weight_offset-str": _NORMS_PENDING, "norms-rms_norm-weight_offset-nan": _NORMS_PENDING,
-}
+PENDING = {}  # id -> reason: known gaps not fixed yet (strict xfail: a fix turns them into failures to remove)
 
 
 def bad(fixture, case_id, exc, words):

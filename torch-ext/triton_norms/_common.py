@@ -73,6 +73,16 @@ def check_inputs(
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all tensors must be on one device")
 
 
+def check_weight_offset(weight_offset) -> float:
+    """``weight_offset`` as a finite Python float (TypeError / ValueError naming it otherwise)."""
+    if isinstance(weight_offset, (torch.Tensor, bool)) or not isinstance(weight_offset, (int, float)):
+        raise TypeError(f"weight_offset must be a Python float, got {type(weight_offset).__name__}")
+    weight_offset = float(weight_offset)
+    if not math.isfinite(weight_offset):
+        raise ValueError(f"weight_offset must be a finite number, got {weight_offset}")
+    return weight_offset
+
+
 def prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype):
     """Validates rms_norm/add_rms_norm arguments; returns (eps, out_dtype) with the default filled in."""
     check_inputs(x, residual, weight, bias)

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_eps, check_inputs, grad_rows, load_grad_chunk, load_input_chunk, round_to, rows_view, vector
+from ._common import check_eps, check_float_tensor, check_inputs, grad_rows, load_grad_chunk, load_input_chunk, round_to, rows_view, vector
 from ._exact import ln_exact_forward
 from ._launch import num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
@@ -363,6 +363,7 @@ def add_layer_norm(
         ``(out, h)``: h = x + residual in fp32 rounded once to residual.dtype; out
         (residual.dtype) normalised from that rounded h. Gradients flow to x and residual.
     """
+    check_float_tensor("residual", residual)  # required here (None would silently be layer_norm)
     check_inputs(x, residual, weight, bias)
     y, h, _, _ = call_op(_layer_norm_fwd, _layer_norm_fwd_impl, x, residual, weight, bias, check_eps(eps), ORDER_FAST,
                             autograd=_LN_AUTOGRAD)

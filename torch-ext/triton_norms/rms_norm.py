@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    cast_constexpr, grad_rows, load_grad_chunk, load_input_chunk, prepare_rms_args, round_to, rows_view, vector,
+    cast_constexpr, check_float_tensor, check_weight_offset, grad_rows, load_grad_chunk, load_input_chunk,
+    prepare_rms_args, round_to, rows_view, vector,
 )
 from ._exact import rms_exact_forward
 from ._launch import num_partial_programs, pick_config
@@ -365,8 +366,9 @@ def rms_norm(
         (..., N) tensor of out_dtype, contiguous. Saves x, weight and fp32 rstd (M,) for backward.
 
     Raises:
-        TypeError: unsupported dtype (only fp16, bf16, fp32). ValueError: weight/bias
-            shape != (N,), tensors on different devices, eps < 0.
+        TypeError: unsupported dtype (only fp16, bf16, fp32), non-tensor arguments, a
+            weight_offset that is not a Python number. ValueError: weight/bias shape != (N,),
+            tensors on different devices, eps < 0 or not finite, a non-finite weight_offset.
         RuntimeError: CPU tensor without TRITON_INTERPRET=1.
 
     Precision: sum of squares, normalisation and affine in fp32; roundings only at
@@ -376,7 +378,7 @@ def rms_norm(
     """
     eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
     order = parse_order(torch_order)
-    return call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, None, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype, order,
+    return call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, None, weight, bias, eps, check_weight_offset(weight_offset), cast_dtype, out_dtype, order,
                    autograd=_RMS_AUTOGRAD)[0]
 
 
@@ -402,7 +404,8 @@ def add_rms_norm(
         is normalised from that rounded h. Gradients flow to x and residual
         (both receive dh_total = d(out)/dh + d(h)).
     """
+    check_float_tensor("residual", residual)  # required here (None would silently be rms_norm)
     eps, out_dtype = prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype)
-    y, h, _ = call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, residual, weight, bias, eps, float(weight_offset), cast_dtype, out_dtype, ORDER_FAST,
+    y, h, _ = call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, residual, weight, bias, eps, check_weight_offset(weight_offset), cast_dtype, out_dtype, ORDER_FAST,
                       autograd=_RMS_AUTOGRAD)
     return y, h
