@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast build install-local gpu-check gpu-test clean
+.PHONY: setup demo test test-fast build install-local gpu-check gpu-test port-check clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ install-local: setup
 # > 2^31 elements, and the first norms benchmark, written to benchmarks/results/.
 gpu-check:
 	python3 benchmarks/gpu_check.py
+
+# On a CUDA machine with nvcc: the shipped CUDA fixtures (ports/) against their Triton ports
+# (docs/porting/); PORT_CHECK_ARGS e.g. --dtype bfloat16 --out report.md
+port-check:
+	PYTHONPATH=src:$$PYTHONPATH python3 -m triton_collection.cli port-check ports/activations ports/rms_norm $(PORT_CHECK_ARGS)
 
 # The GPU half of the suite on a CUDA machine (its own python3, TEST_DEVICE=cuda): every test marked
 # `gpu` (torch.compile inference+training, CUDA-graph replay on new data, streams, > 2^31 elements),
