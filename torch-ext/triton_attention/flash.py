@@ -203,6 +203,47 @@ def _bwd_delta_kernel(O, DO, DELTA, sob, soh, sos, sod, sdb, sdh, sds, sdd, Sq, 
 
 
 @triton.jit
+def _dkdv_blocks(dk, dv, k, v, q_ptr, do_ptr, m_ptr, lse_ptr, delta_ptr, offs_n, col_ok, lo, hi, Sq,
+                 sqs, sqd, sds, sdd, smq, smk, qk_scale,
+                 D: tl.constexpr, DV: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
+                 PREC: tl.constexpr, F32: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """dk, dv updates from query blocks [lo, hi). Rows past Sq load lse = +inf, so their p is 0."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_0 = lo + tl.arange(0, BLOCK_M)
+    q_ptrs = q_ptr + offs_0[None, :].to(tl.int64) * sqs + offs_d[:, None] * sqd
+    do_ptrs = do_ptr + offs_0[:, None].to(tl.int64) * sds + offs_dv[None, :] * sdd
+    m_ptrs = m_ptr + offs_0[None, :].to(tl.int64) * smq + offs_n[:, None].to(tl.int64) * smk
+    for start in range(lo, hi, BLOCK_M):
+        offs_m = start + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < Sq
+        q_t = tl.load(q_ptrs, mask=row_ok[None, :] & (offs_d < D)[:, None], other=0.0)
+        lse = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf"))
+        delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
+        # scores transposed: (BLOCK_N keys, BLOCK_M queries)
+        s_t = _dot(k, q_t, PREC, F32) * qk_scale
+        if MASK_KIND == 1:
+            add = tl.load(m_ptrs, mask=row_ok[None, :] & col_ok[:, None], other=0.0).to(tl.float32)
+            s_t = s_t + add * 1.4426950408889634
+        if MASK_KIND == 2:
+            keep = tl.load(m_ptrs, mask=row_ok[None, :] & col_ok[:, None], other=0)
+            s_t = tl.where(keep != 0, s_t, float("-inf"))
+        if CAUSAL:
+            s_t = tl.where(offs_m[None, :] >= offs_n[:, None], s_t, float("-inf"))
+        p_t = tl.exp2(s_t - lse[None, :])
+        do = tl.load(do_ptrs, mask=row_ok[:, None] & (offs_dv < DV)[None, :], other=0.0)
+        dv += _dot(p_t.to(do.dtype), do, PREC, F32)
+        dp_t = _dot(v, tl.trans(do), PREC, F32)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += _dot(ds_t.to(q_t.dtype), tl.trans(q_t), PREC, F32)
+        q_ptrs += BLOCK_M * sqs
+        do_ptrs += BLOCK_M * sds
+        m_ptrs += BLOCK_M * smq
+    return dk, dv
+
+
+@triton.jit
 def _attn_bwd_dkdv_kernel(
     Q, K, V, M, DO, LSE, DELTA, DK, DV_,
     sqb, sqh, sqs, sqd,
@@ -235,47 +276,64 @@ def _attn_bwd_dkdv_kernel(
                 mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    # causal: query blocks before `lo` see none of these keys; [lo, mid) cross the diagonal; [mid, Sq) see all
     lo = 0
+    mid = 0
     if CAUSAL:
-        lo = ((pid_n * BLOCK_N) // BLOCK_M) * BLOCK_M  # queries i >= first key of the block
+        n0 = pid_n * BLOCK_N
+        lo = (n0 // BLOCK_M) * BLOCK_M
+        mid = tl.minimum(((n0 + BLOCK_N + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, ((Sq + BLOCK_M - 1) // BLOCK_M) * BLOCK_M)
+        mid = tl.maximum(mid, lo)
     for g in range(0, GROUP):
         h = hk * GROUP + g
         q_ptr = Q + b * sqb + h * sqh
         do_ptr = DO + b * sdb + h * sdh
         m_ptr = M + b * smb + h * smh
         row_base = (b * H + h) * Sq
-        for start in range(lo, Sq, BLOCK_M):
-            offs_m = start + tl.arange(0, BLOCK_M)
-            row_ok = offs_m < Sq
-            rows_m = offs_m[None, :].to(tl.int64)
-            q_t = tl.load(q_ptr + rows_m * sqs + offs_d[:, None] * sqd, mask=row_ok[None, :] & d_ok[:, None], other=0.0)
-            lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
-            delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
-            # scores transposed: (BLOCK_N keys, BLOCK_M queries)
-            s_t = _dot(k, q_t, PREC, F32) * qk_scale
-            if MASK_KIND == 1:
-                add = tl.load(m_ptr + rows_m * smq + offs_n[:, None].to(tl.int64) * smk,
-                              mask=row_ok[None, :] & col_ok[:, None], other=0.0).to(tl.float32)
-                s_t = s_t + add * 1.4426950408889634
-            if MASK_KIND == 2:
-                keep = tl.load(m_ptr + rows_m * smq + offs_n[:, None].to(tl.int64) * smk,
-                               mask=row_ok[None, :] & col_ok[:, None], other=0)
-                s_t = tl.where(keep != 0, s_t, float("-inf"))
-            if CAUSAL:
-                s_t = tl.where(offs_m[None, :] >= offs_n[:, None], s_t, float("-inf"))
-            p_t = tl.exp2(s_t - lse[None, :])
-            p_t = tl.where(row_ok[None, :] & col_ok[:, None], p_t, 0.0)
-            do = tl.load(do_ptr + offs_m[:, None].to(tl.int64) * sds + offs_dv[None, :] * sdd,
-                         mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
-            dv += _dot(p_t.to(do.dtype), do, PREC, F32)
-            dp_t = _dot(v, tl.trans(do), PREC, F32)
-            ds_t = p_t * (dp_t - delta[None, :])
-            dk += _dot(ds_t.to(q_t.dtype), tl.trans(q_t), PREC, F32)
+        if CAUSAL:
+            dk, dv = _dkdv_blocks(dk, dv, k, v, q_ptr, do_ptr, m_ptr, LSE + row_base, DELTA + row_base, offs_n, col_ok,
+                                  lo, mid, Sq, sqs, sqd, sds, sdd, smq, smk, qk_scale, D, DV, MASK_KIND, True,
+                                  PREC, F32, BLOCK_M, BLOCK_D, BLOCK_DV)
+        dk, dv = _dkdv_blocks(dk, dv, k, v, q_ptr, do_ptr, m_ptr, LSE + row_base, DELTA + row_base, offs_n, col_ok,
+                              mid, Sq, Sq, sqs, sqd, sds, sdd, smq, smk, qk_scale, D, DV, MASK_KIND, False,
+                              PREC, F32, BLOCK_M, BLOCK_D, BLOCK_DV)
     dk = dk * scale
     tl.store(DK + b * skgb + hk * skgh + rows_n * skgs + offs_d[None, :] * skgd, dk.to(DK.dtype.element_ty),
              mask=col_ok[:, None] & d_ok[None, :])
     tl.store(DV_ + b * svgb + hk * svgh + rows_n * svgs + offs_dv[None, :] * svgd, dv.to(DV_.dtype.element_ty),
              mask=col_ok[:, None] & dv_ok[None, :])
+
+
+@triton.jit
+def _dq_blocks(dq, q, do, lse, delta, k_ptr, v_ptr, m_ptr, ds_ptr, offs_m, row_ok, lo, hi, Sk,
+               sks, skd, svs, svd, smq, smk, qk_scale,
+               D: tl.constexpr, DV: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr,
+               PREC: tl.constexpr, F32: tl.constexpr, STORE_DS: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """dq update from key blocks [lo, hi). Keys past Sk load k = v = 0: they add nothing to dq."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_0 = (lo + tl.arange(0, BLOCK_N)).to(tl.int64)
+    k_ptrs = k_ptr + offs_0[None, :] * sks + offs_d[:, None] * skd
+    v_ptrs = v_ptr + offs_0[None, :] * svs + offs_dv[:, None] * svd
+    m_ptrs = m_ptr + offs_m[:, None].to(tl.int64) * smq + offs_0[None, :] * smk
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < Sk
+        k_t = tl.load(k_ptrs, mask=col_ok[None, :] & (offs_d < D)[:, None], other=0.0)
+        v_t = tl.load(v_ptrs, mask=col_ok[None, :] & (offs_dv < DV)[:, None], other=0.0)
+        s = _scores(q, k_t, qk_scale, m_ptrs, row_ok, col_ok, offs_m, offs_n, MASK_KIND, CAUSAL, BOUNDS, PREC, F32)
+        p = tl.exp2(s - lse[:, None])
+        dp = _dot(do, v_t, PREC, F32)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PREC, F32)
+        if STORE_DS:
+            tl.store(ds_ptr + offs_m[:, None].to(tl.int64) * Sk + offs_n[None, :], ds,
+                     mask=row_ok[:, None] & col_ok[None, :])
+        k_ptrs += BLOCK_N * sks
+        v_ptrs += BLOCK_N * svs
+        m_ptrs += BLOCK_N * smk
+    return dq
 
 
 @triton.jit
@@ -315,25 +373,21 @@ def _attn_bwd_dq_kernel(
     k_ptr = K + b * skb + hk * skh
     v_ptr = V + b * svb + hk * svh
     m_ptr = M + b * smb + h * smh
+    ds_ptr = DS + row_base * Sk
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # keys [0, full): no diagonal inside; [full, hi): the diagonal blocks (causal) and the tail
+    full = (Sk // BLOCK_N) * BLOCK_N
     hi = Sk
     if CAUSAL:
-        hi = tl.minimum(Sk, pid_m * BLOCK_M + BLOCK_M)
-    for start in range(0, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < Sk
-        cols = offs_n[None, :].to(tl.int64)
-        k_t = tl.load(k_ptr + cols * sks + offs_d[:, None] * skd, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-        v_t = tl.load(v_ptr + cols * svs + offs_dv[:, None] * svd, mask=col_ok[None, :] & dv_ok[:, None], other=0.0)
-        m_ptrs = m_ptr + rows_m * smq + cols * smk
-        s = _scores(q, k_t, qk_scale, m_ptrs, row_ok, col_ok, offs_m, offs_n, MASK_KIND, CAUSAL, True, PREC, F32)
-        p = tl.exp2(s - lse[:, None])
-        dp = _dot(do, v_t, PREC, F32)
-        ds = p * (dp - delta[:, None])
-        ds = tl.where(row_ok[:, None] & col_ok[None, :], ds, 0.0)
-        dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PREC, F32)
-        if STORE_DS:
-            tl.store(DS + row_base * Sk + rows_m * Sk + cols, ds, mask=row_ok[:, None] & col_ok[None, :])
+        m0 = pid_m * BLOCK_M
+        full = tl.minimum(full, ((m0 + 1) // BLOCK_N) * BLOCK_N)
+        hi = tl.minimum(Sk, m0 + BLOCK_M)
+    dq = _dq_blocks(dq, q, do, lse, delta, k_ptr, v_ptr, m_ptr, ds_ptr, offs_m, row_ok, 0, full, Sk,
+                    sks, skd, svs, svd, smq, smk, qk_scale, D, DV, MASK_KIND, False, False, PREC, F32, STORE_DS,
+                    BLOCK_N, BLOCK_D, BLOCK_DV)
+    dq = _dq_blocks(dq, q, do, lse, delta, k_ptr, v_ptr, m_ptr, ds_ptr, offs_m, row_ok, full, hi, Sk,
+                    sks, skd, svs, svd, smq, smk, qk_scale, D, DV, MASK_KIND, CAUSAL, True, PREC, F32, STORE_DS,
+                    BLOCK_N, BLOCK_D, BLOCK_DV)
     dq = dq * scale
     tl.store(DQ + b * sqgb + h * sqgh + rows_m * sqgs + offs_d[None, :] * sqgd, dq.to(DQ.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
