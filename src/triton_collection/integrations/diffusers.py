@@ -54,14 +54,26 @@ log = logging.getLogger(__name__)
 
 
 class _TritonProcessor:
-    """Base: holds the loaded triton-attention package."""
+    """Base: holds the loaded triton-attention package and the attention backend.
+
+    ``backend="triton"``: triton-attention's ``flash_attention`` on [B, S, H, D]; ``"sdpa"``:
+    ``F.scaled_dot_product_attention`` (on transposed views) for the attention itself, our RoPE
+    and everything else unchanged -- for GPUs where SDPA's best backend is faster than our kernel.
+    """
 
     replaces = ""
 
-    def __init__(self, kernel: ModuleType):
+    def __init__(self, kernel: ModuleType, backend: str = "triton"):
+        if backend not in ("triton", "sdpa"):
+            raise ValueError(f"backend must be 'triton' or 'sdpa', got {backend!r}")
         self.kernel = kernel
+        self.backend = backend
 
     def _attention(self, q, k, v, mask=None):
+        if self.backend == "sdpa":
+            o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                                 v.transpose(1, 2), attn_mask=mask)
+            return o.transpose(1, 2)
         return self.kernel.flash_attention(q, k, v, attn_mask=mask, layout="bshd")
 
     def _rope_pairs(self, x, cos, sin):
@@ -230,7 +242,8 @@ def _transformer(pipe_or_model) -> torch.nn.Module:
 
 
 def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = True, norms: bool = True,
-              device: Optional[str] = None, org: str = DEFAULT_ORG, version: int = 1, trust_remote_code: bool = False,
+              attention_backend: str = "triton", device: Optional[str] = None, org: str = DEFAULT_ORG,
+              version: int = 1, trust_remote_code: bool = False,
               kernel: Optional[ModuleType] = None) -> DiffusersKernelizeReport:
     """Swaps the attention processors (and norms) of a Flux / SD3 / Wan transformer for triton-collection kernels.
 
@@ -241,6 +254,8 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
         attention: swap the known attention processors (loads ``<org>/triton-attention``).
         norms: swap the norm modules through :func:`.transformers.kernelize` (loads ``<org>/triton-norms``);
             a model without a swappable norm is reported, not an error.
+        attention_backend: ``"triton"`` (our flash attention) or ``"sdpa"`` (PyTorch's SDPA for the attention
+            product only; the processors still do RoPE in one Triton pass and skip the layout copies).
         device, org, version, trust_remote_code: where the packages come from, as in :mod:`.transformers`.
         kernel: an already loaded triton-attention package (else loaded by Hub name).
 
@@ -269,8 +284,8 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
                     if not isinstance(proc, _TritonProcessor):
                         report.refused[name] = f"processor {type(proc).__name__} has no Triton counterpart"
                     continue
-                new[name] = cls(kernel)
-                report.processors[name] = cls.__name__
+                new[name] = cls(kernel, attention_backend)
+                report.processors[name] = cls.__name__ + ("" if attention_backend == "triton" else "(sdpa)")
             if report.processors:
                 model.set_attn_processor(new)
     if norms:
