@@ -150,6 +150,25 @@ def test_case1_wide_rows_forward_backward(softmax, device, shape, dtype, log):
         assert_close_ref(x.grad, bwd_ref(y.detach(), dy, log=log), rel_atol=1e-5)
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_looped_rows_one_program_per_row_and_split(softmax, device, log):
+    """fp32 rows past one block (> 16K elements): 40 rows take one program per row (online max/sum,
+    then the re-read: prefetched, last chunk first), 3 rows are split over programs (two launches; on
+    the CPU the split starts below 32 rows). Scale, -inf mask and causal folded in; forward + backward."""
+    N = 16411
+    mask = rand((N,), torch.float32, device)
+    mask[::7] = float("-inf")
+    for M, kw in [(40, dict(scale=0.5, mask=mask)), (40, dict(causal=True)), (3, dict(scale=0.5, mask=mask))]:
+        x = rand((M, N), torch.float32, device, scale=3.0).requires_grad_()
+        dy = rand((M, N), torch.float32, device)
+        y = fn(softmax, log)(x, **kw)
+        assert_close_ref(y, sm_ref(x.detach(), log=log, **kw))
+        y.backward(dy)
+        xr = x.detach().double().requires_grad_()
+        sm_ref(xr, log=log, **kw).backward(dy.double())
+        assert_close_ref(x.grad, xr.grad, rel_atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- layouts
 
 
@@ -421,9 +440,10 @@ count = 0
 for arch in ("90", "gfx942"):
     target = GPUTarget("cuda", 90, 32) if arch == "90" else GPUTarget("hip", arch, 64)
     for dtype, loop, flag in itertools.product(["bf16", "fp32"], [False, True], [False, True]):
-        # looped: second pass reversed with eviction hints or plain; one block: 1 or 4 rows per program
+        # looped: second pass reversed with eviction hints, or prefetching; one block: 1 or 4 rows per program
         opt = {"ROWS": 1 if loop or not flag else 4, "REVERSE": flag and loop,
-               "EVICT1": "evict_last" if flag and loop else "", "EVICT2": "evict_first" if flag and loop else ""}
+               "EVICT1": "evict_last" if flag and loop else "", "EVICT2": "evict_first" if flag and loop else "",
+               "PREFETCH": loop and not flag}
         for kernel, consts, pt in [
             (smod._softmax_fwd_kernel, {"CAUSAL": flag, "LOG": not flag, "BLOCK_N": 1024, "LOOP": loop, **opt}, {}),
             (smod._softmax_fwd_kernel, {"CAUSAL": flag, "LOG": flag, "BLOCK_N": 1024, "LOOP": loop, "m_ptr": None,

@@ -39,6 +39,8 @@ MIN_TILE_BYTES = 2048
 # likeliest still in L2), and the loads carry these eviction hints (first pass, re-read).
 LOOP_REVERSE = True
 LOOP_EVICT = ("evict_last", "evict_first")
+# Looped rows: issue the next chunk's loads before reducing the current one (two chunks in flight).
+LOOP_PREFETCH = True
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,12 @@ class LaunchConfig:
     reverse: bool = False  # looped: output pass from the last chunk to the first
     evict: tuple = ("", "")  # looped: eviction hints of the first pass and of the re-read
     split: int = 0  # looped softmax: programs per row (0: chosen by split_for from the row count)
+    prefetch: bool = False  # looped: load chunk i+1 before working on chunk i
 
     @property
     def loop_options(self) -> dict:
-        """The looped path's constexpr keywords (REVERSE, EVICT1, EVICT2)."""
-        return {"REVERSE": self.reverse, "EVICT1": self.evict[0], "EVICT2": self.evict[1]}
+        """The looped path's constexpr keywords (REVERSE, EVICT1, EVICT2, PREFETCH)."""
+        return {"REVERSE": self.reverse, "EVICT1": self.evict[0], "EVICT2": self.evict[1], "PREFETCH": self.prefetch}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -89,7 +92,8 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
     num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
     if loop:
-        return LaunchConfig(block_n=block, num_warps=num_warps, loop=True, reverse=LOOP_REVERSE, evict=LOOP_EVICT)
+        return LaunchConfig(block_n=block, num_warps=num_warps, loop=True, reverse=LOOP_REVERSE, evict=LOOP_EVICT,
+                            prefetch=LOOP_PREFETCH)
     return LaunchConfig(block_n=block, num_warps=num_warps, loop=False, rows=rows)
 
 

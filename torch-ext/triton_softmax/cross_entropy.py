@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .softmax import _chunk_start
 from ._common import check_float_tensor, check_real, check_same_device, row_layout, row_start, store_rounded
 from ._dispatch import call_op
 from ._launch import config_for
@@ -92,6 +93,7 @@ def _cross_entropy_fwd_kernel(
     REVERSE: tl.constexpr,  # looped: the gradient pass walks the chunks last to first (the most recent in L2)
     EVICT1: tl.constexpr,  # looped: eviction hint of the first pass ("evict_last" keeps the row in L2)
     EVICT2: tl.constexpr,  # looped: eviction hint of the gradient pass's re-read ("evict_first")
+    PREFETCH: tl.constexpr,  # looped: load chunk i+1 before working on chunk i
 ):
     # One program per row. DRAM bytes: read V*x, write V*g + 4 (a looped row is read twice, the
     # second time mostly from L2: the row is re-read right after its first pass, newest chunks first).
@@ -114,10 +116,19 @@ def _cross_entropy_fwd_kernel(
         mx = tl.full([], float("-inf"), tl.float32)
         s = tl.full([], 0.0, tl.float32)
         acc_x = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, V, BLOCK_N):
-            offs = start + tl.arange(0, BLOCK_N)
+        n_chunks = tl.cdiv(V, BLOCK_N)
+        if PREFETCH:  # the next chunk's load is issued before this chunk's reductions
+            offs0 = tl.arange(0, BLOCK_N)
+            x_next = _load_logits(x_ptr, x_row, sxc, offs0, offs0 < V, EVICT1)
+        for i in range(0, n_chunks):
+            offs = i * BLOCK_N + tl.arange(0, BLOCK_N)
             mask_n = offs < V
-            x = _load_logits(x_ptr, x_row, sxc, offs, mask_n, EVICT1)
+            if PREFETCH:
+                x = x_next
+                offs_next = offs + BLOCK_N
+                x_next = _load_logits(x_ptr, x_row, sxc, offs_next, offs_next < V, EVICT1)
+            else:
+                x = _load_logits(x_ptr, x_row, sxc, offs, mask_n, EVICT1)
             new = tl.maximum(mx, tl.max(x, axis=0))
             base = tl.where(new == float("-inf"), 0.0, new)  # all -inf so far: s stays 0
             s = s * tl.exp(mx - base) + tl.sum(tl.exp(x - base), axis=0)
@@ -144,15 +155,18 @@ def _cross_entropy_fwd_kernel(
             g = _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range)
             store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)
         else:
-            n_chunks = tl.cdiv(V, BLOCK_N)
+            if PREFETCH:
+                offs0 = _chunk_start(0, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
+                x_next = _load_logits(x_ptr, x_row, sxc, offs0, offs0 < V, EVICT2)
             for i in range(0, n_chunks):
-                if REVERSE:
-                    start = (n_chunks - 1 - i) * BLOCK_N
-                else:
-                    start = i * BLOCK_N
-                offs = start + tl.arange(0, BLOCK_N)
+                offs = _chunk_start(i, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
                 mask_n = offs < V
-                x = _load_logits(x_ptr, x_row, sxc, offs, mask_n, EVICT2)
+                if PREFETCH:
+                    x = x_next
+                    offs_next = _chunk_start(i + 1, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
+                    x_next = _load_logits(x_ptr, x_row, sxc, offs_next, (offs_next >= 0) & (offs_next < V), EVICT2)
+                else:
+                    x = _load_logits(x_ptr, x_row, sxc, offs, mask_n, EVICT2)
                 g = _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range)
                 store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)
 

@@ -90,6 +90,7 @@ def _softmax_fwd_kernel(
     REVERSE: tl.constexpr,  # looped: the output pass walks the chunks last to first (the newest in L2)
     EVICT1: tl.constexpr,  # looped: eviction hint of the first pass's loads ("evict_last": keep for the re-read)
     EVICT2: tl.constexpr,  # looped: eviction hint of the output pass's re-read ("evict_first")
+    PREFETCH: tl.constexpr,  # looped: load chunk i+1 before working on chunk i
 ):
     # DRAM bytes: read N*x (+ N*mask), write N*y; a looped row is read twice, the second time
     # right after the first and newest chunks first, so mostly from L2.
@@ -118,23 +119,42 @@ def _softmax_fwd_kernel(
         m_row = row_start(row, R1, R2, sm0, sm1, sm2)
         y_row = row_start(row, R1, R2, sy0, sy1, sy2)
         q = row % Sq
-        # pass 1: online max and sum of exp over the chunks
+        # pass 1: online max and sum of exp over the chunks (PREFETCH: the next chunk's load is issued
+        # before this chunk's reductions, two chunks in flight)
         mx = tl.full([], float("-inf"), tl.float32)
         s = tl.full([], 0.0, tl.float32)
-        for start in range(0, N, BLOCK_N):
-            offs = start + tl.arange(0, BLOCK_N)
-            mask_n = offs < N
-            z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, EVICT1)
+        n_chunks = tl.cdiv(N, BLOCK_N)
+        if PREFETCH:
+            offs0 = tl.arange(0, BLOCK_N)
+            z_next = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs0, offs0 < N, scale, q, CAUSAL, EVICT1)
+        for i in range(0, n_chunks):
+            if PREFETCH:
+                z = z_next
+                offs = (i + 1) * BLOCK_N + tl.arange(0, BLOCK_N)
+                z_next = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, offs < N, scale, q, CAUSAL,
+                                      EVICT1)
+            else:
+                offs = i * BLOCK_N + tl.arange(0, BLOCK_N)
+                z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, offs < N, scale, q, CAUSAL, EVICT1)
             new = tl.maximum(mx, tl.max(z, axis=0))
             base = tl.where(new == float("-inf"), 0.0, new)  # all -inf so far: s stays 0, no NaN
             s = s * tl.exp(mx - base) + tl.sum(tl.exp(z - base), axis=0)
             mx = new
         # pass 2: read the row again and write y (mx = -inf, s = 0 for a fully masked row: NaN as torch)
-        n_chunks = tl.cdiv(N, BLOCK_N)
+        if PREFETCH:
+            offs0 = _chunk_start(0, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
+            z_next = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs0, offs0 < N, scale, q, CAUSAL, EVICT2)
         for i in range(0, n_chunks):
             offs = _chunk_start(i, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
             mask_n = offs < N
-            zm = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, EVICT2) - mx
+            if PREFETCH:
+                z = z_next
+                offs_next = _chunk_start(i + 1, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
+                z_next = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs_next,
+                                      (offs_next >= 0) & (offs_next < N), scale, q, CAUSAL, EVICT2)
+            else:
+                z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, EVICT2)
+            zm = z - mx
             if LOG:
                 y = zm - tl.log(s)
             else:
@@ -185,6 +205,7 @@ def _softmax_bwd_kernel(
     REVERSE: tl.constexpr,
     EVICT1: tl.constexpr,
     EVICT2: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     # DRAM bytes: read N*(y + dy), write N*dx; a looped row re-reads y and dy (mostly from L2).
     if not LOOP:
@@ -211,20 +232,36 @@ def _softmax_bwd_kernel(
         dx_row = row_start(row, R1, R2, sdx0, sdx1, sdx2)
         q = row % Sq
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            offs = start + tl.arange(0, BLOCK_N)
-            mask_n = offs < N
-            p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG, EVICT1)
+        n_chunks = tl.cdiv(N, BLOCK_N)
+        if PREFETCH:
+            offs0 = tl.arange(0, BLOCK_N)
+            p_next, dy_next = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs0, offs0 < N, LOG, EVICT1)
+        for i in range(0, n_chunks):
+            if PREFETCH:
+                p, dy = p_next, dy_next
+                offs = (i + 1) * BLOCK_N + tl.arange(0, BLOCK_N)
+                p_next, dy_next = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, offs < N, LOG, EVICT1)
+            else:
+                offs = i * BLOCK_N + tl.arange(0, BLOCK_N)
+                p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, offs < N, LOG, EVICT1)
             if LOG:
                 acc += dy
             else:
                 acc += p * dy
         red = tl.sum(acc, axis=0)
-        n_chunks = tl.cdiv(N, BLOCK_N)
+        if PREFETCH:
+            offs0 = _chunk_start(0, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
+            p_next, dy_next = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs0, offs0 < N, LOG, EVICT2)
         for i in range(0, n_chunks):
             offs = _chunk_start(i, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
             mask_n = offs < N
-            p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG, EVICT2)
+            if PREFETCH:
+                p, dy = p_next, dy_next
+                offs_next = _chunk_start(i + 1, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
+                p_next, dy_next = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs_next,
+                                            (offs_next >= 0) & (offs_next < N), LOG, EVICT2)
+            else:
+                p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG, EVICT2)
             dz = _dz(p, dy, red, offs, q, CAUSAL, LOG)
             store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, dz * scale, mask_n)
 
