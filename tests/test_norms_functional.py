@@ -560,6 +560,16 @@ def test_fast_launch_key_follows_triton_specialisation(norms):
     assert key(None) != key(False) and key(0.5) == key(1e-6)
 
 
+def test_fast_launch_only_without_launch_hooks(norms):
+    """Profilers hook kernel launches; the direct launch bypasses hooks, so it is used only when none is set."""
+    from triton import knobs
+
+    fl = norms._fastlaunch
+    assert fl._no_hook(None) and fl._no_hook(type("Chain", (), {"calls": []})())
+    assert not fl._no_hook(print) and not fl._no_hook(type("Chain", (), {"calls": [print]})())
+    assert fl._no_hook(knobs.runtime.launch_enter_hook)  # nothing registered in the test process
+
+
 @pytest.mark.gpu
 def test_fast_launch_equals_triton_launch_across_alignments(norms, device):
     """Alternate aligned / unaligned inputs and widths so cached launches meet every key; each result

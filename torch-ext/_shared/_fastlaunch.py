@@ -51,7 +51,12 @@ def _direct_possible(kernel) -> bool:
         return False
     from triton import knobs
 
-    return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+    return _no_hook(knobs.runtime.launch_enter_hook) and _no_hook(knobs.runtime.launch_exit_hook)
+
+
+def _no_hook(hook) -> bool:
+    """No launch hook: None (older Triton) or an empty ``HookChain`` (``.calls``, Triton >= 3.5)."""
+    return hook is None or getattr(hook, "calls", None) == []
 
 
 def launch(kernel, grid: tuple, args: tuple, meta: dict, device: torch.device):
