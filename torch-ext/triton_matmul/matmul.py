@@ -83,7 +83,7 @@ def _activation(x, ACT: tl.constexpr):
     elif ACT == 3:
         return x / (1.0 + tl.exp(-x))
     elif ACT == 4:
-        return tl.maximum(x, 0.0)
+        return tl.where(x < 0.0, 0.0, x)  # NaN stays NaN, as torch.relu (tl.maximum would drop it)
     else:
         return x
 
