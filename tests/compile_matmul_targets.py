@@ -2,7 +2,8 @@
 
     python tests/compile_matmul_targets.py <build variant folder> <arch>
 
-``arch``: ``90`` (Hopper: the TMA kernel in its main configurations + the pointer kernel; the
+``arch``: ``90`` (Hopper: the TMA kernel in its main configurations + the pointer kernel, with
+integer arguments equal to 1 specialized to constants as the launcher does; the
 SASS, disassembled with the ``cuobjdump`` Triton ships, must hold ``HGMMA``), or an AMD target
 such as ``gfx942`` (the pointer kernel). Must run without ``TRITON_INTERPRET=1``. Prints one
 line per kernel (``<name> hgmma=<n> shared=<bytes>``) and ``COMPILED <n>``.
@@ -49,6 +50,8 @@ def main(variant: Path, arch: str) -> int:
                "M": "i32", "N": "i32", "K": "i32", "stride_am": "i64", "stride_ak": "i64", "stride_bk": "i64",
                "stride_bn": "i64", "stride_ym": "i64", "stride_hm": "i64"}
         consts = {"GATED": gated, "ACT": 1, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "UPCAST": False}
+        if gated:  # the launcher specializes integer arguments equal to 1 into constants: N == 1 must compile
+            consts["N"] = 1
         c = _compile(mm._matmul_fwd_kernel, sig, consts, target, 4, 3)
         print(f"pointer gated={gated} hgmma={_sass_hgmma(c.asm['cubin']) if 'cubin' in c.asm else 'n/a'} "
               f"shared={c.metadata.shared}")
@@ -65,8 +68,9 @@ def main(variant: Path, arch: str) -> int:
             consts = {"GATED": gated, "ACT": 1, "B_NK": b_nk, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                       "GROUP_M": 8, "WARP_SPECIALIZE": ws, "FLATTEN": not ws and split == 1,
                       "EPILOGUE_SUBTILE": sub, "SPLIT_K": split, "UPCAST": False, "h_ptr": None}
-            if split > 1:
+            if split > 1:  # one token (M == 1, specialized to a constant by the launcher) through split-K
                 sig.update({"ws_ptr": "*fp32", "cnt_ptr": "*i32"})
+                consts["M"] = 1
             else:
                 consts.update({"ws_ptr": None, "cnt_ptr": None})
             c = _compile(mm._matmul_tma_kernel, sig, consts, target, warps, stages)

@@ -196,7 +196,9 @@ def test_config_lookup(matmul):
     big_h200 = pick(4096, 4096, 4096, "NVIDIA H200")
     assert big_default.num_warps * 32 <= 1024 and big_h200.num_warps * 32 <= 1024
     assert big_h200.block_n == 256 and big_default.block_n == 128
-    assert pick(4096, 4096, 4096, "NVIDIA H200", True).block_n == 128  # gated: two accumulators
+    gated = pick(4096, 4096, 4096, "NVIDIA H200", True)
+    assert gated.block_n == 128 and gated.persistent == 0 and gated.epilogue_subtile == 0  # gated: two accumulators
+    assert pick(4096, 4096, 4096, "NVIDIA H200", itemsize=4).block_k == big_h200.block_k // 2  # fp32: same smem
     assert pick(4096, 4096, 4096, None, False, 64).num_warps * 64 <= 1024
 
 

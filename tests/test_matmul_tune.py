@@ -153,3 +153,31 @@ def test_kernels_compile_for_gpu_targets(built, backend, arch):
         assert all(n > 0 for name, n in hgmma.items() if not name.startswith("tma 16x")), res.stdout
     else:
         assert "COMPILED 2" in res.stdout, res.stdout
+
+
+def test_launch_fitting(matmul):
+    """A pipeline that does not fit shared memory runs with fewer stages (remembered); one stage too many -> ValueError."""
+    mod = sys.modules[matmul.__name__ + ".matmul"]
+
+    class OutOfResources(Exception):  # what Triton raises at launch, matched by name
+        pass
+
+    cfg = matmul.MatmulConfig(128, 256, 64, 8, 8, 4)
+    tried = []
+
+    def launch(stages):
+        tried.append(stages)
+        if stages > 2:
+            raise OutOfResources(f"shared memory for {stages} stages")
+
+    key = ("test", cfg)
+    mod._FITTING_STAGES.pop(key, None)
+    mod._launch_fitting(launch, key, cfg)
+    assert tried == [4, 3, 2] and mod._FITTING_STAGES[key] == 2
+    mod._launch_fitting(launch, key, cfg)
+    assert tried == [4, 3, 2, 2]  # remembered
+    with pytest.raises(ValueError, match="does not fit"):
+        mod._launch_fitting(lambda stages: launch(99), ("test2", cfg), cfg)
+    with pytest.raises(KeyError):  # other errors pass through untouched
+        mod._launch_fitting(lambda stages: {}["x"], ("test3", cfg), cfg)
+    mod._FITTING_STAGES.pop(key, None)

@@ -121,7 +121,7 @@ def _matmul_fwd_kernel(
     mask_n = offs_n < N
     a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
     b_ptrs = b_ptr + offs_k[:, None].to(tl.int64) * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
-    gate_shift = N.to(tl.int64) * stride_bn  # gated: the gate columns start N columns to the right
+    gate_shift = tl.cast(N, tl.int64) * stride_bn  # (tl.cast: N may be a specialized constant 1) gated: the gate columns start N columns to the right
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -277,7 +277,7 @@ def _matmul_tma_kernel(
             offs_n = off_n + tl.arange(0, BLOCK_N)
             mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
             part = offs_m[:, None].to(tl.int64) * n_ws + offs_n[None, :]
-            split_size = M.to(tl.int64) * n_ws
+            split_size = tl.cast(M, tl.int64) * n_ws  # tl.cast: M == 1 is specialized to a constant
             tl.store(ws_ptr + (t % SPLIT_K) * split_size + part, acc, mask=mask)
             if GATED:
                 tl.store(ws_ptr + (t % SPLIT_K) * split_size + N + part, acc_g, mask=mask)
@@ -334,13 +334,40 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
     ws = bool(cfg.warp_specialize) and not interp
     work = torch.empty((split, M, b.shape[1]), dtype=torch.float32, device=a.device) if split > 1 else None
     arrivals = torch.zeros((tiles,), dtype=torch.int32, device=a.device) if split > 1 else None
-    _matmul_tma_kernel[(progs,)](
+    _launch_fitting(lambda stages: _matmul_tma_kernel[(progs,)](
         a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h, work, arrivals,
         M, N, K, h.stride(0) if h is not None else 0, progs,
         GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
         WARP_SPECIALIZE=ws, FLATTEN=bool(cfg.persistent) and not ws and not interp, EPILOGUE_SUBTILE=subtile,
-        SPLIT_K=split, UPCAST=interp and a.dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+        SPLIT_K=split, UPCAST=interp and a.dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=stages,
+    ), ("tma", cfg, gated, act, b_nk, a.dtype, a.device), cfg)
+
+
+# (kernel, config, epilogue, dtype, device) -> num_stages that fit in shared memory
+_FITTING_STAGES: dict = {}
+
+
+def _launch_fitting(launch, key, cfg: MatmulConfig) -> None:
+    """``launch(num_stages)`` with the config's stages, fewer when Triton reports that the tile's pipeline does
+    not fit the device's shared memory (remembered per key); results do not depend on the stage count.
+
+    Raises:
+        ValueError: the config does not fit even with one stage (names the config).
+    """
+    stages = _FITTING_STAGES.get(key, cfg.num_stages)
+    while True:
+        try:
+            launch(stages)
+        except Exception as exc:  # triton.runtime.errors.OutOfResources (its module moved between releases)
+            if type(exc).__name__ != "OutOfResources":
+                raise
+            if stages <= 1:
+                raise ValueError(f"config {cfg} does not fit this device's shared memory even with one stage "
+                                 f"({exc}); use smaller BLOCK_M/BLOCK_N/BLOCK_K") from exc
+            stages -= 1
+            continue
+        _FITTING_STAGES[key] = stages
+        return
 
 
 def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], save_h: bool,
@@ -355,7 +382,7 @@ def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: O
     if M == 0 or N == 0:
         return y, h
     check_launch_device(a, _matmul_fwd_kernel)
-    cfg = MatmulConfig.from_list(config) if config else config_for(M, N, K, a.device, gated)
+    cfg = MatmulConfig.from_list(config) if config else config_for(M, N, K, a.device, gated, a.element_size())
     if cfg.tma and K > 0:
         interp = is_interpreter(_matmul_tma_kernel)
         capable, num_sms = (True, 4) if interp else tma_capable(a.device)
@@ -364,12 +391,13 @@ def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: O
             _launch_tma(a, b, bias, y, h if save_h else None, M, N, K, gated, act, b_nk, cfg, num_sms, interp)
             return y, h
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
-    _matmul_fwd_kernel[grid](
+    _launch_fitting(lambda stages: _matmul_fwd_kernel[grid](
         a, b, bias.contiguous() if bias is not None else None, y, h if save_h else None,
         M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0), h.stride(0) if save_h else 0,
         GATED=gated, ACT=act, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        UPCAST=is_interpreter(_matmul_fwd_kernel) and a.dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+        UPCAST=is_interpreter(_matmul_fwd_kernel) and a.dtype == torch.bfloat16, num_warps=cfg.num_warps,
+        num_stages=stages,
+    ), ("ptr", cfg, gated, act, a.dtype, a.device), cfg)
     return y, h
 
 
