@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["launch"]
+__all__ = ["launch", "meta_items"]
 
 _I32 = (-(2**31), 2**31)
 _DIRECT_OK = [True]  # cleared once if this Triton's launcher cannot be called directly
@@ -43,7 +43,13 @@ def _arg_key(a):
 
 
 def _triton_launch(kernel, grid, args, meta):
-    return kernel[grid](*args, **meta)
+    return kernel[grid](*args, **dict(meta))
+
+
+def meta_items(**meta) -> tuple:
+    """The ``meta`` argument of :func:`launch`: constexprs and launch options as a hashable tuple
+    (build it once per configuration, e.g. in a ``functools.lru_cache``d function)."""
+    return tuple(meta.items())
 
 
 def _direct_possible(kernel) -> bool:
@@ -59,27 +65,29 @@ def _no_hook(hook) -> bool:
     return hook is None or getattr(hook, "calls", None) == []
 
 
-def launch(kernel, grid: tuple, args: tuple, meta: dict, device: torch.device):
-    """``kernel[grid](*args, **meta)`` on ``device``, skipping Triton's binding after the first call.
+def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device):
+    """``kernel[grid](*args, **dict(meta))`` on ``device``, skipping Triton's binding after the first call.
 
     Args:
         kernel: a ``@triton.jit`` function whose parameters are ``args`` (positional,
             in order) followed by the constexprs named in ``meta``.
         grid: 1 to 3 ints.
         args: the runtime arguments (tensors, ints, floats, None).
-        meta: constexprs and launch options (``num_warps``, ``enable_fp_fusion``, ...).
+        meta: constexprs and launch options (``num_warps``, ``enable_fp_fusion``, ...) as
+            ``(name, value)`` pairs (:func:`meta_items`).
         device: the device of the tensors (its index selects the compiled kernel).
     """
     if device.type == "cpu" or not _direct_possible(kernel):
         _triton_launch(kernel, grid, args, meta)
         return
-    key = (id(kernel), device.index, tuple(meta.items()), tuple(map(_arg_key, args)))
+    key = (id(kernel), device.index, meta, tuple(map(_arg_key, args)))
     entry = _CACHE.get(key)
     if entry is None:
         compiled = _triton_launch(kernel, grid, args, meta)
         names = kernel.arg_names[len(args):]
+        given = dict(meta)
         defaults = {p.name: p.default for p in kernel.params}
-        tail = tuple(meta[n] if n in meta else defaults[n] for n in names)
+        tail = tuple(given[n] if n in given else defaults[n] for n in names)
         if compiled is not None and len(_CACHE) < 65536:
             from triton.runtime import driver
 

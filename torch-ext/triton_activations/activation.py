@@ -34,7 +34,7 @@ from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_
 from ._launch import pick_config, use_libdevice
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._dispatch import call_op, eager_autograd
-from ._fastlaunch import launch
+from ._fastlaunch import launch, meta_items
 from ._math import activation, activation_grad, round_to
 from ._ops import add_op_namespace_prefix
 
@@ -153,8 +153,8 @@ def _launch(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: i
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
     launch(kernel, (cfg.row_blocks, cfg.column_blocks),
            (*ptrs, M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x))),
-           dict(ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
-                BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel)), x.device)
+           meta_items(ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
+                      BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel)), x.device)
 
 
 def _as_1d(*ts: Tensor) -> Tuple[Tensor, ...]:

@@ -18,7 +18,7 @@ import triton.language as tl
 from ._common import round_to
 from ._exact_stats import fused_ln_stats_vec, fused_rms_sumsq_vec, mean_sq_torch_order, rowwise_welford
 from ._device import is_interpreter, launch_options
-from ._fastlaunch import launch
+from ._fastlaunch import launch, meta_items
 from ._torch_order import (
     LN_VEC_THREADS, ORDER_FUSED, ORDER_MEAN, ROWWISE_THREADS, device_limits, fused_vectorized,
     mean_config, mean_constexprs,
@@ -173,7 +173,7 @@ def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps:
 
 @functools.lru_cache(maxsize=4096)
 def _rms_plan(M: int, N: int, elem: int, order: int, vectorized: bool, limits: tuple, rows: Optional[int],
-              num_warps: Optional[int]):
+              num_warps: Optional[int], cast, options: tuple):
     """(grid, factor, meta-parameters) of one RMS launch: a pure function of its arguments, cached
     because it runs on every call of a layer (host time matters for small inputs)."""
     factor = 1.0
@@ -188,7 +188,7 @@ def _rms_plan(M: int, N: int, elem: int, order: int, vectorized: bool, limits: t
         stats, iters, rows_default = STATS_ROWWISE, triton.cdiv(N, ROWWISE_THREADS), 2
     R, block_n, loop, warps = _tiles(N, elem, rows_default, rows, num_warps)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps)
-    return (triton.cdiv(M, R),), factor, meta
+    return (triton.cdiv(M, R),), factor, meta_items(CAST_DTYPE=cast, **meta, **dict(options))
 
 
 def rms_exact_forward(x2: torch.Tensor, weight, bias, y, rstd, eps: float, weight_offset: float, cast_constexpr,
@@ -197,9 +197,10 @@ def rms_exact_forward(x2: torch.Tensor, weight, bias, y, rstd, eps: float, weigh
     M, N = x2.shape
     vectorized = order != ORDER_MEAN and fused_vectorized(x_orig, N, weight)
     grid, factor, meta = _rms_plan(M, N, x2.element_size(), order, vectorized, device_limits(x2.device),
-                                   _interp_rows(M, _rms_exact_fwd_kernel, rows), num_warps)
+                                   _interp_rows(M, _rms_exact_fwd_kernel, rows), num_warps, cast_constexpr,
+                                   tuple(launch_options(_rms_exact_fwd_kernel).items()))
     launch(_rms_exact_fwd_kernel, grid, (x2, weight, bias, y, rstd, M, N, x2.stride(0), eps, weight_offset, factor),
-           dict(CAST_DTYPE=cast_constexpr, **meta, **launch_options(_rms_exact_fwd_kernel)), x2.device)
+           meta, x2.device)
 
 
 def ln_exact_forward(x2: torch.Tensor, weight, bias, y, mean, rstd, eps: float, x_orig: torch.Tensor,
@@ -213,9 +214,9 @@ def ln_exact_forward(x2: torch.Tensor, weight, bias, y, mean, rstd, eps: float, 
     rows = _interp_rows(M, _ln_exact_fwd_kernel, rows)
     R, block_n, loop, warps = _tiles(N, x2.element_size(), 2, rows, num_warps)
     launch(_ln_exact_fwd_kernel, (triton.cdiv(M, R),), (x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), eps),
-           dict(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters,
-                MEAN_FMA=LN_MEAN_FMA if mean_fma is None else mean_fma,
-                num_warps=warps, **launch_options(_ln_exact_fwd_kernel)), x2.device)
+           meta_items(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters,
+                      MEAN_FMA=LN_MEAN_FMA if mean_fma is None else mean_fma,
+                      num_warps=warps, **launch_options(_ln_exact_fwd_kernel)), x2.device)
 
 
 __all__ = ["ORDER_FUSED", "ORDER_MEAN", "ln_exact_forward", "rms_exact_forward"]

@@ -29,7 +29,7 @@ from ._launch import num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
-from ._fastlaunch import launch
+from ._fastlaunch import launch, meta_items
 from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order
 
 Tensor = torch.Tensor
@@ -226,8 +226,8 @@ def _layer_norm_fwd_impl(
     launch(_layer_norm_fwd_kernel, (x2.shape[0],), (
         x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, mean, rstd,
         x2.stride(0), r2.stride(0) if r2 is not None else 0, N, eps,
-    ), dict(BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
-            **launch_options(_layer_norm_fwd_kernel)), x.device)
+    ), meta_items(BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
+                  **launch_options(_layer_norm_fwd_kernel)), x.device)
     return y, h, mean, rstd
 
 
