@@ -400,3 +400,52 @@ def test_transformers_attention_refuses_unsupported(attention, device):
     out, w = attention.transformers_attention_forward(mod, q, q, q, None, scaling=0.5)
     assert w is None and out.shape == (1, 4, 2, 16)
     assert_close(out, ref_attention(q, q, q, causal=True, scale=0.5).transpose(1, 2), TOL[torch.float32])
+
+
+# ----------------------------------------------------------------------------- fused RoPE attention
+
+@pytest.mark.parametrize("interleaved,layout,dtype", [(True, "bshd", torch.float32), (False, "bhsd", torch.float32),
+                                                      (True, "bshd", torch.bfloat16)])
+def test_flash_attention_rope_matches_rope_then_attention(attention, device, interleaved, layout, dtype):
+    """q rotated on load + k rotated once == rotary_embedding on both, then flash_attention; gradients too."""
+    torch.manual_seed(16)
+    B, H, Hk, S, D = 1, 4, 2, 29, 32
+    q, k, v = make_qkv(B, H, Hk, S, S, D, dtype, device, layout, grad=True)
+    ang = torch.rand(S, D // 2, device=device) * 6
+    rep = (lambda t: t.repeat_interleave(2, -1)) if interleaved else (lambda t: torch.cat([t, t], -1))
+    cos, sin = rep(ang.cos()), rep(ang.sin())
+    if layout == "bshd":
+        cos, sin = cos[:, None], sin[:, None]  # [S, 1, D]
+    o = attention.flash_attention_rope(q, k, v, cos, sin, interleaved=interleaved, causal=True, layout=layout)
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    rq = attention.rotary_embedding(q2, cos, sin, interleaved=interleaved, fp32_math=True)
+    rk = attention.rotary_embedding(k2, cos, sin, interleaved=interleaved, fp32_math=True)
+    want = attention.flash_attention(rq, rk, v2, causal=True, layout=layout)
+    tol = TOL[dtype] if dtype != torch.float32 else 1e-6
+    assert_close(o, want.double(), tol, "o")
+    do = rand(*o.shape, dtype=dtype, device=device)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    wants = torch.autograd.grad(want, (q2, k2, v2), do)
+    for name, g, w in zip(("dq", "dk", "dv"), grads, wants):
+        assert_close(g, w.double(), GRAD_TOL[dtype] if dtype != torch.float32 else 1e-5, name)
+    # and against fp64 math end to end (fp32 only)
+    if dtype == torch.float32:
+        def rot(x):
+            x = x.double()
+            if interleaved:
+                r = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)
+            else:
+                r = torch.cat([-x[..., D // 2:], x[..., :D // 2]], -1)
+            return x * cos.double() + r * sin.double()
+        assert_close(o, ref_attention(rot(q.detach()), rot(k.detach()), v.detach(), causal=True, layout=layout),
+                     TOL[torch.float32], "o vs fp64")
+
+
+def test_flash_attention_rope_errors(attention, device):
+    q, k, v = make_qkv(1, 2, 2, 8, 9, 16, torch.float32, device)
+    c = torch.ones(8, 16, device=device)
+    with pytest.raises(ValueError, match="same sequence length"):
+        attention.flash_attention_rope(q, k, v, c, c)
+    q, k, v = make_qkv(1, 2, 2, 8, 8, 16, torch.float32, device)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        attention.flash_attention_rope(q, k, v, c[:5], c[:5])

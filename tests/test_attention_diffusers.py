@@ -66,13 +66,20 @@ def test_kernelize_diffusers_transformer(attention, installed, device, make, nor
     assert all(type(p).__name__.startswith("Triton") for p in model.attn_processors.values())
     assert bool(report.norms) == norms
     calls = []
-    original = attention.flash_attention
+
+    def counted(fn):
+        return staticmethod(lambda *a, **k: calls.append(fn.__name__) or fn(*a, **k))
+
+    spy = type("Spy", (), {"flash_attention": counted(attention.flash_attention),
+                           "flash_attention_rope": counted(attention.flash_attention_rope),
+                           "rotary_embedding": staticmethod(attention.rotary_embedding)})
     for proc in model.attn_processors.values():
-        proc.kernel = type("K", (), {"flash_attention": staticmethod(lambda *a, **k: calls.append(1) or original(*a, **k)),
-                                      "rotary_embedding": staticmethod(attention.rotary_embedding)})
+        proc.kernel = spy
     with torch.no_grad():
         out = model(**inputs)[0]
     assert len(calls) >= (n_attn if backend == "triton" else 0)
+    if backend == "triton" and make is not tiny_sd3:  # RoPE models use the fused kernel for self-attention
+        assert "<lambda>" not in calls and calls.count("flash_attention_rope") >= 2, calls
     err = (out - ref).abs().max().item()
     assert err <= 2e-5 * max(ref.abs().max().item(), 1.0), err
     assert "attention processors" in report.summary()

@@ -13,7 +13,7 @@ On CPU tensors the kernels run under the Triton interpreter: set
 
 from . import layers
 from ._launch import BwdConfig, FwdConfig, pick_bwd_config, pick_fwd_config
-from .flash import flash_attention
+from .flash import flash_attention, flash_attention_rope
 from .rotary import apply_rotary_pos_emb, rotary_embedding
 from .transformers_attention import attention_forward as transformers_attention_forward
 
@@ -22,6 +22,7 @@ __all__ = [
     "FwdConfig",
     "apply_rotary_pos_emb",
     "flash_attention",
+    "flash_attention_rope",
     "layers",
     "pick_bwd_config",
     "pick_fwd_config",

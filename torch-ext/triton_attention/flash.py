@@ -44,6 +44,7 @@ from ._device import check_launch_device, is_interpreter
 from ._dispatch import call_op
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
 from ._ops import add_op_namespace_prefix
+from ._rounding import round_to
 
 Tensor = torch.Tensor
 
@@ -129,17 +130,43 @@ def _fwd_blocks(acc, l_i, m_i, q, k_ptr, v_ptr, m_ptr, offs_m, row_ok, lo, hi, S
 
 
 @triton.jit
+def _rope_rows(x, x_ptr, c_ptr, s_ptr, offs_m, row_ok, sxs, sxd, scs, scd, sss, ssd,
+               D: tl.constexpr, ROPE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """x (BLOCK_M, BLOCK_D) rotated: x*cos + sign*x[partner]*sin in fp32, rounded once to x's dtype (see rotary.py)."""
+    d = tl.arange(0, BLOCK_D)
+    if ROPE == 2:
+        p = d ^ 1
+        first = (d % 2) == 0
+    else:
+        HALF: tl.constexpr = D // 2
+        p = tl.where(d < HALF, d + HALF, d - HALF)
+        first = d < HALF
+    ok = row_ok[:, None] & (d < D)[None, :]
+    rows = offs_m[:, None].to(tl.int64)
+    xp = tl.load(x_ptr + rows * sxs + p[None, :] * sxd, mask=ok, other=0.0).to(tl.float32)
+    c = tl.load(c_ptr + rows * scs + d[None, :] * scd, mask=ok, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + rows * sss + d[None, :] * ssd, mask=ok, other=0.0).to(tl.float32)
+    a = x.to(tl.float32) * c
+    b = xp * s
+    y = tl.where(first[None, :], a - b, a + b)
+    return round_to(y, x.dtype).to(x.dtype)
+
+
+@triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, M, O, LSE,
+    Q, K, V, M, O, LSE, COS, SIN,
     sqb, sqh, sqs, sqd,
     skb, skh, sks, skd,
     svb, svh, svs, svd,
     smb, smh, smq, smk,
     sob, soh, sos, sod,
+    scb, sch, scs, scd,  # cos, broadcast to q's [B, H, S, D] (ROPE only)
+    ssb, ssh, sss, ssd,  # sin
     Sq, Sk, GROUP,
     qk_scale,  # scale * log2(e)
     D: tl.constexpr, DV: tl.constexpr,
     MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32: tl.constexpr,
+    ROPE: tl.constexpr,  # 0: none; 1: rotate halves; 2: rotate pairs -- applied to q on load (fp32, one rounding)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     # One program per (BLOCK_M queries, query head, batch). Reads q once, k/v once per program.
@@ -157,6 +184,9 @@ def _attn_fwd_kernel(
     row_ok = offs_m < Sq
     q = tl.load(q_ptr + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :] * sqd,
                 mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+    if ROPE != 0:
+        q = _rope_rows(q, q_ptr, COS + b * scb + h * sch, SIN + b * ssb + h * ssh, offs_m, row_ok,
+                       sqs, sqd, scs, scd, sss, ssd, D, ROPE, BLOCK_D)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -420,12 +450,23 @@ def _mask_view(mask: Optional[Tensor], B: int, H: int, Sq: int, Sk: int, dummy: 
     return m, strides, (_BOOL_MASK if mask.dtype == torch.bool else _ADD_MASK)
 
 
+def _as4(t: Tensor) -> Tensor:
+    while t.dim() < 4:
+        t = t.unsqueeze(0)
+    return t
+
+
+def _bcast_strides(t: Tensor) -> Tuple[int, int, int, int]:
+    return tuple(t.stride(i) if t.shape[i] > 1 else 0 for i in range(4))
+
+
 def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, causal: bool,
-                     bshd: bool, out_bshd: bool, cfg: Optional[FwdConfig] = None) -> Tuple[Tensor, Tensor]:
+                     bshd: bool, out_bshd: bool, cfg: Optional[FwdConfig] = None, cos: Optional[Tensor] = None,
+                     sin: Optional[Tensor] = None, rope: int = 0) -> Tuple[Tensor, Tensor]:
     qv, kv, vv = _bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd)
     B, H, Sq, D = qv.shape
     Hk, Sk, DV = kv.shape[1], kv.shape[2], vv.shape[3]
@@ -440,11 +481,17 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
     m, ms, kind = _mask_view(mask, B, H, Sq, Sk, qv)
     grid = (triton.cdiv(Sq, cfg.block_m), H, B)
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if rope:
+        cv, sv = _bhsd(_as4(cos).expand(q.shape), bshd), _bhsd(_as4(sin).expand(q.shape), bshd)
+        cs, ss = _bcast_strides(cv), _bcast_strides(sv)
+    else:
+        cv = sv = qv
+        cs = ss = (0, 0, 0, 0)
     _attn_fwd_kernel[grid](
-        qv, kv, vv, m, o, lse,
-        *qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(),
+        qv, kv, vv, m, o, lse, cv, sv,
+        *qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(), *cs, *ss,
         Sq, Sk, H // Hk, scale * LOG2E, D, DV,
-        MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype), F32=interp and q.dtype == torch.bfloat16,
+        MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype), F32=interp and q.dtype == torch.bfloat16, ROPE=rope,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=BD, BLOCK_DV=BDV, **extra,
     )
     return (o.transpose(1, 2) if out_bshd else o), lse
@@ -653,4 +700,92 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
     if out_layout not in ("bhsd", "bshd"):
         raise ValueError(f"out_layout must be 'bhsd' or 'bshd', got {out_layout!r}")
     o, _ = call_op(_attn_fwd, _attn_fwd_impl, q, k, v, attn_mask, scale, causal, bshd, out_layout == "bshd")
+    return o
+
+
+# ----------------------------------------------------------------------------- fused RoPE variant
+
+def _attn_rope_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, mask: Optional[Tensor],
+                        scale: float, causal: bool, bshd: bool, out_bshd: bool, interleaved: bool
+                        ) -> Tuple[Tensor, Tensor]:
+    return _attn_fwd_launch(q, k, v, mask, scale, causal, bshd, out_bshd, cos=cos, sin=sin,
+                            rope=2 if interleaved else 1)
+
+
+_attn_rope_fwd = torch.library.custom_op(add_op_namespace_prefix("flash_attn_rope_fwd"), _attn_rope_fwd_impl,
+                                         mutates_args=())
+"""Forward with q rotated on load (k arrives rotated); eager inference calls the implementation directly."""
+
+
+@_attn_rope_fwd.register_fake
+def _(q, k, v, cos, sin, mask, scale, causal, bshd, out_bshd, interleaved):
+    oshape, lshape = _out_shape(q, v, bshd, out_bshd)
+    return q.new_empty(oshape), q.new_empty(lshape, dtype=torch.float32)
+
+
+def _setup_rope_context(ctx, inputs, output):
+    q, k, v, cos, sin, mask, scale, causal, bshd, out_bshd, interleaved = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, cos, sin, mask, o, lse)
+    ctx.args = (scale, causal, bshd, out_bshd, interleaved)
+    ctx.mask_meta = (mask.shape, mask.dtype) if mask is not None else None
+    ctx.mark_non_differentiable(lse)
+
+
+def _rope_backward(ctx, do, dlse):
+    from .rotary import _rope, _rope_bwd
+
+    q, k, v, cos, sin, mask, o, lse = ctx.saved_tensors
+    scale, causal, bshd, out_bshd, interleaved = ctx.args
+    need_dmask = ctx.needs_input_grad[5]
+    q_rot = _rope(q, cos, sin, interleaved, True)
+    dq_rot, dk, dv, ds = _attn_bwd(do, q_rot, k, v, mask, o, lse, scale, causal, bshd, out_bshd, need_dmask)
+    dq = _rope_bwd(dq_rot, cos, sin, interleaved, q.dtype)
+    dmask = None
+    if need_dmask:
+        shape, dtype = ctx.mask_meta
+        dmask = ds.sum_to_size(shape).to(dtype)
+    return dq, dk, dv, None, None, dmask, None, None, None, None, None
+
+
+_attn_rope_fwd.register_autograd(_rope_backward, setup_context=_setup_rope_context)
+
+
+def flash_attention_rope(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False,
+                         attn_mask: Optional[Tensor] = None, causal: bool = False, scale: Optional[float] = None,
+                         layout: str = "bhsd", out_layout: Optional[str] = None) -> Tensor:
+    """``flash_attention(rope(q), rope(k), v)`` with the rotary embedding fused: q is rotated on load.
+
+    ``rope(x) = x * cos + rotate(x) * sin`` in fp32, rounded once to x's dtype (diffusers'
+    ``apply_rotary_emb``; :func:`rotary_embedding` with ``fp32_math=True``). q is rotated inside the
+    attention kernel as it is loaded (no rotated copy of q is written); k, which every query block
+    reads, is rotated once by one Triton pass. Backward: the rotation's transpose applied to dq and dk.
+
+    Args:
+        q, k, v, attn_mask, causal, scale, layout, out_layout: as :func:`flash_attention` (Sq == Sk).
+        cos, sin: broadcastable to q's and k's shapes in ``layout`` (e.g. [S, D] / [S, 1, D] for
+            [B, S, H, D], [1, S, 1, D] for Wan, [B, 1, S, D] for [B, H, S, D]); any float dtype; no gradient.
+        interleaved: rotate pairs (2j, 2j+1) (Flux, Wan) instead of halves (j, j + D/2).
+
+    Returns / Raises: as :func:`flash_attention` and :func:`rotary_embedding` (odd D, cos/sin that do not
+    broadcast, Sq != Sk: ValueError).
+
+    Precision: rotated q equals :func:`rotary_embedding`'s to within one rounding of the input dtype (the
+    kernel may contract ``x * cos + y * sin`` into one fused multiply-add); the attention as
+    :func:`flash_attention`.
+    """
+    from .rotary import _check as _check_rope, rotary_embedding
+
+    bshd, scale = _check_inputs(q, k, v, attn_mask, scale, causal, layout)
+    out_layout = layout if out_layout is None else out_layout
+    if out_layout not in ("bhsd", "bshd"):
+        raise ValueError(f"out_layout must be 'bhsd' or 'bshd', got {out_layout!r}")
+    if _bhsd(q, bshd).shape[2] != _bhsd(k, bshd).shape[2]:
+        raise ValueError("flash_attention_rope needs q and k of the same sequence length (self-attention), got "
+                         f"{_bhsd(q, bshd).shape[2]} and {_bhsd(k, bshd).shape[2]}")
+    _check_rope("q", q, cos, sin)
+    _check_rope("k", k, cos, sin)
+    k_rot = rotary_embedding(k, cos, sin, interleaved=interleaved, fp32_math=True)
+    o, _ = call_op(_attn_rope_fwd, _attn_rope_fwd_impl, q, k_rot, v, cos, sin, attn_mask, scale, causal, bshd,
+                   out_layout == "bshd", bool(interleaved))
     return o

@@ -13,13 +13,15 @@ enum), so every attention module whose processor is one we know gets a processor
 =====================  ==========================  ================================================
 processor replaced      ours                        what changes
 =====================  ==========================  ================================================
-FluxAttnProcessor       TritonFluxAttnProcessor     RoPE on q and k in one Triton pass each (fp32 math,
-                                                    bit-exact to ``apply_rotary_emb``) instead of ~8
-                                                    eager ops; flash attention reading [B, S, H, D]
+FluxAttnProcessor       TritonFluxAttnProcessor     fused RoPE attention (``flash_attention_rope``: q
+                                                    rotated on load, k in one Triton pass; fp32 math as
+                                                    ``apply_rotary_emb``) instead of ~8 eager ops per
+                                                    tensor; [B, S, H, D] read in place
 JointAttnProcessor2_0   TritonJointAttnProcessor    no [B, H, S, D] transposes: flash attention on the
 (SD3, SD3.5)                                        [B, S, H, D] projections, output without a copy
-WanAttnProcessor        TritonWanAttnProcessor      RoPE (pairs) in one pass, flash attention; the I2V
-                                                    image-context attention too
+WanAttnProcessor        TritonWanAttnProcessor      fused RoPE attention (pairs) for self-attention,
+                                                    flash attention for cross-attention and the I2V
+                                                    image-context attention
 =====================  ==========================  ================================================
 
 Everything else a processor does (projections, q/k norms, concatenation of the text and image
@@ -31,7 +33,7 @@ Norms (``norms=True``): the norm modules go through :func:`.transformers.kerneli
 layers with the replaced module's numerics: diffusers ``RMSNorm`` q/k norms, ``nn.RMSNorm``,
 ``nn.LayerNorm``; ``FP32LayerNorm`` and AdaLayerNorm chains are left alone).
 
-Numerics: RoPE is bit-exact; attention equals SDPA within bf16 tolerance (fp32 accumulation), so one
+Numerics: RoPE as diffusers computes it (fp32, one rounding); attention equals SDPA within bf16 tolerance (fp32 accumulation), so one
 denoising step of the kernelized transformer stays within bf16 tolerance of the original.
 """
 
@@ -79,6 +81,13 @@ class _TritonProcessor:
     def _rope_pairs(self, x, cos, sin):
         return self.kernel.rotary_embedding(x, cos, sin, interleaved=True, fp32_math=True)
 
+    def _rope_attention(self, q, k, v, cos, sin, mask=None):
+        """attention(rope(q), rope(k), v): the fused kernel (q rotated on load) with the Triton backend."""
+        if self.backend == "triton":
+            return self.kernel.flash_attention_rope(q, k, v, cos, sin, interleaved=True, attn_mask=mask,
+                                                    layout="bshd")
+        return self._attention(self._rope_pairs(q, cos, sin), self._rope_pairs(k, cos, sin), v, mask)
+
 
 class TritonFluxAttnProcessor(_TritonProcessor):
     """Flux (and Flux-like) joint attention: ``FluxAttnProcessor``'s computation with Triton RoPE + flash attention.
@@ -105,8 +114,10 @@ class TritonFluxAttnProcessor(_TritonProcessor):
         if image_rotary_emb is not None:
             cos, sin = image_rotary_emb
             cos, sin = cos.to(q.device)[:, None, :], sin.to(q.device)[:, None, :]  # [S, 1, D] against [B, S, H, D]
-            q, k = self._rope_pairs(q, cos, sin), self._rope_pairs(k, cos, sin)
-        out = self._attention(q, k, v, attention_mask).flatten(2, 3)
+            out = self._rope_attention(q, k, v, cos, sin, attention_mask)
+        else:
+            out = self._attention(q, k, v, attention_mask)
+        out = out.flatten(2, 3)
         if encoder_hidden_states is None:
             return out
         n_txt = encoder_hidden_states.shape[1]
@@ -175,7 +186,8 @@ class TritonWanAttnProcessor(_TritonProcessor):
         q, k = attn.norm_q(q), attn.norm_k(k)
         heads = (attn.heads, -1)
         q, k, v = q.unflatten(2, heads), k.unflatten(2, heads), v.unflatten(2, heads)
-        if rotary_emb is not None:
+        fused = rotary_emb is not None and img_ctx is None and q.shape[1] == k.shape[1]
+        if rotary_emb is not None and not fused:
             cos, sin = rotary_emb
             q, k = self._rope_pairs(q, cos, sin), self._rope_pairs(k, cos, sin)
         extra = None
@@ -184,7 +196,11 @@ class TritonWanAttnProcessor(_TritonProcessor):
             ki = attn.norm_added_k(ki).unflatten(2, heads)
             vi = vi.unflatten(2, heads)
             extra = self._attention(q, ki, vi).flatten(2, 3).type_as(q)
-        out = self._attention(q, k, v, attention_mask).flatten(2, 3).type_as(q)
+        if fused:
+            out = self._rope_attention(q, k, v, *rotary_emb, attention_mask)
+        else:
+            out = self._attention(q, k, v, attention_mask)
+        out = out.flatten(2, 3).type_as(q)
         if extra is not None:
             out = out + extra
         out = attn.to_out[0](out)
