@@ -6,11 +6,11 @@ columns). The grid is ``(cdiv(rows, ROWS), cdiv(d, BLOCK_N))``: rows wider than 
 get a second grid axis of column blocks, so no row is ever too wide; narrow rows are
 stacked ``ROWS`` to a tile.
 
-A tile holds ``TILE_BYTES`` of each operand: on an H200 (16384 x 2*14336 bf16,
-``benchmarks/NOTES.md``) 4 KiB tiles over 128 threads (two 16-byte vectors per operand
-per thread) ran fastest, forward and backward: the math (libdevice exp/tanh, IEEE
-division) then overlaps the memory traffic, where bigger tiles per program or fewer
-threads left the multiprocessors short of loads in flight. Threads per program are
+A tile holds ``TILE_BYTES`` of each operand, at most ``ROW_BYTES`` of it from one row: on
+an H200 (16384 x 2*14336 bf16, ``benchmarks/NOTES.md``) tiles of 2 rows x 1024 bf16 over
+128 threads (two 16-byte vectors per operand per thread) ran fastest: the math (libdevice
+exp/tanh, IEEE division) then overlaps the memory traffic, where bigger tiles per program
+or fewer threads left the multiprocessors short of loads in flight. Threads per program are
 capped so that ``num_warps * warp_size <= 1024``, the hardware limit on both NVIDIA
 (32-lane warps) and AMD (64-lane wavefronts).
 """
@@ -25,8 +25,9 @@ import triton
 
 from ._device import is_interpreter
 
-# Bytes of one operand one program handles.
+# Bytes of one operand one program handles, and at most from one row.
 TILE_BYTES = 4096
+ROW_BYTES = 2048
 # Bytes of each operand per thread (two 16-byte vectors).
 BYTES_PER_THREAD = 32
 # Threads per program allowed by NVIDIA and AMD hardware alike.
@@ -69,7 +70,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1) -> L
     if warp_size < 1 or warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
         raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
     tile = max(TILE_BYTES // element_size, 1)
-    block = min(triton.next_power_of_2(N), tile)
+    block = min(triton.next_power_of_2(N), max(ROW_BYTES // element_size, 1))
     # keep the second grid axis within CUDA's gridDim.y limit for absurdly wide rows
     block = max(block, triton.next_power_of_2(triton.cdiv(N, MAX_GRID_Y)))
     rows = min(max(tile // block, 1), triton.next_power_of_2(M))

@@ -159,3 +159,30 @@ def activation_grad(x, threshold, ACT: tl.constexpr, LIBDEVICE: tl.constexpr):
         t = tanh_f32(k0 * x * (1.0 + 0.044715 * x2), LIBDEVICE)
         g = 0.5 * (1.0 + t) + 0.5 * x * ((1.0 - t) * (1.0 + t)) * (k0 * (1.0 + 3.0 * 0.044715 * x2))
     return g
+
+
+@triton.jit
+def activation_and_grad(x, threshold, round_square, ACT: tl.constexpr, R: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """``(activation(x), activation_grad(x))`` sharing the transcendental where both use the same one
+    (SILU: exp(-x); GELU: erf; GELU_TANH: the tanh of the forward's argument). The value is the
+    same bits as :func:`activation`; the derivative is the same formula, evaluated from that shared
+    value (for GELU_TANH from the forward's tanh argument, within fp32 rounding of the other's)."""
+    if ACT == SILU:
+        d = 1.0 + exp_f32(-x, LIBDEVICE)
+        y = tl.math.div_rn(x, d)
+        s = tl.math.div_rn(1.0, d)
+        g = s * (1.0 + x * (1.0 - s))
+    elif ACT == GELU:
+        e = erf_f32(x * 0.7071067811865476, LIBDEVICE)
+        y = x * 0.5 * (1.0 + e)
+        g = 0.5 * (1.0 + e) + x * (exp_f32(-0.5 * x * x, LIBDEVICE) * 0.3989422804014327)
+    elif ACT == GELU_TANH:
+        k0 = 0.7978845608028654
+        x2 = x * x
+        t = tanh_f32(k0 * (x + 0.044715 * (x2 * x)), LIBDEVICE)
+        y = 0.5 * x * (1.0 + t)
+        g = 0.5 * (1.0 + t) + 0.5 * x * ((1.0 - t) * (1.0 + t)) * (k0 * (1.0 + 3.0 * 0.044715 * x2))
+    else:
+        y = activation(x, threshold, round_square, ACT, R, LIBDEVICE)
+        g = activation_grad(x, threshold, ACT, LIBDEVICE)
+    return y, g

@@ -35,7 +35,7 @@ from ._launch import pick_config, use_libdevice
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
-from ._math import activation, activation_grad, round_to
+from ._math import activation, activation_and_grad, activation_grad, round_to
 from ._ops import add_op_namespace_prefix
 
 Tensor = torch.Tensor
@@ -113,13 +113,15 @@ def _act_bwd_kernel(
     dx_off = _tile_offsets(rows, cols, D1, D2, stride_dx0, stride_dx1, stride_dx2, stride_dxn)
     dy = tl.load(dy_ptr + dy_off, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
-    dg = dy * activation_grad(g, threshold, ACT, LIBDEVICE)
     DX: tl.constexpr = dg_ptr.dtype.element_ty
     if u_ptr is not None:
         u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
-        dg = dg * u
-        du = dy * round_to(activation(g, threshold, round_square, ACT, R, LIBDEVICE), R)
+        y, grad = activation_and_grad(g, threshold, round_square, ACT, R, LIBDEVICE)
+        dg = dy * grad * u
+        du = dy * round_to(y, R)
         tl.store(du_ptr + dx_off, round_to(du, DX).to(DX), mask=mask)
+    else:
+        dg = dy * activation_grad(g, threshold, ACT, LIBDEVICE)
     tl.store(dg_ptr + dx_off, round_to(dg, DX).to(DX), mask=mask)
 
 
