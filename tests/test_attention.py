@@ -449,3 +449,36 @@ def test_flash_attention_rope_errors(attention, device):
     q, k, v = make_qkv(1, 2, 2, 8, 8, 16, torch.float32, device)
     with pytest.raises(ValueError, match="does not broadcast"):
         attention.flash_attention_rope(q, k, v, c[:5], c[:5])
+
+
+def test_integration_register_and_kernelize_rotary(attention, installed, device):
+    """triton_collection.integrations.transformers_attention: register() by Hub name, kernelize_rotary() on Llama."""
+    from kernels import Mode
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama import modeling_llama
+
+    from triton_collection.integrations import transformers_attention as ta
+
+    assert ta.register("triton") == "triton"
+    with pytest.raises(ValueError, match="own attention"):
+        ta.register("sdpa")
+    torch.manual_seed(17)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 9))
+    with torch.no_grad():
+        before = model(ids).logits
+    func = modeling_llama.apply_rotary_pos_emb
+    original = func.forward
+    try:
+        assert ta.kernelize_rotary(model, mode=Mode.INFERENCE, device="cpu") == 1
+        assert func.forward is not original
+        with torch.no_grad():
+            model.set_attn_implementation("triton")
+            after = model(ids).logits
+    finally:
+        func.forward = original
+    assert_close(after, before.double(), 1e-4)
+    with pytest.raises(ValueError, match="no kernelizable"):
+        ta.kernelize_rotary(torch.nn.Linear(2, 2))
