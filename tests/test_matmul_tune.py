@@ -92,6 +92,7 @@ def test_candidates_and_shapes(tmp_path):
             tune._parse_shape(bad)
     assert all(len(s) == 3 and min(s) >= 1 for s in tune.DEFAULT_BUCKETS)
     assert {s[0] for s in tune.DEFAULT_BUCKETS} == {1, 16, 64, 256, 1024, 4096, 16384}
+    assert len(set(tune.DEFAULT_BUCKETS)) == 49 and tune.DEFAULT_BUCKETS[:7] == [(m, 4096, 4096) for m in tune.BUCKET_M]
 
 
 def test_cli(capsys):
@@ -181,3 +182,20 @@ def test_launch_fitting(matmul):
     with pytest.raises(KeyError):  # other errors pass through untouched
         mod._launch_fitting(lambda stages: {}["x"], ("test3", cfg), cfg)
     mod._FITTING_STAGES.pop(key, None)
+
+
+@pytest.mark.slow
+def test_results_script_smoke(tmp_path):
+    """benchmarks/matmul_sweep.py --smoke (tiny shapes under the interpreter) writes JSON, Markdown and the plot."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "matmul_sweep.py"), "--smoke", "--out", str(tmp_path),
+                          "--tag", "t", "--skip", "sweep"], env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["checks"] and all(c["ok"] for c in data["checks"]), data["checks"]
+    assert data["big"] and data["fused"]
+    md = (tmp_path / "t.md").read_text()
+    assert "checks pass" in md and "Fused epilogues" in md

@@ -2,8 +2,8 @@
 
     triton-collection tune [--shape M,N,K ...] [--candidates FILE] [--out FILE] [--budget-s S] [--rep-ms MS]
 
-For every bucket shape (default: :data:`DEFAULT_BUCKETS`, transformer projections from one token to
-16K tokens) each candidate config (default: :func:`default_candidates`, chosen by M; or a JSON file
+For every bucket shape (default: :data:`DEFAULT_BUCKETS`, Llama-3-8B and Flux projections from one
+token to 16K tokens) each candidate config (default: :func:`default_candidates`, chosen by M; or a JSON file
 holding a list of config objects, or ``{"<M>": [...]}`` per bucket M) is run on bf16 operands in the
 ``nn.Linear`` layout (``x @ W.T``, W read transposed in place), checked against ``torch.matmul`` and
 timed; the fastest correct one becomes the bucket's entry. The file is written in the format
@@ -37,13 +37,12 @@ __all__ = ["DEFAULT_BUCKETS", "BucketResult", "add_parser", "default_candidates"
 
 DEVICE = "cuda"  # the device tune() measures on
 
-# (M, N, K): M tokens x the projections of Llama-3-8B (q/o 4096x4096, gate_up 2x14336x4096, down 4096x14336)
-# and Flux (3072, 12288): the log2-nearest bucket serves every other shape.
-DEFAULT_BUCKETS = [
-    (m, n, k)
-    for m in (1, 16, 64, 256, 1024, 4096, 16384)
-    for (n, k) in ((4096, 4096), (28672, 4096), (4096, 14336))
-]
+# (M, N, K): M tokens (1 ... 16384) x the projections of Llama-3-8B (q/o 4096x4096, qkv 6144x4096, gate_up
+# 2x14336x4096, down 4096x14336) and Flux (3072x3072, 12288x3072, 3072x12288); the log2-nearest bucket serves
+# every other shape. Ordered (N, K) first, so that a budget cut still leaves every M covered at 4096x4096.
+BUCKET_NK = [(4096, 4096), (28672, 4096), (4096, 14336), (12288, 3072), (3072, 12288), (6144, 4096), (3072, 3072)]
+BUCKET_M = [1, 16, 64, 256, 1024, 4096, 16384]
+DEFAULT_BUCKETS = [(m, n, k) for (n, k) in BUCKET_NK for m in BUCKET_M]
 
 
 def default_candidates(M: int) -> list[dict]:
@@ -51,20 +50,18 @@ def default_candidates(M: int) -> list[dict]:
     def c(bm, bn, bk, g, w, s, tma=1, pers=0, ws=0, sub=0, split=1):
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "num_warps": w, "num_stages": s,
                 "TMA": tma, "PERSISTENT": pers, "WARP_SPECIALIZE": ws, "EPILOGUE_SUBTILE": sub, "SPLIT_K": split}
-    if M <= 16:  # weight streaming: many narrow tiles, split-K when N alone gives too few programs
-        return [c(16, 64, 256, 1, 4, 4), c(16, 32, 256, 1, 4, 4), c(16, 64, 256, 1, 4, 4, split=4),
-                c(16, 128, 128, 1, 4, 4, split=4), c(16, 64, 128, 1, 4, 6, split=2), c(16, 32, 128, 1, 4, 4, tma=0)]
+    # chosen from a first H200 sweep (2026-11-30): the winners and runners-up per M range
+    if M <= 1:  # weight streaming: many narrow tiles; split-K where N alone gives too few programs
+        return [c(16, 32, 128, 1, 4, 4, tma=0), c(16, 32, 256, 1, 4, 4), c(16, 64, 256, 1, 4, 4, split=4)]
+    if M <= 16:
+        return [c(16, 32, 256, 1, 4, 4), c(16, 128, 128, 1, 4, 4, split=4), c(16, 64, 256, 1, 4, 4, split=4)]
     if M <= 64:
-        return [c(64, 64, 128, 8, 4, 4), c(64, 128, 128, 8, 4, 4), c(64, 64, 128, 8, 4, 4, split=4),
-                c(64, 128, 64, 8, 4, 4, split=2), c(32, 64, 256, 8, 4, 4, split=2), c(64, 64, 128, 8, 4, 4, tma=0)]
+        return [c(64, 64, 128, 8, 4, 4), c(64, 32, 128, 8, 4, 6), c(64, 64, 64, 8, 4, 6)]
     if M <= 256:
-        return [c(64, 128, 64, 8, 4, 5), c(128, 128, 64, 8, 8, 4), c(64, 256, 64, 8, 8, 4),
-                c(128, 128, 64, 8, 8, 4, split=2), c(64, 128, 64, 8, 4, 4, split=2)]
+        return [c(64, 128, 64, 8, 4, 5), c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(64, 64, 128, 8, 4, 4)]
     if M <= 1024:
-        return [c(128, 128, 64, 8, 8, 4), c(128, 256, 64, 8, 8, 3, pers=1, sub=1), c(128, 128, 64, 8, 4, 4),
-                c(64, 256, 64, 8, 8, 4), c(128, 256, 64, 8, 8, 3, sub=1)]
-    return [c(128, 256, 64, 8, 8, 3, pers=1, sub=1), c(128, 256, 64, 8, 8, 3, sub=1),
-            c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(128, 128, 64, 8, 8, 4, pers=1)]
+        return [c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(128, 128, 64, 8, 8, 4), c(64, 128, 64, 8, 4, 5)]
+    return [c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(128, 256, 64, 16, 8, 3, pers=1, sub=1)]
 
 
 def load_matmul(root: Path):
@@ -129,7 +126,8 @@ class BucketResult:
 
 
 def tune(mm, buckets: Iterable[tuple], candidates: Callable[[int], list], *, rep_ms: float = 30.0,
-         budget_s: float = 200.0, tolerance: float = 2e-2, log=print) -> list[BucketResult]:
+         budget_s: float = 200.0, tolerance: float = 2e-2, log=print,
+         on_bucket: Optional[Callable[[list], None]] = None) -> list[BucketResult]:
     """Measure every candidate of every bucket (bf16, ``x @ W.T``); the fastest correct one wins.
 
     A candidate is correct when its largest error is below ``tolerance`` times the reference's
@@ -164,6 +162,8 @@ def tune(mm, buckets: Iterable[tuple], candidates: Callable[[int], list], *, rep
             log(f"{(M, N, K)}: no correct candidate: {[m for _, m in res.candidates]}")
         results.append(res)
         del a, w, b, reference
+        if on_bucket is not None:  # e.g. write the file so far: a run killed later still leaves its results
+            on_bucket(results)
     return results
 
 
@@ -223,10 +223,15 @@ def run(args: argparse.Namespace) -> int:
     mm = load_matmul(root)
     gpu = torch.cuda.get_device_name()
     out = Path(args.out) if args.out else root / "torch-ext" / "triton_matmul" / "configs" / ("_".join(gpu.split()) + ".json")
-    results = tune(mm, args.shape or DEFAULT_BUCKETS, _load_candidates(args.candidates), rep_ms=args.rep_ms,
-                   budget_s=args.budget_s)
     meta = {"torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
+
+    def write_so_far(results):
+        if any(r.best is not None for r in results):
+            write_config_file(out, gpu, results, meta)
+
+    results = tune(mm, args.shape or DEFAULT_BUCKETS, _load_candidates(args.candidates), rep_ms=args.rep_ms,
+                   budget_s=args.budget_s, on_bucket=write_so_far)
     try:
         write_config_file(out, gpu, results, meta)
     except RuntimeError as err:
@@ -245,7 +250,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--root", help="collection folder (default: the one holding build.toml above the cwd)")
     p.add_argument("--shape", action="append", type=_parse_shape, metavar="M,N,K",
-                   help="bucket shape (repeat; default: M 1..16384 x Llama-3-8B projections)")
+                   help="bucket shape (repeat; default: M 1..16384 x Llama-3-8B and Flux projections)")
     p.add_argument("--candidates", help="JSON file: a list of configs, or {\"<M>\": [configs]} (nearest M in log2)")
     p.add_argument("--out", help="file to write (default: torch-ext/triton_matmul/configs/<GPU name>.json)")
     p.add_argument("--budget-s", type=float, default=200.0, help="stop starting new measurements after this (default 200)")
