@@ -53,11 +53,13 @@ def clamp_warps(num_warps: int, warp_size: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32) -> FwdConfig:
-    """Forward tiles for a (padded) head dim ``head_dim`` (a power of two >= 16)."""
+def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element_size: int = 2) -> FwdConfig:
+    """Forward tiles for a (padded) head dim ``head_dim`` (a power of two >= 16) and input element size."""
     if interpret:
         return FwdConfig(16, 16, 1, 1)
-    if head_dim <= 64:
+    if element_size >= 4:  # fp32 operands: half the tiles (shared memory)
+        cfg = FwdConfig(64, 32, 4, 2) if head_dim <= 128 else FwdConfig(32, 32, 4, 1)
+    elif head_dim <= 64:
         cfg = FwdConfig(128, 64, 4, 3)
     elif head_dim <= 128:
         cfg = FwdConfig(128, 64, 8, 3)
@@ -67,11 +69,13 @@ def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32) -> FwdC
 
 
 @functools.lru_cache(maxsize=1024)
-def pick_bwd_config(head_dim: int, interpret: bool, warp_size: int = 32) -> BwdConfig:
-    """Backward tiles for a (padded) head dim ``head_dim`` (a power of two >= 16)."""
+def pick_bwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element_size: int = 2) -> BwdConfig:
+    """Backward tiles for a (padded) head dim ``head_dim`` (a power of two >= 16) and input element size."""
     if interpret:
         return BwdConfig(16, 16, 16, 16, 1, 1)
-    if head_dim <= 64:
+    if element_size >= 4:
+        cfg = BwdConfig(32, 64, 64, 32, 4, 1) if head_dim <= 128 else BwdConfig(16, 32, 32, 16, 4, 1)
+    elif head_dim <= 64:
         cfg = BwdConfig(32, 128, 128, 32, 4, 4)
     elif head_dim <= 128:
         cfg = BwdConfig(32, 128, 128, 32, 4, 3)
@@ -81,11 +85,11 @@ def pick_bwd_config(head_dim: int, interpret: bool, warp_size: int = 32) -> BwdC
 
 
 def fwd_config_for(t: torch.Tensor, head_dim: int, interpret: bool) -> FwdConfig:
-    return pick_fwd_config(head_dim, interpret, device_warp_size(t.device))
+    return pick_fwd_config(head_dim, interpret, device_warp_size(t.device), t.element_size())
 
 
 def bwd_config_for(t: torch.Tensor, head_dim: int, interpret: bool) -> BwdConfig:
-    return pick_bwd_config(head_dim, interpret, device_warp_size(t.device))
+    return pick_bwd_config(head_dim, interpret, device_warp_size(t.device), t.element_size())
 
 
 def padded_head_dim(d: int) -> int:
