@@ -12,6 +12,8 @@ dot products: 1e-5 relative.
 """
 
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -229,12 +231,11 @@ def test_flash_compile_fullgraph(attention, device):
 
 @pytest.mark.parametrize("warp_size", [32, 64])
 def test_launch_configs_respect_thread_limit(attention, warp_size):
-    for d in (16, 32, 64, 128, 256):
-        for interp in (False, True):
-            f = attention.pick_fwd_config(d, interp, warp_size)
-            b = attention.pick_bwd_config(d, interp, warp_size)
-            assert f.num_warps * warp_size <= 1024 and b.num_warps * warp_size <= 1024
-            assert min(f.block_m, f.block_n, b.block_m1, b.block_n1, b.block_m2, b.block_n2) >= 16
+    for d, interp, es in itertools.product((16, 32, 64, 128, 256), (False, True), (2, 4)):
+        f = attention.pick_fwd_config(d, interp, warp_size, es)
+        b = attention.pick_bwd_config(d, interp, warp_size, es)
+        assert f.num_warps * warp_size <= 1024 and b.num_warps * warp_size <= 1024
+        assert min(f.block_m, f.block_n, b.block_m1, b.block_n1, b.block_m2, b.block_n2) >= 16
 
 
 # ----------------------------------------------------------------------------- rotary
