@@ -477,7 +477,10 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
     check_launch_device(q, _attn_fwd_kernel)
     interp = is_interpreter(_attn_fwd_kernel)
     BD, BDV = padded_head_dim(D), padded_head_dim(DV)
-    cfg = cfg or fwd_config_for(q, max(BD, BDV), interp)
+    if cfg is None:
+        cfg = fwd_config_for(q, max(BD, BDV), interp)
+        if Sq < cfg.block_m:  # short queries (decode, small images): no idle rows in the tile
+            cfg = FwdConfig(max(16, triton.next_power_of_2(Sq)), cfg.block_n, min(cfg.num_warps, 4), cfg.num_stages)
     m, ms, kind = _mask_view(mask, B, H, Sq, Sk, qv)
     grid = (triton.cdiv(Sq, cfg.block_m), H, B)
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
