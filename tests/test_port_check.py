@@ -479,4 +479,4 @@ def test_gpu_port_check_real(device, tmp_path, ports):
     report = pc.run_port_check(ports, device="cuda", shapes=["small", "pow2", "prime"], time_results=False)
     assert len(report.rows) == (8 + 1) * 3 * 3
     assert report.ok, report.table()
-    assert report.env["compile_seconds"] > 0 and report.env["arch"].startswith("sm_")
+    assert report.env["compile_seconds"] >= 0 and report.env["arch"].startswith("sm_")  # 0.0: cached extension
