@@ -952,7 +952,7 @@ class Report:
         import matplotlib.pyplot as plt
 
         labels = [f"{r.kernel}\n{r.dtype}" for r in rows]
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(rows) + 2), 4.5))
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.42 * len(rows) + 2), 5.0))
         xs = range(len(rows))
         ax.bar([x - 0.2 for x in xs], [r.cuda_gbps for r in rows], width=0.4, label="CUDA (classic fixture)")
         ax.bar([x + 0.2 for x in xs], [r.triton_gbps for r in rows], width=0.4, label="Triton port")
@@ -962,7 +962,7 @@ class Report:
         ax.set_ylabel("GB/s (bytes moved / median time)")
         ax.set_title(f"port-check, throughput shapes, {self.env.get('gpu', self.env.get('device'))}: Triton/CUDA above bars",
                      fontsize=9)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower right")
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
