@@ -390,6 +390,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--name", help="results file stem (default: bench_<date>, e2e_<model>_<date>)")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated peer kinds to run (default: {','.join(PEERS)}; '' = none)")
     p.add_argument("--rep", type=int, default=100, help="do_bench rep in ms (default: 100)")
+    p.add_argument("--warmup", type=int, default=25, help="do_bench warmup in ms (default: 25)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.add_argument("--plot", metavar="JSON", help="only redraw the PNG (and Markdown) of an earlier results JSON; no GPU needed")
     p.add_argument("--notes", metavar="FILE", help="with --plot: store these notes (one per line: why a peer is faster) in the JSON and Markdown")
@@ -399,6 +400,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=128, help="--e2e prompt length (default: 128)")
     p.add_argument("--layers", type=int, help="--e2e: override the number of decoder layers (the report says so)")
     p.add_argument("--compile", action="store_true", help="--e2e: also time a torch.compile'd decode (slow to compile)")
+    p.add_argument("--repeats", type=int, default=3, help="--e2e: runs per timing, the median is kept (default: 3)")
     p.set_defaults(func=run)
     return p
 
@@ -435,7 +437,7 @@ def run(args: argparse.Namespace) -> int:
         packages = resolve_packages(args.packages)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    result = run_bench(packages, shapes=args.shapes, dtype=args.dtype, peers=peers, progress=not args.no_progress, rep=args.rep,
+    result = run_bench(packages, shapes=args.shapes, dtype=args.dtype, peers=peers, progress=not args.no_progress, rep=args.rep, warmup=args.warmup,
                        on_case=lambda partial: write_report(partial, out, name=args.name, png=False))
     for path in write_report(result, out, name=args.name):
         print(path)

@@ -136,11 +136,13 @@ def _bwd_only(f, x, dy, w=None):
 
     def run():
         if not graph:
-            # a compiled backward may donate its saved buffers, which forbids retain_graph
+            # a compiled backward may donate its saved buffers, which forbids retain_graph; the backward
+            # graph is compiled lazily, at the first backward, so both first calls run under the patch
             functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
             patch = functorch_config.patch(donated_buffer=False) if hasattr(functorch_config, "donated_buffer") else contextlib.nullcontext()
             with patch:
                 graph.append(f(x))
+                return torch.autograd.grad(graph[0], inputs, dy, retain_graph=True)[0]
         return torch.autograd.grad(graph[0], inputs, dy, retain_graph=True)[0]
 
     return run

@@ -248,13 +248,14 @@ def run_e2e_cli(args, out: Path, *, device: str = "cuda") -> int:
         raise SystemExit(f"bench --e2e: unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[args.dtype]
     result: dict = {"env": {}, "rows": []}
+    name = args.name or f"e2e_{'_'.join(args.e2e)}_{datetime.datetime.now(datetime.timezone.utc).date().isoformat()}"
     for model in args.e2e:
         part = run_e2e(model, batches=tuple(args.batch), new_tokens=args.new_tokens, prompt_len=args.prompt_len,
-                       layers=args.layers, dtype=dtype, compile=args.compile, device=device)
+                       layers=args.layers, dtype=dtype, compile=args.compile, device=device, repeats=args.repeats)
         result["env"] = part["env"]
         result["rows"] += part["rows"]
-    stamp = result["env"].get("date", datetime.date.today().isoformat())[:10]
-    for path in write_e2e_report(result, out, args.name or f"e2e_{'_'.join(args.e2e)}_{stamp}"):
+        paths = write_e2e_report(result, out, name)  # after each model: a run cut short keeps what it measured
+    for path in paths:
         print(path)
     bad = [r for r in result["rows"] if r.get("tokens_equal") is False or "error" in r]
     for r in result["rows"]:
