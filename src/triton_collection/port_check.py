@@ -748,6 +748,7 @@ class NvccBackend:
         build_dir = Path(build_root) / self.name
         build_dir.mkdir(parents=True, exist_ok=True)
         (build_dir / "generated_source.cu").write_text(cuda)  # for reading compile errors
+        self.cached = any(build_dir.glob(f"{self.name}*.so"))
         start = time.perf_counter()
         log.info("compiling %d CUDA kernel(s) into %s (%s, -O3) ...", len(names), build_dir, self.arch)
         try:
@@ -1130,7 +1131,7 @@ def run_port_check(
         require_cuda_toolchain()
         # every kernel of the given fixtures, whatever the filters: one extension that later runs reuse
         cuda = NvccBackend(specs, build_root=build_root, verbose=verbose_build)
-        env.update(compile_seconds=cuda.compile_seconds, extension=cuda.name, arch=cuda.arch)
+        env.update(compile_seconds=cuda.compile_seconds, extension=cuda.name, arch=cuda.arch, extension_cached=cuda.cached)
     if device.startswith("cuda") and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
     try:
@@ -1289,7 +1290,8 @@ def run(args: argparse.Namespace) -> int:
             env = report.env
             head = (f"# port-check, {env.get('date')}\n\n{env.get('gpu', env.get('device'))}, torch {env.get('torch')}, "
                     f"triton {env.get('triton')}, seed {env.get('seed')}"
-                    + (f", CUDA compiled for {env['arch']} in {env['compile_seconds']} s" if "arch" in env else "")
+                    + (f", CUDA compiled with nvcc -O3 for {env['arch']}" + (" (extension from the cache)" if env.get("extension_cached")
+                       else f" in {env['compile_seconds']} s") if "arch" in env else "")
                     + f". GB/s = bytes moved (the fixture's formula) / median time ({env.get('timer', 'untimed')}); "
                     "Triton/CUDA > 1: the port is faster. `*`: throughput shape.\n\n")
             path.write_text(head + report.table(markdown=True))
