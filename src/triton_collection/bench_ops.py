@@ -17,7 +17,6 @@ device the kernels run on (on CPU, under the Triton interpreter, for tests).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -91,8 +90,14 @@ def _liger(module: str, name: str):
 
 
 def _compile(fn):
+    """``torch.compile(fn)`` as a peer. Compiled backwards keep their saved buffers (``donated_buffer``
+    off, for the whole process): the backward-alone timing reruns one graph (``retain_graph``), and
+    dynamo reuses a graph compiled for the same code by an earlier fwd+bwd case."""
     import torch
 
+    functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
+    if hasattr(functorch_config, "donated_buffer"):
+        functorch_config.donated_buffer = False
     return torch.compile(fn, dynamic=False)
 
 
@@ -136,13 +141,7 @@ def _bwd_only(f, x, dy, w=None):
 
     def run():
         if not graph:
-            # a compiled backward may donate its saved buffers, which forbids retain_graph; the backward
-            # graph is compiled lazily, at the first backward, so both first calls run under the patch
-            functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
-            patch = functorch_config.patch(donated_buffer=False) if hasattr(functorch_config, "donated_buffer") else contextlib.nullcontext()
-            with patch:
-                graph.append(f(x))
-                return torch.autograd.grad(graph[0], inputs, dy, retain_graph=True)[0]
+            graph.append(f(x))
         return torch.autograd.grad(graph[0], inputs, dy, retain_graph=True)[0]
 
     return run
