@@ -64,7 +64,10 @@ def test_kernelize_diffusers_transformer(attention, installed, device, make, nor
     assert len(report.processors) == n_attn, report.summary()
     assert not [k for k in report.refused if not k.startswith("norms")], report.summary()
     assert all(type(p).__name__.startswith("Triton") for p in model.attn_processors.values())
-    assert bool(report.norms) == norms
+    # default norm families: diffusers RMSNorm only (SD3's q/k norms); Flux/Wan use torch's norms
+    assert bool(report.norms) == (norms and make is tiny_sd3), report.summary()
+    if report.norms:
+        assert set(report.norms.values()) == {"DiffusersRMSNorm"}
     calls = []
 
     def counted(fn):
@@ -114,3 +117,20 @@ def test_wan_training_backward_through_processors(attention, installed, device):
         if rp.grad is None:
             continue
         assert torch.allclose(p.grad, rp.grad, rtol=1e-4, atol=1e-5 * max(rp.grad.abs().max().item(), 1.0)), n
+
+
+def test_kernelize_diffusers_all_norm_families(attention, installed, device):
+    """norm_families=FAMILIES also swaps nn.LayerNorm / nn.RMSNorm (opt-in); outputs unchanged."""
+    from triton_collection.integrations.diffusers import kernelize
+    from triton_collection.integrations.families import FAMILIES
+
+    torch.manual_seed(3)
+    model, inputs, _ = tiny_flux()
+    model.eval()
+    with torch.no_grad():
+        ref = model(**inputs)[0]
+    report = kernelize(model, norm_families=FAMILIES, device=device)
+    assert {"LayerNorm", "TorchRMSNorm"} <= set(report.norms.values()), report.summary()
+    with torch.no_grad():
+        out = model(**inputs)[0]
+    assert (out - ref).abs().max().item() <= 2e-5 * max(ref.abs().max().item(), 1.0)

@@ -2,8 +2,8 @@
 
 Correctness never depends on the config: every kernel masks the sequence tails and the
 padded head dims, so any power-of-two tiles >= 16 give the same result (up to fp32
-summation order). The picks below are for NVIDIA Hopper-class GPUs (H100/H200) and are
-reasonable elsewhere; on the Triton interpreter (CPU) tiles are 16 so that small test
+summation order). The picks below were measured on an H200 at d=128 (the d=64 and d=256
+picks are not yet measured); on the Triton interpreter (CPU) tiles are 16 so that small test
 shapes cross several blocks.
 
 ``num_warps * warp_size <= 1024`` threads per program on every device (AMD wavefronts
@@ -59,10 +59,8 @@ def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element
         return FwdConfig(16, 16, 1, 1)
     if element_size >= 4:  # fp32 operands: half the tiles (shared memory)
         cfg = FwdConfig(64, 32, 4, 2) if head_dim <= 128 else FwdConfig(32, 32, 4, 1)
-    elif head_dim <= 64:
-        cfg = FwdConfig(128, 64, 4, 3)
     elif head_dim <= 128:
-        cfg = FwdConfig(128, 64, 8, 3)
+        cfg = FwdConfig(128, 128, 8, 3)  # H200 d=128: 491-504 TFLOP/s, best of 5 (benchmarks/NOTES.md)
     else:
         cfg = FwdConfig(64, 64, 8, 2)
     return replace(cfg, num_warps=clamp_warps(cfg.num_warps, warp_size))
@@ -75,10 +73,8 @@ def pick_bwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element
         return BwdConfig(16, 16, 16, 16, 1, 1)
     if element_size >= 4:
         cfg = BwdConfig(32, 64, 64, 32, 4, 1) if head_dim <= 128 else BwdConfig(16, 32, 32, 16, 4, 1)
-    elif head_dim <= 64:
-        cfg = BwdConfig(32, 128, 128, 32, 4, 4)
     elif head_dim <= 128:
-        cfg = BwdConfig(32, 128, 128, 32, 4, 3)
+        cfg = BwdConfig(64, 64, 64, 64, 4, 2)  # H200 d=128: 326-365 TFLOP/s, best of 4 (benchmarks/NOTES.md)
     else:
         cfg = BwdConfig(32, 64, 64, 32, 4, 2)
     return replace(cfg, num_warps=clamp_warps(cfg.num_warps, warp_size))

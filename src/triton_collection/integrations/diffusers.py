@@ -29,9 +29,13 @@ tokens, output projections) is the model's own modules, called in the same order
 other classes (IP-adapters, fused projections we do not know, custom ones) are left alone and
 listed in ``report.refused`` with the reason.
 
-Norms (``norms=True``): the norm modules go through :func:`.transformers.kernelize` (triton-norms
-layers with the replaced module's numerics: diffusers ``RMSNorm`` q/k norms, ``nn.RMSNorm``,
-``nn.LayerNorm``; ``FP32LayerNorm`` and AdaLayerNorm chains are left alone).
+Norms (``norms=True``): the norm modules of ``norm_families`` go through :func:`.transformers.kernelize`
+(triton-norms layers with the replaced module's numerics). The default swaps only diffusers'
+``RMSNorm`` (SD3/SD3.5 q/k norms: several eager ops, fused into one kernel): ``nn.LayerNorm`` and
+``nn.RMSNorm`` are already single PyTorch kernels, and swapping them for the exact-order triton-norms
+layers made a Flux step slower on the H200 (benchmarks/NOTES.md); pass
+``norm_families=families.FAMILIES`` to swap them anyway. ``FP32LayerNorm`` and the AdaLayerNorm
+norm+modulate chains are left alone.
 
 Numerics: RoPE as diffusers computes it (fp32, one rounding); attention equals SDPA within bf16 tolerance (fp32 accumulation), so one
 denoising step of the kernelized transformer stays within bf16 tolerance of the original.
@@ -258,7 +262,8 @@ def _transformer(pipe_or_model) -> torch.nn.Module:
 
 
 def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = True, norms: bool = True,
-              attention_backend: str = "triton", device: Optional[str] = None, org: str = DEFAULT_ORG,
+              attention_backend: str = "triton", norm_families: Optional[tuple] = None,
+              device: Optional[str] = None, org: str = DEFAULT_ORG,
               version: int = 1, trust_remote_code: bool = False,
               kernel: Optional[ModuleType] = None) -> DiffusersKernelizeReport:
     """Swaps the attention processors (and norms) of a Flux / SD3 / Wan transformer for triton-collection kernels.
@@ -270,6 +275,7 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
         attention: swap the known attention processors (loads ``<org>/triton-attention``).
         norms: swap the norm modules through :func:`.transformers.kernelize` (loads ``<org>/triton-norms``);
             a model without a swappable norm is reported, not an error.
+        norm_families: the :mod:`.families` to swap (default: diffusers ``RMSNorm`` only, see above).
         attention_backend: ``"triton"`` (our flash attention) or ``"sdpa"`` (PyTorch's SDPA for the attention
             product only; the processors still do RoPE in one Triton pass and skip the layout copies).
         device, org, version, trust_remote_code: where the packages come from, as in :mod:`.transformers`.
@@ -305,11 +311,13 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
             if report.processors:
                 model.set_attn_processor(new)
     if norms:
+        from .families import DIFFUSERS_RMS
         from .transformers import kernelize as kernelize_norms
 
         try:
             norm_report = kernelize_norms(model, mode=mode, device=device, org=org, version=version,
-                                          trust_remote_code=trust_remote_code)
+                                          trust_remote_code=trust_remote_code,
+                                          families=norm_families if norm_families is not None else (DIFFUSERS_RMS,))
             report.norms = dict(norm_report.swapped)
             for cls_name, why in norm_report.refused.items():
                 report.refused[f"norms:{cls_name}"] = why
