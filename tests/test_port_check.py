@@ -112,7 +112,7 @@ def test_shipped_fixtures_parse(ports):
     act, rms = ports
     names = [k.name for k in act.kernels]
     assert names == ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul",
-                     "gelu_fast", "gelu_new", "gelu_quick"]
+                     "gelu_fast", "gelu_new", "gelu_quick", "silu", "gelu", "gelu_tanh"]
     assert [k.name for k in rms.kernels] == ["rms_norm"]
     for spec in ports:
         assert len(spec.shapes) >= 3 and any(s["throughput"] for s in spec.shapes)
@@ -268,7 +268,7 @@ def test_compare_bf16_tolerance():
 # ---------------------------------------------------------------- generated CUDA source
 def test_build_sources_one_extension(ports):
     cpp, cuda, names = pc.build_sources(ports)
-    assert names == [f"port_launch_{i}" for i in range(9)]
+    assert names == [f"port_launch_{i}" for i in range(12)]
     for n in names:
         assert f"void {n}(std::vector<int64_t> cfg, std::vector<at::Tensor> t, std::vector<double> s);" in cpp
         assert f"void {n}(" in cuda
@@ -276,7 +276,7 @@ def test_build_sources_one_extension(ports):
     assert cuda.count("#include <cuda_runtime.h>") == 1  # includes hoisted out of the namespaces, deduplicated
     assert "gated_act_kernel<scalar_t, act::silu, true><<<grid, block, smem, stream>>>(" in cuda
     assert "static_cast<float>(s[1])" in cuda and "static_cast<int>(s[0])" in cuda
-    launcher = cuda[cuda.index("void port_launch_8("):]
+    launcher = cuda[cuda.index("void port_launch_11("):]
     assert "rms_norm_kernel<scalar_t><<<grid, block, smem, stream>>>(reinterpret_cast<scalar_t*>(t[0].data_ptr()), " \
            "reinterpret_cast<scalar_t*>(t[1].data_ptr()), reinterpret_cast<scalar_t*>(t[2].data_ptr()), " \
            "static_cast<float>(s[0]), static_cast<int>(s[1]))" in launcher
@@ -302,7 +302,7 @@ def test_run_port_check_all_ports_agree(small_ports, loader):
     backend = TorchClassic()
     report = pc.run_port_check(small_ports, cuda=backend, triton_loader=loader, device="cpu", seed=123,
                                timer=_timer())
-    assert len(report.rows) == (8 + 1) * 3 * 3
+    assert len(report.rows) == (11 + 1) * 3 * 3
     bad = [(r.kernel, r.dtype, r.shape, r.error, r.outputs) for r in report.rows if not r.ok]
     assert not bad
     assert report.ok and report.env["seed"] == 123
@@ -313,14 +313,14 @@ def test_run_port_check_all_ports_agree(small_ports, loader):
     assert row.bytes == 3 * 5 * 37 * 2 and row.grid == [5, 1, 1] and row.block == [37, 1, 1]
     assert row.cuda_gbps == pytest.approx(row.bytes / 2e-3 / 1e9, rel=1e-3)
     s = report.summary()
-    assert s["checks"] == 81 and s["failed"] == 0 and s["throughput_ratio_min"] == 2.0
+    assert s["checks"] == 108 and s["failed"] == 0 and s["throughput_ratio_min"] == 2.0
     assert set(s["throughput_ratio_min_per_kernel"]) == {f"activations/{k.name}" for k in small_ports[0].kernels} | {"rms_norm/rms_norm"}
     # fp32: the ports match the classic kernels to a few ulps (exp/erf/tanh differ in the last bits)
     for r in report.rows:
         if r.dtype == "float32":
             assert r.max_abs < 1e-4 and r.tol_used <= 1, (r.kernel, r.shape, r.max_abs, r.tol_used)
     # every launch got its own fresh buffers and the described geometry
-    assert len(backend.calls) == 81 * 2  # the check + the timed call (the fake timer calls once)
+    assert len(backend.calls) == 108 * 2  # the check + the timed call (the fake timer calls once)
     call = next(c for c in backend.calls if c.kernel.name == "rms_norm")
     assert call.args[3] == ("float", 1e-6) and call.args[4][0] == "int"
 
@@ -376,7 +376,7 @@ def test_make_timer_kinds():
 
 
 def test_unknown_filters(small_ports):
-    for kw in ({"kernels": ["silu"]}, {"dtypes": ["float64"]}, {"shapes": ["huge"]}):
+    for kw in ({"kernels": ["swish"]}, {"dtypes": ["float64"]}, {"shapes": ["huge"]}):
         with pytest.raises(pc.PortError, match="unknown"):
             pc.run_port_check(small_ports, cuda=TorchClassic(), triton_loader=lambda p, f: None, device="cpu", **kw)
 
@@ -477,6 +477,6 @@ def test_gpu_port_check_real(device, tmp_path, ports):
     if device != "cuda":
         pytest.skip("needs TEST_DEVICE=cuda, a CUDA GPU and nvcc")
     report = pc.run_port_check(ports, device="cuda", shapes=["small", "pow2", "prime"], time_results=False)
-    assert len(report.rows) == (8 + 1) * 3 * 3
+    assert len(report.rows) == (11 + 1) * 3 * 3
     assert report.ok, report.table()
     assert report.env["compile_seconds"] >= 0 and report.env["arch"].startswith("sm_")  # 0.0: cached extension

@@ -1150,8 +1150,11 @@ def run_port_check(
     rows = []
     for spec in selected:
         for kernel in spec.kernels:
+            load_error = None
             try:
                 fn = loader(kernel.package, kernel.function)
+                if not callable(fn):
+                    raise PortError(f"the loader gave {fn!r}, not a callable")
             except Exception as err:  # report and go on with the other kernels
                 fn, load_error = None, f"loading {kernel.triton}: {type(err).__name__}: {err}"
             for dtype in kernel.dtypes:
