@@ -323,6 +323,14 @@ def plot_results(result: dict, path: Path) -> Path:
     for r in result["rows"]:
         if "value" in r:
             panels.setdefault((r["package"], r["op"], r["mode"]), []).append(r)
+    # one colour per provider across all panels: ours blue, its exact-order variant light blue, then the peers
+    fixed = {"ours": "tab:blue", "eager": "tab:gray", "eager (HF)": "tab:gray", "torch.compile": "tab:purple", "liger": "tab:brown"}
+    others = iter(["tab:green", "tab:olive", "tab:cyan", "tab:pink", "tab:red", "tab:orange"])
+    colours: dict[str, str] = {}
+    for r in result["rows"]:
+        p = r["provider"]
+        if p not in colours:
+            colours[p] = fixed.get(p) or ("lightsteelblue" if p.startswith("ours") else next(others, "black"))
     n = max(1, len(panels))
     cols = min(3, n)
     nrows = math.ceil(n / cols)
@@ -339,15 +347,20 @@ def plot_results(result: dict, path: Path) -> Path:
             for sh in shapes:
                 hit = next((r for r in rs if r["provider"] == prov and "x".join(map(str, r["shape"])) == sh), None)
                 ys.append(math.nan if hit is None else (100 * hit["frac"] if use_frac else hit["value"]))
-            ax.bar([k + (i - (len(providers) - 1) / 2) * width for k in range(len(shapes))], ys, width, label=prov)
+            ax.bar([k + (i - (len(providers) - 1) / 2) * width for k in range(len(shapes))], ys, width, label=prov, color=colours[prov])
         metric = rs[0]["metric"]
+        if metric == "us/call":
+            ax.set_yscale("log")
+            low, high = ax.get_ylim()
+            ax.set_ylim(low, high * 6)  # room for the legend
         ax.set_ylabel(f"% of {'matmul' if metric == 'TFLOP/s' else 'copy'} ceiling" if use_frac else metric)
         if use_frac:
             ax.axhline(100, color="black", linewidth=0.8, linestyle="--")
+            ax.set_ylim(0, 140)  # room for the legend above the 100% line
         ax.set_xticks(range(len(shapes)))
         ax.set_xticklabels(shapes, fontsize=8)
         ax.set_title(f"{pkg.removeprefix('triton-')}: {op} {mode}", fontsize=10)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", ncol=3, framealpha=0.8)
     env = result["env"]
     fig.suptitle(f"{env.get('gpu')} · {env.get('dtype')} · copy {_fmt(result.get('ceilings', {}).get('copy_gbps'))} GB/s · "
                  f"{env.get('date', '')[:10]}", fontsize=11)
