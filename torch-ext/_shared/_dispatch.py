@@ -59,12 +59,13 @@ def eager_autograd(impl, setup_context, backward) -> type:
     return EagerAutograd
 
 
-def call_op(op, impl, *args, autograd=None):
-    """``impl(*args)`` in plain eager inference, ``autograd.apply(*args)`` in plain eager
-    training (when given), else ``op(*args)``; the same results every way."""
+def call_op(op, impl, *args, autograd=None, infer=None):
+    """``impl(*args)`` in plain eager inference (``infer(*args)`` when given: an implementation
+    that skips what only backward needs, e.g. saved statistics), ``autograd.apply(*args)`` in
+    plain eager training (when given), else ``op(*args)``; the same results every way."""
     route = _route(args)
     if route == IMPL:
-        return impl(*args)
+        return (infer or impl)(*args)
     if route == AUTOGRAD and autograd is not None:
         return autograd.apply(*args)
     return op(*args)

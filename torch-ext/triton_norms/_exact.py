@@ -111,7 +111,8 @@ def _rms_exact_fwd_kernel(
     var = _rms_stats(base, rm, rows, N, factor, STATS, ROWS, ITERS, VEC, BW, BHR, CTAS, CP, LOG_BHR, LOG_BW,
                      LOG_PAD, LOG_WRAP)
     rstd = tl.math.rsqrt(var + eps)
-    tl.store(rstd_ptr + rows64, rstd, mask=rmask)
+    if rstd_ptr is not None:  # None in inference
+        tl.store(rstd_ptr + rows64, rstd, mask=rmask)
     r = rstd[:, None]
     if LOOP:
         for start in range(0, N, BLOCK_N):
@@ -138,8 +139,9 @@ def _ln_exact_fwd_kernel(
     else:
         mean, var = rowwise_welford(base, rm, N, ROWS, ITERS)
     rstd = tl.math.rsqrt(var + eps)
-    tl.store(mean_ptr + rows64, mean, mask=rmask)
-    tl.store(rstd_ptr + rows64, rstd, mask=rmask)
+    if rstd_ptr is not None:  # None in inference
+        tl.store(mean_ptr + rows64, mean, mask=rmask)
+        tl.store(rstd_ptr + rows64, rstd, mask=rmask)
     mu = mean[:, None]
     r = rstd[:, None]
     if LOOP:

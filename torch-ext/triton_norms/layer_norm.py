@@ -53,8 +53,8 @@ def _layer_norm_fwd_kernel(
     b_ptr,  # (N,) bias or None
     y_ptr,  # (M, N) output, contiguous
     h_ptr,  # (M, N) x + residual, contiguous, or None
-    mean_ptr,  # (M,) fp32, saved for backward
-    rstd_ptr,  # (M,) fp32, saved for backward
+    mean_ptr,  # (M,) fp32, saved for backward; None in inference (not stored)
+    rstd_ptr,  # (M,) fp32, saved for backward; None in inference
     stride_x_row,  # elements x_ptr moves for one row
     stride_res_row,  # elements res_ptr moves for one row
     N,
@@ -72,8 +72,9 @@ def _layer_norm_fwd_kernel(
         mean = tl.sum(x, axis=0) / N
         d = tl.where(mask, x - mean, 0.0)
         rstd = tl.math.rsqrt(tl.sum(d * d, axis=0) / N + eps)
-        tl.store(mean_ptr + row, mean)
-        tl.store(rstd_ptr + row, rstd)
+        if rstd_ptr is not None:
+            tl.store(mean_ptr + row, mean)
+            tl.store(rstd_ptr + row, rstd)
         y = _ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
         tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
     else:
@@ -92,8 +93,9 @@ def _layer_norm_fwd_kernel(
             d = tl.where(mask, x - mean, 0.0)
             acc += d * d
         rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N + eps)
-        tl.store(mean_ptr + row, mean)
-        tl.store(rstd_ptr + row, rstd)
+        if rstd_ptr is not None:
+            tl.store(mean_ptr + row, mean)
+            tl.store(rstd_ptr + row, rstd)
         for start in range(0, N, BLOCK_N):
             offs = start + tl.arange(0, BLOCK_N)
             mask = offs < N
@@ -207,11 +209,23 @@ def _layer_norm_fwd_impl(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Returns (y, h, mean, rstd); y in h's dtype (x.dtype without residual), h empty without residual.
     ``order``: ORDER_FUSED follows ``F.layer_norm``'s CUDA order (not with a residual)."""
+    return _layer_norm_forward(x, residual, weight, bias, eps, order, True)
+
+
+def _layer_norm_infer(x, residual, weight, bias, eps, order):
+    """Inference: (y, h or None, None, None); mean and rstd are neither stored nor allocated."""
+    return _layer_norm_forward(x, residual, weight, bias, eps, order, False)
+
+
+def _layer_norm_forward(x, residual, weight, bias, eps, order, save_stats):
     h_dtype = (residual if residual is not None else x).dtype
     y = torch.empty(x.shape, dtype=h_dtype, device=x.device)
-    h = torch.empty(x.shape if residual is not None else (0,), dtype=h_dtype, device=x.device)
-    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if residual is not None:
+        h = torch.empty(x.shape, dtype=h_dtype, device=x.device)
+    else:
+        h = x.new_empty((0,)) if save_stats else None
+    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if save_stats else None
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if save_stats else None
     if x.numel() == 0:
         return y, h, mean, rstd
     check_launch_device(x, _layer_norm_fwd_kernel)
@@ -351,7 +365,7 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
     if order not in (ORDER_FAST, ORDER_FUSED):
         raise ValueError(f"layer_norm: torch_order must be None or 'fused', got {torch_order!r}")
     return call_op(_layer_norm_fwd, _layer_norm_fwd_impl, x, None, weight, bias, check_eps(eps), order,
-                   autograd=_LN_AUTOGRAD)[0]
+                   autograd=_LN_AUTOGRAD, infer=_layer_norm_infer)[0]
 
 
 def add_layer_norm(
@@ -366,5 +380,5 @@ def add_layer_norm(
     check_float_tensor("residual", residual)  # required here (None would silently be layer_norm)
     check_inputs(x, residual, weight, bias)
     y, h, _, _ = call_op(_layer_norm_fwd, _layer_norm_fwd_impl, x, residual, weight, bias, check_eps(eps), ORDER_FAST,
-                            autograd=_LN_AUTOGRAD)
+                            autograd=_LN_AUTOGRAD, infer=_layer_norm_infer)
     return y, h

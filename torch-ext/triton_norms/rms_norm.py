@@ -69,7 +69,7 @@ def _rms_norm_fwd_kernel(
     b_ptr,  # (N,) bias or None
     y_ptr,  # (M, N) output, contiguous
     h_ptr,  # (M, N) x + residual, contiguous, or None
-    rstd_ptr,  # (M,) fp32 1/rms, saved for backward
+    rstd_ptr,  # (M,) fp32 1/rms, saved for backward; None in inference (not stored)
     stride_x_row,  # elements x_ptr moves for one row
     stride_res_row,  # elements res_ptr moves for one row
     N,  # row length
@@ -87,7 +87,8 @@ def _rms_norm_fwd_kernel(
         mask = offs < N
         x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, True)
         rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-        tl.store(rstd_ptr + row, rstd)
+        if rstd_ptr is not None:
+            tl.store(rstd_ptr + row, rstd)
         y = _rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
         tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
     else:
@@ -99,7 +100,8 @@ def _rms_norm_fwd_kernel(
             x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, True)
             acc += x * x
         rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N + eps)
-        tl.store(rstd_ptr + row, rstd)
+        if rstd_ptr is not None:
+            tl.store(rstd_ptr + row, rstd)
         for start in range(0, N, BLOCK_N):
             offs = start + tl.arange(0, BLOCK_N)
             mask = offs < N
@@ -214,10 +216,21 @@ def _rms_norm_fwd_impl(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Returns (y, h, rstd); h is x + residual (empty without residual), rstd fp32 of shape x.shape[:-1].
     ``order``: ``_torch_order.ORDER_*``, the summation order of the statistics (not with a residual)."""
+    return _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order, True)
+
+
+def _rms_norm_infer(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order):
+    """Inference: (y, h or None, None); rstd is neither stored nor allocated."""
+    return _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order, False)
+
+
+def _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order, save_stats):
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    h = torch.empty(x.shape if residual is not None else (0,), dtype=(residual if residual is not None else x).dtype,
-                    device=x.device)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if residual is not None:
+        h = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+    else:
+        h = x.new_empty((0,)) if save_stats else None
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if save_stats else None
     if x.numel() == 0:
         return y, h, rstd
     check_launch_device(x, _rms_norm_fwd_kernel)
@@ -379,7 +392,7 @@ def rms_norm(
     eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
     order = parse_order(torch_order)
     return call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, None, weight, bias, eps, check_weight_offset(weight_offset), cast_dtype, out_dtype, order,
-                   autograd=_RMS_AUTOGRAD)[0]
+                   autograd=_RMS_AUTOGRAD, infer=_rms_norm_infer)[0]
 
 
 def add_rms_norm(
@@ -407,5 +420,5 @@ def add_rms_norm(
     check_float_tensor("residual", residual)  # required here (None would silently be rms_norm)
     eps, out_dtype = prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype)
     y, h, _ = call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, residual, weight, bias, eps, check_weight_offset(weight_offset), cast_dtype, out_dtype, ORDER_FAST,
-                      autograd=_RMS_AUTOGRAD)
+                      autograd=_RMS_AUTOGRAD, infer=_rms_norm_infer)
     return y, h
