@@ -60,16 +60,18 @@ DEFAULT_SMS = 132
 DEFAULT_THREADS_PER_SM = 2048
 
 
+_ORDERS = {None: ORDER_FAST, "mean": ORDER_MEAN, "fused": ORDER_FUSED}
+
+
 def parse_order(name) -> int:
     """``torch_order`` argument -> ORDER_*: None, "mean" or "fused".
 
     Raises:
         ValueError: any other value.
     """
-    orders = {None: ORDER_FAST, "mean": ORDER_MEAN, "fused": ORDER_FUSED}
-    if not isinstance(name, (str, type(None))) or name not in orders:
+    if not isinstance(name, (str, type(None))) or name not in _ORDERS:
         raise ValueError(f"torch_order must be None, 'mean' or 'fused', got {name!r}")
-    return orders[name]
+    return _ORDERS[name]
 
 
 def _last_pow2(n: int) -> int:
