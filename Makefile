@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast build install-local gpu-check gpu-test port-check clean
+.PHONY: setup demo test test-fast build install-local gpu-check gpu-test port-check bench clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,13 @@ install-local: setup
 # > 2^31 elements, and the first norms benchmark, written to benchmarks/results/.
 gpu-check:
 	python3 benchmarks/gpu_check.py
+
+# On a CUDA machine: every op of every package against its peers (GB/s, TFLOP/s vs the ceilings measured in
+# the same run), then end-to-end greedy decode; JSON + Markdown + PNG into benchmarks/results/.
+BENCH_ARGS ?= --shapes full
+bench:
+	PYTHONPATH=src:$$PYTHONPATH python3 -m triton_collection.cli bench $(BENCH_ARGS)
+	PYTHONPATH=src:$$PYTHONPATH python3 -m triton_collection.cli bench --e2e smollm2-135m llama3-8b
 
 # On a CUDA machine with nvcc: the shipped CUDA fixtures (ports/) against their Triton ports
 # (docs/porting/); PORT_CHECK_ARGS e.g. --dtype bfloat16 --out report.md
