@@ -215,6 +215,22 @@ def test_flash_opcheck(attention, device):
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
+def test_rope_ops_opcheck(attention, device):
+    """opcheck of the rotary ops and the fused RoPE attention op (schema, fake tensors, autograd registration)."""
+    import sys
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    rotary = sys.modules[attention.__name__ + ".rotary"]
+    torch.manual_seed(18)
+    x = rand(1, 7, 2, 16, device=device).requires_grad_(True)
+    c, s = rand(7, 1, 16, device=device), rand(7, 1, 16, device=device)
+    utils = ("test_schema", "test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(rotary._rope, (x, c, s, True, True), test_utils=utils)
+    torch.library.opcheck(rotary._rope_bwd, (x.detach(), c, s, False, torch.float32), test_utils=utils)
+    q, k, v = make_qkv(1, 2, 2, 7, 7, 16, torch.float32, device, "bshd", grad=True)
+    torch.library.opcheck(flash._attn_rope_fwd, (q, k, v, c, s, None, 0.25, True, True, True, True), test_utils=utils)
+
+
 @pytest.mark.slow
 def test_flash_compile_fullgraph(attention, device):
     torch.manual_seed(7)
@@ -227,6 +243,16 @@ def test_flash_compile_fullgraph(attention, device):
     assert torch.allclose(out, f(q, k, v))
     out.backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+    # the fused RoPE variant and the rotary op compile too
+    c, s = rand(20, 16, device=device), rand(20, 16, device=device)
+
+    def g(q, k, v):
+        return (attention.flash_attention_rope(q, k, v, c, s, interleaved=True).sum()
+                + attention.rotary_embedding(q, c, s).sum())
+
+    out = torch.compile(g, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert torch.allclose(out, g(q, k, v), rtol=1e-5, atol=1e-5)
+    out.backward()
 
 
 @pytest.mark.parametrize("warp_size", [32, 64])
