@@ -69,6 +69,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
     return LaunchConfig(block_n=block, num_warps=num_warps, loop=loop)
 
 
+@functools.lru_cache(maxsize=4096)
 def num_partial_programs(device: torch.device, M: int) -> int:
     """Programs of a backward kernel that writes one fp32 dw/db partial each.
 

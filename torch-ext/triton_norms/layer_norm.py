@@ -279,14 +279,14 @@ def _layer_norm_bwd_impl(
     P = triton.cdiv(M, rows_per_program)
     dw_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_dw else None
     db_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_db else None
-    _layer_norm_bwd_kernel[(P,)](
+    launch(_layer_norm_bwd_kernel, (P,), (
         dy2, x2, vector(weight), mean, rstd, dh2,
         dx, dres if dres_dtype is not None else None, dw_part, db_part,
         dy2.stride(0), dy2.stride(1), x2.stride(0),
         dh2.stride(0) if dh2 is not None else 0, dh2.stride(1) if dh2 is not None else 0,
         M, N, rows_per_program,
-        BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps, **launch_options(_layer_norm_bwd_kernel),
-    )
+    ), meta_items(BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
+                  **launch_options(_layer_norm_bwd_kernel)), x.device)
     dw = dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)
     db = db_part.sum(0) if need_db else x.new_empty(0)
     return dx, dres, dw, db
