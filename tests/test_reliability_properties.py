@@ -140,7 +140,7 @@ def tensors(draw, shape, dtype, device, *, layouts=LAYOUTS, scale=None, specials
 
 
 @st.composite
-def lead_dims(draw, max_rows=6):
+def lead_dims(draw, max_rows=4):
     """0 to 2 leading dims; rows (their product) from 0 to max_rows."""
     ndim = draw(st.integers(0, 2))
     dims = tuple(draw(st.integers(0, 3)) for _ in range(ndim))
@@ -220,7 +220,7 @@ def _ln_ref(h, w, b, eps, offset):
 
 
 @st.composite
-def norm_case(draw, device, widths=WIDTHS, max_rows=6):
+def norm_case(draw, device, widths=WIDTHS, max_rows=4):
     kind = draw(st.sampled_from(["rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm"]))
     n = draw(st.sampled_from(widths))
     lead = draw(lead_dims(max_rows))
@@ -270,6 +270,10 @@ def _norm_property(pkg, device, case, draw_dy):
         h64 = x64 + r64 + ((x64 + r64).detach().to(residual.dtype).double() - (x64 + r64).detach())
     ref = _rms_ref if kind.endswith("rms_norm") else _ln_ref
     y64, mag, rstd = ref(h64, w64, b64, eps, extra.get("weight_offset", 0.0))
+    if extra.get("torch_order") == "fused" and not backward:
+        # F.rms_norm's CUDA kernel (the order "fused" reproduces) accumulates Welford-style: a row holding
+        # +-inf is NaN throughout there (inf - inf), where the CPU formula keeps finite elements at +-0
+        y64 = torch.where(h64.isinf().any(-1, keepdim=True), math.nan, y64)
     out_dtype = residual.dtype if residual is not None else x.dtype
     assert out.dtype == out_dtype and out.shape == x.shape, (out.dtype, out.shape)
     check(f"{kind} out", out, y64, mag)
@@ -301,18 +305,18 @@ def _norm_property(pkg, device, case, draw_dy):
 @cases(2600)
 def test_norms_against_fp64(norms, device, request, data):
     """rms_norm / layer_norm / add_rms_norm / add_layer_norm forward (NaN/inf included) and backward (case 8 dy)."""
-    count(request)
     case = data.draw(norm_case(device))
     _norm_property(norms, device, case, data.draw)
+    count(request)  # a case counts once every check of it passed
 
 
 @given(data=st.data())
 @cases(12)
 def test_case1_norms_wide_rows_against_fp64(norms, device, request, data):
     """Rows wider than 64K (65537, 131072, 262147): the looped path (case 1)."""
-    count(request)
     case = data.draw(norm_case(device, widths=WIDE, max_rows=2))
     _norm_property(norms, device, case, data.draw)
+    count(request)  # a case counts once every check of it passed
 
 
 # ----------------------------------------------------------------------------- activations
@@ -356,7 +360,6 @@ def _act_ref(name, x64, threshold):
 @cases(3000)
 def test_activations_against_fp64(activations, device, request, data):
     """Every activation, allocating form with autograd and ``(out, x)`` form into a poisoned strided out."""
-    count(request)
     draw = data.draw
     name = draw(st.sampled_from(GATED + PLAIN))
     gated = name in GATED
@@ -393,13 +396,14 @@ def test_activations_against_fp64(activations, device, request, data):
         (gx,) = grads(out, [x], dy)
         (gx64,) = grads(y64, [x64], dy.double())
         check(f"{name} dx", gx, gx64, row_max(dy) * (1.0 + row_max(x64)) * 4, rel=2.0 ** -18)
+    count(request)  # a case counts once every check of it passed
 
 
 # ----------------------------------------------------------------------------- softmax
 
 
 @st.composite
-def softmax_case(draw, device, widths=WIDTHS, max_rows=6):
+def softmax_case(draw, device, widths=WIDTHS, max_rows=4):
     log = draw(st.booleans())
     n = draw(st.sampled_from(widths))
     lead = draw(lead_dims(max_rows))
@@ -464,15 +468,15 @@ def _softmax_property(pkg, device, case, draw):
 @cases(2000)
 def test_softmax_against_fp64(softmax, device, request, data):
     """softmax / log_softmax over any dim, scale, broadcast additive masks with -inf, causal; NaN/inf."""
-    count(request)
     _softmax_property(softmax, device, data.draw(softmax_case(device)), data.draw)
+    count(request)  # a case counts once every check of it passed
 
 
 @given(data=st.data())
 @cases(12)
 def test_case1_softmax_wide_rows_against_fp64(softmax, device, request, data):
-    count(request)
     _softmax_property(softmax, device, data.draw(softmax_case(device, widths=WIDE, max_rows=2)), data.draw)
+    count(request)  # a case counts once every check of it passed
 
 
 # ----------------------------------------------------------------------------- cross-entropy
@@ -482,7 +486,6 @@ def test_case1_softmax_wide_rows_against_fp64(softmax, device, request, data):
 @cases(1500)
 def test_cross_entropy_against_fp64(softmax, device, request, data):
     """cross_entropy: (C,), (N, C), (N, C, d); ignore_index, reductions, label smoothing, z-loss (case 4)."""
-    count(request)
     draw = data.draw
     c = draw(st.sampled_from(WIDTHS[:-2]))
     form = draw(st.sampled_from(["1d", "2d", "2d", "3d"]))
@@ -511,13 +514,13 @@ def test_cross_entropy_against_fp64(softmax, device, request, data):
     per = per.squeeze(0) if cdim == 0 else per
     keep = target != ignore_index
     if z_loss:
-        per = per + z_loss * torch.logsumexp(x64, cdim) ** 2 * keep
+        per = per + torch.where(keep, z_loss * torch.logsumexp(x64, cdim) ** 2, 0.0)  # 0 where ignored, NaN or not
     if reduction == "none":
         ref = per
     elif reduction == "sum":
         ref = per.sum()
-    else:
-        ref = per.sum() / keep.sum()
+    else:  # torch: every target ignored gives a NaN loss but a zero gradient
+        ref = per.sum() / keep.sum().clamp(min=1) + (math.nan if not keep.any() else 0.0)
     lse = torch.logsumexp(x64.detach(), cdim).abs().nan_to_num(0, 0, 0)
     xmax = x64.detach().abs().nan_to_num(0, 0, 0).amax(cdim) if x64.numel() else lse
     mag = (lse + xmax + 1.0) * (1.0 + z_loss * lse)
@@ -533,6 +536,7 @@ def test_cross_entropy_against_fp64(softmax, device, request, data):
         (gx64,) = grads(ref, [x64], dy.double())
         dmag = dy.double().abs().max() * (1.0 + z_loss * (lse.max() if lse.numel() else 0) * 2) * 4 if dy.numel() else 0
         check("cross_entropy dlogits", gx, gx64, dmag, ulps=ULPS[dtype] + 2, rel=2.0 ** -18)
+    count(request)  # a case counts once every check of it passed
 
 
 # ----------------------------------------------------------------------------- matmul
@@ -542,7 +546,6 @@ def test_cross_entropy_against_fp64(softmax, device, request, data):
 @cases(1000)
 def test_matmul_against_fp64(matmul, device, request, data):
     """matmul(a, b, bias, activation): any M, K, N (0, 1, primes), transposed/strided operands."""
-    count(request)
     draw = data.draw
     acts = [None, "gelu", "gelu_tanh", "silu", "relu", "geglu", "swiglu"]
     act = draw(st.sampled_from(acts))
@@ -586,12 +589,17 @@ def test_matmul_against_fp64(matmul, device, request, data):
         got = grads(y, leaves, dy)
         want = grads(ref, leaves64 + [h], dy.double())
         # backward rounds dL/dh to the dtype, then two torch matmuls in the dtype: ulps of the sums of |terms|
-        dh = want[-1].abs().reshape(-1, h.shape[-1])
+        dh = want[-1].abs()
+        if act is not None:  # act' is evaluated at h saved in the dtype (as eager saves linear's output)
+            dyf = dy.double().abs()
+            dh = dh + (dyf.repeat_interleave(2, -1) if gated else dyf) * (h.detach().abs() + 1.0)
+        dh = dh.reshape(-1, h.shape[-1])
         a2 = a64.detach().abs().reshape(-1, k)
         mags = [(dh @ b64.detach().abs().t()).reshape(a.shape), a2.t() @ dh, dh.sum(0)]
         rel = 2.0 ** (2 - MANT[dtype]) if dtype != torch.float32 else 2.0 ** -16
         for name, gt, wt, mg in zip(("da", "db", "dbias"), got, want, mags):
             check(f"matmul act={act} {name}", gt, wt, mg, rel=rel)
+    count(request)  # a case counts once every check of it passed
 
 
 # ----------------------------------------------------------------------------- attention
@@ -602,7 +610,6 @@ def test_matmul_against_fp64(matmul, device, request, data):
 def test_attention_against_fp64(attention, device, request, data):
     """flash_attention: MHA/GQA/MQA, Sq/Sk from 1 to 33, head dims 8-80 (not powers of 2 too), bhsd/bshd,
     causal, boolean or additive broadcast masks (fully masked queries give 0), scale; strided q/k/v views."""
-    count(request)
     draw = data.draw
     b = draw(st.integers(1, 2))
     hk = draw(st.sampled_from([1, 2]))
@@ -662,6 +669,7 @@ def test_attention_against_fp64(attention, device, request, data):
         grel = 2.0 ** (3 - MANT[dtype]) if dtype != torch.float32 else 2.0 ** -16
         for name, gt, wt, mg in zip(("dq", "dk", "dv"), got, want, mags):
             check(f"flash_attention {name}", gt, wt, to_bhsd(mg), rel=grel)
+    count(request)  # a case counts once every check of it passed
 
 
 # ----------------------------------------------------------------------------- the count
