@@ -445,9 +445,10 @@ for arch in ("90", "gfx942"):
                "EVICT1": "evict_last" if flag and loop else "", "EVICT2": "evict_first" if flag and loop else "",
                "PREFETCH": loop and not flag}
         for kernel, consts, pt in [
-            (smod._softmax_fwd_kernel, {"CAUSAL": flag, "LOG": not flag, "BLOCK_N": 1024, "LOOP": loop, **opt}, {}),
-            (smod._softmax_fwd_kernel, {"CAUSAL": flag, "LOG": flag, "BLOCK_N": 1024, "LOOP": loop, "m_ptr": None,
-                                        **opt}, {}),
+            (smod._softmax_fwd_kernel, {"CAUSAL": flag, "LOG": not flag, "SCALED": True, "BLOCK_N": 1024,
+                                        "LOOP": loop, **opt}, {}),
+            (smod._softmax_fwd_kernel, {"CAUSAL": flag, "LOG": flag, "SCALED": flag, "BLOCK_N": 1024, "LOOP": loop,
+                                        "m_ptr": None, **opt}, {}),
             (smod._softmax_bwd_kernel, {"CAUSAL": flag, "LOG": flag, "BLOCK_N": 1024, "LOOP": loop, **opt}, {}),
             (cmod._cross_entropy_fwd_kernel, {"BLOCK_N": 1024, "LOOP": loop, "SMOOTH": flag,
                                               **({"count_ptr": None} if flag else {"g_ptr": None}),
@@ -455,9 +456,9 @@ for arch in ("90", "gfx942"):
              {"t_ptr": "i64", "loss_ptr": "fp32", "count_ptr": "i64"}),
         ] + ([(cmod._scale_grad_kernel, {"BLOCK_N": 1024}, {"applied_ptr": "fp32", "d_ptr": "fp32", "t_ptr": "i64"})]
              if not (loop or flag) else []) + ([  # few wide rows: split over programs
-            (smod._softmax_split_stats_kernel, {"CAUSAL": True, "BLOCK_N": 1024}, {"ws_ptr": "fp32"}),
-            (smod._softmax_split_out_kernel, {"CAUSAL": False, "LOG": True, "BLOCK_N": 1024, "SPLIT_P2": 8,
-                                              "m_ptr": None}, {"ws_ptr": "fp32"}),
+            (smod._softmax_split_stats_kernel, {"CAUSAL": True, "SCALED": True, "BLOCK_N": 1024}, {"ws_ptr": "fp32"}),
+            (smod._softmax_split_out_kernel, {"CAUSAL": False, "LOG": True, "SCALED": False, "BLOCK_N": 1024,
+                                              "SPLIT_P2": 8, "m_ptr": None}, {"ws_ptr": "fp32"}),
             (smod._softmax_bwd_split_stats_kernel, {"LOG": False, "BLOCK_N": 1024}, {"ws_ptr": "fp32"}),
             (smod._softmax_bwd_split_out_kernel, {"CAUSAL": True, "LOG": True, "BLOCK_N": 1024, "SPLIT_P2": 8},
              {"ws_ptr": "fp32"}),

@@ -20,6 +20,7 @@ copied once (``contiguous``), the one documented copy.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -33,11 +34,19 @@ _DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
 MAX_LEAD = 3
 
 
+# Compiled kernels convert with the hardware's round-to-nearest-even (cvt.rn: one instruction);
+# the Triton interpreter truncates fp32 -> bf16, so there the rounding is done with integer ops.
+NATIVE_ROUNDING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+
 @triton.jit
 def store_rounded(ptr, offsets, value, mask):
     """Stores fp32 ``value`` into ``ptr``'s dtype, rounded to nearest even."""
     DTYPE: tl.constexpr = ptr.dtype.element_ty
-    tl.store(ptr + offsets, round_to(value, DTYPE).to(DTYPE), mask=mask)
+    if NATIVE_ROUNDING:
+        tl.store(ptr + offsets, value.to(DTYPE), mask=mask)
+    else:
+        tl.store(ptr + offsets, round_to(value, DTYPE).to(DTYPE), mask=mask)
 
 
 @triton.jit

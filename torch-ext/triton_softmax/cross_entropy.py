@@ -48,7 +48,7 @@ import triton.language as tl
 
 from .softmax import _chunk_start
 from ._common import check_float_tensor, check_real, check_same_device, row_layout, row_start, store_rounded
-from ._dispatch import call_op
+from ._dispatch import call_op, eager_autograd
 from ._launch import config_for
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
@@ -305,6 +305,7 @@ def _setup_context(ctx, inputs, output):
     ctx.ignore_index = ignore_index
     ctx.need_grad = need_grad
     ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)  # no logits-sized zeros for the gradient "of" g
 
 
 def _backward(ctx, dloss, dg, dapplied):
@@ -326,6 +327,8 @@ def _backward(ctx, dloss, dg, dapplied):
 
 
 _cross_entropy_fwd.register_autograd(_backward, setup_context=_setup_context)
+# eager training without the dispatcher: the same setup_context/backward in a torch.autograd.Function
+_CE_AUTOGRAD = eager_autograd(_cross_entropy_fwd_impl, _setup_context, _backward)
 
 
 def _check(logits, target, ignore_index, reduction, label_smoothing, z_loss):
@@ -401,5 +404,5 @@ def cross_entropy(
     class_dim, label_smoothing, z_loss = _check(logits, target, ignore_index, reduction, label_smoothing, z_loss)
     need_grad = torch.is_grad_enabled() and logits.requires_grad
     loss, _, _ = call_op(_cross_entropy_fwd, _cross_entropy_fwd_impl, logits, target, class_dim, ignore_index,
-                         label_smoothing, z_loss, reduction, need_grad)
+                         label_smoothing, z_loss, reduction, need_grad, autograd=_CE_AUTOGRAD)
     return loss.to(logits.dtype)

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_float_tensor, check_real, check_same_device, normalize_dim, row_layout, row_start, store_rounded
-from ._dispatch import call_op
+from ._dispatch import call_op, eager_autograd
 from ._launch import config_for, split_for
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
@@ -46,15 +46,19 @@ Tensor = torch.Tensor
 
 @triton.jit
 def _load_scores(x_ptr, m_ptr, x_row, m_row, stride_x_col, stride_m_col, offs, mask_n, scale, q,
-                 CAUSAL: tl.constexpr, EVICT: tl.constexpr):
+                 CAUSAL: tl.constexpr, EVICT: tl.constexpr, SCALED: tl.constexpr = True):
     """z = x * scale + mask for one chunk of a row (or a tile of rows), fp32; -inf past the row end and
-    where causal masks. ``x_row``/``m_row``/``q`` broadcast against ``offs``."""
+    where causal masks. ``x_row``/``m_row``/``q`` broadcast against ``offs``. ``SCALED`` False: scale is 1."""
     cols = offs.to(tl.int64)
+    if not CAUSAL and m_ptr is None and not SCALED:  # plain softmax: the load fills -inf itself
+        return tl.load(x_ptr + x_row + cols * stride_x_col, mask=mask_n, other=float("-inf"),
+                       eviction_policy=EVICT).to(tl.float32)
     keep = mask_n
     if CAUSAL:
         keep = keep & (offs <= q)
     z = tl.load(x_ptr + x_row + cols * stride_x_col, mask=keep, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    z = z * scale
+    if SCALED:
+        z = z * scale
     if m_ptr is not None:
         z = z + tl.load(m_ptr + m_row + cols * stride_m_col, mask=keep, other=0.0, eviction_policy=EVICT).to(tl.float32)
     return tl.where(keep, z, float("-inf"))
@@ -84,6 +88,7 @@ def _softmax_fwd_kernel(
     scale,  # fp32 multiplier of x
     CAUSAL: tl.constexpr,  # mask j > i over the last two dims
     LOG: tl.constexpr,  # log_softmax instead of softmax
+    SCALED: tl.constexpr,  # scale != 1
     BLOCK_N: tl.constexpr,  # elements per chunk
     LOOP: tl.constexpr,  # the row spans several chunks
     ROWS: tl.constexpr,  # rows per program (one block: ROWS x BLOCK_N); 1 when LOOP
@@ -104,7 +109,7 @@ def _softmax_fwd_kernel(
         q = (rows % Sq)[:, None]
         offs = tl.arange(0, BLOCK_N)[None, :]
         mask_n = (offs < N) & row_ok[:, None]
-        z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "")
+        z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "", SCALED)
         zm = z - tl.max(z, axis=1)[:, None]
         e = tl.exp(zm)
         s = tl.sum(e, axis=1)[:, None]
@@ -126,7 +131,7 @@ def _softmax_fwd_kernel(
         n_chunks = tl.cdiv(N, BLOCK_N)
         if PREFETCH:
             offs0 = tl.arange(0, BLOCK_N)
-            z_next = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs0, offs0 < N, scale, q, CAUSAL, EVICT1)
+            z_next = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs0, offs0 < N, scale, q, CAUSAL, EVICT1, SCALED)
         for i in range(0, n_chunks):
             if PREFETCH:
                 z = z_next
@@ -135,7 +140,7 @@ def _softmax_fwd_kernel(
                                       EVICT1)
             else:
                 offs = i * BLOCK_N + tl.arange(0, BLOCK_N)
-                z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, offs < N, scale, q, CAUSAL, EVICT1)
+                z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, offs < N, scale, q, CAUSAL, EVICT1, SCALED)
             new = tl.maximum(mx, tl.max(z, axis=0))
             base = tl.where(new == float("-inf"), 0.0, new)  # all -inf so far: s stays 0, no NaN
             s = s * tl.exp(mx - base) + tl.sum(tl.exp(z - base), axis=0)
@@ -143,7 +148,7 @@ def _softmax_fwd_kernel(
         # pass 2: read the row again and write y (mx = -inf, s = 0 for a fully masked row: NaN as torch)
         if PREFETCH:
             offs0 = _chunk_start(0, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
-            z_next = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs0, offs0 < N, scale, q, CAUSAL, EVICT2)
+            z_next = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs0, offs0 < N, scale, q, CAUSAL, EVICT2, SCALED)
         for i in range(0, n_chunks):
             offs = _chunk_start(i, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
             mask_n = offs < N
@@ -153,7 +158,7 @@ def _softmax_fwd_kernel(
                 z_next = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs_next,
                                       (offs_next >= 0) & (offs_next < N), scale, q, CAUSAL, EVICT2)
             else:
-                z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, EVICT2)
+                z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, EVICT2, SCALED)
             zm = z - mx
             if LOG:
                 y = zm - tl.log(s)
@@ -285,6 +290,7 @@ def _softmax_split_stats_kernel(
     SPLIT,  # programs per row
     SPAN,  # columns per program (a multiple of BLOCK_N)
     CAUSAL: tl.constexpr,
+    SCALED: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     # Wide rows and few of them: SPLIT programs per row, each reduces its SPAN columns (read once).
@@ -297,7 +303,7 @@ def _softmax_split_stats_kernel(
     for start in range(lo, hi, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         mask_n = offs < hi
-        z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "")
+        z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "", SCALED)
         new = tl.maximum(mx, tl.max(z, axis=0))
         base = tl.where(new == float("-inf"), 0.0, new)
         s = s * tl.exp(mx - base) + tl.sum(tl.exp(z - base), axis=0)
@@ -317,6 +323,7 @@ def _softmax_split_out_kernel(
     SPLIT, SPAN,
     CAUSAL: tl.constexpr,
     LOG: tl.constexpr,
+    SCALED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT_P2: tl.constexpr,  # next power of 2 of SPLIT
 ):
@@ -335,7 +342,7 @@ def _softmax_split_out_kernel(
     for start in range(lo, hi, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         mask_n = offs < hi
-        zm = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "") - mx
+        zm = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "", SCALED) - mx
         if LOG:
             y = zm - tl.log(s)
         else:
@@ -426,17 +433,18 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
         sq = xs.shape[-2] if causal else 1
         _softmax_split_stats_kernel[(layout.rows * split,)](
             xs, ms, ws, *common, layout.rows, N, sq, scale, split, span,
-            CAUSAL=causal, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(_softmax_split_stats_kernel))
+            CAUSAL=causal, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+            **launch_options(_softmax_split_stats_kernel))
         _softmax_split_out_kernel[(layout.rows * split,)](
             xs, ms, ys, ws, *common, *layout.args(2), layout.rows, N, sq, scale, split, span,
-            CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, SPLIT_P2=triton.next_power_of_2(split),
+            CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, SPLIT_P2=triton.next_power_of_2(split),
             num_warps=cfg.num_warps, **launch_options(_softmax_split_out_kernel))
         return y
     _softmax_fwd_kernel[(triton.cdiv(layout.rows, cfg.rows),)](
         xs, ms, ys, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
         layout.rows, N, xs.shape[-2] if causal else 1, scale,
-        CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, LOOP=cfg.loop, ROWS=cfg.rows, **cfg.loop_options,
-        num_warps=cfg.num_warps, **launch_options(_softmax_fwd_kernel),
+        CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop, ROWS=cfg.rows,
+        **cfg.loop_options, num_warps=cfg.num_warps, **launch_options(_softmax_fwd_kernel),
     )
     return y
 
@@ -450,8 +458,7 @@ def _(x, mask, dim, scale, causal, log):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op(add_op_namespace_prefix("softmax_bwd"), mutates_args=())
-def _softmax_bwd(dy: Tensor, y: Tensor, dim: int, scale: float, causal: bool, log: bool, dx_dtype: torch.dtype) -> Tensor:
+def _softmax_bwd_impl(dy: Tensor, y: Tensor, dim: int, scale: float, causal: bool, log: bool, dx_dtype: torch.dtype) -> Tensor:
     """dx = scale * dz (see the module docstring), dtype ``dx_dtype``, contiguous."""
     dx = torch.empty(y.shape, dtype=dx_dtype, device=y.device)
     if y.numel() == 0:
@@ -487,6 +494,10 @@ def _softmax_bwd(dy: Tensor, y: Tensor, dim: int, scale: float, causal: bool, lo
     return dx
 
 
+_softmax_bwd = torch.library.custom_op(add_op_namespace_prefix("softmax_bwd"), _softmax_bwd_impl, mutates_args=())
+"""The registered backward op (compile, dispatch modes); eager calls ``_softmax_bwd_impl`` directly."""
+
+
 @_softmax_bwd.register_fake
 def _(dy, y, dim, scale, causal, log, dx_dtype):
     return torch.empty(y.shape, dtype=dx_dtype, device=y.device)
@@ -506,16 +517,18 @@ def _backward(ctx, dy):
     need_x, need_mask = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     dx = dmask = None
     if need_mask:
-        dz = _softmax_bwd(dy, y, dim, 1.0, causal, log, torch.float32)
+        dz = call_op(_softmax_bwd, _softmax_bwd_impl, dy, y, dim, 1.0, causal, log, torch.float32)
         dx = (dz * scale).to(ctx.x_dtype) if need_x else None
         shape, dtype = ctx.mask_meta
         dmask = dz.sum_to_size(shape).to(dtype)
     elif need_x:
-        dx = _softmax_bwd(dy, y, dim, scale, causal, log, ctx.x_dtype)
+        dx = call_op(_softmax_bwd, _softmax_bwd_impl, dy, y, dim, scale, causal, log, ctx.x_dtype)
     return dx, dmask, None, None, None, None
 
 
 _softmax_fwd.register_autograd(_backward, setup_context=_setup_context)
+# eager training without the dispatcher: the same setup_context/backward in a torch.autograd.Function
+_SOFTMAX_AUTOGRAD = eager_autograd(_softmax_fwd_impl, _setup_context, _backward)
 
 
 def _prepare(x, dim, scale, mask, causal):
@@ -572,7 +585,7 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
     Source: matches ``torch.softmax(x * scale + mask, dim)``.
     """
     dim, scale = _prepare(x, dim, scale, mask, causal)
-    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, False)
+    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, False, autograd=_SOFTMAX_AUTOGRAD)
 
 
 def log_softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Optional[Tensor] = None,
@@ -584,4 +597,4 @@ def log_softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask
     Source: matches ``torch.log_softmax(x * scale + mask, dim)``.
     """
     dim, scale = _prepare(x, dim, scale, mask, causal)
-    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, True)
+    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, True, autograd=_SOFTMAX_AUTOGRAD)
