@@ -145,6 +145,99 @@ def test_opcheck_every_registered_op(request, package, device):
             torch.library.opcheck(op, args, kwargs)
 
 
+# ----------------------------------------------------------------------------- cases 3, 8, 9 for every op and layer
+
+
+def _misaligned(t):
+    """The same values in a view whose base pointer is one element past an allocation (not 16-byte aligned)."""
+    if not isinstance(t, torch.Tensor) or t.numel() == 0:
+        return t
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    v = buf[1:].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_case3_upstream_gradient_reused_and_never_written(request, package, device):
+    """Backward twice with the same upstream-gradient tensors (retain_graph): same gradients, the upstream
+    gradients unchanged (a peer wrote dX into dY); an output used by two consumers accumulates correctly."""
+    pkg = _pkg(request, package)
+    torch.manual_seed(4)
+    for name, fn, make, grad, out_arg, dtype, params in _runs(pkg, CATALOG[package], device, dtype_index=0):
+        if not grad:
+            continue
+        data = make(device, dtype)
+        inputs = clone_inputs(data, grad)
+        outs = [o for o in as_tuple(fn(*inputs)) if isinstance(o, torch.Tensor) and o.requires_grad]
+        leaves = [inputs[i] for i in grad if inputs[i].requires_grad] + list(params)
+        dys = [torch.randn(o.shape, device=device).to(o.dtype) for o in outs]
+        kept = [d.clone() for d in dys]
+        g1 = torch.autograd.grad(outs, leaves, dys, retain_graph=True, allow_unused=True)
+        g2 = torch.autograd.grad(outs, leaves, dys, retain_graph=True, allow_unused=True)
+        for d, k in zip(dys, kept):
+            assert torch.equal(d, k), f"{name}: backward wrote into the upstream gradient"
+        for i, (a, b) in enumerate(zip(g1, g2)):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert torch.equal(a, b), f"{name}: a second backward with the same dy gave another gradient {i}"
+        # two consumers of the same output: gradients add up to those of one consumer with the summed dy
+        half = [d / 2 for d in dys]
+        loss = sum((o * h.detach()).sum() + (o * (d - h).detach()).sum() for o, d, h in zip(outs, dys, half))
+        g3 = torch.autograd.grad(loss, leaves, allow_unused=True)
+        for i, (a, b) in enumerate(zip(g1, g3)):
+            if a is not None:
+                _assert_same(f"{name} two consumers grad {i}", b, a, a.dtype if a.is_floating_point() else dtype)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_case8_expanded_and_transposed_upstream_gradient_every_op(request, package, device):
+    """A stride-0 (``y.sum().backward()``) and a transposed upstream gradient give the gradients of the same
+    values passed contiguous (a peer failed with "view size is not compatible")."""
+    pkg = _pkg(request, package)
+    torch.manual_seed(5)
+    for name, fn, make, grad, out_arg, dtype, params in _runs(pkg, CATALOG[package], device, dtype_index=0):
+        if not grad:
+            continue
+        inputs = clone_inputs(make(device, dtype), grad)
+        out = as_tuple(fn(*inputs))[0]
+        leaves = [inputs[i] for i in grad if inputs[i].requires_grad] + list(params)
+        variants = {"expanded": torch.randn((), device=device).to(out.dtype).expand(out.shape)}
+        if out.dim() >= 2:
+            variants["transposed"] = torch.randn(out.shape[:-2] + (out.shape[-1], out.shape[-2]),
+                                                 device=device).to(out.dtype).transpose(-1, -2)
+        for kind, dy in variants.items():
+            want = torch.autograd.grad(out, leaves, dy.contiguous(), retain_graph=True, allow_unused=True)
+            got = torch.autograd.grad(out, leaves, dy, retain_graph=True, allow_unused=True)
+            for i, (a, b) in enumerate(zip(got, want)):
+                if b is not None:
+                    _assert_same(f"{name} {kind} dy grad {i}", a, b, b.dtype)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_case9_misaligned_base_pointers_every_op(request, package, device):
+    """Every input viewed from ``buf[1:]`` (base pointer not 16-byte aligned), forward and backward, equals
+    the same call on freshly allocated inputs (a peer rejected such pointers as misaligned)."""
+    pkg = _pkg(request, package)
+    torch.manual_seed(6)
+    for name, fn, make, grad, out_arg, dtype, params in _runs(pkg, CATALOG[package], device, dtype_index=0):
+        data = make(device, dtype)
+        a = clone_inputs(data, grad)
+        b = [_misaligned(t) for t in clone_inputs(data)]
+        for i in grad:
+            if b[i].is_floating_point():
+                b[i].requires_grad_(True)
+        ya, yb = fn(*a), fn(*b)
+        _assert_same(f"{name} misaligned", yb, ya, dtype)
+        if grad:
+            la = [a[i] for i in grad if a[i].requires_grad]
+            lb = [b[i] for i in grad if b[i].requires_grad]
+            for i, (x, y) in enumerate(zip(torch.autograd.grad(loss_of(yb), lb, allow_unused=True),
+                                           torch.autograd.grad(loss_of(ya), la, allow_unused=True))):
+                if y is not None:
+                    _assert_same(f"{name} misaligned grad {i}", x, y, y.dtype)
+
+
 # ----------------------------------------------------------------------------- case 5: compile, CUDA graphs, streams
 
 
