@@ -253,6 +253,7 @@ def test_case5_compile_fullgraph_inference_and_training_equal_eager(request, pac
     pkg = _pkg(request, package)
     runs = _runs(pkg, CATALOG[package], device)
     backend = "inductor" if device == "cuda" else "aot_eager"
+    torch._dynamo.reset()  # ``every`` is one code object for all packages: start each from a clean cache
     torch.manual_seed(1)
     data = [make(device, dtype) for _, _, make, _, _, dtype, _ in runs]
 
