@@ -65,6 +65,12 @@ def _no_hook(hook) -> bool:
     return hook is None or getattr(hook, "calls", None) == []
 
 
+def _current_index(device: torch.device):
+    """Index of the current device of ``device``'s type (the one Triton launches on)."""
+    module = getattr(torch, device.type, None)
+    return module.current_device() if module is not None and hasattr(module, "current_device") else None
+
+
 def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device):
     """``kernel[grid](*args, **dict(meta))`` on ``device``, skipping Triton's binding after the first call.
 
@@ -77,8 +83,8 @@ def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device):
             ``(name, value)`` pairs (:func:`meta_items`).
         device: the device of the tensors (its index selects the compiled kernel).
     """
-    if device.type == "cpu" or not _direct_possible(kernel):
-        _triton_launch(kernel, grid, args, meta)
+    if device.type == "cpu" or not _direct_possible(kernel) or device.index != _current_index(device):
+        _triton_launch(kernel, grid, args, meta)  # Triton compiles and launches for the current device
         return
     key = (id(kernel), device.index, meta, tuple(map(_arg_key, args)))
     entry = _CACHE.get(key)
