@@ -127,7 +127,7 @@ class BucketResult:
 
 def tune(mm, buckets: Iterable[tuple], candidates: Callable[[int], list], *, rep_ms: float = 30.0,
          budget_s: float = 200.0, tolerance: float = 2e-2, log=print,
-         on_bucket: Optional[Callable[[list], None]] = None) -> list[BucketResult]:
+         on_bucket: Optional[Callable[[list], None]] = None, cublas: bool = True) -> list[BucketResult]:
     """Measure every candidate of every bucket (bf16, ``x @ W.T``); the fastest correct one wins.
 
     A candidate is correct when its largest error is below ``tolerance`` times the reference's
@@ -146,7 +146,7 @@ def tune(mm, buckets: Iterable[tuple], candidates: Callable[[int], list], *, rep
         w = torch.randn(N, K, device=DEVICE, dtype=torch.bfloat16, generator=gen) * (1.0 / math.sqrt(K))
         b = w.t()
         reference = a.float() @ b.float()
-        res = BucketResult((M, N, K), measure(mm, a, b, None, rep_ms))
+        res = BucketResult((M, N, K), measure(mm, a, b, None, rep_ms) if cublas else {})
         for cfg in candidates(M):
             if time.monotonic() - start > budget_s:
                 break
@@ -157,7 +157,8 @@ def tune(mm, buckets: Iterable[tuple], candidates: Callable[[int], list], *, rep
                 res.best, res.best_measure = cfg, m
         cub = res.cublas.get("tflops")
         if res.best is not None:
-            log(f"{(M, N, K)}: {res.best_measure['tflops']:.1f} TFLOP/s (cuBLAS {cub or float('nan'):.1f}) {res.best}")
+            log(f"{(M, N, K)}: {res.best_measure['tflops']:.1f} TFLOP/s (cuBLAS {cub or float('nan'):.1f}) "
+                f"{time.monotonic() - start:.1f}s {res.best}")
         else:
             log(f"{(M, N, K)}: no correct candidate: {[m for _, m in res.candidates]}")
         results.append(res)
@@ -174,8 +175,9 @@ def write_config_file(path: Path, gpu: str, results: list[BucketResult], meta: O
         if r.best is None:
             continue
         M, N, K = r.shape
+        cub = r.cublas.get("tflops")
         entry = {"M": M, "N": N, "K": K, **r.best,
-                 "tflops": round(r.best_measure["tflops"], 2), "cublas_tflops": round(r.cublas.get("tflops", 0.0), 2)}
+                 "tflops": round(r.best_measure["tflops"], 2), "cublas_tflops": round(cub, 2) if cub else None}
         configs.append(entry)
     if not configs:
         raise RuntimeError("no bucket has a measured, correct config: nothing to write")
@@ -231,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
             write_config_file(out, gpu, results, meta)
 
     results = tune(mm, args.shape or DEFAULT_BUCKETS, _load_candidates(args.candidates), rep_ms=args.rep_ms,
-                   budget_s=args.budget_s, on_bucket=write_so_far)
+                   budget_s=args.budget_s, on_bucket=write_so_far, cublas=not args.no_cublas)
     try:
         write_config_file(out, gpu, results, meta)
     except RuntimeError as err:
@@ -255,6 +257,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", help="file to write (default: torch-ext/triton_matmul/configs/<GPU name>.json)")
     p.add_argument("--budget-s", type=float, default=200.0, help="stop starting new measurements after this (default 200)")
     p.add_argument("--rep-ms", type=float, default=30.0, help="timing window per measurement in ms (default 30)")
+    p.add_argument("--no-cublas", action="store_true", help="do not time torch.matmul per bucket (faster)")
     p.add_argument("--json", action="store_true", help="also print every measurement as JSON")
     p.set_defaults(func=run)
     return p
