@@ -238,3 +238,29 @@ def test_hopper_path_on_gpu(matmul, device):
             assert float((y.double() - r).abs().max() / r.abs().max()) < 2 ** -6, (M, N, K, act)
     finally:
         mod._matmul_tma_kernel = real
+
+
+def test_tune_command_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
+    """The tune subcommand's whole path (build, load, measure, check, write) with the GPU parts stubbed: the
+    interpreter runs the candidates (each checked against torch.matmul), timings are fake."""
+    import triton_collection.tune as T
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU 1")
+    monkeypatch.setattr(T, "DEVICE", "cpu")
+    timings = iter([3.0, 1.0, 2.0, 5.0, 4.0, 6.0])  # per bucket: the 2nd candidate is the fastest
+    monkeypatch.setattr(T, "_bench", lambda fn, rep: (fn(), next(timings))[1])
+    cands = [{"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 1, "num_stages": 1},
+             {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 2, "num_stages": 2, "TMA": 1},
+             {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 2, "num_stages": 2, "SPLIT_K": 2,
+              "TMA": 1}]
+    (tmp_path / "c.json").write_text(json.dumps(cands))
+    out = tmp_path / "Fake_GPU_1.json"
+    rc = cli_main(["tune", "--root", str(ROOT), "--shape", "1,48,32", "--shape", "20,32,64", "--candidates",
+                   str(tmp_path / "c.json"), "--out", str(out), "--rep-ms", "1", "--no-cublas"])
+    assert rc == 0, capsys.readouterr()
+    data = json.loads(out.read_text())
+    assert data["gpu"] == "Fake GPU 1" and data["tuned"] is True
+    assert [(e["M"], e["N"], e["K"]) for e in data["configs"]] == [(1, 48, 32), (20, 32, 64)]
+    assert data["configs"][0]["BLOCK_N"] == 32 and data["configs"][0]["tflops"] == round(2 * 48 * 32 / 1e9, 2)
+    assert data["configs"][1]["BLOCK_M"] == 16 and data["configs"][1]["cublas_tflops"] is None
