@@ -264,3 +264,27 @@ def test_tune_command_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
     assert [(e["M"], e["N"], e["K"]) for e in data["configs"]] == [(1, 48, 32), (20, 32, 64)]
     assert data["configs"][0]["BLOCK_N"] == 32 and data["configs"][0]["tflops"] == round(2 * 48 * 32 / 1e9, 2)
     assert data["configs"][1]["BLOCK_M"] == 16 and data["configs"][1]["cublas_tflops"] is None
+
+
+def test_tune_rejects_wrong_results(matmul, monkeypatch):
+    """The fastest candidate loses when its values are wrong; a candidate that raises is reported, not fatal."""
+    import types
+
+    import triton_collection.tune as T
+
+    monkeypatch.setattr(T, "DEVICE", "cpu")
+    monkeypatch.setattr(T, "_bench", lambda fn, rep: (fn(), 1.0 if fn().abs().sum() == 0 else 2.0)[1])
+
+    def fake_matmul(a, b, config=None):
+        if config.block_n == 64:
+            raise RuntimeError("does not compile")
+        return torch.zeros(a.shape[0], b.shape[1]) if config.block_n == 32 else (a.float() @ b.float()).to(a.dtype)
+
+    mm = types.SimpleNamespace(MatmulConfig=matmul.MatmulConfig, matmul=fake_matmul)
+    base = {"BLOCK_M": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 1, "num_stages": 1}
+    cands = [{**base, "BLOCK_N": 32}, {**base, "BLOCK_N": 64}, {**base, "BLOCK_N": 16}]
+    (res,) = T.tune(mm, [(8, 24, 16)], lambda M: cands, cublas=False, log=lambda *a: None)
+    assert res.best["BLOCK_N"] == 16 and res.best_measure["ms"] == 2.0
+    errors = [m for _, m in res.candidates if "error" in m]
+    assert len(errors) == 1 and "does not compile" in errors[0]["error"]
+    assert res.candidates[0][1]["max_rel_err"] == 1.0  # zeros: the whole reference is missing
