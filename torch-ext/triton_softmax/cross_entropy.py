@@ -49,6 +49,7 @@ import triton.language as tl
 from .softmax import _chunk_start
 from ._common import check_float_tensor, check_real, check_same_device, row_layout, row_start, store_rounded
 from ._dispatch import call_op, eager_autograd
+from ._fastlaunch import launch, meta_items
 from ._launch import config_for
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
@@ -232,14 +233,12 @@ def _cross_entropy_fwd_impl(
             logits, t = logits.contiguous(), target.contiguous().unsqueeze(class_dim).expand(logits.shape)
             layout = row_layout([logits, t, gs], class_dim)
         cfg = config_for(V, logits)
-        _cross_entropy_fwd_kernel[(layout.rows,)](
-            logits, t, rows, gs, count if need_grad else None, layout.sizes[1], layout.sizes[2],
-            *layout.args(0), *layout.args(1)[:3], *layout.args(2),
-            V, ignore_index, label_smoothing, z_loss,
-            SMOOTH=label_smoothing > 0.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop,
-            **cfg.loop_options,
-            num_warps=cfg.num_warps, **launch_options(_cross_entropy_fwd_kernel),
-        )
+        meta = meta_items(SMOOTH=label_smoothing > 0.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop, **cfg.loop_options,
+                          num_warps=cfg.num_warps, **launch_options(_cross_entropy_fwd_kernel))
+        launch(_cross_entropy_fwd_kernel, (layout.rows,),
+               (logits, t, rows, gs, count if need_grad else None, layout.sizes[1], layout.sizes[2],
+                *layout.args(0), *layout.args(1)[:3], *layout.args(2),
+                V, ignore_index, float(label_smoothing), float(z_loss)), meta, logits.device)
     if reduction == "none":
         return rows, g, applied
     total = rows.sum()
@@ -280,11 +279,10 @@ def _scale_grad_impl(g: Tensor, applied: Tensor, dloss: Tensor, target: Tensor, 
         d, t = d.contiguous(), t.contiguous()
         layout = row_layout([g, d, t], class_dim)
     cfg = config_for(min(V, 8192), g)  # bounded chunk: the loop streams the row once
-    _scale_grad_kernel[(layout.rows,)](
-        g, applied, d, t, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3],
-        *layout.args(2)[:3], V, ignore_index, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        **launch_options(_scale_grad_kernel),
-    )
+    launch(_scale_grad_kernel, (layout.rows,),
+           (g, applied, d, t, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3],
+            *layout.args(2)[:3], V, ignore_index),
+           meta_items(BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(_scale_grad_kernel)), g.device)
 
 
 def _scaled_grad(g: Tensor, dloss: Tensor, target: Tensor, class_dim: int, ignore_index: int) -> Tensor:

@@ -37,6 +37,7 @@ import triton.language as tl
 
 from ._common import check_float_tensor, check_real, check_same_device, normalize_dim, row_layout, row_start, store_rounded
 from ._dispatch import call_op, eager_autograd
+from ._fastlaunch import launch, meta_items
 from ._launch import config_for, split_for
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
@@ -440,12 +441,12 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
             CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, SPLIT_P2=triton.next_power_of_2(split),
             num_warps=cfg.num_warps, **launch_options(_softmax_split_out_kernel))
         return y
-    _softmax_fwd_kernel[(triton.cdiv(layout.rows, cfg.rows),)](
-        xs, ms, ys, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
-        layout.rows, N, xs.shape[-2] if causal else 1, scale,
-        CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop, ROWS=cfg.rows,
-        **cfg.loop_options, num_warps=cfg.num_warps, **launch_options(_softmax_fwd_kernel),
-    )
+    meta = meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop,
+                      ROWS=cfg.rows, **cfg.loop_options, num_warps=cfg.num_warps,
+                      **launch_options(_softmax_fwd_kernel))
+    launch(_softmax_fwd_kernel, (triton.cdiv(layout.rows, cfg.rows),),
+           (xs, ms, ys, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
+            layout.rows, N, xs.shape[-2] if causal else 1, float(scale)), meta, x.device)
     return y
 
 
@@ -485,12 +486,11 @@ def _softmax_bwd_impl(dy: Tensor, y: Tensor, dim: int, scale: float, causal: boo
             CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, SPLIT_P2=triton.next_power_of_2(split),
             num_warps=cfg.num_warps, **launch_options(_softmax_bwd_split_out_kernel))
         return dx
-    _softmax_bwd_kernel[(triton.cdiv(layout.rows, cfg.rows),)](
-        ys, dys, dxs, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
-        layout.rows, N, ys.shape[-2] if causal else 1, scale,
-        CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, LOOP=cfg.loop, ROWS=cfg.rows, **cfg.loop_options,
-        num_warps=cfg.num_warps, **launch_options(_softmax_bwd_kernel),
-    )
+    meta = meta_items(CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, LOOP=cfg.loop, ROWS=cfg.rows,
+                      **cfg.loop_options, num_warps=cfg.num_warps, **launch_options(_softmax_bwd_kernel))
+    launch(_softmax_bwd_kernel, (triton.cdiv(layout.rows, cfg.rows),),
+           (ys, dys, dxs, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
+            layout.rows, N, ys.shape[-2] if causal else 1, float(scale)), meta, y.device)
     return dx
 
 
