@@ -214,59 +214,6 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False, skip: frozens
         w = torch.randn(N, K, device=dev, dtype=dtype, generator=gen) / math.sqrt(K)
         return a, w, torch.randn(N, device=dev, dtype=dtype, generator=gen) * 0.1
 
-    # ---------------------------------------------------------------- correctness (default lookup)
-    try:
-        for (M, N, K, act, layout) in ([] if "checks" in skip else sizes["cases"]):
-            a, w, bias = operands(M, N, K)
-            b = w.t() if layout == "nk" else w.t().contiguous()
-            try:
-                y = mm.matmul(a, b, bias, act)
-                r = reference(a, b, bias, act)
-                err = float((y.double() - r).abs().max() / r.abs().max())
-                ok = err < 2 ** -6 and tuple(y.shape) == tuple(r.shape)
-            except Exception as exc:  # noqa: BLE001
-                err, ok = repr(exc)[:300], False
-            data["checks"].append({"name": f"{M}x{N}x{K} {layout} {act}", "ok": ok, "err": err})
-        # fp16, fp32 (tf32), strided/transposed a, batched leading dims, autograd
-        if "checks" in skip:
-            raise StopIteration
-        a, w, bias = operands(300, 512, 256, torch.float16)
-        for name, fn, ref_fn in [
-            ("fp16 gelu", lambda: mm.matmul(a, w.t(), bias, "gelu"), lambda: reference(a, w.t(), bias, "gelu")),
-            ("fp32 (tf32) silu", lambda: mm.matmul(a.float(), w.float().t(), bias.float(), "silu"),
-             lambda: reference(a.float(), w.float().t(), bias.float(), "silu")),
-            ("a transposed view", lambda: mm.matmul(a.t().contiguous().t(), w.t()), lambda: reference(a, w.t(), None, None)),
-            ("a row-strided view", lambda: mm.matmul(torch.cat([a, a], 1)[:, :256], w.t()),
-             lambda: reference(a, w.t(), None, None)),
-            ("3-d a", lambda: mm.matmul(a.view(3, 100, 256), w.t()).view(300, 512), lambda: reference(a, w.t(), None, None)),
-        ]:
-            try:
-                y, r = fn(), ref_fn()
-                err = float((y.double() - r).abs().max() / r.abs().max())
-                ok = err < 2 ** -6
-            except Exception as exc:  # noqa: BLE001
-                err, ok = repr(exc)[:300], False
-            data["checks"].append({"name": name, "ok": ok, "err": err})
-        for act in (None, "gelu", "geglu"):
-            a, w, bias = operands(333, 1024, 512)
-            a.requires_grad_(True)
-            w.requires_grad_(True)
-            bias.requires_grad_(True)
-            y = mm.matmul(a, w.t(), bias, act)
-            dy = torch.randn_like(y)
-            grads = torch.autograd.grad(y, (a, w, bias), dy)
-            a64, w64, b64 = (t.detach().double().requires_grad_(True) for t in (a, w, bias))
-            g64 = torch.autograd.grad(reference(a64, w64.t(), b64, act), (a64, w64, b64), dy.double())
-            err = max(float((g.double() - r).abs().max() / r.abs().max()) for g, r in zip(grads, g64))
-            data["checks"].append({"name": f"autograd {act}", "ok": err < 2 ** -5, "err": err})
-        log(f"checks: {sum(c['ok'] for c in data['checks'])}/{len(data['checks'])}")
-    except StopIteration:
-        pass
-    except Exception:  # noqa: BLE001
-        data["errors"].append("checks: " + traceback.format_exc())
-        log(traceback.format_exc())
-    save()
-
     # ---------------------------------------------------------------- square GEMMs
     from triton.testing import do_bench
     try:
@@ -377,9 +324,11 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False, skip: frozens
 
     # ---------------------------------------------------------------- transformer sweep
     try:
-        for M in ([] if "sweep" in skip else sizes["sweep_m"]):
-            for name, N, K in sizes["sweep_nk"]:
-                if left() < 5:
+        # (N, K) outer, so a budget cut loses whole (N, K) rows, never the large-M end of every row
+        order = sorted(sizes["sweep_nk"], key=lambda t: [5, 0, 1, 2, 6, 3, 4][SWEEP_NK.index(t)] if t in SWEEP_NK else 0)
+        for name, N, K in ([] if "sweep" in skip else order):
+            for M in sizes["sweep_m"]:
+                if left() < 8:
                     raise TimeoutError(f"budget: sweep stopped before M={M} {name}")
                 a, w, _ = operands(M, N, K)
                 b = w.t()
@@ -400,6 +349,65 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False, skip: frozens
     except Exception:  # noqa: BLE001
         data["errors"].append("sweep: " + traceback.format_exc())
         log(traceback.format_exc())
+    save()
+    # ---------------------------------------------------------------- correctness (default lookup)
+    try:
+        for (M, N, K, act, layout) in ([] if "checks" in skip else sizes["cases"]):
+            if left() < 3:
+                data["errors"].append(f"budget: checks from {M}x{N}x{K} {layout} {act} on not run")
+                raise StopIteration
+            a, w, bias = operands(M, N, K)
+            b = w.t() if layout == "nk" else w.t().contiguous()
+            try:
+                y = mm.matmul(a, b, bias, act)
+                r = reference(a, b, bias, act)
+                err = float((y.double() - r).abs().max() / r.abs().max())
+                ok = err < 2 ** -6 and tuple(y.shape) == tuple(r.shape)
+            except Exception as exc:  # noqa: BLE001
+                err, ok = repr(exc)[:300], False
+            data["checks"].append({"name": f"{M}x{N}x{K} {layout} {act}", "ok": ok, "err": err})
+        # fp16, fp32 (tf32), strided/transposed a, batched leading dims, autograd
+        if "checks" in skip or left() < 6:
+            raise StopIteration
+        a, w, bias = operands(300, 512, 256, torch.float16)
+        for name, fn, ref_fn in [
+            ("fp16 gelu", lambda: mm.matmul(a, w.t(), bias, "gelu"), lambda: reference(a, w.t(), bias, "gelu")),
+            ("fp32 (tf32) silu", lambda: mm.matmul(a.float(), w.float().t(), bias.float(), "silu"),
+             lambda: reference(a.float(), w.float().t(), bias.float(), "silu")),
+            ("a transposed view", lambda: mm.matmul(a.t().contiguous().t(), w.t()), lambda: reference(a, w.t(), None, None)),
+            ("a row-strided view", lambda: mm.matmul(torch.cat([a, a], 1)[:, :256], w.t()),
+             lambda: reference(a, w.t(), None, None)),
+            ("3-d a", lambda: mm.matmul(a.view(3, 100, 256), w.t()).view(300, 512), lambda: reference(a, w.t(), None, None)),
+        ]:
+            try:
+                y, r = fn(), ref_fn()
+                err = float((y.double() - r).abs().max() / r.abs().max())
+                ok = err < 2 ** -6
+            except Exception as exc:  # noqa: BLE001
+                err, ok = repr(exc)[:300], False
+            data["checks"].append({"name": name, "ok": ok, "err": err})
+        for act in (None, "gelu", "geglu"):
+            if left() < 3:
+                raise StopIteration
+            a, w, bias = operands(333, 1024, 512)
+            a.requires_grad_(True)
+            w.requires_grad_(True)
+            bias.requires_grad_(True)
+            y = mm.matmul(a, w.t(), bias, act)
+            dy = torch.randn_like(y)
+            grads = torch.autograd.grad(y, (a, w, bias), dy)
+            a64, w64, b64 = (t.detach().double().requires_grad_(True) for t in (a, w, bias))
+            g64 = torch.autograd.grad(reference(a64, w64.t(), b64, act), (a64, w64, b64), dy.double())
+            err = max(float((g.double() - r).abs().max() / r.abs().max()) for g, r in zip(grads, g64))
+            data["checks"].append({"name": f"autograd {act}", "ok": err < 2 ** -5, "err": err})
+        log(f"checks: {sum(c['ok'] for c in data['checks'])}/{len(data['checks'])}")
+    except StopIteration:
+        pass
+    except Exception:  # noqa: BLE001
+        data["errors"].append("checks: " + traceback.format_exc())
+        log(traceback.format_exc())
+    save()
+
     save()
     (out / f"{tag}.md").write_text(markdown(data))
     log("plot:", plot(data, out / f"{tag}.png"))
