@@ -4,6 +4,10 @@
 (no S x S matrix in memory), forward and backward, causal or not, with an optional boolean
 or additive mask, MHA/GQA/MQA, head dims up to 256 (others padded), fp16/bf16/fp32, in the
 [B, H, S, D] (transformers) and [B, S, H, D] (diffusers) layouts read in place.
+``flash_attention_rope`` fuses the rotary embedding (q rotated on load); ``rotary_embedding``
+and ``apply_rotary_pos_emb`` (bit-exact to transformers) are the rotary op on its own;
+``transformers_attention_forward`` plugs into transformers' ``AttentionInterface``; ``layers``
+holds ``RotaryPosEmb`` for transformers' kernelizable ``rotary_pos_emb`` function.
 Each op is a ``torch.library.custom_op`` with a fake implementation and an autograd
 formula, so it runs under ``torch.compile(fullgraph=True)`` and in CUDA graphs.
 

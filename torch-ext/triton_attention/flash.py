@@ -25,6 +25,11 @@ Backward (FlashAttention-2 scheme), with ``p_ij = exp(s_ij - lse_i)`` recomputed
 One kernel computes dk, dv per block of keys and kv head (looping over the group's query
 heads: no atomics, deterministic), another dq per block of queries (and ds when needed).
 
+Fused RoPE (``flash_attention_rope``): the forward kernel rotates q as it loads it (fp32, one
+rounding, see ``rotary.py``); k arrives rotated by one pass of the rotary kernel (every query
+block reads k, so rotating it once is cheaper than on every load). The backward recomputes the
+rotated q, runs the same backward kernels and applies the rotation's transpose to dq.
+
 Layouts: q, k, v are read through their strides as [B, H, S, D] (transformers) or
 [B, S, H, D] (diffusers); nothing is copied. Head dims that are not a power of two are
 padded in registers (masked loads), up to 256. Offsets along the batch, head and sequence
@@ -63,6 +68,15 @@ def _dot(a, b, PREC: tl.constexpr, F32: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _dot_acc(a, b, acc, PREC: tl.constexpr, F32: tl.constexpr):
+    """acc + a @ b, accumulated inside the matrix instruction (no separate add)."""
+    if F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
 
 
 @triton.jit
@@ -121,7 +135,7 @@ def _fwd_blocks(acc, l_i, m_i, q, k_ptr, v_ptr, m_ptr, offs_m, row_ok, lo, hi, S
             v = tl.load(v_ptrs)
         else:
             v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC, F32)
+        acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], PREC, F32)
         m_i = m_new
         k_ptrs += BLOCK_N * sks
         v_ptrs += BLOCK_N * svs
@@ -263,10 +277,10 @@ def _dkdv_blocks(dk, dv, k, v, q_ptr, do_ptr, m_ptr, lse_ptr, delta_ptr, offs_n,
             s_t = tl.where(offs_m[None, :] >= offs_n[:, None], s_t, float("-inf"))
         p_t = tl.exp2(s_t - lse[None, :])
         do = tl.load(do_ptrs, mask=row_ok[:, None] & (offs_dv < DV)[None, :], other=0.0)
-        dv += _dot(p_t.to(do.dtype), do, PREC, F32)
+        dv = _dot_acc(p_t.to(do.dtype), do, dv, PREC, F32)
         dp_t = _dot(v, tl.trans(do), PREC, F32)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk += _dot(ds_t.to(q_t.dtype), tl.trans(q_t), PREC, F32)
+        dk = _dot_acc(ds_t.to(q_t.dtype), tl.trans(q_t), dk, PREC, F32)
         q_ptrs += BLOCK_M * sqs
         do_ptrs += BLOCK_M * sds
         m_ptrs += BLOCK_M * smq
@@ -356,7 +370,7 @@ def _dq_blocks(dq, q, do, lse, delta, k_ptr, v_ptr, m_ptr, ds_ptr, offs_m, row_o
         p = tl.exp2(s - lse[:, None])
         dp = _dot(do, v_t, PREC, F32)
         ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(k_t.dtype), tl.trans(k_t), PREC, F32)
+        dq = _dot_acc(ds.to(k_t.dtype), tl.trans(k_t), dq, PREC, F32)
         if STORE_DS:
             tl.store(ds_ptr + offs_m[:, None].to(tl.int64) * Sk + offs_n[None, :], ds,
                      mask=row_ok[:, None] & col_ok[None, :])
