@@ -219,6 +219,31 @@ def test_backward_rescales_only_rows_whose_upstream_gradient_is_not_one(softmax,
     assert torch.equal(g2, g)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_recompute_backward_equals_fused(softmax, device, reduction):
+    """The recompute mode (the forward keeps the logsumexp, the backward recomputes the gradient from
+    the logits in one pass; what torch.compile uses) against the fp64 reference and the fused mode."""
+    import sys
+
+    mod = sys.modules[softmax.__name__ + ".cross_entropy"]
+    x = rand((7, 20011), torch.float32, device, scale=2.0)
+    t = targets((7,), 20011, device)
+    kw = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3)
+    dl = torch.randn(7, device=device) if reduction == "none" else torch.tensor(0.75, device=device)
+    grads = []
+    for recompute in (False, True):
+        mod.RECOMPUTE = recompute
+        try:
+            check(softmax, x, t, torch.float32, **kw)
+            check(softmax, x, t, torch.bfloat16, **kw)
+            xs = x.clone().requires_grad_()
+            loss = softmax.cross_entropy(xs, t, **kw)
+            grads.append(torch.autograd.grad(loss, xs, dl)[0])
+        finally:
+            mod.RECOMPUTE = False
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-6, atol=1e-9)
+
+
 @pytest.mark.gpu
 def test_cuda_graph_capture_forward_backward(softmax, device):
     """Loss and gradient captured in one CUDA graph (no host sync anywhere) and replayed on new logits."""
@@ -265,10 +290,17 @@ def test_opcheck(softmax, device):
     op = getattr(softmax._ops.ops, "cross_entropy_fwd").default
     x = rand((4, 37), torch.float32, device).requires_grad_()
     t = targets((4,), 37, device)
-    torch.library.opcheck(op, (x, t, 1, -100, 0.0, 0.0, "mean", True))
-    torch.library.opcheck(op, (x, t, 1, -100, 0.1, 1e-3, "sum", True))
-    torch.library.opcheck(op, (x.detach(), t, 1, -100, 0.0, 0.0, "none", False))
-    torch.library.opcheck(op, (rand((2, 5, 3), torch.float32, device), targets((2, 3), 5, device), 1, -100, 0.2, 0.0, "none", False))
+    torch.library.opcheck(op, (x, t, 1, -100, 0.0, 0.0, "mean", 1))  # fused gradient
+    torch.library.opcheck(op, (x, t, 1, -100, 0.1, 1e-3, "sum", 1))
+    torch.library.opcheck(op, (x, t, 1, -100, 0.1, 1e-3, "mean", 2))  # recompute: logsumexp kept
+    torch.library.opcheck(op, (x.detach(), t, 1, -100, 0.0, 0.0, "none", 0))
+    x3, t3 = rand((2, 5, 3), torch.float32, device), targets((2, 3), 5, device)
+    torch.library.opcheck(op, (x3, t3, 1, -100, 0.2, 0.0, "none", 0))
+    lse = torch.logsumexp(x.detach(), 1)
+    bwd = getattr(softmax._ops.ops, "cross_entropy_bwd").default
+    torch.library.opcheck(bwd, (x.detach(), t, lse, torch.tensor(0.5, device=device), 1, -100, 0.1, 1e-3, "mean"))
+    torch.library.opcheck(bwd, (x3, t3, torch.logsumexp(x3, 1), rand((2, 3), torch.float32, device), 1, -100, 0.0,
+                                0.0, "none"))
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

@@ -28,9 +28,14 @@ an upstream gradient of 1, which is what ``loss.backward()`` asks for. The backw
 per row and on the device, whether the upstream gradient differs from the one already applied
 (``applied``, 1 after the forward) and rescales those rows in place; with an upstream gradient of 1
 it reads 12 bytes per row and returns the stored tensor. Logits + gradient traffic of forward +
-backward: read V*x once, write V*g once (no host sync, no full-size elementwise pass). Under tracing
-(torch.compile) the backward is an out-of-place product ``g * dloss`` instead (one more read and
-write of g), because a traced graph cannot update a saved forward output in place.
+backward: read V*x once, write V*g once (no host sync, no full-size elementwise pass).
+
+Under torch.compile (and in eager with ``RECOMPUTE = True``) the "recompute" mode is used instead:
+the forward only reads the logits and keeps each row's logsumexp; the backward
+(``cross_entropy_bwd``) recomputes ``g * dloss_i * w`` from the logits in one pass (read V*x,
+write V*dx). A traced graph cannot update a saved forward output in place, and the fused gradient
+would then cost one more elementwise pass. (Ops traced some other way, e.g. make_fx of the fused
+mode, get the out-of-place product ``g * dloss``.)
 
 Rows that fit in one block are read once (loss and g from registers); wider rows (a 128K or 256K
 vocabulary) run the online logsumexp over chunks, then a gradient pass that reads the row again
@@ -56,6 +61,9 @@ from ._ops import add_op_namespace_prefix
 
 Tensor = torch.Tensor
 REDUCTIONS = ("mean", "sum", "none")
+# Eager training: False = fused (the forward writes the gradient, read the logits once or twice, write
+# the gradient once); True = recompute (the forward only reads, the backward reads again and writes).
+RECOMPUTE = False
 
 
 @triton.jit
@@ -79,6 +87,7 @@ def _cross_entropy_fwd_kernel(
     t_ptr,  # int targets, expanded over the class dim (column stride 0)
     loss_ptr,  # (rows,) fp32 per-row loss, contiguous
     g_ptr,  # w * gradient of loss_i wrt logits, logits' shape, contiguous; None: no gradient
+    lse_ptr,  # (rows,) fp32 logsumexp per row (for a backward that recomputes the gradient); None: not stored
     count_ptr,  # int64 number of non-ignored targets (reduction "mean": w = 1 / count); None: w = 1
     R1, R2,  # sizes of the two inner leading dims (see _common.row_layout)
     sx0, sx1, sx2, sxc,  # elements x_ptr moves per leading index / per class
@@ -147,6 +156,8 @@ def _cross_entropy_fwd_kernel(
     loss = tl.where(z_loss > 0.0, loss + z_loss * lse * lse, loss)
     loss = tl.where(in_range, loss, float("nan"))
     tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
+    if lse_ptr is not None:
+        tl.store(lse_ptr + row, lse)
     if g_ptr is not None:
         coef = tl.where(z_loss > 0.0, 1.0 + 2.0 * z_loss * lse, 1.0)
         w = 1.0
@@ -206,20 +217,63 @@ def _scale_grad_kernel(
         tl.store(applied_ptr + row, d)
 
 
+@triton.jit
+def _cross_entropy_bwd_kernel(
+    x_ptr,  # logits, any strides
+    t_ptr,  # targets, expanded over the class dim
+    lse_ptr,  # (rows,) fp32 logsumexp from the forward
+    d_ptr,  # upstream gradient of loss_i (stride 0 for a reduced loss)
+    count_ptr,  # int64 count of non-ignored targets ("mean"); None: w = 1
+    dx_ptr,  # gradient, logits' shape, contiguous
+    R1, R2,
+    sx0, sx1, sx2, sxc,
+    st0, st1, st2,
+    sd0, sd1, sd2,
+    sdx0, sdx1, sdx2, sdxc,
+    V, ignore_index, smoothing, z_loss,
+    BLOCK_N: tl.constexpr,
+):
+    # One program per row, one pass: read V*x (nothing on ignored rows), write V*dx.
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.load(t_ptr + row_start(row, R1, R2, st0, st1, st2)).to(tl.int64)
+    valid = t != ignore_index
+    in_range = (t >= 0) & (t < V)
+    lse = tl.load(lse_ptr + row)
+    w = tl.load(d_ptr + row_start(row, R1, R2, sd0, sd1, sd2)).to(tl.float32)
+    if count_ptr is not None:
+        w = w / tl.load(count_ptr).to(tl.float32)
+    coef = tl.where(z_loss > 0.0, 1.0 + 2.0 * z_loss * lse, 1.0)
+    x_row = row_start(row, R1, R2, sx0, sx1, sx2)
+    dx_row = row_start(row, R1, R2, sdx0, sdx1, sdx2)
+    v_read = tl.where(valid, V, 0)  # an ignored row reads nothing
+    for start in range(0, V, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        mask_n = offs < V
+        x = _load_logits(x_ptr, x_row, sxc, offs, offs < v_read, "")
+        g = _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range)
+        store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, g, mask_n)
+
+
 def _cross_entropy_fwd_impl(
     logits: Tensor, target: Tensor, class_dim: int, ignore_index: int, label_smoothing: float, z_loss: float,
-    reduction: str, need_grad: bool,
+    reduction: str, grad_mode: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """Returns (loss, w * g, applied).
+    """Returns (loss, w * g, aux).
 
-    loss: fp32, reduced ("mean"/"sum": 0-d; "none": target's shape). g: logits' shape and dtype
-    (empty without gradient), the gradient of the reduced loss for an upstream gradient of 1
-    (w = 1/count for "mean", else 1). applied: fp32 (rows,) of ones (empty without gradient), the
-    upstream gradient already applied to each row of g (updated in place by the backward).
+    loss: fp32, reduced ("mean"/"sum": 0-d; "none": target's shape). ``grad_mode`` 0: no gradient
+    (g and aux empty). 1 (fused): g of logits' shape and dtype, the gradient of the reduced loss for
+    an upstream gradient of 1 (w = 1/count for "mean", else 1); aux = ``applied``, fp32 (rows,) of
+    ones: the upstream gradient already applied to each row of g (updated in place by the backward).
+    2 (recompute): g empty, aux = fp32 (rows,) logsumexp, for a backward that recomputes the gradient
+    from the logits in one pass.
     """
+    need_grad = grad_mode == 1
     rows = torch.empty(target.shape, dtype=torch.float32, device=logits.device)
     g = torch.empty(logits.shape if need_grad else (0,), dtype=logits.dtype, device=logits.device)
-    applied = torch.ones(target.numel() if need_grad else 0, dtype=torch.float32, device=logits.device)
+    if grad_mode == 1:
+        aux = torch.ones(target.numel(), dtype=torch.float32, device=logits.device)
+    else:
+        aux = torch.empty(target.numel() if grad_mode == 2 else 0, dtype=torch.float32, device=logits.device)
     count = (target != ignore_index).sum() if reduction == "mean" else None
     if rows.numel() > 0:
         check_launch_device(logits, _cross_entropy_fwd_kernel)
@@ -236,13 +290,14 @@ def _cross_entropy_fwd_impl(
         meta = meta_items(SMOOTH=label_smoothing > 0.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop, **cfg.loop_options,
                           num_warps=cfg.num_warps, **launch_options(_cross_entropy_fwd_kernel))
         launch(_cross_entropy_fwd_kernel, (layout.rows,),
-               (logits, t, rows, gs, count if need_grad else None, layout.sizes[1], layout.sizes[2],
+               (logits, t, rows, gs, aux if grad_mode == 2 else None, count if need_grad else None,
+                layout.sizes[1], layout.sizes[2],
                 *layout.args(0), *layout.args(1)[:3], *layout.args(2),
                 V, ignore_index, float(label_smoothing), float(z_loss)), meta, logits.device)
     if reduction == "none":
-        return rows, g, applied
+        return rows, g, aux
     total = rows.sum()
-    return (total / count if reduction == "mean" else total), g, applied
+    return (total / count if reduction == "mean" else total), g, aux
 
 
 _cross_entropy_fwd = torch.library.custom_op(
@@ -252,11 +307,47 @@ _cross_entropy_fwd = torch.library.custom_op(
 
 
 @_cross_entropy_fwd.register_fake
-def _(logits, target, class_dim, ignore_index, label_smoothing, z_loss, reduction, need_grad):
-    g = logits.new_empty(logits.shape if need_grad else (0,))
-    applied = logits.new_empty((target.numel() if need_grad else 0,), dtype=torch.float32)
+def _(logits, target, class_dim, ignore_index, label_smoothing, z_loss, reduction, grad_mode):
+    g = logits.new_empty(logits.shape if grad_mode == 1 else (0,))
+    aux = logits.new_empty((target.numel() if grad_mode else 0,), dtype=torch.float32)
     loss = logits.new_empty(target.shape if reduction == "none" else (), dtype=torch.float32)
-    return loss, g, applied
+    return loss, g, aux
+
+
+def _cross_entropy_bwd_impl(logits: Tensor, target: Tensor, lse: Tensor, dloss: Tensor, class_dim: int,
+                            ignore_index: int, label_smoothing: float, z_loss: float, reduction: str) -> Tensor:
+    """Gradient of the reduced loss wrt the logits for the upstream gradient ``dloss``, recomputed
+    from the logits and the forward's logsumexp in one pass (logits' dtype, contiguous)."""
+    dx = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    if dx.numel() == 0:
+        return dx
+    check_launch_device(logits, _cross_entropy_bwd_kernel)
+    V = logits.shape[class_dim]
+    count = (target != ignore_index).sum() if reduction == "mean" else None
+    t = target.unsqueeze(class_dim).expand(logits.shape)
+    d = dloss.to(torch.float32).reshape(dloss.shape if dloss.dim() else (1,) * target.dim())
+    d = d.unsqueeze(class_dim).expand(logits.shape)
+    layout = row_layout([logits, t, d, dx], class_dim)
+    if layout is None:
+        logits, t, d = logits.contiguous(), t.contiguous(), d.contiguous()
+        layout = row_layout([logits, t, d, dx], class_dim)
+    cfg = config_for(min(V, 8192), logits)  # bounded chunk: the row is streamed once
+    launch(_cross_entropy_bwd_kernel, (layout.rows,),
+           (logits, t, lse, d, count, dx, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3],
+            *layout.args(2)[:3], *layout.args(3), V, ignore_index, float(label_smoothing), float(z_loss)),
+           meta_items(BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(_cross_entropy_bwd_kernel)),
+           logits.device)
+    return dx
+
+
+_cross_entropy_bwd = torch.library.custom_op(
+    add_op_namespace_prefix("cross_entropy_bwd"), _cross_entropy_bwd_impl, mutates_args=()
+)
+
+
+@_cross_entropy_bwd.register_fake
+def _(logits, target, lse, dloss, class_dim, ignore_index, label_smoothing, z_loss, reduction):
+    return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
 
 
 def _scale_grad_impl(g: Tensor, applied: Tensor, dloss: Tensor, target: Tensor, class_dim: int,
@@ -297,22 +388,31 @@ def _scaled_grad(g: Tensor, dloss: Tensor, target: Tensor, class_dim: int, ignor
 
 
 def _setup_context(ctx, inputs, output):
-    logits, target, class_dim, ignore_index, label_smoothing, z_loss, reduction, need_grad = inputs
-    ctx.save_for_backward(output[1], output[2], target)
+    logits, target, class_dim, ignore_index, label_smoothing, z_loss, reduction, grad_mode = inputs
+    if grad_mode == 2:  # recompute: keep the logits and the logsumexp
+        ctx.save_for_backward(logits, output[2], target)
+    else:
+        ctx.save_for_backward(output[1], output[2], target)
     ctx.class_dim = class_dim
     ctx.ignore_index = ignore_index
-    ctx.need_grad = need_grad
+    ctx.grad_mode = grad_mode
+    ctx.extra = (label_smoothing, z_loss, reduction)
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.set_materialize_grads(False)  # no logits-sized zeros for the gradient "of" g
 
 
 def _backward(ctx, dloss, dg, dapplied):
-    g, applied, target = ctx.saved_tensors
-    if not ctx.need_grad:
+    if ctx.grad_mode == 0:
         raise RuntimeError("cross_entropy: the gradient was not stored (the logits did not require grad "
                            "when the loss was computed)")
     if dloss is None:
         return None, None, None, None, None, None, None, None
+    if ctx.grad_mode == 2:
+        logits, lse, target = ctx.saved_tensors
+        dx = call_op(_cross_entropy_bwd, _cross_entropy_bwd_impl, logits, target, lse, dloss, ctx.class_dim,
+                     ctx.ignore_index, *ctx.extra)
+        return dx, None, None, None, None, None, None, None
+    g, applied, target = ctx.saved_tensors
     # g already holds the gradient for dloss = 1; rows with another upstream gradient are scaled in place.
     # Eager launches the kernel directly (no op: it would bump the saved tensors' version counters and a
     # second backward with retain_graph would refuse them, although ``applied`` keeps it correct).
@@ -400,7 +500,11 @@ def cross_entropy(
     Source: ``torch.nn.functional.cross_entropy``; z-loss from PaLM (arXiv:2204.02311).
     """
     class_dim, label_smoothing, z_loss = _check(logits, target, ignore_index, reduction, label_smoothing, z_loss)
-    need_grad = torch.is_grad_enabled() and logits.requires_grad
+    grad_mode = 0
+    if torch.is_grad_enabled() and logits.requires_grad:
+        # fused (the forward writes the gradient) in eager; recompute under torch.compile, where the
+        # fused gradient would need one more elementwise pass (see the module docstring)
+        grad_mode = 2 if (RECOMPUTE or torch.compiler.is_compiling()) else 1
     loss, _, _ = call_op(_cross_entropy_fwd, _cross_entropy_fwd_impl, logits, target, class_dim, ignore_index,
-                         label_smoothing, z_loss, reduction, need_grad, autograd=_CE_AUTOGRAD)
+                         label_smoothing, z_loss, reduction, grad_mode, autograd=_CE_AUTOGRAD)
     return loss.to(logits.dtype)
