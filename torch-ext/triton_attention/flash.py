@@ -38,6 +38,7 @@ dims are 64-bit.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -228,6 +229,81 @@ def _attn_fwd_kernel(
     o_ptr = O + b * sob + h * soh
     tl.store(o_ptr + offs_m[:, None].to(tl.int64) * sos + offs_dv[None, :] * sod, out.to(O.dtype.element_ty),
              mask=row_ok[:, None] & (offs_dv < DV)[None, :])
+
+
+@triton.jit
+def _tma_blocks(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, lo, hi, Sk, qk_scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """As _fwd_blocks, with k/v tiles loaded by the TMA unit (rows past Sk arrive as zeros)."""
+    for start in range(lo, hi, BLOCK_N):
+        k = desc_k.load([b, hk, start, 0]).reshape(BLOCK_N, D)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        if MASKED:
+            offs_n = start + tl.arange(0, BLOCK_N)
+            keep = (offs_n < Sk)[None, :]
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if MASKED:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_use = m_new
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = desc_v.load([b, hk, start, 0]).reshape(BLOCK_N, D)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_tma_kernel(
+    desc_q, desc_k, desc_v, desc_o, LSE, Q, COS, SIN,
+    sqb, sqh, sqs, sqd,
+    scb, sch, scs, scd,
+    ssb, ssh, sss, ssd,
+    Sq, Sk, GROUP,
+    qk_scale,
+    D: tl.constexpr, CAUSAL: tl.constexpr, ROPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # The forward of _attn_fwd_kernel for the common case (no mask, D = DV = BLOCK_D, fp16/bf16) on
+    # GPUs with a TMA unit (NVIDIA sm90+): q/k/v tiles and the output move through tensor descriptors.
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    hk = h // GROUP
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    if ROPE != 0:
+        row_ok = offs_m < Sq
+        d = tl.arange(0, D)
+        q_ptr = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+        q = tl.load(q_ptr + offs_m[:, None].to(tl.int64) * sqs + d[None, :] * sqd, mask=row_ok[:, None], other=0.0)
+        q = _rope_rows(q, q_ptr, COS + b.to(tl.int64) * scb + h.to(tl.int64) * sch,
+                       SIN + b.to(tl.int64) * ssb + h.to(tl.int64) * ssh, offs_m, row_ok,
+                       sqs, sqd, scs, scd, sss, ssd, D, ROPE, D)
+    else:
+        q = desc_q.load([b, h, m0, 0]).reshape(BLOCK_M, D)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    full = (Sk // BLOCK_N) * BLOCK_N
+    hi = Sk
+    if CAUSAL:
+        full = tl.minimum(full, ((m0 + 1) // BLOCK_N) * BLOCK_N)
+        hi = tl.minimum(Sk, m0 + BLOCK_M)
+    acc, l_i, m_i = _tma_blocks(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, 0, full, Sk, qk_scale,
+                                False, False, BLOCK_N, D)
+    acc, l_i, m_i = _tma_blocks(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, full, hi, Sk, qk_scale,
+                                True, CAUSAL, BLOCK_N, D)
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # base 2
+    tl.store(LSE + (b.to(tl.int64) * tl.num_programs(1) + h) * Sq + offs_m, lse, mask=offs_m < Sq)
+    desc_o.store([b, h, m0, 0], out.to(desc_o.dtype).reshape(1, 1, BLOCK_M, D))
 
 
 @triton.jit
@@ -478,6 +554,54 @@ def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+# TMA forward: used by default where it applies (see _tma_eligible); FORCE_TMA makes the tests run it
+# under the interpreter too.
+FORCE_TMA = False
+TMA_CONFIG = FwdConfig(128, 128, 8, 3)
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # older Triton: the pointer kernel everywhere
+    TensorDescriptor = None
+
+
+@functools.lru_cache(maxsize=64)
+def _has_tma(device: torch.device) -> bool:
+    return (device.type == "cuda" and torch.version.hip is None and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def _tma_ok(t: Tensor) -> bool:
+    """Unit last stride, 16-byte aligned base and strides (what a tensor descriptor needs)."""
+    e = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(st > 0 and (st * e) % 16 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
+
+
+def _tma_eligible(qv: Tensor, kv: Tensor, vv: Tensor, mask, interp: bool) -> bool:
+    if TensorDescriptor is None or mask is not None or qv.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if FORCE_TMA:
+        return True
+    if interp or not _has_tma(qv.device):
+        return False
+    D = qv.shape[3]
+    return (D == 128 and vv.shape[3] == D and qv.shape[2] >= TMA_CONFIG.block_m
+            and _tma_ok(qv) and _tma_ok(kv) and _tma_ok(vv))
+
+
+def _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, cfg, interp, cv, sv, cs, ss, rope):
+    B, H, Sq, D = qv.shape
+    Hk, Sk = kv.shape[1], kv.shape[2]
+    BM, BN = cfg.block_m, cfg.block_n
+    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bs, D])
+             for t, bs in ((qv, BM), (kv, BN), (vv, BN), (o, BM))]
+    extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    _attn_fwd_tma_kernel[(triton.cdiv(Sq, BM), H, B)](
+        *descs, lse, qv, cv, sv, *qv.stride(), *cs, *ss, Sq, Sk, H // Hk, scale * LOG2E,
+        D=D, CAUSAL=causal, ROPE=rope, BLOCK_M=BM, BLOCK_N=BN, **extra,
+    )
+
+
 def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, causal: bool,
                      bshd: bool, out_bshd: bool, cfg: Optional[FwdConfig] = None, cos: Optional[Tensor] = None,
                      sin: Optional[Tensor] = None, rope: int = 0) -> Tuple[Tensor, Tensor]:
@@ -491,6 +615,7 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
     check_launch_device(q, _attn_fwd_kernel)
     interp = is_interpreter(_attn_fwd_kernel)
     BD, BDV = padded_head_dim(D), padded_head_dim(DV)
+    default_cfg = cfg is None
     if cfg is None:
         cfg = fwd_config_for(q, max(BD, BDV), interp)
         if Sq < cfg.block_m:  # short queries (decode, small images): no idle rows in the tile
@@ -504,6 +629,10 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
     else:
         cv = sv = qv
         cs = ss = (0, 0, 0, 0)
+    if default_cfg and _tma_eligible(qv, kv, vv, mask, interp):
+        tma_cfg = FwdConfig(16, 16, 1, 1) if interp else TMA_CONFIG
+        _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, tma_cfg, interp, cv, sv, cs, ss, rope)
+        return (o.transpose(1, 2) if out_bshd else o), lse
     _attn_fwd_kernel[grid](
         qv, kv, vv, m, o, lse, cv, sv,
         *qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(), *cs, *ss,
