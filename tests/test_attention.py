@@ -547,3 +547,28 @@ def test_flash_tma_forward_path(attention, device, causal, layout, rope):
     assert_close(got, want.double(), TOL[torch.float16], "o")
     for g, w in zip(got_g, want_g):
         assert_close(g, w.double(), GRAD_TOL[torch.float16])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_tma_backward_path(attention, device, causal):
+    """The tensor-descriptor backward kernels (opt-in), forced on under the interpreter: equal to the pointer ones."""
+    import sys
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    torch.manual_seed(20)
+    q, k, v = make_qkv(1, 4, 2, 37, 37, 32, torch.float16, device, "bshd")
+    o, lse = flash._attn_fwd_launch(q, k, v, None, 0.2, causal, True, True)
+    do = rand(*o.shape, dtype=torch.float16, device=device)
+    want = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.2, causal, True, True, False, tma_bwd=False)
+    made = []
+    original = flash.TensorDescriptor
+    flash.FORCE_TMA = True
+    flash.TensorDescriptor = lambda *a: made.append(1) or original(*a)
+    try:
+        got = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.2, causal, True, True, False, tma_bwd=True)
+    finally:
+        flash.FORCE_TMA = False
+        flash.TensorDescriptor = original
+    assert len(made) == 8, "the descriptor backward did not run"
+    for name, g, w in zip(("dq", "dk", "dv"), got[:3], want[:3]):
+        assert_close(g, w.double(), 2e-3, name)

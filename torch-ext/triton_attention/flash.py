@@ -513,6 +513,118 @@ def _attn_bwd_dq_kernel(
              mask=row_ok[:, None] & d_ok[None, :])
 
 
+@triton.jit
+def _dkdv_tma_blocks(dk, dv, k, v, desc_q, desc_do, lse_ptr, delta_ptr, b, h, offs_n, lo, hi, Sq, qk_scale,
+                     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr):
+    for start in range(lo, hi, BLOCK_M):
+        offs_m = start + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < Sq
+        q = desc_q.load([b, h, start, 0]).reshape(BLOCK_M, D)
+        lse = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf"))
+        delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
+        s_t = tl.dot(k, tl.trans(q)) * qk_scale
+        if CAUSAL:
+            s_t = tl.where(offs_m[None, :] >= offs_n[:, None], s_t, float("-inf"))
+        p_t = tl.exp2(s_t - lse[None, :])
+        do = desc_do.load([b, h, start, 0]).reshape(BLOCK_M, D)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        dp_t = tl.dot(v, tl.trans(do))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_tma_kernel(desc_q, desc_k, desc_v, desc_do, LSE, DELTA, DK, DV_,
+                              skgb, skgh, skgs, skgd, svgb, svgh, svgs, svgd,
+                              H, Sq, Sk, GROUP, qk_scale, scale,
+                              D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # _attn_bwd_dkdv_kernel without a mask, tiles through tensor descriptors (sm90+).
+    pid_n = tl.program_id(0)
+    hk = tl.program_id(1)
+    b = tl.program_id(2)
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    k = desc_k.load([b, hk, n0, 0]).reshape(BLOCK_N, D)
+    v = desc_v.load([b, hk, n0, 0]).reshape(BLOCK_N, D)
+    dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    lo = 0
+    mid = 0
+    if CAUSAL:
+        lo = (n0 // BLOCK_M) * BLOCK_M
+        mid = tl.minimum(((n0 + BLOCK_N + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, ((Sq + BLOCK_M - 1) // BLOCK_M) * BLOCK_M)
+        mid = tl.maximum(mid, lo)
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        row_base = (b.to(tl.int64) * H + h) * Sq
+        if CAUSAL:
+            dk, dv = _dkdv_tma_blocks(dk, dv, k, v, desc_q, desc_do, LSE + row_base, DELTA + row_base, b, h, offs_n,
+                                      lo, mid, Sq, qk_scale, True, BLOCK_M, D)
+        dk, dv = _dkdv_tma_blocks(dk, dv, k, v, desc_q, desc_do, LSE + row_base, DELTA + row_base, b, h, offs_n,
+                                  mid, Sq, Sq, qk_scale, False, BLOCK_M, D)
+    d = tl.arange(0, D)
+    rows = offs_n[:, None].to(tl.int64)
+    ok = (offs_n < Sk)[:, None]
+    tl.store(DK + b.to(tl.int64) * skgb + hk.to(tl.int64) * skgh + rows * skgs + d[None, :] * skgd,
+             (dk * scale).to(DK.dtype.element_ty), mask=ok)
+    tl.store(DV_ + b.to(tl.int64) * svgb + hk.to(tl.int64) * svgh + rows * svgs + d[None, :] * svgd,
+             dv.to(DV_.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _dq_tma_blocks(dq, q, do, lse, delta, desc_k, desc_v, b, hk, offs_m, lo, hi, Sk, qk_scale,
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    for start in range(lo, hi, BLOCK_N):
+        k = desc_k.load([b, hk, start, 0]).reshape(BLOCK_N, D)
+        v = desc_v.load([b, hk, start, 0]).reshape(BLOCK_N, D)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        if MASKED:
+            offs_n = start + tl.arange(0, BLOCK_N)
+            keep = (offs_n < Sk)[None, :]
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(keep, s, float("-inf"))
+        p = tl.exp2(s - lse[:, None])
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_tma_kernel(desc_q, desc_k, desc_v, desc_do, LSE, DELTA, DQ,
+                            sqgb, sqgh, sqgs, sqgd,
+                            H, Sq, Sk, GROUP, qk_scale, scale,
+                            D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # _attn_bwd_dq_kernel without a mask, tiles through tensor descriptors (sm90+).
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    hk = h // GROUP
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < Sq
+    q = desc_q.load([b, h, m0, 0]).reshape(BLOCK_M, D)
+    do = desc_do.load([b, h, m0, 0]).reshape(BLOCK_M, D)
+    row_base = (b.to(tl.int64) * H + h) * Sq
+    lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    full = (Sk // BLOCK_N) * BLOCK_N
+    hi = Sk
+    if CAUSAL:
+        full = tl.minimum(full, ((m0 + 1) // BLOCK_N) * BLOCK_N)
+        hi = tl.minimum(Sk, m0 + BLOCK_M)
+    dq = _dq_tma_blocks(dq, q, do, lse, delta, desc_k, desc_v, b, hk, offs_m, 0, full, Sk, qk_scale,
+                        False, False, BLOCK_N, D)
+    dq = _dq_tma_blocks(dq, q, do, lse, delta, desc_k, desc_v, b, hk, offs_m, full, hi, Sk, qk_scale,
+                        True, CAUSAL, BLOCK_N, D)
+    d = tl.arange(0, D)
+    tl.store(DQ + b.to(tl.int64) * sqgb + h.to(tl.int64) * sqgh + offs_m[:, None].to(tl.int64) * sqgs + d[None, :] * sqgd,
+             (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
 # ----------------------------------------------------------------------------- host side
 
 def _bhsd(t: Tensor, bshd: bool) -> Tensor:
@@ -558,6 +670,7 @@ def _prec(dtype: torch.dtype) -> str:
 # under the interpreter too.
 FORCE_TMA = False
 TMA_CONFIG = FwdConfig(128, 128, 8, 3)
+TMA_BWD = False  # the tensor-descriptor backward kernels (opt-in until measured faster)
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # older Triton: the pointer kernel everywhere
@@ -645,7 +758,7 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
 
 def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], o: Tensor, lse: Tensor,
                      scale: float, causal: bool, bshd: bool, out_bshd: bool, need_dmask: bool,
-                     cfg: Optional[BwdConfig] = None):
+                     cfg: Optional[BwdConfig] = None, tma_bwd: Optional[bool] = None):
     qv, kv, vv = _bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd)
     ov, dov = _bhsd(o, out_bshd), _bhsd(do, out_bshd)
     B, H, Sq, D = qv.shape
@@ -669,7 +782,23 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
         ov, dov, delta, *ov.stride(), *dov.stride(), Sq, DV, BLOCK_M=block_delta, BLOCK_DV=BDV,
         **({} if interp else {"num_warps": 4}),
     )
-    common = dict(MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype), F32=interp and q.dtype == torch.bfloat16, BLOCK_D=BD, BLOCK_DV=BDV, **extra)
+    if (TMA_BWD if tma_bwd is None else tma_bwd) and not need_dmask and _tma_eligible(qv, kv, vv, mask, interp) \
+            and _tma_ok(dov) and D == DV and D == BD:
+        tcfg = BwdConfig(16, 16, 16, 16, 1, 1) if interp else cfg
+        dsc = lambda t, bs: TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bs, D])  # noqa: E731
+        _attn_bwd_dkdv_tma_kernel[(triton.cdiv(Sk, tcfg.block_n1), Hk, B)](
+            dsc(qv, tcfg.block_m1), dsc(kv, tcfg.block_n1), dsc(vv, tcfg.block_n1), dsc(dov, tcfg.block_m1),
+            lse, delta, dk, dv, *dk.stride(), *dv.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale,
+            D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m1, BLOCK_N=tcfg.block_n1, **extra,
+        )
+        _attn_bwd_dq_tma_kernel[(triton.cdiv(Sq, tcfg.block_m2), H, B)](
+            dsc(qv, tcfg.block_m2), dsc(kv, tcfg.block_n2), dsc(vv, tcfg.block_n2), dsc(dov, tcfg.block_m2),
+            lse, delta, dq, *dq.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale,
+            D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m2, BLOCK_N=tcfg.block_n2, **extra,
+        )
+        return back(dq), back(dk), back(dv), ds
+    common = dict(MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype), F32=interp and q.dtype == torch.bfloat16,
+                  BLOCK_D=BD, BLOCK_DV=BDV, **extra)
     _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, cfg.block_n1), Hk, B)](
         qv, kv, vv, m, dov, lse, delta, dk, dv,
         *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dk.stride(), *dv.stride(),
