@@ -169,6 +169,30 @@ def test_looped_rows_one_program_per_row_and_split(softmax, device, log):
         assert_close_ref(x.grad, xr.grad, rel_atol=1e-5)
 
 
+def test_per_kind_loop_settings_change_speed_not_values(softmax, device):
+    """LOOP_TUNED (measured per kernel kind) replaces block and warps of looped rows; values stay exact."""
+    import sys
+
+    launch = sys.modules[softmax.__name__ + "._launch"]
+    x = rand((36, 16411), torch.float32, device, scale=3.0).requires_grad_()
+    dy = rand((36, 16411), torch.float32, device)
+    saved = dict(launch.LOOP_TUNED)
+    try:
+        launch.LOOP_TUNED.update({"softmax": {"block_bytes": 8192, "num_warps": 2, "prefetch": False},
+                                  "softmax_bwd": {"block_bytes": 32768, "num_warps": 64, "reverse": False}})
+        cfg = launch.config_for(16411, x, "softmax_bwd")
+        assert cfg.block_n == 8192 and cfg.num_warps * 32 <= 1024 and not cfg.reverse
+        y = softmax.softmax(x)
+        assert_close_ref(y, sm_ref(x.detach()))
+        y.backward(dy)
+    finally:
+        launch.LOOP_TUNED.clear()
+        launch.LOOP_TUNED.update(saved)
+    xr = x.detach().double().requires_grad_()
+    sm_ref(xr).backward(dy.double())
+    assert_close_ref(x.grad, xr.grad, rel_atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- layouts
 
 

@@ -17,6 +17,7 @@ NVIDIA (32-lane warps) and AMD (64-lane wavefronts).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -97,9 +98,24 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
     return LaunchConfig(block_n=block, num_warps=num_warps, loop=False, rows=rows)
 
 
-def config_for(N: int, t: torch.Tensor) -> LaunchConfig:
-    """:func:`pick_config` for rows of ``N`` elements of ``t`` on ``t``'s device."""
-    return pick_config(N, t.element_size(), device_warp_size(t.device))
+# Measured per kernel kind (benchmarks/NOTES.md): replacements for the looped path's
+# (block_n in bytes -> elements, num_warps, ...) where a kind prefers other settings than the general rule.
+LOOP_TUNED: dict = {}
+
+
+def config_for(N: int, t: torch.Tensor, kind: str = "softmax") -> LaunchConfig:
+    """:func:`pick_config` for rows of ``N`` elements of ``t`` on ``t``'s device; a looped row takes the
+    settings measured for ``kind`` ("softmax", "softmax_bwd", "cross_entropy") from ``LOOP_TUNED``."""
+    cfg = pick_config(N, t.element_size(), device_warp_size(t.device))
+    tuned = LOOP_TUNED.get(kind) if cfg.loop else None
+    if tuned:
+        tuned = dict(tuned)
+        if "block_bytes" in tuned:
+            tuned["block_n"] = tuned.pop("block_bytes") // t.element_size()
+        if "num_warps" in tuned:
+            tuned["num_warps"] = min(tuned["num_warps"], MAX_THREADS_PER_PROGRAM // device_warp_size(t.device))
+        cfg = dataclasses.replace(cfg, **tuned)
+    return cfg
 
 
 # Few wide rows: split a row over several programs when there are fewer than this many rows per SM.

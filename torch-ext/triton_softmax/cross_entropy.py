@@ -286,7 +286,7 @@ def _cross_entropy_fwd_impl(
         if layout is None:  # more than 3 unmergeable leading dims: the one documented copy
             logits, t = logits.contiguous(), target.contiguous().unsqueeze(class_dim).expand(logits.shape)
             layout = row_layout([logits, t, gs], class_dim)
-        cfg = config_for(V, logits)
+        cfg = config_for(V, logits, "cross_entropy")
         meta = meta_items(SMOOTH=label_smoothing > 0.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop, **cfg.loop_options,
                           num_warps=cfg.num_warps, **launch_options(_cross_entropy_fwd_kernel))
         launch(_cross_entropy_fwd_kernel, (layout.rows,),

@@ -471,7 +471,7 @@ def _softmax_bwd_impl(dy: Tensor, y: Tensor, dim: int, scale: float, causal: boo
         dys = dys.contiguous()
         layout = row_layout([ys, dys, dxs], dim)
     N = ys.shape[dim]
-    cfg = config_for(N, ys)
+    cfg = config_for(N, ys, "softmax_bwd")
     split = split_for(cfg, N, layout.rows, y.device)
     if split > 1:  # few wide rows: split each row over several programs (two launches)
         span = triton.cdiv(triton.cdiv(N, split), cfg.block_n) * cfg.block_n
