@@ -669,6 +669,7 @@ def _prec(dtype: torch.dtype) -> str:
 # TMA forward: used by default where it applies (see _tma_eligible); FORCE_TMA makes the tests run it
 # under the interpreter too.
 FORCE_TMA = False
+TMA_FWD = True  # the tensor-descriptor forward where it applies
 TMA_CONFIG = FwdConfig(128, 128, 8, 3)
 TMA_BWD = False  # the tensor-descriptor backward kernels (opt-in until measured faster)
 try:
@@ -742,7 +743,7 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
     else:
         cv = sv = qv
         cs = ss = (0, 0, 0, 0)
-    if default_cfg and _tma_eligible(qv, kv, vv, mask, interp):
+    if default_cfg and (TMA_FWD or FORCE_TMA) and _tma_eligible(qv, kv, vv, mask, interp):
         tma_cfg = FwdConfig(16, 16, 1, 1) if interp else TMA_CONFIG
         _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, tma_cfg, interp, cv, sv, cs, ss, rope)
         return (o.transpose(1, 2) if out_bshd else o), lse
