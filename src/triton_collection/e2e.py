@@ -134,12 +134,14 @@ def _measure(model, ids, *, new_tokens: int, device: str, repeats: int) -> tuple
 
 
 def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int = 128, layers: int | None = None,
-            device: str = "cuda", dtype: str = "bfloat16", compile: bool = False, repeats: int = 3) -> dict:
+            device: str = "cuda", dtype: str = "bfloat16", compile: bool = False, repeats: int = 3,
+            on_row=None) -> dict:
     """Measure ``name`` eager, (compiled), and kernelized; returns ``{"env", "rows"}``.
 
     Each row: model, layers, batch, variant (``eager``, ``torch.compile``, ``kernelize``), prefill_ms,
     decode_tok_s, per_seq_tok_s, ms_per_step, speedup (decode, vs eager at that batch), tokens_equal
-    (greedy tokens equal eager's), and ``error`` where a step failed.
+    (greedy tokens equal eager's), and ``error`` where a step failed. ``on_row(rows so far)`` is
+    called after each row (the CLI writes its files then).
     """
     from .bench import load_packages  # sets up the HF cache before transformers imports huggingface_hub
 
@@ -175,6 +177,8 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
             log.exception("e2e %s %s batch %d failed", name, variant, batch)
         log.info("e2e %s", row)
         rows.append(row)
+        if on_row is not None:
+            on_row(rows)
 
     for b in batches:
         record("eager", b, lambda b=b: _measure(model, prompts[b], new_tokens=new_tokens, device=device, repeats=repeats))
@@ -250,11 +254,17 @@ def run_e2e_cli(args, out: Path, *, device: str = "cuda") -> int:
     result: dict = {"env": {}, "rows": []}
     name = args.name or f"e2e_{'_'.join(args.e2e)}_{datetime.datetime.now(datetime.timezone.utc).date().isoformat()}"
     for model in args.e2e:
+        done = list(result["rows"])
+
+        def save(rows, done=done):  # after each row: a run cut short keeps what it measured
+            write_e2e_report({"env": result["env"] or {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+                              "rows": done + rows}, out, name)
+
         part = run_e2e(model, batches=tuple(args.batch), new_tokens=args.new_tokens, prompt_len=args.prompt_len,
-                       layers=args.layers, dtype=dtype, compile=args.compile, device=device, repeats=args.repeats)
+                       layers=args.layers, dtype=dtype, compile=args.compile, device=device, repeats=args.repeats, on_row=save)
         result["env"] = part["env"]
         result["rows"] += part["rows"]
-        paths = write_e2e_report(result, out, name)  # after each model: a run cut short keeps what it measured
+        paths = write_e2e_report(result, out, name)
     for path in paths:
         print(path)
     bad = [r for r in result["rows"] if r.get("tokens_equal") is False or "error" in r]
