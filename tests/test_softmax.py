@@ -384,6 +384,10 @@ def test_eager_fast_path_equals_the_registered_op(softmax, device):
 # ----------------------------------------------------------------------------- launch config
 
 
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
 @pytest.mark.parametrize("warp_size", [32, 64])
 def test_case10_config_picker_respects_warp_size(softmax, warp_size):
     for N in [1, 3, 127, 4095, 4097, 32771, 65537, 131072, 262147]:
@@ -395,6 +399,18 @@ def test_case10_config_picker_respects_warp_size(softmax, warp_size):
             assert cfg.loop == (cfg.block_n < N)
     assert not softmax.pick_config(16384, 4, warp_size).loop
     assert softmax.pick_config(16385, 4, warp_size).loop
+    # narrow rows share a program; looped rows use one, or a split over several when rows are few
+    assert softmax.pick_config(1024, 2, warp_size).rows == 1
+    assert softmax.pick_config(100, 2, warp_size).rows > 1
+    assert softmax.pick_config(131072, 2, warp_size).rows == 1
+    import sys
+
+    launch = sys.modules[softmax.__name__ + "._launch"]
+    cfg = softmax.pick_config(131072, 2, warp_size)
+    cpu = torch.device("cpu")  # the interpreter counts launch.CPU_SMS streaming multiprocessors
+    assert launch.split_for(cfg, 131072, 4 * launch.CPU_SMS * launch.SPLIT_BELOW_ROWS_PER_SM, cpu) == 1
+    assert 1 < launch.split_for(cfg, 131072, 2, cpu) <= triton_cdiv(131072, cfg.block_n)
+    assert launch.split_for(softmax.pick_config(1024, 2, warp_size), 1024, 1, cpu) == 1
     with pytest.raises(ValueError, match="warp_size"):
         softmax.pick_config(128, 2, 48)
     with pytest.raises(ValueError, match="N must be"):
