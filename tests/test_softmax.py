@@ -494,7 +494,8 @@ for arch in ("90", "gfx942"):
                                               **({"count_ptr": None} if flag else {"g_ptr": None, "lse_ptr": None}),
                                               **{k: v for k, v in opt.items() if k != "ROWS"}},
              {"t_ptr": "i64", "loss_ptr": "fp32", "count_ptr": "i64", "lse_ptr": "fp32"}),
-        ] + ([(cmod._scale_grad_kernel, {"BLOCK_N": 1024}, {"applied_ptr": "fp32", "d_ptr": "fp32", "t_ptr": "i64"}),
+        ] + ([(cmod._scale_grad_kernel, {"BLOCK_N": 1024, "INPLACE": True},
+               {"applied_ptr": "fp32", "d_ptr": "fp32", "t_ptr": "i64"}),
               (cmod._cross_entropy_bwd_kernel, {"BLOCK_N": 1024},
                {"t_ptr": "i64", "lse_ptr": "fp32", "d_ptr": "fp32", "count_ptr": "i64"})]
              if not (loop or flag) else []) + ([  # few wide rows: split over programs

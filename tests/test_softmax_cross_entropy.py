@@ -219,6 +219,23 @@ def test_backward_rescales_only_rows_whose_upstream_gradient_is_not_one(softmax,
     assert torch.equal(g2, g)
 
 
+def test_case3_gradient_handed_out_is_never_changed_by_a_later_backward(softmax, device):
+    """The first backward hands out the stored gradient itself; a later backward through the same graph
+    (retain_graph) with another upstream gradient must not rescale that tensor under the caller's feet."""
+    x = rand((5, 31), torch.float32, device).requires_grad_()
+    t = targets((5,), 31, device)
+    loss = softmax.cross_entropy(x, t)
+    (g1,) = torch.autograd.grad(loss, x, retain_graph=True)
+    kept = g1.clone()
+    (g3,) = torch.autograd.grad(loss * 3, x, retain_graph=True)
+    (g5,) = torch.autograd.grad(loss, x, torch.tensor(5.0, device=device))
+    assert torch.equal(g1, kept)
+    xr = x.detach().double().requires_grad_()
+    (gr,) = torch.autograd.grad(ce_ref(xr, t), xr)
+    for g, k in [(g1, 1), (g3, 3), (g5, 5)]:
+        assert_close_ref(g, k * gr, rel_atol=1e-6)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_recompute_backward_equals_fused(softmax, device, reduction):
     """The recompute mode (the forward keeps the logsumexp, the backward recomputes the gradient from

@@ -185,7 +185,8 @@ def _cross_entropy_fwd_kernel(
 
 @triton.jit
 def _scale_grad_kernel(
-    g_ptr,  # the stored w * gradient, scaled in place
+    g_ptr,  # the stored w * gradient
+    out_ptr,  # where the scaled gradient goes: g_ptr (in place) or a fresh tensor of g's layout
     applied_ptr,  # (rows,) fp32: the upstream gradient already multiplied into each row of g (1 after the forward)
     d_ptr,  # upstream gradient of loss_i (the reduced loss's, stride 0, for "mean"/"sum")
     t_ptr,  # targets (ignored rows stay 0, as torch's gradient, whatever the upstream gradient)
@@ -195,26 +196,27 @@ def _scale_grad_kernel(
     st0, st1, st2,
     V,
     ignore_index,
+    INPLACE: tl.constexpr,  # out_ptr is g_ptr: rows already scaled by their upstream gradient are skipped
     BLOCK_N: tl.constexpr,
 ):
-    # One program per row. A row whose upstream gradient equals the one already applied (1 after the
-    # forward: loss.backward() of a "mean" or "sum") reads 12 bytes and returns; others read and
-    # write the row once. No host sync: the test is on the device, per row.
+    # One program per row. In place, a row whose upstream gradient equals the one already applied (1
+    # after the forward: loss.backward() of a "mean" or "sum") reads 12 bytes and returns; others read
+    # and write the row once. No host sync: the test is on the device, per row.
     row = tl.program_id(0).to(tl.int64)
     d = tl.load(d_ptr + row_start(row, R1, R2, sd0, sd1, sd2)).to(tl.float32)
     a = tl.load(applied_ptr + row)
-    if d != a:
+    if (d != a) or (not INPLACE):
         t = tl.load(t_ptr + row_start(row, R1, R2, st0, st1, st2))
-        if t != ignore_index:
-            ratio = d / a  # = d after the forward (a = 1): one rounding, as g * d out of place
-            g_row = row_start(row, R1, R2, sg0, sg1, sg2)
-            for start in range(0, V, BLOCK_N):
-                offs = start + tl.arange(0, BLOCK_N)
-                mask_n = offs < V
-                ptrs = offs.to(tl.int64) * sgc
-                g = tl.load(g_ptr + g_row + ptrs, mask=mask_n, other=0.0).to(tl.float32)
-                store_rounded(g_ptr + g_row, ptrs, g * ratio, mask_n)
-        tl.store(applied_ptr + row, d)
+        ratio = tl.where(t != ignore_index, d / a, 0.0)  # = d when a = 1: one rounding, as g * d
+        g_row = row_start(row, R1, R2, sg0, sg1, sg2)
+        for start in range(0, V, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask_n = offs < V
+            ptrs = offs.to(tl.int64) * sgc
+            g = tl.load(g_ptr + g_row + ptrs, mask=mask_n, other=0.0).to(tl.float32)
+            store_rounded(out_ptr + g_row, ptrs, tl.where(t != ignore_index, g * ratio, 0.0), mask_n)
+        if INPLACE:
+            tl.store(applied_ptr + row, d)
 
 
 @triton.jit
@@ -351,15 +353,17 @@ def _(logits, target, lse, dloss, class_dim, ignore_index, label_smoothing, z_lo
 
 
 def _scale_grad_impl(g: Tensor, applied: Tensor, dloss: Tensor, target: Tensor, class_dim: int,
-                              ignore_index: int) -> None:
-    """Makes ``g`` the gradient for the upstream gradient ``dloss`` (0-d, or target's shape), in place.
+                     ignore_index: int, inplace: bool = True) -> Tensor:
+    """The gradient for the upstream gradient ``dloss`` (0-d, or target's shape) from the stored ``g``.
 
-    Rows whose ``dloss`` equals ``applied`` (1 after the forward) are left untouched; the others are
-    multiplied by ``dloss / applied`` and ``applied`` is set to ``dloss``. So a second backward through
-    the same graph (``retain_graph=True``) with the same upstream gradient returns the same values.
+    In place (the first backward through the graph): rows whose ``dloss`` equals ``applied`` (1 after
+    the forward) are left untouched, the others are multiplied by ``dloss / applied`` and ``applied``
+    is set to ``dloss``; returns ``g``. Out of place (any later backward, e.g. with ``retain_graph``):
+    a fresh tensor, so a gradient handed out by an earlier backward is never changed afterwards.
     """
+    out = g if inplace else torch.empty_like(g)
     if g.numel() == 0:
-        return
+        return out
     check_launch_device(g, _scale_grad_kernel)
     V = g.shape[class_dim]
     t = target.unsqueeze(class_dim).expand(g.shape)
@@ -371,9 +375,11 @@ def _scale_grad_impl(g: Tensor, applied: Tensor, dloss: Tensor, target: Tensor, 
         layout = row_layout([g, d, t], class_dim)
     cfg = config_for(min(V, 8192), g)  # bounded chunk: the loop streams the row once
     launch(_scale_grad_kernel, (layout.rows,),
-           (g, applied, d, t, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3],
+           (g, out, applied, d, t, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3],
             *layout.args(2)[:3], V, ignore_index),
-           meta_items(BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(_scale_grad_kernel)), g.device)
+           meta_items(INPLACE=inplace, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                      **launch_options(_scale_grad_kernel)), g.device)
+    return out
 
 
 def _scaled_grad(g: Tensor, dloss: Tensor, target: Tensor, class_dim: int, ignore_index: int) -> Tensor:
@@ -413,15 +419,18 @@ def _backward(ctx, dloss, dg, dapplied):
                      ctx.ignore_index, *ctx.extra)
         return dx, None, None, None, None, None, None, None
     g, applied, target = ctx.saved_tensors
-    # g already holds the gradient for dloss = 1; rows with another upstream gradient are scaled in place.
+    # g already holds the gradient for dloss = 1; rows with another upstream gradient are scaled in place
+    # by the first backward, which hands out g itself; later backwards (retain_graph) write a fresh tensor.
     # Eager launches the kernel directly (no op: it would bump the saved tensors' version counters and a
     # second backward with retain_graph would refuse them, although ``applied`` keeps it correct).
     tracing = (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
                or any(type(a) is not torch.Tensor for a in (g, applied, dloss, target)))
     if tracing:
         return _scaled_grad(g, dloss, target, ctx.class_dim, ctx.ignore_index), None, None, None, None, None, None, None
-    _scale_grad_impl(g, applied, dloss, target, ctx.class_dim, ctx.ignore_index)
-    return g, None, None, None, None, None, None, None
+    first = not getattr(ctx, "used", False)
+    ctx.used = True
+    dx = _scale_grad_impl(g, applied, dloss, target, ctx.class_dim, ctx.ignore_index, inplace=first)
+    return dx, None, None, None, None, None, None, None
 
 
 _cross_entropy_fwd.register_autograd(_backward, setup_context=_setup_context)
