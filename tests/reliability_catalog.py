@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 Tensor = torch.Tensor
@@ -316,6 +315,16 @@ def _attention_ops(pkg) -> List[OpSample]:
         ang = torch.arange(5, device=device)[:, None] * torch.linspace(0.1, 1.0, 16, device=device)[None]
         return q, k, ang.cos()[None].to(dtype), ang.sin()[None].to(dtype)
 
+    def qkv_rope(bshd=False):
+        def make(device, dtype):
+            q, k, v = qkv(2, 2, 6, 6, bshd=bshd)(device, dtype)
+            ang = torch.arange(6, device=device)[:, None] * torch.linspace(0.1, 1.0, 16, device=device)[None]
+            cos, sin = ang.cos(), ang.sin()
+            if bshd:  # [S, 1, D] for [B, S, H, D]
+                cos, sin = cos[:, None], sin[:, None]
+            return q, k, v, cos.to(dtype), sin.to(dtype)
+        return make
+
     class _Attn(nn.Module):
         is_causal = True
 
@@ -330,6 +339,11 @@ def _attention_ops(pkg) -> List[OpSample]:
                  with_mask("add"), grad=(0, 1, 2)),
         OpSample("flash_attention[bshd,mqa]", lambda q, k, v: fa(q, k, v, layout="bshd"), qkv(2, 1, bshd=True),
                  grad=(0, 1, 2)),
+        OpSample("flash_attention_rope", lambda q, k, v, c, s: pkg.flash_attention_rope(q, k, v, c, s, causal=True),
+                 qkv_rope(), grad=(0, 1, 2)),
+        OpSample("flash_attention_rope[bshd,interleaved]",
+                 lambda q, k, v, c, s: pkg.flash_attention_rope(q, k, v, c, s, interleaved=True, layout="bshd"),
+                 qkv_rope(bshd=True), grad=(0, 1, 2)),
         OpSample("rotary_embedding", lambda x, c, s: pkg.rotary_embedding(x, c, s), rope, grad=(0,)),
         OpSample("apply_rotary_pos_emb", lambda q, k, c, s: pkg.apply_rotary_pos_emb(q, k, c, s), rope_qk,
                  grad=(0, 1)),
@@ -379,10 +393,6 @@ def clone_inputs(inputs: Sequence, grad: Sequence[int] = ()) -> List:
     return out
 
 
-def first_tensor(result) -> Tensor:
-    return result[0] if isinstance(result, (tuple, list)) else result
-
-
 def as_tuple(result) -> Tuple[Tensor, ...]:
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
@@ -398,6 +408,6 @@ def loss_of(result) -> Tensor:
 
 
 __all__ = [
-    "CATALOG", "Entry", "LayerSample", "OpSample", "as_tuple", "clone_inputs", "first_tensor", "layer_names",
-    "loss_of", "public_names", "randn", "register", "F",
+    "CATALOG", "Entry", "LayerSample", "OpSample", "as_tuple", "clone_inputs", "layer_names", "loss_of",
+    "public_names", "randn", "register",
 ]

@@ -270,10 +270,12 @@ def _norm_property(pkg, device, case, draw_dy):
         h64 = x64 + r64 + ((x64 + r64).detach().to(residual.dtype).double() - (x64 + r64).detach())
     ref = _rms_ref if kind.endswith("rms_norm") else _ln_ref
     y64, mag, rstd = ref(h64, w64, b64, eps, extra.get("weight_offset", 0.0))
-    if extra.get("torch_order") == "fused" and not backward:
-        # F.rms_norm's CUDA kernel (the order "fused" reproduces) accumulates Welford-style: a row holding
-        # +-inf is NaN throughout there (inf - inf), where the CPU formula keeps finite elements at +-0
-        y64 = torch.where(h64.isinf().any(-1, keepdim=True), math.nan, y64)
+    if extra.get("torch_order") == "fused" and not backward and x.numel():
+        # F.rms_norm's / F.layer_norm's CUDA kernels (the order "fused" reproduces) combine partial
+        # statistics Welford-style: in a row holding +-inf some partials meet as inf - inf and the
+        # row's other elements may be NaN where the CPU formula gives +-0; accept either there
+        rows = h64.detach().isinf().any(-1, keepdim=True).expand_as(out).to(out.device)
+        out = torch.where(rows & out.isnan(), y64.detach().to(out.device, out.dtype), out)
     out_dtype = residual.dtype if residual is not None else x.dtype
     assert out.dtype == out_dtype and out.shape == x.shape, (out.dtype, out.shape)
     check(f"{kind} out", out, y64, mag)
