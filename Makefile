@@ -54,7 +54,7 @@ port-check:
 # then the property generators of tests/test_reliability_properties.py on the GPU, scaled by
 # GPU_HYPOTHESIS_SCALE (their case count is printed). JUnit XML and counts go to GPU_TEST_OUT.
 GPU_TEST_OUT ?= gpu-test-results
-GPU_HYPOTHESIS_SCALE ?= 2
+GPU_HYPOTHESIS_SCALE ?= 0.5
 gpu-test:
 	mkdir -p $(GPU_TEST_OUT)
 	TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -rfE -m gpu --junitxml=$(GPU_TEST_OUT)/junit_gpu.xml $(PYTEST_ARGS) tests; \
