@@ -489,9 +489,10 @@ def cross_entropy(
         z_loss: coefficient >= 0 of the per-row ``lse^2`` term (0: off).
 
     Returns:
-        The loss in logits' dtype: a scalar, or target's shape for "none". When logits require grad,
-        saves the fp32-computed gradient (logits' dtype and shape, already divided by the count for
-        "mean") for backward, which rescales it in place only where the upstream gradient is not 1.
+        The loss in logits' dtype: a scalar, or target's shape for "none". When logits require grad, eager
+        mode saves the fp32-computed gradient (logits' dtype and shape, already divided by the count for
+        "mean"); the backward rescales it in place only where the upstream gradient is not 1. Under
+        torch.compile the forward keeps each row's logsumexp and the backward recomputes the gradient.
 
     Raises:
         TypeError: unsupported dtypes (float targets: class probabilities are not supported).
@@ -499,13 +500,13 @@ def cross_entropy(
         RuntimeError: CPU tensor without TRITON_INTERPRET=1.
 
     Precision: logsumexp, loss and gradient in fp32; per-row losses summed in fp32 by torch; one rounding
-    of the loss to logits' dtype, one of the gradient at the store and one more where the upstream gradient
-    is not 1. An out-of-range target gives NaN (torch raises; that needs a sync).
-    Performance: one program per row; reads the logits once and writes the gradient once (a row wider than
-    64 KiB is re-read, mostly from L2); with an upstream gradient of 1 the backward touches no logits-sized
-    tensor. No ``.item()``: CUDA-graph capturable. A second backward through the same graph
-    (``retain_graph=True``) is exact when its upstream gradient equals the first's; otherwise rows carry
-    one more rounding (and NaN where the first upstream gradient was 0).
+    of the loss to logits' dtype, one of the gradient at the store and, in eager mode, one more where the
+    upstream gradient is not 1. An out-of-range target gives NaN (torch raises; that needs a sync).
+    Performance: one program per row; the forward reads the logits (a row wider than 64 KiB twice) and
+    writes the gradient; with an upstream gradient of 1 the backward touches no logits-sized tensor. No
+    ``.item()``: CUDA-graph capturable. The first backward hands out the stored gradient itself; a
+    later backward through the same graph (``retain_graph=True``) writes a fresh tensor (one more
+    rounding when its upstream gradient differs from the first's; NaN where the first one was 0).
     Source: ``torch.nn.functional.cross_entropy``; z-loss from PaLM (arXiv:2204.02311).
     """
     class_dim, label_smoothing, z_loss = _check(logits, target, ignore_index, reduction, label_smoothing, z_loss)
