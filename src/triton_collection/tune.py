@@ -186,8 +186,9 @@ def write_config_file(path: Path, gpu: str, results: list[BucketResult], meta: O
                     "TFLOP/s of it and of torch.matmul measured in the same process (CUDA-graph medians).",
             **(meta or {}), "configs": configs}
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=1)
-    path.write_text(text + "\n", encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)  # atomic: a run killed mid-write leaves the previous file, never half of one
     return data
 
 
