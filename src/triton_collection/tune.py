@@ -187,7 +187,9 @@ def write_config_file(path: Path, gpu: str, results: list[BucketResult], meta: O
             **(meta or {}), "configs": configs}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    head = json.dumps({k: v for k, v in data.items() if k != "configs"}, indent=2)[:-2]  # one bucket per line
+    body = ",\n".join("    " + json.dumps(e) for e in configs)
+    tmp.write_text(head + ',\n  "configs": [\n' + body + "\n  ]\n}\n", encoding="utf-8")
     tmp.replace(path)  # atomic: a run killed mid-write leaves the previous file, never half of one
     return data
 
