@@ -183,7 +183,7 @@ def write_config_file(path: Path, gpu: str, results: list[BucketResult], meta: O
         raise RuntimeError("no bucket has a measured, correct config: nothing to write")
     data = {"gpu": gpu, "tuned": True,
             "note": "Written by `triton-collection tune`: per bucket the fastest correct candidate (bf16, x @ W.T), "
-                    "TFLOP/s of it and of torch.matmul measured in the same process (CUDA-graph medians).",
+                    "TFLOP/s of it and of torch.matmul measured in the same process (CUDA-graph medians; cublas_tflops null: not timed, --no-cublas).",
             **(meta or {}), "configs": configs}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
