@@ -264,23 +264,6 @@ def test_case1_wide_rows_forward_backward(norms, device, N, dtype):
     _check_grads(ours, ref)
 
 
-def test_looped_rows_shared_by_programs(norms, device):
-    """Wide rows run on fewer programs than rows, each looping over several rows (rows 0..8 on
-    4 programs under the interpreter, 2 per SM on a GPU); every row and h must still be right."""
-    M, N = 9, 20011  # fp32 rows of 80 KB: the looped path
-    x, r, w, b = rand((M, N), torch.float32, device), rand((M, N), torch.float32, device), \
-        rand(N, torch.float32, device), rand(N, torch.float32, device)
-    assert norms.pick_config(N, 4).loop
-    assert_close_ref(norms.rms_norm(x, w), rms_ref(x.double(), w.double()))
-    assert_close_ref(norms.layer_norm(x, w, b), ln_ref(x.double(), w.double(), b.double()), rel_atol=2e-6)
-    y, h = norms.add_rms_norm(x, r, w)
-    assert torch.equal(h, x + r)
-    assert_close_ref(y, rms_ref(h.double(), w.double()))
-    y, h = norms.add_layer_norm(x, r, w, b)
-    assert torch.equal(h, x + r)
-    assert_close_ref(y, ln_ref(h.double(), w.double(), b.double()), rel_atol=2e-6)
-
-
 # ----------------------------------------------------------------------------- layouts
 
 

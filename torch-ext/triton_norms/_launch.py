@@ -24,7 +24,7 @@ import triton
 # Largest row (in bytes of input) kept in registers in one block.
 MAX_FUSED_BYTES = 65536
 # Chunk size (in bytes of input) of the looped path for wider rows.
-LOOP_BLOCK_BYTES = 32768
+LOOP_BLOCK_BYTES = 16384
 # Bytes of input per thread the warp count aims for.
 BYTES_PER_THREAD = 64
 # Threads per program allowed by NVIDIA and AMD hardware alike.
@@ -85,22 +85,3 @@ def num_partial_programs(device: torch.device, M: int) -> int:
     elif device.type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
         units = getattr(torch.xpu.get_device_properties(device), "gpu_subslice_count", units)
     return max(1, min(M, 8 * units))
-
-
-# Programs per multiprocessor of the looped (wide-row) forward: each loops over rows, so about
-# 2 * SMs rows (x 128 KiB at N = 65536 bf16) are in flight and their re-reads come from L2.
-LOOP_PROGRAMS_PER_SM = 2
-
-
-@functools.lru_cache(maxsize=4096)
-def row_programs(device: torch.device, M: int, loop: bool) -> int:
-    """Programs of a forward norm kernel: one per row, or, for looped (wide) rows, a few per
-    multiprocessor looping over the rows (all of them under the interpreter)."""
-    if not loop or M <= 1:
-        return max(M, 1)
-    if device.type == "cpu":
-        return max(1, min(M, 4))
-    units = 256
-    if device.type == "cuda" and torch.cuda.is_available():
-        units = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(M, LOOP_PROGRAMS_PER_SM * units))

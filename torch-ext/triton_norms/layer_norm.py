@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ._common import check_eps, check_float_tensor, check_inputs, grad_rows, load_grad_chunk, load_input_chunk, round_to, rows_view, vector
 from ._exact import ln_exact_forward
-from ._launch import num_partial_programs, pick_config, row_programs
+from ._launch import num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
@@ -58,13 +58,11 @@ def _layer_norm_fwd_kernel(
     stride_x_row,  # elements x_ptr moves for one row
     stride_res_row,  # elements res_ptr moves for one row
     N,
-    M,  # rows
     eps,
     BLOCK_N: tl.constexpr,
     LOOP: tl.constexpr,
 ):
-    # Bytes: read M*N*(x [+ res]) (3 passes when LOOP, the 2nd and 3rd mostly from L2), write M*N*(y [+ h]) + 8M.
-    # One program per row; with LOOP a few programs per multiprocessor loop over rows (rows in flight fit in L2).
+    # One program per row. Bytes: read M*N*(x [+ res]) (3x when LOOP), write M*N*(y [+ h]) + 8M.
     row = tl.program_id(0).to(tl.int64)
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
     if not LOOP:
@@ -80,33 +78,30 @@ def _layer_norm_fwd_kernel(
         y = _ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
         tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
     else:
-        # pass 1: mean (h stored); pass 2 (last chunk first, from L2): variance around the mean;
-        # pass 3 (first chunk first): output
-        last = tl.cdiv(N, BLOCK_N) * BLOCK_N - BLOCK_N
-        for r in range(row, M, tl.num_programs(0)):
-            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for start in range(0, N, BLOCK_N):
-                offs = start + tl.arange(0, BLOCK_N)
-                mask = offs < N
-                acc += load_input_chunk(x_ptr, res_ptr, h_ptr, r, stride_x_row, stride_res_row, N, offs, mask, True)
-            mean = tl.sum(acc, axis=0) / N
-            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for start in range(last, -1, -BLOCK_N):
-                offs = start + tl.arange(0, BLOCK_N)
-                mask = offs < N
-                x = load_input_chunk(x_ptr, res_ptr, h_ptr, r, stride_x_row, stride_res_row, N, offs, mask, False)
-                d = tl.where(mask, x - mean, 0.0)
-                acc += d * d
-            rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N + eps)
-            if rstd_ptr is not None:
-                tl.store(mean_ptr + r, mean)
-                tl.store(rstd_ptr + r, rstd)
-            for start in range(0, N, BLOCK_N):
-                offs = start + tl.arange(0, BLOCK_N)
-                mask = offs < N
-                x = load_input_chunk(x_ptr, res_ptr, h_ptr, r, stride_x_row, stride_res_row, N, offs, mask, False)
-                y = _ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
-                tl.store(y_ptr + r * N + offs, y.to(OUT_DTYPE), mask=mask)
+        # pass 1: mean (h stored); pass 2: variance around the mean; pass 3: output
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask = offs < N
+            acc += load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, True)
+        mean = tl.sum(acc, axis=0) / N
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask = offs < N
+            x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, False)
+            d = tl.where(mask, x - mean, 0.0)
+            acc += d * d
+        rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        if rstd_ptr is not None:
+            tl.store(mean_ptr + row, mean)
+            tl.store(rstd_ptr + row, rstd)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask = offs < N
+            x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, False)
+            y = _ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
+            tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
 
 
 @triton.jit
@@ -242,10 +237,9 @@ def _layer_norm_forward(x, residual, weight, bias, eps, order, save_stats):
     r2 = rows_view(residual) if residual is not None else None
     elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
     cfg = pick_config(N, elem, device_warp_size(x.device))
-    M = x2.shape[0]
-    launch(_layer_norm_fwd_kernel, (row_programs(x.device, M, cfg.loop),), (
+    launch(_layer_norm_fwd_kernel, (x2.shape[0],), (
         x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, mean, rstd,
-        x2.stride(0), r2.stride(0) if r2 is not None else 0, N, M, eps,
+        x2.stride(0), r2.stride(0) if r2 is not None else 0, N, eps,
     ), meta_items(BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
                   **launch_options(_layer_norm_fwd_kernel)), x.device)
     return y, h, mean, rstd

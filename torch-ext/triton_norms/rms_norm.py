@@ -37,7 +37,7 @@ from ._common import (
     prepare_rms_args, round_to, rows_view, vector,
 )
 from ._exact import rms_exact_forward
-from ._launch import num_partial_programs, pick_config, row_programs
+from ._launch import num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
@@ -73,16 +73,13 @@ def _rms_norm_fwd_kernel(
     stride_x_row,  # elements x_ptr moves for one row
     stride_res_row,  # elements res_ptr moves for one row
     N,  # row length
-    M,  # rows
     eps,
     weight_offset,  # added to the weight in fp32 (1.0 for Gemma)
     CAST_DTYPE: tl.constexpr,  # None, or dtype xn is rounded to before the weight multiply
     BLOCK_N: tl.constexpr,  # elements per chunk
     LOOP: tl.constexpr,  # several chunks per row
 ):
-    # Bytes moved: read M*N*(x [+ res]) + N*(w [+ b]); write M*N*(y [+ h]) + 4M.
-    # One program per row; with LOOP a few programs per multiprocessor loop over rows, so the rows
-    # in flight fit in L2 and the second pass over a row reads it from there, not from memory.
+    # One program per row. Bytes moved: read M*N*(x [+ res]) + N*(w [+ b]); write M*N*(y [+ h]) + 4M.
     row = tl.program_id(0).to(tl.int64)
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
     if not LOOP:
@@ -95,25 +92,22 @@ def _rms_norm_fwd_kernel(
         y = _rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
         tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
     else:
-        # pass 1: sum of squares (and h stored); pass 2, last chunk first (the most recently read,
-        # still in L2): reload (recompute h) and write y
-        last = tl.cdiv(N, BLOCK_N) * BLOCK_N - BLOCK_N
-        for r in range(row, M, tl.num_programs(0)):
-            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for start in range(0, N, BLOCK_N):
-                offs = start + tl.arange(0, BLOCK_N)
-                mask = offs < N
-                x = load_input_chunk(x_ptr, res_ptr, h_ptr, r, stride_x_row, stride_res_row, N, offs, mask, True)
-                acc += x * x
-            rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N + eps)
-            if rstd_ptr is not None:
-                tl.store(rstd_ptr + r, rstd)
-            for start in range(last, -1, -BLOCK_N):
-                offs = start + tl.arange(0, BLOCK_N)
-                mask = offs < N
-                x = load_input_chunk(x_ptr, res_ptr, h_ptr, r, stride_x_row, stride_res_row, N, offs, mask, False)
-                y = _rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
-                tl.store(y_ptr + r * N + offs, y.to(OUT_DTYPE), mask=mask)
+        # pass 1: sum of squares (and h stored); pass 2: reload (recompute h) and write y
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask = offs < N
+            x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, True)
+            acc += x * x
+        rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        if rstd_ptr is not None:
+            tl.store(rstd_ptr + row, rstd)
+        for start in range(0, N, BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            mask = offs < N
+            x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, False)
+            y = _rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
+            tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
 
 
 @triton.jit
@@ -249,11 +243,10 @@ def _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype,
     r2 = rows_view(residual) if residual is not None else None
     elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
     cfg = pick_config(N, elem, device_warp_size(x.device))
-    M = x2.shape[0]
-    launch(_rms_norm_fwd_kernel, (row_programs(x.device, M, cfg.loop),), (
+    launch(_rms_norm_fwd_kernel, (x2.shape[0],), (
         x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, rstd,
         x2.stride(0), r2.stride(0) if r2 is not None else 0,
-        N, M, eps, weight_offset,
+        N, eps, weight_offset,
     ), meta_items(CAST_DTYPE=cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
                   num_warps=cfg.num_warps, **launch_options(_rms_norm_fwd_kernel)), x.device)
     return y, h, rstd
