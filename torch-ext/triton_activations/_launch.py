@@ -6,13 +6,13 @@ columns). The grid is ``(cdiv(rows, ROWS), cdiv(d, BLOCK_N))``: rows wider than 
 get a second grid axis of column blocks, so no row is ever too wide; narrow rows are
 stacked ``ROWS`` to a tile.
 
-A tile holds ``TILE_BYTES`` of each operand, at most ``ROW_BYTES`` of it from one row: on
-an H200 (16384 x 2*14336 bf16, ``benchmarks/NOTES.md``) tiles of 2 rows x 1024 bf16 over
-128 threads (two 16-byte vectors per operand per thread) ran fastest: the math (libdevice
-exp/tanh, IEEE division) then overlaps the memory traffic, where bigger tiles per program
-or fewer threads left the multiprocessors short of loads in flight. Threads per program are
-capped so that ``num_warps * warp_size <= 1024``, the hardware limit on both NVIDIA
-(32-lane warps) and AMD (64-lane wavefronts).
+A tile holds ``TILE_BYTES`` of each operand (forward) or ``BWD_TILE_BYTES`` (backward) over
+128 threads: on an H200 (16384 x 2*14336 bf16, ``benchmarks/NOTES.md``) one row x 1024 bf16
+forward (4078 GB/s silu, 3858 gelu_tanh; 2 rows x 1024: 3914 / 3660) and one row x 2048
+backward (4124 / 4152) ran fastest: the math (libdevice exp/tanh, IEEE division) then overlaps
+the memory traffic. Narrow rows are stacked to fill a tile. Threads per program are capped so
+that ``num_warps * warp_size <= 1024``, the hardware limit on both NVIDIA (32-lane warps) and
+AMD (64-lane wavefronts).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import triton
 
 from ._device import is_interpreter
 
-# Bytes of one operand one program handles, and at most from one row.
-TILE_BYTES = 4096
-ROW_BYTES = 2048
-# Bytes of each operand per thread (two 16-byte vectors).
-BYTES_PER_THREAD = 32
+# Bytes of one operand one program handles: forward, backward.
+TILE_BYTES = 2048
+BWD_TILE_BYTES = 4096
+# Threads per program (fewer for tiles under 16 bytes of an operand per thread).
+THREADS = 128
 # Threads per program allowed by NVIDIA and AMD hardware alike.
 MAX_THREADS_PER_PROGRAM = 1024
 # Largest second grid dimension on CUDA (gridDim.y).
@@ -48,7 +48,7 @@ class LaunchConfig:
 
 
 @functools.lru_cache(maxsize=4096)
-def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1) -> LaunchConfig:
+def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile_bytes: int = TILE_BYTES) -> LaunchConfig:
     """Picks the tile (ROWS x BLOCK_N), warps and grid for ``M`` rows of ``N`` output columns.
 
     Args:
@@ -56,6 +56,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1) -> L
         element_size: bytes per element of the input (2 for fp16/bf16, 4 for fp32).
         warp_size: lanes per warp of the device (32 NVIDIA, 64 on AMD CDNA).
         M: rows (the product of the leading dims), >= 1.
+        tile_bytes: bytes of an operand per program (TILE_BYTES forward, BWD_TILE_BYTES backward).
 
     Raises:
         ValueError: for N < 1, M < 1, element_size < 1 or a warp_size that is not a
@@ -69,12 +70,12 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1) -> L
         raise ValueError(f"element_size must be >= 1, got {element_size}")
     if warp_size < 1 or warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
         raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
-    tile = max(TILE_BYTES // element_size, 1)
-    block = min(triton.next_power_of_2(N), max(ROW_BYTES // element_size, 1))
+    tile = max(tile_bytes // element_size, 1)
+    block = min(triton.next_power_of_2(N), tile)
     # keep the second grid axis within CUDA's gridDim.y limit for absurdly wide rows
     block = max(block, triton.next_power_of_2(triton.cdiv(N, MAX_GRID_Y)))
     rows = min(max(tile // block, 1), triton.next_power_of_2(M))
-    threads = max(rows * block * element_size // BYTES_PER_THREAD, 1)
+    threads = min(THREADS, max(rows * block * element_size // 16, 1))
     num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
     return LaunchConfig(block_n=block, rows=rows, num_warps=num_warps, column_blocks=triton.cdiv(N, block),
