@@ -394,7 +394,10 @@ def test_case10_config_picker_respects_warp_size(activations, warp_size):
                 assert cfg.rows & (cfg.rows - 1) == 0 and 1 <= cfg.rows <= max(1, 2 * M - 1)
                 assert cfg.row_blocks == -(-M // cfg.rows)
     assert activations.pick_config(3, 2, warp_size).column_blocks == 1
-    assert activations.pick_config(3, 2, warp_size, 1000).rows > 1  # narrow rows share a program
+    assert activations.pick_config(3, 2, warp_size, 1000, fill_gpu=False).rows > 1  # narrow rows share a program
+    small = activations.pick_config(5003, 2, warp_size, 67)  # small input: smaller tiles fill the GPU
+    assert small.block_n < activations.pick_config(5003, 2, warp_size, 67, fill_gpu=False).block_n
+    assert small.row_blocks * small.column_blocks >= 528
     assert activations.pick_config(14336, 2, warp_size, 16).column_blocks > 1  # 2-D grid for wide rows
     with pytest.raises(ValueError, match="M must be"):
         activations.pick_config(128, 2, warp_size, 0)

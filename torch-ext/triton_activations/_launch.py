@@ -10,7 +10,7 @@ A tile holds ``TILE_BYTES`` of each operand (forward) or ``BWD_TILE_BYTES`` (bac
 128 threads: on an H200 (16384 x 2*14336 bf16, ``benchmarks/NOTES.md``) one row x 1024 bf16
 forward (4078 GB/s silu, 3858 gelu_tanh; 2 rows x 1024: 3914 / 3660) and one row x 2048
 backward (4124 / 4152) ran fastest: the math (libdevice exp/tanh, IEEE division) then overlaps
-the memory traffic. Narrow rows are stacked to fill a tile. Threads per program are capped so
+the memory traffic. Narrow rows are stacked to fill a tile; inputs too small to fill the GPU get smaller tiles. Threads per program are capped so
 that ``num_warps * warp_size <= 1024``, the hardware limit on both NVIDIA (32-lane warps) and
 AMD (64-lane wavefronts).
 """
@@ -30,6 +30,11 @@ TILE_BYTES = 2048
 BWD_TILE_BYTES = 4096
 # Threads per program (fewer for tiles under 16 bytes of an operand per thread).
 THREADS = 128
+# Inputs too small to give MIN_PROGRAMS programs (4 per multiprocessor of an H100/H200) get
+# smaller tiles, down to MIN_TILE_BYTES of an operand (port-check: 67 x 5003 bf16 ran at 0.64-0.92
+# of a one-block-per-row CUDA kernel with full tiles).
+MIN_PROGRAMS = 528
+MIN_TILE_BYTES = 512
 # Threads per program allowed by NVIDIA and AMD hardware alike.
 MAX_THREADS_PER_PROGRAM = 1024
 # Largest second grid dimension on CUDA (gridDim.y).
@@ -48,7 +53,8 @@ class LaunchConfig:
 
 
 @functools.lru_cache(maxsize=4096)
-def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile_bytes: int = TILE_BYTES) -> LaunchConfig:
+def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile_bytes: int = TILE_BYTES,
+                fill_gpu: bool = True) -> LaunchConfig:
     """Picks the tile (ROWS x BLOCK_N), warps and grid for ``M`` rows of ``N`` output columns.
 
     Args:
@@ -57,6 +63,8 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
         warp_size: lanes per warp of the device (32 NVIDIA, 64 on AMD CDNA).
         M: rows (the product of the leading dims), >= 1.
         tile_bytes: bytes of an operand per program (TILE_BYTES forward, BWD_TILE_BYTES backward).
+        fill_gpu: shrink the tiles of small inputs to give MIN_PROGRAMS programs (not under the
+            interpreter, which runs programs one after another).
 
     Raises:
         ValueError: for N < 1, M < 1, element_size < 1 or a warp_size that is not a
@@ -75,6 +83,13 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
     # keep the second grid axis within CUDA's gridDim.y limit for absurdly wide rows
     block = max(block, triton.next_power_of_2(triton.cdiv(N, MAX_GRID_Y)))
     rows = min(max(tile // block, 1), triton.next_power_of_2(M))
+    # small inputs: smaller tiles, so that the work spreads over the GPU's multiprocessors
+    while fill_gpu and triton.cdiv(M, rows) * triton.cdiv(N, block) < MIN_PROGRAMS \
+            and rows * block * element_size > MIN_TILE_BYTES:
+        if rows > 1:
+            rows //= 2
+        else:
+            block //= 2
     threads = min(THREADS, max(rows * block * element_size // 16, 1))
     num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)

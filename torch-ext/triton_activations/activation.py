@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_rounds_square, rounding_dtype
 from ._launch import BWD_TILE_BYTES, TILE_BYTES, pick_config, use_libdevice
-from ._device import check_launch_device, device_warp_size, launch_options
+from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._math import activation, activation_and_grad, activation_grad, round_to
@@ -151,7 +151,7 @@ def _launch(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: i
     check_launch_device(x, kernel)
     M = sizes[0] * sizes[1] * sizes[2]
     cfg = pick_config(d, x.element_size(), device_warp_size(x.device), M,
-                      BWD_TILE_BYTES if kernel is _act_bwd_kernel else TILE_BYTES)
+                      BWD_TILE_BYTES if kernel is _act_bwd_kernel else TILE_BYTES, not is_interpreter(kernel))
     R = rounding_dtype(x, eager)
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
     launch(kernel, (cfg.row_blocks, cfg.column_blocks),
