@@ -9,8 +9,9 @@ error that names the argument, before any kernel runs; never a crash, a hang or 
 
 Values that are not errors must equal PyTorch's: empty tensors (0 rows, 0 columns) give PyTorch's
 result (shape, dtype, values), and NaN / +inf / -inf propagate to the same positions as PyTorch's
-own ops (``F.rms_norm``, ``F.layer_norm``, ``F.silu``..., ``torch.softmax``, ``F.cross_entropy``,
-``F.linear``) computed in the same dtype.
+own ops (the eager RMSNorm formula, and on CUDA ``F.rms_norm`` for ``torch_order="fused"``;
+``F.layer_norm``, ``F.silu``..., ``torch.softmax``, ``F.cross_entropy``, ``F.linear``); GELU against
+fp64, because torch's CPU fp32/bf16 GELU returns NaN for +inf where fp64 and CUDA return +inf.
 """
 
 from __future__ import annotations
@@ -350,11 +351,22 @@ def test_nan_inf_propagate_as_pytorch(norms, activations, softmax, matmul, devic
     x = _specials((4, 22), device, dtype)
     n = x.shape[-1]
     w, b = r(n, device=device, dtype=dtype), r(n, device=device, dtype=dtype)
-    _same_specials("rms_norm", norms.rms_norm(x, w, None, 1e-6), F.rms_norm(x.float(), (n,), w.float(), 1e-6))
-    _same_specials("layer_norm", norms.layer_norm(x, w, b, 1e-5), F.layer_norm(x.float(), (n,), w.float(), b.float()))
-    h, _ = norms.add_rms_norm(x, torch.zeros_like(x), w, None, 1e-6)
-    _same_specials("add_rms_norm", h, F.rms_norm(x.float(), (n,), w.float(), 1e-6))
     xf = x.float()
+    # rms_norm's default (and "mean") order follows the eager formula (transformers' RMSNorms): a row holding
+    # +-inf is NaN at the inf and +-0 elsewhere. F.rms_norm differs by device: its CPU kernel is that formula,
+    # its CUDA kernel (Welford partials) makes the whole row NaN; torch_order="fused" reproduces the CUDA one
+    # (checked against it on the GPU) and F.layer_norm's, which is NaN throughout on every device.
+    formula = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+    _same_specials("rms_norm", norms.rms_norm(x, w, None, 1e-6), formula)
+    _same_specials("rms_norm mean order", norms.rms_norm(x, w, None, 1e-6, torch_order="mean"), formula)
+    _same_specials("layer_norm", norms.layer_norm(x, w, b, 1e-5), F.layer_norm(xf, (n,), w.float(), b.float()))
+    y_add, _ = norms.add_rms_norm(x, torch.zeros_like(x), w, None, 1e-6)
+    _same_specials("add_rms_norm", y_add, formula)
+    if device == "cuda":
+        _same_specials("rms_norm fused order", norms.rms_norm(x, w, None, 1e-6, torch_order="fused"),
+                       F.rms_norm(xf, (n,), w.float(), 1e-6))
+        _same_specials("layer_norm fused order", norms.layer_norm(x, w, b, 1e-5, torch_order="fused"),
+                       F.layer_norm(xf, (n,), w.float(), b.float()))
     d = n // 2
     # gelu: torch's CPU fp32/bf16 kernel returns NaN for +inf where its fp64 (and the math) give +inf: fp64 here
     for name, want in (("silu", F.silu(xf)), ("gelu", F.gelu(xf.double())), ("gelu_tanh", F.gelu(xf, approximate="tanh")),
