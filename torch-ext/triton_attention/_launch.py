@@ -53,12 +53,19 @@ def clamp_warps(num_warps: int, warp_size: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element_size: int = 2) -> FwdConfig:
-    """Forward tiles for a (padded) head dim ``head_dim`` (a power of two >= 16) and input element size."""
+def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element_size: int = 2,
+                    masked: bool = False) -> FwdConfig:
+    """Forward tiles for a (padded) head dim ``head_dim`` (a power of two >= 16) and input element size.
+
+    ``masked``: a mask tile is pipelined too; 128x128 tiles then overflow the H200's 227 KiB of shared
+    memory (measured: OutOfResources), so masked calls use 64-key tiles.
+    """
     if interpret:
         return FwdConfig(16, 16, 1, 1)
     if element_size >= 4:  # fp32 operands: half the tiles (shared memory)
         cfg = FwdConfig(64, 32, 4, 2) if head_dim <= 128 else FwdConfig(32, 32, 4, 1)
+    elif masked:
+        cfg = FwdConfig(128, 64, 8, 2) if head_dim <= 128 else FwdConfig(64, 32, 8, 2)
     elif head_dim <= 128:
         cfg = FwdConfig(128, 128, 8, 3)  # H200 d=128: 491-504 TFLOP/s, best of 5 (benchmarks/NOTES.md)
     else:
@@ -80,8 +87,8 @@ def pick_bwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element
     return replace(cfg, num_warps=clamp_warps(cfg.num_warps, warp_size))
 
 
-def fwd_config_for(t: torch.Tensor, head_dim: int, interpret: bool) -> FwdConfig:
-    return pick_fwd_config(head_dim, interpret, device_warp_size(t.device), t.element_size())
+def fwd_config_for(t: torch.Tensor, head_dim: int, interpret: bool, masked: bool = False) -> FwdConfig:
+    return pick_fwd_config(head_dim, interpret, device_warp_size(t.device), t.element_size(), masked)
 
 
 def bwd_config_for(t: torch.Tensor, head_dim: int, interpret: bool) -> BwdConfig:

@@ -13,15 +13,13 @@ enum), so every attention module whose processor is one we know gets a processor
 =====================  ==========================  ================================================
 processor replaced      ours                        what changes
 =====================  ==========================  ================================================
-FluxAttnProcessor       TritonFluxAttnProcessor     fused RoPE attention (``flash_attention_rope``: q
-                                                    rotated on load, k in one Triton pass; fp32 math as
-                                                    ``apply_rotary_emb``) instead of ~8 eager ops per
-                                                    tensor; [B, S, H, D] read in place
+FluxAttnProcessor       TritonFluxAttnProcessor     RoPE on q and k in one Triton pass each (fp32 math,
+                                                    bit-exact to ``apply_rotary_emb``) instead of ~8
+                                                    eager ops per tensor; then the attention backend
 JointAttnProcessor2_0   TritonJointAttnProcessor    no [B, H, S, D] transposes: flash attention on the
 (SD3, SD3.5)                                        [B, S, H, D] projections, output without a copy
-WanAttnProcessor        TritonWanAttnProcessor      fused RoPE attention (pairs) for self-attention,
-                                                    flash attention for cross-attention and the I2V
-                                                    image-context attention
+WanAttnProcessor        TritonWanAttnProcessor      RoPE (pairs) in one Triton pass per tensor, then the
+                                                    attention backend (also for the I2V image context)
 =====================  ==========================  ================================================
 
 Everything else a processor does (projections, q/k norms, concatenation of the text and image
@@ -86,10 +84,11 @@ class _TritonProcessor:
         return self.kernel.rotary_embedding(x, cos, sin, interleaved=True, fp32_math=True)
 
     def _rope_attention(self, q, k, v, cos, sin, mask=None):
-        """attention(rope(q), rope(k), v): the fused kernel (q rotated on load) with the Triton backend."""
-        if self.backend == "triton":
-            return self.kernel.flash_attention_rope(q, k, v, cos, sin, interleaved=True, attn_mask=mask,
-                                                    layout="bshd")
+        """attention(rope(q), rope(k), v): one rotary pass per tensor, then the attention product.
+
+        Not ``flash_attention_rope``: on the H200 the fused kernel (q rotated on load) took 0.795 ms
+        against 0.710 ms for rotary passes + ``flash_attention`` at Flux's shape (benchmarks/NOTES.md).
+        """
         return self._attention(self._rope_pairs(q, cos, sin), self._rope_pairs(k, cos, sin), v, mask)
 
 
@@ -262,7 +261,7 @@ def _transformer(pipe_or_model) -> torch.nn.Module:
 
 
 def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = True, norms: bool = True,
-              attention_backend: str = "triton", norm_families: Optional[tuple] = None,
+              attention_backend: str = "sdpa", norm_families: Optional[tuple] = None,
               device: Optional[str] = None, org: str = DEFAULT_ORG,
               version: int = 1, trust_remote_code: bool = False,
               kernel: Optional[ModuleType] = None) -> DiffusersKernelizeReport:
@@ -276,8 +275,11 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
         norms: swap the norm modules through :func:`.transformers.kernelize` (loads ``<org>/triton-norms``);
             a model without a swappable norm is reported, not an error.
         norm_families: the :mod:`.families` to swap (default: diffusers ``RMSNorm`` only, see above).
-        attention_backend: ``"triton"`` (our flash attention) or ``"sdpa"`` (PyTorch's SDPA for the attention
-            product only; the processors still do RoPE in one Triton pass and skip the layout copies).
+        attention_backend: ``"sdpa"`` (default: PyTorch's SDPA for the attention product; the processors still
+            do RoPE in one Triton pass per tensor) or ``"triton"`` (triton-attention's ``flash_attention``). On
+            the H200, SDPA's cuDNN backend is faster than our kernel (~630 vs ~500 TFLOP/s), and one step with
+            "sdpa" / "triton" against eager was Flux 1.14x / 1.06x, Wan2.1-1.3B 1.05x / 0.91x, SD3.5 0.99x /
+            0.96x (benchmarks/results/attention_2026-11-30.md).
         device, org, version, trust_remote_code: where the packages come from, as in :mod:`.transformers`.
         kernel: an already loaded triton-attention package (else loaded by Hub name).
 
