@@ -100,13 +100,31 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
 
 # Measured per kernel kind (benchmarks/NOTES.md): replacements for the looped path's
 # (block_n in bytes -> elements, num_warps, ...) where a kind prefers other settings than the general rule.
-LOOP_TUNED: dict = {}
+# H200 round 2 (benchmarks/results/softmax_2026-11-30.md): the softmax forward is fastest one block per
+# row only up to 32 KiB and without prefetch when looped (B8192 w8: 3466 GB/s at N=32768 against 3024 in one
+# block; 3087/2757/2573 at 65536/131072/262144); the backward loops best over 32 KiB chunks with 16 warps and
+# prefetch (3778/3112/2723 against 3154/2725/2535); the cross-entropy over 8 KiB chunks with 4 warps (2447
+# against 2229 GB/s effective).
+LOOP_TUNED: dict = {
+    "softmax": {"prefetch": False},
+    "softmax_bwd": {"block_bytes": 32768, "num_warps": 16, "prefetch": True},
+    "cross_entropy": {"block_bytes": 8192, "num_warps": 4, "prefetch": True},
+}
+# The softmax forward keeps a row in one block only up to this many bytes (the backward and the
+# cross-entropy up to MAX_FUSED_BYTES).
+SOFTMAX_FWD_MAX_FUSED_BYTES = 32768
 
 
 def config_for(N: int, t: torch.Tensor, kind: str = "softmax") -> LaunchConfig:
     """:func:`pick_config` for rows of ``N`` elements of ``t`` on ``t``'s device; a looped row takes the
     settings measured for ``kind`` ("softmax", "softmax_bwd", "cross_entropy") from ``LOOP_TUNED``."""
     cfg = pick_config(N, t.element_size(), device_warp_size(t.device))
+    if kind == "softmax" and not cfg.loop and cfg.block_n * t.element_size() > SOFTMAX_FWD_MAX_FUSED_BYTES \
+            and LOOP_TUNED.get(kind) is not None:
+        block = LOOP_BLOCK_BYTES // t.element_size()
+        warps = triton.next_power_of_2(max(LOOP_BLOCK_BYTES // BYTES_PER_THREAD // device_warp_size(t.device), 1))
+        cfg = LaunchConfig(block_n=block, num_warps=min(warps, MAX_THREADS_PER_PROGRAM // device_warp_size(t.device)),
+                           loop=True, reverse=LOOP_REVERSE, evict=LOOP_EVICT, prefetch=LOOP_PREFETCH)
     tuned = LOOP_TUNED.get(kind) if cfg.loop else None
     if tuned:
         tuned = dict(tuned)

@@ -432,14 +432,15 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
         ws = torch.empty(2 * layout.rows * split, dtype=torch.float32, device=x.device)
         common = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1))
         sq = xs.shape[-2] if causal else 1
-        _softmax_split_stats_kernel[(layout.rows * split,)](
-            xs, ms, ws, *common, layout.rows, N, sq, scale, split, span,
-            CAUSAL=causal, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-            **launch_options(_softmax_split_stats_kernel))
-        _softmax_split_out_kernel[(layout.rows * split,)](
-            xs, ms, ys, ws, *common, *layout.args(2), layout.rows, N, sq, scale, split, span,
-            CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, SPLIT_P2=triton.next_power_of_2(split),
-            num_warps=cfg.num_warps, **launch_options(_softmax_split_out_kernel))
+        launch(_softmax_split_stats_kernel, (layout.rows * split,),
+               (xs, ms, ws, *common, layout.rows, N, sq, float(scale), split, span),
+               meta_items(CAUSAL=causal, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                          **launch_options(_softmax_split_stats_kernel)), x.device)
+        launch(_softmax_split_out_kernel, (layout.rows * split,),
+               (xs, ms, ys, ws, *common, *layout.args(2), layout.rows, N, sq, float(scale), split, span),
+               meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n,
+                          SPLIT_P2=triton.next_power_of_2(split), num_warps=cfg.num_warps,
+                          **launch_options(_softmax_split_out_kernel)), x.device)
         return y
     meta = meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop,
                       ROWS=cfg.rows, **cfg.loop_options, num_warps=cfg.num_warps,
@@ -478,13 +479,15 @@ def _softmax_bwd_impl(dy: Tensor, y: Tensor, dim: int, scale: float, causal: boo
         split = triton.cdiv(N, span)
         ws = torch.empty(layout.rows * split, dtype=torch.float32, device=y.device)
         common = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1))
-        _softmax_bwd_split_stats_kernel[(layout.rows * split,)](
-            ys, dys, ws, *common, split, span, N, LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-            **launch_options(_softmax_bwd_split_stats_kernel))
-        _softmax_bwd_split_out_kernel[(layout.rows * split,)](
-            ys, dys, dxs, ws, *common, *layout.args(2), N, ys.shape[-2] if causal else 1, scale, split, span,
-            CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, SPLIT_P2=triton.next_power_of_2(split),
-            num_warps=cfg.num_warps, **launch_options(_softmax_bwd_split_out_kernel))
+        launch(_softmax_bwd_split_stats_kernel, (layout.rows * split,),
+               (ys, dys, ws, *common, split, span, N),
+               meta_items(LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                          **launch_options(_softmax_bwd_split_stats_kernel)), y.device)
+        launch(_softmax_bwd_split_out_kernel, (layout.rows * split,),
+               (ys, dys, dxs, ws, *common, *layout.args(2), N, ys.shape[-2] if causal else 1, float(scale), split,
+                span),
+               meta_items(CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, SPLIT_P2=triton.next_power_of_2(split),
+                          num_warps=cfg.num_warps, **launch_options(_softmax_bwd_split_out_kernel)), y.device)
         return dx
     meta = meta_items(CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, LOOP=cfg.loop, ROWS=cfg.rows,
                       **cfg.loop_options, num_warps=cfg.num_warps, **launch_options(_softmax_bwd_kernel))
