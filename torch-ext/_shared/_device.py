@@ -12,7 +12,11 @@ import os
 
 import torch
 
-__all__ = ["check_launch_device", "device_warp_size", "is_interpreter", "launch_options"]
+__all__ = ["MAX_THREADS_PER_PROGRAM", "check_config_args", "check_launch_device", "check_warp_size", "device_warp_size",
+           "is_interpreter", "launch_options"]
+
+# Threads per program allowed by NVIDIA (32-lane warps) and AMD (64-lane wavefronts) hardware alike.
+MAX_THREADS_PER_PROGRAM = 1024
 
 
 @functools.lru_cache(maxsize=64)
@@ -21,6 +25,21 @@ def device_warp_size(device: torch.device) -> int:
     if device.type == "cuda" and torch.cuda.is_available():
         return int(getattr(torch.cuda.get_device_properties(device), "warp_size", 32))
     return 32
+
+
+def check_warp_size(warp_size: int) -> None:
+    """ValueError unless ``warp_size`` is a power of two in [1, 1024]."""
+    if warp_size < 1 or warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
+        raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
+
+
+def check_config_args(N: int, element_size: int, warp_size: int) -> None:
+    """The arguments every ``pick_config`` takes: ValueError for N < 1, element_size < 1 or a bad warp_size."""
+    if N < 1:
+        raise ValueError(f"N must be >= 1, got {N}")
+    if element_size < 1:
+        raise ValueError(f"element_size must be >= 1, got {element_size}")
+    check_warp_size(warp_size)
 
 
 def is_interpreter(kernel) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ._device import is_interpreter
+from ._device import MAX_THREADS_PER_PROGRAM, check_config_args, is_interpreter
 
 # Bytes of one operand one program handles: forward, backward.
 TILE_BYTES = 2048
@@ -35,8 +35,6 @@ THREADS = 128
 # of a one-block-per-row CUDA kernel with full tiles).
 MIN_PROGRAMS = 528
 MIN_TILE_BYTES = 512
-# Threads per program allowed by NVIDIA and AMD hardware alike.
-MAX_THREADS_PER_PROGRAM = 1024
 # Largest second grid dimension on CUDA (gridDim.y).
 MAX_GRID_Y = 65535
 
@@ -70,14 +68,9 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
         ValueError: for N < 1, M < 1, element_size < 1 or a warp_size that is not a
             power of two in [1, 1024].
     """
-    if N < 1:
-        raise ValueError(f"N must be >= 1, got {N}")
+    check_config_args(N, element_size, warp_size)
     if M < 1:
         raise ValueError(f"M must be >= 1, got {M}")
-    if element_size < 1:
-        raise ValueError(f"element_size must be >= 1, got {element_size}")
-    if warp_size < 1 or warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
-        raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
     tile = max(tile_bytes // element_size, 1)
     block = min(triton.next_power_of_2(N), tile)
     # keep the second grid axis within CUDA's gridDim.y limit for absurdly wide rows

@@ -18,9 +18,8 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from ._device import device_warp_size
+from ._device import MAX_THREADS_PER_PROGRAM, check_warp_size, device_warp_size
 
-MAX_THREADS_PER_PROGRAM = 1024
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,7 @@ class BwdConfig:
 
 def clamp_warps(num_warps: int, warp_size: int) -> int:
     """``num_warps`` capped so that ``num_warps * warp_size <= 1024``."""
-    if warp_size < 1 or warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
-        raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
+    check_warp_size(warp_size)
     return max(1, min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size))
 
 

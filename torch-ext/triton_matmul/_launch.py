@@ -36,8 +36,9 @@ from typing import Optional, Tuple
 import torch
 import triton
 
+from ._device import MAX_THREADS_PER_PROGRAM
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-MAX_THREADS_PER_PROGRAM = 1024
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,14 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ._device import MAX_THREADS_PER_PROGRAM, check_config_args
+
 # Largest row (in bytes of input) kept in registers in one block.
 MAX_FUSED_BYTES = 65536
 # Chunk size (in bytes of input) of the looped path for wider rows.
 LOOP_BLOCK_BYTES = 16384
 # Bytes of input per thread the warp count aims for.
 BYTES_PER_THREAD = 64
-# Threads per program allowed by NVIDIA and AMD hardware alike.
-MAX_THREADS_PER_PROGRAM = 1024
 
 
 @dataclass(frozen=True)
@@ -53,12 +53,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
         ValueError: for N < 1, element_size < 1 or a warp_size that is not a
             power of two in [1, 1024].
     """
-    if N < 1:
-        raise ValueError(f"N must be >= 1, got {N}")
-    if element_size < 1:
-        raise ValueError(f"element_size must be >= 1, got {element_size}")
-    if warp_size < 1 or warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
-        raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
+    check_config_args(N, element_size, warp_size)
     block = triton.next_power_of_2(N)
     loop = block * element_size > MAX_FUSED_BYTES
     if loop:
