@@ -22,6 +22,11 @@ from __future__ import annotations
 
 import torch
 
+try:  # where launch hooks live (Triton >= 3.4); older versions always take Triton's own path
+    from triton import knobs as _knobs
+except ImportError:
+    _knobs = None
+
 __all__ = ["launch", "meta_items"]
 
 _I32 = (-(2**31), 2**31)
@@ -53,11 +58,9 @@ def meta_items(**meta) -> tuple:
 
 
 def _direct_possible(kernel) -> bool:
-    if not _DIRECT_OK[0] or not hasattr(kernel, "device_caches"):  # interpreter: no compiled kernel
+    if _knobs is None or not _DIRECT_OK[0] or not hasattr(kernel, "device_caches"):  # interpreter: no compiled kernel
         return False
-    from triton import knobs
-
-    return _no_hook(knobs.runtime.launch_enter_hook) and _no_hook(knobs.runtime.launch_exit_hook)
+    return _no_hook(_knobs.runtime.launch_enter_hook) and _no_hook(_knobs.runtime.launch_exit_hook)
 
 
 def _no_hook(hook) -> bool:
