@@ -57,44 +57,24 @@ def installed(built):
     return {name: install_local(b, org=ORG) for name, b in built.items()}
 
 
-@pytest.fixture(scope="session")
-def norms(installed):
-    """triton-norms v1 loaded by Hub name, offline, the way users load it."""
-    import kernels
+def _hub_fixture(hub_name: str):
+    """A session fixture loading ``<ORG>/<hub_name>`` v1 by Hub name, offline, the way users load it."""
 
-    return kernels.get_kernel(f"{ORG}/triton-norms", version=1)
+    @pytest.fixture(scope="session")
+    def load(installed):
+        import kernels
 
+        return kernels.get_kernel(f"{ORG}/{hub_name}", version=1)
 
-@pytest.fixture(scope="session")
-def activations(installed):
-    """triton-activations v1 loaded by Hub name, offline, the way users load it."""
-    import kernels
-
-    return kernels.get_kernel(f"{ORG}/triton-activations", version=1)
+    load.__doc__ = f"{hub_name} v1 loaded by Hub name, offline, the way users load it."
+    return load
 
 
-@pytest.fixture(scope="session")
-def softmax(installed):
-    """triton-softmax v1 loaded by Hub name, offline, the way users load it."""
-    import kernels
-
-    return kernels.get_kernel(f"{ORG}/triton-softmax", version=1)
-
-
-@pytest.fixture(scope="session")
-def matmul(installed):
-    """triton-matmul v1 loaded by Hub name, offline, the way users load it."""
-    import kernels
-
-    return kernels.get_kernel(f"{ORG}/triton-matmul", version=1)
-
-
-@pytest.fixture(scope="session")
-def attention(installed):
-    """triton-attention v1 loaded by Hub name, offline, the way users load it."""
-    import kernels
-
-    return kernels.get_kernel(f"{ORG}/triton-attention", version=1)
+norms = _hub_fixture("triton-norms")
+activations = _hub_fixture("triton-activations")
+softmax = _hub_fixture("triton-softmax")
+matmul = _hub_fixture("triton-matmul")
+attention = _hub_fixture("triton-attention")
 
 
 def pytest_terminal_summary(terminalreporter):
