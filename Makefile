@@ -49,20 +49,16 @@ bench:
 port-check:
 	PYTHONPATH=src:$$PYTHONPATH python3 -m triton_collection.cli port-check ports/activations ports/rms_norm $(PORT_CHECK_ARGS)
 
-# The GPU half of the suite on a CUDA machine (its own python3, TEST_DEVICE=cuda): every test marked
-# `gpu` (torch.compile inference+training, CUDA-graph replay on new data, streams, > 2^31 elements),
-# then the property generators of tests/test_reliability_properties.py on the GPU, scaled by
-# GPU_HYPOTHESIS_SCALE (their case count is printed). JUnit XML and counts go to GPU_TEST_OUT.
+# The GPU half of the suite on a CUDA machine (its own python3, TEST_DEVICE=cuda), as parallel processes
+# (tests/run_gpu_half.py): every test marked `gpu` (torch.compile inference+training, CUDA-graph replay on new
+# data, streams, > 2^31 elements), the bad-input catalog + opcheck + cases on CUDA, and the property generators of
+# tests/test_reliability_properties.py with GPU_TEST_PROCS seeds x GPU_HYPOTHESIS_SCALE (case count summed).
+# JUnit XML, logs and summary.md go to GPU_TEST_OUT.
 GPU_TEST_OUT ?= gpu-test-results
-GPU_HYPOTHESIS_SCALE ?= 0.5
+GPU_TEST_PROCS ?= 8
+GPU_HYPOTHESIS_SCALE ?= 0.25
 gpu-test:
-	mkdir -p $(GPU_TEST_OUT)
-	TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -rfE -m gpu --junitxml=$(GPU_TEST_OUT)/junit_gpu.xml $(PYTEST_ARGS) tests; \
-	rc1=$$?; \
-	TEST_DEVICE=cuda HYPOTHESIS_SCALE=$(GPU_HYPOTHESIS_SCALE) RELIABILITY_COUNTS=$(GPU_TEST_OUT)/hypothesis_counts.json \
-	python3 -m pytest -q -p no:cacheprovider -rfE --junitxml=$(GPU_TEST_OUT)/junit_properties.xml $(PYTEST_ARGS) \
-	tests/test_reliability_properties.py; \
-	rc2=$$?; test $$rc1 -eq 0 -a $$rc2 -eq 0
+	python3 tests/run_gpu_half.py --out $(GPU_TEST_OUT) --procs $(GPU_TEST_PROCS) --scale $(GPU_HYPOTHESIS_SCALE)
 
 clean:
 	rm -rf dist .pytest_cache
