@@ -57,8 +57,9 @@ port-check:
 GPU_TEST_OUT ?= gpu-test-results
 GPU_TEST_PROCS ?= 8
 GPU_HYPOTHESIS_SCALE ?= 0.25
+GPU_TEST_TIMEOUT ?= 1500
 gpu-test:
-	python3 tests/run_gpu_half.py --out $(GPU_TEST_OUT) --procs $(GPU_TEST_PROCS) --scale $(GPU_HYPOTHESIS_SCALE)
+	python3 tests/run_gpu_half.py --out $(GPU_TEST_OUT) --procs $(GPU_TEST_PROCS) --scale $(GPU_HYPOTHESIS_SCALE) --timeout $(GPU_TEST_TIMEOUT)
 
 clean:
 	rm -rf dist .pytest_cache
