@@ -207,7 +207,9 @@ def _scale_grad_kernel(
     a = tl.load(applied_ptr + row)
     if (d != a) or (not INPLACE):
         t = tl.load(t_ptr + row_start(row, R1, R2, st0, st1, st2))
-        ratio = tl.where(t != ignore_index, d / a, 0.0)  # = d when a = 1: one rounding, as g * d
+        # IEEE division (Triton's `/` may be approximate on GPUs): d / d is exactly 1, so a later backward
+        # with the upstream gradient already applied reproduces the first one's bits; d / 1 = d exactly
+        ratio = tl.where(t != ignore_index, tl.math.div_rn(d, a), 0.0)
         g_row = row_start(row, R1, R2, sg0, sg1, sg2)
         for start in range(0, V, BLOCK_N):
             offs = start + tl.arange(0, BLOCK_N)
