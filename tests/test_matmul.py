@@ -155,7 +155,7 @@ def test_tma_kernel(matmul, activation, b_layout):
     bias = rand(n_total, dtype=dt)
     C = matmul.MatmulConfig
     outs = []
-    for persistent, subtile in [(0, 0), (1, 0), (1, 1)]:
+    for persistent, subtile in [(0, 0), (1, 0), (1, 1), (2, 1)]:
         cfg = C(16, 32, 32, 2, 4, 2, tma=1, persistent=persistent, epilogue_subtile=subtile)
         y = matmul.matmul(a, b, bias, activation, config=cfg)
         assert_matmul_close(y, a, b, bias, activation)
@@ -167,6 +167,60 @@ def test_tma_kernel(matmul, activation, b_layout):
     for bk in (32, 16):
         y = matmul.matmul(a, b, bias, activation, config=C(16, 32, bk, 2, 4, 2, tma=1, split_k=3))
         assert_matmul_close(y, a, b, bias, activation)
+
+
+@pytest.mark.parametrize("activation", [None, "gelu_tanh", "geglu"])
+@pytest.mark.parametrize("b_layout", ["nk", "kn", "strided"])
+def test_gemv_kernel(matmul, activation, b_layout):
+    # the few-row GEMV kernel: M = 1 (decode), 3 (BLOCK_M 4 with a masked row), 8 (GEMV_MAX_M); prime K (masked
+    # k chunks) and an exact multiple (EVEN_K); output columns per program 1, 4, 16 (N = 23 leaves partial
+    # programs); W read as W.t(), a row-major (K, N) b, and a b with both strides > 1
+    torch.manual_seed(11)
+    dt = torch.bfloat16
+    C = matmul.MatmulConfig
+    n_out = 23
+    n_total = 2 * n_out if activation == "geglu" else n_out
+    for M, K in ((1, 67), (3, 64), (8, 37)):
+        a = rand(M, K, dtype=dt)
+        if b_layout == "nk":
+            b = rand(n_total, K, dtype=dt).t()
+        elif b_layout == "kn":
+            b = rand(K, n_total, dtype=dt)
+        else:
+            b = rand(2 * K, 3 * n_total, dtype=dt)[::2, ::3]
+        bias = rand(n_total, dtype=dt)
+        for bn in (1, 4, 16):
+            y = matmul.matmul(a, b, bias, activation, config=C(16, bn, 32, 1, 4, 1, gemv=1))
+            assert_matmul_close(y, a, b, bias, activation)
+    # a strided (transposed) a and a 3-d a with M = 1 row
+    w = rand(n_total, 40, dtype=dt)
+    at = rand(40, 2, dtype=dt).t()
+    assert_matmul_close(matmul.matmul(at, w.t(), None, activation, config=C(16, 8, 16, 1, 2, 1, gemv=1)),
+                        at, w.t(), None, activation)
+
+
+def test_gemv_config_rows_and_grad(matmul):
+    # a GEMV config on more rows than the GEMV kernel takes runs the tensor-core kernels (tiles >= 16);
+    # with autograd the GEMV kernel saves h and the backward matches fp64
+    torch.manual_seed(12)
+    dt = torch.float16
+    cfg = matmul.MatmulConfig(16, 4, 64, 1, 4, 2, gemv=1)
+    a, b, bias = rand(19, 33, dtype=dt), rand(33, 20, dtype=dt), rand(20, dtype=dt)
+    assert_matmul_close(matmul.matmul(a, b, bias, "silu", config=cfg), a, b, bias, "silu")
+    a = rand(2, 33, dtype=dt).requires_grad_()
+    b = rand(33, 20, dtype=dt, scale=0.3).requires_grad_()
+    y = matmul.matmul(a, b, None, "gelu", config=cfg)
+    assert_matmul_close(y, a, b, None, "gelu")
+    dy = torch.randn_like(y)
+    ga, gb = torch.autograd.grad(y, [a, b], dy)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    ga64, gb64 = torch.autograd.grad(ref(a64, b64, None, "gelu"), [a64, b64], dy.double())
+    for g, g64 in ((ga, ga64), (gb, gb64)):
+        torch.testing.assert_close(g.double(), g64, rtol=4 * 2.0 ** -10, atol=4 * 2.0 ** -10 * g64.abs().max().item())
+    with pytest.raises(ValueError, match="block_n of a GEMV config"):
+        matmul.matmul(a.detach(), b.detach(), config=matmul.MatmulConfig(16, 3, 64, 1, 4, 2, gemv=1))
+    with pytest.raises(ValueError, match="persistent must be 0, 1 or 2"):
+        matmul.matmul(a.detach(), b.detach(), config=matmul.MatmulConfig(16, 16, 16, 1, 4, 2, tma=1, persistent=3))
 
 
 def test_tma_kernel_grad_and_fallback(matmul):

@@ -6,8 +6,9 @@ Files
 ``torch.cuda.get_device_name() == "NVIDIA H200"``) holds a list of buckets; each bucket is
 a problem shape ``(M, N, K)`` and the tile settings for it (``BLOCK_M``, ``BLOCK_N``,
 ``BLOCK_K``, ``GROUP_M``, ``num_warps``, ``num_stages``; optional, default 0/1: ``TMA``,
-``PERSISTENT``, ``WARP_SPECIALIZE``, ``EPILOGUE_SUBTILE``, ``SPLIT_K``: the Hopper kernel's
-options, see ``matmul``). ``"tuned": false`` marks files written by hand; ``triton-collection
+``PERSISTENT`` (0, or 1 / 2 programs per SM), ``WARP_SPECIALIZE``, ``EPILOGUE_SUBTILE``, ``SPLIT_K``:
+the Hopper kernel's options, see ``matmul``; ``GEMV``: calls with at most ``GEMV_MAX_M`` rows run the
+CUDA-core GEMV kernel, ``BLOCK_N`` (any power of two >= 1) output columns per program). ``"tuned": false`` marks files written by hand; ``triton-collection
 tune`` writes ``"tuned": true`` files with the measured TFLOP/s per bucket. A GPU without a file, and the Triton interpreter (CPU tensors), use
 ``configs/default.json``: small tiles and 3 stages that fit every supported GPU.
 
@@ -16,7 +17,7 @@ Lookup
 The bucket nearest to the call's ``(M, N, K)`` in log2 distance
 ``|log2 M - log2 Mb| + |log2 N - log2 Nb| + |log2 K - log2 Kb|`` wins (ties: the first in the
 file). Its block sizes are then clamped to ``max(16, next_pow2(dim))`` so a tiny problem
-does not run mostly-masked tiles (16 is ``tl.dot``'s minimum), and ``num_warps`` to
+does not run mostly-masked tiles (16 is ``tl.dot``'s minimum; a GEMV config's BLOCK_N has no floor), and ``num_warps`` to
 ``1024 / warp_size`` threads per program. Gated epilogues use half of ``BLOCK_N`` of the
 bucket (they run two accumulators) and one program per tile (no persistent loop, whole-tile
 epilogue); fp32 operands half of its ``BLOCK_K``. A config whose pipeline does not fit the
@@ -54,14 +55,17 @@ class MatmulConfig:
     # Hopper+ fast path (NVIDIA sm_90 and newer, fp16/bf16, 16-byte aligned operands): TMA descriptor loads
     # and stores; elsewhere (or when an operand is not aligned) these are ignored and the pointer kernel runs.
     tma: int = 0  # 1: the TMA-descriptor kernel where eligible
-    persistent: int = 0  # 1: one program per SM looping over tiles (TMA kernel only)
+    persistent: int = 0  # 1 / 2: one / two programs per SM looping over tiles (TMA kernel only)
     warp_specialize: int = 0  # 1: tl.range(warp_specialize=True) over tiles (TMA kernel only)
     epilogue_subtile: int = 0  # 1: the epilogue stores two (BLOCK_M, BLOCK_N / 2) halves (TMA kernel only)
     split_k: int = 1  # > 1: programs per tile splitting K, fp32 partials summed in order (TMA, not persistent)
+    # 1: calls with M <= GEMV_MAX_M rows run the GEMV kernel (CUDA cores, W streamed with wide loads); then
+    # block_n (>= 1) is the number of output columns per program and block_k the K chunk; block_m is ignored
+    gemv: int = 0
 
     def as_list(self) -> list:
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.num_warps, self.num_stages,
-                self.tma, self.persistent, self.warp_specialize, self.epilogue_subtile, self.split_k]
+                self.tma, self.persistent, self.warp_specialize, self.epilogue_subtile, self.split_k, self.gemv]
 
     @classmethod
     def from_list(cls, values) -> "MatmulConfig":
@@ -73,28 +77,35 @@ class MatmulConfig:
         return cls(int(entry["BLOCK_M"]), int(entry["BLOCK_N"]), int(entry["BLOCK_K"]), int(entry["GROUP_M"]),
                    int(entry["num_warps"]), int(entry["num_stages"]), int(entry.get("TMA", 0)),
                    int(entry.get("PERSISTENT", 0)), int(entry.get("WARP_SPECIALIZE", 0)),
-                   int(entry.get("EPILOGUE_SUBTILE", 0)), int(entry.get("SPLIT_K", 1)))
+                   int(entry.get("EPILOGUE_SUBTILE", 0)), int(entry.get("SPLIT_K", 1)), int(entry.get("GEMV", 0)))
 
     def to_json(self) -> dict:
         """The JSON keys of this config (inverse of :meth:`from_json`)."""
         return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m,
                 "num_warps": self.num_warps, "num_stages": self.num_stages, "TMA": self.tma,
                 "PERSISTENT": self.persistent, "WARP_SPECIALIZE": self.warp_specialize,
-                "EPILOGUE_SUBTILE": self.epilogue_subtile, "SPLIT_K": self.split_k}
+                "EPILOGUE_SUBTILE": self.epilogue_subtile, "SPLIT_K": self.split_k, "GEMV": self.gemv}
 
     def check(self) -> None:
-        """Raises ValueError for block sizes that are not powers of two >= 16, or bad group/warps/stages."""
+        """Raises ValueError for block sizes that are not powers of two >= 16 (GEMV configs: block_n >= 1),
+        or bad group/warps/stages/flags."""
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
-            if v < 16 or v & (v - 1):
+            if self.gemv == 1 and name == "block_n":
+                if v < 1 or v & (v - 1):
+                    raise ValueError(f"block_n of a GEMV config (output columns per program) must be a power of "
+                                     f"two >= 1, got {v}")
+            elif v < 16 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's minimum), got {v}")
         if self.group_m < 1 or self.num_stages < 1:
             raise ValueError(f"group_m and num_stages must be >= 1, got {self.group_m} and {self.num_stages}")
         if self.num_warps < 1 or self.num_warps & (self.num_warps - 1):
             raise ValueError(f"num_warps must be a power of two, got {self.num_warps}")
-        for name in ("tma", "persistent", "warp_specialize", "epilogue_subtile"):
+        for name in ("tma", "warp_specialize", "epilogue_subtile", "gemv"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"{name} must be 0 or 1, got {getattr(self, name)}")
+        if self.persistent not in (0, 1, 2):
+            raise ValueError(f"persistent must be 0, 1 or 2 (programs per SM), got {self.persistent}")
         if self.split_k < 1:
             raise ValueError(f"split_k must be >= 1, got {self.split_k}")
 
@@ -137,11 +148,12 @@ def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: b
         return sum(abs(math.log2(max(x, 1)) - math.log2(max(b, 1))) for x, b in zip((M, N, K), shape))
 
     _, cfg = min(load_buckets(gpu_name), key=lambda item: dist(item[0]))
-    block_n = max(16, cfg.block_n // 2) if gated else cfg.block_n
+    low_n = 1 if cfg.gemv else 16
+    block_n = max(low_n, cfg.block_n // 2) if gated else cfg.block_n
     block_k = max(16, cfg.block_k // 2) if itemsize > 2 else cfg.block_k
     return MatmulConfig(
         block_m=_clamp_block(cfg.block_m, M),
-        block_n=_clamp_block(block_n, N),
+        block_n=max(low_n, min(block_n, triton.next_power_of_2(max(N, 1)))),
         block_k=_clamp_block(block_k, K),
         group_m=cfg.group_m,
         num_warps=min(cfg.num_warps, MAX_THREADS_PER_PROGRAM // warp_size),
@@ -153,6 +165,7 @@ def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: b
         warp_specialize=cfg.warp_specialize,
         epilogue_subtile=0 if gated else cfg.epilogue_subtile,
         split_k=cfg.split_k,
+        gemv=cfg.gemv,
     )
 
 

@@ -42,6 +42,7 @@ dtype; then ``da = dh @ b.T``, ``db = a.T @ dh`` run as ``torch.matmul`` (cuBLAS
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import List, Optional, Tuple
 
@@ -156,6 +157,71 @@ def _matmul_fwd_kernel(
         y = acc * _activation(acc_g, ACT)
     else:
         y = _activation(acc, ACT)
+    _store(y_ptr + rows * stride_ym + offs_n[None, :], y, mask)
+
+
+@triton.jit
+def _gemv_kernel(
+    a_ptr,  # (M, K), any strides; M <= GEMV_MAX_M
+    b_ptr,  # (K, N_total), any strides
+    bias_ptr,  # (N_total,) contiguous, or None
+    y_ptr,  # (M, N) output, row stride stride_ym, unit column stride
+    h_ptr,  # (M, N_total) pre-activation saved for backward, or None
+    M, N, K,  # N: output columns
+    stride_am, stride_ak, stride_bk, stride_bn, stride_ym, stride_hm,
+    GATED: tl.constexpr, ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # >= M: every row of a in one program, so b is read once
+    BLOCK_N: tl.constexpr,  # output columns per program (any power of two >= 1)
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no k mask in the loop
+):
+    """Few-row GEMM on CUDA cores: program (pid_n, pid_m) streams the (BLOCK_N, K) slab of b (W's rows when b is
+    ``W.t()``: contiguous along k, so wide vector loads) once, multiplies it with BLOCK_M rows of a in fp32 and
+    keeps per-lane partial sums (BLOCK_M, BLOCK_N, BLOCK_K) that are reduced over k once, after the loop."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
+    b_ptrs = b_ptr + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :].to(tl.int64) * stride_bk
+    gate_shift = tl.cast(N, tl.int64) * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            mask_a = mask_m[:, None]
+            mask_b = mask_n[:, None]
+        else:
+            mask_k = offs_k < K - k
+            mask_a = mask_m[:, None] & mask_k[None, :]
+            mask_b = mask_n[:, None] & mask_k[None, :]
+        a = tl.load(a_ptrs, mask=mask_a, other=0.0).to(tl.float32)
+        w = tl.load(b_ptrs, mask=mask_b, other=0.0).to(tl.float32)
+        acc += a[:, None, :] * w[None, :, :]
+        if GATED:
+            wg = tl.load(b_ptrs + gate_shift, mask=mask_b, other=0.0).to(tl.float32)
+            acc_g += a[:, None, :] * wg[None, :, :]
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    h = tl.sum(acc, axis=2)
+    h_g = tl.sum(acc_g, axis=2)
+    if bias_ptr is not None:
+        h += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            h_g += tl.load(bias_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    rows = offs_m[:, None].to(tl.int64)
+    mask = mask_m[:, None] & mask_n[None, :]
+    if h_ptr is not None:
+        _store(h_ptr + rows * stride_hm + offs_n[None, :], h, mask)
+        if GATED:
+            _store(h_ptr + rows * stride_hm + N + offs_n[None, :], h_g, mask)
+    if GATED:
+        y = h * _activation(h_g, ACT)
+    else:
+        y = _activation(h, ACT)
     _store(y_ptr + rows * stride_ym + offs_n[None, :], y, mask)
 
 
@@ -330,7 +396,7 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
     y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn // 2 if subtile else bn])
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     split = 1 if cfg.persistent else max(1, min(cfg.split_k, triton.cdiv(K, bk)))
-    progs = min(num_sms, tiles) if cfg.persistent else tiles * split
+    progs = min(cfg.persistent * num_sms, tiles) if cfg.persistent else tiles * split
     ws = bool(cfg.warp_specialize) and not interp
     work = torch.empty((split, M, b.shape[1]), dtype=torch.float32, device=a.device) if split > 1 else None
     arrivals = torch.zeros((tiles,), dtype=torch.int32, device=a.device) if split > 1 else None
@@ -341,6 +407,29 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
         WARP_SPECIALIZE=ws, FLATTEN=bool(cfg.persistent) and not ws and not interp, EPILOGUE_SUBTILE=subtile,
         SPLIT_K=split, UPCAST=interp and a.dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=stages,
     ), ("tma", cfg, gated, act, b_nk, a.dtype, a.device), cfg)
+
+
+# The GEMV kernel holds every row of a in one program (BLOCK_M >= M): few rows only.
+GEMV_MAX_M = 8
+
+
+def _launch_gemv(a, b, bias, y, h, M, N, K, gated, act, cfg) -> None:
+    """GEMV kernel launch: one program per BLOCK_N output columns; the config's block_n / block_k apply when b's
+    k stride is the unit one (``W.t()``); for a row-major (K, N) b, columns are the contiguous direction, so the
+    program takes 64 columns and 32-deep k chunks instead (wide loads either way)."""
+    bn, bk = cfg.block_n, cfg.block_k
+    if b.stride(1) == 1 and b.stride(0) != 1 and N > 1:  # (K, N) row-major: contiguous along n
+        bn, bk = 64, 32
+    bn = max(1, min(bn, triton.next_power_of_2(N)))
+    bk = max(16, min(bk, triton.next_power_of_2(K)))
+    bm = triton.next_power_of_2(M)
+    grid = (triton.cdiv(N, bn), triton.cdiv(M, bm))
+    _gemv_kernel[grid](
+        a, b, bias.contiguous() if bias is not None else None, y, h,
+        M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0), h.stride(0) if h is not None else 0,
+        GATED=gated, ACT=act, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
 
 
 # (kernel, config, epilogue, dtype, device) -> num_stages that fit in shared memory
@@ -383,6 +472,12 @@ def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: O
         return y, h
     check_launch_device(a, _matmul_fwd_kernel)
     cfg = MatmulConfig.from_list(config) if config else config_for(M, N, K, a.device, gated, a.element_size())
+    if cfg.gemv:
+        if M <= GEMV_MAX_M and K > 0:
+            _launch_gemv(a, b, bias, y, h if save_h else None, M, N, K, gated, act, cfg)
+            return y, h
+        # too many rows for the GEMV kernel: the tensor-core kernels with tiles no smaller than tl.dot allows
+        cfg = dataclasses.replace(cfg, gemv=0, block_m=max(16, cfg.block_m), block_n=max(16, cfg.block_n))
     if cfg.tma and K > 0:
         interp = is_interpreter(_matmul_tma_kernel)
         capable, num_sms = (True, 4) if interp else tma_capable(a.device)
