@@ -550,24 +550,31 @@ def test_fast_launch_key_follows_triton_specialisation(norms):
     """The direct-launch cache may reuse a compiled kernel only where Triton would: the key
     separates 16-byte aligned from unaligned pointers, ints equal to 1, multiples of 16 and
     the integer width, and dtypes."""
-    key = norms._fastlaunch._arg_key
+    def key(a):
+        return norms._fastlaunch._spec((a,))
+
     base = torch.zeros(64, dtype=torch.float16)
     assert key(base) != key(base[1:])  # 2-byte offset: no longer 16-byte aligned
     assert key(base) == key(base[8:])  # 16-byte offset: same specialisation
     assert key(base) != key(base.float())
+    assert key(torch.nn.Parameter(base)) == key(base)
     assert len({key(1), key(2), key(16), key(32), key(2**31), key(2**63)}) == 5  # 16 and 32 share a key
-    assert key(16) == key(32) and key(3) == key(5) and key(1) != key(3)
-    assert key(None) != key(False) and key(0.5) == key(1e-6)
+    assert key(16) == key(32) and key(3) == key(5) and key(1) != key(3) and key(-16) != key(-2**40)
+    assert key(None) != key(False) and key(True) != key(1) and key(0.5) == key(1e-6)
+    assert norms._fastlaunch._spec((base, 3, None)) == key(base) + key(3) + key(None)
 
 
-def test_fast_launch_only_without_launch_hooks(norms):
+def test_fast_launch_only_without_launch_hooks(norms, monkeypatch):
     """Profilers hook kernel launches; the direct launch bypasses hooks, so it is used only when none is set."""
     from triton import knobs
 
     fl = norms._fastlaunch
-    assert fl._no_hook(None) and fl._no_hook(type("Chain", (), {"calls": []})())
-    assert not fl._no_hook(print) and not fl._no_hook(type("Chain", (), {"calls": [print]})())
-    assert fl._no_hook(knobs.runtime.launch_enter_hook)  # nothing registered in the test process
+    assert fl._hooks_off()  # nothing registered in the test process
+    for hook in (print, type("Chain", (), {"calls": [print]})()):
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+        assert not fl._hooks_off()
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", type("Chain", (), {"calls": []})())
+    assert fl._hooks_off()
 
 
 @pytest.mark.gpu

@@ -29,22 +29,21 @@ except ImportError:
 
 __all__ = ["launch", "meta_items"]
 
-_I32 = (-(2**31), 2**31)
 _DIRECT_OK = [True]  # cleared once if this Triton's launcher cannot be called directly
 _CACHE: dict = {}
+_Tensor = torch.Tensor
+_I32_MIN, _I32_END, _U64_START = -(2**31), 2**31, 2**63
 
 
-def _arg_key(a):
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
-    if a is None or isinstance(a, bool):
-        return (type(a), a)
-    if isinstance(a, float):
-        return float
-    if isinstance(a, int):
-        kind = 0 if _I32[0] <= a < _I32[1] else (1 if a < 2**63 else 2)
-        return (a == 1, a % 16 == 0, kind)
-    return a
+def _spec(args) -> tuple:
+    """What Triton specialises a compiled kernel on, per argument (one flat pass: this runs on every call)."""
+    return tuple([
+        (a.dtype, not a.data_ptr() & 15) if isinstance(a, _Tensor)
+        else (a == 1, not a & 15, 0 if _I32_MIN <= a < _I32_END else (1 if a < _U64_START else 2)) if type(a) is int
+        else float if type(a) is float
+        else (type(a), a) if a is None or type(a) is bool
+        else a
+        for a in args])
 
 
 def _triton_launch(kernel, grid, args, meta):
@@ -57,20 +56,19 @@ def meta_items(**meta) -> tuple:
     return tuple(meta.items())
 
 
-def _direct_possible(kernel) -> bool:
-    if _knobs is None or not _DIRECT_OK[0] or not hasattr(kernel, "device_caches"):  # interpreter: no compiled kernel
-        return False
-    return _no_hook(_knobs.runtime.launch_enter_hook) and _no_hook(_knobs.runtime.launch_exit_hook)
+def _hooks_off() -> bool:
+    """No launch hook set (a profiler's hooks need Triton's own launch path): None (older Triton) or an
+    empty ``HookChain`` (``.calls``, Triton >= 3.5)."""
+    runtime = _knobs.runtime
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return (enter is None or getattr(enter, "calls", None) == []) and (leave is None or getattr(leave, "calls", None) == [])
 
 
-def _no_hook(hook) -> bool:
-    """No launch hook: None (older Triton) or an empty ``HookChain`` (``.calls``, Triton >= 3.5)."""
-    return hook is None or getattr(hook, "calls", None) == []
-
-
-def _current_index(device: torch.device):
-    """Index of the current device of ``device``'s type (the one Triton launches on)."""
-    module = getattr(torch, device.type, None)
+def _current_index(device_type: str):
+    """Index of the current device of ``device_type`` (the one Triton launches on)."""
+    if device_type == "cuda":
+        return torch.cuda.current_device()
+    module = getattr(torch, device_type, None)
     return module.current_device() if module is not None and hasattr(module, "current_device") else None
 
 
@@ -86,10 +84,12 @@ def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device):
             ``(name, value)`` pairs (:func:`meta_items`).
         device: the device of the tensors (its index selects the compiled kernel).
     """
-    if device.type == "cpu" or not _direct_possible(kernel) or device.index != _current_index(device):
-        _triton_launch(kernel, grid, args, meta)  # Triton compiles and launches for the current device
+    index = device.index
+    if (_knobs is None or not _DIRECT_OK[0] or device.type == "cpu" or not hasattr(kernel, "device_caches")
+            or not _hooks_off() or index != _current_index(device.type)):
+        _triton_launch(kernel, grid, args, meta)  # Triton's path: interpreter, hooks, another current device
         return
-    key = (id(kernel), device.index, meta, tuple(map(_arg_key, args)))
+    key = (id(kernel), index, meta, _spec(args))
     entry = _CACHE.get(key)
     if entry is None:
         compiled = _triton_launch(kernel, grid, args, meta)
@@ -106,7 +106,7 @@ def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device):
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
     try:
-        compiled.run(grid[0], g1, g2, get_stream(device.index), compiled.function, compiled.packed_metadata,
+        compiled.run(grid[0], g1, g2, get_stream(index), compiled.function, compiled.packed_metadata,
                      None, None, None, *args, *tail)
     except TypeError:  # a launcher with another calling convention: Triton's path from now on
         _DIRECT_OK[0] = False

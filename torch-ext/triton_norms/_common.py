@@ -113,6 +113,25 @@ def rows_view(t: torch.Tensor) -> torch.Tensor:
     return t2
 
 
+def rows_of(t: torch.Tensor):
+    """``(t2, M, row_stride)``: a tensor whose data pointer starts row 0 of ``t`` as an (M, N) matrix with
+    unit last-dim stride, and the elements one row moves. A contiguous ``t`` is passed as it is (no
+    reshape: on a slow host one view costs as much as a small kernel); otherwise :func:`rows_view`."""
+    if t.is_contiguous():
+        n = t.shape[-1]
+        return t, (t.numel() // n if n else 0), n
+    t2 = rows_view(t)
+    return t2, t2.shape[0], t2.stride(0)
+
+
+def empty_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised contiguous tensor of x's shape and ``dtype`` on x's device (``empty_like`` of a
+    contiguous x is contiguous and costs half of ``torch.empty(shape, dtype=, device=)`` in host time)."""
+    if x.is_contiguous():
+        return torch.empty_like(x, dtype=dtype)
+    return torch.empty(x.shape, dtype=dtype, device=x.device)
+
+
 def vector(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """A weight/bias vector with unit stride (copies only a strided slice)."""
     if t is None or t.stride(0) == 1 or t.numel() <= 1:

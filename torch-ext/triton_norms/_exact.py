@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import round_to
+from ._common import cast_constexpr, round_to
 from ._exact_stats import fused_ln_stats_vec, fused_rms_sumsq_vec, mean_sq_torch_order, rowwise_welford
 from ._device import is_interpreter, launch_options
 from ._fastlaunch import launch, meta_items
@@ -154,7 +154,9 @@ def _ln_exact_fwd_kernel(
 def _interp_rows(M: int, kernel, rows: Optional[int]) -> Optional[int]:
     """Under the interpreter (numpy, one program after another) many rows per program run far faster;
     rows are independent, so this changes no result."""
-    return min(64, triton.next_power_of_2(M)) if rows is None and is_interpreter(kernel) else rows
+    if rows is not None or not is_interpreter(kernel):
+        return rows
+    return min(64, triton.next_power_of_2(M))
 
 
 def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps: Optional[int]):
@@ -175,7 +177,7 @@ def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps:
 
 @functools.lru_cache(maxsize=4096)
 def _rms_plan(M: int, N: int, elem: int, order: int, vectorized: bool, limits: tuple, rows: Optional[int],
-              num_warps: Optional[int], cast, options: tuple):
+              num_warps: Optional[int], cast_dtype: Optional[torch.dtype], options: tuple):
     """(grid, factor, meta-parameters) of one RMS launch: a pure function of its arguments, cached
     because it runs on every call of a layer (host time matters for small inputs)."""
     factor = 1.0
@@ -190,19 +192,25 @@ def _rms_plan(M: int, N: int, elem: int, order: int, vectorized: bool, limits: t
         stats, iters, rows_default = STATS_ROWWISE, triton.cdiv(N, ROWWISE_THREADS), 2
     R, block_n, loop, warps = _tiles(N, elem, rows_default, rows, num_warps)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps)
-    return (triton.cdiv(M, R),), factor, meta_items(CAST_DTYPE=cast, **meta, **dict(options))
+    return (triton.cdiv(M, R),), factor, meta_items(CAST_DTYPE=cast_constexpr(cast_dtype), **meta, **dict(options))
 
 
-def rms_exact_forward(x2: torch.Tensor, weight, bias, y, rstd, eps: float, weight_offset: float, cast_constexpr,
-                      order: int, x_orig: torch.Tensor, rows: Optional[int] = None, num_warps: Optional[int] = None):
-    """Launches the RMS forward with torch's order ``order`` (ORDER_MEAN / ORDER_FUSED) on x2 (M, N)."""
-    M, N = x2.shape
+def rms_exact_forward(x2: torch.Tensor, M: int, stride_row: int, weight, bias, y, rstd, eps: float,
+                      weight_offset: float, cast_dtype: Optional[torch.dtype], order: int, x_orig: torch.Tensor,
+                      rows: Optional[int] = None, num_warps: Optional[int] = None):
+    """Launches the RMS forward with torch's order ``order`` (ORDER_MEAN / ORDER_FUSED) on the M rows of
+    x2 (row 0 at its data pointer, ``stride_row`` elements apart, unit last-dim stride)."""
+    N = x2.shape[-1]
     vectorized = order != ORDER_MEAN and fused_vectorized(x_orig, N, weight)
-    grid, factor, meta = _rms_plan(M, N, x2.element_size(), order, vectorized, device_limits(x2.device),
-                                   _interp_rows(M, _rms_exact_fwd_kernel, rows), num_warps, cast_constexpr,
-                                   tuple(launch_options(_rms_exact_fwd_kernel).items()))
-    launch(_rms_exact_fwd_kernel, grid, (x2, weight, bias, y, rstd, M, N, x2.stride(0), eps, weight_offset, factor),
-           meta, x2.device)
+    device = x2.device
+    grid, factor, meta = _rms_plan(M, N, x2.element_size(), order, vectorized, device_limits(device),
+                                   _interp_rows(M, _rms_exact_fwd_kernel, rows), num_warps, cast_dtype,
+                                   _RMS_OPTIONS)
+    launch(_rms_exact_fwd_kernel, grid, (x2, weight, bias, y, rstd, M, N, stride_row, eps, weight_offset, factor),
+           meta, device)
+
+
+_RMS_OPTIONS = tuple(launch_options(_rms_exact_fwd_kernel).items())
 
 
 def ln_exact_forward(x2: torch.Tensor, weight, bias, y, mean, rstd, eps: float, x_orig: torch.Tensor,

@@ -17,13 +17,14 @@ dw/db: fp32 partials per program, summed afterwards (deterministic, no atomics).
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import check_eps, check_float_tensor, check_inputs, grad_rows, load_grad_chunk, load_input_chunk, round_to, rows_view, vector
+from ._common import check_eps, check_float_tensor, check_inputs, grad_rows, empty_rows, load_grad_chunk, load_input_chunk, round_to, rows_of, rows_view, vector
 from ._exact import ln_exact_forward
 from ._launch import num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
@@ -219,9 +220,9 @@ def _layer_norm_infer(x, residual, weight, bias, eps, order):
 
 def _layer_norm_forward(x, residual, weight, bias, eps, order, save_stats):
     h_dtype = (residual if residual is not None else x).dtype
-    y = torch.empty(x.shape, dtype=h_dtype, device=x.device)
+    y = empty_rows(x, h_dtype)
     if residual is not None:
-        h = torch.empty(x.shape, dtype=h_dtype, device=x.device)
+        h = empty_rows(x, h_dtype)
     else:
         h = x.new_empty((0,)) if save_stats else None
     mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if save_stats else None
@@ -230,19 +231,25 @@ def _layer_norm_forward(x, residual, weight, bias, eps, order, save_stats):
         return y, h, mean, rstd
     check_launch_device(x, _layer_norm_fwd_kernel)
     N = x.shape[-1]
-    x2 = rows_view(x)
     if order == ORDER_FUSED and residual is None:
-        ln_exact_forward(x2, vector(weight), vector(bias), y, mean, rstd, eps, x)
+        ln_exact_forward(rows_view(x), vector(weight), vector(bias), y, mean, rstd, eps, x)
         return y, h, mean, rstd
-    r2 = rows_view(residual) if residual is not None else None
+    x2, M, stride_x = rows_of(x)
+    r2, _, stride_r = rows_of(residual) if residual is not None else (None, 0, 0)
     elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
-    cfg = pick_config(N, elem, device_warp_size(x.device))
-    launch(_layer_norm_fwd_kernel, (x2.shape[0],), (
+    launch(_layer_norm_fwd_kernel, (M,), (
         x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, mean, rstd,
-        x2.stride(0), r2.stride(0) if r2 is not None else 0, N, eps,
-    ), meta_items(BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
-                  **launch_options(_layer_norm_fwd_kernel)), x.device)
+        stride_x, stride_r, N, eps,
+    ), _fwd_meta(N, elem, x.device), x.device)
     return y, h, mean, rstd
+
+
+@functools.lru_cache(maxsize=1024)
+def _fwd_meta(N: int, elem: int, device: torch.device) -> tuple:
+    """Constexprs and launch options of the free-order forward (a pure function, cached: host time)."""
+    cfg = pick_config(N, elem, device_warp_size(device))
+    return meta_items(BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
+                      **launch_options(_layer_norm_fwd_kernel))
 
 
 _layer_norm_fwd = torch.library.custom_op(add_op_namespace_prefix("layer_norm_fwd"), _layer_norm_fwd_impl, mutates_args=())

@@ -54,10 +54,10 @@ class LlamaRMSNorm(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return rms_norm(
-            hidden_states, self.weight, eps=self.variance_epsilon, cast_dtype=hidden_states.dtype,
-            out_dtype=torch.promote_types(self.weight.dtype, hidden_states.dtype), torch_order="mean",
-        )
+        weight, dtype = self.weight, hidden_states.dtype
+        return rms_norm(hidden_states, weight, eps=self.variance_epsilon, cast_dtype=dtype,
+                        out_dtype=dtype if weight.dtype == dtype else torch.promote_types(weight.dtype, dtype),
+                        torch_order="mean")
 
 
 class Olmo2RMSNorm(nn.Module):

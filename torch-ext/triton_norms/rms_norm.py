@@ -26,6 +26,7 @@ its own fp32 partial row, and the partials are summed by torch afterwards.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -34,7 +35,7 @@ import triton.language as tl
 
 from ._common import (
     cast_constexpr, check_float_tensor, check_weight_offset, grad_rows, load_grad_chunk, load_input_chunk,
-    prepare_rms_args, round_to, rows_view, vector,
+    empty_rows, prepare_rms_args, round_to, rows_of, rows_view, vector,
 )
 from ._exact import rms_exact_forward
 from ._launch import num_partial_programs, pick_config
@@ -225,9 +226,9 @@ def _rms_norm_infer(x, residual, weight, bias, eps, weight_offset, cast_dtype, o
 
 
 def _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order, save_stats):
-    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    y = empty_rows(x, out_dtype)
     if residual is not None:
-        h = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+        h = empty_rows(x, residual.dtype)
     else:
         h = x.new_empty((0,)) if save_stats else None
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) if save_stats else None
@@ -235,21 +236,26 @@ def _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype,
         return y, h, rstd
     check_launch_device(x, _rms_norm_fwd_kernel)
     N = x.shape[-1]
-    x2 = rows_view(x)
+    x2, M, stride_x = rows_of(x)
     if order != ORDER_FAST and residual is None:
-        rms_exact_forward(x2, vector(weight), vector(bias), y, rstd, eps, weight_offset, cast_constexpr(cast_dtype),
-                          order, x)
+        rms_exact_forward(x2, M, stride_x, vector(weight), vector(bias), y, rstd, eps, weight_offset,
+                          cast_dtype, order, x)
         return y, h, rstd
-    r2 = rows_view(residual) if residual is not None else None
+    r2, _, stride_r = rows_of(residual) if residual is not None else (None, 0, 0)
     elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
-    cfg = pick_config(N, elem, device_warp_size(x.device))
-    launch(_rms_norm_fwd_kernel, (x2.shape[0],), (
+    launch(_rms_norm_fwd_kernel, (M,), (
         x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, rstd,
-        x2.stride(0), r2.stride(0) if r2 is not None else 0,
-        N, eps, weight_offset,
-    ), meta_items(CAST_DTYPE=cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
-                  num_warps=cfg.num_warps, **launch_options(_rms_norm_fwd_kernel)), x.device)
+        stride_x, stride_r, N, eps, weight_offset,
+    ), _fwd_meta(N, elem, x.device, cast_dtype), x.device)
     return y, h, rstd
+
+
+@functools.lru_cache(maxsize=1024)
+def _fwd_meta(N: int, elem: int, device: torch.device, cast_dtype: Optional[torch.dtype]) -> tuple:
+    """Constexprs and launch options of the free-order forward (a pure function, cached: host time)."""
+    cfg = pick_config(N, elem, device_warp_size(device))
+    return meta_items(CAST_DTYPE=cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
+                      **launch_options(_rms_norm_fwd_kernel))
 
 
 _rms_norm_fwd = torch.library.custom_op(add_op_namespace_prefix("rms_norm_fwd"), _rms_norm_fwd_impl, mutates_args=())
