@@ -63,6 +63,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = {
     None: (0, False), "gelu": (1, False), "gelu_tanh": (2, False), "silu": (3, False), "relu": (4, False),
     "geglu": (1, True), "swiglu": (3, True),
+    "_gelu_as": (5, False), "_gelu_tanh_sig": (6, False),  # round-B timing experiment (forward only), to be removed
 }
 
 
@@ -85,6 +86,15 @@ def _activation(x, ACT: tl.constexpr):
         return x / (1.0 + tl.exp(-x))
     elif ACT == 4:
         return tl.where(x < 0.0, 0.0, x)  # NaN stays NaN, as torch.relu (tl.maximum would drop it)
+    elif ACT == 5:  # round-B experiment: gelu (erf) through Abramowitz & Stegun 7.1.26 for erfc (|error| <= 1.5e-7)
+        z = tl.abs(x) * 0.7071067811865476
+        t = 1.0 / (1.0 + 0.3275911 * z)
+        e = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        e = e * tl.exp(-z * z)  # erfc(|x| / sqrt 2)
+        return tl.where(x >= 0.0, x - 0.5 * x * e, 0.5 * x * e)
+    elif ACT == 6:  # round-B experiment: gelu_tanh as x * sigmoid(2 u) (the same function, fewer operations)
+        inner = 1.5957691216057308 * (x + 0.044715 * x * x * x)
+        return x / (1.0 + tl.exp(-inner))
     else:
         return x
 
