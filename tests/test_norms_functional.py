@@ -551,7 +551,7 @@ def test_fast_launch_key_follows_triton_specialisation(norms):
     separates 16-byte aligned from unaligned pointers, ints equal to 1, multiples of 16 and
     the integer width, and dtypes."""
     def key(a):
-        return norms._fastlaunch._spec((a,))
+        return norms._fastlaunch.spec((a,))
 
     base = torch.zeros(64, dtype=torch.float16)
     assert key(base) != key(base[1:])  # 2-byte offset: no longer 16-byte aligned
@@ -561,7 +561,7 @@ def test_fast_launch_key_follows_triton_specialisation(norms):
     assert len({key(1), key(2), key(16), key(32), key(2**31), key(2**63)}) == 5  # 16 and 32 share a key
     assert key(16) == key(32) and key(3) == key(5) and key(1) != key(3) and key(-16) != key(-2**40)
     assert key(None) != key(False) and key(True) != key(1) and key(0.5) == key(1e-6)
-    assert norms._fastlaunch._spec((base, 3, None)) == key(base) + key(3) + key(None)
+    assert norms._fastlaunch.spec((base, 3, None)) == key(base) + key(3) + key(None)
 
 
 def test_fast_launch_only_without_launch_hooks(norms, monkeypatch):

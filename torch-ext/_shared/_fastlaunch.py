@@ -27,7 +27,7 @@ try:  # where launch hooks live (Triton >= 3.4); older versions always take Trit
 except ImportError:
     _knobs = None
 
-__all__ = ["launch", "meta_items"]
+__all__ = ["launch", "meta_items", "spec"]
 
 _DIRECT_OK = [True]  # cleared once if this Triton's launcher cannot be called directly
 _CACHE: dict = {}
@@ -35,7 +35,7 @@ _Tensor = torch.Tensor
 _I32_MIN, _I32_END, _U64_START = -(2**31), 2**31, 2**63
 
 
-def _spec(args) -> tuple:
+def spec(args) -> tuple:
     """What Triton specialises a compiled kernel on, per argument (one flat pass: this runs on every call)."""
     return tuple([
         (a.dtype, not a.data_ptr() & 15) if isinstance(a, _Tensor)
@@ -72,7 +72,8 @@ def _current_index(device_type: str):
     return module.current_device() if module is not None and hasattr(module, "current_device") else None
 
 
-def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device):
+def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device, fixed: tuple = (),
+           fixed_spec: tuple = ()):
     """``kernel[grid](*args, **dict(meta))`` on ``device``, skipping Triton's binding after the first call.
 
     Args:
@@ -83,17 +84,19 @@ def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device):
         meta: constexprs and launch options (``num_warps``, ``enable_fp_fusion``, ...) as
             ``(name, value)`` pairs (:func:`meta_items`).
         device: the device of the tensors (its index selects the compiled kernel).
+        fixed: more arguments after ``args`` that a caller keeps with a cached launch plan, and
+            ``fixed_spec`` = ``spec(fixed)``, computed once with the plan (host time).
     """
     index = device.index
     if (_knobs is None or not _DIRECT_OK[0] or device.type == "cpu" or not hasattr(kernel, "device_caches")
             or not _hooks_off() or index != _current_index(device.type)):
-        _triton_launch(kernel, grid, args, meta)  # Triton's path: interpreter, hooks, another current device
+        _triton_launch(kernel, grid, (*args, *fixed), meta)  # Triton's path: interpreter, hooks, another device
         return
-    key = (id(kernel), index, meta, _spec(args))
+    key = (id(kernel), index, meta, spec(args), fixed_spec)
     entry = _CACHE.get(key)
     if entry is None:
-        compiled = _triton_launch(kernel, grid, args, meta)
-        names = kernel.arg_names[len(args):]
+        compiled = _triton_launch(kernel, grid, (*args, *fixed), meta)
+        names = kernel.arg_names[len(args) + len(fixed):]
         given = dict(meta)
         defaults = {p.name: p.default for p in kernel.params}
         tail = tuple(given[n] if n in given else defaults[n] for n in names)
@@ -107,8 +110,8 @@ def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device):
     g2 = grid[2] if len(grid) > 2 else 1
     try:
         compiled.run(grid[0], g1, g2, get_stream(index), compiled.function, compiled.packed_metadata,
-                     None, None, None, *args, *tail)
+                     None, None, None, *args, *fixed, *tail)
     except TypeError:  # a launcher with another calling convention: Triton's path from now on
         _DIRECT_OK[0] = False
         _CACHE.clear()
-        _triton_launch(kernel, grid, args, meta)
+        _triton_launch(kernel, grid, (*args, *fixed), meta)

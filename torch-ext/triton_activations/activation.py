@@ -34,7 +34,7 @@ from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_
 from ._launch import BWD_TILE_BYTES, TILE_BYTES, pick_config, use_libdevice
 from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
-from ._fastlaunch import launch, meta_items
+from ._fastlaunch import launch, meta_items, spec as launch_spec
 from ._math import activation, activation_and_grad, activation_grad, round_to
 from ._ops import add_op_namespace_prefix
 
@@ -139,14 +139,33 @@ def _launch(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: i
     """Launches ``kernel`` over ``d`` columns of the rows shared by ``lead``; ptrs are its tensor arguments.
 
     ``lead``: the tensors whose strides the kernel takes, in its argument order. Layouts
-    whose leading dims do not merge into three are split along dim 0 (views).
+    whose leading dims do not merge into three are split along dim 0 (views). Everything but the
+    pointers is a function of the shapes, strides, dtype and device, kept in ``_PLANS`` (host time).
     """
-    sizes, strides = leading_layout(x.shape[:-1], [t.stride()[:-1] for t in lead])
-    if len(sizes) > 3:
+    key = (kernel, spec.act, eager, threshold, x.shape, x.dtype, x.device, d, *[t.stride() for t in lead])
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(kernel, spec, eager, threshold, x, d, lead)
+        if len(_PLANS) < 4096:
+            _PLANS[key] = plan
+    if plan is _SPLIT:
         for i in range(x.shape[0]):
             sub_ptrs = tuple(p[i] if p is not None else None for p in ptrs)
             _launch(kernel, spec, eager, threshold, x[i], d, tuple(t[i] for t in lead), sub_ptrs)
         return
+    grid, scalars, scalars_spec, meta = plan
+    launch(kernel, grid, ptrs, meta, x.device, scalars, scalars_spec)
+
+
+_PLANS: dict = {}
+_SPLIT = object()  # plan of a layout whose leading dims do not merge into three
+
+
+def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int, lead: Tuple[Tensor, ...]):
+    """(grid, scalar arguments, their specialisation, meta) of one launch, or ``_SPLIT``."""
+    sizes, strides = leading_layout(x.shape[:-1], [t.stride()[:-1] for t in lead])
+    if len(sizes) > 3:
+        return _SPLIT
     sizes, strides = padded_layout(sizes, strides)
     check_launch_device(x, kernel)
     M = sizes[0] * sizes[1] * sizes[2]
@@ -154,10 +173,10 @@ def _launch(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: i
                       BWD_TILE_BYTES if kernel is _act_bwd_kernel else TILE_BYTES, not is_interpreter(kernel))
     R = rounding_dtype(x, eager)
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
-    launch(kernel, (cfg.row_blocks, cfg.column_blocks),
-           (*ptrs, M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x))),
-           meta_items(ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
-                      BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel)), x.device)
+    scalars = (M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)))
+    return ((cfg.row_blocks, cfg.column_blocks), scalars, launch_spec(scalars),
+            meta_items(ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
+                       BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel)))
 
 
 def _as_1d(*ts: Tensor) -> Tuple[Tensor, ...]:
@@ -177,7 +196,10 @@ def forward_into(out: Tensor, x: Tensor, spec: OpSpec, eager: bool, threshold: f
 def _act_fwd_impl(x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
     """The allocating forward: a contiguous output of x's dtype."""
     spec = OPS[op]
-    out = torch.empty(out_shape(x.shape, spec.gated), dtype=x.dtype, device=x.device)
+    if not spec.gated and x.is_contiguous():
+        out = torch.empty_like(x)  # half the host time of torch.empty(shape, dtype=, device=)
+    else:
+        out = torch.empty(out_shape(x.shape, spec.gated), dtype=x.dtype, device=x.device)
     forward_into(out, x, spec, eager, threshold)
     return out
 
