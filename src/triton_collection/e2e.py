@@ -9,8 +9,10 @@ For each model shape of :data:`MODELS` (random weights, real sizes, built from a
    position only, as ``generate`` does) and greedy decode throughput;
 2. optionally ``torch.compile`` of the eager model's forward (``--compile``; dynamic shapes);
 3. ours: :func:`triton_collection.integrations.transformers.kernelize` with ``ALL_FAMILIES``
-   (the norms from triton-norms, transformers' decorated activations from triton-activations),
-   then the same measurements; the greedy tokens must equal the eager ones.
+   (the norms from triton-norms, transformers' decorated activations from triton-activations)
+   and :func:`~triton_collection.integrations.transformers_attention.kernelize_rotary`
+   (transformers' kernelizable ``apply_rotary_pos_emb`` -> triton-attention's ``RotaryPosEmb``,
+   bit-exact), then the same measurements; the greedy tokens must equal the eager ones.
 
 Decode throughput excludes the prefill: ``generate`` of ``new_tokens`` tokens minus ``generate`` of
 one token (both medians of a few runs, ``min_new_tokens`` forcing the full length), so
@@ -145,12 +147,13 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
     """
     from .bench import load_packages  # sets up the HF cache before transformers imports huggingface_hub
 
-    load_packages(["triton-norms", "triton-activations"])
+    load_packages(["triton-norms", "triton-activations", "triton-attention"])
     import torch
     from kernels import Mode
 
     from .integrations.families import ALL_FAMILIES
     from .integrations.transformers import kernelize
+    from .integrations.transformers_attention import kernelize_rotary
 
     tdtype = getattr(torch, dtype)
     model = build_model(name, device=device, dtype=tdtype, layers=layers)
@@ -197,6 +200,10 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
         layers_swapped: dict[str, int] = {}
         for layer in report.swapped.values():
             layers_swapped[layer] = layers_swapped.get(layer, 0) + 1
+        try:  # transformers' kernelizable apply_rotary_pos_emb -> triton-attention's RotaryPosEmb
+            layers_swapped["RotaryPosEmb"] = kernelize_rotary(model, mode=Mode.INFERENCE, device=device)
+        except ValueError as exc:  # the model attaches no kernelizable rotary function
+            log.info("e2e %s: rotary not kernelized: %s", name, exc)
         base["swapped"] = layers_swapped
         for b in batches:
             record("kernelize", b, lambda b=b: _measure(model, prompts[b], new_tokens=new_tokens, device=device, repeats=repeats))
