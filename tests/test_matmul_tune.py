@@ -76,9 +76,11 @@ def test_candidates_and_shapes(tmp_path):
     for M in (1, 16, 64, 256, 1024, 4096, 16384):
         for c in tune.default_candidates(M):
             cfg_keys = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "TMA", "PERSISTENT",
-                        "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "SPLIT_K"}
+                        "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "SPLIT_K", "GEMV"}
             assert set(c) == cfg_keys and c["num_warps"] * 32 <= 1024
-            assert all(c[k] >= 16 and c[k] & (c[k] - 1) == 0 for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+            # GEMV configs: BLOCK_N is the number of output columns per program (any power of two)
+            lows = {"BLOCK_M": 16, "BLOCK_N": 1 if c["GEMV"] else 16, "BLOCK_K": 16}
+            assert all(c[k] >= low and c[k] & (c[k] - 1) == 0 for k, low in lows.items())
     one = [{"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}]
     (tmp_path / "list.json").write_text(json.dumps(one))
     assert tune._load_candidates(str(tmp_path / "list.json"))(7) == one
