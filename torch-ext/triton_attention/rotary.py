@@ -21,6 +21,7 @@ read/written through up to 4 dims of strides (64-bit offsets); nothing is copied
 
 from __future__ import annotations
 
+import functools
 from typing import Tuple
 
 import torch
@@ -29,6 +30,7 @@ import triton.language as tl
 
 from ._device import check_launch_device, is_interpreter, launch_options
 from ._dispatch import call_op
+from ._fastlaunch import launch, meta_items, spec as launch_spec
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
 
@@ -103,9 +105,31 @@ def _strides(t: Tensor) -> Tuple[int, int, int, int]:
 
 def _rope_launch(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, fp32_math: bool, inverse: bool,
                  out_dtype: torch.dtype) -> Tensor:
-    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    if x.is_contiguous():
+        out = torch.empty_like(x, dtype=out_dtype)  # contiguous; half the host time of torch.empty(shape, ...)
+    else:
+        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if x.numel() == 0:
         return out
+    # everything but the pointers follows from shapes, strides, dtypes and flags: one plan per layout
+    key = (x.shape, x.stride(), cos.shape, cos.stride(), sin.shape, sin.stride(), x.dtype, out_dtype, x.device,
+           interleaved, fp32_math, inverse)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _rope_plan(x, cos, sin, out, interleaved, fp32_math, inverse)
+        if len(_PLANS) < 4096:
+            _PLANS[key] = plan
+    grid, scalars, scalars_spec, meta = plan
+    # the 4-d views of _rope_plan start at the same addresses: the tensors themselves are the pointers
+    launch(_rope_kernel, grid, (x, cos, sin, out), meta, x.device, scalars, scalars_spec)
+    return out
+
+
+_PLANS: dict = {}
+
+
+def _rope_plan(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool, fp32_math: bool, inverse: bool):
+    """(grid, scalar arguments, their specialisation, meta) of one launch."""
     check_launch_device(x, _rope_kernel)
     x4, o4 = _as4(x), _as4(out)
     c4, s4 = _as4(cos).expand(x4.shape), _as4(sin).expand(x4.shape)
@@ -114,14 +138,12 @@ def _rope_launch(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, fp32_ma
     BLOCK_D = triton.next_power_of_2(D)
     BLOCK_R = max(1, min(64, 4096 // BLOCK_D))
     interp = is_interpreter(_rope_kernel)
-    _rope_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
-        x4, c4, s4, o4, n_rows, R1, R2,
-        *_strides(x4)[:3], x4.stride(3), *_strides(c4)[:3], c4.stride(3), *_strides(s4)[:3], s4.stride(3),
-        *o4.stride(),
-        D=D, INTERLEAVED=interleaved, ROUND_EACH=not fp32_math and not inverse, INVERSE=inverse,
-        BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, **({} if interp else {"num_warps": 4}), **launch_options(_rope_kernel),
-    )
-    return out
+    scalars = (n_rows, R1, R2, *_strides(x4)[:3], x4.stride(3), *_strides(c4)[:3], c4.stride(3),
+               *_strides(s4)[:3], s4.stride(3), *o4.stride())
+    meta = meta_items(D=D, INTERLEAVED=interleaved, ROUND_EACH=not fp32_math and not inverse, INVERSE=inverse,
+                      BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, **({} if interp else {"num_warps": 4}),
+                      **launch_options(_rope_kernel))
+    return (triton.cdiv(n_rows, BLOCK_R),), scalars, launch_spec(scalars), meta
 
 
 def _rope_impl(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, fp32_math: bool) -> Tensor:
@@ -176,15 +198,20 @@ def _check(name: str, x: Tensor, cos: Tensor, sin: Tensor) -> None:
     if x.shape[-1] % 2:
         raise ValueError(f"the last dim of {name} (the rotary dim) must be even, got {x.shape[-1]}")
     for n, t in (("cos", cos), ("sin", sin)):
-        try:
-            ok = torch.broadcast_shapes(t.shape, x.shape) == x.shape
-        except RuntimeError:
-            ok = False
-        if not ok:
+        if not _broadcasts_to(t.shape, x.shape):
             raise ValueError(f"{n} of shape {tuple(t.shape)} does not broadcast to {name}'s shape {tuple(x.shape)}")
         if torch.is_grad_enabled() and t.requires_grad:
             raise ValueError(f"{n} requires grad, but triton-attention's rotary embedding gives no gradient to "
                              f"cos/sin; detach them (they are buffers in transformers and diffusers models)")
+
+
+@functools.lru_cache(maxsize=1024)
+def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
+    """Whether ``shape`` broadcasts to exactly ``target`` (cached: host time of every call)."""
+    try:
+        return torch.broadcast_shapes(shape, target) == target
+    except RuntimeError:
+        return False
 
 
 def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False,
