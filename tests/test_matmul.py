@@ -223,6 +223,28 @@ def test_gemv_config_rows_and_grad(matmul):
         matmul.matmul(a.detach(), b.detach(), config=matmul.MatmulConfig(16, 16, 16, 1, 4, 2, tma=1, persistent=3))
 
 
+@pytest.mark.parametrize("activation", [None, "gelu", "swiglu"])
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_stream_k_kernel(matmul, activation, b_layout):
+    # stream-K (the interpreter has 4 "SMs": 4 or 8 programs): tiles cut between programs at every position
+    # (k tiles per tile 1, 3, 5; tile counts 2, 6 and 9, so ranges start mid-tile, span several tiles, lie inside
+    # one, or start exactly where a tile starts without finishing it), prime M; the result matches fp64 and,
+    # pieces being summed in program order, repeats bit for bit
+    torch.manual_seed(13)
+    dt = torch.bfloat16
+    C = matmul.MatmulConfig
+    for M, K, n_out in ((37, 16, 40), (37, 72, 40), (53, 80, 24), (13, 80, 32)):
+        n_total = 2 * n_out if activation == "swiglu" else n_out
+        a = rand(M, K, dtype=dt)
+        b = rand(K, n_total, dtype=dt) if b_layout == "kn" else rand(n_total, K, dtype=dt).t()
+        bias = rand(n_total, dtype=dt)
+        for bk, pers, sub in ((16, 1, 0), (16, 2, 1), (32, 1, 1)):
+            cfg = C(16, 16, bk, 2, 4, 2, tma=1, persistent=pers, epilogue_subtile=sub, stream_k=1)
+            y = matmul.matmul(a, b, bias, activation, config=cfg)
+            assert_matmul_close(y, a, b, bias, activation)
+            assert torch.equal(y, matmul.matmul(a, b, bias, activation, config=cfg))
+
+
 def test_tma_kernel_grad_and_fallback(matmul):
     # h saved through pointers by the TMA kernel; unaligned strides (K = 31) fall back to the pointer kernel
     torch.manual_seed(7)

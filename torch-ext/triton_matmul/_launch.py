@@ -8,7 +8,8 @@ a problem shape ``(M, N, K)`` and the tile settings for it (``BLOCK_M``, ``BLOCK
 ``BLOCK_K``, ``GROUP_M``, ``num_warps``, ``num_stages``; optional, default 0/1: ``TMA``,
 ``PERSISTENT`` (0, or 1 / 2 programs per SM), ``WARP_SPECIALIZE``, ``EPILOGUE_SUBTILE``, ``SPLIT_K``:
 the Hopper kernel's options, see ``matmul``; ``GEMV``: calls with at most ``GEMV_MAX_M`` rows run the
-CUDA-core GEMV kernel, ``BLOCK_N`` (any power of two >= 1) output columns per program). ``"tuned": false`` marks files written by hand; ``triton-collection
+CUDA-core GEMV kernel, ``BLOCK_N`` (any power of two >= 1) output columns per program; ``STREAM_K``: the
+stream-K kernel, k iterations shared equally by ``max(1, PERSISTENT)`` programs per SM). ``"tuned": false`` marks files written by hand; ``triton-collection
 tune`` writes ``"tuned": true`` files with the measured TFLOP/s per bucket. A GPU without a file, and the Triton interpreter (CPU tensors), use
 ``configs/default.json``: small tiles and 3 stages that fit every supported GPU.
 
@@ -62,10 +63,14 @@ class MatmulConfig:
     # 1: calls with M <= GEMV_MAX_M rows run the GEMV kernel (CUDA cores, W streamed with wide loads); then
     # block_n (>= 1) is the number of output columns per program and block_k the K chunk; block_m is ignored
     gemv: int = 0
+    # 1: stream-K (TMA kernel only): max(1, persistent) programs per SM share the tiles' k iterations equally;
+    # pieces of a tile cut between programs are summed in program order (deterministic) by the last to arrive
+    stream_k: int = 0
 
     def as_list(self) -> list:
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.num_warps, self.num_stages,
-                self.tma, self.persistent, self.warp_specialize, self.epilogue_subtile, self.split_k, self.gemv]
+                self.tma, self.persistent, self.warp_specialize, self.epilogue_subtile, self.split_k, self.gemv,
+                self.stream_k]
 
     @classmethod
     def from_list(cls, values) -> "MatmulConfig":
@@ -77,14 +82,16 @@ class MatmulConfig:
         return cls(int(entry["BLOCK_M"]), int(entry["BLOCK_N"]), int(entry["BLOCK_K"]), int(entry["GROUP_M"]),
                    int(entry["num_warps"]), int(entry["num_stages"]), int(entry.get("TMA", 0)),
                    int(entry.get("PERSISTENT", 0)), int(entry.get("WARP_SPECIALIZE", 0)),
-                   int(entry.get("EPILOGUE_SUBTILE", 0)), int(entry.get("SPLIT_K", 1)), int(entry.get("GEMV", 0)))
+                   int(entry.get("EPILOGUE_SUBTILE", 0)), int(entry.get("SPLIT_K", 1)), int(entry.get("GEMV", 0)),
+                   int(entry.get("STREAM_K", 0)))
 
     def to_json(self) -> dict:
         """The JSON keys of this config (inverse of :meth:`from_json`)."""
         return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m,
                 "num_warps": self.num_warps, "num_stages": self.num_stages, "TMA": self.tma,
                 "PERSISTENT": self.persistent, "WARP_SPECIALIZE": self.warp_specialize,
-                "EPILOGUE_SUBTILE": self.epilogue_subtile, "SPLIT_K": self.split_k, "GEMV": self.gemv}
+                "EPILOGUE_SUBTILE": self.epilogue_subtile, "SPLIT_K": self.split_k, "GEMV": self.gemv,
+                "STREAM_K": self.stream_k}
 
     def check(self) -> None:
         """Raises ValueError for block sizes that are not powers of two >= 16 (GEMV configs: block_n >= 1),
@@ -101,7 +108,7 @@ class MatmulConfig:
             raise ValueError(f"group_m and num_stages must be >= 1, got {self.group_m} and {self.num_stages}")
         if self.num_warps < 1 or self.num_warps & (self.num_warps - 1):
             raise ValueError(f"num_warps must be a power of two, got {self.num_warps}")
-        for name in ("tma", "warp_specialize", "epilogue_subtile", "gemv"):
+        for name in ("tma", "warp_specialize", "epilogue_subtile", "gemv", "stream_k"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"{name} must be 0 or 1, got {getattr(self, name)}")
         if self.persistent not in (0, 1, 2):
@@ -166,6 +173,7 @@ def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: b
         epilogue_subtile=0 if gated else cfg.epilogue_subtile,
         split_k=cfg.split_k,
         gemv=cfg.gemv,
+        stream_k=cfg.stream_k,
     )
 
 

@@ -373,6 +373,92 @@ def _matmul_tma_kernel(
                         GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST)
 
 
+@triton.jit
+def _matmul_streamk_kernel(
+    a_desc, b_desc, bias_ptr, y_desc, h_ptr,  # as _matmul_tma_kernel
+    ws_ptr,  # (NUM_PROGS, 2, BLOCK_M, BLOCK_N_TOTAL) fp32 partial sums: slot 0 = the segment holding the program's
+             # first k iteration, slot 1 = its last one (BLOCK_N_TOTAL = 2 * BLOCK_N gated, else BLOCK_N)
+    cnt_ptr,  # (tiles,) int32 zeros: segments arrived per tile
+    M, N, K, stride_hm,
+    NUM_PROGS,
+    GATED: tl.constexpr, ACT: tl.constexpr, B_NK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Stream-K: the tiles' k iterations, laid end to end (tile-major), are cut into NUM_PROGS equal contiguous
+    ranges, one per program, so every program does the same work whatever the tile count. A tile whose k range
+    lies in one program is finished there; a tile cut between programs has each piece's fp32 partial written to
+    the workspace and the last piece to arrive (atomic counter) sums them in program order -- deterministic --
+    and runs the epilogue."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    total = tl.cast(num_m * num_n, tl.int64) * k_tiles
+    per = tl.cdiv(total, NUM_PROGS)
+    start = pid * per
+    end = tl.minimum(start + per, total)
+    it = start
+    offs_bm = tl.arange(0, BLOCK_M)
+    offs_bn = tl.arange(0, BLOCK_N)
+    NT: tl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
+    part = offs_bm[:, None] * NT + offs_bn[None, :]  # offsets inside one workspace slot
+    while it < end:
+        tile = (it // k_tiles).to(tl.int32)
+        tile_start = tl.cast(tile, tl.int64) * k_tiles
+        k0 = (it - tile_start).to(tl.int32)
+        k1 = tl.minimum(k_tiles, (end - tile_start)).to(tl.int32)
+        pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k0, k1):
+            off_k = kt * BLOCK_K
+            a = a_desc.load([off_m, off_k])
+            if B_NK:
+                b = b_desc.load([off_n, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+            if GATED:
+                if B_NK:
+                    bg = b_desc.load([N + off_n, off_k]).T
+                else:
+                    bg = b_desc.load([off_k, N + off_n])
+                if UPCAST:
+                    bg = bg.to(tl.float32)
+                acc_g = tl.dot(a, bg, acc_g)
+        if k0 == 0 and k1 == k_tiles:
+            _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                        GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST)
+        else:
+            slot = tl.where(it == start, 0, 1)
+            base = (tl.cast(pid, tl.int64) * 2 + slot) * (BLOCK_M * NT)
+            tl.store(ws_ptr + base + part, acc)
+            if GATED:
+                tl.store(ws_ptr + base + BLOCK_N + part, acc_g)
+            first = (tile_start // per).to(tl.int32)  # programs holding pieces of this tile: first ... last
+            last = ((tile_start + k_tiles - 1) // per).to(tl.int32)
+            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            if arrived == last - first:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for p in range(first, last + 1):
+                    # program p's piece is its slot 0 when p's range starts inside this tile, else its slot 1
+                    p_slot = tl.where(tl.cast(p, tl.int64) * per >= tile_start, 0, 1)
+                    p_base = (tl.cast(p, tl.int64) * 2 + p_slot) * (BLOCK_M * NT)
+                    acc += tl.load(ws_ptr + p_base + part, cache_modifier=".cg")
+                    if GATED:
+                        acc_g += tl.load(ws_ptr + p_base + BLOCK_N + part, cache_modifier=".cg")
+                _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                            GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST)
+        it = tile_start + k1
+
+
 def _tma_layout(a: Tensor, b: Tensor, N: int) -> Optional[bool]:
     """None when the TMA kernel cannot read these operands, else B_NK (b read as the (N, K) matrix b.T).
 
@@ -405,6 +491,19 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
         b_desc = TensorDescriptor(b, [K, b.shape[1]], [b.stride(0), 1], [bk, bn])
     y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn // 2 if subtile else bn])
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    if cfg.stream_k:
+        progs = min(max(1, cfg.persistent) * num_sms, tiles * triton.cdiv(K, bk))
+        nt = 2 * bn if gated else bn
+        work = torch.empty((progs, 2, bm, nt), dtype=torch.float32, device=a.device)
+        arrivals = torch.zeros((tiles,), dtype=torch.int32, device=a.device)
+        _launch_fitting(lambda stages: _matmul_streamk_kernel[(progs,)](
+            a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h, work, arrivals,
+            M, N, K, h.stride(0) if h is not None else 0, progs,
+            GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
+            EPILOGUE_SUBTILE=subtile, UPCAST=interp and a.dtype == torch.bfloat16,
+            num_warps=cfg.num_warps, num_stages=stages,
+        ), ("streamk", cfg, gated, act, b_nk, a.dtype, a.device), cfg)
+        return
     split = 1 if cfg.persistent else max(1, min(cfg.split_k, triton.cdiv(K, bk)))
     progs = min(cfg.persistent * num_sms, tiles) if cfg.persistent else tiles * split
     ws = bool(cfg.warp_specialize) and not interp
