@@ -56,7 +56,31 @@ def main(variant: Path, arch: str) -> int:
         print(f"pointer gated={gated} hgmma={_sass_hgmma(c.asm['cubin']) if 'cubin' in c.asm else 'n/a'} "
               f"shared={c.metadata.shared}")
         count += 1
+    # the GEMV kernel (few rows, CUDA cores): one token (M == 1 specialized), plain with bias and gated
+    for gated, bn, bk in ((False, 4, 512), (True, 8, 256)):
+        sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*bf16", "h_ptr": "*bf16",
+               "N": "i32", "K": "i32", "stride_am": "i64", "stride_ak": "i64", "stride_bk": "i64",
+               "stride_bn": "i64", "stride_ym": "i64", "stride_hm": "i64"}
+        consts = {"M": 1, "GATED": gated, "ACT": 2, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "EVEN_K": not gated,
+                  "stride_bk": 1}
+        sig.pop("stride_bk")
+        c = _compile(mm._gemv_kernel, sig, consts, target, 4, 1)
+        print(f"gemv gated={gated} {bn}x{bk} shared={c.metadata.shared} regs={getattr(c.metadata, 'num_regs', '?')}")
+        count += 1
     if arch.isdigit():
+        # stream-K (persistent grid sharing k iterations; cut tiles summed through an fp32 workspace)
+        for bm, bn, bk, warps, stages, sub, gated in ((128, 256, 64, 8, 4, True, False), (128, 128, 64, 8, 3, False, True)):
+            sig = {"a_desc": f"tensordesc<bf16[{bm}, {bk}]>", "b_desc": f"tensordesc<bf16[{bn}, {bk}]>",
+                   "bias_ptr": "*bf16", "y_desc": f"tensordesc<bf16[{bm}, {bn // 2 if sub else bn}]>",
+                   "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+                   "M": "i32", "N": "i32", "K": "i32", "stride_hm": "i32", "NUM_PROGS": "i32"}
+            consts = {"GATED": gated, "ACT": 1, "B_NK": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                      "GROUP_M": 8, "EPILOGUE_SUBTILE": sub, "UPCAST": False, "h_ptr": None}
+            c = _compile(mm._matmul_streamk_kernel, sig, consts, target, warps, stages)
+            print(f"streamk {bm}x{bn}x{bk} w{warps} s{stages} subtile={sub} gated={gated} "
+                  f"hgmma={_sass_hgmma(c.asm['cubin'])} wgmma_ptx={c.asm['ptx'].count('wgmma.mma_async')} "
+                  f"shared={c.metadata.shared}")
+            count += 1
         # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, warp_specialize, subtile, split_k, gated, b as W.T)
         variants = [(128, 256, 64, 8, 3, False, True, 1, False, True), (128, 256, 64, 8, 3, True, True, 1, False, True),
                     (128, 128, 64, 8, 4, False, False, 1, True, False), (16, 64, 256, 4, 4, False, False, 4, False, True)]

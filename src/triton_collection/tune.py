@@ -47,10 +47,10 @@ DEFAULT_BUCKETS = [(m, n, k) for (n, k) in BUCKET_NK for m in BUCKET_M]
 
 def default_candidates(M: int) -> list[dict]:
     """Candidate configs (JSON dicts, ``_launch`` keys) for buckets with M rows, TMA kernel first."""
-    def c(bm, bn, bk, g, w, s, tma=1, pers=0, ws=0, sub=0, split=1, gemv=0):
+    def c(bm, bn, bk, g, w, s, tma=1, pers=0, ws=0, sub=0, split=1, gemv=0, sk=0):
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "num_warps": w, "num_stages": s,
                 "TMA": tma, "PERSISTENT": pers, "WARP_SPECIALIZE": ws, "EPILOGUE_SUBTILE": sub, "SPLIT_K": split,
-                "GEMV": gemv}
+                "GEMV": gemv, "STREAM_K": sk}
     # chosen from a first H200 sweep (2026-11-30): the winners and runners-up per M range
     if M <= 1:  # weight streaming: many narrow tiles; split-K where N alone gives too few programs
         return [c(16, 32, 128, 1, 4, 4, tma=0), c(16, 32, 256, 1, 4, 4), c(16, 64, 256, 1, 4, 4, split=4)]
