@@ -29,9 +29,18 @@ work), multiplies with warpgroup MMA and stores y through a descriptor (clipped 
 Options: a persistent grid (one program per SM walking the tiles), warp specialization,
 the epilogue in two column halves (less shared memory), and split-K (``split_k`` programs per
 tile each sum a contiguous range of k tiles in fp32; the last to arrive, counted with an
-atomic, adds the partials in split order -- deterministic -- and runs the epilogue). Any other
-case, the Triton interpreter included unless a config asks for TMA, runs the pointer kernel
-above: the result never depends on which kernel or config ran beyond fp32 summation order.
+atomic, adds the partials in split order -- deterministic -- and runs the epilogue), or stream-K
+(``_matmul_streamk_kernel``: the tiles' k iterations laid end to end are cut into one equal range
+per program of a persistent grid, so a tile count that fills the SMs unevenly still keeps every SM
+busy; a tile cut between programs is summed from fp32 partials in program order by its last piece).
+Any other case, the Triton interpreter included unless a config asks for TMA, runs the pointer
+kernel above: the result never depends on which kernel or config ran beyond fp32 summation order.
+
+Few rows (``_gemv_kernel``, configs with ``gemv=1``, M <= ``GEMV_MAX_M``): one program per
+BLOCK_N output columns streams its (BLOCK_N, K) slab of b once with wide loads (contiguous along k
+for ``W.t()``), multiplies it by all M rows of a on CUDA cores in fp32 and reduces over k once
+after the loop; same epilogues. Decode-sized calls are bound by reading W, not by FLOPs, so
+the many small programs that keep every SM's loads in flight matter more than tensor cores.
 
 Backward: the forward writes h (rounded to a's dtype, as eager ``F.gelu(F.linear(x))``
 saves it) when a gradient is needed. ``dh`` = dy * act'(h) (gated: ``dp = dy * act(g)``,
@@ -738,9 +747,10 @@ def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, activation: Opti
     allow_tf32 = True``). Bias, activation and the gated product are fp32; y is rounded once. eager
     ``F.gelu(F.linear(...))`` rounds h first, so values differ from it by ~1 ulp of the output dtype.
 
-    Performance: one launch (plus a small zeroing one for split-K configs); on NVIDIA sm_90+ with aligned
-    fp16/bf16 operands the TMA kernel (see the module docstring), elsewhere the pointer kernel with
-    grid = ceil(M / BLOCK_M) * ceil(N_out / BLOCK_N). Backward: one elementwise pass for dh plus two
+    Performance: one launch (plus a small zeroing one for split-K and stream-K configs); on NVIDIA sm_90+
+    with aligned fp16/bf16 operands the TMA kernel (see the module docstring), elsewhere the pointer kernel
+    with grid = ceil(M / BLOCK_M) * ceil(N_out / BLOCK_N); few-row calls with a GEMV config the GEMV kernel
+    with ceil(N_out / BLOCK_N) programs. Backward: one elementwise pass for dh plus two
     ``torch.matmul`` calls (dgrad, wgrad).
     """
     _check(a, b, bias, activation)
