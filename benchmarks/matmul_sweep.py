@@ -176,7 +176,11 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False, skip: frozens
     sizes = {"cases": [(257, 4096, 1000, act, "nk") for act in all_acts]
              + [(257, 4096, 1000, act, "kn") for act in (None, "swiglu")]
              + [(1, 4096, 4096, None, "nk"), (1, 4096, 4096, "geglu", "nk"), (5, 4096, 14336, None, "nk"),
-                (1031, 520, 3001, None, "nk"), (1031, 520, 3001, "geglu", "kn"), (37, 72, 40, "swiglu", "nk")],
+                (1031, 520, 3001, None, "nk"), (1031, 520, 3001, "geglu", "kn"), (37, 72, 40, "swiglu", "nk"),
+                # few rows (the GEMV buckets) and the M = 256 / 1024 buckets of the sweep, with epilogues
+                (3, 6144, 4096, "gelu", "nk"), (2, 4096, 4096, "swiglu", "kn"), (1, 3072, 12288, "gelu_tanh", "nk"),
+                (256, 6144, 4096, "gelu", "nk"), (256, 3072, 12288, None, "nk"), (1024, 3072, 3072, "geglu", "nk"),
+                (1024, 3072, 12288, "silu", "kn")],
              "square": (4096, 8192), "sass": 8192, "fused": FUSED, "sweep_m": SWEEP_M, "sweep_nk": SWEEP_NK}
     if smoke:
         sizes = {"cases": [(37, 72, 40, act, "nk") for act in all_acts] + [(1, 48, 64, "geglu", "kn")],
