@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -156,3 +157,42 @@ def split_for(cfg: LaunchConfig, N: int, rows: int, device: torch.device) -> int
     if rows >= SPLIT_BELOW_ROWS_PER_SM * sms:
         return 1
     return max(1, min(triton.cdiv(N, cfg.block_n), triton.cdiv(SPLIT_PROGRAMS_PER_SM * sms, rows)))
+
+
+@dataclass(frozen=True)
+class TeamConfig:
+    """A wide row split over a team of programs that meet once on the device (see ``_team``)."""
+
+    team: int  # programs per row
+    block_n: int  # BLOCK_N constexpr: columns per program (a power of 2; team * block_n >= N)
+    num_warps: int
+
+
+# Team path per kernel kind: rows of at least ``min_row_bytes`` of input go to a team of
+# ceil(row bytes / chunk_bytes) programs with ``num_warps`` warps each; None: never (looped path).
+TEAM_TUNED: dict = {
+    "softmax": {"min_row_bytes": 32769, "chunk_bytes": 16384, "num_warps": 8},
+    "softmax_bwd": {"min_row_bytes": 32769, "chunk_bytes": 16384, "num_warps": 8},
+    "cross_entropy": {"min_row_bytes": 32769, "chunk_bytes": 16384, "num_warps": 8},
+}
+# Teams on CPU tensors (the interpreter runs a team as two launches, publish then write). Off by default
+# (the looped kernels are the CPU path); the tests switch it on.
+TEAM_ON_CPU = False
+
+
+def team_for(N: int, t: torch.Tensor, rows: int, kind: str) -> Optional[TeamConfig]:
+    """The team split for ``rows`` rows of ``N`` elements of ``t`` (kind as in ``TEAM_TUNED``), or None
+    for the one-program-per-row kernels. A team never exceeds the SM count, so that all its members can
+    be resident at once (the forward-progress condition of ``_team``)."""
+    tuned = TEAM_TUNED.get(kind)
+    if tuned is None or (t.device.type == "cpu" and not TEAM_ON_CPU):
+        return None
+    e = t.element_size()
+    if N * e < tuned["min_row_bytes"]:
+        return None
+    block = triton.next_power_of_2(max(tuned["chunk_bytes"] // e, 1))
+    team = triton.cdiv(N, block)
+    if team > _sm_count(t.device) or rows * team >= 2**31:
+        return None
+    warps = min(tuned["num_warps"], MAX_THREADS_PER_PROGRAM // device_warp_size(t.device))
+    return TeamConfig(team=team, block_n=block, num_warps=max(warps, 1))

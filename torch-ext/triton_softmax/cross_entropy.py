@@ -51,11 +51,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .softmax import _chunk_start
+from .softmax import _chunk_start, _team_phases
+from ._team import team_arrive, team_load, team_ticket, team_wait
 from ._common import check_float_tensor, check_real, check_same_device, row_layout, row_start, store_rounded
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
-from ._launch import config_for
+from ._launch import config_for, team_for
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
 
@@ -184,6 +185,76 @@ def _cross_entropy_fwd_kernel(
 
 
 @triton.jit
+def _cross_entropy_team_fwd_kernel(
+    x_ptr, t_ptr, loss_ptr, g_ptr, lse_ptr, count_ptr,  # as _cross_entropy_fwd_kernel
+    ws_ptr,  # fp32 (3, rows * TEAM): each member's max, sum of exp, sum of logits (SMOOTH)
+    sync_ptr,  # int32 (1 + rows,) zeros: ticket counter, then one arrival count per row (see _team)
+    M,  # number of rows
+    R1, R2,
+    sx0, sx1, sx2, sxc,
+    st0, st1, st2,
+    sg0, sg1, sg2, sgc,
+    V, ignore_index, smoothing, z_loss,
+    TEAM,  # programs per row, BLOCK_N classes each (TEAM * BLOCK_N >= V)
+    SMOOTH: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TEAM_P2: tl.constexpr,
+    PHASE: tl.constexpr,  # 0: publish, wait, write; 1: publish only; 2: wait and write only (interpreter)
+):
+    # A wide row over TEAM programs, each with its chunk of logits in registers: they exchange
+    # (max, sum of exp, sum of x) through ws, and each writes its chunk of the gradient from registers.
+    # DRAM: read V*x once, write V*g once. Member 0 writes the row's loss and logsumexp.
+    ticket = team_ticket(sync_ptr, M * TEAM)
+    row = ticket // TEAM
+    member = ticket % TEAM
+    x_row = row_start(row, R1, R2, sx0, sx1, sx2)
+    offs = member * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs < V
+    x = _load_logits(x_ptr, x_row, sxc, offs, mask_n, "")
+    part = ws_ptr + row * TEAM
+    flag = sync_ptr + 1 + row
+    if PHASE != 2:
+        m_own = tl.max(x, axis=0)
+        base = tl.where(m_own == float("-inf"), 0.0, m_own)
+        tl.store(part + member, m_own)
+        tl.store(part + M * TEAM + member, tl.sum(tl.exp(x - base), axis=0))
+        if SMOOTH:
+            tl.store(part + 2 * M * TEAM + member, tl.sum(tl.where(mask_n, x, 0.0), axis=0))
+        team_arrive(flag)
+    if PHASE != 1:
+        t = tl.load(t_ptr + row_start(row, R1, R2, st0, st1, st2)).to(tl.int64)
+        valid = t != ignore_index
+        in_range = (t >= 0) & (t < V)
+        x_t = tl.load(x_ptr + x_row + tl.where(in_range, t, 0) * sxc, mask=valid & in_range,
+                      other=0.0).to(tl.float32)
+        team_wait(flag, TEAM)
+        k = tl.arange(0, TEAM_P2)
+        mi = team_load(part, k, TEAM, float("-inf"))
+        si = team_load(part + M * TEAM, k, TEAM, 0.0)
+        mx = tl.max(mi, axis=0)
+        base = tl.where(mx == float("-inf"), 0.0, mx)
+        lse = mx + tl.log(tl.sum(si * tl.exp(mi - base), axis=0))  # fixed order: equal in every member
+        if member == 0:
+            loss = lse - x_t
+            if SMOOTH:
+                sum_x = tl.sum(team_load(part + 2 * M * TEAM, k, TEAM, 0.0), axis=0)
+                loss = (1.0 - smoothing) * loss + smoothing * (lse - sum_x / V)
+            loss = tl.where(z_loss > 0.0, loss + z_loss * lse * lse, loss)
+            loss = tl.where(in_range, loss, float("nan"))
+            tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
+            if lse_ptr is not None:
+                tl.store(lse_ptr + row, lse)
+        if g_ptr is not None:
+            coef = tl.where(z_loss > 0.0, 1.0 + 2.0 * z_loss * lse, 1.0)
+            w = 1.0
+            if count_ptr is not None:
+                w = 1.0 / tl.load(count_ptr).to(tl.float32)
+            g = _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range)
+            g_row = row_start(row, R1, R2, sg0, sg1, sg2)
+            store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)
+
+
+@triton.jit
 def _scale_grad_kernel(
     g_ptr,  # the stored w * gradient
     out_ptr,  # where the scaled gradient goes: g_ptr (in place) or a fresh tensor of g's layout
@@ -258,6 +329,19 @@ def _cross_entropy_bwd_kernel(
         store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, g, mask_n)
 
 
+def _launch_looped(logits, t, rows, gs, aux, count, grad_mode, need_grad, layout, V, ignore_index,
+                   label_smoothing, z_loss) -> None:
+    """One program per row (one block, or looped over chunks with a re-read)."""
+    cfg = config_for(V, logits, "cross_entropy")
+    meta = meta_items(SMOOTH=label_smoothing > 0.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop, **cfg.loop_options,
+                      num_warps=cfg.num_warps, **launch_options(_cross_entropy_fwd_kernel))
+    launch(_cross_entropy_fwd_kernel, (layout.rows,),
+           (logits, t, rows, gs, aux if grad_mode == 2 else None, count if need_grad else None,
+            layout.sizes[1], layout.sizes[2],
+            *layout.args(0), *layout.args(1)[:3], *layout.args(2),
+            V, ignore_index, float(label_smoothing), float(z_loss)), meta, logits.device)
+
+
 def _cross_entropy_fwd_impl(
     logits: Tensor, target: Tensor, class_dim: int, ignore_index: int, label_smoothing: float, z_loss: float,
     reduction: str, grad_mode: int,
@@ -290,14 +374,21 @@ def _cross_entropy_fwd_impl(
         if layout is None:  # more than 3 unmergeable leading dims: the one documented copy
             logits, t = logits.contiguous(), target.contiguous().unsqueeze(class_dim).expand(logits.shape)
             layout = row_layout([logits, t, gs], class_dim)
-        cfg = config_for(V, logits, "cross_entropy")
-        meta = meta_items(SMOOTH=label_smoothing > 0.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop, **cfg.loop_options,
-                          num_warps=cfg.num_warps, **launch_options(_cross_entropy_fwd_kernel))
-        launch(_cross_entropy_fwd_kernel, (layout.rows,),
-               (logits, t, rows, gs, aux if grad_mode == 2 else None, count if need_grad else None,
-                layout.sizes[1], layout.sizes[2],
-                *layout.args(0), *layout.args(1)[:3], *layout.args(2),
-                V, ignore_index, float(label_smoothing), float(z_loss)), meta, logits.device)
+        team = team_for(V, logits, layout.rows, "cross_entropy")
+        if team is not None:  # wide rows: a team of programs per row, the logits read once
+            ws = torch.empty(3 * layout.rows * team.team, dtype=torch.float32, device=logits.device)
+            sync = torch.zeros(1 + layout.rows, dtype=torch.int32, device=logits.device)
+            args = (logits, t, rows, gs, aux if grad_mode == 2 else None, count if need_grad else None, ws, sync,
+                    layout.rows, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3],
+                    *layout.args(2), V, ignore_index, float(label_smoothing), float(z_loss), team.team)
+            for phase in _team_phases(logits.device, team.team):
+                launch(_cross_entropy_team_fwd_kernel, (layout.rows * team.team,), args,
+                       meta_items(SMOOTH=label_smoothing > 0.0, BLOCK_N=team.block_n,
+                                  TEAM_P2=triton.next_power_of_2(team.team), PHASE=phase, num_warps=team.num_warps,
+                                  **launch_options(_cross_entropy_team_fwd_kernel)), logits.device)
+        else:
+            _launch_looped(logits, t, rows, gs, aux, count, grad_mode, need_grad, layout, V, ignore_index,
+                           label_smoothing, z_loss)
     if reduction == "none":
         return rows, g, aux
     total = rows.sum()

@@ -38,7 +38,8 @@ import triton.language as tl
 from ._common import check_float_tensor, check_real, check_same_device, normalize_dim, row_layout, row_start, store_rounded
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
-from ._launch import config_for, split_for
+from ._launch import config_for, split_for, team_for
+from ._team import team_arrive, team_load, team_ticket, team_wait
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
 
@@ -405,6 +406,110 @@ def _softmax_bwd_split_out_kernel(
         store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, dz * scale, mask_n)
 
 
+@triton.jit
+def _softmax_team_fwd_kernel(
+    x_ptr, m_ptr, y_ptr,
+    ws_ptr,  # fp32 (2, rows * TEAM): each member's max, then its sum of exp
+    sync_ptr,  # int32 (1 + rows,) zeros: ticket counter, then one arrival count per row (see _team)
+    R1, R2,
+    sx0, sx1, sx2, sxc,
+    sm0, sm1, sm2, smc,
+    sy0, sy1, sy2, syc,
+    M, N, Sq, scale,
+    TEAM,  # programs per row, each BLOCK_N columns (TEAM * BLOCK_N >= N)
+    CAUSAL: tl.constexpr,
+    LOG: tl.constexpr,
+    SCALED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TEAM_P2: tl.constexpr,  # next power of 2 of TEAM
+    PHASE: tl.constexpr,  # 0: publish, wait, write; 1: publish only; 2: wait and write only (interpreter)
+):
+    # Wide rows read once: the row's TEAM programs keep a chunk each in registers, exchange their
+    # (max, sum of exp) through ws and write y from registers. DRAM: read N*x, write N*y.
+    ticket = team_ticket(sync_ptr, M * TEAM)
+    row = ticket // TEAM
+    member = ticket % TEAM
+    x_row = row_start(row, R1, R2, sx0, sx1, sx2)
+    m_row = row_start(row, R1, R2, sm0, sm1, sm2)
+    q = row % Sq
+    offs = member * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs < N
+    z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "", SCALED)
+    part = ws_ptr + row * TEAM
+    flag = sync_ptr + 1 + row
+    if PHASE != 2:
+        m_own = tl.max(z, axis=0)
+        base = tl.where(m_own == float("-inf"), 0.0, m_own)
+        tl.store(part + member, m_own)
+        tl.store(part + M * TEAM + member, tl.sum(tl.exp(z - base), axis=0))
+        team_arrive(flag)
+    if PHASE != 1:
+        team_wait(flag, TEAM)
+        k = tl.arange(0, TEAM_P2)
+        mi = team_load(part, k, TEAM, float("-inf"))
+        si = team_load(part + M * TEAM, k, TEAM, 0.0)
+        mx = tl.max(mi, axis=0)
+        base = tl.where(mx == float("-inf"), 0.0, mx)
+        s = tl.sum(si * tl.exp(mi - base), axis=0)  # fixed order: the same bits in every member
+        zm = z - mx
+        if LOG:
+            y = zm - tl.log(s)
+        else:
+            y = tl.exp(zm) / s
+        y_row = row_start(row, R1, R2, sy0, sy1, sy2)
+        store_rounded(y_ptr + y_row, offs.to(tl.int64) * syc, y, mask_n)
+
+
+@triton.jit
+def _softmax_team_bwd_kernel(
+    y_ptr, dy_ptr, dx_ptr,
+    ws_ptr,  # fp32 (rows * TEAM,): each member's sum of dy * y (log: of dy)
+    sync_ptr,  # int32 (1 + rows,) zeros (see _team)
+    R1, R2,
+    sy0, sy1, sy2, syc,
+    sdy0, sdy1, sdy2, sdyc,
+    sdx0, sdx1, sdx2, sdxc,
+    M, N, Sq, scale,
+    TEAM,
+    CAUSAL: tl.constexpr,
+    LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TEAM_P2: tl.constexpr,
+    PHASE: tl.constexpr,
+):
+    # DRAM: read N*(y + dy), write N*dx, each once.
+    ticket = team_ticket(sync_ptr, M * TEAM)
+    row = ticket // TEAM
+    member = ticket % TEAM
+    y_row = row_start(row, R1, R2, sy0, sy1, sy2)
+    dy_row = row_start(row, R1, R2, sdy0, sdy1, sdy2)
+    q = row % Sq
+    offs = member * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs < N
+    p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG, "")
+    part = ws_ptr + row * TEAM
+    flag = sync_ptr + 1 + row
+    if PHASE != 2:
+        if LOG:
+            tl.store(part + member, tl.sum(dy, axis=0))
+        else:
+            tl.store(part + member, tl.sum(p * dy, axis=0))
+        team_arrive(flag)
+    if PHASE != 1:
+        team_wait(flag, TEAM)
+        k = tl.arange(0, TEAM_P2)
+        red = tl.sum(team_load(part, k, TEAM, 0.0), axis=0)
+        dz = _dz(p, dy, red, offs, q, CAUSAL, LOG)
+        dx_row = row_start(row, R1, R2, sdx0, sdx1, sdx2)
+        store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, dz * scale, mask_n)
+
+
+def _team_phases(device: torch.device, team: int):
+    """Launch phases of a team kernel: one spinning launch on a GPU, publish then write under the
+    interpreter (programs run one at a time there; a team of one never waits)."""
+    return (0,) if device.type != "cpu" or team == 1 else (1, 2)
+
+
 def _as_1d(t: Optional[Tensor]) -> Optional[Tensor]:
     """A 0-d tensor as shape (1,) (torch treats a scalar as a row of one)."""
     return t.reshape(1) if t is not None and t.dim() == 0 else t
@@ -424,7 +529,20 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
         ms = ms.contiguous() if ms is not None else None
         layout = row_layout([xs, ms, ys], dim)
     N = xs.shape[dim]
-    cfg = config_for(N, xs if ms is None or xs.element_size() >= ms.element_size() else ms)
+    big = xs if ms is None or xs.element_size() >= ms.element_size() else ms
+    team = team_for(N, big, layout.rows, "softmax")
+    if team is not None:  # wide rows: a team of programs per row, the row read once
+        ws = torch.empty(2 * layout.rows * team.team, dtype=torch.float32, device=x.device)
+        sync = torch.zeros(1 + layout.rows, dtype=torch.int32, device=x.device)
+        args = (xs, ms, ys, ws, sync, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1),
+                *layout.args(2), layout.rows, N, xs.shape[-2] if causal else 1, float(scale), team.team)
+        for phase in _team_phases(x.device, team.team):
+            launch(_softmax_team_fwd_kernel, (layout.rows * team.team,), args,
+                   meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=team.block_n,
+                              TEAM_P2=triton.next_power_of_2(team.team), PHASE=phase, num_warps=team.num_warps,
+                              **launch_options(_softmax_team_fwd_kernel)), x.device)
+        return y
+    cfg = config_for(N, big)
     split = split_for(cfg, N, layout.rows, x.device)
     if split > 1:  # few wide rows: split each row over several programs (two launches)
         span = triton.cdiv(triton.cdiv(N, split), cfg.block_n) * cfg.block_n
@@ -472,6 +590,18 @@ def _softmax_bwd_impl(dy: Tensor, y: Tensor, dim: int, scale: float, causal: boo
         dys = dys.contiguous()
         layout = row_layout([ys, dys, dxs], dim)
     N = ys.shape[dim]
+    team = team_for(N, ys, layout.rows, "softmax_bwd")
+    if team is not None:  # wide rows: a team of programs per row, y and dy read once
+        ws = torch.empty(layout.rows * team.team, dtype=torch.float32, device=y.device)
+        sync = torch.zeros(1 + layout.rows, dtype=torch.int32, device=y.device)
+        args = (ys, dys, dxs, ws, sync, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1),
+                *layout.args(2), layout.rows, N, ys.shape[-2] if causal else 1, float(scale), team.team)
+        for phase in _team_phases(y.device, team.team):
+            launch(_softmax_team_bwd_kernel, (layout.rows * team.team,), args,
+                   meta_items(CAUSAL=causal, LOG=log, BLOCK_N=team.block_n,
+                              TEAM_P2=triton.next_power_of_2(team.team), PHASE=phase, num_warps=team.num_warps,
+                              **launch_options(_softmax_team_bwd_kernel)), y.device)
+        return dx
     cfg = config_for(N, ys, "softmax_bwd")
     split = split_for(cfg, N, layout.rows, y.device)
     if split > 1:  # few wide rows: split each row over several programs (two launches)

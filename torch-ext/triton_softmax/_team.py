@@ -1,0 +1,65 @@
+"""Device-side teams: a wide row split over K programs that meet once, without a second launch.
+
+A *team* is K programs that each keep one chunk of a row in registers, publish a few fp32
+partial statistics of their chunk to a workspace, wait until all K teammates have published,
+combine the K partials in a fixed order (the same bits on every run and in every member) and
+then write their chunk's output from registers: one DRAM read and one write per element.
+
+Forward progress. Programs may start in any order and a spinning program holds its slot, so
+a team must only ever wait on programs that are already running or that are certain to start.
+``team_ticket`` therefore takes the *logical* program id from a global counter
+(``atomic_add``) instead of ``program_id``: tickets are handed out in start order, so the
+programs that have started hold exactly tickets ``0 .. T-1``. Every team whose tickets all lie
+below T is fully resident (or done) and finishes; only the last, partially started team can
+wait, and its missing members get the slots the finished teams free. This needs K programs to
+fit on the device at once (the host keeps K <= the number of SMs).
+
+Memory ordering: a member's partial stores are made visible to the CTA by a barrier and then
+published with a release ``atomic_add`` on the team's arrival counter; the waiting side polls
+that counter with acquire semantics, synchronises the CTA, and reads the partials with
+``cache_modifier=".cg"`` (L2, not a possibly stale L1 line).
+
+Counters: ``sync`` is an int32 tensor of ``1 + teams`` zeros made by the host per call
+(``torch.zeros``: one memset, no host sync, fine in CUDA graphs and under torch.compile):
+``sync[0]`` is the ticket counter, ``sync[1 + team]`` the team's arrival count.
+
+The Triton interpreter runs programs one after the other, so a waiting program would spin for
+ever there. The kernels take a ``PHASE`` constexpr: 0 = publish, wait, write (the GPU path);
+1 = publish only; 2 = wait and write only. Under the interpreter the host launches phase 1 and
+then phase 2 with the same ``sync`` (phase-2 tickets continue past ``total`` and are taken
+modulo ``total``; every arrival count is already K), which runs the same ticket, publish and
+combine code without ever spinning. A team of one (K = 1) never waits on anybody.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def team_ticket(sync_ptr, total):
+    """This program's logical id in start order, in [0, total) (int64)."""
+    return (tl.atomic_add(sync_ptr, 1, sem="relaxed") % total).to(tl.int64)
+
+
+@triton.jit
+def team_arrive(flag_ptr):
+    """Publish: every thread's earlier stores of this program become visible before the count grows."""
+    tl.debug_barrier()
+    tl.atomic_add(flag_ptr, 1, sem="release")
+
+
+@triton.jit
+def team_wait(flag_ptr, count):
+    """Spin until ``count`` members have arrived at ``flag_ptr`` (acquire), then synchronise the program."""
+    n = tl.atomic_add(flag_ptr, 0, sem="acquire")
+    while n < count:
+        n = tl.atomic_add(flag_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
+def team_load(ptr, k, count, other):
+    """The ``count`` partials ``ptr[k]`` of a team (``k`` = arange over a power of 2), from L2."""
+    return tl.load(ptr + k, mask=k < count, other=other, cache_modifier=".cg")
