@@ -2,7 +2,8 @@
 
     python tests/compile_matmul_targets.py <build variant folder> <arch>
 
-``arch``: ``90`` (Hopper: the TMA kernel in its main configurations + the pointer kernel, with
+``arch``: ``90`` (Hopper: the TMA, stream-K and GEMV kernels (NVIDIA fast-math activation: inline PTX)
+in their main configurations + the pointer kernel, with
 integer arguments equal to 1 specialized to constants as the launcher does; the
 SASS, disassembled with the ``cuobjdump`` Triton ships, must hold ``HGMMA``), or an AMD target
 such as ``gfx942`` (the pointer kernel). Must run without ``TRITON_INTERPRET=1``. Prints one
@@ -49,7 +50,8 @@ def main(variant: Path, arch: str) -> int:
         sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*bf16", "h_ptr": "*bf16",
                "M": "i32", "N": "i32", "K": "i32", "stride_am": "i64", "stride_ak": "i64", "stride_bk": "i64",
                "stride_bn": "i64", "stride_ym": "i64", "stride_hm": "i64"}
-        consts = {"GATED": gated, "ACT": 1, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "UPCAST": False}
+        consts = {"GATED": gated, "ACT": 1, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "UPCAST": False,
+                  "FAST_MATH": arch.isdigit()}
         if gated:  # the launcher specializes integer arguments equal to 1 into constants: N == 1 must compile
             consts["N"] = 1
         c = _compile(mm._matmul_fwd_kernel, sig, consts, target, 4, 3)
@@ -62,7 +64,7 @@ def main(variant: Path, arch: str) -> int:
                "N": "i32", "K": "i32", "stride_am": "i64", "stride_ak": "i64", "stride_bk": "i64",
                "stride_bn": "i64", "stride_ym": "i64", "stride_hm": "i64"}
         consts = {"M": 1, "GATED": gated, "ACT": 2, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "EVEN_K": not gated,
-                  "stride_bk": 1}
+                  "stride_bk": 1, "FAST_MATH": arch.isdigit()}
         sig.pop("stride_bk")
         c = _compile(mm._gemv_kernel, sig, consts, target, 4, 1)
         print(f"gemv gated={gated} {bn}x{bk} shared={c.metadata.shared} regs={getattr(c.metadata, 'num_regs', '?')}")
@@ -75,7 +77,8 @@ def main(variant: Path, arch: str) -> int:
                    "ws_ptr": "*fp32", "cnt_ptr": "*i32",
                    "M": "i32", "N": "i32", "K": "i32", "stride_hm": "i32", "NUM_PROGS": "i32"}
             consts = {"GATED": gated, "ACT": 1, "B_NK": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                      "GROUP_M": 8, "EPILOGUE_SUBTILE": sub, "UPCAST": False, "h_ptr": None}
+                      "GROUP_M": 8, "EPILOGUE_SUBTILE": sub, "UPCAST": False, "h_ptr": None,
+                      "FAST_MATH": True}
             c = _compile(mm._matmul_streamk_kernel, sig, consts, target, warps, stages)
             print(f"streamk {bm}x{bn}x{bk} w{warps} s{stages} subtile={sub} gated={gated} "
                   f"hgmma={_sass_hgmma(c.asm['cubin'])} wgmma_ptx={c.asm['ptx'].count('wgmma.mma_async')} "
@@ -91,7 +94,8 @@ def main(variant: Path, arch: str) -> int:
                    "M": "i32", "N": "i32", "K": "i32", "stride_hm": "i32", "NUM_PROGS": "i32"}
             consts = {"GATED": gated, "ACT": 1, "B_NK": b_nk, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                       "GROUP_M": 8, "WARP_SPECIALIZE": ws, "FLATTEN": not ws and split == 1,
-                      "EPILOGUE_SUBTILE": sub, "SPLIT_K": split, "UPCAST": False, "h_ptr": None}
+                      "EPILOGUE_SUBTILE": sub, "SPLIT_K": split, "UPCAST": False, "h_ptr": None,
+                      "FAST_MATH": True}
             if split > 1:  # one token (M == 1, specialized to a constant by the launcher) through split-K
                 sig.update({"ws_ptr": "*fp32", "cnt_ptr": "*i32"})
                 consts["M"] = 1

@@ -72,7 +72,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = {
     None: (0, False), "gelu": (1, False), "gelu_tanh": (2, False), "silu": (3, False), "relu": (4, False),
     "geglu": (1, True), "swiglu": (3, True),
-    "_gelu_as": (5, False), "_gelu_tanh_sig": (6, False),  # round-B timing experiment (forward only), to be removed
+    "_gelu_erf_libdevice": (5, False), "_gelu_tanh_old": (6, False),  # round-B timing references, to be removed
 }
 
 
@@ -83,27 +83,57 @@ def _store(ptr, value, mask):
 
 
 @triton.jit
-def _activation(x, ACT: tl.constexpr):
-    """fp32 epilogue activation: 0 identity, 1 gelu (erf), 2 gelu_tanh, 3 silu, 4 relu."""
+def _exp2(x, FAST_MATH: tl.constexpr):
+    """2^x in fp32; FAST_MATH (NVIDIA): one ``ex2.approx.ftz`` (2 ulp; results below 2^-126 flush to 0)."""
+    if FAST_MATH:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def _rcp(x, FAST_MATH: tl.constexpr):
+    """1 / x in fp32; FAST_MATH (NVIDIA): one ``rcp.approx.ftz`` (1 ulp)."""
+    if FAST_MATH:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return 1.0 / x
+
+
+@triton.jit
+def _activation(x, ACT: tl.constexpr, FAST_MATH: tl.constexpr):
+    """fp32 epilogue activation: 0 identity, 1 gelu (erf), 2 gelu_tanh, 3 silu, 4 relu.
+
+    Cheap forms of the same functions (the epilogue runs while the tensor cores wait, so its
+    instruction count is GEMM time): gelu = x * Phi(x) with erfc from Abramowitz & Stegun 7.1.26
+    (|error| <= 1.5e-7, one exp and one reciprocal; below 0 Phi comes from erfc directly, so the
+    tail keeps its relative accuracy better than ``1 + erf``); gelu_tanh = x * sigmoid(2 u) (equal to
+    0.5 x (1 + tanh u)); silu = x * sigmoid(x). Measured against fp64 in bf16 ulps: < 0.01 ulp for
+    |x| < 3, and never worse than the erf / tanh formulas in fp32 (tests and the GPU check).
+    ``FAST_MATH``: the exp2 / reciprocal as single NVIDIA approximate instructions (see ``_exp2``);
+    elsewhere (AMD, Intel, the interpreter) ``tl.exp2`` and a division.
+    """
     if ACT == 1:
-        return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+        z = tl.abs(x) * 0.7071067811865476
+        t = _rcp(1.0 + 0.3275911 * z, FAST_MATH)
+        e = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        e = e * _exp2(x * x * -0.7213475204444817, FAST_MATH)  # erfc(|x| / sqrt 2) = poly(t) * exp(-x^2 / 2)
+        return x * tl.where(x >= 0.0, 1.0 - 0.5 * e, 0.5 * e)  # (+inf -> +inf, NaN -> NaN)
     elif ACT == 2:
-        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        t = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)  # tanh; saturates to +-1 without inf - inf
-        return 0.5 * x * (1.0 + t)
+        # 0.5 x (1 + tanh u) = x / (1 + exp(-2 u)), u = sqrt(2 / pi) (x + 0.044715 x^3); exp via exp2
+        return x * _rcp(1.0 + _exp2(x * (-2.302208198144325 - 0.1029432395800235 * x * x), FAST_MATH), FAST_MATH)
     elif ACT == 3:
-        return x / (1.0 + tl.exp(-x))
+        return x * _rcp(1.0 + _exp2(x * -1.4426950408889634, FAST_MATH), FAST_MATH)
     elif ACT == 4:
         return tl.where(x < 0.0, 0.0, x)  # NaN stays NaN, as torch.relu (tl.maximum would drop it)
-    elif ACT == 5:  # round-B experiment: gelu (erf) through Abramowitz & Stegun 7.1.26 for erfc (|error| <= 1.5e-7)
-        z = tl.abs(x) * 0.7071067811865476
-        t = 1.0 / (1.0 + 0.3275911 * z)
-        e = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-        e = e * tl.exp(-z * z)  # erfc(|x| / sqrt 2)
-        return tl.where(x >= 0.0, x - 0.5 * x * e, 0.5 * x * e)
-    elif ACT == 6:  # round-B experiment: gelu_tanh as x * sigmoid(2 u) (the same function, fewer operations)
-        inner = 1.5957691216057308 * (x + 0.044715 * x * x * x)
-        return x / (1.0 + tl.exp(-inner))
+    elif ACT == 5:  # round-B timing reference only (to be removed): the erf formula through libdevice
+        return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+    elif ACT == 6:  # round-B timing reference only (to be removed): the previous tanh formula
+        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
+        return 0.5 * x * (1.0 + t)
     else:
         return x
 
@@ -124,6 +154,7 @@ def _matmul_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,  # tile rows per group (programs of a group share b's columns in L2)
     UPCAST: tl.constexpr,  # interpreter only: its bf16 tl.dot is wrong; fp32 products of bf16 values are exact
+    FAST_MATH: tl.constexpr = False,  # NVIDIA: single-instruction exp2 / reciprocal in the activation
 ):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -173,9 +204,9 @@ def _matmul_fwd_kernel(
         if GATED:
             _store(h_ptr + rows * stride_hm + N + offs_n[None, :], acc_g, mask)
     if GATED:
-        y = acc * _activation(acc_g, ACT)
+        y = acc * _activation(acc_g, ACT, FAST_MATH)
     else:
-        y = _activation(acc, ACT)
+        y = _activation(acc, ACT, FAST_MATH)
     _store(y_ptr + rows * stride_ym + offs_n[None, :], y, mask)
 
 
@@ -193,6 +224,7 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,  # output columns per program (any power of two >= 1)
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no k mask in the loop
+    FAST_MATH: tl.constexpr = False,
 ):
     """Few-row GEMM on CUDA cores: program (pid_n, pid_m) streams the (BLOCK_N, K) slab of b (W's rows when b is
     ``W.t()``: contiguous along k, so wide vector loads) once, multiplies it with BLOCK_M rows of a in fp32 and
@@ -238,9 +270,9 @@ def _gemv_kernel(
         if GATED:
             _store(h_ptr + rows * stride_hm + N + offs_n[None, :], h_g, mask)
     if GATED:
-        y = h * _activation(h_g, ACT)
+        y = h * _activation(h_g, ACT, FAST_MATH)
     else:
-        y = _activation(h, ACT)
+        y = _activation(h, ACT, FAST_MATH)
     _store(y_ptr + rows * stride_ym + offs_n[None, :], y, mask)
 
 
@@ -256,7 +288,7 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
 @triton.jit
 def _tma_epilogue(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
                   GATED: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  ROUND_BF16: tl.constexpr):
+                  ROUND_BF16: tl.constexpr, FAST_MATH: tl.constexpr):
     """bias, (save h through pointers), activation, one rounding, TMA store of a (BLOCK_M, BLOCK_N) tile of y."""
     offs_n = off_n + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -272,9 +304,9 @@ def _tma_epilogue(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, strid
         if GATED:
             _store(h_ptr + rows * stride_hm + N + offs_n[None, :], acc_g, mask)
     if GATED:
-        y = acc * _activation(acc_g, ACT)
+        y = acc * _activation(acc_g, ACT, FAST_MATH)
     else:
-        y = _activation(acc, ACT)
+        y = _activation(acc, ACT, FAST_MATH)
     if ROUND_BF16:  # interpreter: its fp32 -> bf16 conversion truncates; GPUs round to nearest even
         y = round_to(y, tl.bfloat16)
     y_desc.store([off_m, off_n], y.to(y_desc.dtype))  # TMA clips the rows/columns past M, N
@@ -283,7 +315,7 @@ def _tma_epilogue(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, strid
 @triton.jit
 def _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
                 GATED: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                EPILOGUE_SUBTILE: tl.constexpr, ROUND_BF16: tl.constexpr):
+                EPILOGUE_SUBTILE: tl.constexpr, ROUND_BF16: tl.constexpr, FAST_MATH: tl.constexpr):
     """The epilogue of one tile: whole, or as two (BLOCK_M, BLOCK_N / 2) halves (less shared memory for the store)."""
     if EPILOGUE_SUBTILE:
         acc0, acc1 = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
@@ -293,12 +325,12 @@ def _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_
             g0 = acc0
             g1 = acc1
         _tma_epilogue(acc0, g0, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
-                      GATED, ACT, BLOCK_M, BLOCK_N // 2, ROUND_BF16)
+                      GATED, ACT, BLOCK_M, BLOCK_N // 2, ROUND_BF16, FAST_MATH)
         _tma_epilogue(acc1, g1, bias_ptr, y_desc, h_ptr, off_m, off_n + BLOCK_N // 2, M, N, stride_hm,
-                      GATED, ACT, BLOCK_M, BLOCK_N // 2, ROUND_BF16)
+                      GATED, ACT, BLOCK_M, BLOCK_N // 2, ROUND_BF16, FAST_MATH)
     else:
         _tma_epilogue(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
-                      GATED, ACT, BLOCK_M, BLOCK_N, ROUND_BF16)
+                      GATED, ACT, BLOCK_M, BLOCK_N, ROUND_BF16, FAST_MATH)
 
 
 @triton.jit
@@ -318,6 +350,7 @@ def _matmul_tma_kernel(
     WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
     SPLIT_K: tl.constexpr,  # programs per tile, each summing a contiguous 1/SPLIT_K of the K tiles
     UPCAST: tl.constexpr,  # interpreter only (bf16): see _matmul_fwd_kernel; also rounds the store to nearest even
+    FAST_MATH: tl.constexpr = False,
 ):
     """Hopper+ path: TMA loads into shared memory (out-of-bounds rows/columns/k read as zero, so any M, N, K),
     warpgroup MMA, optionally persistent (each program walks tiles pid, pid + NUM_PROGS, ...)."""
@@ -376,10 +409,10 @@ def _matmul_tma_kernel(
                         acc_g += tl.load(ws_ptr + s * split_size + N + part, mask=mask, other=0.0,
                                          cache_modifier=".cg")
                 _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
-                            GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST)
+                            GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST, FAST_MATH)
         else:
             _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
-                        GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST)
+                        GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST, FAST_MATH)
 
 
 @triton.jit
@@ -392,7 +425,7 @@ def _matmul_streamk_kernel(
     NUM_PROGS,
     GATED: tl.constexpr, ACT: tl.constexpr, B_NK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EPILOGUE_SUBTILE: tl.constexpr, UPCAST: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr, UPCAST: tl.constexpr, FAST_MATH: tl.constexpr = False,
 ):
     """Stream-K: the tiles' k iterations, laid end to end (tile-major), are cut into NUM_PROGS equal contiguous
     ranges, one per program, so every program does the same work whatever the tile count. A tile whose k range
@@ -443,7 +476,7 @@ def _matmul_streamk_kernel(
                 acc_g = tl.dot(a, bg, acc_g)
         if k0 == 0 and k1 == k_tiles:
             _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
-                        GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST)
+                        GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST, FAST_MATH)
         else:
             slot = tl.where(it == start, 0, 1)
             base = (tl.cast(pid, tl.int64) * 2 + slot) * (BLOCK_M * NT)
@@ -464,8 +497,14 @@ def _matmul_streamk_kernel(
                     if GATED:
                         acc_g += tl.load(ws_ptr + p_base + BLOCK_N + part, cache_modifier=".cg")
                 _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
-                            GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST)
+                            GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST, FAST_MATH)
         it = tile_start + k1
+
+
+def _fast_math(a: Tensor, interp: bool) -> bool:
+    """True where the activation may use NVIDIA's single-instruction exp2 / reciprocal (CUDA, not ROCm, not the
+    interpreter, which cannot run inline PTX)."""
+    return a.device.type == "cuda" and torch.version.hip is None and not interp
 
 
 def _tma_layout(a: Tensor, b: Tensor, N: int) -> Optional[bool]:
@@ -509,7 +548,7 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
             a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h, work, arrivals,
             M, N, K, h.stride(0) if h is not None else 0, progs,
             GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
-            EPILOGUE_SUBTILE=subtile, UPCAST=interp and a.dtype == torch.bfloat16,
+            EPILOGUE_SUBTILE=subtile, UPCAST=interp and a.dtype == torch.bfloat16, FAST_MATH=_fast_math(a, interp),
             num_warps=cfg.num_warps, num_stages=stages,
         ), ("streamk", cfg, gated, act, b_nk, a.dtype, a.device), cfg)
         return
@@ -523,7 +562,8 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
         M, N, K, h.stride(0) if h is not None else 0, progs,
         GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
         WARP_SPECIALIZE=ws, FLATTEN=bool(cfg.persistent) and not ws and not interp, EPILOGUE_SUBTILE=subtile,
-        SPLIT_K=split, UPCAST=interp and a.dtype == torch.bfloat16, num_warps=cfg.num_warps, num_stages=stages,
+        SPLIT_K=split, UPCAST=interp and a.dtype == torch.bfloat16, FAST_MATH=_fast_math(a, interp),
+        num_warps=cfg.num_warps, num_stages=stages,
     ), ("tma", cfg, gated, act, b_nk, a.dtype, a.device), cfg)
 
 
@@ -546,7 +586,7 @@ def _launch_gemv(a, b, bias, y, h, M, N, K, gated, act, cfg) -> None:
         a, b, bias.contiguous() if bias is not None else None, y, h,
         M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0), h.stride(0) if h is not None else 0,
         GATED=gated, ACT=act, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        FAST_MATH=_fast_math(a, is_interpreter(_gemv_kernel)), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
@@ -608,7 +648,8 @@ def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: O
         a, b, bias.contiguous() if bias is not None else None, y, h if save_h else None,
         M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0), h.stride(0) if save_h else 0,
         GATED=gated, ACT=act, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        UPCAST=is_interpreter(_matmul_fwd_kernel) and a.dtype == torch.bfloat16, num_warps=cfg.num_warps,
+        UPCAST=is_interpreter(_matmul_fwd_kernel) and a.dtype == torch.bfloat16,
+        FAST_MATH=_fast_math(a, is_interpreter(_matmul_fwd_kernel)), num_warps=cfg.num_warps,
         num_stages=stages,
     ), ("ptr", cfg, gated, act, a.dtype, a.device), cfg)
     return y, h
