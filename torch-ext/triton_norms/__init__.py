@@ -14,6 +14,7 @@ On CPU tensors the kernels run under the Triton interpreter: set
 from . import layers
 from ._launch import LaunchConfig, pick_config
 from .layer_norm import add_layer_norm, layer_norm
+from .modulate import norm_modulate
 from .rms_norm import add_rms_norm, rms_norm
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "add_rms_norm",
     "layer_norm",
     "layers",
+    "norm_modulate",
     "pick_config",
     "rms_norm",
 ]
