@@ -193,6 +193,183 @@ def test_per_kind_loop_settings_change_speed_not_values(softmax, device):
     assert_close_ref(x.grad, xr.grad, rel_atol=1e-5)
 
 
+# ----------------------------------------------------------------------------- teams (wide rows read once)
+
+
+@pytest.fixture
+def team_mode(softmax):
+    """Forces the team path (``_team``) with small chunks, on the CPU too, and counts the team launches.
+
+    On the CPU the interpreter runs a team of K > 1 as two launches (publish, then wait and write, so
+    it never spins) and a team of one in the spinning kernel itself (it only ever waits on itself);
+    on a GPU (TEST_DEVICE=cuda) every team spins in one launch."""
+    import sys
+
+    launch = sys.modules[softmax.__name__ + "._launch"]
+    mods = [sys.modules[softmax.__name__ + m] for m in (".softmax", ".cross_entropy")]
+    saved_tuned, saved_cpu = dict(launch.TEAM_TUNED), launch.TEAM_ON_CPU
+    orig = mods[0]._team_phases
+    calls = []
+
+    def counting(device, team):
+        phases = orig(device, team)
+        calls.append((team, phases))
+        return phases
+
+    def set_chunk(chunk_bytes, num_warps=4, min_row_bytes=1):
+        for k in launch.TEAM_TUNED:
+            launch.TEAM_TUNED[k] = {"min_row_bytes": min_row_bytes, "chunk_bytes": chunk_bytes, "num_warps": num_warps}
+
+    launch.TEAM_ON_CPU = True
+    set_chunk(1024)
+    for m in mods:
+        m._team_phases = counting
+    try:
+        yield type("TeamMode", (), {"calls": calls, "set_chunk": staticmethod(set_chunk), "launch": launch})
+    finally:
+        for m in mods:
+            m._team_phases = orig
+        launch.TEAM_TUNED.clear()
+        launch.TEAM_TUNED.update(saved_tuned)
+        launch.TEAM_ON_CPU = saved_cpu
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_team_path_values_and_gradients(softmax, device, team_mode, dtype, log):
+    """A row split over a team (1024-byte chunks: 2053 bf16 -> 5 programs, 1031 fp32 -> 5, the last
+    one partial); masked and scaled, causal, and a strided dim; forward and backward against fp64."""
+    N = 2053 if dtype == torch.bfloat16 else 1031
+    mask = rand((N,), dtype, device)
+    mask[::7] = float("-inf")
+    for shape, kw in [((3, N), {}), ((3, N), dict(scale=0.5, mask=mask)), ((2, 3, N), dict(causal=True))]:
+        x = rand(shape, dtype, device, scale=3.0).requires_grad_()
+        dy = rand(shape, dtype, device)
+        y = fn(softmax, log)(x, **kw)
+        assert_close_ref(y, sm_ref(x.detach(), log=log, **kw))
+        y.backward(dy)
+        if dtype == torch.float32:
+            xr = x.detach().double().requires_grad_()
+            sm_ref(xr, log=log, **kw).backward(dy.double())
+            assert_close_ref(x.grad, xr.grad, rel_atol=1e-5)
+        else:
+            ref = bwd_ref(y.detach(), dy, log=log, scale=kw.get("scale", 1.0))
+            if kw.get("causal"):  # causal positions are filled, not added: no gradient there
+                ref = ref.masked_fill(torch.isinf(y.detach()), 0.0)
+            assert_close_ref(x.grad, ref, rel_atol=1e-5)
+    xt = rand((N, 3), dtype, device, scale=3.0)  # the reduced dim strided (dim=0): read in place
+    assert_close_ref(fn(softmax, log)(xt, 0), sm_ref(xt, 0, log=log))
+    assert [c[0] for c in team_mode.calls] == [5] * 7
+    expected = ((0,) if device != "cpu" else (1, 2))
+    assert all(c[1] == expected for c in team_mode.calls)
+
+
+def test_team_of_one_and_partial_last_member(softmax, device, team_mode):
+    """K = 1 (one chunk holds the row: the spinning kernel waits only on itself, on the CPU too) and rows
+    whose last member holds a single column; bf16 outputs equal torch's own softmax."""
+    team_mode.set_chunk(8192)
+    x = rand((4, 4000), torch.bfloat16, device, scale=3.0)
+    assert torch.equal(softmax.softmax(x), torch.softmax(x, -1))
+    assert team_mode.calls[-1] == (1, (0,))
+    team_mode.set_chunk(256)  # 128 bf16 per member: 897 columns -> 8 members, the last with one column
+    x = rand((3, 897), torch.bfloat16, device, scale=3.0)
+    y = softmax.softmax(x)
+    assert team_mode.calls[-1][0] == 8
+    assert_close_ref(y, sm_ref(x))
+    assert torch.equal(y, torch.softmax(x, -1))
+
+
+def test_team_fully_masked_rows_and_poisoned_outputs(softmax, device, team_mode):
+    """A fully masked row gives NaN as torch; every other element written (outputs start as NaN)."""
+    poison = torch.full((1 << 16,), float("nan"), device=device)
+    del poison
+    x = rand((3, 2053), torch.bfloat16, device, scale=3.0)
+    x[1] = float("-inf")
+    for log in (False, True):
+        y = fn(softmax, log)(x)
+        ref = fn(torch, log)(x.float(), -1)
+        assert torch.isnan(y[1]).all()
+        assert not torch.isnan(y[[0, 2]]).any()
+        assert_close_ref(y[[0, 2]], ref[[0, 2]].double())
+
+
+def test_team_results_are_deterministic_and_independent_of_team_size(softmax, device, team_mode):
+    """The partials are combined in member order: the same bits on every run; a different team size
+    changes the fp32 summation order only (values within the tolerance)."""
+    x = rand((5, 3001), torch.float32, device, scale=3.0).requires_grad_()
+    dy = rand((5, 3001), torch.float32, device)
+    runs = []
+    for chunk in (2048, 2048, 4096):
+        team_mode.set_chunk(chunk)
+        x.grad = None
+        y = softmax.softmax(x)
+        y.backward(dy)
+        runs.append((y.detach(), x.grad.clone()))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    torch.testing.assert_close(runs[0][0], runs[2][0], rtol=1e-6, atol=1e-9)
+    assert [c[0] for c in team_mode.calls] == [6, 6, 6, 6, 3, 3]
+
+
+def test_team_config_rules(softmax, device, team_mode):
+    """team_for: only rows of at least min_row_bytes, a power-of-2 chunk, never more members than SMs
+    (forward progress), the 1024-thread limit, and off on CPU tensors unless TEAM_ON_CPU."""
+    launch = team_mode.launch
+    x = torch.empty(0, dtype=torch.bfloat16, device=device)
+    team_mode.set_chunk(3000, num_warps=64, min_row_bytes=4096)
+    assert launch.team_for(2047, x, 10, "softmax") is None  # 4094 bytes < 4096
+    cfg = launch.team_for(2048, x, 10, "softmax")
+    assert cfg.block_n == 2048 and cfg.team == 1 and cfg.num_warps * 32 <= 1024 and cfg.team_p2 >= 1
+    cfg = launch.team_for(2049, x, 10, "cross_entropy")
+    assert cfg.team == 2 and cfg.team_p2 >= 2
+    sms = launch._sm_count(x.device)
+    assert launch.team_for(2048 * sms, x, 1, "softmax").team == sms
+    assert launch.team_for(2048 * sms + 1, x, 1, "softmax") is None  # too many members: the looped path
+    launch.TEAM_TUNED["softmax"] = None
+    assert launch.team_for(1 << 20, x, 1, "softmax") is None
+    if device == "cpu":
+        launch.TEAM_ON_CPU = False
+        assert launch.team_for(2048, x, 10, "softmax_bwd") is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_team_spinning_path_on_gpu(softmax, device, log):
+    """The default team path on a GPU (members spin on each other's partials in one launch): many rows
+    (several waves of teams), rows of 1 to 64 members, bf16 equal to torch's kernel, fp32 within ulps,
+    the same bits twice, and a CUDA graph replay equal to eager."""
+    if device != "cuda":
+        pytest.skip("the spinning path needs TEST_DEVICE=cuda")
+    for M, N, dtype in [(4096, 32771, torch.bfloat16), (64, 262144, torch.bfloat16), (3, 524288, torch.bfloat16),
+                        (16, 131075, torch.float32)]:
+        x = rand((M, N), dtype, device, scale=3.0).requires_grad_()
+        dy = rand((M, N), dtype, device)
+        y = fn(softmax, log)(x)
+        y.backward(dy)
+        g = x.grad.clone()
+        x.grad = None
+        y2 = fn(softmax, log)(x)
+        y2.backward(dy)
+        assert torch.equal(y, y2) and torch.equal(g, x.grad)
+        if dtype == torch.bfloat16 and not log:
+            assert torch.equal(y, torch.softmax(x.detach(), -1))
+        assert_close_ref(y, sm_ref(x.detach(), log=log), ulps=ULPS[dtype] if dtype != torch.float32 else 64)
+        if dtype != torch.float32:
+            assert_close_ref(g, bwd_ref(y.detach(), dy, log=log), rel_atol=1e-5)
+    x = rand((256, 65536), torch.bfloat16, device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(softmax, log)(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = fn(softmax, log)(x)
+    for _ in range(3):
+        x.copy_(rand((256, 65536), torch.bfloat16, device))
+        graph.replay()
+        assert torch.equal(yg, fn(softmax, log)(x))
+
+
 # ----------------------------------------------------------------------------- layouts
 
 
@@ -510,16 +687,35 @@ for arch in ("90", "gfx942"):
                             constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
             triton.compile(src, target=target, options={"num_warps": 4, "enable_fp_fusion": False})
             count += 1
+    # wide rows over a team of programs (atomic ticket, release/acquire arrival count, L2 loads)
+    tp = {"ws_ptr": "fp32", "sync_ptr": "i32", "t_ptr": "i64", "loss_ptr": "fp32", "lse_ptr": "fp32",
+          "count_ptr": "i64"}
+    team = {"BLOCK_N": 1024, "TEAM_P2": 64}
+    for dtype in ("bf16", "fp32"):
+        for kernel, consts in [
+            (smod._softmax_team_fwd_kernel, {"CAUSAL": True, "LOG": False, "SCALED": True, "PHASE": 0, **team}),
+            (smod._softmax_team_fwd_kernel, {"CAUSAL": False, "LOG": True, "SCALED": False, "PHASE": 1,
+                                             "m_ptr": None, **team}),
+            (smod._softmax_team_bwd_kernel, {"CAUSAL": True, "LOG": True, "PHASE": 0, **team}),
+            (cmod._cross_entropy_team_fwd_kernel, {"SMOOTH": True, "PHASE": 0, "count_ptr": None, **team}),
+            (cmod._cross_entropy_team_fwd_kernel, {"SMOOTH": False, "PHASE": 2, "g_ptr": None, "lse_ptr": None,
+                                                   **team}),
+        ]:
+            src = ASTSource(kernel, sig(kernel, dtype, consts, tp),
+                            constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+            triton.compile(src, target=target, options={"num_warps": 8, "enable_fp_fusion": False})
+            count += 1
 print("COMPILED", count)
 '''
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_and_gfx942(built):
-    """Lower every kernel (fwd/bwd, looped or not, causal/log, with and without optional pointers) to a
-    binary for an H100/H200 and an MI300 without a GPU: catches what the interpreter never sees."""
+    """Lower every kernel (fwd/bwd, looped or not, split or team, causal/log, with and without optional
+    pointers) to a binary for an H100/H200 and an MI300 without a GPU: catches what the interpreter never
+    sees."""
     variant = built["triton-softmax"].variant("cpu")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(variant)], env=env, capture_output=True,
                          text=True, timeout=600)
-    assert "COMPILED 88" in res.stdout, res.stdout + res.stderr
+    assert "COMPILED 108" in res.stdout, res.stdout + res.stderr

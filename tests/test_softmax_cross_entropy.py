@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .conftest import ORG
-from .test_softmax import DTYPES, assert_close_ref, rand
+from .test_softmax import DTYPES, assert_close_ref, rand, team_mode  # noqa: F401 (team_mode: a fixture)
 
 GRAD_ULPS = {torch.float32: 8, torch.float16: 2, torch.bfloat16: 2}
 
@@ -259,6 +259,66 @@ def test_recompute_backward_equals_fused(softmax, device, reduction):
         finally:
             mod.RECOMPUTE = False
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(reduction="sum", label_smoothing=0.1), dict(reduction="none", z_loss=1e-3),
+                                dict(label_smoothing=0.3, z_loss=0.5, ignore_index=5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_team_path_values_and_gradients(softmax, device, team_mode, dtype, kw):
+    """Rows over a team of programs (1024-byte chunks: 2053 bf16 / 1031 fp32 classes -> 5 members): loss
+    (member 0 writes it) and gradient (every member its chunk) against fp64, with ignored targets,
+    targets in the first, a middle and the last member's chunk, and a fully -inf row chunk."""
+    V = 2053 if dtype == torch.bfloat16 else 1031
+    x = rand((6, V), torch.float32, device, scale=2.0)
+    x[2, : V // 2] = float("-inf")  # the first members of that row see only -inf
+    t = torch.tensor([0, V - 1, V - 3, kw.get("ignore_index", -100), 5, V // 2 + 1], device=device)
+    check(softmax, x, t, dtype, **kw)
+    assert [c[0] for c in team_mode.calls] == [5] * len(team_mode.calls) and team_mode.calls
+
+
+def test_team_path_recompute_no_grad_and_bad_targets(softmax, device, team_mode):
+    """The recompute mode (member 0 stores the row's logsumexp for the backward) equals the fused one;
+    the no-grad forward only reads; out-of-range targets give NaN rows (no host sync), as the looped path."""
+    import sys
+
+    mod = sys.modules[softmax.__name__ + ".cross_entropy"]
+    x = rand((5, 1031), torch.float32, device, scale=2.0)
+    t = targets((5,), 1031, device)
+    kw = dict(reduction="none", label_smoothing=0.1, z_loss=1e-3)
+    dl = torch.randn(5, device=device)
+    grads = []
+    for recompute in (False, True):
+        mod.RECOMPUTE = recompute
+        try:
+            xs = x.clone().requires_grad_()
+            grads.append(torch.autograd.grad(softmax.cross_entropy(xs, t, **kw), xs, dl)[0])
+        finally:
+            mod.RECOMPUTE = False
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-6, atol=1e-9)
+    with torch.no_grad():
+        assert_close_ref(softmax.cross_entropy(x, t, **kw), ce_ref(x, t, **kw), rel_atol=1e-6)
+    bad = torch.tensor([0, 1031, -5, 2, 1030], device=device)
+    rows = softmax.cross_entropy(x, bad, reduction="none")
+    assert torch.isnan(rows[1:3]).all() and torch.isfinite(rows[[0, 3, 4]]).all()
+    assert len(team_mode.calls) == 4 and all(c[0] == 5 for c in team_mode.calls)
+
+
+@pytest.mark.gpu
+def test_team_spinning_path_on_gpu(softmax, device):
+    """The default team path for a 128K vocabulary on a GPU (members spin on each other's partials):
+    loss and gradient against fp64, torch's F.cross_entropy in bf16, the same bits twice."""
+    if device != "cuda":
+        pytest.skip("the spinning path needs TEST_DEVICE=cuda")
+    for dtype in (torch.bfloat16, torch.float32):
+        x = rand((512, 128256), torch.float32, device, scale=2.0)
+        t = targets((512,), 128256, device)
+        check(softmax, x, t, dtype, label_smoothing=0.1)
+        xs = x.to(dtype).requires_grad_()
+        g1 = torch.autograd.grad(softmax.cross_entropy(xs, t), xs)[0]
+        g2 = torch.autograd.grad(softmax.cross_entropy(xs, t), xs)[0]
+        gt = torch.autograd.grad(F.cross_entropy(xs, t), xs)[0]
+        assert torch.equal(g1, g2)
+        torch.testing.assert_close(g1.float(), gt.float(), rtol=0, atol=2 ** -7 * float(gt.abs().max()))
 
 
 @pytest.mark.gpu

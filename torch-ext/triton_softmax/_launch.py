@@ -167,6 +167,15 @@ class TeamConfig:
     block_n: int  # BLOCK_N constexpr: columns per program (a power of 2; team * block_n >= N)
     num_warps: int
 
+    @property
+    def team_p2(self) -> int:
+        """TEAM_P2 constexpr: the partials are read as a vector of this length (a power of 2 >= team;
+        at least TEAM_P2_MIN so that row widths share one compiled kernel)."""
+        return max(triton.next_power_of_2(self.team), TEAM_P2_MIN)
+
+
+TEAM_P2_MIN = 64
+
 
 # Team path per kernel kind: rows of at least ``min_row_bytes`` of input go to a team of
 # ceil(row bytes / chunk_bytes) programs with ``num_warps`` warps each; None: never (looped path).

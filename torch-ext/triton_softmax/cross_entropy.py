@@ -384,7 +384,7 @@ def _cross_entropy_fwd_impl(
             for phase in _team_phases(logits.device, team.team):
                 launch(_cross_entropy_team_fwd_kernel, (layout.rows * team.team,), args,
                        meta_items(SMOOTH=label_smoothing > 0.0, BLOCK_N=team.block_n,
-                                  TEAM_P2=triton.next_power_of_2(team.team), PHASE=phase, num_warps=team.num_warps,
+                                  TEAM_P2=team.team_p2, PHASE=phase, num_warps=team.num_warps,
                                   **launch_options(_cross_entropy_team_fwd_kernel)), logits.device)
         else:
             _launch_looped(logits, t, rows, gs, aux, count, grad_mode, need_grad, layout, V, ignore_index,

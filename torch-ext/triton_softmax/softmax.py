@@ -539,7 +539,7 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
         for phase in _team_phases(x.device, team.team):
             launch(_softmax_team_fwd_kernel, (layout.rows * team.team,), args,
                    meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=team.block_n,
-                              TEAM_P2=triton.next_power_of_2(team.team), PHASE=phase, num_warps=team.num_warps,
+                              TEAM_P2=team.team_p2, PHASE=phase, num_warps=team.num_warps,
                               **launch_options(_softmax_team_fwd_kernel)), x.device)
         return y
     cfg = config_for(N, big)
@@ -599,7 +599,7 @@ def _softmax_bwd_impl(dy: Tensor, y: Tensor, dim: int, scale: float, causal: boo
         for phase in _team_phases(y.device, team.team):
             launch(_softmax_team_bwd_kernel, (layout.rows * team.team,), args,
                    meta_items(CAUSAL=causal, LOG=log, BLOCK_N=team.block_n,
-                              TEAM_P2=triton.next_power_of_2(team.team), PHASE=phase, num_warps=team.num_warps,
+                              TEAM_P2=team.team_p2, PHASE=phase, num_warps=team.num_warps,
                               **launch_options(_softmax_team_bwd_kernel)), y.device)
         return dx
     cfg = config_for(N, ys, "softmax_bwd")
