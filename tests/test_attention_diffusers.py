@@ -97,7 +97,7 @@ def test_kernelize_diffusers_refuses_unknown_processors(attention, installed, de
     model, inputs, _ = tiny_sd3()
     model.set_attn_processor(AttnProcessor())
     with pytest.raises(ValueError, match="nothing to swap"):
-        kernelize(model, norms=False, device=device)
+        kernelize(model, norms=False, modulate=False, feed_forward=False, device=device)
     with pytest.raises(TypeError, match="pipeline"):
         kernelize(object())
 
@@ -134,3 +134,62 @@ def test_kernelize_diffusers_all_norm_families(attention, installed, device):
     with torch.no_grad():
         out = model(**inputs)[0]
     assert (out - ref).abs().max().item() <= 2e-5 * max(ref.abs().max().item(), 1.0)
+
+
+@pytest.mark.parametrize("make,n_ada,n_ff", [(tiny_flux, 5, 2), (tiny_sd3, 4, 3), (tiny_wan, 0, 2)],
+                         ids=["flux", "sd3", "wan"])
+def test_kernelize_modulate_and_feed_forward(attention, norms, matmul, installed, device, make, n_ada, n_ff):
+    """adaLN modules run triton-norms norm_modulate, GELU/GEGLU projections triton-matmul; outputs unchanged."""
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(4)
+    model, inputs, _ = make()
+    model = model.eval().to(device)
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    with torch.no_grad():
+        ref = model(**inputs)[0]
+    calls = []
+
+    def counted(fn):
+        return staticmethod(lambda *a, **k: calls.append(fn.__name__) or fn(*a, **k))
+
+    spy_norms = type("SpyNorms", (), {"norm_modulate": counted(norms.norm_modulate)})
+    spy_mm = type("SpyMatmul", (), {"matmul": counted(matmul.matmul)})
+    report = kernelize(model, attention=False, norms=False, device=device, norms_kernel=spy_norms,
+                       matmul_kernel=spy_mm)
+    kinds = list(report.modules.values())
+    assert sum(k.startswith("TritonAdaLayerNorm") for k in kinds) == n_ada, report.summary()
+    assert sum(k in ("TritonGELU", "TritonGEGLU") for k in kinds) == n_ff, report.summary()
+    with torch.no_grad():
+        out = model(**inputs)[0]
+    assert calls.count("norm_modulate") == n_ada and calls.count("matmul") == n_ff, calls
+    err = (out - ref).abs().max().item()
+    assert err <= 2e-5 * max(ref.abs().max().item(), 1.0), err
+    # the state dict and the modules' parameters are untouched; kernelize twice swaps nothing new
+    assert set(model.state_dict()) == set(make()[0].state_dict())
+    again = kernelize(model, attention=False, norms=False, device=device, norms_kernel=spy_norms,
+                      matmul_kernel=spy_mm)
+    assert set(again.modules.values()) == set(report.modules.values())
+
+
+def test_modulate_swap_keeps_eager_rounding_in_bf16(norms, installed, device):
+    """A bf16 AdaLayerNormZero through the shim equals the module's own forward (rounding points kept)."""
+    from diffusers.models.normalization import AdaLayerNormZero
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(5)
+    mod = AdaLayerNormZero(48).to(device=device, dtype=torch.bfloat16)
+    x = torch.randn(2, 17, 48, device=device, dtype=torch.bfloat16)
+    emb = torch.randn(2, 48, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = mod(x, emb=emb)
+        report = kernelize(mod, attention=False, norms=False, feed_forward=False, device=device, norms_kernel=norms)
+        assert report.modules == {"": "TritonAdaLayerNormZero"}
+        out = mod(x, emb=emb)
+    assert len(out) == 5
+    for a, r in zip(out[1:], ref[1:]):
+        assert torch.equal(a, r)
+    y, r = out[0].float(), ref[0].float()
+    assert (y == r).float().mean().item() > 0.97
+    assert ((y - r).abs() <= 2 * torch.finfo(torch.bfloat16).eps * r.abs().clamp_min(1.0)).all()

@@ -32,8 +32,17 @@ Norms (``norms=True``): the norm modules of ``norm_families`` go through :func:`
 ``RMSNorm`` (SD3/SD3.5 q/k norms: several eager ops, fused into one kernel): ``nn.LayerNorm`` and
 ``nn.RMSNorm`` are already single PyTorch kernels, and swapping them for the exact-order triton-norms
 layers made a Flux step slower on the H200 (benchmarks/NOTES.md); pass
-``norm_families=families.FAMILIES`` to swap them anyway. ``FP32LayerNorm`` and the AdaLayerNorm
-norm+modulate chains are left alone.
+``norm_families=families.FAMILIES`` to swap them anyway.
+
+adaLN (``modulate=True``): diffusers' ``AdaLayerNormZero``, ``AdaLayerNormZeroSingle`` and
+``AdaLayerNormContinuous`` modules (Flux, SD3/SD3.5 norm1/norm1_context/norm_out) compute
+``norm(x) * (1 + scale) + shift`` with triton-norms ``norm_modulate`` (one kernel instead of a
+LayerNorm and three elementwise passes); the modulations that models write inline in their block
+forwards (Flux/SD3 ``norm2``, all of Wan's) are left alone. Feed-forward (``feed_forward=True``):
+diffusers ``GELU`` / ``GEGLU`` projections (Flux, SD3, Wan ``FeedForward``) run as one triton-matmul
+launch with the bias and the activation fused into the store. Both swap the module's class for a
+subclass with our forward (parameters, state dict and other instances untouched); a call the
+kernels cannot take (other ranks, mixed dtypes) falls back to the original forward.
 
 Numerics: RoPE as diffusers computes it (fp32, one rounding); attention equals SDPA within bf16 tolerance (fp32 accumulation), so one
 denoising step of the kernelized transformer stays within bf16 tolerance of the original.
@@ -46,6 +55,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Optional
 
+import kernels
 import torch
 from kernels import Mode
 
@@ -213,6 +223,136 @@ class TritonWanAttnProcessor(_TritonProcessor):
 _PROCESSORS = {cls.replaces: cls for cls in (TritonFluxAttnProcessor, TritonJointAttnProcessor, TritonWanAttnProcessor)}
 
 
+# ----------------------------------------------------------------------------- adaLN modulate and feed-forward
+
+def _modulate(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """``self.norm(x) * (1 + scale[:, None]) + shift[:, None]`` through triton-norms ``norm_modulate``,
+    with the eager chain's rounding points (norm output, ``1 + scale`` and the product rounded as eager)."""
+    n = self.norm
+    return type(self)._triton_kernel.norm_modulate(x, scale, shift, n.weight, n.bias, n.eps, eager_rounding=True,
+                                                   out_dtype=torch.promote_types(x.dtype, scale.dtype))
+
+
+def _modulate_ok(self, x: torch.Tensor) -> bool:
+    return x.dim() == 3 and x.shape[-1] <= 32768 and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _ada_zero_forward(base):
+    def forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
+        if not _modulate_ok(self, x):
+            return base.forward(self, x, timestep, class_labels, hidden_dtype, emb)
+        if self.emb is not None:
+            emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
+        emb = self.linear(self.silu(emb))
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
+        return _modulate(self, x, scale_msa, shift_msa), gate_msa, shift_mlp, scale_mlp, gate_mlp
+
+    return forward
+
+
+def _ada_zero_single_forward(base):
+    def forward(self, x, emb=None):
+        if not _modulate_ok(self, x):
+            return base.forward(self, x, emb)
+        emb = self.linear(self.silu(emb))
+        shift_msa, scale_msa, gate_msa = emb.chunk(3, dim=1)
+        return _modulate(self, x, scale_msa, shift_msa), gate_msa
+
+    return forward
+
+
+def _ada_continuous_forward(base):
+    def forward(self, x, conditioning_embedding):
+        if not _modulate_ok(self, x):
+            return base.forward(self, x, conditioning_embedding)
+        emb = self.linear(self.silu(conditioning_embedding).to(x.dtype))
+        scale, shift = torch.chunk(emb, 2, dim=1)
+        return _modulate(self, x, scale, shift)
+
+    return forward
+
+
+def _gelu_forward(base):
+    def forward(self, hidden_states):
+        w, b = self.proj.weight, self.proj.bias
+        if hidden_states.dtype != w.dtype or (b is not None and b.dtype != w.dtype) or hidden_states.device != w.device:
+            return base.forward(self, hidden_states)
+        act = "gelu_tanh" if self.approximate == "tanh" else "gelu"
+        return type(self)._triton_kernel.matmul(hidden_states, w.t(), b, act)
+
+    return forward
+
+
+def _geglu_forward(base):
+    def forward(self, hidden_states, *args, **kwargs):
+        w, b = self.proj.weight, self.proj.bias
+        if hidden_states.dtype != w.dtype or (b is not None and b.dtype != w.dtype) or hidden_states.device != w.device:
+            return base.forward(self, hidden_states, *args, **kwargs)
+        return type(self)._triton_kernel.matmul(hidden_states, w.t(), b, "geglu")
+
+    return forward
+
+
+_SWAP_CLASSES: dict = {}
+
+
+def _swap_forward(module: torch.nn.Module, make_forward, kernel: ModuleType) -> str:
+    """Gives ``module`` a subclass of its class whose forward is ``make_forward(base)`` (kernel on the class);
+    other instances, the parameters and the state dict are untouched. Returns the new class name."""
+    base = type(module)
+    key = (base, make_forward, id(kernel))
+    cls = _SWAP_CLASSES.get(key)
+    if cls is None:
+        cls = type(f"Triton{base.__name__}", (base,), {"forward": make_forward(base), "_triton_kernel": kernel,
+                                                      "__module__": __name__, "__doc__": base.__doc__})
+        _SWAP_CLASSES[key] = cls
+    module.__class__ = cls
+    return cls.__name__
+
+
+def _swap_all(targets: list, kernel: Optional[ModuleType], report) -> None:
+    for name, mod, make in targets:
+        report.modules[name] = type(mod).__name__ if make is None else _swap_forward(mod, make, kernel)
+
+
+def _ada_targets(model: torch.nn.Module, report) -> list:
+    """(name, module, forward factory) of every adaLN module whose norm is a LayerNorm over the last dim."""
+    from diffusers.models import normalization as dn
+
+    kinds = {dn.AdaLayerNormZero: _ada_zero_forward, dn.AdaLayerNormZeroSingle: _ada_zero_single_forward,
+             dn.AdaLayerNormContinuous: _ada_continuous_forward}
+    out = []
+    for name, mod in model.named_modules():
+        if _already_swapped(mod, kinds):
+            out.append((name, mod, None))
+            continue
+        make = kinds.get(type(mod))
+        if make is None:
+            continue
+        norm = getattr(mod, "norm", None)
+        if not isinstance(norm, torch.nn.LayerNorm) or len(norm.normalized_shape) != 1:
+            report.refused[name] = f"{type(mod).__name__} with a {type(norm).__name__} norm (only LayerNorm is fused)"
+            continue
+        out.append((name, mod, make))
+    return out
+
+
+def _ff_targets(model: torch.nn.Module) -> list:
+    from diffusers.models import activations as da
+
+    kinds = {da.GELU: _gelu_forward, da.GEGLU: _geglu_forward}
+    return [(name, mod, None if _already_swapped(mod, kinds) else kinds[type(mod)])
+            for name, mod in model.named_modules()
+            if _already_swapped(mod, kinds)
+            or (type(mod) in kinds and isinstance(getattr(mod, "proj", None), torch.nn.Linear))]
+
+
+def _already_swapped(mod: torch.nn.Module, kinds: dict) -> bool:
+    """A module kernelized before (its class is one of our subclasses of a known class)."""
+    cls = type(mod)
+    return "_triton_kernel" in cls.__dict__ and cls.__bases__[0] in kinds
+
+
 @dataclass
 class DiffusersKernelizeReport:
     """What :func:`kernelize` did.
@@ -222,29 +362,32 @@ class DiffusersKernelizeReport:
         processors: attention module name -> our processor class name, for every swapped processor.
         refused: attention module name (or ``"norms"``) -> why it was left alone.
         norms: module name -> Hub layer name for the norm modules swapped (``norms=True``).
+        modules: module name -> new class name for the adaLN modules (``modulate=True``) and the
+            GELU/GEGLU projections (``feed_forward=True``) whose forward now runs our kernels.
     """
 
     model: str
     processors: dict = field(default_factory=dict)
     refused: dict = field(default_factory=dict)
     norms: dict = field(default_factory=dict)
+    modules: dict = field(default_factory=dict)
 
     @property
     def swapped(self) -> dict:
-        """Every swapped module: processors and norms."""
-        return {**self.processors, **self.norms}
+        """Every swapped module: processors, norms, adaLN and feed-forward modules."""
+        return {**self.processors, **self.norms, **self.modules}
 
     def __len__(self) -> int:
-        return len(self.processors) + len(self.norms)
+        return len(self.processors) + len(self.norms) + len(self.modules)
 
     def summary(self) -> str:
         from collections import Counter
 
-        lines = [f"{self.model}: {len(self.processors)} attention processors, {len(self.norms)} norms swapped"]
-        for what, n in sorted(Counter(self.processors.values()).items()):
-            lines.append(f"  {n} x {what}")
-        for what, n in sorted(Counter(self.norms.values()).items()):
-            lines.append(f"  {n} x {what}")
+        lines = [f"{self.model}: {len(self.processors)} attention processors, {len(self.norms)} norms, "
+                 f"{len(self.modules)} adaLN/feed-forward modules swapped"]
+        for part in (self.processors, self.norms, self.modules):
+            for what, n in sorted(Counter(part.values()).items()):
+                lines.append(f"  {n} x {what}")
         for name, why in sorted(self.refused.items()):
             lines.append(f"  left alone: {name}: {why}")
         return "\n".join(lines)
@@ -261,10 +404,12 @@ def _transformer(pipe_or_model) -> torch.nn.Module:
 
 
 def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = True, norms: bool = True,
+              modulate: bool = True, feed_forward: bool = True,
               attention_backend: str = "sdpa", norm_families: Optional[tuple] = None,
               device: Optional[str] = None, org: str = DEFAULT_ORG,
               version: int = 1, trust_remote_code: bool = False,
-              kernel: Optional[ModuleType] = None) -> DiffusersKernelizeReport:
+              kernel: Optional[ModuleType] = None, norms_kernel: Optional[ModuleType] = None,
+              matmul_kernel: Optional[ModuleType] = None) -> DiffusersKernelizeReport:
     """Swaps the attention processors (and norms) of a Flux / SD3 / Wan transformer for triton-collection kernels.
 
     Args:
@@ -275,13 +420,19 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
         norms: swap the norm modules through :func:`.transformers.kernelize` (loads ``<org>/triton-norms``);
             a model without a swappable norm is reported, not an error.
         norm_families: the :mod:`.families` to swap (default: diffusers ``RMSNorm`` only, see above).
+        modulate: route diffusers ``AdaLayerNormZero`` / ``AdaLayerNormZeroSingle`` / ``AdaLayerNormContinuous``
+            (with a LayerNorm) through triton-norms ``norm_modulate``: norm, ``* (1 + scale)`` and ``+ shift``
+            in one kernel, rounded where the eager chain rounds (loads ``<org>/triton-norms``).
+        feed_forward: route diffusers ``GELU`` / ``GEGLU`` (``proj`` + activation) through triton-matmul's
+            fused bias + GELU / GEGLU epilogue (loads ``<org>/triton-matmul``).
         attention_backend: ``"sdpa"`` (default: PyTorch's SDPA for the attention product; the processors still
             do RoPE in one Triton pass per tensor) or ``"triton"`` (triton-attention's ``flash_attention``). On
             the H200, SDPA's cuDNN backend is faster than our kernel (~630 vs ~500 TFLOP/s), and one step with
             "sdpa" / "triton" against eager was Flux 1.14x / 1.06x, Wan2.1-1.3B 1.05x / 0.91x, SD3.5 0.99x /
             0.96x (benchmarks/results/attention_2026-11-30.md).
         device, org, version, trust_remote_code: where the packages come from, as in :mod:`.transformers`.
-        kernel: an already loaded triton-attention package (else loaded by Hub name).
+        kernel, norms_kernel, matmul_kernel: already loaded triton-attention / triton-norms / triton-matmul
+            packages (else loaded by Hub name).
 
     Returns:
         :class:`DiffusersKernelizeReport` (``report.summary()`` prints it).
@@ -325,6 +476,18 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
                 report.refused[f"norms:{cls_name}"] = why
         except ValueError as err:
             report.refused["norms"] = str(err)
+    if modulate:
+        targets = _ada_targets(model, report)
+        if any(make is not None for _, _, make in targets):
+            norms_kernel = norms_kernel or kernels.get_kernel(f"{org}/triton-norms", version=version,
+                                                              trust_remote_code=trust_remote_code)
+        _swap_all(targets, norms_kernel, report)
+    if feed_forward:
+        targets = _ff_targets(model)
+        if any(make is not None for _, _, make in targets):
+            matmul_kernel = matmul_kernel or kernels.get_kernel(f"{org}/triton-matmul", version=version,
+                                                                trust_remote_code=trust_remote_code)
+        _swap_all(targets, matmul_kernel, report)
     if not len(report):
         raise ValueError(f"kernelize: nothing to swap in {report.model}:\n{report.summary()}")
     log.info("%s", report.summary())
