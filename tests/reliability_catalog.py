@@ -90,6 +90,10 @@ def _norm_ops(pkg) -> List[OpSample]:
     def x_w_b(device, dtype):
         return randn((3, 5, N_NORM), device, dtype), randn(N_NORM, device, dtype), randn(N_NORM, device, dtype)
 
+    def x_sc_sh_w_b(device, dtype):  # adaLN: scale/shift per sample ([B, N] and [B, 1, N])
+        return (randn((3, 5, N_NORM), device, dtype), randn((3, N_NORM), device, dtype),
+                randn((3, 1, N_NORM), device, dtype), randn(N_NORM, device, dtype), randn(N_NORM, device, dtype))
+
     def x_r_w_b(device, dtype):
         return (randn((3, 5, N_NORM), device, dtype), randn((3, 5, N_NORM), device, dtype),
                 randn(N_NORM, device, dtype), randn(N_NORM, device, dtype))
@@ -107,6 +111,10 @@ def _norm_ops(pkg) -> List[OpSample]:
         OpSample("add_rms_norm", lambda x, r, w, b: pkg.add_rms_norm(x, r, w, None, 1e-6), x_r_w_b, grad=(0, 1, 2)),
         OpSample("add_layer_norm", lambda x, r, w, b: pkg.add_layer_norm(x, r, w, b, 1e-5), x_r_w_b,
                  grad=(0, 1, 2, 3)),
+        OpSample("norm_modulate", lambda x, sc, sh, w, b: pkg.norm_modulate(x, sc, sh, w, b, 1e-6), x_sc_sh_w_b,
+                 grad=(0, 1, 2, 3, 4)),
+        OpSample("norm_modulate[rms,eager]", lambda x, sc, sh, w, b: pkg.norm_modulate(
+            x, sc, sh, eps=1e-6, norm="rms", eager_rounding=True), x_sc_sh_w_b, grad=(0, 1, 2)),
     ]
 
 
