@@ -9,6 +9,10 @@ max/sum pass, then an output pass that reads the row again right away (last chun
 eviction hints, so the re-read mostly hits L2). No row is too wide. Narrow rows go several to a
 program (``rows``) so that a program moves at least ``MIN_TILE_BYTES``.
 
+On a GPU, rows wider than ``TEAM_TUNED[kind]["min_row_bytes"]`` are split over a team of
+programs instead (``team_for``; see ``_team``): each keeps ``chunk_bytes`` of the row in registers
+and the row is read once however wide it is, as long as the team fits the SM count.
+
 Warps follow from the block's size in bytes (``BYTES_PER_THREAD`` of input per
 thread: four 16-byte vectors) and are capped so that
 ``num_warps * warp_size <= 1024`` threads per program, the hardware limit on both

@@ -12,9 +12,14 @@ Math, per row of N elements along ``dim`` (all in fp32):
 A fully masked row (every z = -inf) gives NaN, as torch does (-inf - -inf).
 
 Rows that fit in one block (``_launch.MAX_FUSED_BYTES``) are read once and written
-once. Wider rows run an online max/sum over chunks (the running sum is rescaled by
-``exp(m_old - m_new)`` when the maximum grows; chunks that are entirely -inf so far
-leave it at 0), then an output pass that reads the row again: 3 row transfers.
+once. Wider rows on a GPU go to a *team* of programs (``_team``, ``_launch.team_for``): each
+member keeps one chunk in registers, publishes its chunk's max and sum of exp (backward: its
+part of sum(dy * y)), waits for its teammates and combines the partials in member order
+(``s = sum_k s_k * exp(m_k - m)``), then writes its chunk: still one read and one write.
+Otherwise (CPU, or a row needing more members than the device has SMs) a wide row runs an
+online max/sum over chunks (the running sum is rescaled by ``exp(m_old - m_new)`` when the
+maximum grows; chunks that are entirely -inf so far leave it at 0), then an output pass that
+reads the row again: 3 row transfers.
 
 Backward, one kernel per row (y is the saved output, dy the upstream gradient):
 
@@ -713,8 +718,9 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
         IndexError: dim out of range. RuntimeError: CPU tensor without TRITON_INTERPRET=1.
 
     Precision: scale, mask add, max, exp and sum in fp32; one rounding to x.dtype at the store.
-    A fully masked row is NaN (as torch). Performance: one program per row; rows up to 64 KiB
-    (16K fp32 / 32K half elements) read x once, wider rows twice (online max/sum, then output).
+    A fully masked row is NaN (as torch). Performance: x is read once; a row wider than 32 KiB
+    is split over a team of programs on a GPU (the same bits on every run); on the CPU, or when
+    a row needs more programs than the device has SMs, it is read twice (online max/sum, then output).
     Source: matches ``torch.softmax(x * scale + mask, dim)``.
     """
     dim, scale = _prepare(x, dim, scale, mask, causal)
