@@ -511,10 +511,12 @@ def test_integration_register_and_kernelize_rotary(attention, installed, device)
         ta.kernelize_rotary(torch.nn.Linear(2, 2))
 
 
-@pytest.mark.parametrize("causal,layout,rope", [(False, "bhsd", False), (True, "bshd", False), (True, "bshd", True)])
-def test_flash_tma_forward_path(attention, device, causal, layout, rope):
+@pytest.mark.parametrize("causal,layout,rope,ws", [(False, "bhsd", False, False), (True, "bshd", False, False),
+                                                    (True, "bshd", True, False), (True, "bhsd", False, True)])
+def test_flash_tma_forward_path(attention, device, causal, layout, rope, ws):
     """The tensor-descriptor (TMA) forward used on sm90+ GPUs, forced on under the interpreter: values, the
-    log-sum-exp the backward reads (gradients), GQA, ragged lengths, the fused-RoPE variant."""
+    log-sum-exp the backward reads (gradients), GQA, ragged lengths, the fused-RoPE variant, the
+    warp-specialised loop flag and the reversed causal block order."""
     import sys
 
     flash = sys.modules[attention.__name__ + ".flash"]
@@ -536,12 +538,14 @@ def test_flash_tma_forward_path(attention, device, causal, layout, rope):
     calls = []
     original = flash._attn_fwd_tma
     flash.FORCE_TMA = True
+    flash.TMA_WS = ws
     flash._attn_fwd_tma = lambda *a: calls.append(1) or original(*a)
     try:
         got = run()
         got_g = torch.autograd.grad(got, (q, k, v), torch.ones_like(got))
     finally:
         flash.FORCE_TMA = False
+        flash.TMA_WS = False
         flash._attn_fwd_tma = original
     assert calls, "the TMA path did not run"
     assert_close(got, want.double(), TOL[torch.float16], "o")

@@ -233,27 +233,34 @@ def _attn_fwd_kernel(
 
 @triton.jit
 def _tma_blocks(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, lo, hi, Sk, qk_scale,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
-    """As _fwd_blocks, with k/v tiles loaded by the TMA unit (rows past Sk arrive as zeros)."""
-    for start in range(lo, hi, BLOCK_N):
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                WS: tl.constexpr):
+    """As _fwd_blocks, with k/v tiles loaded by the TMA unit (rows past Sk arrive as zeros).
+
+    The scale is folded into the exponent: ``p = exp2(qk * qk_scale - m)``, one FMA per score (the
+    running maximum ``m`` is kept on the scaled scores). WS: ``tl.range(warp_specialize=True)``
+    (Triton splits the loop into TMA-producer and MMA/softmax-consumer warps where it can).
+    """
+    for start in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         k = desc_k.load([b, hk, start, 0]).reshape(BLOCK_N, D)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+        qk = tl.dot(q, tl.trans(k))
         if MASKED:
             offs_n = start + tl.arange(0, BLOCK_N)
             keep = (offs_n < Sk)[None, :]
             if CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1) * qk_scale)
         if MASKED:
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_use = m_new
-        p = tl.exp2(s - m_use[:, None])
+        p = tl.exp2(qk * qk_scale - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
         v = desc_v.load([b, hk, start, 0]).reshape(BLOCK_N, D)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -267,11 +274,15 @@ def _attn_fwd_tma_kernel(
     Sq, Sk, GROUP,
     qk_scale,
     D: tl.constexpr, CAUSAL: tl.constexpr, ROPE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr,
 ):
     # The forward of _attn_fwd_kernel for the common case (no mask, D = DV = BLOCK_D, fp16/bf16) on
     # GPUs with a TMA unit (NVIDIA sm90+): q/k/v tiles and the output move through tensor descriptors.
-    pid_m = tl.program_id(0)
+    # REVERSE (causal): the longest query blocks are scheduled first, so the short ones fill the tail.
+    if REVERSE:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
     hk = h // GROUP
@@ -296,9 +307,9 @@ def _attn_fwd_tma_kernel(
         full = tl.minimum(full, ((m0 + 1) // BLOCK_N) * BLOCK_N)
         hi = tl.minimum(Sk, m0 + BLOCK_M)
     acc, l_i, m_i = _tma_blocks(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, 0, full, Sk, qk_scale,
-                                False, False, BLOCK_N, D)
+                                False, False, BLOCK_N, D, WS)
     acc, l_i, m_i = _tma_blocks(acc, l_i, m_i, q, desc_k, desc_v, b, hk, offs_m, full, hi, Sk, qk_scale,
-                                True, CAUSAL, BLOCK_N, D)
+                                True, CAUSAL, BLOCK_N, D, False)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # base 2
@@ -671,6 +682,8 @@ def _prec(dtype: torch.dtype) -> str:
 FORCE_TMA = False
 TMA_FWD = False  # opt-in: no faster than the pointer kernel on the H200 (501 vs 502 TFLOP/s), slower with RoPE
 TMA_CONFIG = FwdConfig(128, 128, 8, 3)
+TMA_WS = False  # warp-specialised main loop (tl.range(warp_specialize=True)) in the TMA forward
+TMA_REVERSE = True  # causal: longest query blocks first
 TMA_BWD = False  # the tensor-descriptor backward kernels (opt-in until measured faster)
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -703,7 +716,7 @@ def _tma_eligible(qv: Tensor, kv: Tensor, vv: Tensor, mask, interp: bool) -> boo
             and _tma_ok(qv) and _tma_ok(kv) and _tma_ok(vv))
 
 
-def _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, cfg, interp, cv, sv, cs, ss, rope):
+def _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, cfg, interp, cv, sv, cs, ss, rope, ws=None):
     B, H, Sq, D = qv.shape
     Hk, Sk = kv.shape[1], kv.shape[2]
     BM, BN = cfg.block_m, cfg.block_n
@@ -712,7 +725,8 @@ def _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, cfg, interp, cv, sv, cs, ss
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     _attn_fwd_tma_kernel[(triton.cdiv(Sq, BM), H, B)](
         *descs, lse, qv, cv, sv, *qv.stride(), *cs, *ss, Sq, Sk, H // Hk, scale * LOG2E,
-        D=D, CAUSAL=causal, ROPE=rope, BLOCK_M=BM, BLOCK_N=BN, **extra,
+        D=D, CAUSAL=causal, ROPE=rope, BLOCK_M=BM, BLOCK_N=BN,
+        WS=bool(TMA_WS if ws is None else ws), REVERSE=TMA_REVERSE and causal, **extra,
     )
 
 
