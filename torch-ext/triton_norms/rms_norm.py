@@ -38,7 +38,7 @@ from ._common import (
     empty_rows, prepare_rms_args, round_to, rows_of, rows_view, vector,
 )
 from ._exact import rms_exact_forward
-from ._launch import num_partial_programs, pick_config
+from ._launch import MAX_FUSED_BYTES, num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
@@ -46,6 +46,7 @@ from ._fastlaunch import launch, meta_items
 from ._torch_order import ORDER_FAST, parse_order
 
 Tensor = torch.Tensor
+WIDE_FORWARD = None  # set by ._wide: the team forward for wide rows (read once)
 
 
 @triton.jit
@@ -243,6 +244,11 @@ def _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype,
         return y, h, rstd
     r2, _, stride_r = rows_of(residual) if residual is not None else (None, 0, 0)
     elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
+    if WIDE_FORWARD is not None and N * elem > MAX_FUSED_BYTES and WIDE_FORWARD(
+            x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, rstd, M, N, stride_x,
+            stride_r, eps, weight_offset, cast_dtype, elem):
+        # wide rows: a team of programs per row, read once (_wide)
+        return y, h, rstd
     launch(_rms_norm_fwd_kernel, (M,), (
         x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, rstd,
         stride_x, stride_r, N, eps, weight_offset,

@@ -44,7 +44,7 @@ from ._common import check_float_tensor, check_real, check_same_device, normaliz
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._launch import config_for, split_for, team_for
-from ._team import team_arrive, team_load, team_ticket, team_wait
+from ._team import team_arrive, team_load, team_phases, team_ticket, team_wait
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
 
@@ -512,7 +512,7 @@ def _softmax_team_bwd_kernel(
 def _team_phases(device: torch.device, team: int):
     """Launch phases of a team kernel: one spinning launch on a GPU, publish then write under the
     interpreter (programs run one at a time there; a team of one never waits)."""
-    return (0,) if device.type != "cpu" or team == 1 else (1, 2)
+    return team_phases(device, team)
 
 
 def _as_1d(t: Optional[Tensor]) -> Optional[Tensor]:

@@ -1,9 +1,11 @@
-"""Device-side teams: a wide row split over K programs that meet once, without a second launch.
+"""Device-side teams: a wide row split over K programs that meet on the device, without a second launch.
 
 A *team* is K programs that each keep one chunk of a row in registers, publish a few fp32
 partial statistics of their chunk to a workspace, wait until all K teammates have published,
 combine the K partials in a fixed order (the same bits on every run and in every member) and
 then write their chunk's output from registers: one DRAM read and one write per element.
+A kernel may meet several times (stages: e.g. a mean, then a variance around it) by waiting
+for ``stage * K`` arrivals on the same counter.
 
 Forward progress. Programs may start in any order and a spinning program holds its slot, so
 a team must only ever wait on programs that are already running or that are certain to start.
@@ -24,11 +26,12 @@ Counters: ``sync`` is an int32 tensor of ``1 + teams`` zeros made by the host pe
 ``sync[0]`` is the ticket counter, ``sync[1 + team]`` the team's arrival count.
 
 The Triton interpreter runs programs one after the other, so a waiting program would spin for
-ever there. The kernels take a ``PHASE`` constexpr: 0 = publish, wait, write (the GPU path);
-1 = publish only; 2 = wait and write only. Under the interpreter the host launches phase 1 and
-then phase 2 with the same ``sync`` (phase-2 tickets continue past ``total`` and are taken
-modulo ``total``; every arrival count is already K), which runs the same ticket, publish and
-combine code without ever spinning. A team of one (K = 1) never waits on anybody.
+ever there. The kernels take a ``PHASE`` constexpr: 0 = everything in one launch (the GPU path);
+p >= 1 = only the work between meeting p - 1 and meeting p (1: publish the first partials;
+last: wait and write). Under the interpreter the host launches phases 1, 2, ... with the same
+``sync`` (``team_phases``; later tickets continue past ``total`` and are taken modulo ``total``;
+every count a phase waits for was reached by the phase before), which runs the same ticket,
+publish and combine code without ever spinning. A team of one (K = 1) never waits on anybody.
 """
 
 from __future__ import annotations
@@ -63,3 +66,10 @@ def team_wait(flag_ptr, count):
 def team_load(ptr, k, count, other):
     """The ``count`` partials ``ptr[k]`` of a team (``k`` = arange over a power of 2), from L2."""
     return tl.load(ptr + k, mask=k < count, other=other, cache_modifier=".cg")
+
+
+def team_phases(device, team: int, meetings: int = 1) -> tuple:
+    """The PHASE values to launch a team kernel with: ``(0,)`` (one launch, members spin) on a GPU or
+    for a team of one; ``(1, ..., meetings + 1)`` under the interpreter (CPU tensors), which runs
+    programs one at a time."""
+    return (0,) if device.type != "cpu" or team == 1 else tuple(range(1, meetings + 2))
