@@ -1,0 +1,224 @@
+"""triton-norms wide rows over a team of programs (``_wide``): values, statistics, rules.
+
+On the CPU the team forwards are off by default (the looped kernels run); these tests switch them on
+(``WIDE_ON_CPU``) so that the interpreter runs them as one launch per meeting (never spinning). The
+GPU test (TEST_DEVICE=cuda) runs the default spinning path. References: fp64 torch, and the looped
+one-program-per-row kernel (the same math in another summation order).
+"""
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from .test_norms_functional import assert_close_ref, rms_ref
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def wide(norms):
+    """The team path on (CPU included); counts the team launches as (team, phases)."""
+    mod = sys.modules[norms.__name__ + "._wide"]
+    saved_tuned, saved_cpu, orig = {k: v for k, v in mod.WIDE_TUNED.items()}, mod.WIDE_ON_CPU, mod.team_phases
+    calls = []
+
+    def counting(device, team, meetings=1):
+        phases = orig(device, team, meetings)
+        calls.append((team, phases))
+        return phases
+
+    mod.WIDE_ON_CPU = True
+    mod.team_phases = counting
+    try:
+        yield type("Wide", (), {"calls": calls, "mod": mod})
+    finally:
+        mod.team_phases = orig
+        mod.WIDE_TUNED.clear()
+        mod.WIDE_TUNED.update(saved_tuned)
+        mod.WIDE_ON_CPU = saved_cpu
+
+
+def ln_ref(x, w=None, b=None, eps=1e-5):
+    return F.layer_norm(x.double(), x.shape[-1:], None if w is None else w.double(),
+                        None if b is None else b.double(), eps)
+
+
+def assert_near_looped(a, b):
+    """Same math, another fp32 summation order: equal but for rare single-ulp rounding differences."""
+    assert a.shape == b.shape and a.dtype == b.dtype
+    same = (a == b).float().mean().item()
+    assert same >= 0.999, same
+    assert_close_ref(a, b.double(), ulps=1, rel_atol=0.0)
+
+
+def looped(wide, fn):
+    """``fn()`` on the one-program-per-row path."""
+    saved = dict(wide.mod.WIDE_TUNED)
+    for k in wide.mod.WIDE_TUNED:
+        wide.mod.WIDE_TUNED[k] = None
+    try:
+        return fn()
+    finally:
+        wide.mod.WIDE_TUNED.update(saved)
+
+
+# 32771 bf16 = 65542 bytes: just past one block; 16 KiB chunks -> a team of 5, the last member 3 columns
+N_WIDE = 32771
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rms_norm_team_values(norms, device, wide, dtype):
+    x = (torch.randn(3, N_WIDE, device=device) * 2 + 0.5).to(dtype)
+    w = torch.randn(N_WIDE, device=device).to(dtype)
+    y = norms.rms_norm(x, w, eps=1e-6)
+    assert_close_ref(y, rms_ref(x, w, eps=1e-6))
+    assert_near_looped(y, looped(wide, lambda: norms.rms_norm(x, w, eps=1e-6)))
+    # Gemma-style offset, the cast before the weight, no weight
+    y = norms.rms_norm(x, w, eps=1e-6, weight_offset=1.0, cast_dtype=dtype)
+    assert_near_looped(y, looped(wide, lambda: norms.rms_norm(x, w, eps=1e-6, weight_offset=1.0, cast_dtype=dtype)))
+    assert_close_ref(norms.rms_norm(x), rms_ref(x))
+    assert [c[0] for c in wide.calls] == [5, 5, 5]
+    expected = (0,) if device != "cpu" else (1, 2)
+    assert all(c[1] == expected for c in wide.calls)
+
+
+def test_add_rms_norm_team_values_and_h(norms, device, wide):
+    x = torch.randn(2, N_WIDE, device=device).to(torch.bfloat16)
+    r = torch.randn(2, N_WIDE, device=device).to(torch.bfloat16)
+    w = torch.randn(N_WIDE, device=device).to(torch.bfloat16)
+    y, h = norms.add_rms_norm(x, r, w, eps=1e-6)
+    assert torch.equal(h, x + r)  # every member stores its chunk of h exactly once
+    assert_close_ref(y, rms_ref(h, w, eps=1e-6))
+    y0, h0 = looped(wide, lambda: norms.add_rms_norm(x, r, w, eps=1e-6))
+    assert torch.equal(h, h0)
+    assert_near_looped(y, y0)
+    assert [c[0] for c in wide.calls] == [5]
+
+
+def test_layer_norm_team_values_two_meetings(norms, device, wide):
+    """LayerNorm meets twice (mean, then the variance around it): three launches on the CPU."""
+    x = (torch.randn(3, N_WIDE, device=device) * 3 + 7.0).to(torch.bfloat16)  # a large mean: needs the 2nd pass
+    w = torch.randn(N_WIDE, device=device).to(torch.bfloat16)
+    b = torch.randn(N_WIDE, device=device).to(torch.bfloat16)
+    y = norms.layer_norm(x, w, b)
+    assert_close_ref(y, ln_ref(x, w, b))
+    assert_near_looped(y, looped(wide, lambda: norms.layer_norm(x, w, b)))
+    r = torch.randn(3, N_WIDE, device=device).to(torch.bfloat16)
+    y, h = norms.add_layer_norm(x, r, w, b)
+    assert torch.equal(h, x + r)
+    assert_close_ref(y, ln_ref(h, w, b))
+    expected = (0,) if device != "cpu" else (1, 2, 3)
+    assert wide.calls == [(5, expected), (5, expected)]
+
+
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+def test_team_statistics_feed_the_backward(norms, device, wide, kind):
+    """Member 0 stores the row's rstd (and mean); the backward reads them: gradients against fp64."""
+    wide.mod.WIDE_TUNED.update({k: {"min_row_bytes": 1, "chunk_bytes": 16384, "num_warps": 4}
+                                for k in wide.mod.WIDE_TUNED})
+    x = (torch.randn(3, 16411, device=device) * 2 + 1.0).requires_grad_()  # fp32: 4096 per member -> 5
+    w = torch.randn(16411, device=device).requires_grad_()
+    dy = torch.randn(3, 16411, device=device)
+    if kind == "rms":
+        y = norms.rms_norm(x, w, eps=1e-6)
+        ref = lambda a, b: rms_ref(a, b, eps=1e-6)  # noqa: E731
+    else:
+        y = norms.layer_norm(x, w, None)
+        ref = lambda a, b: ln_ref(a, b)  # noqa: E731
+    assert_close_ref(y, ref(x.detach(), w.detach()))
+    y.backward(dy)
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref(xr, wr).backward(dy.double())
+    assert_close_ref(x.grad, xr.grad, rel_atol=1e-5)
+    assert_close_ref(w.grad, wr.grad, rel_atol=1e-5)
+    assert [c[0] for c in wide.calls] == [5]
+
+
+def test_team_results_are_deterministic(norms, device, wide):
+    x = torch.randn(4, 20011, device=device) * 3
+    w = torch.randn(20011, device=device)
+    runs = [(norms.rms_norm(x, w), norms.layer_norm(x, w, w)) for _ in range(2)]
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    assert [c[0] for c in wide.calls] == [5, 5, 5, 5]
+
+
+def test_team_rules(norms, device, wide):
+    """Only rows past min_row_bytes, never more members than SMs, 1024 threads at most; off on CPU
+    tensors unless WIDE_ON_CPU; rows that stay in one block never reach the hook."""
+    mod = wide.mod
+    dev = torch.device(device)
+    assert mod.team_for("rms_norm", 32768, 2, 10, dev) is None  # 65536 bytes: one block
+    team, block, warps = mod.team_for("rms_norm", 32769, 2, 10, dev)
+    assert block == 8192 and team == 5 and warps * 32 <= 1024
+    sms = mod._sm_count(dev)
+    assert mod.team_for("layer_norm", 8192 * sms, 2, 1, dev)[0] == sms
+    assert mod.team_for("layer_norm", 8192 * sms + 1, 2, 1, dev) is None
+    mod.WIDE_TUNED["rms_norm"] = None
+    assert mod.team_for("rms_norm", 1 << 20, 2, 1, dev) is None
+    if device == "cpu":
+        mod.WIDE_ON_CPU = False
+        assert mod.team_for("layer_norm", 32769, 2, 10, dev) is None
+    x = torch.randn(2, 4097, device=device)
+    norms.rms_norm(x)
+    assert wide.calls == []
+
+
+@pytest.mark.gpu
+def test_team_spinning_path_on_gpu(norms, device):
+    """The default path on a GPU for rows of 65536 and 262144 (teams of 8 and 32, many rows: several
+    waves of teams), against fp64 and the same bits twice."""
+    if device != "cuda":
+        pytest.skip("the spinning path needs TEST_DEVICE=cuda")
+    for M, N in [(2048, 65536), (64, 262144), (7, 100003)]:
+        x = (torch.randn(M, N, device=device) * 2 + 0.5).to(torch.bfloat16)
+        w = torch.randn(N, device=device).to(torch.bfloat16)
+        b = torch.randn(N, device=device).to(torch.bfloat16)
+        y1, y2 = norms.rms_norm(x, w), norms.layer_norm(x, w, b)
+        assert torch.equal(y1, norms.rms_norm(x, w)) and torch.equal(y2, norms.layer_norm(x, w, b))
+        assert_close_ref(y1, rms_ref(x, w))
+        assert_close_ref(y2, ln_ref(x, w, b))
+
+
+_COMPILE_SCRIPT = r'''
+import sys
+from pathlib import Path
+import kernels, triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+W = sys.modules[kernels.get_local_kernel(Path(sys.argv[1])).__name__ + "._wide"]
+def sig(k, consts):
+    return {n: "constexpr" if n in consts else "*i32" if n == "sync_ptr" else
+            "*fp32" if n in ("ws_ptr", "rstd_ptr", "mean_ptr") else "*bf16" if n.endswith("_ptr") else
+            "fp32" if n in ("eps", "weight_offset") else "i32" for n in k.arg_names}
+count = 0
+for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
+    for k, consts in [
+            (W._rms_team_fwd_kernel, dict(res_ptr=None, h_ptr=None, b_ptr=None, CAST_DTYPE=None, PHASE=0)),
+            (W._rms_team_fwd_kernel, dict(CAST_DTYPE=tl.bfloat16, PHASE=1)),
+            (W._ln_team_fwd_kernel, dict(res_ptr=None, h_ptr=None, PHASE=0)),
+            (W._ln_team_fwd_kernel, dict(mean_ptr=None, rstd_ptr=None, PHASE=2))]:
+        consts.update(BLOCK_N=8192, TEAM_P2=64)
+        src = ASTSource(k, sig(k, consts), constexprs={(k.arg_names.index(m),): v for m, v in consts.items()})
+        triton.compile(src, target=target, options={"num_warps": 8})
+        count += 1
+print("COMPILED", count)
+'''
+
+
+@pytest.mark.slow
+def test_team_kernels_compile_for_sm90_and_gfx942(built):
+    """Lower the team forwards (atomics with release/acquire, L2 loads, spin loop) for an H100/H200 and an
+    MI300 without a GPU: catches what the interpreter never sees."""
+    import os
+    import subprocess
+
+    variant = built["triton-norms"].variant("cpu")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(variant)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert "COMPILED 8" in res.stdout, res.stdout + res.stderr
