@@ -5,8 +5,9 @@ Each workload times one call (``benchmark_<w>``) and checks it against eager PyT
 
 Bytes moved (the one formula behind any GB/s figure for these ops):
 ``bytes_moved(M, N, elem, n_in, n_out)`` = (n_in + n_out) * M * N * elem: every input row read
-once and every output row written once, whatever the kernel actually re-reads (a wide row is read
-twice; that is the kernel's cost, not extra useful traffic). softmax forward: n_in=1, n_out=1;
+once and every output row written once, whatever the kernel actually re-reads (on a GPU a wide row
+goes to a team of programs and is read once; where it is read twice, that is the kernel's cost,
+not extra useful traffic). softmax forward: n_in=1, n_out=1;
 forward+backward: x read, y written, then y and dy read, dx written (n_in=3, n_out=2);
 cross-entropy forward+backward: logits read, gradient written (n_in=1, n_out=1) -- the
 "effective" figure of the issue's target.
