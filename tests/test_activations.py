@@ -504,3 +504,72 @@ def test_eager_autograd_equals_the_registered_op(activations, device, op):
     assert "EagerAutograd" in graph[0] and "EagerAutograd" not in graph[1], graph
     for a, b in zip(eager, through_op):
         assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------- NVIDIA division path
+
+_NV_DIV_CODE = r"""
+import itertools, sys
+from pathlib import Path
+import kernels, triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.tools.disasm import get_sass
+m = kernels.get_local_kernel(Path(sys.argv[1]))
+act = sys.modules[m.__name__ + ".activation"]
+for kern, act_id, gated in itertools.product((act._act_fwd_kernel, act._act_bwd_kernel), (0, 5), (True, False)):
+    consts = {"ACT": act_id, "R": tl.bfloat16, "LIBDEVICE": 2, "ROWS": 1, "BLOCK_N": 1024}
+    if not gated:
+        consts.update({n: None for n in ("u_ptr", "du_ptr") if n in kern.arg_names})
+    sig = {n: "constexpr" if n in consts else ("*bf16" if n.endswith("_ptr") else ("fp32" if n == "threshold" else "i32"))
+           for n in kern.arg_names}
+    src = ASTSource(kern, sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
+    sass = get_sass(triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                   options={"num_warps": 4, "enable_fp_fusion": False}).asm["cubin"])
+    print(kern.__name__, act_id, gated, "RCP", sass.count("MUFU.RCP"), "FCHK", sass.count("FCHK"), "CALL", sass.count("CALL"))
+"""
+
+
+def test_nvidia_sigmoid_division_has_no_slow_path(built, tmp_path):
+    """LIBDEVICE=2 (NVIDIA): silu / gelu_quick (sigmoid) divide with the hardware reciprocal and two
+    FMA corrections, without div.rn's range check (FCHK) and slow-path call, in every forward and
+    backward kernel (sm_90 binary by Triton's own ptxas; bit-equality is checked on the GPU by
+    ``test_gpu_sigmoid_division_bit_exact_every_value``)."""
+    script = tmp_path / "nv_div.py"
+    script.write_text(_NV_DIV_CODE)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, str(script), str(built["triton-activations"].variant("cuda"))],
+                         env=env, capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in res.stdout.splitlines() if "RCP" in ln]
+    assert res.returncode == 0 and len(lines) == 8, res.stdout + res.stderr[-3000:]
+    for ln in lines:
+        f = ln.split()
+        assert int(f[f.index("RCP") + 1]) > 0 and f[f.index("FCHK") + 1] == "0" and f[f.index("CALL") + 1] == "0", ln
+
+
+def _bits_equal(a, b):
+    """Same dtype, shape and bits, any NaN equal to any NaN."""
+    assert a.dtype == b.dtype and a.shape == b.shape
+    int_type = torch.int16 if a.element_size() == 2 else torch.int32
+    return bool(((a.view(int_type) == b.view(int_type)) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_sigmoid_division_bit_exact_every_value(activations, device, dtype):
+    """Every value of the dtype (2**16, or all 2**32 fp32 bit patterns in chunks): silu and
+    gelu_quick (fused) and silu_and_mul (u = 1, fp32 result of silu) are bit-identical to
+    torch's own CUDA kernels (``F.silu``; ``x * torch.sigmoid(1.702 * x)`` with eager rounding)."""
+    if device != "cuda":
+        pytest.skip("needs TEST_DEVICE=cuda")
+    if dtype == torch.float32:
+        chunks = (torch.arange(lo, lo + (1 << 28), device="cuda", dtype=torch.int64).to(torch.int32).view(torch.float32)
+                  for lo in range(-(1 << 31), 1 << 31, 1 << 28))
+    else:
+        chunks = [torch.arange(-(1 << 15), 1 << 15, device="cuda", dtype=torch.int32).to(torch.int16).view(dtype)]
+    for x in chunks:
+        assert _bits_equal(activations.silu(x), F.silu(x))
+        assert _bits_equal(activations.gelu_quick(x, rounding="eager"), x * torch.sigmoid(1.702 * x))
+        gated = torch.stack([x, torch.ones_like(x)], 0).transpose(0, 1)  # (n, 2): halves g = x, u = 1
+        assert _bits_equal(activations.silu_and_mul(gated).squeeze(-1), F.silu(x))
+        del x

@@ -18,6 +18,7 @@ AMD (64-lane wavefronts).
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +35,11 @@ THREADS = 128
 # smaller tiles, down to MIN_TILE_BYTES of an operand (port-check: 67 x 5003 bf16 ran at 0.64-0.92
 # of a one-block-per-row CUDA kernel with full tiles).
 MIN_PROGRAMS = 528
-MIN_TILE_BYTES = 512
+MIN_TILE_BYTES = int(os.environ.get("TRITON_ACT_MIN_TILE_BYTES", "512"))
+# Elements per thread in the tiles of such small inputs.
+SMALL_ELEMS = int(os.environ.get("TRITON_ACT_SMALL_ELEMS", "1"))
+# LIBDEVICE level on NVIDIA: 2 takes the branch-free division (_math.div_ge1), 1 div_rn.
+USE_FAST_DIV = int(os.environ.get("TRITON_ACT_FAST_DIV", "1"))
 # Largest second grid dimension on CUDA (gridDim.y).
 MAX_GRID_Y = 65535
 
@@ -77,24 +82,34 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
     block = max(block, triton.next_power_of_2(triton.cdiv(N, MAX_GRID_Y)))
     rows = min(max(tile // block, 1), triton.next_power_of_2(M))
     # small inputs: smaller tiles, so that the work spreads over the GPU's multiprocessors
+    shrunk = False
     while fill_gpu and triton.cdiv(M, rows) * triton.cdiv(N, block) < MIN_PROGRAMS \
             and rows * block * element_size > MIN_TILE_BYTES:
+        shrunk = True
         if rows > 1:
             rows //= 2
         else:
             block //= 2
-    threads = min(THREADS, max(rows * block * element_size // 16, 1))
+    if shrunk or (fill_gpu and triton.cdiv(M, rows) * triton.cdiv(N, block) < MIN_PROGRAMS):
+        # too few programs to fill the GPU: the kernel's time is one thread's chain of dependent
+        # math (exp, division), so each thread takes SMALL_ELEMS elements, not a 16-byte vector
+        threads = min(THREADS, max(rows * block // SMALL_ELEMS, 1))
+    else:
+        threads = min(THREADS, max(rows * block * element_size // 16, 1))
     num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
     return LaunchConfig(block_n=block, rows=rows, num_warps=num_warps, column_blocks=triton.cdiv(N, block),
                         row_blocks=triton.cdiv(M, rows))
 
 
-def use_libdevice(device: torch.device, kernel) -> bool:
-    """Whether exp/tanh/erf come from the vendor math library (the LIBDEVICE constexpr).
+def use_libdevice(device: torch.device, kernel) -> int:
+    """The LIBDEVICE constexpr: where exp/tanh/erf (and the sigmoid's division) come from.
 
-    True on CUDA and ROCm devices (torch calls both ``cuda``), whose ``libdevice`` holds the
-    functions ATen's kernels call; False under the interpreter and on other backends (XPU),
-    which use Triton's portable ``tl.exp``/``tl.erf`` and our own tanh.
+    2 on NVIDIA CUDA devices and 1 on ROCm (torch calls both ``cuda``): their ``libdevice``
+    holds the functions ATen's kernels call; 2 also takes the branch-free division of
+    ``_math.div_ge1`` (PTX). 0 under the interpreter and on other backends (XPU), which use
+    Triton's portable ``tl.exp``/``tl.erf``, our own tanh and ``div_rn``.
     """
-    return device.type == "cuda" and not is_interpreter(kernel)
+    if device.type != "cuda" or is_interpreter(kernel):
+        return 0
+    return 1 if torch.version.hip else USE_FAST_DIV
