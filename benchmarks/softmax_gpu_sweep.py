@@ -549,7 +549,8 @@ def sweep_ce():
 
 
 # round 3: extra team settings to time besides the default (filled in from round B)
-TEAM_EXTRA = {}
+TEAM_EXTRA = {16384: ["team 16384 8"], 65536: ["team 8192 4", "team 32768 16"],
+              262144: ["team 8192 4", "team 32768 16"], "ce": ["team 8192 4", "team 32768 16"]}
 COMPILE_NS = {32768} if args.round == 1 else {4096, 32768, 262144}
 COMPILE_NS = COMPILE_NS if DEV == "cuda" else set()
 skip = set(args.skip.split(","))
