@@ -398,6 +398,9 @@ def test_case10_config_picker_respects_warp_size(activations, warp_size):
     small = activations.pick_config(5003, 2, warp_size, 67)  # small input: smaller tiles fill the GPU
     assert small.block_n < activations.pick_config(5003, 2, warp_size, 67, fill_gpu=False).block_n
     assert small.row_blocks * small.column_blocks >= 528
+    for n, m in ((96, 5), (300, 7), (3, 1)):  # inputs too small to fill the GPU: one element per thread
+        cfg = activations.pick_config(n, 2, warp_size, m)
+        assert cfg.rows * cfg.block_n <= max(cfg.num_warps * warp_size, 32), (n, m, cfg)
     assert activations.pick_config(14336, 2, warp_size, 16).column_blocks > 1  # 2-D grid for wide rows
     with pytest.raises(ValueError, match="M must be"):
         activations.pick_config(128, 2, warp_size, 0)

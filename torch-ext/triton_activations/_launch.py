@@ -10,7 +10,9 @@ A tile holds ``TILE_BYTES`` of each operand (forward) or ``BWD_TILE_BYTES`` (bac
 128 threads: on an H200 (16384 x 2*14336 bf16, ``benchmarks/NOTES.md``) one row x 1024 bf16
 forward (4078 GB/s silu, 3858 gelu_tanh; 2 rows x 1024: 3914 / 3660) and one row x 2048
 backward (4124 / 4152) ran fastest: the math (libdevice exp/tanh, IEEE division) then overlaps
-the memory traffic. Narrow rows are stacked to fill a tile; inputs too small to fill the GPU get smaller tiles. Threads per program are capped so
+the memory traffic. Narrow rows are stacked to fill a tile; inputs too small to fill the GPU get smaller tiles
+and one element per thread (a tiny kernel's time is one thread's chain of exp / division: with
+8 elements per thread, 5 x 96 bf16 silu_and_mul ran 2.5 us against the CUDA fixture's 1.2). Threads per program are capped so
 that ``num_warps * warp_size <= 1024``, the hardware limit on both NVIDIA (32-lane warps) and
 AMD (64-lane wavefronts).
 """
@@ -35,9 +37,9 @@ THREADS = 128
 # smaller tiles, down to MIN_TILE_BYTES of an operand (port-check: 67 x 5003 bf16 ran at 0.64-0.92
 # of a one-block-per-row CUDA kernel with full tiles).
 MIN_PROGRAMS = 528
-MIN_TILE_BYTES = int(os.environ.get("TRITON_ACT_MIN_TILE_BYTES", "512"))
+MIN_TILE_BYTES = 512
 # Elements per thread in the tiles of such small inputs.
-SMALL_ELEMS = int(os.environ.get("TRITON_ACT_SMALL_ELEMS", "1"))
+SMALL_ELEMS = 1
 # LIBDEVICE level on NVIDIA: 2 takes the branch-free division (_math.div_ge1), 1 div_rn.
 USE_FAST_DIV = int(os.environ.get("TRITON_ACT_FAST_DIV", "1"))
 # Largest second grid dimension on CUDA (gridDim.y).
@@ -82,18 +84,17 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
     block = max(block, triton.next_power_of_2(triton.cdiv(N, MAX_GRID_Y)))
     rows = min(max(tile // block, 1), triton.next_power_of_2(M))
     # small inputs: smaller tiles, so that the work spreads over the GPU's multiprocessors
-    shrunk = False
     while fill_gpu and triton.cdiv(M, rows) * triton.cdiv(N, block) < MIN_PROGRAMS \
             and rows * block * element_size > MIN_TILE_BYTES:
-        shrunk = True
         if rows > 1:
             rows //= 2
         else:
             block //= 2
-    if shrunk or (fill_gpu and triton.cdiv(M, rows) * triton.cdiv(N, block) < MIN_PROGRAMS):
-        # too few programs to fill the GPU: the kernel's time is one thread's chain of dependent
-        # math (exp, division), so each thread takes SMALL_ELEMS elements, not a 16-byte vector
-        threads = min(THREADS, max(rows * block // SMALL_ELEMS, 1))
+    if fill_gpu and triton.cdiv(M, rows) * triton.cdiv(N, block) < MIN_PROGRAMS:
+        # still too few programs (a few thousand elements): the kernel's time is one thread's chain
+        # of dependent math (exp, division), so each thread takes SMALL_ELEMS elements, not a
+        # 16-byte vector
+        threads = min(MAX_THREADS_PER_PROGRAM, max(rows * block // SMALL_ELEMS, 1))
     else:
         threads = min(THREADS, max(rows * block * element_size // 16, 1))
     num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
