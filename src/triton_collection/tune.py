@@ -51,17 +51,25 @@ def default_candidates(M: int) -> list[dict]:
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "num_warps": w, "num_stages": s,
                 "TMA": tma, "PERSISTENT": pers, "WARP_SPECIALIZE": ws, "EPILOGUE_SUBTILE": sub, "SPLIT_K": split,
                 "GEMV": gemv, "STREAM_K": sk}
-    # chosen from a first H200 sweep (2026-11-30): the winners and runners-up per M range
-    if M <= 1:  # weight streaming: many narrow tiles; split-K where N alone gives too few programs
-        return [c(16, 32, 128, 1, 4, 4, tma=0), c(16, 32, 256, 1, 4, 4), c(16, 64, 256, 1, 4, 4, split=4)]
+    # chosen from the H200 sweeps (2026-11-30): earlier winners plus the GEMV kernel for one token, split-K and
+    # stream-K for tile counts that fill the 132 SMs unevenly, two programs per SM (PERSISTENT 2)
+    G = lambda bn, bk, w, s: c(16, bn, bk, 1, w, s, gemv=1)  # noqa: E731
+    if M <= 1:  # weight streaming: many programs of a few W rows each (GEMV), or narrow tensor-core tiles
+        return [G(4, 512, 4, 1), G(8, 512, 4, 1), G(2, 1024, 4, 1), G(4, 1024, 4, 1), G(8, 256, 4, 1),
+                c(16, 32, 128, 1, 4, 4, tma=0)]
     if M <= 16:
-        return [c(16, 32, 256, 1, 4, 4), c(16, 128, 128, 1, 4, 4, split=4), c(16, 64, 256, 1, 4, 4, split=4)]
+        return [c(16, 32, 256, 1, 4, 4), c(16, 64, 256, 1, 4, 4), c(16, 128, 128, 1, 4, 4, split=4),
+                c(16, 32, 128, 1, 4, 6)]
     if M <= 64:
-        return [c(64, 64, 128, 8, 4, 4), c(64, 32, 128, 8, 4, 6), c(64, 64, 64, 8, 4, 6)]
+        return [c(64, 32, 128, 8, 4, 6), c(64, 64, 128, 8, 4, 4), c(64, 128, 64, 8, 4, 4, split=2),
+                c(64, 128, 64, 8, 4, 4, pers=2, sk=1), c(64, 64, 64, 8, 4, 4, split=2)]
     if M <= 256:
-        return [c(64, 128, 64, 8, 4, 5), c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(64, 64, 128, 8, 4, 4)]
+        return [c(64, 128, 64, 8, 4, 5), c(64, 128, 64, 8, 4, 4), c(64, 64, 64, 8, 4, 4), c(128, 128, 64, 8, 8, 3),
+                c(128, 128, 64, 8, 8, 4, pers=1, sk=1), c(64, 128, 64, 8, 4, 4, pers=2, sk=1),
+                c(128, 256, 64, 8, 8, 4, pers=1, sub=1)]
     if M <= 1024:
-        return [c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(128, 128, 64, 8, 8, 4), c(64, 128, 64, 8, 4, 5)]
+        return [c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(128, 128, 64, 8, 8, 3, pers=2, sub=1),
+                c(128, 256, 64, 8, 8, 4, pers=1, sub=1, sk=1), c(64, 128, 64, 8, 4, 4), c(128, 128, 64, 8, 8, 3)]
     return [c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(128, 256, 64, 16, 8, 3, pers=1, sub=1)]
 
 

@@ -72,7 +72,6 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = {
     None: (0, False), "gelu": (1, False), "gelu_tanh": (2, False), "silu": (3, False), "relu": (4, False),
     "geglu": (1, True), "swiglu": (3, True),
-    "_gelu_erf_libdevice": (5, False), "_gelu_tanh_old": (6, False),  # round-B timing references, to be removed
 }
 
 
@@ -128,12 +127,6 @@ def _activation(x, ACT: tl.constexpr, FAST_MATH: tl.constexpr):
         return x * _rcp(1.0 + _exp2(x * -1.4426950408889634, FAST_MATH), FAST_MATH)
     elif ACT == 4:
         return tl.where(x < 0.0, 0.0, x)  # NaN stays NaN, as torch.relu (tl.maximum would drop it)
-    elif ACT == 5:  # round-B timing reference only (to be removed): the erf formula through libdevice
-        return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
-    elif ACT == 6:  # round-B timing reference only (to be removed): the previous tanh formula
-        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        t = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
-        return 0.5 * x * (1.0 + t)
     else:
         return x
 
