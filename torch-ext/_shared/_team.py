@@ -36,8 +36,19 @@ publish and combine code without ever spinning. A team of one (K = 1) never wait
 
 from __future__ import annotations
 
+import functools
+from typing import Optional, Tuple
+
+import torch
 import triton
 import triton.language as tl
+
+from ._device import MAX_THREADS_PER_PROGRAM, device_warp_size
+
+# Streaming multiprocessors assumed for a CPU tensor (the interpreter), so that CPU tests split rows too.
+CPU_SMS = 8
+# The partials are read as a vector of at least this many (one compiled kernel across row widths).
+TEAM_P2_MIN = 64
 
 
 @triton.jit
@@ -73,3 +84,35 @@ def team_phases(device, team: int, meetings: int = 1) -> tuple:
     for a team of one; ``(1, ..., meetings + 1)`` under the interpreter (CPU tensors), which runs
     programs one at a time."""
     return (0,) if device.type != "cpu" or team == 1 else tuple(range(1, meetings + 2))
+
+
+@functools.lru_cache(maxsize=64)
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device; ``CPU_SMS`` for anything else."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return CPU_SMS
+
+
+def team_p2(team: int) -> int:
+    """The TEAM_P2 constexpr of a team of ``team`` members: a power of 2 >= team, at least TEAM_P2_MIN."""
+    return max(triton.next_power_of_2(team), TEAM_P2_MIN)
+
+
+def team_split(N: int, elem: int, rows: int, device: torch.device, tuned: Optional[dict],
+               on_cpu: bool) -> Optional[Tuple[int, int, int]]:
+    """``(team, block_n, num_warps)`` for ``rows`` rows of ``N`` elements of ``elem`` bytes, or None (no team).
+
+    ``tuned``: ``{"min_row_bytes", "chunk_bytes", "num_warps"}`` or None (never); ``on_cpu``: teams on CPU
+    tensors (the interpreter). Rows of at least ``min_row_bytes`` go to ceil(N / block_n) programs of
+    ``block_n`` = chunk_bytes / elem (a power of 2) columns. A team never exceeds the SM count, so that all
+    its members can be resident at once (the forward-progress condition above).
+    """
+    if tuned is None or (device.type == "cpu" and not on_cpu) or N * elem < tuned["min_row_bytes"]:
+        return None
+    block = triton.next_power_of_2(max(tuned["chunk_bytes"] // elem, 1))
+    team = triton.cdiv(N, block)
+    if team > sm_count(device) or rows * team >= 2**31:
+        return None
+    warps = max(min(tuned["num_warps"], MAX_THREADS_PER_PROGRAM // device_warp_size(device)), 1)
+    return team, block, warps

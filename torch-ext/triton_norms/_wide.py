@@ -21,7 +21,6 @@ fits the SM count; CPU tensors keep the looped kernels unless ``WIDE_ON_CPU`` (t
 
 from __future__ import annotations
 
-import functools
 import importlib
 
 import torch
@@ -29,9 +28,9 @@ import triton
 import triton.language as tl
 
 from ._common import cast_constexpr, load_input_chunk
-from ._device import MAX_THREADS_PER_PROGRAM, device_warp_size, launch_options
+from ._device import launch_options
 from ._fastlaunch import launch, meta_items
-from ._team import team_arrive, team_load, team_phases, team_ticket, team_wait
+from ._team import team_arrive, team_load, team_p2, team_phases, team_split, team_ticket, team_wait
 from .layer_norm import _ln_apply
 from .rms_norm import _rms_apply
 
@@ -43,31 +42,11 @@ WIDE_TUNED: dict = {
 }
 # Teams on CPU tensors (interpreter: one launch per meeting, never spinning); off by default.
 WIDE_ON_CPU = False
-# The partials are read as a vector of at least this many (one compiled kernel across widths).
-TEAM_P2_MIN = 64
-# SMs assumed for a CPU tensor (the interpreter), as triton-softmax does.
-CPU_SMS = 8
-
-
-@functools.lru_cache(maxsize=64)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda" and torch.cuda.is_available():
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return CPU_SMS
 
 
 def team_for(kind: str, N: int, elem: int, M: int, device: torch.device):
-    """(team, BLOCK_N, num_warps) for M rows of N elements of ``elem`` bytes, or None (looped kernel).
-    A team never exceeds the SM count, so that all its members can be resident at once (``_team``)."""
-    tuned = WIDE_TUNED.get(kind)
-    if tuned is None or (device.type == "cpu" and not WIDE_ON_CPU) or N * elem < tuned["min_row_bytes"]:
-        return None
-    block = triton.next_power_of_2(max(tuned["chunk_bytes"] // elem, 1))
-    team = triton.cdiv(N, block)
-    if team > _sm_count(device) or M * team >= 2**31:
-        return None
-    warps = max(min(tuned["num_warps"], MAX_THREADS_PER_PROGRAM // device_warp_size(device)), 1)
-    return team, block, warps
+    """(team, BLOCK_N, num_warps) for M rows of N elements of ``elem`` bytes, or None (looped kernel)."""
+    return team_split(N, elem, M, device, WIDE_TUNED.get(kind), WIDE_ON_CPU)
 
 
 @triton.jit
@@ -162,7 +141,7 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
     for phase in team_phases(x2.device, team):
         launch(_rms_team_fwd_kernel, (M * team,), args,
                meta_items(CAST_DTYPE=cast_constexpr(cast_dtype), BLOCK_N=block,
-                          TEAM_P2=max(triton.next_power_of_2(team), TEAM_P2_MIN), PHASE=phase, num_warps=warps,
+                          TEAM_P2=team_p2(team), PHASE=phase, num_warps=warps,
                           **launch_options(_rms_team_fwd_kernel)), x2.device)
     return True
 
@@ -178,7 +157,7 @@ def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, ep
     args = (x2, r2, w, b, y, h, mean, rstd, ws, sync, stride_x, stride_r, M, N, eps, team)
     for phase in team_phases(x2.device, team, meetings=2):
         launch(_ln_team_fwd_kernel, (M * team,), args,
-               meta_items(BLOCK_N=block, TEAM_P2=max(triton.next_power_of_2(team), TEAM_P2_MIN), PHASE=phase,
+               meta_items(BLOCK_N=block, TEAM_P2=team_p2(team), PHASE=phase,
                           num_warps=warps, **launch_options(_ln_team_fwd_kernel)), x2.device)
     return True
 

@@ -30,6 +30,7 @@ import torch
 import triton
 
 from ._device import MAX_THREADS_PER_PROGRAM, check_config_args, device_warp_size
+from ._team import sm_count as _sm_count, team_p2, team_split
 
 # Largest row (bytes of input) kept in registers in one block: 16K fp32 / 32K bf16 elements.
 MAX_FUSED_BYTES = 65536
@@ -138,17 +139,6 @@ def config_for(N: int, t: torch.Tensor, kind: str = "softmax") -> LaunchConfig:
 SPLIT_BELOW_ROWS_PER_SM = 4
 # ... aiming at this many programs per SM in all.
 SPLIT_PROGRAMS_PER_SM = 4
-# Streaming multiprocessors assumed for a CPU tensor (the interpreter), so that CPU tests exercise the split.
-CPU_SMS = 8
-
-
-@functools.lru_cache(maxsize=64)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda" and torch.cuda.is_available():
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return CPU_SMS
-
-
 def split_for(cfg: LaunchConfig, N: int, rows: int, device: torch.device) -> int:
     """Programs per row for a looped softmax: 1 (one program reads its row twice, the second time
     mostly from L2) unless there are too few rows to fill the GPU, then enough to give every SM
@@ -173,12 +163,8 @@ class TeamConfig:
 
     @property
     def team_p2(self) -> int:
-        """TEAM_P2 constexpr: the partials are read as a vector of this length (a power of 2 >= team;
-        at least TEAM_P2_MIN so that row widths share one compiled kernel)."""
-        return max(triton.next_power_of_2(self.team), TEAM_P2_MIN)
-
-
-TEAM_P2_MIN = 64
+        """TEAM_P2 constexpr: the partials are read as a vector of this length (``_team.team_p2``)."""
+        return team_p2(self.team)
 
 
 # Team path per kernel kind: rows of at least ``min_row_bytes`` of input go to a team of
@@ -197,15 +183,5 @@ def team_for(N: int, t: torch.Tensor, rows: int, kind: str) -> Optional[TeamConf
     """The team split for ``rows`` rows of ``N`` elements of ``t`` (kind as in ``TEAM_TUNED``), or None
     for the one-program-per-row kernels. A team never exceeds the SM count, so that all its members can
     be resident at once (the forward-progress condition of ``_team``)."""
-    tuned = TEAM_TUNED.get(kind)
-    if tuned is None or (t.device.type == "cpu" and not TEAM_ON_CPU):
-        return None
-    e = t.element_size()
-    if N * e < tuned["min_row_bytes"]:
-        return None
-    block = triton.next_power_of_2(max(tuned["chunk_bytes"] // e, 1))
-    team = triton.cdiv(N, block)
-    if team > _sm_count(t.device) or rows * team >= 2**31:
-        return None
-    warps = min(tuned["num_warps"], MAX_THREADS_PER_PROGRAM // device_warp_size(t.device))
-    return TeamConfig(team=team, block_n=block, num_warps=max(warps, 1))
+    split = team_split(N, t.element_size(), rows, t.device, TEAM_TUNED.get(kind), TEAM_ON_CPU)
+    return None if split is None else TeamConfig(*split)
