@@ -332,13 +332,18 @@ def test_team_config_rules(softmax, device, team_mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="team softmax bf16 not bit-identical to torch on the H200 (2026-11-30): "
+                                       "the team path is off by default until fixed")
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-def test_team_spinning_path_on_gpu(softmax, device, log):
-    """The default team path on a GPU (members spin on each other's partials in one launch): many rows
+def test_team_spinning_path_on_gpu(softmax, device, log, monkeypatch):
+    """The candidate team path on a GPU (members spin on each other's partials in one launch): many rows
     (several waves of teams), rows of 1 to 64 members, bf16 equal to torch's kernel, fp32 within ulps,
     the same bits twice, and a CUDA graph replay equal to eager."""
     if device != "cuda":
         pytest.skip("the spinning path needs TEST_DEVICE=cuda")
+    launch = sys.modules[softmax.__name__ + "._launch"]
+    for kind in launch.TEAM_TUNED:
+        monkeypatch.setitem(launch.TEAM_TUNED, kind, dict(launch.TEAM_CANDIDATE))
     for M, N, dtype in [(4096, 32771, torch.bfloat16), (64, 262144, torch.bfloat16), (3, 524288, torch.bfloat16),
                         (16, 131075, torch.float32)]:
         x = rand((M, N), dtype, device, scale=3.0).requires_grad_()

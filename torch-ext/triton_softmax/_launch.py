@@ -9,9 +9,9 @@ max/sum pass, then an output pass that reads the row again right away (last chun
 eviction hints, so the re-read mostly hits L2). No row is too wide. Narrow rows go several to a
 program (``rows``) so that a program moves at least ``MIN_TILE_BYTES``.
 
-On a GPU, rows wider than ``TEAM_TUNED[kind]["min_row_bytes"]`` are split over a team of
-programs instead (``team_for``; see ``_team``): each keeps ``chunk_bytes`` of the row in registers
-and the row is read once however wide it is, as long as the team fits the SM count.
+Where ``TEAM_TUNED[kind]`` is set (off by default: see there), rows wider than its ``min_row_bytes``
+are split over a team of programs instead (``team_for``; see ``_team``): each keeps ``chunk_bytes``
+of the row in registers and the row is read once however wide it is, as long as the team fits the SM count.
 
 Warps follow from the block's size in bytes (``BYTES_PER_THREAD`` of input per
 thread: four 16-byte vectors) and are capped so that
@@ -30,7 +30,7 @@ import torch
 import triton
 
 from ._device import MAX_THREADS_PER_PROGRAM, check_config_args, device_warp_size
-from ._team import sm_count as _sm_count, team_p2, team_split
+from ._team import CPU_SMS, sm_count as _sm_count, team_p2, team_split  # noqa: F401 (CPU_SMS: split_for on CPU)
 
 # Largest row (bytes of input) kept in registers in one block: 16K fp32 / 32K bf16 elements.
 MAX_FUSED_BYTES = 65536
@@ -169,11 +169,11 @@ class TeamConfig:
 
 # Team path per kernel kind: rows of at least ``min_row_bytes`` of input go to a team of
 # ceil(row bytes / chunk_bytes) programs with ``num_warps`` warps each; None: never (looped path).
-TEAM_TUNED: dict = {
-    "softmax": {"min_row_bytes": 32769, "chunk_bytes": 16384, "num_warps": 8},
-    "softmax_bwd": {"min_row_bytes": 32769, "chunk_bytes": 16384, "num_warps": 8},
-    "cross_entropy": {"min_row_bytes": 32769, "chunk_bytes": 16384, "num_warps": 8},
-}
+# Off by default: on the H200 (2026-11-30) the team softmax's bf16 output was close to but not bit-identical
+# with torch's (tests/test_softmax.py::test_team_spinning_path_on_gpu), and no team kernel is timed yet.
+# TEAM_CANDIDATE is the setting to measure and to restore once exact.
+TEAM_CANDIDATE: dict = {"min_row_bytes": 32769, "chunk_bytes": 16384, "num_warps": 8}
+TEAM_TUNED: dict = {"softmax": None, "softmax_bwd": None, "cross_entropy": None}
 # Teams on CPU tensors (the interpreter runs a team as two launches, publish then write). Off by default
 # (the looped kernels are the CPU path); the tests switch it on.
 TEAM_ON_CPU = False

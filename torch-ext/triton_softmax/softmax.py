@@ -12,7 +12,8 @@ Math, per row of N elements along ``dim`` (all in fp32):
 A fully masked row (every z = -inf) gives NaN, as torch does (-inf - -inf).
 
 Rows that fit in one block (``_launch.MAX_FUSED_BYTES``) are read once and written
-once. Wider rows on a GPU go to a *team* of programs (``_team``, ``_launch.team_for``): each
+once. Wider rows on a GPU can go to a *team* of programs (``_team``, ``_launch.team_for``; off by
+default until bit-exact, see ``_launch.TEAM_TUNED``): each
 member keeps one chunk in registers, publishes its chunk's max and sum of exp (backward: its
 part of sum(dy * y)), waits for its teammates and combines the partials in member order
 (``s = sum_k s_k * exp(m_k - m)``), then writes its chunk: still one read and one write.
