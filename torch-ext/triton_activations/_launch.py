@@ -2,9 +2,10 @@
 
 Every kernel is elementwise over rows: one program handles a tile of ``ROWS`` rows x
 ``BLOCK_N`` columns (for ``*_and_mul`` a row has ``d = x.shape[-1] // 2`` output
-columns). The grid is ``(cdiv(rows, ROWS), cdiv(d, BLOCK_N))``: rows wider than a tile
-get a second grid axis of column blocks, so no row is ever too wide; narrow rows are
-stacked ``ROWS`` to a tile.
+columns). The grid is one axis of ``cdiv(rows, ROWS) * cdiv(d, BLOCK_N)`` programs in
+row-major tile order (program ``p`` takes tile row ``p // column_blocks``, column block
+``p % column_blocks``), so programs launched one after another touch neighbouring memory and
+no row is ever too wide; narrow rows are stacked ``ROWS`` to a tile.
 
 A tile holds ``TILE_BYTES`` of each operand (forward) or ``BWD_TILE_BYTES`` (backward) over
 128 threads: on an H200 (16384 x 2*14336 bf16, ``benchmarks/NOTES.md``) one row x 1024 bf16
@@ -20,7 +21,6 @@ AMD (64-lane wavefronts).
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -40,10 +40,8 @@ MIN_PROGRAMS = 528
 MIN_TILE_BYTES = 512
 # Elements per thread in the tiles of such small inputs.
 SMALL_ELEMS = 1
-# LIBDEVICE level on NVIDIA: 2 takes the branch-free division (_math.div_ge1), 1 div_rn.
-USE_FAST_DIV = int(os.environ.get("TRITON_ACT_FAST_DIV", "1"))
-# Largest second grid dimension on CUDA (gridDim.y).
-MAX_GRID_Y = 65535
+# Largest grid (gridDim.x on CUDA): the programs of one launch.
+MAX_PROGRAMS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -53,8 +51,8 @@ class LaunchConfig:
     block_n: int  # BLOCK_N constexpr: columns of a tile
     rows: int  # ROWS constexpr: rows of a tile
     num_warps: int  # warps per program; num_warps * warp_size <= 1024
-    column_blocks: int  # programs per row (second grid axis)
-    row_blocks: int  # programs along the rows (first grid axis)
+    column_blocks: int  # programs per tile row
+    row_blocks: int  # tile rows
 
 
 @functools.lru_cache(maxsize=4096)
@@ -72,16 +70,14 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
             interpreter, which runs programs one after another).
 
     Raises:
-        ValueError: for N < 1, M < 1, element_size < 1 or a warp_size that is not a
-            power of two in [1, 1024].
+        ValueError: for N < 1, M < 1, element_size < 1, a warp_size that is not a
+            power of two in [1, 1024], or more than MAX_PROGRAMS tiles.
     """
     check_config_args(N, element_size, warp_size)
     if M < 1:
         raise ValueError(f"M must be >= 1, got {M}")
     tile = max(tile_bytes // element_size, 1)
     block = min(triton.next_power_of_2(N), tile)
-    # keep the second grid axis within CUDA's gridDim.y limit for absurdly wide rows
-    block = max(block, triton.next_power_of_2(triton.cdiv(N, MAX_GRID_Y)))
     rows = min(max(tile // block, 1), triton.next_power_of_2(M))
     # small inputs: smaller tiles, so that the work spreads over the GPU's multiprocessors
     while fill_gpu and triton.cdiv(M, rows) * triton.cdiv(N, block) < MIN_PROGRAMS \
@@ -99,18 +95,18 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
         threads = min(THREADS, max(rows * block * element_size // 16, 1))
     num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
-    return LaunchConfig(block_n=block, rows=rows, num_warps=num_warps, column_blocks=triton.cdiv(N, block),
-                        row_blocks=triton.cdiv(M, rows))
+    cfg = LaunchConfig(block_n=block, rows=rows, num_warps=num_warps, column_blocks=triton.cdiv(N, block),
+                       row_blocks=triton.cdiv(M, rows))
+    if cfg.column_blocks * cfg.row_blocks > MAX_PROGRAMS:
+        raise ValueError(f"{M} rows x {N} columns need more than {MAX_PROGRAMS} programs of {rows} x {block}")
+    return cfg
 
 
 def use_libdevice(device: torch.device, kernel) -> int:
-    """The LIBDEVICE constexpr: where exp/tanh/erf (and the sigmoid's division) come from.
+    """The LIBDEVICE constexpr: where exp/tanh/erf come from.
 
-    2 on NVIDIA CUDA devices and 1 on ROCm (torch calls both ``cuda``): their ``libdevice``
-    holds the functions ATen's kernels call; 2 also takes the branch-free division of
-    ``_math.div_ge1`` (PTX). 0 under the interpreter and on other backends (XPU), which use
-    Triton's portable ``tl.exp``/``tl.erf``, our own tanh and ``div_rn``.
+    1 on CUDA and ROCm devices (torch calls both ``cuda``): their ``libdevice`` holds the
+    functions ATen's kernels call. 0 under the interpreter and on other backends (XPU), which
+    use Triton's portable ``tl.exp``/``tl.erf`` and our own tanh.
     """
-    if device.type != "cuda" or is_interpreter(kernel):
-        return 0
-    return 1 if torch.version.hip else USE_FAST_DIV
+    return int(device.type == "cuda" and not is_interpreter(kernel))

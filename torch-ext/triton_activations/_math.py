@@ -26,15 +26,14 @@ computes ``x * x * x`` in the tensor dtype (two roundings), its CPU kernel does 
 for bf16 but computes fp16 in fp32 (one rounding). GELU_NEW therefore takes
 ``round_square`` (runtime int: 1 = round ``x * x`` too), chosen by the launcher.
 
-Precision: ``LIBDEVICE`` (a constexpr the launcher sets: 0 elsewhere, 1 on ROCm, 2 on NVIDIA) takes
+Precision: ``LIBDEVICE`` (a constexpr the launcher sets: 1 on CUDA and ROCm, 0 elsewhere) takes
 exp/tanh/erf from the vendor math library (``libdevice``: CUDA's ``expf``/``tanhf``/``erff``,
 ROCm's ocml), the functions ATen's own CUDA/ROCm kernels call, so fp32 results can agree
 bitwise. Otherwise (the Triton interpreter, XPU) exp is ``tl.exp``, erf ``tl.erf`` and tanh
 is computed here: an odd Taylor polynomial for |v| < 0.55, ``(1 - e) / (1 + e)`` with
 ``e = exp(-2|v|)`` above; measured <= 2 fp32 ulps against fp64 on the interpreter. Note that
 ``tl.exp`` compiles to ``ex2.approx`` on NVIDIA (a few ulps), hence libdevice there.
-Divisions are IEEE (``div_rn``; on NVIDIA the branch-free :func:`div_ge1` for the sigmoid's
-``1 + exp`` denominators, bit-identical there), and launches disable fp contraction (``_launch``).
+Divisions are IEEE (``div_rn``), and launches disable fp contraction (``_launch``).
 """
 
 import triton
@@ -102,51 +101,16 @@ def _tanh_portable(v):
 
 
 @triton.jit
-def _rcp_approx(d):
-    """``rcp.approx.ftz.f32`` (NVIDIA PTX): the hardware reciprocal estimate (MUFU.RCP), <= 1 ulp."""
-    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [d], dtype=tl.float32, is_pure=True,
-                                     pack=1)
-
-
-@triton.jit
-def div_ge1(x, d, LIBDEVICE: tl.constexpr):
-    """``x / d`` rounded to nearest even, for ``d = 1 + exp(-v)`` (so ``d >= 1``, ``+inf`` or NaN).
-
-    ``LIBDEVICE == 2`` (NVIDIA): without the branch of ``div.rn.f32`` (ptxas emits a range check
-    and a call to a slow path per division; the branch keeps ptxas from interleaving the
-    divisions of a thread): the reciprocal estimate refined by one Newton step, the quotient
-    corrected once with the residual (computed negated, so that ``x = -0`` keeps its sign).
-    ``d > 2**64`` (where the reciprocal could be subnormal and flushed) scales both operands by
-    ``2**-64`` first (exact); a NaN left by the correction (``x`` infinite, ``d`` infinite, NaN
-    operands) is replaced by ``x * (1 / d)``, the IEEE result there. Bit-identical to
-    ``div_rn`` for ``x / (1 + expf(-x))`` and ``1 / (1 + expf(-x))`` at every one of the 2**32
-    fp32 values of ``x`` (checked exhaustively on an H200, ``benchmarks/NOTES.md``); not a
-    general division. Other backends: ``div_rn``.
-    """
-    if LIBDEVICE == 2:
-        big = d > 1.8446744073709552e19
-        xs = tl.where(big, x * 5.421010862427522e-20, x)
-        ds = tl.where(big, d * 5.421010862427522e-20, d)
-        r0 = _rcp_approx(ds)
-        r = tl.fma(r0, tl.fma(-ds, r0, 1.0), r0)
-        q = xs * r
-        q = tl.fma(-tl.fma(ds, q, -xs), r, q)
-        return tl.where(q != q, x * r0, q)
-    else:
-        return tl.math.div_rn(x, d)
-
-
-@triton.jit
 def sigmoid_f32(a, LIBDEVICE: tl.constexpr):
     """``1 / (1 + exp(-a))``, ATen's sigmoid formula."""
-    return div_ge1(1.0, 1.0 + exp_f32(-a, LIBDEVICE), LIBDEVICE)
+    return tl.math.div_rn(1.0, 1.0 + exp_f32(-a, LIBDEVICE))
 
 
 @triton.jit
 def activation(x, threshold, round_square, ACT: tl.constexpr, R: tl.constexpr, LIBDEVICE: tl.constexpr):
     """The activation of fp32 ``x`` with the eager rounding points of dtype ``R`` (None: none)."""
     if ACT == SILU:
-        y = div_ge1(x, 1.0 + exp_f32(-x, LIBDEVICE), LIBDEVICE)
+        y = tl.math.div_rn(x, 1.0 + exp_f32(-x, LIBDEVICE))
     elif ACT == GELU:
         y = x * 0.5 * (1.0 + erf_f32(x * 0.7071067811865476, LIBDEVICE))
     elif ACT == GELU_TANH:
@@ -205,8 +169,8 @@ def activation_and_grad(x, threshold, round_square, ACT: tl.constexpr, R: tl.con
     value (for GELU_TANH from the forward's tanh argument, within fp32 rounding of the other's)."""
     if ACT == SILU:
         d = 1.0 + exp_f32(-x, LIBDEVICE)
-        y = div_ge1(x, d, LIBDEVICE)
-        s = div_ge1(1.0, d, LIBDEVICE)
+        y = tl.math.div_rn(x, d)
+        s = tl.math.div_rn(1.0, d)
         g = s * (1.0 + x * (1.0 - s))
     elif ACT == GELU:
         e = erf_f32(x * 0.7071067811865476, LIBDEVICE)
