@@ -80,6 +80,21 @@ def assert_matmul_close(y, a, b, bias, activation):
     assert not bad.any(), f"{int(bad.sum())} of {y.numel()} off; worst {diff.max().item():.3g} (tol {tol.flatten()[diff.argmax()].item():.3g})"
 
 
+def assert_grads_fp64(y, a, b, bias, activation, rtol):
+    """The gradients of ``y`` for a fresh random upstream gradient match fp64 autograd through ``ref``:
+    within ``rtol`` relative and ``rtol`` times the largest fp64 gradient absolute, in the inputs' dtype."""
+    dy = torch.randn_like(y)
+    ins = [t for t in (a, b, bias) if t is not None]
+    grads = torch.autograd.grad(y, ins, dy)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    bias64 = bias.detach().double().requires_grad_() if bias is not None else None
+    grads64 = torch.autograd.grad(ref(a64, b64, bias64, activation), [t for t in (a64, b64, bias64) if t is not None],
+                                  dy.double())
+    for t, g, g64 in zip(ins, grads, grads64):
+        assert g.dtype == t.dtype and g.shape == g64.shape
+        torch.testing.assert_close(g.double(), g64, rtol=rtol, atol=rtol * g64.abs().max().item())
+
+
 def rand(*shape, dtype, scale=1.0):
     return (torch.randn(shape) * scale).to(dtype).to(DEVICE)
 
@@ -211,12 +226,7 @@ def test_gemv_config_rows_and_grad(matmul):
     b = rand(33, 20, dtype=dt, scale=0.3).requires_grad_()
     y = matmul.matmul(a, b, None, "gelu", config=cfg)
     assert_matmul_close(y, a, b, None, "gelu")
-    dy = torch.randn_like(y)
-    ga, gb = torch.autograd.grad(y, [a, b], dy)
-    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
-    ga64, gb64 = torch.autograd.grad(ref(a64, b64, None, "gelu"), [a64, b64], dy.double())
-    for g, g64 in ((ga, ga64), (gb, gb64)):
-        torch.testing.assert_close(g.double(), g64, rtol=4 * 2.0 ** -10, atol=4 * 2.0 ** -10 * g64.abs().max().item())
+    assert_grads_fp64(y, a, b, None, "gelu", 4 * 2.0 ** -10)
     with pytest.raises(ValueError, match="block_n of a GEMV config"):
         matmul.matmul(a.detach(), b.detach(), config=matmul.MatmulConfig(16, 3, 64, 1, 4, 2, gemv=1))
     with pytest.raises(ValueError, match="persistent must be 0, 1 or 2"):
@@ -255,12 +265,7 @@ def test_tma_kernel_grad_and_fallback(matmul):
         b = rand(K, 48, dtype=dt, scale=0.3).requires_grad_()
         y = matmul.matmul(a, b, None, "geglu", config=cfg)
         assert_matmul_close(y, a, b, None, "geglu")
-        dy = torch.randn_like(y)
-        ga, gb = torch.autograd.grad(y, [a, b], dy)
-        a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
-        ga64, gb64 = torch.autograd.grad(ref(a64, b64, None, "geglu"), [a64, b64], dy.double())
-        for g, g64 in ((ga, ga64), (gb, gb64)):
-            torch.testing.assert_close(g.double(), g64, rtol=4 * 2.0 ** -10, atol=4 * 2.0 ** -10 * g64.abs().max().item())
+        assert_grads_fp64(y, a, b, None, "geglu", 4 * 2.0 ** -10)
 
 
 def test_config_lookup(matmul):
@@ -283,18 +288,7 @@ def _grad_check(matmul, dtype, activation, has_bias, rtol):
     a = rand(2, 9, 31, dtype=dtype).requires_grad_()
     b = rand(31, 22, dtype=dtype, scale=0.3).requires_grad_()
     bias = rand(22, dtype=dtype).requires_grad_() if has_bias else None
-    y = matmul.matmul(a, b, bias, activation)
-    dy = torch.randn_like(y)
-    grads = torch.autograd.grad(y, [t for t in (a, b, bias) if t is not None], dy)
-    a64 = a.detach().double().requires_grad_()
-    b64 = b.detach().double().requires_grad_()
-    bias64 = bias.detach().double().requires_grad_() if has_bias else None
-    ins64 = [t for t in (a64, b64, bias64) if t is not None]
-    y64 = ref(a64, b64, bias64, activation)
-    grads64 = torch.autograd.grad(y64, ins64, dy.double())
-    for g, g64 in zip(grads, grads64):
-        assert g.dtype == dtype and g.shape == g64.shape
-        torch.testing.assert_close(g.double(), g64, rtol=rtol, atol=rtol * g64.abs().max().item())
+    assert_grads_fp64(matmul.matmul(a, b, bias, activation), a, b, bias, activation, rtol)
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
