@@ -48,18 +48,30 @@ def tiny_wan():
     return m, inputs, 4
 
 
+def eager_reference(make, device, seed):
+    """``make()``'s tiny model (eval mode) and inputs on ``device``, its attention count, and its output
+    before any swap (random weights and inputs drawn after ``torch.manual_seed(seed)``)."""
+    torch.manual_seed(seed)
+    model, inputs, n_attn = make()
+    model = model.eval().to(device)
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    with torch.no_grad():
+        ref = model(**inputs)[0]
+    return model, inputs, n_attn, ref
+
+
+def counted(calls, fn):
+    """``fn`` as a static method of a spy kernel class: every call appends ``fn``'s name to ``calls``."""
+    return staticmethod(lambda *a, **k: calls.append(fn.__name__) or fn(*a, **k))
+
+
 @pytest.mark.parametrize("make", [tiny_flux, tiny_sd3, tiny_wan], ids=["flux", "sd3", "wan"])
 @pytest.mark.parametrize("norms,backend", [(False, "triton"), (True, "triton"), (False, "sdpa")],
                          ids=["attention", "attention+norms", "sdpa-backend"])
 def test_kernelize_diffusers_transformer(attention, installed, device, make, norms, backend):
     from triton_collection.integrations.diffusers import kernelize
 
-    torch.manual_seed(0)
-    model, inputs, n_attn = make()
-    model = model.eval().to(device)
-    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    with torch.no_grad():
-        ref = model(**inputs)[0]
+    model, inputs, n_attn, ref = eager_reference(make, device, seed=0)
     report = kernelize(model, mode=Mode.INFERENCE, norms=norms, device=device, attention_backend=backend)
     assert len(report.processors) == n_attn, report.summary()
     assert not [k for k in report.refused if not k.startswith("norms")], report.summary()
@@ -69,12 +81,8 @@ def test_kernelize_diffusers_transformer(attention, installed, device, make, nor
     if report.norms:
         assert set(report.norms.values()) == {"DiffusersRMSNorm"}
     calls = []
-
-    def counted(fn):
-        return staticmethod(lambda *a, **k: calls.append(fn.__name__) or fn(*a, **k))
-
-    spy = type("Spy", (), {"flash_attention": counted(attention.flash_attention),
-                           "flash_attention_rope": counted(attention.flash_attention_rope),
+    spy = type("Spy", (), {"flash_attention": counted(calls, attention.flash_attention),
+                           "flash_attention_rope": counted(calls, attention.flash_attention_rope),
                            "rotary_embedding": staticmethod(attention.rotary_embedding)})
     for proc in model.attn_processors.values():
         proc.kernel = spy
@@ -142,19 +150,10 @@ def test_kernelize_modulate_and_feed_forward(attention, norms, matmul, installed
     """adaLN modules run triton-norms norm_modulate, GELU/GEGLU projections triton-matmul; outputs unchanged."""
     from triton_collection.integrations.diffusers import kernelize
 
-    torch.manual_seed(4)
-    model, inputs, _ = make()
-    model = model.eval().to(device)
-    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    with torch.no_grad():
-        ref = model(**inputs)[0]
+    model, inputs, _, ref = eager_reference(make, device, seed=4)
     calls = []
-
-    def counted(fn):
-        return staticmethod(lambda *a, **k: calls.append(fn.__name__) or fn(*a, **k))
-
-    spy_norms = type("SpyNorms", (), {"norm_modulate": counted(norms.norm_modulate)})
-    spy_mm = type("SpyMatmul", (), {"matmul": counted(matmul.matmul)})
+    spy_norms = type("SpyNorms", (), {"norm_modulate": counted(calls, norms.norm_modulate)})
+    spy_mm = type("SpyMatmul", (), {"matmul": counted(calls, matmul.matmul)})
     report = kernelize(model, attention=False, norms=False, device=device, norms_kernel=spy_norms,
                        matmul_kernel=spy_mm)
     kinds = list(report.modules.values())
