@@ -58,6 +58,20 @@ def team_ticket(sync_ptr, total):
 
 
 @triton.jit
+def team_member(sync_ptr, ws_ptr, rows, TEAM, N, BLOCK_N: tl.constexpr):
+    """Where this program sits in a team kernel of ``rows`` rows of ``N`` columns, ``TEAM`` programs per row:
+    ``(row, member, offs, mask, part, flag)``: its row and member index (from ``team_ticket``, int64), its
+    chunk's columns ``member * BLOCK_N + arange(BLOCK_N)`` and their mask ``< N``, the row's first
+    partial in the workspace ``ws_ptr`` (one slot per member: ``ws_ptr + row * TEAM``) and the row's
+    arrival counter (``sync_ptr + 1 + row``)."""
+    ticket = team_ticket(sync_ptr, rows * TEAM)
+    row = ticket // TEAM
+    member = ticket % TEAM
+    offs = member * BLOCK_N + tl.arange(0, BLOCK_N)
+    return row, member, offs, offs < N, ws_ptr + row * TEAM, sync_ptr + 1 + row
+
+
+@triton.jit
 def team_arrive(flag_ptr):
     """Publish: every thread's earlier stores of this program become visible before the count grows."""
     tl.debug_barrier()

@@ -16,7 +16,6 @@ from ._launch import LaunchConfig, pick_config
 from .layer_norm import add_layer_norm, layer_norm
 from .modulate import norm_modulate
 from .rms_norm import add_rms_norm, rms_norm
-from . import _wide  # noqa: F401,E402 (sets the wide-row team forwards of rms_norm/layer_norm)
 
 __all__ = [
     "LaunchConfig",

@@ -184,3 +184,31 @@ def grad_rows(g: torch.Tensor, N: int) -> torch.Tensor:
     """An upstream gradient as (M, N) with any strides: a view for expanded
     (stride-0) and 2-D transposed gradients, a copy only if rows do not collapse."""
     return g.reshape(-1, N)
+
+
+@triton.jit
+def rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """RMSNorm's output for one chunk (``x`` fp32, ``rstd`` of its row): normalises and applies weight/bias with
+    the documented rounding points (``rms_norm`` module docstring); the one-program kernels and the team
+    forward (``_wide``) share it."""
+    y = round_to(x * rstd, CAST_DTYPE)
+    if w_ptr is not None:
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = y * (w + weight_offset)
+    if b_ptr is not None:
+        if CAST_DTYPE is not None:
+            y = round_to(y, OUT_DTYPE)
+        y = y + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return round_to(y, OUT_DTYPE)
+
+
+@triton.jit
+def ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE: tl.constexpr):
+    """LayerNorm's output for one chunk: ``round((x - mean) * rstd * w + b)`` in fp32, rounded once; the
+    one-program kernels and the team forward (``_wide``) share it."""
+    y = (x - mean) * rstd
+    if w_ptr is not None:
+        y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if b_ptr is not None:
+        y = y + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return round_to(y, OUT_DTYPE)

@@ -11,28 +11,25 @@ fp32 workspace, combined in member order (the same bits on every run):
                variance is taken around the combined mean, as the one-program kernel does)
 
 then every member writes its chunk of y (and h) with the rounding points of ``rms_norm`` /
-``layer_norm`` (``_rms_apply`` / ``_ln_apply``); member 0 stores the row's statistics. DRAM bytes:
-read N*x (+ N*residual), write N*y (+ N*h), once each.
+``layer_norm`` (``_common.rms_apply`` / ``_common.ln_apply``, shared with their kernels); member 0
+stores the row's statistics. DRAM bytes: read N*x (+ N*residual), write N*y (+ N*h), once each.
 
-Used by the free-order forward (``rms_norm.WIDE_FORWARD`` / ``layer_norm.WIDE_FORWARD``, set on
-import of this module) for rows of at least ``WIDE_TUNED[kind]["min_row_bytes"]`` when the team
-fits the SM count; CPU tensors keep the looped kernels unless ``WIDE_ON_CPU`` (tests).
+The free-order forwards of ``rms_norm`` / ``layer_norm`` call ``rms_wide_forward`` /
+``ln_wide_forward`` for rows wider than one block; they launch a team for rows of at least
+``WIDE_TUNED[kind]["min_row_bytes"]`` when the team fits the SM count (CPU tensors keep the looped
+kernels unless ``WIDE_ON_CPU``, tests) and otherwise return False (the looped kernel runs).
 """
 
 from __future__ import annotations
-
-import importlib
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import cast_constexpr, load_input_chunk
+from ._common import cast_constexpr, ln_apply, load_input_chunk, rms_apply
 from ._device import launch_options
 from ._fastlaunch import launch, meta_items
-from ._team import team_arrive, team_load, team_p2, team_phases, team_split, team_ticket, team_wait
-from .layer_norm import _ln_apply
-from .rms_norm import _rms_apply
+from ._team import team_arrive, team_load, team_member, team_p2, team_phases, team_split, team_wait
 
 # Per kind: rows of at least min_row_bytes (input element size) go to a team of ceil(bytes / chunk_bytes)
 # programs of num_warps warps; None: never.
@@ -62,15 +59,9 @@ def _rms_team_fwd_kernel(
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,  # 0: one launch (spins); 1: publish; 2: wait and write (interpreter)
 ):
-    ticket = team_ticket(sync_ptr, M * TEAM)
-    row = ticket // TEAM
-    member = ticket % TEAM
+    row, member, offs, mask, part, flag = team_member(sync_ptr, ws_ptr, M, TEAM, N, BLOCK_N)
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
-    offs = member * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = offs < N
     x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, PHASE != 2)
-    part = ws_ptr + row * TEAM
-    flag = sync_ptr + 1 + row
     if PHASE != 2:
         tl.store(part + member, tl.sum(x * x, axis=0))
         team_arrive(flag)
@@ -81,7 +72,7 @@ def _rms_team_fwd_kernel(
         if rstd_ptr is not None:
             if member == 0:
                 tl.store(rstd_ptr + row, rstd)
-        y = _rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
+        y = rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
         tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
 
 
@@ -97,15 +88,9 @@ def _ln_team_fwd_kernel(
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,  # 0: one launch; 1: publish sums; 2: mean, publish deviations; 3: write
 ):
-    ticket = team_ticket(sync_ptr, M * TEAM)
-    row = ticket // TEAM
-    member = ticket % TEAM
+    row, member, offs, mask, part, flag = team_member(sync_ptr, ws_ptr, M, TEAM, N, BLOCK_N)
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
-    offs = member * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = offs < N
     x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, PHASE <= 1)
-    part = ws_ptr + row * TEAM
-    flag = sync_ptr + 1 + row
     k = tl.arange(0, TEAM_P2)
     if PHASE <= 1:
         tl.store(part + member, tl.sum(x, axis=0))
@@ -124,7 +109,7 @@ def _ln_team_fwd_kernel(
                 if member == 0:
                     tl.store(mean_ptr + row, mean)
                     tl.store(rstd_ptr + row, rstd)
-            y = _ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
+            y = ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
             tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
 
 
@@ -160,8 +145,3 @@ def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, ep
                meta_items(BLOCK_N=block, TEAM_P2=team_p2(team), PHASE=phase,
                           num_warps=warps, **launch_options(_ln_team_fwd_kernel)), x2.device)
     return True
-
-
-# the modules, not the functions of the same names that the package namespace exports
-importlib.import_module(".rms_norm", __package__).WIDE_FORWARD = rms_wide_forward
-importlib.import_module(".layer_norm", __package__).WIDE_FORWARD = ln_wide_forward

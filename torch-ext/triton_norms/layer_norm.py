@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_eps, check_float_tensor, check_inputs, grad_rows, empty_rows, load_grad_chunk, load_input_chunk, round_to, rows_of, rows_view, vector
+from ._common import check_eps, check_float_tensor, check_inputs, grad_rows, empty_rows, ln_apply, load_grad_chunk, load_input_chunk, round_to, rows_of, rows_view, vector
 from ._exact import ln_exact_forward
 from ._launch import MAX_FUSED_BYTES, num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
@@ -32,19 +32,9 @@ from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order
+from ._wide import ln_wide_forward
 
 Tensor = torch.Tensor
-WIDE_FORWARD = None  # set by ._wide: the team forward for wide rows (read once)
-
-
-@triton.jit
-def _ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE: tl.constexpr):
-    y = (x - mean) * rstd
-    if w_ptr is not None:
-        y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if b_ptr is not None:
-        y = y + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    return round_to(y, OUT_DTYPE)
 
 
 @triton.jit
@@ -77,7 +67,7 @@ def _layer_norm_fwd_kernel(
         if rstd_ptr is not None:
             tl.store(mean_ptr + row, mean)
             tl.store(rstd_ptr + row, rstd)
-        y = _ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
+        y = ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
         tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
     else:
         # pass 1: mean (h stored); pass 2: variance around the mean; pass 3: output
@@ -102,7 +92,7 @@ def _layer_norm_fwd_kernel(
             offs = start + tl.arange(0, BLOCK_N)
             mask = offs < N
             x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, False)
-            y = _ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
+            y = ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
             tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
 
 
@@ -238,7 +228,7 @@ def _layer_norm_forward(x, residual, weight, bias, eps, order, save_stats):
     x2, M, stride_x = rows_of(x)
     r2, _, stride_r = rows_of(residual) if residual is not None else (None, 0, 0)
     elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
-    if WIDE_FORWARD is not None and N * elem > MAX_FUSED_BYTES and WIDE_FORWARD(
+    if N * elem > MAX_FUSED_BYTES and ln_wide_forward(
             x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, mean, rstd, M, N,
             stride_x, stride_r, eps, elem):
         # wide rows: a team of programs per row, read once (_wide)

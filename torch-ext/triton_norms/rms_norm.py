@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ._common import (
     cast_constexpr, check_float_tensor, check_weight_offset, grad_rows, load_grad_chunk, load_input_chunk,
-    empty_rows, prepare_rms_args, round_to, rows_of, rows_view, vector,
+    empty_rows, prepare_rms_args, rms_apply, round_to, rows_of, rows_view, vector,
 )
 from ._exact import rms_exact_forward
 from ._launch import MAX_FUSED_BYTES, num_partial_programs, pick_config
@@ -44,23 +44,9 @@ from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._torch_order import ORDER_FAST, parse_order
+from ._wide import rms_wide_forward
 
 Tensor = torch.Tensor
-WIDE_FORWARD = None  # set by ._wide: the team forward for wide rows (read once)
-
-
-@triton.jit
-def _rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr):
-    """Normalises one chunk and applies weight/bias with the documented rounding points."""
-    y = round_to(x * rstd, CAST_DTYPE)
-    if w_ptr is not None:
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        y = y * (w + weight_offset)
-    if b_ptr is not None:
-        if CAST_DTYPE is not None:
-            y = round_to(y, OUT_DTYPE)
-        y = y + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    return round_to(y, OUT_DTYPE)
 
 
 @triton.jit
@@ -91,7 +77,7 @@ def _rms_norm_fwd_kernel(
         rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
         if rstd_ptr is not None:
             tl.store(rstd_ptr + row, rstd)
-        y = _rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
+        y = rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
         tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
     else:
         # pass 1: sum of squares (and h stored); pass 2: reload (recompute h) and write y
@@ -108,7 +94,7 @@ def _rms_norm_fwd_kernel(
             offs = start + tl.arange(0, BLOCK_N)
             mask = offs < N
             x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, False)
-            y = _rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
+            y = rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
             tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
 
 
@@ -244,7 +230,7 @@ def _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype,
         return y, h, rstd
     r2, _, stride_r = rows_of(residual) if residual is not None else (None, 0, 0)
     elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
-    if WIDE_FORWARD is not None and N * elem > MAX_FUSED_BYTES and WIDE_FORWARD(
+    if N * elem > MAX_FUSED_BYTES and rms_wide_forward(
             x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, rstd, M, N, stride_x,
             stride_r, eps, weight_offset, cast_dtype, elem):
         # wide rows: a team of programs per row, read once (_wide)
