@@ -55,8 +55,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .softmax import _chunk_start, _team_phases
-from ._team import team_arrive, team_load, team_ticket, team_wait
+from .softmax import _chunk_start, _team_max_sumexp, _team_phases, _team_publish_max_sumexp
+from ._team import team_arrive, team_load, team_member, team_wait
 from ._common import check_float_tensor, check_real, check_same_device, row_layout, row_start, store_rounded
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
@@ -84,6 +84,32 @@ def _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range):
     g = tl.exp(x - lse) * coef - smoothing / V - tl.where(offs == t, 1.0 - smoothing, 0.0)
     g = tl.where(in_range, g, float("nan"))
     return tl.where(valid, g * w, 0.0)  # after the scaling: 0 on ignored rows even when w = 1/0
+
+
+@triton.jit
+def _store_loss(loss_ptr, lse_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH: tl.constexpr):
+    """loss_i of a row (module docstring: smoothing and z-loss terms only when on; 0 on an ignored row, NaN
+    for a target outside [0, V)) into ``loss_ptr[row]``, and its logsumexp into ``lse_ptr[row]`` (if given)."""
+    loss = lse - x_t
+    # the optional terms only when on, so that eps = 0 never multiplies an infinite mean of x
+    if SMOOTH:
+        loss = (1.0 - smoothing) * loss + smoothing * (lse - sum_x / V)
+    loss = tl.where(z_loss > 0.0, loss + z_loss * lse * lse, loss)
+    loss = tl.where(in_range, loss, float("nan"))
+    tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
+    if lse_ptr is not None:
+        tl.store(lse_ptr + row, lse)
+
+
+@triton.jit
+def _grad_factors(z_loss, lse, count_ptr):
+    """(coef, w) of ``_grad_chunk`` in the forward: the z-loss factor 1 + 2 z lse, and w = 1/count for
+    "mean" (``count_ptr`` given), else 1."""
+    coef = tl.where(z_loss > 0.0, 1.0 + 2.0 * z_loss * lse, 1.0)
+    w = 1.0
+    if count_ptr is not None:
+        w = 1.0 / tl.load(count_ptr).to(tl.float32)
+    return coef, w
 
 
 @triton.jit
@@ -154,20 +180,9 @@ def _cross_entropy_fwd_kernel(
             sum_x = tl.sum(acc_x, axis=0)
     lse = mx + tl.log(s)
     x_t = tl.load(x_ptr + x_row + tl.where(in_range, t, 0) * sxc, mask=valid & in_range, other=0.0).to(tl.float32)
-    loss = lse - x_t
-    # the optional terms only when on, so that eps = 0 never multiplies an infinite mean of x
-    if SMOOTH:
-        loss = (1.0 - smoothing) * loss + smoothing * (lse - sum_x / V)
-    loss = tl.where(z_loss > 0.0, loss + z_loss * lse * lse, loss)
-    loss = tl.where(in_range, loss, float("nan"))
-    tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
-    if lse_ptr is not None:
-        tl.store(lse_ptr + row, lse)
+    _store_loss(loss_ptr, lse_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH)
     if g_ptr is not None:
-        coef = tl.where(z_loss > 0.0, 1.0 + 2.0 * z_loss * lse, 1.0)
-        w = 1.0
-        if count_ptr is not None:
-            w = 1.0 / tl.load(count_ptr).to(tl.float32)
+        coef, w = _grad_factors(z_loss, lse, count_ptr)
         if not LOOP:
             g = _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range)
             store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)
@@ -208,20 +223,11 @@ def _cross_entropy_team_fwd_kernel(
     # A wide row over TEAM programs, each with its chunk of logits in registers: they exchange
     # (max, sum of exp, sum of x) through ws, and each writes its chunk of the gradient from registers.
     # DRAM: read V*x once, write V*g once. Member 0 writes the row's loss and logsumexp.
-    ticket = team_ticket(sync_ptr, M * TEAM)
-    row = ticket // TEAM
-    member = ticket % TEAM
+    row, member, offs, mask_n, part, flag = team_member(sync_ptr, ws_ptr, M, TEAM, V, BLOCK_N)
     x_row = row_start(row, R1, R2, sx0, sx1, sx2)
-    offs = member * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs < V
     x = _load_logits(x_ptr, x_row, sxc, offs, mask_n, "")
-    part = ws_ptr + row * TEAM
-    flag = sync_ptr + 1 + row
     if PHASE != 2:
-        m_own = tl.max(x, axis=0)
-        base = tl.where(m_own == float("-inf"), 0.0, m_own)
-        tl.store(part + member, m_own)
-        tl.store(part + M * TEAM + member, tl.sum(tl.exp(x - base), axis=0))
+        _team_publish_max_sumexp(part, member, M * TEAM, x)
         if SMOOTH:
             tl.store(part + 2 * M * TEAM + member, tl.sum(tl.where(mask_n, x, 0.0), axis=0))
         team_arrive(flag)
@@ -232,27 +238,15 @@ def _cross_entropy_team_fwd_kernel(
         x_t = tl.load(x_ptr + x_row + tl.where(in_range, t, 0) * sxc, mask=valid & in_range,
                       other=0.0).to(tl.float32)
         team_wait(flag, TEAM)
-        k = tl.arange(0, TEAM_P2)
-        mi = team_load(part, k, TEAM, float("-inf"))
-        si = team_load(part + M * TEAM, k, TEAM, 0.0)
-        mx = tl.max(mi, axis=0)
-        base = tl.where(mx == float("-inf"), 0.0, mx)
-        lse = mx + tl.log(tl.sum(si * tl.exp(mi - base), axis=0))  # fixed order: equal in every member
+        mx, s = _team_max_sumexp(part, M * TEAM, TEAM, TEAM_P2)
+        lse = mx + tl.log(s)  # fixed order: equal in every member
         if member == 0:
-            loss = lse - x_t
+            sum_x = 0.0
             if SMOOTH:
-                sum_x = tl.sum(team_load(part + 2 * M * TEAM, k, TEAM, 0.0), axis=0)
-                loss = (1.0 - smoothing) * loss + smoothing * (lse - sum_x / V)
-            loss = tl.where(z_loss > 0.0, loss + z_loss * lse * lse, loss)
-            loss = tl.where(in_range, loss, float("nan"))
-            tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
-            if lse_ptr is not None:
-                tl.store(lse_ptr + row, lse)
+                sum_x = tl.sum(team_load(part + 2 * M * TEAM, tl.arange(0, TEAM_P2), TEAM, 0.0), axis=0)
+            _store_loss(loss_ptr, lse_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH)
         if g_ptr is not None:
-            coef = tl.where(z_loss > 0.0, 1.0 + 2.0 * z_loss * lse, 1.0)
-            w = 1.0
-            if count_ptr is not None:
-                w = 1.0 / tl.load(count_ptr).to(tl.float32)
+            coef, w = _grad_factors(z_loss, lse, count_ptr)
             g = _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range)
             g_row = row_start(row, R1, R2, sg0, sg1, sg2)
             store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)

@@ -45,7 +45,7 @@ from ._common import check_float_tensor, check_real, check_same_device, normaliz
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._launch import config_for, split_for, team_for
-from ._team import team_arrive, team_load, team_phases, team_ticket, team_wait
+from ._team import team_arrive, team_load, team_member, team_phases, team_wait
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
 
@@ -413,6 +413,28 @@ def _softmax_bwd_split_out_kernel(
 
 
 @triton.jit
+def _team_publish_max_sumexp(part, member, stride, z):
+    """Publish a team member's partials of its chunk ``z`` (fp32, -inf where masked): its max at
+    ``part[member]`` and its sum of exp(z - max) at ``part[stride + member]`` (0 for an all -inf chunk)."""
+    m_own = tl.max(z, axis=0)
+    base = tl.where(m_own == float("-inf"), 0.0, m_own)
+    tl.store(part + member, m_own)
+    tl.store(part + stride + member, tl.sum(tl.exp(z - base), axis=0))
+
+
+@triton.jit
+def _team_max_sumexp(part, stride, TEAM, TEAM_P2: tl.constexpr):
+    """(max, sum of exp(z - max)) of the whole row from the ``TEAM`` members' published partials (see
+    ``_team_publish_max_sumexp``), combined in member order: the same bits in every member and run."""
+    k = tl.arange(0, TEAM_P2)
+    mi = team_load(part, k, TEAM, float("-inf"))
+    si = team_load(part + stride, k, TEAM, 0.0)
+    mx = tl.max(mi, axis=0)
+    base = tl.where(mx == float("-inf"), 0.0, mx)
+    return mx, tl.sum(si * tl.exp(mi - base), axis=0)
+
+
+@triton.jit
 def _softmax_team_fwd_kernel(
     x_ptr, m_ptr, y_ptr,
     ws_ptr,  # fp32 (2, rows * TEAM): each member's max, then its sum of exp
@@ -432,31 +454,17 @@ def _softmax_team_fwd_kernel(
 ):
     # Wide rows read once: the row's TEAM programs keep a chunk each in registers, exchange their
     # (max, sum of exp) through ws and write y from registers. DRAM: read N*x, write N*y.
-    ticket = team_ticket(sync_ptr, M * TEAM)
-    row = ticket // TEAM
-    member = ticket % TEAM
+    row, member, offs, mask_n, part, flag = team_member(sync_ptr, ws_ptr, M, TEAM, N, BLOCK_N)
     x_row = row_start(row, R1, R2, sx0, sx1, sx2)
     m_row = row_start(row, R1, R2, sm0, sm1, sm2)
     q = row % Sq
-    offs = member * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs < N
     z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "", SCALED)
-    part = ws_ptr + row * TEAM
-    flag = sync_ptr + 1 + row
     if PHASE != 2:
-        m_own = tl.max(z, axis=0)
-        base = tl.where(m_own == float("-inf"), 0.0, m_own)
-        tl.store(part + member, m_own)
-        tl.store(part + M * TEAM + member, tl.sum(tl.exp(z - base), axis=0))
+        _team_publish_max_sumexp(part, member, M * TEAM, z)
         team_arrive(flag)
     if PHASE != 1:
         team_wait(flag, TEAM)
-        k = tl.arange(0, TEAM_P2)
-        mi = team_load(part, k, TEAM, float("-inf"))
-        si = team_load(part + M * TEAM, k, TEAM, 0.0)
-        mx = tl.max(mi, axis=0)
-        base = tl.where(mx == float("-inf"), 0.0, mx)
-        s = tl.sum(si * tl.exp(mi - base), axis=0)  # fixed order: the same bits in every member
+        mx, s = _team_max_sumexp(part, M * TEAM, TEAM, TEAM_P2)  # fixed order: the same bits in every member
         zm = z - mx
         if LOG:
             y = zm - tl.log(s)
@@ -484,17 +492,11 @@ def _softmax_team_bwd_kernel(
     PHASE: tl.constexpr,
 ):
     # DRAM: read N*(y + dy), write N*dx, each once.
-    ticket = team_ticket(sync_ptr, M * TEAM)
-    row = ticket // TEAM
-    member = ticket % TEAM
+    row, member, offs, mask_n, part, flag = team_member(sync_ptr, ws_ptr, M, TEAM, N, BLOCK_N)
     y_row = row_start(row, R1, R2, sy0, sy1, sy2)
     dy_row = row_start(row, R1, R2, sdy0, sdy1, sdy2)
     q = row % Sq
-    offs = member * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs < N
     p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG, "")
-    part = ws_ptr + row * TEAM
-    flag = sync_ptr + 1 + row
     if PHASE != 2:
         if LOG:
             tl.store(part + member, tl.sum(dy, axis=0))
