@@ -132,6 +132,38 @@ def _activation(x, ACT: tl.constexpr, FAST_MATH: tl.constexpr):
 
 
 @triton.jit
+def _epilogue(acc, acc_g, bias_ptr, h_ptr, offs_m, offs_n, M, N, stride_hm,
+              GATED: tl.constexpr, ACT: tl.constexpr, FAST_MATH: tl.constexpr):
+    """The fp32 epilogue of a tile shared by every kernel: bias added, h saved (``h_ptr`` given; rounded to its
+    dtype), then y = act(h) or, gated, p * act(g), returned in fp32 for the caller's store."""
+    mask_n = offs_n < N
+    if bias_ptr is not None:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_g += tl.load(bias_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    if h_ptr is not None:
+        rows = offs_m[:, None].to(tl.int64)
+        mask = (offs_m < M)[:, None] & mask_n[None, :]
+        _store(h_ptr + rows * stride_hm + offs_n[None, :], acc, mask)
+        if GATED:
+            _store(h_ptr + rows * stride_hm + N + offs_n[None, :], acc_g, mask)
+    if GATED:
+        y = acc * _activation(acc_g, ACT, FAST_MATH)
+    else:
+        y = _activation(acc, ACT, FAST_MATH)
+    return y
+
+
+@triton.jit
+def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of a linear tile index, grouped along M (GROUP_M tile rows share b's columns in L2)."""
+    per_group = GROUP_M * num_n
+    first_m = (tile // per_group) * GROUP_M
+    rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % rows_in_group, (tile % per_group) // rows_in_group
+
+
+@triton.jit
 def _matmul_fwd_kernel(
     a_ptr,  # (M, K), any strides
     b_ptr,  # (K, N_total), any strides; N_total = N (plain) or 2 * N (gated)
@@ -149,15 +181,7 @@ def _matmul_fwd_kernel(
     UPCAST: tl.constexpr,  # interpreter only: its bf16 tl.dot is wrong; fp32 products of bf16 values are exact
     FAST_MATH: tl.constexpr = False,  # NVIDIA: single-instruction exp2 / reciprocal in the activation
 ):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % rows_in_group
-    pid_n = (pid % per_group) // rows_in_group
-
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -186,21 +210,8 @@ def _matmul_fwd_kernel(
         b_ptrs += BLOCK_K * stride_bk
 
     # epilogue, all fp32: bias, (save h), activation, one rounding on the store
-    if bias_ptr is not None:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        if GATED:
-            acc_g += tl.load(bias_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    rows = offs_m[:, None].to(tl.int64)
-    mask = mask_m[:, None] & mask_n[None, :]
-    if h_ptr is not None:
-        _store(h_ptr + rows * stride_hm + offs_n[None, :], acc, mask)
-        if GATED:
-            _store(h_ptr + rows * stride_hm + N + offs_n[None, :], acc_g, mask)
-    if GATED:
-        y = acc * _activation(acc_g, ACT, FAST_MATH)
-    else:
-        y = _activation(acc, ACT, FAST_MATH)
-    _store(y_ptr + rows * stride_ym + offs_n[None, :], y, mask)
+    y = _epilogue(acc, acc_g, bias_ptr, h_ptr, offs_m, offs_n, M, N, stride_hm, GATED, ACT, FAST_MATH)
+    _store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask_m[:, None] & mask_n[None, :])
 
 
 @triton.jit
@@ -250,32 +261,9 @@ def _gemv_kernel(
             acc_g += a[:, None, :] * wg[None, :, :]
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    h = tl.sum(acc, axis=2)
-    h_g = tl.sum(acc_g, axis=2)
-    if bias_ptr is not None:
-        h += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        if GATED:
-            h_g += tl.load(bias_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    rows = offs_m[:, None].to(tl.int64)
-    mask = mask_m[:, None] & mask_n[None, :]
-    if h_ptr is not None:
-        _store(h_ptr + rows * stride_hm + offs_n[None, :], h, mask)
-        if GATED:
-            _store(h_ptr + rows * stride_hm + N + offs_n[None, :], h_g, mask)
-    if GATED:
-        y = h * _activation(h_g, ACT, FAST_MATH)
-    else:
-        y = _activation(h, ACT, FAST_MATH)
-    _store(y_ptr + rows * stride_ym + offs_n[None, :], y, mask)
-
-
-@triton.jit
-def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of a linear tile index, grouped along M (GROUP_M tile rows share b's columns in L2)."""
-    per_group = GROUP_M * num_n
-    first_m = (tile // per_group) * GROUP_M
-    rows_in_group = tl.minimum(num_m - first_m, GROUP_M)
-    return first_m + (tile % per_group) % rows_in_group, (tile % per_group) // rows_in_group
+    y = _epilogue(tl.sum(acc, axis=2), tl.sum(acc_g, axis=2), bias_ptr, h_ptr, offs_m, offs_n, M, N, stride_hm,
+                  GATED, ACT, FAST_MATH)
+    _store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask_m[:, None] & mask_n[None, :])
 
 
 @triton.jit
@@ -283,26 +271,36 @@ def _tma_epilogue(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, strid
                   GATED: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   ROUND_BF16: tl.constexpr, FAST_MATH: tl.constexpr):
     """bias, (save h through pointers), activation, one rounding, TMA store of a (BLOCK_M, BLOCK_N) tile of y."""
-    offs_n = off_n + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    if bias_ptr is not None:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        if GATED:
-            acc_g += tl.load(bias_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    if h_ptr is not None:
-        offs_m = off_m + tl.arange(0, BLOCK_M)
-        rows = offs_m[:, None].to(tl.int64)
-        mask = (offs_m < M)[:, None] & mask_n[None, :]
-        _store(h_ptr + rows * stride_hm + offs_n[None, :], acc, mask)
-        if GATED:
-            _store(h_ptr + rows * stride_hm + N + offs_n[None, :], acc_g, mask)
-    if GATED:
-        y = acc * _activation(acc_g, ACT, FAST_MATH)
-    else:
-        y = _activation(acc, ACT, FAST_MATH)
+    y = _epilogue(acc, acc_g, bias_ptr, h_ptr, off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N), M, N,
+                  stride_hm, GATED, ACT, FAST_MATH)
     if ROUND_BF16:  # interpreter: its fp32 -> bf16 conversion truncates; GPUs round to nearest even
         y = round_to(y, tl.bfloat16)
     y_desc.store([off_m, off_n], y.to(y_desc.dtype))  # TMA clips the rows/columns past M, N
+
+
+@triton.jit
+def _tma_k_step(a_desc, b_desc, acc, acc_g, off_m, off_n, off_k, N,
+                GATED: tl.constexpr, B_NK: tl.constexpr, UPCAST: tl.constexpr):
+    """One BLOCK_K step of a tile through TMA descriptors: acc += a @ b (and, gated, acc_g += a @ b's gate columns,
+    N to the right; reads past N in the proj tile only feed masked columns). Returns (acc, acc_g)."""
+    a = a_desc.load([off_m, off_k])
+    if B_NK:
+        b = b_desc.load([off_n, off_k]).T
+    else:
+        b = b_desc.load([off_k, off_n])
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    acc = tl.dot(a, b, acc)
+    if GATED:
+        if B_NK:
+            bg = b_desc.load([N + off_n, off_k]).T
+        else:
+            bg = b_desc.load([off_k, N + off_n])
+        if UPCAST:
+            bg = bg.to(tl.float32)
+        acc_g = tl.dot(a, bg, acc_g)
+    return acc, acc_g
 
 
 @triton.jit
@@ -362,24 +360,7 @@ def _matmul_tma_kernel(
         k_per_split = tl.cdiv(k_tiles, SPLIT_K)
         k_first = (t % SPLIT_K) * k_per_split
         for kt in range(k_first, tl.minimum(k_first + k_per_split, k_tiles)):
-            off_k = kt * BLOCK_K
-            a = a_desc.load([off_m, off_k])
-            if B_NK:
-                b = b_desc.load([off_n, off_k]).T
-            else:
-                b = b_desc.load([off_k, off_n])
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc)
-            if GATED:  # gate columns: N to the right (reads past N in the proj tile only feed masked columns)
-                if B_NK:
-                    bg = b_desc.load([N + off_n, off_k]).T
-                else:
-                    bg = b_desc.load([off_k, N + off_n])
-                if UPCAST:
-                    bg = bg.to(tl.float32)
-                acc_g = tl.dot(a, bg, acc_g)
+            acc, acc_g = _tma_k_step(a_desc, b_desc, acc, acc_g, off_m, off_n, kt * BLOCK_K, N, GATED, B_NK, UPCAST)
         if SPLIT_K > 1:
             # split-K: each program writes its fp32 partial; the last of the tile's SPLIT_K programs to arrive
             # (atomic counter, acq_rel) sums the partials in split order 0, 1, ... (deterministic) and finishes
@@ -449,24 +430,7 @@ def _matmul_streamk_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(k0, k1):
-            off_k = kt * BLOCK_K
-            a = a_desc.load([off_m, off_k])
-            if B_NK:
-                b = b_desc.load([off_n, off_k]).T
-            else:
-                b = b_desc.load([off_k, off_n])
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc)
-            if GATED:
-                if B_NK:
-                    bg = b_desc.load([N + off_n, off_k]).T
-                else:
-                    bg = b_desc.load([off_k, N + off_n])
-                if UPCAST:
-                    bg = bg.to(tl.float32)
-                acc_g = tl.dot(a, bg, acc_g)
+            acc, acc_g = _tma_k_step(a_desc, b_desc, acc, acc_g, off_m, off_n, kt * BLOCK_K, N, GATED, B_NK, UPCAST)
         if k0 == 0 and k1 == k_tiles:
             _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
                         GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST, FAST_MATH)
