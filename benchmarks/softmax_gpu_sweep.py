@@ -11,13 +11,11 @@ Bytes (the issue's accounting): softmax fwd 2*M*N*e (read x, write y); fwd+bwd 5
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
-import tempfile
 import time
-import traceback
-from pathlib import Path
+
+from sweep_common import Sweep, capture_cuda_graph, ce_ref, load_liger, load_packages, prepare, ulp_diff
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
@@ -27,57 +25,19 @@ ap.add_argument("--cpu", action="store_true", help="dry run under the interprete
 ap.add_argument("--final", action="store_true", help="write the report (softmax_2026-11-30.{md,json})")
 ap.add_argument("--skip", default="", help="comma-separated sections to skip")
 args = ap.parse_args()
-T0 = time.time()
-OUT = Path(args.out)
-OUT.mkdir(parents=True, exist_ok=True)
-if args.cpu:
-    os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, "src")
-os.environ.setdefault("HF_HOME", tempfile.mkdtemp())
-os.environ["HF_HUB_OFFLINE"] = "1"
+OUT = prepare(args.out, args.cpu)
+RUN = Sweep(OUT / "records.jsonl", args.budget, args.cpu, rep=20 if args.round > 1 else 30)
+left, log, record, timeit = RUN.left, RUN.log, RUN.record, RUN.timeit
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-DEV = "cpu" if args.cpu else "cuda"
-REC = OUT / "records.jsonl"
-
-
-def left() -> float:
-    return args.budget - (time.time() - T0)
-
-
-def log(*a):
-    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
-
-
-def record(**kw):
-    kw["t"] = round(time.time() - T0, 1)
-    with open(REC, "a") as f:
-        f.write(json.dumps(kw) + "\n")
-
-
-if args.cpu:
-    def bench(fn, **kw):
-        t = time.time()
-        fn()
-        return (time.time() - t) * 1e3
-else:
-    from triton.testing import do_bench
-
-    def bench(fn, warmup=3, rep=20 if args.round > 1 else 30):
-        return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-
+DEV = RUN.dev
+REC = RUN.rec
 
 # ------------------------------------------------------------------------------------------ load
-from triton_collection.build import build_collection  # noqa: E402
-from triton_collection.manifest import load_manifest  # noqa: E402
-import kernels  # noqa: E402
-
-built = build_collection(load_manifest(Path(".")), Path(tempfile.mkdtemp()) / "hub", packages=["triton-softmax"],
-                         cpu_variant=args.cpu)[0]
-sm = kernels.get_local_kernel(built.variant("cpu" if args.cpu else "cuda"))
+(sm,) = load_packages(["triton-softmax"], args.cpu)
 S = sys.modules[sm.__name__ + ".softmax"]
 C = sys.modules[sm.__name__ + ".cross_entropy"]
 L = sys.modules[sm.__name__ + "._launch"]
@@ -143,65 +103,15 @@ def onecfg(N, nw, rows=1):
 
 
 def safe(name, fn):
-    if left() < (1 if name == "report" else 5):
-        log("SKIP (time)", name)
-        return None
-    try:
-        return fn()
-    except Exception as e:  # noqa: BLE001
-        log("ERR", name, type(e).__name__, str(e)[:300])
-        record(kind="error", name=name, error=f"{type(e).__name__}: {str(e)[:300]}")
-        return None
+    return RUN.safe(name, fn, 1 if name == "report" else 5)
 
 
 # ------------------------------------------------------------------------------------------ peers
-liger_ce = liger_sm = None
-try:
-    from liger_kernel.transformers import LigerCrossEntropyLoss
-    liger_ce = LigerCrossEntropyLoss()
-except Exception as e:  # noqa: BLE001
-    log("no liger CE", e)
-try:
-    from liger_kernel.ops.softmax import LigerSoftmaxFunction
-    liger_sm = LigerSoftmaxFunction.apply
-except Exception as e:  # noqa: BLE001
-    log("no liger softmax", e)
-
-if DEV == "cuda":
-    x0 = torch.empty(2**28 // 2, dtype=torch.float32, device=DEV)
-    y0 = torch.empty_like(x0)
-    ms = bench(lambda: y0.copy_(x0))
-    COPY = 2 * x0.numel() * 4 / ms / 1e6
-    del x0, y0
-else:
-    COPY = float("nan")
-log(f"copy ceiling {COPY:.0f} GB/s")
-record(kind="copy", gbps=COPY)
-
-
-def timeit(section, name, fn, nbytes, **extra):
-    def run():
-        fn()  # compile / warm up
-        ms = bench(fn)
-        gbps = nbytes / ms / 1e6
-        log(f"{section:14s} {name:34s} {extra.get('shape', '')!s:18s} {ms * 1e3:9.1f} us {gbps:7.0f} GB/s "
-            f"({gbps / COPY:.0%})")
-        record(kind="time", section=section, name=name, us=ms * 1e3, gbps=gbps, frac=gbps / COPY, **extra)
-        return gbps
-    return safe(f"{section} {name}", run)
+liger_sm, liger_ce = load_liger(log)
+COPY = RUN.copy_ceiling()
 
 
 # ------------------------------------------------------------------------------------------ correctness
-def ulp_diff(a, ref, dtype):
-    """max |a - ref| in units of ref's ulp in dtype (ref fp64)."""
-    mant = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[dtype]
-    emin = {torch.float32: -126, torch.float16: -14, torch.bfloat16: -126}[dtype]
-    _, e = torch.frexp(ref.double().nan_to_num(0.0, 0.0, 0.0))
-    ulp = torch.pow(2.0, ((e - 1).clamp(min=emin) - mant).double())
-    d = ((a.double() - ref.double()).abs() / ulp)
-    return float(d.nan_to_num(0.0).max())
-
-
 def check_softmax():
     allshapes = [(64, 1000), (37, 4097), (16, 32768), (8, 65539), (4, 262144)] if DEV == "cuda" else [(4, 100), (2, 20011)]
     plan = {torch.bfloat16: (allshapes, (False, True)), torch.float16: (allshapes[1::2], (False,)),
@@ -234,17 +144,6 @@ def check_softmax():
                 if not ok:
                     log("CHECK FAIL", "log_softmax" if log_ else "softmax", dtype, (M, N), u, ug)
     log("softmax checks done")
-
-
-def ce_ref(x, t, **kw):
-    z = kw.pop("z_loss", 0.0)
-    red = kw.pop("reduction", "mean")
-    loss = F.cross_entropy(x.double(), t, reduction="none", **kw)
-    ig = kw.get("ignore_index", -100)
-    loss = loss + z * torch.logsumexp(x.double(), 1).square() * (t != ig)
-    if red == "none":
-        return loss
-    return loss.sum() / ((t != ig).sum() if red == "mean" else 1)
 
 
 def check_ce():
@@ -291,18 +190,15 @@ def check_ce():
     if DEV == "cuda":
         xs = torch.randn(512, 32000, device=DEV, dtype=torch.bfloat16).requires_grad_()
         ts = torch.randint(0, 32000, (512,), device=DEV)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                xs.grad = None
-                sm.cross_entropy(xs, ts, label_smoothing=0.1).backward()
-        torch.cuda.current_stream().wait_stream(side)
-        xs.grad = None
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+
+        def step():
             lg = sm.cross_entropy(xs, ts, label_smoothing=0.1)
             lg.backward()
+            return lg
+
+        def reset():
+            xs.grad = None
+        g, lg = capture_cuda_graph(step, reset)
         new = torch.randn_like(xs)
         with torch.no_grad():
             xs.copy_(new)

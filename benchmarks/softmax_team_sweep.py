@@ -11,12 +11,11 @@ bwd 3MNe, CE fwd+bwd 2MVe).
 import argparse
 import contextlib
 import json
-import os
 import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
+
+from sweep_common import Sweep, capture_cuda_graph, ce_ref, load_liger, load_packages, prepare, ulp_diff
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
@@ -27,47 +26,17 @@ ap.add_argument("--only", default="", help="comma list of time sections: fwd,ce,
 ap.add_argument("--report", default="", help="write a markdown report of DIR/check.jsonl + DIR/time.jsonl here")
 ap.add_argument("--title", default="Team kernels for wide rows")
 args = ap.parse_args()
-T0 = time.time()
-OUT = Path(args.out)
-OUT.mkdir(parents=True, exist_ok=True)
-if args.cpu:
-    os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, "src")
-os.environ.setdefault("HF_HOME", tempfile.mkdtemp())
-os.environ["HF_HUB_OFFLINE"] = "1"
+OUT = prepare(args.out, args.cpu)
+RUN = Sweep(OUT / f"{args.part}.jsonl", args.budget, args.cpu, rep=15, min_left=4, err_chars=400, trace=True,
+            widths=(13, 30, 14, 8, 6), json_default=str)
+left, log, record, safe = RUN.left, RUN.log, RUN.record, RUN.safe
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-DEV = "cpu" if args.cpu else "cuda"
-REC = OUT / f"{args.part}.jsonl"
+DEV = RUN.dev
 
-
-def left():
-    return args.budget - (time.time() - T0)
-
-
-def log(*a):
-    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
-
-
-def record(**kw):
-    kw["t"] = round(time.time() - T0, 1)
-    with open(REC, "a") as f:
-        f.write(json.dumps(kw, default=str) + "\n")
-
-
-if args.cpu:
-    def bench(fn, **kw):
-        t = time.time()
-        fn()
-        return (time.time() - t) * 1e3
-else:
-    from triton.testing import do_bench
-
-    def bench(fn):
-        return do_bench(fn, warmup=3, rep=15, return_mode="median")
 
 def report(path):
     recs = []
@@ -105,16 +74,7 @@ if args.report:
     sys.exit(0)
 
 
-from triton_collection.build import build_collection  # noqa: E402
-from triton_collection.manifest import load_manifest  # noqa: E402
-import kernels  # noqa: E402
-
-builds = build_collection(load_manifest(Path(".")), Path(tempfile.mkdtemp()) / "hub",
-                          packages=["triton-softmax", "triton-norms"], cpu_variant=args.cpu)
-built = next(b for b in builds if b.package.name == "triton-softmax")
-sm = kernels.get_local_kernel(built.variant("cpu" if args.cpu else "cuda"))
-nm = kernels.get_local_kernel(next(b for b in builds if b.package.name == "triton-norms").variant(
-    "cpu" if args.cpu else "cuda"))
+sm, nm = load_packages(["triton-softmax", "triton-norms"], args.cpu)
 W = sys.modules[nm.__name__ + "._wide"]
 DEFAULT_WIDE = {k: dict(v) for k, v in W.WIDE_TUNED.items()}
 if args.cpu:
@@ -154,27 +114,6 @@ def team(kinds, cfg):
         yield
     finally:
         L.TEAM_TUNED.update(saved)
-
-
-def safe(name, fn, need=4):
-    if left() < need:
-        log("SKIP (time)", name)
-        return None
-    try:
-        return fn()
-    except Exception as e:  # noqa: BLE001
-        log("ERR", name, type(e).__name__, str(e)[:400])
-        traceback.print_exc(limit=3)
-        record(kind="error", name=name, error=f"{type(e).__name__}: {str(e)[:400]}")
-        return None
-
-
-def ulp_diff(a, ref, dtype):
-    mant = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[dtype]
-    emin = {torch.float32: -126, torch.float16: -14, torch.bfloat16: -126}[dtype]
-    _, e = torch.frexp(ref.double().nan_to_num(0.0, 0.0, 0.0))
-    ulp = torch.pow(2.0, ((e - 1).clamp(min=emin) - mant).double())
-    return float(((a.double() - ref.double()).abs() / ulp).nan_to_num(0.0).max())
 
 
 def relerr(a, ref):
@@ -249,16 +188,6 @@ def check_softmax():
     log("check causal ulp", u)
 
 
-def ce_ref(x, t, **kw):
-    z = kw.pop("z_loss", 0.0)
-    red = kw.pop("reduction", "mean")
-    loss = F.cross_entropy(x.double(), t, reduction="none", **kw)
-    loss = loss + z * torch.logsumexp(x.double(), 1).square() * (t != -100)
-    if red == "none":
-        return loss
-    return loss.sum() / ((t != -100).sum() if red == "mean" else 1)
-
-
 def check_ce():
     shapes = [(64, 128256), (16, 262144), (33, 50257)] if DEV == "cuda" else [(3, 2053)]
     for dtype in (torch.bfloat16, torch.float32):
@@ -312,23 +241,18 @@ def check_graphs():
     dy = torch.randn(64, 65536, device=DEV, dtype=torch.bfloat16)
     xs = torch.randn(256, 128256, device=DEV, dtype=torch.bfloat16).requires_grad_()
     ts = torch.randint(0, 128256, (256,), device=DEV)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            x.grad = None
-            xs.grad = None
-            sm.softmax(x).backward(dy)
-            sm.cross_entropy(xs, ts, label_smoothing=0.1).backward()
-    torch.cuda.current_stream().wait_stream(side)
-    x.grad = None
-    xs.grad = None
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+
+    def step():
         yg = sm.softmax(x)
         yg.backward(dy)
         lg = sm.cross_entropy(xs, ts, label_smoothing=0.1)
         lg.backward()
+        return yg, lg
+
+    def reset():
+        x.grad = None
+        xs.grad = None
+    g, (yg, lg) = capture_cuda_graph(step, reset)
     nx, nxs = torch.randn_like(x), torch.randn_like(xs)
     with torch.no_grad():
         x.copy_(nx)
@@ -467,31 +391,8 @@ def time_norms():
 
 
 # ------------------------------------------------------------------------------------------ timing
-COPY = float("nan")
-
-
-def copy_ceiling():
-    global COPY
-    if DEV != "cuda":
-        return
-    x0 = torch.empty(2**28 // 2, dtype=torch.float32, device=DEV)
-    y0 = torch.empty_like(x0)
-    ms = bench(lambda: y0.copy_(x0))
-    COPY = 2 * x0.numel() * 4 / ms / 1e6
-    log(f"copy ceiling {COPY:.0f} GB/s")
-    record(kind="copy", gbps=COPY)
-
-
 def timeit(section, name, fn, nbytes, **extra):
-    def run():
-        fn()
-        ms = bench(fn)
-        gbps = nbytes / ms / 1e6
-        log(f"{section:13s} {name:30s} {extra.get('shape', '')!s:14s} {ms * 1e3:8.1f} us {gbps:6.0f} GB/s "
-            f"({gbps / COPY:.0%})")
-        record(kind="time", section=section, name=name, us=ms * 1e3, gbps=gbps, frac=gbps / COPY, **extra)
-        return gbps
-    return safe(f"{section} {name}", run, need=3)
+    return RUN.timeit(section, name, fn, nbytes, need=3, **extra)
 
 
 def tcfg(chunk, warps, min_bytes=1):
@@ -502,17 +403,7 @@ def tname(c):
     return "old (1 program/row)" if c is None else f"team {c['chunk_bytes'] // 1024}K w{c['num_warps']}"
 
 
-liger_sm = liger_ce = None
-try:
-    from liger_kernel.ops.softmax import LigerSoftmaxFunction
-    liger_sm = LigerSoftmaxFunction.apply
-except Exception as e:  # noqa: BLE001
-    log("no liger softmax", e)
-try:
-    from liger_kernel.transformers import LigerCrossEntropyLoss
-    liger_ce = LigerCrossEntropyLoss()
-except Exception as e:  # noqa: BLE001
-    log("no liger CE", e)
+liger_sm, liger_ce = load_liger(log)
 
 TOTAL = 2**28 if DEV == "cuda" else 2**13
 NS = [65536, 262144, 32768, 131072, 16384] if DEV == "cuda" else [2048, 4096]
@@ -522,13 +413,18 @@ CE_VARIANTS = [tcfg(16384, 8), tcfg(8192, 4), tcfg(32768, 16), tcfg(16384, 16), 
 SEC = set(args.only.split(",")) if args.only else {"fwd", "ce", "fb", "norms", "bwd", "few"}
 
 
-def time_softmax_fwd():
+def row_sweep():
+    """(M, N, x, shape) for each row width N of NS while at least 6 s of the budget are left: x a fresh bf16
+    (M, N) normal tensor, M * N = TOTAL, shape = "MxN"."""
     for N in NS:
         if left() < 6:
             return
         M = TOTAL // N
-        x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
-        shape = f"{M}x{N}"
+        yield M, N, torch.randn(M, N, device=DEV, dtype=torch.bfloat16), f"{M}x{N}"
+
+
+def time_softmax_fwd():
+    for M, N, x, shape in row_sweep():
         for c in FWD_VARIANTS:
             with team(["softmax"], c):
                 timeit("softmax_fwd", tname(c), lambda: sm.softmax(x), 4 * M * N, shape=shape, N=N, cfg=c)
@@ -539,28 +435,20 @@ def time_softmax_fwd():
 
 
 def time_softmax_bwd():
-    for N in NS:
-        if left() < 6:
-            return
-        M = TOTAL // N
-        x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+    for M, N, x, shape in row_sweep():
         y = torch.softmax(x, -1)
         dy = torch.randn_like(x)
         for c in BWD_VARIANTS:
             with team(["softmax_bwd"], c):
                 timeit("softmax_bwd", tname(c), lambda: S._softmax_bwd_impl(dy, y, 1, 1.0, False, False, x.dtype),
-                       6 * M * N, shape=f"{M}x{N}", N=N, cfg=c)
+                       6 * M * N, shape=shape, N=N, cfg=c)
         del x, y, dy
 
 
 def time_fwdbwd():
-    for N in NS:
-        if left() < 6:
-            return
-        M = TOTAL // N
-        x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16).requires_grad_()
+    for M, N, x, shape in row_sweep():
+        x.requires_grad_()
         dy = torch.randn_like(x)
-        shape = f"{M}x{N}"
 
         def fb():
             x.grad = None
@@ -626,17 +514,10 @@ elif args.part == "check":
         if name in CHK:
             safe("check_" + name, fn)
 else:
-    copy_ceiling()
-    if "fwd" in SEC:
-        safe("fwd", time_softmax_fwd)
-    if "ce" in SEC:
-        safe("ce", time_ce)
-    if "fb" in SEC:
-        safe("fb", time_fwdbwd)
-    if "norms" in SEC:
-        safe("norms", time_norms)
-    if "bwd" in SEC:
-        safe("bwd", time_softmax_bwd)
-    if "few" in SEC:
-        safe("few", time_few)
+    if DEV == "cuda":
+        RUN.copy_ceiling()
+    for name, fn in [("fwd", time_softmax_fwd), ("ce", time_ce), ("fb", time_fwdbwd), ("norms", time_norms),
+                     ("bwd", time_softmax_bwd), ("few", time_few)]:
+        if name in SEC:
+            safe(name, fn)
 log("done", args.part)

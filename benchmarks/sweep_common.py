@@ -1,0 +1,196 @@
+"""What the triton-softmax GPU scripts share (``softmax_gpu_sweep.py``, ``softmax_team_sweep.py``).
+
+Both are run as ``python3 benchmarks/<script>.py`` from the checkout (this folder is then on
+``sys.path``). ``prepare`` must run before torch or triton is imported (it sets the interpreter
+and an offline, private HF cache); nothing here imports torch or triton at module level.
+
+A ``Sweep`` is one run's clock, log and records: ``left()`` seconds of the budget, ``log`` lines
+stamped with the time since the start, ``record`` one JSON object per line appended to the records
+file (so a timeout keeps what was measured), ``safe`` runs a step unless the budget is spent and
+turns an exception into an ``error`` record, ``timeit`` times a function (``triton.testing.do_bench``
+median on the GPU, one call under the interpreter) and records its GB/s against the copy ceiling
+that ``copy_ceiling`` measured (a 1 GiB fp32 device-to-device copy: read + write).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+
+def prepare(out: str, cpu: bool) -> Path:
+    """Creates the output folder and sets the environment (before torch/triton are imported):
+    ``TRITON_INTERPRET=1`` for a CPU dry run, ``src`` importable, a private offline HF cache."""
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    if cpu:
+        os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, "src")
+    os.environ.setdefault("HF_HOME", tempfile.mkdtemp())
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    return path
+
+
+class Sweep:
+    """One run: budget, log, records, timing (see the module docstring).
+
+    ``rep``: do_bench's measuring time in ms; ``min_left``: seconds of budget ``safe`` needs by default;
+    ``err_chars``: how much of an exception's message is logged and recorded; ``trace``: also print the
+    traceback (3 frames); ``widths``: log columns (section, name, shape, microseconds, GB/s);
+    ``json_default``: ``json.dumps``'s ``default`` for the records.
+    """
+
+    def __init__(self, rec: Path, budget: float, cpu: bool, rep: int, min_left: float = 5, err_chars: int = 300,
+                 trace: bool = False, widths=(14, 34, 18, 9, 7), json_default=None):
+        self.t0 = time.time()
+        self.rec, self.budget, self.cpu, self.rep = rec, budget, cpu, rep
+        self.min_left, self.err_chars, self.trace, self.widths = min_left, err_chars, trace, widths
+        self.json_default = json_default
+        self.dev = "cpu" if cpu else "cuda"
+        self.copy = float("nan")
+
+    def left(self) -> float:
+        return self.budget - (time.time() - self.t0)
+
+    def log(self, *a):
+        print(f"[{time.time() - self.t0:6.1f}s]", *a, flush=True)
+
+    def record(self, **kw):
+        kw["t"] = round(time.time() - self.t0, 1)
+        with open(self.rec, "a") as f:
+            f.write(json.dumps(kw, default=self.json_default) + "\n")
+
+    def bench(self, fn) -> float:
+        """Milliseconds per call: do_bench's median on the GPU; one timed call under the interpreter."""
+        if self.cpu:
+            t = time.time()
+            fn()
+            return (time.time() - t) * 1e3
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=3, rep=self.rep, return_mode="median")
+
+    def safe(self, name, fn, need=None):
+        """``fn()``, or None when fewer than ``need`` seconds are left or it raised (logged and recorded)."""
+        if self.left() < (self.min_left if need is None else need):
+            self.log("SKIP (time)", name)
+            return None
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001
+            self.log("ERR", name, type(e).__name__, str(e)[:self.err_chars])
+            if self.trace:
+                traceback.print_exc(limit=3)
+            self.record(kind="error", name=name, error=f"{type(e).__name__}: {str(e)[:self.err_chars]}")
+            return None
+
+    def copy_ceiling(self) -> float:
+        """The device's copy bandwidth in GB/s (NaN under the interpreter), logged and recorded (kind "copy")."""
+        if self.dev == "cuda":
+            import torch
+
+            x0 = torch.empty(2**28 // 2, dtype=torch.float32, device=self.dev)
+            y0 = torch.empty_like(x0)
+            ms = self.bench(lambda: y0.copy_(x0))
+            self.copy = 2 * x0.numel() * 4 / ms / 1e6
+            del x0, y0
+        self.log(f"copy ceiling {self.copy:.0f} GB/s")
+        self.record(kind="copy", gbps=self.copy)
+        return self.copy
+
+    def timeit(self, section, name, fn, nbytes, need=None, **extra):
+        """Times ``fn`` (one warm-up call first) through ``safe``; logs and records us, GB/s and the fraction of
+        the copy ceiling; returns the GB/s (None when skipped or failed)."""
+        ws, wn, wshape, wus, wgb = self.widths
+
+        def run():
+            fn()  # compile / warm up
+            ms = self.bench(fn)
+            gbps = nbytes / ms / 1e6
+            self.log(f"{section:{ws}s} {name:{wn}s} {extra.get('shape', '')!s:{wshape}s} {ms * 1e3:{wus}.1f} us "
+                     f"{gbps:{wgb}.0f} GB/s ({gbps / self.copy:.0%})")
+            self.record(kind="time", section=section, name=name, us=ms * 1e3, gbps=gbps, frac=gbps / self.copy,
+                        **extra)
+            return gbps
+        return self.safe(f"{section} {name}", run, need)
+
+
+def load_packages(names, cpu: bool) -> list:
+    """The packages ``names`` (Hub names) built from this checkout into a temporary folder and loaded with
+    ``kernels.get_local_kernel`` (the ``cpu`` variant for a dry run, else ``cuda``), in the order given."""
+    import kernels
+    from triton_collection.build import build_collection
+    from triton_collection.manifest import load_manifest
+
+    builds = build_collection(load_manifest(Path(".")), Path(tempfile.mkdtemp()) / "hub", packages=list(names),
+                              cpu_variant=cpu)
+    by_name = {b.package.name: b for b in builds}
+    return [kernels.get_local_kernel(by_name[n].variant("cpu" if cpu else "cuda")) for n in names]
+
+
+def load_liger(log):
+    """(Liger's softmax function, Liger's CrossEntropyLoss module), None for each that does not import."""
+    liger_sm = liger_ce = None
+    try:
+        from liger_kernel.ops.softmax import LigerSoftmaxFunction
+        liger_sm = LigerSoftmaxFunction.apply
+    except Exception as e:  # noqa: BLE001
+        log("no liger softmax", e)
+    try:
+        from liger_kernel.transformers import LigerCrossEntropyLoss
+        liger_ce = LigerCrossEntropyLoss()
+    except Exception as e:  # noqa: BLE001
+        log("no liger CE", e)
+    return liger_sm, liger_ce
+
+
+def capture_cuda_graph(step, reset):
+    """A CUDA graph of one ``step()`` (PyTorch's recipe: two warm-up steps on a side stream, then the capture),
+    with ``reset()`` (e.g. clearing ``.grad``) before each warm-up step and before the capture. Returns
+    ``(graph, what step() returned during the capture)``."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            reset()
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    reset()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
+def ulp_diff(a, ref, dtype) -> float:
+    """max |a - ref| in units of ref's ulp in ``dtype`` (ref fp64; subnormal ulps below the smallest normal)."""
+    import torch
+
+    mant = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[dtype]
+    emin = {torch.float32: -126, torch.float16: -14, torch.bfloat16: -126}[dtype]
+    _, e = torch.frexp(ref.double().nan_to_num(0.0, 0.0, 0.0))
+    ulp = torch.pow(2.0, ((e - 1).clamp(min=emin) - mant).double())
+    return float(((a.double() - ref.double()).abs() / ulp).nan_to_num(0.0).max())
+
+
+def ce_ref(x, t, **kw):
+    """fp64 reference of ``cross_entropy``: F.cross_entropy's loss + z_loss * logsumexp^2 on non-ignored rows,
+    then the reduction ("mean" over the non-ignored rows)."""
+    import torch
+    import torch.nn.functional as F
+
+    z = kw.pop("z_loss", 0.0)
+    red = kw.pop("reduction", "mean")
+    loss = F.cross_entropy(x.double(), t, reduction="none", **kw)
+    ig = kw.get("ignore_index", -100)
+    loss = loss + z * torch.logsumexp(x.double(), 1).square() * (t != ig)
+    if red == "none":
+        return loss
+    return loss.sum() / ((t != ig).sum() if red == "mean" else 1)
