@@ -496,32 +496,27 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
         b_desc = TensorDescriptor(b, [K, b.shape[1]], [b.stride(0), 1], [bk, bn])
     y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn // 2 if subtile else bn])
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    operands = (a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h)
+    meta = dict(GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
+                EPILOGUE_SUBTILE=subtile, UPCAST=interp and a.dtype == torch.bfloat16, FAST_MATH=_fast_math(a, interp),
+                num_warps=cfg.num_warps)
     if cfg.stream_k:
+        kernel, name = _matmul_streamk_kernel, "streamk"
         progs = min(max(1, cfg.persistent) * num_sms, tiles * triton.cdiv(K, bk))
         nt = 2 * bn if gated else bn
         work = torch.empty((progs, 2, bm, nt), dtype=torch.float32, device=a.device)
         arrivals = torch.zeros((tiles,), dtype=torch.int32, device=a.device)
-        _launch_fitting(lambda stages: _matmul_streamk_kernel[(progs,)](
-            a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h, work, arrivals,
-            M, N, K, h.stride(0) if h is not None else 0, progs,
-            GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
-            EPILOGUE_SUBTILE=subtile, UPCAST=interp and a.dtype == torch.bfloat16, FAST_MATH=_fast_math(a, interp),
-            num_warps=cfg.num_warps, num_stages=stages,
-        ), ("streamk", cfg, gated, act, b_nk, a.dtype, a.device), cfg)
-        return
-    split = 1 if cfg.persistent else max(1, min(cfg.split_k, triton.cdiv(K, bk)))
-    progs = min(cfg.persistent * num_sms, tiles) if cfg.persistent else tiles * split
-    ws = bool(cfg.warp_specialize) and not interp
-    work = torch.empty((split, M, b.shape[1]), dtype=torch.float32, device=a.device) if split > 1 else None
-    arrivals = torch.zeros((tiles,), dtype=torch.int32, device=a.device) if split > 1 else None
-    _launch_fitting(lambda stages: _matmul_tma_kernel[(progs,)](
-        a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h, work, arrivals,
-        M, N, K, h.stride(0) if h is not None else 0, progs,
-        GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
-        WARP_SPECIALIZE=ws, FLATTEN=bool(cfg.persistent) and not ws and not interp, EPILOGUE_SUBTILE=subtile,
-        SPLIT_K=split, UPCAST=interp and a.dtype == torch.bfloat16, FAST_MATH=_fast_math(a, interp),
-        num_warps=cfg.num_warps, num_stages=stages,
-    ), ("tma", cfg, gated, act, b_nk, a.dtype, a.device), cfg)
+    else:
+        kernel, name = _matmul_tma_kernel, "tma"
+        split = 1 if cfg.persistent else max(1, min(cfg.split_k, triton.cdiv(K, bk)))
+        progs = min(cfg.persistent * num_sms, tiles) if cfg.persistent else tiles * split
+        ws = bool(cfg.warp_specialize) and not interp
+        work = torch.empty((split, M, b.shape[1]), dtype=torch.float32, device=a.device) if split > 1 else None
+        arrivals = torch.zeros((tiles,), dtype=torch.int32, device=a.device) if split > 1 else None
+        meta.update(WARP_SPECIALIZE=ws, FLATTEN=bool(cfg.persistent) and not ws and not interp, SPLIT_K=split)
+    _launch_fitting(lambda stages: kernel[(progs,)](
+        *operands, work, arrivals, M, N, K, h.stride(0) if h is not None else 0, progs, **meta, num_stages=stages,
+    ), (name, cfg, gated, act, b_nk, a.dtype, a.device), cfg)
 
 
 # The GEMV kernel holds every row of a in one program (BLOCK_M >= M): few rows only.
