@@ -331,10 +331,13 @@ def test_team_config_rules(softmax, device, team_mode):
         assert launch.team_for(2048, x, 10, "softmax_bwd") is None
 
 
+_TEAM_SOFTMAX_INEXACT = pytest.mark.xfail(
+    strict=True, reason="team softmax bf16 not bit-identical to torch on the H200 (2026-11-30 rounds B and C; "
+                        "log_softmax is): the team path is off by default until fixed")
+
+
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason="team softmax bf16 not bit-identical to torch on the H200 (2026-11-30): "
-                                       "the team path is off by default until fixed")
-@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("log", [pytest.param(False, marks=_TEAM_SOFTMAX_INEXACT), True], ids=["softmax", "log_softmax"])
 def test_team_spinning_path_on_gpu(softmax, device, log, monkeypatch):
     """The candidate team path on a GPU (members spin on each other's partials in one launch): many rows
     (several waves of teams), rows of 1 to 64 members, bf16 equal to torch's kernel, fp32 within ulps,
