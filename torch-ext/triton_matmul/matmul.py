@@ -164,6 +164,18 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _tile_start(a_ptr, pid_m, pid_n, M, N, stride_am, stride_ak,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Tile (pid_m, pid_n) of the pointer kernels: ``(offs_m, offs_n, offs_k, mask_m, mask_n, a_ptrs)``, its rows,
+    columns and first k block, the row and column masks, and int64 pointers to a's first (BLOCK_M, BLOCK_K) block."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
+    return offs_m, offs_n, offs_k, offs_m < M, offs_n < N, a_ptrs
+
+
+@triton.jit
 def _matmul_fwd_kernel(
     a_ptr,  # (M, K), any strides
     b_ptr,  # (K, N_total), any strides; N_total = N (plain) or 2 * N (gated)
@@ -182,12 +194,8 @@ def _matmul_fwd_kernel(
     FAST_MATH: tl.constexpr = False,  # NVIDIA: single-instruction exp2 / reciprocal in the activation
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
+    offs_m, offs_n, offs_k, mask_m, mask_n, a_ptrs = _tile_start(a_ptr, pid_m, pid_n, M, N, stride_am, stride_ak,
+                                                                 BLOCK_M, BLOCK_N, BLOCK_K)
     b_ptrs = b_ptr + offs_k[:, None].to(tl.int64) * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
     gate_shift = tl.cast(N, tl.int64) * stride_bn  # (tl.cast: N may be a specialized constant 1) gated: the gate columns start N columns to the right
 
@@ -233,14 +241,8 @@ def _gemv_kernel(
     """Few-row GEMM on CUDA cores: program (pid_n, pid_m) streams the (BLOCK_N, K) slab of b (W's rows when b is
     ``W.t()``: contiguous along k, so wide vector loads) once, multiplies it with BLOCK_M rows of a in fp32 and
     keeps per-lane partial sums (BLOCK_M, BLOCK_N, BLOCK_K) that are reduced over k once, after the loop."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
+    offs_m, offs_n, offs_k, mask_m, mask_n, a_ptrs = _tile_start(a_ptr, tl.program_id(1), tl.program_id(0), M, N,
+                                                                 stride_am, stride_ak, BLOCK_M, BLOCK_N, BLOCK_K)
     b_ptrs = b_ptr + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :].to(tl.int64) * stride_bk
     gate_shift = tl.cast(N, tl.int64) * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
