@@ -387,12 +387,10 @@ def test_case10_config_picker_respects_warp_size(activations, warp_size):
     for N in [1, 3, 127, 4095, 4097, 14336, 1 << 20, 1 << 30]:
         for element_size in (2, 4):
             for M in (1, 7, 16384):
-                if M * N > 1 << 40:  # more elements than any GPU holds: more tiles than one grid axis
-                    continue
                 cfg = activations.pick_config(N, element_size, warp_size, M)
                 assert cfg.num_warps * warp_size <= 1024 and cfg.num_warps >= 1
                 assert cfg.num_warps & (cfg.num_warps - 1) == 0 and cfg.block_n & (cfg.block_n - 1) == 0
-                assert cfg.column_blocks == -(-N // cfg.block_n)
+                assert cfg.column_blocks == -(-N // cfg.block_n) <= 65535
                 assert cfg.rows & (cfg.rows - 1) == 0 and 1 <= cfg.rows <= max(1, 2 * M - 1)
                 assert cfg.row_blocks == -(-M // cfg.rows)
     assert activations.pick_config(3, 2, warp_size).column_blocks == 1
@@ -403,9 +401,7 @@ def test_case10_config_picker_respects_warp_size(activations, warp_size):
     for n, m in ((96, 5), (300, 7), (3, 1)):  # inputs too small to fill the GPU: one element per thread
         cfg = activations.pick_config(n, 2, warp_size, m)
         assert cfg.rows * cfg.block_n <= max(cfg.num_warps * warp_size, 32), (n, m, cfg)
-    assert activations.pick_config(14336, 2, warp_size, 16).column_blocks > 1  # several programs per wide row
-    with pytest.raises(ValueError, match="programs"):  # more tiles than one grid axis holds
-        activations.pick_config(1 << 30, 4, warp_size, 1 << 24)
+    assert activations.pick_config(14336, 2, warp_size, 16).column_blocks > 1  # 2-D grid for wide rows
     with pytest.raises(ValueError, match="M must be"):
         activations.pick_config(128, 2, warp_size, 0)
     with pytest.raises(ValueError, match="warp_size"):

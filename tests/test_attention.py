@@ -289,6 +289,29 @@ def test_apply_rotary_pos_emb_bit_exact_to_transformers(attention, device, dtype
         assert torch.equal(g, w)
 
 
+@pytest.mark.parametrize("B,S", [(3, 1), (2, 7), (1, 5)])
+def test_apply_rotary_pos_emb_keeps_eager_strides(attention, device, B, S):
+    """q/k as transformers makes them (projection output viewed [B, S, H, D] and transposed), at decode (S = 1)
+    and prefill: the outputs have eager's strides as well as its bits (a KV cache and SDPA after the swap
+    then see the eager layout; round B on the H200: contiguous outputs changed SmolLM2's batch-64 decode)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    torch.manual_seed(12)
+    q = rand(B, S, 5 * 16, dtype=torch.float32, device=device).view(B, S, 5, 16).transpose(1, 2)
+    k = rand(B, S, 3 * 16, dtype=torch.float32, device=device).view(B, S, 3, 16).transpose(1, 2)
+    cos, sin = rand(B, S, 16, dtype=torch.float32, device=device), rand(B, S, 16, dtype=torch.float32, device=device)
+    for layout in ("hf", "contiguous", "bshd"):
+        qq, kk, dim = {"hf": (q, k, 1), "contiguous": (q.contiguous(), k.contiguous(), 1),
+                       "bshd": (q.transpose(1, 2), k.transpose(1, 2), 2)}[layout]
+        got = attention.apply_rotary_pos_emb(qq, kk, cos, sin, unsqueeze_dim=dim)
+        want = apply_rotary_pos_emb(qq, kk, cos, sin, unsqueeze_dim=dim)
+        for g, w in zip(got, want):
+            assert g.stride() == w.stride() and torch.equal(g, w), (layout, g.stride(), w.stride())
+    empty = q[:0]
+    got = attention.apply_rotary_pos_emb(empty, k[:0], cos[:0], sin[:0])
+    assert got[0].shape == empty.shape and got[0].stride() == apply_rotary_pos_emb(empty, k[:0], cos[:0], sin[:0])[0].stride()
+
+
 def test_case11_rope_with_one_kv_head(attention, device):
     """Case 11: k (1, 1, 2, 128), q (1, 2, 2, 128): rotated k is right and the inputs are neither modified nor aliased."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb

@@ -65,7 +65,6 @@ def _act_fwd_kernel(
     M,  # rows: the product of the leading sizes
     D1, D2,  # sizes of leading dims 1 and 2 (dim 0 spans the rest); 1 when unused (constants then)
     N,  # columns per row (d)
-    column_blocks,  # programs per tile row: cdiv(N, BLOCK_N)
     stride_x0, stride_x1, stride_x2, stride_xn,  # elements x moves per leading index / per column
     stride_y0, stride_y1, stride_y2, stride_yn,  # the same for y
     threshold,  # fatrelu threshold (fp32)
@@ -76,11 +75,9 @@ def _act_fwd_kernel(
     ROWS: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # columns per program
 ):
-    # One program per tile of ROWS x BLOCK_N, tiles in row-major order. Reads the tile of g (and u),
-    # writes the tile of y.
-    pid = tl.program_id(0)
-    rows = (pid // column_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    offs = (pid % column_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # One program per tile of ROWS x BLOCK_N. Reads the tile of g (and u), writes the tile of y.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (offs < N)[None, :]
     cols = offs.to(tl.int64)
     x_off = _tile_offsets(rows, cols, D1, D2, stride_x0, stride_x1, stride_x2, stride_xn)
@@ -99,7 +96,7 @@ def _act_bwd_kernel(
     dy_ptr,  # upstream gradient, any strides (0 for expanded)
     g_ptr, u_ptr,  # as in the forward
     dg_ptr, du_ptr,  # gradient of g and of u (du_ptr None when plain); x's dtype
-    M, D1, D2, N, column_blocks,
+    M, D1, D2, N,
     stride_dy0, stride_dy1, stride_dy2, stride_dyn,
     stride_x0, stride_x1, stride_x2, stride_xn,
     stride_dx0, stride_dx1, stride_dx2, stride_dxn,
@@ -107,9 +104,8 @@ def _act_bwd_kernel(
     ACT: tl.constexpr, R: tl.constexpr, LIBDEVICE: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Reads dy and x, writes dx: 3 (plain) or 5 (gated) tiles per program.
-    pid = tl.program_id(0)
-    rows = (pid // column_blocks).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    offs = (pid % column_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (offs < N)[None, :]
     cols = offs.to(tl.int64)
     dy_off = _tile_offsets(rows, cols, D1, D2, stride_dy0, stride_dy1, stride_dy2, stride_dyn)
@@ -177,8 +173,8 @@ def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int
                       BWD_TILE_BYTES if kernel is _act_bwd_kernel else TILE_BYTES, not is_interpreter(kernel))
     R = rounding_dtype(x, eager)
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
-    scalars = (M, sizes[1], sizes[2], d, cfg.column_blocks, *stride_args, threshold, int(pow_rounds_square(x)))
-    return ((cfg.row_blocks * cfg.column_blocks,), scalars, launch_spec(scalars),
+    scalars = (M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)))
+    return ((cfg.row_blocks, cfg.column_blocks), scalars, launch_spec(scalars),
             meta_items(ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
                        BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel)))
 

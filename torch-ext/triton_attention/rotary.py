@@ -16,7 +16,9 @@ Backward (the transpose of the rotation), in fp32 and rounded once:
 we serve); a cos/sin that requires grad is refused.
 
 Addressing: x, cos, sin (expanded to x's shape: stride 0 where broadcast) and the output are
-read/written through up to 4 dims of strides (64-bit offsets); nothing is copied.
+read/written through up to 4 dims of strides (64-bit offsets); nothing is copied. The output has the
+strides of the eager expression (computed once per layout on the meta device), so the tensors that
+follow (KV caches, SDPA) see the layout they see in the eager model.
 """
 
 from __future__ import annotations
@@ -103,34 +105,56 @@ def _strides(t: Tensor) -> Tuple[int, int, int, int]:
     return tuple(t.stride(i) if t.shape[i] > 1 else 0 for i in range(4))
 
 
+def _eager_layout(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """An empty tensor of the shape, dtype and strides eager PyTorch gives ``x * cos + rotate_half(x) * sin``.
+
+    The strides follow TensorIterator's layout rule (the output takes the memory order of the
+    operands); consumers such as SDPA can choose other kernels for other strides, so matching them
+    keeps a swapped model's later results bit-identical too. Works on meta and fake tensors.
+    """
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
+
+
+def _meta(t: Tensor) -> Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
 def _rope_launch(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, fp32_math: bool, inverse: bool,
                  out_dtype: torch.dtype) -> Tensor:
-    if x.is_contiguous():
-        out = torch.empty_like(x, dtype=out_dtype)  # contiguous; half the host time of torch.empty(shape, ...)
-    else:
-        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    if x.numel() == 0:
-        return out
     # everything but the pointers follows from shapes, strides, dtypes and flags: one plan per layout
     key = (x.shape, x.stride(), cos.shape, cos.stride(), sin.shape, sin.stride(), x.dtype, out_dtype, x.device,
            interleaved, fp32_math, inverse)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _rope_plan(x, cos, sin, out, interleaved, fp32_math, inverse)
+        plan = _rope_plan(x, cos, sin, out_dtype, interleaved, fp32_math, inverse)
         if len(_PLANS) < 4096:
             _PLANS[key] = plan
-    grid, scalars, scalars_spec, meta = plan
-    # the 4-d views of _rope_plan start at the same addresses: the tensors themselves are the pointers
-    launch(_rope_kernel, grid, (x, cos, sin, out), meta, x.device, scalars, scalars_spec)
+    out_strides, launch_plan = plan
+    if out_strides is None:  # x's own layout
+        out = torch.empty_like(x, dtype=out_dtype)  # half the host time of torch.empty_strided
+    else:
+        out = torch.empty_strided(x.shape, out_strides, dtype=out_dtype, device=x.device)
+    if launch_plan is not None:
+        grid, scalars, scalars_spec, meta = launch_plan
+        # the 4-d views of _rope_plan start at the same addresses: the tensors themselves are the pointers
+        launch(_rope_kernel, grid, (x, cos, sin, out), meta, x.device, scalars, scalars_spec)
     return out
 
 
 _PLANS: dict = {}
 
 
-def _rope_plan(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool, fp32_math: bool, inverse: bool):
-    """(grid, scalar arguments, their specialisation, meta) of one launch."""
+def _rope_plan(x: Tensor, cos: Tensor, sin: Tensor, out_dtype: torch.dtype, interleaved: bool, fp32_math: bool,
+               inverse: bool):
+    """(output strides or None for x's own, (grid, scalar arguments, their specialisation, meta) or None
+    when x is empty) of one call."""
+    strides = _eager_layout(_meta(x), _meta(cos), _meta(sin)).stride()
+    like_x = x.is_contiguous() and strides == x.stride()  # then torch.empty_like(x) gives these strides
+    if x.numel() == 0:
+        return (None if like_x else strides), None
     check_launch_device(x, _rope_kernel)
+    out = torch.empty_strided(x.shape, strides, dtype=out_dtype, device="meta")
     x4, o4 = _as4(x), _as4(out)
     c4, s4 = _as4(cos).expand(x4.shape), _as4(sin).expand(x4.shape)
     R0, R1, R2, D = x4.shape
@@ -143,7 +167,7 @@ def _rope_plan(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bo
     meta = meta_items(D=D, INTERLEAVED=interleaved, ROUND_EACH=not fp32_math and not inverse, INVERSE=inverse,
                       BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, **({} if interp else {"num_warps": 4}),
                       **launch_options(_rope_kernel))
-    return (triton.cdiv(n_rows, BLOCK_R),), scalars, launch_spec(scalars), meta
+    return (None if like_x else strides), ((triton.cdiv(n_rows, BLOCK_R),), scalars, launch_spec(scalars), meta)
 
 
 def _rope_impl(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, fp32_math: bool) -> Tensor:
@@ -157,7 +181,7 @@ _rope = torch.library.custom_op(add_op_namespace_prefix("rotary"), _rope_impl, m
 @_rope.register_fake
 def _(x, cos, sin, interleaved, fp32_math):
     out_dtype = x.dtype if fp32_math else torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
-    return x.new_empty(x.shape, dtype=out_dtype)
+    return torch.empty_strided(x.shape, _eager_layout(x, cos, sin).stride(), dtype=out_dtype, device=x.device)
 
 
 @torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())
@@ -167,7 +191,7 @@ def _rope_bwd(dy: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, dx_dtype:
 
 @_rope_bwd.register_fake
 def _(dy, cos, sin, interleaved, dx_dtype):
-    return dy.new_empty(dy.shape, dtype=dx_dtype)
+    return torch.empty_strided(dy.shape, _eager_layout(dy, cos, sin).stride(), dtype=dx_dtype, device=dy.device)
 
 
 def _setup(ctx, inputs, output):
@@ -228,8 +252,9 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
             and the sum to the promoted dtype of (x, cos, sin), as the eager transformers expression.
 
     Returns:
-        A new contiguous tensor of x's shape (never a view of x); dtype: x's with ``fp32_math``, else the
-        promoted dtype. Differentiable in x.
+        A new tensor of x's shape (never a view of x) with the strides eager PyTorch gives
+        ``x * cos + rotate_half(x) * sin`` (x's memory order, as TensorIterator picks it); dtype: x's
+        with ``fp32_math``, else the promoted dtype. Differentiable in x.
 
     Raises:
         TypeError: unsupported dtypes or non-tensors. ValueError: odd D, more than 4 dims, cos/sin that
