@@ -169,9 +169,10 @@ class TeamConfig:
 
 # Team path per kernel kind: rows of at least ``min_row_bytes`` of input go to a team of
 # ceil(row bytes / chunk_bytes) programs with ``num_warps`` warps each; None: never (looped path).
-# Off by default: on the H200 (2026-11-30) the team softmax's bf16 output was close to but not bit-identical
-# with torch's (tests/test_softmax.py::test_team_spinning_path_on_gpu), and no team kernel is timed yet.
-# TEAM_CANDIDATE is the setting to measure and to restore once exact.
+# Off by default. On the H200 (2026-11-30, benchmarks/results/softmax_team_roundB_2026-11-30.md) the team
+# softmax's bf16 output was close to torch's but not bit-identical (tests/test_softmax.py::
+# test_team_spinning_path_on_gpu), and teams were 8-33% slower than one program per row when rows are many,
+# 1.26-1.65x faster for a few wide rows (64 x 262144 and fewer). TEAM_CANDIDATE is the setting measured there.
 TEAM_CANDIDATE: dict = {"min_row_bytes": 32769, "chunk_bytes": 16384, "num_warps": 8}
 TEAM_TUNED: dict = {"softmax": None, "softmax_bwd": None, "cross_entropy": None}
 # Teams on CPU tensors (the interpreter runs a team as two launches, publish then write). Off by default
