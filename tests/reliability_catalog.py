@@ -19,7 +19,7 @@ module of its own tests (or here) with its fixture name and two sample builders.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch

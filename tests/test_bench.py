@@ -15,7 +15,7 @@ import tomllib
 import pytest
 import torch
 
-from triton_collection import bench, bench_ops, e2e
+from triton_collection import bench, e2e
 from triton_collection.bench_ops import REGISTRY, OpSpec, Workload, bytes_moved, resolve_packages, specs_for
 
 from .conftest import ROOT

@@ -18,7 +18,6 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MANTISSA = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
