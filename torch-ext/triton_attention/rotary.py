@@ -38,6 +38,26 @@ from ._rounding import round_to
 
 Tensor = torch.Tensor
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# elements per program (rows x D): small tiles ran fastest on the H200 (512: 4 rows of 128)
+ROPE_TILE = 512
+
+
+@triton.jit
+def _pair_offsets(BLOCK_H: tl.constexpr, D: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """[1, BLOCK_H, 2] element indices of the pairs (first, second) of a row: (2j, 2j + 1) or (j, j + D/2)."""
+    j = tl.arange(0, BLOCK_H)[None, :, None]
+    t = tl.arange(0, 2)[None, None, :]
+    if INTERLEAVED:
+        return 2 * j + t, (j < D // 2) & (t < 2)
+    else:
+        return j + t * (D // 2), (j < D // 2) & (t < 2)
+
+
+@triton.jit
+def _load_pairs(ptr, base, offs, stride, mask):
+    """(first, second) elements of each pair, [BLOCK_R, BLOCK_H] fp32 each (one vector load of the row)."""
+    v = tl.load(ptr + base[:, None, None] + offs * stride, mask=mask, other=0.0).to(tl.float32)
+    return tl.split(v)
 
 
 @triton.jit
@@ -52,47 +72,48 @@ def _rope_kernel(
     INTERLEAVED: tl.constexpr,  # pairs (2j, 2j+1) instead of (j, j + D/2)
     ROUND_EACH: tl.constexpr,  # round each product and the sum to the output dtype (eager transformers order)
     INVERSE: tl.constexpr,  # the transpose (backward)
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROWS64: tl.constexpr,  # row indices need 64 bits (n_rows + BLOCK_R > 2^31 - 1)
+    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    # One program per BLOCK_R rows of D elements. Bytes: read x (twice, cached), cos, sin; write out.
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+    # One program per BLOCK_R rows of D elements; each row is read once as [D/2, 2] pairs (first, second)
+    # and split, so every load is a vector load. Bytes: read x, cos, sin; write out.
+    # H200 (Flux q, 56.6 MB): 4 rows x 128 per program, 2 warps: 19 us (2954 GB/s); 32 rows per program
+    # with a second gather load of the partners: 79 us. The row split divides in 32 bits where it can.
+    if ROWS64:
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+    else:
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
     i2 = rows % R2
     rest = rows // R2
-    i1 = rest % R1
-    i0 = rest // R1
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
-    if INTERLEAVED:
-        p = d ^ 1
-        first = (d % 2) == 0
-    else:
-        HALF: tl.constexpr = D // 2
-        p = tl.where(d < HALF, d + HALF, d - HALF)
-        first = d < HALF
-    ok = row_ok[:, None] & d_ok[None, :]
-    xb = (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None]
-    cb = (i0 * sc0 + i1 * sc1 + i2 * sc2)[:, None]
-    sb = (i0 * ss0 + i1 * ss1 + i2 * ss2)[:, None]
-    x = tl.load(X + xb + d[None, :] * sxd, mask=ok, other=0.0).to(tl.float32)
-    xp = tl.load(X + xb + p[None, :] * sxd, mask=ok, other=0.0).to(tl.float32)
+    i1 = (rest % R1).to(tl.int64)
+    i0 = (rest // R1).to(tl.int64)
+    i2 = i2.to(tl.int64)
+    offs, pair_ok = _pair_offsets(BLOCK_H, D, INTERLEAVED)
+    ok = row_ok[:, None, None] & pair_ok
+    xa, xb = _load_pairs(X, i0 * sx0 + i1 * sx1 + i2 * sx2, offs, sxd, ok)
+    ca, cb = _load_pairs(C, i0 * sc0 + i1 * sc1 + i2 * sc2, offs, scd, ok)
+    sa, sb = _load_pairs(S, i0 * ss0 + i1 * ss1 + i2 * ss2, offs, ssd, ok)
     OUT: tl.constexpr = O.dtype.element_ty
     if INVERSE:
-        c = tl.load(C + cb + d[None, :] * scd, mask=ok, other=0.0).to(tl.float32)
-        sp = tl.load(S + sb + p[None, :] * ssd, mask=ok, other=0.0).to(tl.float32)
-        y = x * c + tl.where(first[None, :], xp * sp, -(xp * sp))
+        # dx[d] = dy[d] cos[d] - sign(d) dy[p(d)] sin[p(d)], sign = -1 for the first of a pair
+        ya = xa * ca + xb * sb
+        yb = xb * cb - xa * sa
     else:
-        c = tl.load(C + cb + d[None, :] * scd, mask=ok, other=0.0).to(tl.float32)
-        s = tl.load(S + sb + d[None, :] * ssd, mask=ok, other=0.0).to(tl.float32)
-        a = x * c
-        b = xp * s
+        # out[d] = x[d] cos[d] + sign(d) x[p(d)] sin[d]
+        a1 = xa * ca
+        b1 = xb * sa
+        a2 = xb * cb
+        b2 = xa * sb
         if ROUND_EACH:
-            a = round_to(a, OUT)
-            b = round_to(b, OUT)
-        y = tl.where(first[None, :], a - b, a + b)
-    y = round_to(y, OUT)
-    ob = (i0 * so0 + i1 * so1 + i2 * so2)[:, None]
-    tl.store(O + ob + d[None, :] * sod, y.to(OUT), mask=ok)
+            a1 = round_to(a1, OUT)
+            b1 = round_to(b1, OUT)
+            a2 = round_to(a2, OUT)
+            b2 = round_to(b2, OUT)
+        ya = a1 - b1
+        yb = a2 + b2
+    y = round_to(tl.join(ya, yb), OUT)
+    tl.store(O + (i0 * so0 + i1 * so1 + i2 * so2)[:, None, None] + offs * sod, y.to(OUT), mask=ok)
 
 
 def _as4(t: Tensor) -> Tensor:
@@ -159,13 +180,14 @@ def _rope_plan(x: Tensor, cos: Tensor, sin: Tensor, out_dtype: torch.dtype, inte
     c4, s4 = _as4(cos).expand(x4.shape), _as4(sin).expand(x4.shape)
     R0, R1, R2, D = x4.shape
     n_rows = R0 * R1 * R2
-    BLOCK_D = triton.next_power_of_2(D)
-    BLOCK_R = max(1, min(64, 4096 // BLOCK_D))
+    BLOCK_H = triton.next_power_of_2(D // 2)
+    BLOCK_R = max(1, min(64, ROPE_TILE // (2 * BLOCK_H)))
     interp = is_interpreter(_rope_kernel)
     scalars = (n_rows, R1, R2, *_strides(x4)[:3], x4.stride(3), *_strides(c4)[:3], c4.stride(3),
                *_strides(s4)[:3], s4.stride(3), *o4.stride())
     meta = meta_items(D=D, INTERLEAVED=interleaved, ROUND_EACH=not fp32_math and not inverse, INVERSE=inverse,
-                      BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, **({} if interp else {"num_warps": 4}),
+                      ROWS64=n_rows + BLOCK_R > 2**31 - 1, BLOCK_R=BLOCK_R, BLOCK_H=BLOCK_H,
+                      **({} if interp else {"num_warps": 2 if 2 * BLOCK_H <= 1024 else 4}),
                       **launch_options(_rope_kernel))
     return (None if like_x else strides), ((triton.cdiv(n_rows, BLOCK_R),), scalars, launch_spec(scalars), meta)
 
