@@ -16,9 +16,11 @@ f32 = np.float32
 try:  # exact fp32 fma (one rounding), as the interpreter of recent triton has it
     from triton._C.libtriton import interpreter as _interp
 
+    _fma_fp32 = _interp.fma_fp32  # absent from builds without the interpreter helpers: the fallback below
+
     def fma(a, b, c):
         a, b, c = np.broadcast_arrays(f32(a), f32(b), f32(c))
-        return _interp.fma_fp32(np.ascontiguousarray(a), np.ascontiguousarray(b), np.ascontiguousarray(c))
+        return _fma_fp32(np.ascontiguousarray(a), np.ascontiguousarray(b), np.ascontiguousarray(c))
 except Exception:  # noqa: BLE001 - float64 product + sum, then one more rounding (wrong only on rare ties)
     def fma(a, b, c):
         return (np.float64(a) * np.float64(b) + np.float64(c)).astype(f32)
