@@ -1,4 +1,8 @@
-"""Hub layers for ``kernels.kernelize``: drop-in forwards, exact to the PyTorch modules they replace.
+"""Hub layers for ``kernels.kernelize``: drop-in forwards for the PyTorch modules they replace.
+
+Not bit-exact: the row sum and ``exp`` differ from torch's CUDA kernels in order and in the last bits.
+Measured on an H200 (randn * 3 input): 99.99% of bf16/fp16 softmax outputs equal
+``torch.softmax``'s, the rest one ulp apart; fp32 outputs within 17 ulp.
 
 Each class is stateless (no ``__init__``, no methods besides ``forward``) and reads the
 replaced module's own attributes.
