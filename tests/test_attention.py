@@ -369,6 +369,29 @@ def test_rotary_backward(attention, device, interleaved):
     assert_close(gx, gx64, 1e-6)
 
 
+@pytest.mark.parametrize("D", [6, 80, 96])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_head_dims_not_powers_of_two(attention, device, D, interleaved):
+    """Head dims whose half is not a power of 2 (masked pair tiles): forward and backward against the fp64
+    formula, odd row counts and a transposed [B, H, S, D] view of x (strided rows)."""
+    torch.manual_seed(D + interleaved)
+    x = rand(3, 7, 5, D, device=device).transpose(1, 2).requires_grad_(True)  # [3, 5, 7, D] view
+    cos, sin = rand(1, 1, 7, D, device=device), rand(1, 1, 7, D, device=device)
+    out = torch.full((3, 5, 7, D), float("nan"), device=device)
+    out.copy_(attention.rotary_embedding(x, cos, sin, interleaved=interleaved, fp32_math=True))
+    x64 = x.detach().double().requires_grad_(True)
+    if interleaved:
+        rot = torch.stack([-x64[..., 1::2], x64[..., 0::2]], -1).flatten(-2)
+    else:
+        rot = torch.cat([-x64[..., D // 2:], x64[..., :D // 2]], -1)
+    y64 = x64 * cos.double() + rot * sin.double()
+    assert_close(out, y64, 1e-6, "forward")
+    y = attention.rotary_embedding(x, cos, sin, interleaved=interleaved, fp32_math=True)
+    g = torch.randn_like(y)
+    (gx,), (gx64,) = torch.autograd.grad(y, x, g), torch.autograd.grad(y64, x64, g.double())
+    assert_close(gx, gx64, 1e-6, "backward")
+
+
 def test_rotary_errors(attention, device):
     x = rand(1, 2, 3, 8, device=device)
     c = rand(3, 8, device=device)

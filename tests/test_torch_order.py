@@ -79,3 +79,28 @@ def test_torch_order_argument(norms, device):
         y = norms.rms_norm(x, torch_order=order)
         ref64 = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
         torch.testing.assert_close(y.double(), ref64, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("N", [8, 64, 100, 256])
+@pytest.mark.parametrize("order", ["mean", "fused"])
+def test_narrow_rows_share_a_program_without_changing_bits(norms, device, N, order):
+    """Narrow rows run several per program on a GPU (``_exact._tiles``); the result is the same bits as one row
+    per program, for RMSNorm in both torch orders and for LayerNorm."""
+    ex = norms._exact
+    order_id = ex.ORDER_MEAN if order == "mean" else ex.ORDER_FUSED
+    rows, _, loop, _ = ex._tiles(N, 4, 1, None, None, 4 * 32 if order == "mean" else 512)
+    assert not loop and rows > 1  # the GPU rule groups these rows
+    torch.manual_seed(N)
+    M = 37
+    x = torch.randn(M, N, device=device) * 2 + 0.25
+    w = torch.randn(N, device=device)
+    outs = []
+    for r in (1, 8, 64):
+        y = torch.full_like(x, float("nan"))
+        ex.rms_exact_forward(x, M, N, w, None, y, None, 1e-6, 0.0, None, order_id, x, rows=r)
+        yl = torch.full_like(x, float("nan"))
+        ex.ln_exact_forward(x, w, w, yl, None, None, 1e-5, x, rows=r)
+        outs.append((y, yl))
+    for y, yl in outs[1:]:
+        assert torch.equal(y, outs[0][0]) and torch.equal(yl, outs[0][1])
+    assert torch.isfinite(outs[0][0]).all() and torch.isfinite(outs[0][1]).all()
