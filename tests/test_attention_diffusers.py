@@ -209,3 +209,36 @@ def test_modulate_swap_keeps_eager_rounding_in_bf16(norms, installed, device):
     # on the H200 against torch's CUDA LayerNorm; all within 2 ulps
     assert (y == r).float().mean().item() > (0.97 if device == "cpu" else 0.7)
     assert ((y - r).abs() <= 2 * torch.finfo(torch.bfloat16).eps * r.abs().clamp_min(1.0)).all()
+
+
+def test_kernelize_wan_blocks_fuse_the_inline_norm_chains(norms, installed, device):
+    """blocks=True: each Wan block runs norm1 / norm2 / norm3 through norm_modulate (3 calls per block) and the
+    output stays the eager block's; blocks default to off; a per-token temb (4-D) takes the block's own forward."""
+    import copy
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    model, inputs, _, ref = eager_reference(tiny_wan, device, seed=6)
+    plain = copy.deepcopy(model)
+    calls = []
+    spy = type("SpyNorms", (), {"norm_modulate": counted(calls, norms.norm_modulate)})
+    with pytest.raises(ValueError, match="nothing to swap"):  # blocks are opt-in
+        kernelize(model, attention=False, norms=False, modulate=False, feed_forward=False, device=device)
+    report = kernelize(model, attention=False, norms=False, modulate=False, feed_forward=False, blocks=True,
+                       device=device, norms_kernel=spy)
+    assert sorted(report.modules.values()) == ["TritonWanTransformerBlock"] * len(model.blocks), report.summary()
+    with torch.no_grad():
+        out = model(**inputs)[0]
+    assert calls.count("norm_modulate") == 3 * len(model.blocks), calls
+    err = (out - ref).abs().max().item()
+    assert err <= fp32_tol(device) * max(ref.abs().max().item(), 1.0), err
+    block, eager_block = model.blocks[0], plain.blocks[0]
+    torch.manual_seed(7)
+    B, S, N = 1, 5, block.norm1.normalized_shape[0]
+    x, ctx = torch.randn(B, S, N, device=device), torch.randn(B, 3, N, device=device)
+    temb4 = torch.randn(B, S, 6, N, device=device)
+    calls.clear()
+    with torch.no_grad():
+        got = block(x, ctx, temb4, None)
+        want = eager_block(x, ctx, temb4, None)
+    assert not calls and torch.equal(got, want)

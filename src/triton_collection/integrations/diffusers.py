@@ -38,11 +38,12 @@ adaLN (``modulate=True``): diffusers' ``AdaLayerNormZero``, ``AdaLayerNormZeroSi
 ``AdaLayerNormContinuous`` modules (Flux, SD3/SD3.5 norm1/norm1_context/norm_out) compute
 ``norm(x) * (1 + scale) + shift`` with triton-norms ``norm_modulate`` (one kernel instead of a
 LayerNorm and three elementwise passes); the modulations that models write inline in their block
-forwards (Flux/SD3 ``norm2``, all of Wan's) are left alone. Feed-forward (``feed_forward=True``):
-diffusers ``GELU`` / ``GEGLU`` projections (Flux, SD3, Wan ``FeedForward``) run as one triton-matmul
-launch with the bias and the activation fused into the store. Both swap the module's class for a
-subclass with our forward (parameters, state dict and other instances untouched); a call the
-kernels cannot take (other ranks, mixed dtypes) falls back to the original forward.
+forwards (Flux/SD3 ``norm2``) are left alone, except Wan's with ``blocks=True`` (opt-in until timed on a
+GPU: the block's forward with its three norm chains in ``norm_modulate``). Feed-forward
+(``feed_forward=True``): diffusers ``GELU`` / ``GEGLU`` projections (Flux, SD3, Wan ``FeedForward``) run
+as one triton-matmul launch with the bias and the activation fused into the store. All three swap the
+module's class for a subclass with our forward (parameters, state dict and other instances untouched);
+a call the kernels cannot take (other ranks, mixed dtypes) falls back to the original forward.
 
 Numerics: RoPE as diffusers computes it (fp32, one rounding); attention equals SDPA within bf16 tolerance (fp32 accumulation), so one
 denoising step of the kernelized transformer stays within bf16 tolerance of the original.
@@ -293,6 +294,33 @@ def _geglu_forward(base):
     return forward
 
 
+def _wan_block_forward(base):
+    """``WanTransformerBlock.forward`` with its inline norm chains in triton-norms ``norm_modulate``: norm1 and norm3
+    (``norm(x.float()) * (1 + scale) + shift``, then ``.type_as(x)``) and an affine norm2 (``norm2(x.float())``),
+    each one kernel, fp32 inside and rounded once, where eager runs four to five passes over fp32 copies. The
+    attention, the feed-forward and the gated residuals stay the block's own (with their own swaps)."""
+    def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
+        x = hidden_states
+        if temb.dim() != 3 or temb.shape[0] != x.shape[0] or not _modulate_ok(self, x):
+            return base.forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)  # e.g. Wan2.2 ti2v
+        norm_modulate = type(self)._triton_kernel.norm_modulate
+        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (
+            self.scale_shift_table + temb.float()).chunk(6, dim=1)
+        n1, n2, n3 = self.norm1, self.norm2, self.norm3
+        h = norm_modulate(x, scale_msa, shift_msa, n1.weight, n1.bias, n1.eps, out_dtype=x.dtype)
+        x = (x.float() + self.attn1(h, None, None, rotary_emb) * gate_msa).type_as(x)
+        if isinstance(n2, torch.nn.LayerNorm):  # norm2(x) * (1 + 0) + 0: the affine LayerNorm alone
+            zero = torch.zeros(x.shape[-1], device=x.device, dtype=torch.float32)
+            h = norm_modulate(x, zero, zero, n2.weight, n2.bias, n2.eps, out_dtype=x.dtype)
+        else:  # nn.Identity without cross-attention norm
+            h = n2(x.float()).type_as(x)
+        x = x + self.attn2(h, encoder_hidden_states, None, None)
+        h = norm_modulate(x, c_scale_msa, c_shift_msa, n3.weight, n3.bias, n3.eps, out_dtype=x.dtype)
+        return (x.float() + self.ffn(h).float() * c_gate_msa).type_as(x)
+
+    return forward
+
+
 _SWAP_CLASSES: dict = {}
 
 
@@ -310,9 +338,15 @@ def _swap_forward(module: torch.nn.Module, make_forward, kernel: ModuleType) -> 
     return cls.__name__
 
 
-def _swap_all(targets: list, kernel: Optional[ModuleType], report) -> None:
+def _swap_all(targets: list, kernel: Optional[ModuleType], package: str, hub: dict, report) -> Optional[ModuleType]:
+    """Swaps the forwards of ``targets`` ((name, module, factory or None if swapped before)) to ``kernel``,
+    loaded as ``<org>/<package>`` first when it is None and something is to be swapped; returns the kernel."""
+    if kernel is None and any(make is not None for _, _, make in targets):
+        kernel = kernels.get_kernel(f"{hub['org']}/{package}", version=hub["version"],
+                                    trust_remote_code=hub["trust_remote_code"])
     for name, mod, make in targets:
         report.modules[name] = type(mod).__name__ if make is None else _swap_forward(mod, make, kernel)
+    return kernel
 
 
 def _ada_targets(model: torch.nn.Module, report) -> list:
@@ -334,6 +368,25 @@ def _ada_targets(model: torch.nn.Module, report) -> list:
             report.refused[name] = f"{type(mod).__name__} with a {type(norm).__name__} norm (only LayerNorm is fused)"
             continue
         out.append((name, mod, make))
+    return out
+
+
+def _block_targets(model: torch.nn.Module, report) -> list:
+    """(name, module, forward factory) of every Wan transformer block whose norm1 / norm3 are LayerNorms."""
+    try:
+        from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+    except ImportError:  # a diffusers without Wan
+        return []
+    kinds = {WanTransformerBlock: _wan_block_forward}
+    out = []
+    for name, mod in model.named_modules():
+        if _already_swapped(mod, kinds):
+            out.append((name, mod, None))
+        elif type(mod) is WanTransformerBlock:
+            if all(isinstance(n, torch.nn.LayerNorm) and len(n.normalized_shape) == 1 for n in (mod.norm1, mod.norm3)):
+                out.append((name, mod, _wan_block_forward))
+            else:
+                report.refused[name] = "WanTransformerBlock whose norm1/norm3 are not LayerNorms over the last dim"
     return out
 
 
@@ -362,8 +415,9 @@ class DiffusersKernelizeReport:
         processors: attention module name -> our processor class name, for every swapped processor.
         refused: attention module name (or ``"norms"``) -> why it was left alone.
         norms: module name -> Hub layer name for the norm modules swapped (``norms=True``).
-        modules: module name -> new class name for the adaLN modules (``modulate=True``) and the
-            GELU/GEGLU projections (``feed_forward=True``) whose forward now runs our kernels.
+        modules: module name -> new class name for the adaLN modules (``modulate=True``), the
+            GELU/GEGLU projections (``feed_forward=True``) and the Wan blocks (``blocks=True``) whose
+            forward now runs our kernels.
     """
 
     model: str
@@ -404,7 +458,7 @@ def _transformer(pipe_or_model) -> torch.nn.Module:
 
 
 def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = True, norms: bool = True,
-              modulate: bool = True, feed_forward: bool = True,
+              modulate: bool = True, feed_forward: bool = True, blocks: bool = False,
               attention_backend: str = "sdpa", norm_families: Optional[tuple] = None,
               device: Optional[str] = None, org: str = DEFAULT_ORG,
               version: int = 1, trust_remote_code: bool = False,
@@ -425,11 +479,14 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
             in one kernel, rounded where the eager chain rounds (loads ``<org>/triton-norms``).
         feed_forward: route diffusers ``GELU`` / ``GEGLU`` (``proj`` + activation) through triton-matmul's
             fused bias + GELU / GEGLU epilogue (loads ``<org>/triton-matmul``).
+        blocks: opt-in, not yet timed on a GPU: Wan transformer blocks run their inline norm + modulate chains
+            (norm1, norm3, the affine norm2) through ``norm_modulate`` (loads ``<org>/triton-norms``); a
+            per-token ``temb`` (Wan2.2 ti2v) takes the block's own forward.
         attention_backend: ``"sdpa"`` (default: PyTorch's SDPA for the attention product; the processors still
             do RoPE in one Triton pass per tensor) or ``"triton"`` (triton-attention's ``flash_attention``). On
             the H200, SDPA's cuDNN backend is faster than our kernel (~630 vs ~500 TFLOP/s), and one step with
-            "sdpa" / "triton" against eager was Flux 1.14x / 1.06x, Wan2.1-1.3B 1.05x / 0.91x, SD3.5 0.99x /
-            0.96x (benchmarks/results/attention_2026-11-30.md).
+            every default swap and "sdpa" / "triton" against eager was SD3.5 1.31x / 1.26x, Flux 1.22x /
+            1.18x, Wan2.1-1.3B 1.07x / 1.01x (benchmarks/results/diffusers_step_2026-12-01.md).
         device, org, version, trust_remote_code: where the packages come from, as in :mod:`.transformers`.
         kernel, norms_kernel, matmul_kernel: already loaded triton-attention / triton-norms / triton-matmul
             packages (else loaded by Hub name).
@@ -476,18 +533,13 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
                 report.refused[f"norms:{cls_name}"] = why
         except ValueError as err:
             report.refused["norms"] = str(err)
+    hub = dict(org=org, version=version, trust_remote_code=trust_remote_code)
     if modulate:
-        targets = _ada_targets(model, report)
-        if any(make is not None for _, _, make in targets):
-            norms_kernel = norms_kernel or kernels.get_kernel(f"{org}/triton-norms", version=version,
-                                                              trust_remote_code=trust_remote_code)
-        _swap_all(targets, norms_kernel, report)
+        norms_kernel = _swap_all(_ada_targets(model, report), norms_kernel, "triton-norms", hub, report)
+    if blocks:
+        norms_kernel = _swap_all(_block_targets(model, report), norms_kernel, "triton-norms", hub, report)
     if feed_forward:
-        targets = _ff_targets(model)
-        if any(make is not None for _, _, make in targets):
-            matmul_kernel = matmul_kernel or kernels.get_kernel(f"{org}/triton-matmul", version=version,
-                                                                trust_remote_code=trust_remote_code)
-        _swap_all(targets, matmul_kernel, report)
+        _swap_all(_ff_targets(model), matmul_kernel, "triton-matmul", hub, report)
     if not len(report):
         raise ValueError(f"kernelize: nothing to swap in {report.model}:\n{report.summary()}")
     log.info("%s", report.summary())
