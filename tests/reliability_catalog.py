@@ -115,6 +115,9 @@ def _norm_ops(pkg) -> List[OpSample]:
                  grad=(0, 1, 2, 3, 4)),
         OpSample("norm_modulate[rms,eager]", lambda x, sc, sh, w, b: pkg.norm_modulate(
             x, sc, sh, eps=1e-6, norm="rms", eager_rounding=True), x_sc_sh_w_b, grad=(0, 1, 2)),
+        OpSample("gated_residual", lambda x, r, w, b: pkg.gated_residual(x, r, w), x_r_w_b, grad=(0, 1, 2)),
+        OpSample("gated_residual[per-sample gate, fp32 out]", lambda x, sc, sh, w, b: pkg.gated_residual(
+            x, sc[:, None, :].expand(x.shape), sh, out_dtype=torch.float32), x_sc_sh_w_b, grad=(0, 1, 2)),
     ]
 
 

@@ -113,6 +113,21 @@ bad("norms", "rms_norm-cast_dtype-int", TypeError, ["cast_dtype"])(
 bad("norms", "rms_norm-out_dtype-fp8", TypeError, ["out_dtype"])(
     lambda p, d: p.rms_norm(r(2, N, device=d), out_dtype=FP8))
 
+bad("norms", "gated_residual-x-int", TypeError, ["x", "dtype"])(
+    lambda p, d: p.gated_residual(torch.ones(2, 3, N, dtype=INT, device=d), r(2, 3, N, device=d), r(N, device=d)))
+bad("norms", "gated_residual-x-2d", ValueError, ["x", "3-D"])(
+    lambda p, d: p.gated_residual(r(3, N, device=d), r(3, N, device=d), r(N, device=d)))
+bad("norms", "gated_residual-y-shape", ValueError, ["y", "shape"])(
+    lambda p, d: p.gated_residual(r(2, 3, N, device=d), r(2, 4, N, device=d), r(N, device=d)))
+bad("norms", "gated_residual-y-device", ValueError, ["y", "device"])(
+    lambda p, d: p.gated_residual(r(2, 3, N, device=d), r(2, 3, N, device=other_device(d)), r(N, device=d)))
+bad("norms", "gated_residual-gate-shape", ValueError, ["gate", "shape"])(
+    lambda p, d: p.gated_residual(r(2, 3, N, device=d), r(2, 3, N, device=d), r(2, 3, N, device=d)))
+bad("norms", "gated_residual-gate-fp64", TypeError, ["gate", "dtype"])(
+    lambda p, d: p.gated_residual(r(2, 3, N, device=d), r(2, 3, N, device=d), r(N, device=d, dtype=torch.float64)))
+bad("norms", "gated_residual-out_dtype-int", TypeError, ["out_dtype"])(
+    lambda p, d: p.gated_residual(r(2, 3, N, device=d), r(2, 3, N, device=d), r(N, device=d), out_dtype=torch.int32))
+
 # ----------------------------------------------------------------------------- activations
 GATED = ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul"]
 PLAIN = ["silu", "gelu", "gelu_tanh", "gelu_new", "gelu_fast", "gelu_quick"]

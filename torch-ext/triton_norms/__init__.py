@@ -1,4 +1,4 @@
-"""triton-norms: RMSNorm and LayerNorm (with fused residual add) in Triton.
+"""triton-norms: RMSNorm and LayerNorm (with fused residual add), adaLN modulation and gated residuals in Triton.
 
 Forward and backward for fp16/bf16/fp32 inputs with fp32 accumulation, any
 leading shape and any row width (rows wider than one block loop over the row).
@@ -13,6 +13,7 @@ On CPU tensors the kernels run under the Triton interpreter: set
 
 from . import layers
 from ._launch import LaunchConfig, pick_config
+from .gated_residual import gated_residual
 from .layer_norm import add_layer_norm, layer_norm
 from .modulate import norm_modulate
 from .rms_norm import add_rms_norm, rms_norm
@@ -21,6 +22,7 @@ __all__ = [
     "LaunchConfig",
     "add_layer_norm",
     "add_rms_norm",
+    "gated_residual",
     "layer_norm",
     "layers",
     "norm_modulate",

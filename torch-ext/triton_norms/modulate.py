@@ -42,6 +42,12 @@ MAX_N = 32768  # one row is held in registers
 
 
 @triton.jit
+def per_sample_row(ptr, b, stride_b, stride_n, offs, mask):
+    """Sample b's row of a per-sample, per-column tensor (scale, shift, gate), fp32, 0 past N."""
+    return tl.load(ptr + b * stride_b + offs * stride_n, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _modulate_fwd_kernel(X, SCALE, SHIFT, W, B_, Y, MEAN, RSTD,
                          S, N, sxb, sxs, scb, scn, shb, shn, eps,
                          RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, SAVE: tl.constexpr,
@@ -52,8 +58,8 @@ def _modulate_fwd_kernel(X, SCALE, SHIFT, W, B_, Y, MEAN, RSTD,
     b = tl.program_id(1).to(tl.int64)
     offs = tl.arange(0, BLOCK_N)
     mask = offs < N
-    scale = tl.load(SCALE + b * scb + offs * scn, mask=mask, other=0.0).to(tl.float32)
-    shift = tl.load(SHIFT + b * shb + offs * shn, mask=mask, other=0.0).to(tl.float32)
+    scale = per_sample_row(SCALE, b, scb, scn, offs, mask)
+    shift = per_sample_row(SHIFT, b, shb, shn, offs, mask)
     one_plus = round_to(1.0 + scale, ROUND_S)  # eager: (1 + scale) in scale's dtype
     if HAS_W:
         w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
@@ -95,7 +101,7 @@ def _modulate_bwd_kernel(DY, X, SCALE, W, B_, MEAN, RSTD, DX, DSC, DSH, DW, DB,
     b = tl.program_id(1).to(tl.int64)
     offs = tl.arange(0, BLOCK_N)
     mask = offs < N
-    one_plus = 1.0 + tl.load(SCALE + b * scb + offs * scn, mask=mask, other=0.0).to(tl.float32)
+    one_plus = 1.0 + per_sample_row(SCALE, b, scb, scn, offs, mask)
     if HAS_W:
         w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_B:
