@@ -9,7 +9,8 @@ row with an online logsumexp, without materialising the softmax and without host
 syncs (label smoothing, ignore_index, z-loss). Each op is a
 ``torch.library.custom_op`` with a fake implementation and an autograd formula, so
 it runs under ``torch.compile(fullgraph=True)``. ``layers`` holds the Hub layers
-(``Softmax``, ``CrossEntropyLoss``) exact to the PyTorch modules.
+(``Softmax``, ``CrossEntropyLoss``) for the PyTorch modules (close to them, not bit-exact:
+see ``layers.py``).
 
 On CPU tensors the kernels run under the Triton interpreter: set
 ``TRITON_INTERPRET=1`` before importing triton and this package.
