@@ -212,8 +212,8 @@ def test_modulate_swap_keeps_eager_rounding_in_bf16(norms, installed, device):
 
 
 def test_kernelize_wan_blocks_fuse_the_inline_norm_chains(norms, installed, device):
-    """blocks=True: each Wan block runs norm1 / norm2 / norm3 through norm_modulate and its two gated residuals
-    through gated_residual, and the output stays the eager block's; blocks default to off; a per-token temb (4-D)
+    """blocks=True: each Wan block runs norm1 / norm3 through norm_modulate, norm2 through layer_norm and its two
+    gated residuals through gated_residual, and the output stays the eager block's; blocks default to off; a per-token temb (4-D)
     takes the block's own forward."""
     import copy
 
@@ -223,7 +223,8 @@ def test_kernelize_wan_blocks_fuse_the_inline_norm_chains(norms, installed, devi
     plain = copy.deepcopy(model)
     calls = []
     spy = type("SpyNorms", (), {"norm_modulate": counted(calls, norms.norm_modulate),
-                                "gated_residual": counted(calls, norms.gated_residual)})
+                                "gated_residual": counted(calls, norms.gated_residual),
+                                "layer_norm": counted(calls, norms.layer_norm)})
     with pytest.raises(ValueError, match="nothing to swap"):  # blocks are opt-in
         kernelize(model, attention=False, norms=False, modulate=False, feed_forward=False, device=device)
     report = kernelize(model, attention=False, norms=False, modulate=False, feed_forward=False, blocks=True,
@@ -231,7 +232,8 @@ def test_kernelize_wan_blocks_fuse_the_inline_norm_chains(norms, installed, devi
     assert sorted(report.modules.values()) == ["TritonWanTransformerBlock"] * len(model.blocks), report.summary()
     with torch.no_grad():
         out = model(**inputs)[0]
-    assert calls.count("norm_modulate") == 3 * len(model.blocks), calls
+    assert calls.count("norm_modulate") == 2 * len(model.blocks), calls
+    assert calls.count("layer_norm") == len(model.blocks), calls
     assert calls.count("gated_residual") == 2 * len(model.blocks), calls
     err = (out - ref).abs().max().item()
     assert err <= fp32_tol(device) * max(ref.abs().max().item(), 1.0), err

@@ -84,11 +84,10 @@ def _rope_kernel(
     else:
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
-    i2 = rows % R2
+    i2 = (rows % R2).to(tl.int64)
     rest = rows // R2
     i1 = (rest % R1).to(tl.int64)
     i0 = (rest // R1).to(tl.int64)
-    i2 = i2.to(tl.int64)
     offs, pair_ok = _pair_offsets(BLOCK_H, D, INTERLEAVED)
     ok = row_ok[:, None, None] & pair_ok
     xa, xb = _load_pairs(X, i0 * sx0 + i1 * sx1 + i2 * sx2, offs, sxd, ok)

@@ -33,7 +33,7 @@ from ._device import check_launch_device, device_warp_size, is_interpreter, laun
 from ._dispatch import call_op, eager_autograd
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
-from .modulate import MAX_N, _check_vec, _meta, _vec2, per_sample_row
+from .modulate import MAX_N, _check_vec, _meta, _rows, _vec2, check_out_dtype, per_sample_row
 
 Tensor = torch.Tensor
 
@@ -56,22 +56,18 @@ def _gated_residual_kernel(X, Y, G, OUT, S, N, sxb, sxs, syb, sys_, sgb, sgn,
                      mask=offs < N)
 
 
-def _unit_columns(t: Tensor) -> Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()  # only column-strided inputs are copied (documented)
-
-
 def _gated_residual_impl(x: Tensor, y: Tensor, gate: Tensor, out_dtype: torch.dtype) -> Tensor:
     B, S, N = x.shape
     out = torch.empty((B, S, N), dtype=out_dtype, device=x.device)
     if out.numel() == 0:
         return out
     check_launch_device(x, _gated_residual_kernel)
-    x, y = _unit_columns(x), _unit_columns(y)
+    (x, sxb, sxs), (y, syb, sys_) = _rows(x), _rows(y)
     interp = is_interpreter(_gated_residual_kernel)
     block, warps, rows = _meta(N, x.element_size(), device_warp_size(x.device), interp)
     g, sgb, sgn = _vec2(gate, B, N)
     _gated_residual_kernel[(triton.cdiv(S, rows), B)](
-        x, y, g, out, S, N, x.stride(0), x.stride(1), y.stride(0), y.stride(1), sgb, sgn,
+        x, y, g, out, S, N, sxb, sxs, syb, sys_, sgb, sgn,
         ROWS=rows, BLOCK_N=block, **({} if interp else {"num_warps": warps}), **launch_options(_gated_residual_kernel),
     )
     return out
@@ -140,8 +136,8 @@ def gated_residual(x: Tensor, y: Tensor, gate: Tensor, *, out_dtype: Optional[to
     _check_vec("gate", gate, x)
     if out_dtype is None:
         out_dtype = x.dtype
-    elif out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"out_dtype must be None, torch.float16, torch.bfloat16 or torch.float32, got {out_dtype}")
+    else:
+        check_out_dtype(out_dtype)
     return call_op(_gated_residual, _gated_residual_impl, x, y, gate, out_dtype, autograd=_GATED_AUTOGRAD)
 
 

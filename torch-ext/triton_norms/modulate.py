@@ -304,6 +304,12 @@ _modulate_fwd.register_autograd(_backward, setup_context=_setup_context)
 _MODULATE_AUTOGRAD = eager_autograd(_modulate_fwd_impl, _setup_context, _backward)
 
 
+def check_out_dtype(out_dtype) -> None:
+    """An explicit ``out_dtype`` must be fp16, bf16 or fp32 (TypeError naming the argument)."""
+    if out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"out_dtype must be None, torch.float16, torch.bfloat16 or torch.float32, got {out_dtype}")
+
+
 def _check_vec(name: str, t: Tensor, x: Tensor) -> None:
     check_float_tensor(name, t)
     B, _, N = x.shape
@@ -367,8 +373,8 @@ def norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, weight: Optional[Tens
         out_dtype = torch.promote_types(torch.promote_types(x.dtype, scale.dtype), shift.dtype)
         if weight is not None:
             out_dtype = torch.promote_types(out_dtype, weight.dtype)
-    elif out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"out_dtype must be None, torch.float16, torch.bfloat16 or torch.float32, got {out_dtype}")
+    else:
+        check_out_dtype(out_dtype)
     y, _, _ = call_op(_modulate_fwd, _modulate_fwd_impl, x, scale, shift, weight, bias, eps, norm == "rms",
                       bool(eager_rounding), out_dtype, autograd=_MODULATE_AUTOGRAD, infer=_modulate_infer)
     return y

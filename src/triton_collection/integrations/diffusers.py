@@ -39,8 +39,8 @@ adaLN (``modulate=True``): diffusers' ``AdaLayerNormZero``, ``AdaLayerNormZeroSi
 ``norm(x) * (1 + scale) + shift`` with triton-norms ``norm_modulate`` (one kernel instead of a
 LayerNorm and three elementwise passes); the modulations that models write inline in their block
 forwards (Flux/SD3 ``norm2``) are left alone, except Wan's with ``blocks=True`` (opt-in until timed on a
-GPU: the block's forward with its three norm chains in ``norm_modulate`` and its two gated residuals in
-``gated_residual``). Feed-forward
+GPU: the block's forward with its norm chains in ``norm_modulate`` / ``layer_norm`` and its two gated
+residuals in ``gated_residual``). Feed-forward
 (``feed_forward=True``): diffusers ``GELU`` / ``GEGLU`` projections (Flux, SD3, Wan ``FeedForward``) run
 as one triton-matmul launch with the bias and the activation fused into the store. All three swap the
 module's class for a subclass with our forward (parameters, state dict and other instances untouched);
@@ -298,8 +298,8 @@ def _geglu_forward(base):
 def _wan_block_forward(base):
     """``WanTransformerBlock.forward`` with its inline chains in triton-norms kernels, each one pass, fp32 inside
     and rounded once, where eager runs four to five passes over fp32 copies: norm1 and norm3
-    (``norm(x.float()) * (1 + scale) + shift``, then ``.type_as(x)``) and an affine norm2 through
-    ``norm_modulate``; the gated residuals ``(x.float() + y * gate).type_as(x)`` through ``gated_residual``
+    (``norm(x.float()) * (1 + scale) + shift``, then ``.type_as(x)``) through ``norm_modulate``, an affine
+    norm2 through ``layer_norm``; the gated residuals ``(x.float() + y * gate).type_as(x)`` through ``gated_residual``
     (bit-exact). The attention and the feed-forward stay the block's own modules (with their own swaps)."""
     def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
         x = hidden_states
@@ -312,9 +312,8 @@ def _wan_block_forward(base):
         n1, n2, n3 = self.norm1, self.norm2, self.norm3
         h = norm_modulate(x, scale_msa, shift_msa, n1.weight, n1.bias, n1.eps, out_dtype=x.dtype)
         x = gated_residual(x, self.attn1(h, None, None, rotary_emb), gate_msa)
-        if isinstance(n2, torch.nn.LayerNorm):  # norm2(x) * (1 + 0) + 0: the affine LayerNorm alone
-            zero = torch.zeros(x.shape[-1], device=x.device, dtype=torch.float32)
-            h = norm_modulate(x, zero, zero, n2.weight, n2.bias, n2.eps, out_dtype=x.dtype)
+        if isinstance(n2, torch.nn.LayerNorm):  # fp32 LayerNorm rounded once to x's dtype, as norm2(x.float())
+            h = kernel.layer_norm(x, n2.weight, n2.bias, n2.eps)
         else:  # nn.Identity without cross-attention norm
             h = n2(x.float()).type_as(x)
         x = x + self.attn2(h, encoder_hidden_states, None, None)
@@ -483,9 +482,9 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
         feed_forward: route diffusers ``GELU`` / ``GEGLU`` (``proj`` + activation) through triton-matmul's
             fused bias + GELU / GEGLU epilogue (loads ``<org>/triton-matmul``).
         blocks: opt-in, not yet timed on a GPU: Wan transformer blocks run their inline norm + modulate chains
-            (norm1, norm3, the affine norm2) through ``norm_modulate`` and their gated residuals through
-            ``gated_residual`` (loads ``<org>/triton-norms``); a per-token ``temb`` (Wan2.2 ti2v) takes the
-            block's own forward.
+            (norm1, norm3) through ``norm_modulate``, the affine norm2 through ``layer_norm`` and their gated
+            residuals through ``gated_residual`` (loads ``<org>/triton-norms``); a per-token ``temb`` (Wan2.2
+            ti2v) takes the block's own forward.
         attention_backend: ``"sdpa"`` (default: PyTorch's SDPA for the attention product; the processors still
             do RoPE in one Triton pass per tensor) or ``"triton"`` (triton-attention's ``flash_attention``). On
             the H200, SDPA's cuDNN backend is faster than our kernel (~630 vs ~500 TFLOP/s), and one step with
