@@ -169,7 +169,7 @@ def test_kernelize_modulate_and_feed_forward(attention, norms, matmul, installed
     calls = []
     spy_norms = type("SpyNorms", (), {"norm_modulate": counted(calls, norms.norm_modulate)})
     spy_mm = type("SpyMatmul", (), {"matmul": counted(calls, matmul.matmul)})
-    report = kernelize(model, attention=False, norms=False, device=device, norms_kernel=spy_norms,
+    report = kernelize(model, attention=False, norms=False, blocks=False, device=device, norms_kernel=spy_norms,
                        matmul_kernel=spy_mm)
     kinds = list(report.modules.values())
     assert sum(k.startswith("TritonAdaLayerNorm") for k in kinds) == n_ada, report.summary()
@@ -181,7 +181,7 @@ def test_kernelize_modulate_and_feed_forward(attention, norms, matmul, installed
     assert err <= fp32_tol(device) * max(ref.abs().max().item(), 1.0), err
     # the state dict and the modules' parameters are untouched; kernelize twice swaps nothing new
     assert set(model.state_dict()) == set(make()[0].state_dict())
-    again = kernelize(model, attention=False, norms=False, device=device, norms_kernel=spy_norms,
+    again = kernelize(model, attention=False, norms=False, blocks=False, device=device, norms_kernel=spy_norms,
                       matmul_kernel=spy_mm)
     assert set(again.modules.values()) == set(report.modules.values())
 
@@ -212,9 +212,9 @@ def test_modulate_swap_keeps_eager_rounding_in_bf16(norms, installed, device):
 
 
 def test_kernelize_wan_blocks_fuse_the_inline_norm_chains(norms, installed, device):
-    """blocks=True: each Wan block runs norm1 / norm3 through norm_modulate, norm2 through layer_norm and its two
-    gated residuals through gated_residual, and the output stays the eager block's; blocks default to off; a per-token temb (4-D)
-    takes the block's own forward."""
+    """blocks (default on): each Wan block runs norm1 / norm3 through norm_modulate, norm2 through layer_norm and its
+    two gated residuals through gated_residual, and the output stays the eager block's; blocks=False leaves them
+    alone; a per-token temb (4-D) takes the block's own forward."""
     import copy
 
     from triton_collection.integrations.diffusers import kernelize
@@ -225,10 +225,11 @@ def test_kernelize_wan_blocks_fuse_the_inline_norm_chains(norms, installed, devi
     spy = type("SpyNorms", (), {"norm_modulate": counted(calls, norms.norm_modulate),
                                 "gated_residual": counted(calls, norms.gated_residual),
                                 "layer_norm": counted(calls, norms.layer_norm)})
-    with pytest.raises(ValueError, match="nothing to swap"):  # blocks are opt-in
-        kernelize(model, attention=False, norms=False, modulate=False, feed_forward=False, device=device)
-    report = kernelize(model, attention=False, norms=False, modulate=False, feed_forward=False, blocks=True,
-                       device=device, norms_kernel=spy)
+    with pytest.raises(ValueError, match="nothing to swap"):
+        kernelize(model, attention=False, norms=False, modulate=False, feed_forward=False, blocks=False,
+                  device=device)
+    report = kernelize(model, attention=False, norms=False, modulate=False, feed_forward=False, device=device,
+                       norms_kernel=spy)
     assert sorted(report.modules.values()) == ["TritonWanTransformerBlock"] * len(model.blocks), report.summary()
     with torch.no_grad():
         out = model(**inputs)[0]
