@@ -123,7 +123,8 @@ def test_gradients(softmax, device, N, dtype, log):
 def test_properties_rows_sum_to_one_and_shift_invariance(softmax, device):
     x = rand((5, 333), torch.float32, device, scale=4.0)
     y = softmax.softmax(x)
-    torch.testing.assert_close(y.double().sum(-1), torch.ones(5, dtype=torch.float64), rtol=0, atol=1e-6)
+    torch.testing.assert_close(y.double().sum(-1), torch.ones(5, dtype=torch.float64, device=y.device), rtol=0,
+                               atol=1e-6)
     torch.testing.assert_close(softmax.softmax(x + 100.0), y, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(softmax.log_softmax(x).exp(), y, rtol=1e-5, atol=1e-7)
 
@@ -268,14 +269,25 @@ def test_team_of_one_and_partial_last_member(softmax, device, team_mode):
     whose last member holds a single column; bf16 outputs equal torch's own softmax."""
     team_mode.set_chunk(8192)
     x = rand((4, 4000), torch.bfloat16, device, scale=3.0)
-    assert torch.equal(softmax.softmax(x), torch.softmax(x, -1))
+    assert_torch_softmax(softmax.softmax(x), x)
     assert team_mode.calls[-1] == (1, (0,))
     team_mode.set_chunk(256)  # 128 bf16 per member: 897 columns -> 8 members, the last with one column
     x = rand((3, 897), torch.bfloat16, device, scale=3.0)
     y = softmax.softmax(x)
     assert team_mode.calls[-1][0] == 8
     assert_close_ref(y, sm_ref(x))
-    assert torch.equal(y, torch.softmax(x, -1))
+    assert_torch_softmax(y, x)
+
+
+def assert_torch_softmax(y, x):
+    """y equals torch.softmax(x, -1): bitwise under the interpreter (numpy's exp on both sides); on a GPU
+    within one ulp (``tl.exp`` is not CUDA's ``expf``; measured 99.99% of bf16 elements equal)."""
+    want = torch.softmax(x, -1)
+    if y.device.type == "cpu":
+        assert torch.equal(y, want)
+    else:
+        torch.testing.assert_close(y, want, rtol=2 * torch.finfo(y.dtype).eps, atol=0)
+        assert (y == want).float().mean().item() > 0.999
 
 
 def test_team_fully_masked_rows_and_poisoned_outputs(softmax, device, team_mode):
@@ -514,9 +526,10 @@ def test_opcheck_every_op(softmax, device):
     x = rand((3, 5, 33), torch.float32, device).requires_grad_()
     mask = rand((5, 33), torch.bfloat16, device).requires_grad_()
     fwd = _op(softmax, "softmax_fwd")
-    torch.library.opcheck(fwd, (x, None, 2, 1.0, False, False))
-    torch.library.opcheck(fwd, (x, mask, 2, 0.5, True, True))
-    torch.library.opcheck(fwd, (x, None, 1, 2.0, False, True))
+    torch.library.opcheck(fwd, (x, None, 2, 1.0, False, False, False))
+    torch.library.opcheck(fwd, (x, mask, 2, 0.5, True, True, False))
+    torch.library.opcheck(fwd, (x, None, 1, 2.0, False, True, False))
+    torch.library.opcheck(fwd, (x, None, 2, 1.0, False, False, True))  # torch order (the Softmax layer)
     y = torch.softmax(x.detach(), -1)
     dy = rand((3, 5, 33), torch.float32, device)
     torch.library.opcheck(_op(softmax, "softmax_bwd"), (dy, y, 2, 1.0, False, False, torch.float32))
@@ -541,8 +554,8 @@ def test_case5_compile_fullgraph(softmax, device, backend):
     y_eager = f(*eager)
     y_eager.sum().backward()
     assert torch.equal(y, y_eager)
-    for a, e in zip(leaves, eager):
-        assert torch.equal(a.grad, e.grad)
+    for a, e in zip(leaves, eager):  # x's three gradients may be summed in another order: a few fp32 ulps
+        torch.testing.assert_close(a.grad, e.grad, rtol=2e-6, atol=1e-6)
 
 
 def test_eager_fast_path_equals_the_registered_op(softmax, device):
@@ -712,6 +725,18 @@ for arch in ("90", "gfx942"):
                             constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
             triton.compile(src, target=target, options={"num_warps": 8, "enable_fp_fusion": False})
             count += 1
+    # torch-order softmax (the Softmax layer): warp order, and the Reg / Smem / ilpReduce block orders
+    omod = sys.modules[name + "._torch_order"]
+    for dtype in ("bf16", "fp32"):
+        block = {"ILP": 8 if dtype == "bf16" else 4, "T": 1024, "LOG_WARPS": 5, "BLOCK": 2048, "LIBDEVICE": 1}
+        for kernel, consts in [
+            (omod._softmax_warp_order_kernel, {"ROWS": 4, "W": 32, "LOG_W": 5, "ITERS": 32, "LIBDEVICE": 1}),
+            (omod._softmax_warp_order_kernel, {"ROWS": 64, "W": 8, "LOG_W": 3, "ITERS": 1, "LIBDEVICE": 1}),
+        ] + [(omod._softmax_block_order_kernel, {"PATH": path, **block}) for path in (1, 2, 3)]:
+            src = ASTSource(kernel, sig(kernel, dtype, consts, {}),
+                            constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+            triton.compile(src, target=target, options={"num_warps": 8, "enable_fp_fusion": False})
+            count += 1
 print("COMPILED", count)
 '''
 
@@ -719,10 +744,10 @@ print("COMPILED", count)
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_and_gfx942(built):
     """Lower every kernel (fwd/bwd, looped or not, split or team, causal/log, with and without optional
-    pointers) to a binary for an H100/H200 and an MI300 without a GPU: catches what the interpreter never
+    pointers, the torch-order kernels) to a binary for an H100/H200 and an MI300 without a GPU: catches what the interpreter never
     sees."""
     variant = built["triton-softmax"].variant("cpu")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(variant)], env=env, capture_output=True,
                          text=True, timeout=600)
-    assert "COMPILED 108" in res.stdout, res.stdout + res.stderr
+    assert "COMPILED 128" in res.stdout, res.stdout + res.stderr

@@ -35,6 +35,7 @@ column stride (no copy), see ``_common``. Performance on the GPU is best for
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -45,6 +46,7 @@ from ._common import check_float_tensor, check_real, check_same_device, normaliz
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._launch import config_for, split_for, team_for
+from ._torch_order import ALIGN_BYTES, softmax_torch_order
 from ._team import team_arrive, team_load, team_member, team_phases, team_wait
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
@@ -523,12 +525,20 @@ def _as_1d(t: Optional[Tensor]) -> Optional[Tensor]:
     return t.reshape(1) if t is not None and t.dim() == 0 else t
 
 
-def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float, causal: bool, log: bool) -> Tensor:
-    """y = (log_)softmax(x * scale + mask) over ``dim`` (x's dtype, contiguous)."""
+def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float, causal: bool, log: bool,
+                      torch_order: bool) -> Tensor:
+    """y = (log_)softmax(x * scale + mask) over ``dim`` (x's dtype, contiguous); ``torch_order``: in
+    torch's CUDA order where ``_torch_order`` models it (plain softmax over rows with inner size 1)."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
     check_launch_device(x, _softmax_fwd_kernel)
+    if torch_order and math.prod(x.shape[dim + 1:]) == 1:  # torch's last-dim kernels (inner size 1)
+        N = x.shape[dim] if x.dim() else 1
+        # torch runs on x.contiguous(): x itself when contiguous, else an aligned copy
+        misalign = (x.data_ptr() % ALIGN_BYTES) // x.element_size() if x.is_contiguous() else 0
+        softmax_torch_order(x.reshape(-1, N), y.view(-1, N), misalign)
+        return y
     xs, ys = _as_1d(x), _as_1d(y)
     ms = _as_1d(mask.expand(x.shape)) if mask is not None else None
     layout = row_layout([xs, ms, ys], dim)
@@ -582,7 +592,7 @@ _softmax_fwd = torch.library.custom_op(add_op_namespace_prefix("softmax_fwd"), _
 
 
 @_softmax_fwd.register_fake
-def _(x, mask, dim, scale, causal, log):
+def _(x, mask, dim, scale, causal, log, torch_order):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -645,7 +655,7 @@ def _(dy, y, dim, scale, causal, log, dx_dtype):
 
 
 def _setup_context(ctx, inputs, output):
-    x, mask, dim, scale, causal, log = inputs
+    x, mask, dim, scale, causal, log, _ = inputs
     ctx.save_for_backward(output)
     ctx.args = (dim, scale, causal, log)
     ctx.x_dtype = x.dtype
@@ -664,7 +674,7 @@ def _backward(ctx, dy):
         dmask = dz.sum_to_size(shape).to(dtype)
     elif need_x:
         dx = call_op(_softmax_bwd, _softmax_bwd_impl, dy, y, dim, scale, causal, log, ctx.x_dtype)
-    return dx, dmask, None, None, None, None
+    return dx, dmask, None, None, None, None, None
 
 
 _softmax_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -699,7 +709,7 @@ def _prepare(x, dim, scale, mask, causal):
 
 
 def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Optional[Tensor] = None,
-            causal: bool = False) -> Tensor:
+            causal: bool = False, torch_order: bool = False) -> Tensor:
     """Softmax over ``dim`` with an optional scale and additive (tensor or causal) mask folded in.
 
     ``y = softmax(x * scale + mask, dim)``, causal positions (j > i over the last two dims) set to -inf first.
@@ -711,13 +721,19 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
         mask: additive float mask broadcastable to x (0 keeps, -inf drops; any of the three dtypes, read in
             fp32); its gradient is computed when it requires grad. Boolean masks are refused.
         causal: mask j > i over the last two dims (top-left aligned, SDPA's is_causal); needs dim=-1.
+        torch_order: add the exponentials in the order of torch's CUDA kernels and take ``exp`` from the
+            vendor math library, so that the output equals ``torch.softmax(x, dim)`` bit for bit on CUDA
+            (``_torch_order``; the ``Softmax`` layer sets it). Applies to rows whose dims after ``dim`` all
+            have size 1; other dims take the fast kernels. Not with scale, mask or causal. The
+            backward is the package's own (not torch's order).
 
     Returns:
         Tensor of x's shape and dtype, contiguous. Saves the output for backward.
 
     Raises:
-        TypeError: unsupported dtype, a boolean or non-tensor mask, a non-float scale.
-        ValueError: a mask that does not broadcast to x, a non-finite scale, causal with dim != -1.
+        TypeError: unsupported dtype, a boolean or non-tensor mask, a non-float scale, a non-bool torch_order.
+        ValueError: a mask that does not broadcast to x, a non-finite scale, causal with dim != -1,
+            torch_order with scale, mask or causal.
         IndexError: dim out of range. RuntimeError: CPU tensor without TRITON_INTERPRET=1.
 
     Precision: scale, mask add, max, exp and sum in fp32; one rounding to x.dtype at the store.
@@ -727,7 +743,12 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
     Source: matches ``torch.softmax(x * scale + mask, dim)``.
     """
     dim, scale = _prepare(x, dim, scale, mask, causal)
-    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, False, autograd=_SOFTMAX_AUTOGRAD)
+    if not isinstance(torch_order, bool):
+        raise TypeError(f"torch_order must be a bool, got {type(torch_order).__name__}")
+    if torch_order and (scale != 1.0 or mask is not None or causal):
+        raise ValueError("torch_order=True follows torch.softmax(x, dim) alone: pass no scale, mask or causal")
+    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, False, torch_order,
+                   autograd=_SOFTMAX_AUTOGRAD)
 
 
 def log_softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Optional[Tensor] = None,
@@ -739,4 +760,5 @@ def log_softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask
     Source: matches ``torch.log_softmax(x * scale + mask, dim)``.
     """
     dim, scale = _prepare(x, dim, scale, mask, causal)
-    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, True, autograd=_SOFTMAX_AUTOGRAD)
+    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, True, False,
+                   autograd=_SOFTMAX_AUTOGRAD)
