@@ -4,8 +4,9 @@
   streams, > 2^31 elements, GPU-only cases);
 * ``catalog-<file>``: the bad-input catalog, opcheck of every op, the shared cases and two versions in one
   process (one per file), with CUDA tensors (``TEST_DEVICE=cuda``);
-* ``layers``: the CPU suite's attention, diffusers-shim, norm-layer, torch-order, modulate and gated-residual
-  tests with CUDA tensors (bit-exactness of the layers and ops in bf16, which the interpreter cannot check);
+* ``layers-<group>``: the CPU suite's attention and diffusers-shim, norm-layer, torch-order, modulate and
+  gated-residual, softmax and torch-order softmax tests with CUDA tensors (bit-exactness of the layers and ops
+  in bf16, which the interpreter cannot check);
 * ``properties-<k>``: the hypothesis generators of ``tests/test_reliability_properties.py``, one process per
   seed ``k`` (``HYPOTHESIS_SEED=k``), each scaled by ``--scale``; their case counts are summed.
 
@@ -31,9 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE"]
 CATALOG_FILES = ["tests/test_reliability_bad_inputs.py", "tests/test_reliability_ops.py",
                  "tests/test_reliability_versions.py"]
-# test files of the CPU suite whose tests also hold on a GPU (device-aware bounds); ~5 min on an H200
-LAYER_FILES = ["tests/test_attention.py", "tests/test_attention_diffusers.py", "tests/test_norms_layers.py",
-               "tests/test_torch_order.py", "tests/test_modulate.py", "tests/test_gated_residual.py"]
+# test files of the CPU suite whose tests also hold on a GPU (device-aware bounds), in three processes
+LAYER_FILES = {
+    "attention": ["tests/test_attention.py", "tests/test_attention_diffusers.py"],
+    "norms": ["tests/test_norms_layers.py", "tests/test_torch_order.py", "tests/test_modulate.py",
+              "tests/test_gated_residual.py"],
+    "softmax": ["tests/test_softmax.py", "tests/test_softmax_torch_order.py"],
+}
 
 
 def _jobs(out: Path, procs: int, scale: float) -> dict:
@@ -43,7 +48,9 @@ def _jobs(out: Path, procs: int, scale: float) -> dict:
     for path in CATALOG_FILES:  # one process a file: together they took ~190 s on an H200 host, alone ~100 s
         name = "catalog-" + Path(path).stem.removeprefix("test_reliability_")
         jobs[name] = (PYTEST + ["-m", "not gpu", "--junitxml", str(out / f"junit_{name}.xml"), path], {})
-    jobs["layers"] = (PYTEST + ["-m", "not gpu", "--junitxml", str(out / "junit_layers.xml"), *LAYER_FILES], {})
+    for group, files in LAYER_FILES.items():
+        jobs["layers-" + group] = (PYTEST + ["-m", "not gpu and not slow", "--junitxml",
+                                             str(out / f"junit_layers_{group}.xml"), *files], {})
     for k in range(procs):
         jobs[f"properties-{k}"] = (
             PYTEST + ["--junitxml", str(out / f"junit_properties_{k}.xml"), "tests/test_reliability_properties.py"],

@@ -651,8 +651,9 @@ def test_attention_against_fp64(attention, device, request, data):
         z = z.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else z + mask.double()
     if causal:
         z = z.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=z.device).triu(1), -math.inf)
-    p = torch.softmax(z, -1)
-    p = torch.where(torch.isneginf(z).all(-1, keepdim=True), torch.zeros_like(p), p)  # fully masked: 0
+    dead = torch.isneginf(z).all(-1, keepdim=True)  # fully masked query: output 0 and no gradient
+    p = torch.where(dead, 0.0, torch.softmax(torch.where(dead, 0.0, z), -1))  # (softmax of all -inf is NaN, and
+    # its NaN gradient would leak through a where taken after it)
     o = p @ vh
     pd = p.detach()
     mag = pd @ vh.detach().abs()

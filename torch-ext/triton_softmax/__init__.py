@@ -8,9 +8,10 @@ the softmax. ``cross_entropy`` computes the loss and its gradient in one pass pe
 row with an online logsumexp, without materialising the softmax and without host
 syncs (label smoothing, ignore_index, z-loss). Each op is a
 ``torch.library.custom_op`` with a fake implementation and an autograd formula, so
-it runs under ``torch.compile(fullgraph=True)``. ``layers`` holds the Hub layers
-(``Softmax``, ``CrossEntropyLoss``) for the PyTorch modules (close to them, not bit-exact:
-see ``layers.py``).
+it runs under ``torch.compile(fullgraph=True)``. ``softmax(..., torch_order=True)`` adds the
+exponentials in the order of torch's CUDA kernels with the same ``expf`` (``_torch_order``): its
+output equals ``torch.softmax``'s bit for bit. ``layers`` holds the Hub layers (``Softmax``, in
+torch's order; ``CrossEntropyLoss``, close, not bit-exact: see ``layers.py``).
 
 On CPU tensors the kernels run under the Triton interpreter: set
 ``TRITON_INTERPRET=1`` before importing triton and this package.

@@ -4,6 +4,8 @@
 same kernel choice, ``expf`` and summation order as ATen's softmax, so on CUDA its output equals
 ``nn.Softmax``'s bit for bit when the dims after ``dim`` have size 1 (always for the last dim);
 otherwise, and for the backward, it is the package's fast kernels (within an ulp or two).
+Exactness costs speed: on an H200 the torch-order forward ran at 0.47-2.3x torch's own kernel
+(``benchmarks/results/softmax_vs_torch_2026-12-01.md``); ``softmax(x, dim)`` is the fast path.
 
 Each class is stateless (no ``__init__``, no methods besides ``forward``) and reads the
 replaced module's own attributes.

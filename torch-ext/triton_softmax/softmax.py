@@ -725,7 +725,8 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
             vendor math library, so that the output equals ``torch.softmax(x, dim)`` bit for bit on CUDA
             (``_torch_order``; the ``Softmax`` layer sets it). Applies to rows whose dims after ``dim`` all
             have size 1; other dims take the fast kernels. Not with scale, mask or causal. The
-            backward is the package's own (not torch's order).
+            backward is the package's own (not torch's order). Slower than the default path (each
+            row read three times, ``expf`` twice): 0.47-2.3x torch's own kernel on an H200.
 
     Returns:
         Tensor of x's shape and dtype, contiguous. Saves the output for backward.
