@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ._device import MAX_THREADS_PER_PROGRAM, check_config_args, is_interpreter
+from ._device import MAX_THREADS_PER_PROGRAM, check_config_args
 
 # Bytes of one operand one program handles: forward, backward.
 TILE_BYTES = 2048
@@ -102,11 +102,3 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
                         row_blocks=triton.cdiv(M, rows))
 
 
-def use_libdevice(device: torch.device, kernel) -> int:
-    """The LIBDEVICE constexpr: where exp/tanh/erf come from.
-
-    1 on CUDA and ROCm devices (torch calls both ``cuda``): their ``libdevice`` holds the
-    functions ATen's kernels call. 0 under the interpreter and on other backends (XPU), which
-    use Triton's portable ``tl.exp``/``tl.erf`` and our own tanh.
-    """
-    return int(device.type == "cuda" and not is_interpreter(kernel))

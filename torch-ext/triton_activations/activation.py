@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_rounds_square, rounding_dtype
-from ._launch import BWD_TILE_BYTES, TILE_BYTES, pick_config, use_libdevice
+from ._launch import BWD_TILE_BYTES, TILE_BYTES, pick_config
+from ._libm import use_libdevice
 from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items, spec as launch_spec

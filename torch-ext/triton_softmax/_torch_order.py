@@ -44,10 +44,10 @@ from typing import Tuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from ._device import is_interpreter, launch_options
 from ._fastlaunch import launch, meta_items
+from ._libm import exp_f32, use_libdevice
 
 # ATen constants of the CUDA build
 THREADS = 1024  # block size of the block kernels (SoftMaxForward_getBlockSize for dim > 1024)
@@ -61,14 +61,6 @@ WARP_MAX_N, WARP_MAX_BYTES = 2048, 8192
 
 PATH_WARP, PATH_REG, PATH_SMEM, PATH_ILP = 0, 1, 2, 3
 _PATH_NAMES = {PATH_WARP: "warp", PATH_REG: "reg", PATH_SMEM: "smem", PATH_ILP: "ilp"}
-
-
-@triton.jit
-def _exp(x, LIBDEVICE: tl.constexpr):
-    if LIBDEVICE:
-        return libdevice.exp(x)
-    else:
-        return tl.exp(x)
 
 
 @triton.jit
@@ -116,21 +108,21 @@ def _softmax_warp_order_kernel(x_ptr, y_ptr, M, N, stride_x, stride_y, ROWS: tl.
     for i in range(ITERS):  # per lane, in order; a lane past the row adds exp(-inf) = 0
         c = i * W + lane
         v = tl.load(xb + c, mask=rm & (c < N), other=float("-inf")).to(tl.float32)
-        s = s + _exp(v - mx, LIBDEVICE)
+        s = s + exp_f32(v - mx, LIBDEVICE)
     total = _tree(s, LOG_W)  # (ROWS, 1)
     for i in range(ITERS):
         c = i * W + lane
         ok = rm & (c < N)
         v = tl.load(xb + c, mask=ok, other=0.0).to(tl.float32)
-        y = tl.math.div_rn(_exp(v - mx, LIBDEVICE), total)
+        y = tl.math.div_rn(exp_f32(v - mx, LIBDEVICE), total)
         tl.store(yb + c, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _add_exp(p, xb, c, ok, mx, LIBDEVICE: tl.constexpr):
+def _addexp_f32(p, xb, c, ok, mx, LIBDEVICE: tl.constexpr):
     """p + exp(x[c] - max) where ok, p unchanged elsewhere (exp(-inf) = 0 added)."""
     v = tl.load(xb + c, mask=ok, other=float("-inf")).to(tl.float32)
-    return p + _exp(v - mx, LIBDEVICE)
+    return p + exp_f32(v - mx, LIBDEVICE)
 
 
 @triton.jit
@@ -152,26 +144,26 @@ def _softmax_block_order_kernel(x_ptr, y_ptr, N, stride_x, stride_y, misalign, P
     if PATH == 1:  # cunn_SoftMaxForwardReg: elements t, t + T, ...
         for start in range(0, N, T):
             c = start + t
-            p = _add_exp(p, xb, c, c < N, mx, LIBDEVICE)
+            p = _addexp_f32(p, xb, c, c < N, mx, LIBDEVICE)
     elif PATH == 2:  # cunn_SoftMaxForwardSmem: ILP-element vectors t, t + T, ...
         for start in range(0, N, T * ILP):
             for i in tl.static_range(ILP):
                 c = start + t * ILP + i
-                p = _add_exp(p, xb, c, c < N, mx, LIBDEVICE)
+                p = _addexp_f32(p, xb, c, c < N, mx, LIBDEVICE)
     else:  # cunn_SoftMaxForward's ilpReduce, the row starting `shift` elements past a 16-byte boundary
         shift = ((misalign + row * N) % ILP).to(tl.int32)
         c0 = t - shift  # shift > 0: thread t >= shift first takes element t - shift, the rest starts at T - shift
-        p = _add_exp(p, xb, c0, (c0 >= 0) & (c0 < t) & (c0 < N), mx, LIBDEVICE)  # c0 < t: shift > 0
+        p = _addexp_f32(p, xb, c0, (c0 >= 0) & (c0 < t) & (c0 < N), mx, LIBDEVICE)  # c0 < t: shift > 0
         base = tl.where(shift > 0, T - shift, 0)
         size = N - base
         vec_end = size - size % (ILP * T)
         for start in range(0, vec_end, T * ILP):
             for i in tl.static_range(ILP):
                 cv = start + t * ILP + i
-                p = _add_exp(p, xb, base + cv, cv < vec_end, mx, LIBDEVICE)
+                p = _addexp_f32(p, xb, base + cv, cv < vec_end, mx, LIBDEVICE)
         for start in range(vec_end, size, T):
             ct = start + t
-            p = _add_exp(p, xb, base + ct, ct < size, mx, LIBDEVICE)
+            p = _addexp_f32(p, xb, base + ct, ct < size, mx, LIBDEVICE)
     WARPS: tl.constexpr = T // 32
     per_warp = _tree(tl.reshape(p, (WARPS, 32)), 5)  # (WARPS, 1)
     total = tl.max(tl.max(_tree(tl.reshape(per_warp, (1, WARPS)), LOG_WARPS), axis=1), axis=0)  # the (1, 1) sum
@@ -179,7 +171,7 @@ def _softmax_block_order_kernel(x_ptr, y_ptr, N, stride_x, stride_y, misalign, P
         c = start + offs
         ok = c < N
         v = tl.load(xb + c, mask=ok, other=0.0).to(tl.float32)
-        y = tl.math.div_rn(_exp(v - mx, LIBDEVICE), total)
+        y = tl.math.div_rn(exp_f32(v - mx, LIBDEVICE), total)
         tl.store(yb + c, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
@@ -225,7 +217,7 @@ def softmax_torch_order(x2: torch.Tensor, y2: torch.Tensor, misalign: int,
     device = x2.device
     path = torch_order_path(N, elem, misalign, _smem_per_block(device), warp_limits)
     interp = is_interpreter(_softmax_warp_order_kernel)
-    libdev = int(device.type == "cuda" and not interp)
+    libdev = use_libdevice(device, _softmax_warp_order_kernel)
     if path == PATH_WARP:
         n2 = triton.next_power_of_2(N)
         w = min(n2, WARP)
