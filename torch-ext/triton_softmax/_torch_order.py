@@ -39,8 +39,6 @@ or mask follows torch; other calls take the package's fast kernels.
 from __future__ import annotations
 
 import functools
-from typing import Tuple
-
 import torch
 import triton
 import triton.language as tl
@@ -183,14 +181,13 @@ def _smem_per_block(device: torch.device) -> int:
     return DEFAULT_SMEM_PER_BLOCK
 
 
-def torch_order_path(N: int, element_size: int, misalign: int, smem_per_block: int = DEFAULT_SMEM_PER_BLOCK,
-                     warp_limits: Tuple[int, int] = (WARP_MAX_N, WARP_MAX_BYTES)) -> int:
+def torch_order_path(N: int, element_size: int, misalign: int, smem_per_block: int = DEFAULT_SMEM_PER_BLOCK) -> int:
     """Which of ATen's kernels ``torch.softmax`` runs for a contiguous row of N elements (PATH_*).
 
     ``misalign``: the input's data pointer modulo 16, in elements (the output is a fresh,
     aligned allocation, as torch's). ``smem_per_block``: the device's ``sharedMemPerBlock``.
     """
-    if N <= warp_limits[0] and N * element_size <= warp_limits[1]:
+    if N <= WARP_MAX_N and N * element_size <= WARP_MAX_BYTES:
         return PATH_WARP
     if triton.cdiv(N, THREADS) < REG_MAX_COUNT:
         return PATH_REG
@@ -205,33 +202,37 @@ def path_name(path: int) -> str:
     return _PATH_NAMES[path]
 
 
-def softmax_torch_order(x2: torch.Tensor, y2: torch.Tensor, misalign: int,
-                        warp_limits: Tuple[int, int] = (WARP_MAX_N, WARP_MAX_BYTES)) -> int:
+@functools.lru_cache(maxsize=4096)
+def _plan(M: int, N: int, elem: int, misalign: int, device: torch.device) -> tuple:
+    """(path, kernel, grid, meta) of one launch: a pure function of its arguments, cached because the
+    ``Softmax`` layer calls it on every forward (host time matters for small inputs)."""
+    path = torch_order_path(N, elem, misalign, _smem_per_block(device))
+    libdev = use_libdevice(device, _softmax_warp_order_kernel)
+    if path == PATH_WARP:
+        n2 = triton.next_power_of_2(N)
+        w = min(n2, WARP)
+        # H200, bf16: tiles of ~4096 elements on 2 warps ran fastest (N = 128: 32 rows, 1024: 4, 2048: 2)
+        interp = is_interpreter(_softmax_warp_order_kernel)
+        rows = min(triton.next_power_of_2(M), 64 if interp else max(1, min(32, 4096 // n2)))
+        meta = meta_items(ROWS=rows, W=w, LOG_W=w.bit_length() - 1, ITERS=n2 // w, LIBDEVICE=libdev,
+                          num_warps=2 if rows * n2 >= 2048 else 1, **launch_options(_softmax_warp_order_kernel))
+        return path, _softmax_warp_order_kernel, (triton.cdiv(M, rows),), meta
+    meta = meta_items(PATH=path, ILP=ALIGN_BYTES // elem, T=THREADS, LOG_WARPS=(THREADS // WARP).bit_length() - 1,
+                      BLOCK=2048, LIBDEVICE=libdev, num_warps=4, **launch_options(_softmax_block_order_kernel))
+    return path, _softmax_block_order_kernel, (M,), meta
+
+
+def softmax_torch_order(x2: torch.Tensor, y2: torch.Tensor, misalign: int) -> int:
     """y2 = softmax(x2, -1) in torch's order; x2, y2: (M, N) with unit column stride. Returns the path.
 
     ``misalign``: where torch's (contiguous) copy of the input would start past a 16-byte
     boundary, in elements (0 for a copy; ``data_ptr % 16 / element_size`` for a contiguous input).
     """
     M, N = x2.shape
-    elem = x2.element_size()
-    device = x2.device
-    path = torch_order_path(N, elem, misalign, _smem_per_block(device), warp_limits)
-    interp = is_interpreter(_softmax_warp_order_kernel)
-    libdev = use_libdevice(device, _softmax_warp_order_kernel)
-    if path == PATH_WARP:
-        n2 = triton.next_power_of_2(N)
-        w = min(n2, WARP)
-        # H200, bf16: tiles of ~4096 elements on 2 warps ran fastest (N = 128: 32 rows, 1024: 4, 2048: 2)
-        rows = min(triton.next_power_of_2(M), 64 if interp else max(1, min(32, 4096 // n2)))
-        launch(_softmax_warp_order_kernel, (triton.cdiv(M, rows),), (x2, y2, M, N, x2.stride(0), y2.stride(0)),
-               meta_items(ROWS=rows, W=w, LOG_W=w.bit_length() - 1, ITERS=n2 // w, LIBDEVICE=libdev,
-                          num_warps=2 if rows * n2 >= 2048 else 1, **launch_options(_softmax_warp_order_kernel)),
-               device)
-    else:
-        launch(_softmax_block_order_kernel, (M,), (x2, y2, N, x2.stride(0), y2.stride(0), misalign),
-               meta_items(PATH=path, ILP=ALIGN_BYTES // elem, T=THREADS, LOG_WARPS=(THREADS // WARP).bit_length() - 1,
-                          BLOCK=2048, LIBDEVICE=libdev, num_warps=4,
-                          **launch_options(_softmax_block_order_kernel)), device)
+    path, kernel, grid, meta = _plan(M, N, x2.element_size(), misalign, x2.device)
+    args = (x2, y2, M, N, x2.stride(0), y2.stride(0)) if path == PATH_WARP else (
+        x2, y2, N, x2.stride(0), y2.stride(0), misalign)
+    launch(kernel, grid, args, meta, x2.device)
     return path
 
 
