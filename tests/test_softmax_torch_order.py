@@ -24,12 +24,19 @@ def _tree(v: np.ndarray) -> np.ndarray:
 
 def _aten_order(x: np.ndarray, path: str, elem: int, misalign: int) -> np.ndarray:
     """softmax over the last axis of float32 rows x (M, N) in the order of ATen's kernel ``path``."""
+    mx, total = aten_row_stats(x, path, elem, misalign)
+    return (np.exp(x - mx[:, None]).astype(np.float32) / total[:, None]).astype(np.float32)
+
+
+def aten_row_stats(x: np.ndarray, path: str, elem: int, misalign: int):
+    """(max, sum of exp(x - max)) of each float32 row of x (M, N), the sum in the order of ATen's kernel ``path``."""
     M, N = x.shape
-    out = np.empty_like(x)
+    mx = x.max(axis=1).astype(np.float32)
+    sums = np.empty(M, np.float32)
     ilp = ILP_BYTES // elem
     for r in range(M):
         row = x[r]
-        e = np.exp(row - row.max()).astype(np.float32)
+        e = np.exp(row - mx[r]).astype(np.float32)
         if path == "warp":
             n2 = 1 << max(0, (N - 1).bit_length())
             w = min(n2, 32)
@@ -66,8 +73,8 @@ def _aten_order(x: np.ndarray, path: str, elem: int, misalign: int) -> np.ndarra
                 for start in range(vec_end, size, THREADS):
                     p = add(p, base + start + t, start + t < size)
             total = _tree(_tree(p.reshape(THREADS // 32, 32))[None, :])[0]
-        out[r] = e / np.float32(total)
-    return out
+        sums[r] = total
+    return mx, sums
 
 
 CASES = [  # (N, dtype, misaligned base, expected path)

@@ -1,6 +1,6 @@
 """The vendor math library for kernels that must match ATen's bits (written once, copied into every package).
 
-ATen's CUDA/ROCm kernels call ``expf`` (and ``erff``, ``tanhf``) from the vendor math library; Triton
+ATen's CUDA/ROCm kernels call ``expf`` and ``logf`` (and ``erff``, ``tanhf``) from the vendor math library; Triton
 reaches the same functions through ``libdevice`` (CUDA's libdevice, ROCm's ocml), so fp32 results can
 agree bitwise. ``tl.exp`` compiles to ``ex2.approx`` on NVIDIA (a few ulps off). Under the interpreter
 and on other backends (XPU) the portable ``tl`` functions are used.
@@ -15,7 +15,7 @@ from triton.language.extra import libdevice
 
 from ._device import is_interpreter
 
-__all__ = ["exp_f32", "use_libdevice"]
+__all__ = ["exp_f32", "log_f32", "use_libdevice"]
 
 
 @triton.jit
@@ -25,6 +25,15 @@ def exp_f32(x, LIBDEVICE: tl.constexpr):
         return libdevice.exp(x)
     else:
         return tl.exp(x)
+
+
+@triton.jit
+def log_f32(x, LIBDEVICE: tl.constexpr):
+    """Natural log of fp32 x: libdevice's ``logf`` when LIBDEVICE, else ``tl.log``."""
+    if LIBDEVICE:
+        return libdevice.log(x)
+    else:
+        return tl.log(x)
 
 
 def use_libdevice(device: torch.device, kernel) -> int:

@@ -27,10 +27,11 @@ against torch 2.11 on an H200, see ``benchmarks/results/softmax_vs_torch_*.md``)
     element per thread, 1024 apart; the same block tree.
 
 Every path ends with ``exp(x - max) / sum`` per element (IEEE division) rounded once to
-x's dtype. ``exp`` is the vendor library's (``libdevice``: CUDA's ``expf``, ROCm's ocml)
-on GPUs; the interpreter uses numpy's ``exp`` (same order, other last bits). Trees are
-built from ``reshape``/``permute``/``split`` (``tl.sum``'s order is the compiler's), and
-launches disable fp contraction.
+x's dtype. :func:`row_stats_torch_order` stops before that pass and returns each row's max and
+sum instead (torch's log-softmax uses the same sum; the exact cross-entropy builds on it). ``exp`` is the vendor library's (``libdevice``: CUDA's ``expf``, ROCm's ocml)
+on GPUs; the interpreter uses numpy's ``exp`` (same order, other last bits). Each tree
+level is a sum over an axis of size 2 (one addition: the same in any order), and launches
+disable fp contraction.
 
 Only the forward over the last dim (or a dim after which every size is 1) without scale
 or mask follows torch; other calls take the package's fast kernels.
@@ -88,15 +89,15 @@ def _tree(t, LEVELS: tl.constexpr):
 
 
 @triton.jit
-def _softmax_warp_order_kernel(x_ptr, y_ptr, M, N, stride_x, stride_y, ROWS: tl.constexpr, W: tl.constexpr,
-                               LOG_W: tl.constexpr, ITERS: tl.constexpr, LIBDEVICE: tl.constexpr):
+def _softmax_warp_order_kernel(x_ptr, y_ptr, stats_ptr, M, N, stride_x, stride_y, ROWS: tl.constexpr,
+                               W: tl.constexpr, LOG_W: tl.constexpr, ITERS: tl.constexpr, LIBDEVICE: tl.constexpr):
     # ROWS rows per program, each as W lanes x ITERS steps (element l + i * W): softmax_warp_forward's order.
+    # stats_ptr given: store each row's (max, sum of exp) there instead of writing y.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rm = (rows < M)[:, None]
     rows64 = rows.to(tl.int64)[:, None]
     lane = tl.arange(0, W)[None, :]
     xb = x_ptr + rows64 * stride_x
-    yb = y_ptr + rows64 * stride_y
     m = tl.full((ROWS, W), float("-inf"), tl.float32)
     for i in range(ITERS):
         c = i * W + lane
@@ -108,12 +109,17 @@ def _softmax_warp_order_kernel(x_ptr, y_ptr, M, N, stride_x, stride_y, ROWS: tl.
         v = tl.load(xb + c, mask=rm & (c < N), other=float("-inf")).to(tl.float32)
         s = s + exp_f32(v - mx, LIBDEVICE)
     total = _tree(s, LOG_W)  # (ROWS, 1)
-    for i in range(ITERS):
-        c = i * W + lane
-        ok = rm & (c < N)
-        v = tl.load(xb + c, mask=ok, other=0.0).to(tl.float32)
-        y = tl.math.div_rn(exp_f32(v - mx, LIBDEVICE), total)
-        tl.store(yb + c, y.to(y_ptr.dtype.element_ty), mask=ok)
+    if stats_ptr is not None:
+        tl.store(stats_ptr + 2 * rows64, mx, mask=rm)
+        tl.store(stats_ptr + 2 * rows64 + 1, total, mask=rm)
+    else:
+        yb = y_ptr + rows64 * stride_y
+        for i in range(ITERS):
+            c = i * W + lane
+            ok = rm & (c < N)
+            v = tl.load(xb + c, mask=ok, other=0.0).to(tl.float32)
+            y = tl.math.div_rn(exp_f32(v - mx, LIBDEVICE), total)
+            tl.store(yb + c, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -124,13 +130,13 @@ def _addexp_f32(p, xb, c, ok, mx, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _softmax_block_order_kernel(x_ptr, y_ptr, N, stride_x, stride_y, misalign, PATH: tl.constexpr,
+def _softmax_block_order_kernel(x_ptr, y_ptr, stats_ptr, N, stride_x, stride_y, misalign, PATH: tl.constexpr,
                                 ILP: tl.constexpr, T: tl.constexpr, LOG_WARPS: tl.constexpr, BLOCK: tl.constexpr,
                                 LIBDEVICE: tl.constexpr):
-    # one row per program; t = the T threads of ATen's block, p[t] = thread t's partial sum
+    # one row per program; t = the T threads of ATen's block, p[t] = thread t's partial sum;
+    # stats_ptr given: store the row's (max, sum of exp) there instead of writing y
     row = tl.program_id(0).to(tl.int64)
     xb = x_ptr + row * stride_x
-    yb = y_ptr + row * stride_y
     offs = tl.arange(0, BLOCK)
     m = tl.full((BLOCK,), float("-inf"), tl.float32)
     for start in range(0, N, BLOCK):
@@ -165,12 +171,17 @@ def _softmax_block_order_kernel(x_ptr, y_ptr, N, stride_x, stride_y, misalign, P
     WARPS: tl.constexpr = T // 32
     per_warp = _tree(tl.reshape(p, (WARPS, 32)), 5)  # (WARPS, 1)
     total = tl.max(tl.max(_tree(tl.reshape(per_warp, (1, WARPS)), LOG_WARPS), axis=1), axis=0)  # the (1, 1) sum
-    for start in range(0, N, BLOCK):
-        c = start + offs
-        ok = c < N
-        v = tl.load(xb + c, mask=ok, other=0.0).to(tl.float32)
-        y = tl.math.div_rn(exp_f32(v - mx, LIBDEVICE), total)
-        tl.store(yb + c, y.to(y_ptr.dtype.element_ty), mask=ok)
+    if stats_ptr is not None:
+        tl.store(stats_ptr + 2 * row, mx)
+        tl.store(stats_ptr + 2 * row + 1, total)
+    else:
+        yb = y_ptr + row * stride_y
+        for start in range(0, N, BLOCK):
+            c = start + offs
+            ok = c < N
+            v = tl.load(xb + c, mask=ok, other=0.0).to(tl.float32)
+            y = tl.math.div_rn(exp_f32(v - mx, LIBDEVICE), total)
+            tl.store(yb + c, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @functools.lru_cache(maxsize=64)
@@ -228,13 +239,25 @@ def softmax_torch_order(x2: torch.Tensor, y2: torch.Tensor, misalign: int) -> in
     ``misalign``: where torch's (contiguous) copy of the input would start past a 16-byte
     boundary, in elements (0 for a copy; ``data_ptr % 16 / element_size`` for a contiguous input).
     """
+    return _launch(x2, y2, None, misalign)
+
+
+def row_stats_torch_order(x2: torch.Tensor, stats: torch.Tensor, misalign: int) -> int:
+    """stats[r] = (max, sum of exp(x - max)) of each row of x2 (M, N), the sum in the order of the kernel
+    ``torch.softmax`` / ``torch.log_softmax`` run (ATen's log-softmax takes ``log`` of this same sum).
+    ``stats``: (M, 2) fp32, contiguous; ``misalign`` as in :func:`softmax_torch_order`. Returns the path."""
+    return _launch(x2, None, stats, misalign)
+
+
+def _launch(x2, y2, stats, misalign) -> int:
     M, N = x2.shape
     path, kernel, grid, meta = _plan(M, N, x2.element_size(), misalign, x2.device)
-    args = (x2, y2, M, N, x2.stride(0), y2.stride(0)) if path == PATH_WARP else (
-        x2, y2, N, x2.stride(0), y2.stride(0), misalign)
+    stride_y = y2.stride(0) if y2 is not None else 0
+    args = (x2, y2, stats, M, N, x2.stride(0), stride_y) if path == PATH_WARP else (
+        x2, y2, stats, N, x2.stride(0), stride_y, misalign)
     launch(kernel, grid, args, meta, x2.device)
     return path
 
 
-__all__ = ["PATH_ILP", "PATH_REG", "PATH_SMEM", "PATH_WARP", "path_name", "softmax_torch_order",
-           "torch_order_path"]
+__all__ = ["PATH_ILP", "PATH_REG", "PATH_SMEM", "PATH_WARP", "path_name", "row_stats_torch_order",
+           "softmax_torch_order", "torch_order_path"]

@@ -55,6 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._cross_entropy_torch_order import cross_entropy_torch_order
 from .softmax import _chunk_start, _team_max_sumexp, _team_phases, _team_publish_max_sumexp
 from ._team import team_arrive, team_load, team_member, team_wait
 from ._common import check_float_tensor, check_real, check_same_device, row_layout, row_start, store_rounded
@@ -563,6 +564,7 @@ def cross_entropy(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
+    torch_order: bool = False,
 ) -> Tensor:
     """Cross-entropy of class-index targets, fused with its gradient; ``F.cross_entropy`` plus PaLM's z-loss.
 
@@ -578,6 +580,10 @@ def cross_entropy(
         reduction: "mean" (over non-ignored targets, on the device), "sum" or "none".
         label_smoothing: eps in [0, 1], torch's definition.
         z_loss: coefficient >= 0 of the per-row ``lse^2`` term (0: off).
+        torch_order: compute as torch does, step by step with its roundings and summation orders
+            (``_cross_entropy_torch_order``; the ``CrossEntropyLoss`` layer sets it): on CUDA the loss and
+            the gradient equal ``F.cross_entropy``'s bit for bit. (C,) or (N, C) logits, without label
+            smoothing or z-loss. Costs a second read of the logits in the forward (no fused gradient).
 
     Returns:
         The loss in logits' dtype: a scalar, or target's shape for "none". When logits require grad, eager
@@ -587,7 +593,8 @@ def cross_entropy(
 
     Raises:
         TypeError: unsupported dtypes (float targets: class probabilities are not supported).
-        ValueError: target shape, reduction, label_smoothing outside [0, 1], z_loss < 0, devices.
+        ValueError: target shape, reduction, label_smoothing outside [0, 1], z_loss < 0, devices;
+            torch_order with label smoothing, z-loss or logits of more than 2 dims.
         RuntimeError: CPU tensor without TRITON_INTERPRET=1.
 
     Precision: logsumexp, loss and gradient in fp32; per-row losses summed in fp32 by torch; one rounding
@@ -601,6 +608,14 @@ def cross_entropy(
     Source: ``torch.nn.functional.cross_entropy``; z-loss from PaLM (arXiv:2204.02311).
     """
     class_dim, label_smoothing, z_loss = _check(logits, target, ignore_index, reduction, label_smoothing, z_loss)
+    if not isinstance(torch_order, bool):
+        raise TypeError(f"torch_order must be a bool, got {type(torch_order).__name__}")
+    if torch_order:
+        if label_smoothing > 0.0 or z_loss > 0.0 or logits.dim() > 2:
+            raise ValueError("torch_order=True follows F.cross_entropy for (C,) or (N, C) logits without "
+                             f"label_smoothing or z_loss (got logits of {logits.dim()} dims, label_smoothing="
+                             f"{label_smoothing}, z_loss={z_loss})")
+        return cross_entropy_torch_order(logits, target, ignore_index, reduction)
     grad_mode = 0
     if torch.is_grad_enabled() and logits.requires_grad:
         # fused (the forward writes the gradient) in eager; recompute under torch.compile, where the

@@ -54,7 +54,11 @@ class Softmax(nn.Module):
 
 
 class CrossEntropyLoss(nn.Module):
-    """``nn.CrossEntropyLoss`` for class-index targets, loss and gradient fused (see ``cross_entropy``).
+    """``nn.CrossEntropyLoss`` for class-index targets.
+
+    (C,) or (N, C) input without label smoothing: torch's order (``cross_entropy(..., torch_order=True)``),
+    so on CUDA the loss and the input's gradient equal the module's bit for bit. Otherwise the fused
+    kernel (loss and gradient in one pass, within an ulp or two of torch's).
 
     Shapes:
         - input: (C,), (N, C) or (N, C, d1, ...), fp16/bf16/fp32
@@ -75,4 +79,5 @@ class CrossEntropyLoss(nn.Module):
             raise ValueError("CrossEntropyLoss with a class weight is not supported by triton-softmax "
                              "(weight must be None)")
         return cross_entropy(input, target, ignore_index=self.ignore_index, reduction=self.reduction,
-                             label_smoothing=self.label_smoothing)
+                             label_smoothing=self.label_smoothing,
+                             torch_order=self.label_smoothing == 0.0 and input.dim() <= 2)
