@@ -2,7 +2,7 @@
 roundings and summation orders.
 
 On the CPU the reference is a numpy model of ATen's steps (``_model`` below: the row sums of
-``aten_row_stats``, log-softmax's epilogue, nll_loss's 32-slot reduction, the backward's fused
+``aten_row_stats``, log-softmax's epilogue, nll_loss's slots and tree, the backward's fused
 multiply-add) with numpy's ``exp``/``log``, which the interpreter also uses; the kernels must match
 it bit for bit. On CUDA the same tests compare with ``F.cross_entropy`` and its autograd gradient.
 """
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.test_softmax_torch_order import aten_row_stats
+from tests.test_softmax_torch_order import _tree, aten_row_stats
 
 IGNORE = -100
 
@@ -55,14 +55,14 @@ def _model(x: torch.Tensor, target: torch.Tensor, reduction: str, path: str, mis
         loss = nll.reshape(target.shape)
         count = np.float32(valid.sum())
     else:
-        slots, cnt = np.zeros(32, np.float32), np.zeros(32, np.float32)
+        q = M // 16  # nll_loss_threads(M): clamp(1 << round(log2(M / 16)), 32, 1024)
+        threads = 32 if q == 0 else min(max(1 << round(np.log2(q)), 32), 1024)
+        slots, cnt = np.zeros(threads, np.float32), np.zeros(threads, np.float32)
         for i in range(M):
             if valid[i]:
-                slots[i % 32] = np.float32(slots[i % 32] - logp[i, t[i]])
-                cnt[i % 32] = np.float32(cnt[i % 32] + np.float32(1))
-        total, count = np.float32(0), np.float32(0)
-        for k in range(32):
-            total, count = np.float32(total + slots[k]), np.float32(count + cnt[k])
+                slots[i % threads] = np.float32(slots[i % threads] - logp[i, t[i]])
+                cnt[i % threads] = np.float32(cnt[i % threads] + np.float32(1))
+        total, count = _tree(slots[None, :])[0], _tree(cnt[None, :])[0]
         loss = np.float32(total / count) if reduction == "mean" else total
     loss = torch.from_numpy(np.asarray(loss, np.float32)).to(dtype)
     # backward for an upstream gradient dloss (a value of x's dtype)
@@ -81,6 +81,7 @@ def _model(x: torch.Tensor, target: torch.Tensor, reduction: str, path: str, mis
 CASES = [  # (shape, dtype, reduction, expected softmax path)
     ((37, 1000), torch.bfloat16, "mean", "warp"),
     ((70, 1000), torch.float32, "sum", "warp"),
+    ((1500, 100), torch.float32, "mean", "warp"),  # 128 slots
     ((9, 3001), torch.float16, "mean", "reg"),
     ((9, 3001), torch.float32, "none", "reg"),
     ((5, 10000), torch.float32, "mean", "smem"),
@@ -150,7 +151,7 @@ def test_cross_entropy_torch_order_misaligned_and_strided(softmax, device):
 
 def test_cross_entropy_torch_order_is_not_a_plain_sum(softmax, device):
     """The reduction order shows in fp32: a plain row sum of the per-row losses gives other bits here, so the
-    32-slot order of the tests above is really exercised."""
+    slot-and-tree order of the tests above is really exercised."""
     torch.manual_seed(4)
     x = torch.randn(333, 1000, device=device) * 3
     target = torch.randint(0, 1000, (333,), device=device)

@@ -10,8 +10,9 @@ syncs (label smoothing, ignore_index, z-loss). Each op is a
 ``torch.library.custom_op`` with a fake implementation and an autograd formula, so
 it runs under ``torch.compile(fullgraph=True)``. ``softmax(..., torch_order=True)`` adds the
 exponentials in the order of torch's CUDA kernels with the same ``expf`` (``_torch_order``): its
-output equals ``torch.softmax``'s bit for bit. ``layers`` holds the Hub layers (``Softmax``, in
-torch's order; ``CrossEntropyLoss``, close, not bit-exact: see ``layers.py``).
+output equals ``torch.softmax``'s bit for bit; ``cross_entropy(..., torch_order=True)`` follows
+``F.cross_entropy``'s steps and roundings (loss and gradient bit-exact, ``_cross_entropy_torch_order``).
+``layers`` holds the Hub layers (``Softmax`` and ``CrossEntropyLoss``, in torch's order: see ``layers.py``).
 
 On CPU tensors the kernels run under the Triton interpreter: set
 ``TRITON_INTERPRET=1`` before importing triton and this package.

@@ -10,8 +10,9 @@ at a fixed point (``aten/src/ATen/native/cuda/SoftMax.cu``, ``PersistentSoftmax.
    picks (``_torch_order.row_stats_torch_order``);
 2. ``logp_j = round((x_j - m) - logf(s))``, rounded to x's dtype (LogSoftMax's epilogue);
 3. "none": ``loss_i = -logp_it`` (0 where ignored). "mean"/"sum" (``nll_loss_forward_reduce_
-   cuda_kernel_2d``): 32 fp32 slots, slot k subtracting ``logp_it`` of rows k, k + 32, ... in order
-   and counting them; then the slots are added 0, ..., 31 into one sum and one count; "mean" is
+   cuda_kernel_2d``, one block of ``T = nll_loss_threads(N)`` threads): fp32 slot k subtracts
+   ``logp_it`` of rows k, k + T, ... in order and counts them; a halving tree
+   (``s[k] += s[k + stride]``) adds the slots into one sum and one count; "mean" is
    ``round(sum / count)`` (IEEE division), "sum" ``round(sum)``. 1-D logits (one row) give
    ``-logp_t`` for both, 0 if ignored;
 4. backward: nll's gradient at the target is ``g = -round(dloss / round(count))`` ("mean"; the
@@ -26,6 +27,7 @@ writes and re-reads the full log-softmax and a zero-filled gradient.
 
 from __future__ import annotations
 
+import math
 from typing import Tuple
 
 import torch
@@ -38,15 +40,21 @@ from ._fastlaunch import launch, meta_items
 from ._libm import exp_f32, log_f32, use_libdevice
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
-from ._torch_order import ALIGN_BYTES, row_stats_torch_order
+from ._torch_order import ALIGN_BYTES, _tree, row_stats_torch_order
 
 Tensor = torch.Tensor
-NLL_THREADS = 32  # NLL_LOSS_THREADS: the slots of nll_loss_forward_reduce_cuda_kernel_2d
 # log-softmax backward's `grad - exp(out) * sum` as one fused multiply-add (nvcc's default contraction)
 FMA_BACKWARD = True
 _ROWS_BLOCK = 128  # rows per program of the per-row kernel
 _BWD_BLOCK = 2048  # classes per program of the backward
-_TILE = 8  # rows of 32 slots the reduction loads per step
+_TILE = 8  # rows of slots the reduction loads per step
+
+
+def nll_loss_threads(n_rows: int) -> int:
+    """Threads (= fp32 slots) of ATen's nll_loss reduction for ``n_rows`` rows:
+    ``clamp(1 << round(log2(n_rows / 16)), 32, 1024)`` with an integer quotient (0 rows / 16: 32)."""
+    q = n_rows // 16
+    return 32 if q == 0 else min(max(1 << round(math.log2(q)), 32), 1024)
 
 
 @triton.jit
@@ -79,9 +87,9 @@ def _nll_rows_kernel(x_ptr, t_ptr, stats_ptr, nll_ptr, M, V, stride_x, stride_t,
 
 @triton.jit
 def _nll_reduce_kernel(nll_ptr, t_ptr, out_ptr, count_ptr, M, stride_t, ignore_index, MEAN: tl.constexpr,
-                       THREADS: tl.constexpr, TILE: tl.constexpr):
+                       THREADS: tl.constexpr, LOG_THREADS: tl.constexpr, TILE: tl.constexpr):
     # One program, ATen's order: slot k adds rows k, k + THREADS, ... (TILE rows of slots per load),
-    # then the slots are added in order 0 .. THREADS - 1.
+    # then a halving tree adds the slots.
     k = tl.arange(0, THREADS)
     r = tl.arange(0, TILE)
     acc = tl.zeros((THREADS,), tl.float32)
@@ -96,11 +104,9 @@ def _nll_reduce_kernel(nll_ptr, t_ptr, out_ptr, count_ptr, M, stride_t, ignore_i
             pick = r[:, None] == i
             acc = acc + tl.sum(tl.where(pick, v, 0.0), axis=0)
             cnt = cnt + tl.sum(tl.where(pick, w, 0.0), axis=0)
-    total = tl.sum(tl.where(k == 0, acc, 0.0), axis=0)
-    count = tl.sum(tl.where(k == 0, cnt, 0.0), axis=0)
-    for i in tl.static_range(1, THREADS):
-        total = total + tl.sum(tl.where(k == i, acc, 0.0), axis=0)
-        count = count + tl.sum(tl.where(k == i, cnt, 0.0), axis=0)
+    # the (1, 1) results of the trees as scalars (a max over one element)
+    total = tl.max(tl.max(_tree(tl.reshape(acc, (1, THREADS)), LOG_THREADS), axis=1), axis=0)
+    count = tl.max(tl.max(_tree(tl.reshape(cnt, (1, THREADS)), LOG_THREADS), axis=1), axis=0)
     if MEAN:
         total = tl.math.div_rn(total, count)
     tl.store(out_ptr, total)
@@ -171,8 +177,9 @@ def _fwd_impl(logits: Tensor, target: Tensor, ignore_index: int, reduction: str)
         loss = torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=logits.dtype, device=dev)
         return loss, stats, count
     total = torch.empty((), dtype=torch.float32, device=dev)
+    threads = nll_loss_threads(M)
     launch(_nll_reduce_kernel, (1,), (nll, t1, total, count, M, t1.stride(0), ignore_index),
-           meta_items(MEAN=reduction == "mean", THREADS=NLL_THREADS, TILE=_TILE,
+           meta_items(MEAN=reduction == "mean", THREADS=threads, LOG_THREADS=threads.bit_length() - 1, TILE=_TILE,
                       **launch_options(_nll_reduce_kernel)), dev)
     return total.to(logits.dtype), stats, count
 

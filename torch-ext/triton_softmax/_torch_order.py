@@ -74,7 +74,8 @@ def _halve(t):
 
 @triton.jit
 def _tree(t, LEVELS: tl.constexpr):
-    """Halving tree along axis 1 of (R, 2**LEVELS) -> (R, 1): torch's shfl_down / shfl_xor stages."""
+    """Halving tree along axis 1 of (R, 2**LEVELS) -> (R, 1), LEVELS <= 10: torch's shfl_down / shfl_xor
+    stages, and the shared-memory trees of block reductions (``s[t] += s[t + stride]``, stride halving)."""
     if LEVELS >= 1:
         t = _halve(t)
     if LEVELS >= 2:
@@ -84,6 +85,16 @@ def _tree(t, LEVELS: tl.constexpr):
     if LEVELS >= 4:
         t = _halve(t)
     if LEVELS >= 5:
+        t = _halve(t)
+    if LEVELS >= 6:
+        t = _halve(t)
+    if LEVELS >= 7:
+        t = _halve(t)
+    if LEVELS >= 8:
+        t = _halve(t)
+    if LEVELS >= 9:
+        t = _halve(t)
+    if LEVELS >= 10:
         t = _halve(t)
     return t
 

@@ -7,6 +7,10 @@ otherwise, and for the backward, it is the package's fast kernels (within an ulp
 Exactness costs speed: on an H200 the torch-order forward ran at 0.47-2.3x torch's own kernel
 (``benchmarks/results/softmax_vs_torch_2026-12-01.md``); ``softmax(x, dim)`` is the fast path.
 
+``CrossEntropyLoss`` follows ``F.cross_entropy``'s steps for (C,) and (N, C) input without label
+smoothing (``cross_entropy(..., torch_order=True)``): loss and input gradient bit-exact on CUDA. With
+label smoothing or (N, C, d1, ...) input it is the fused kernel (within an ulp or two).
+
 Each class is stateless (no ``__init__``, no methods besides ``forward``) and reads the
 replaced module's own attributes.
 
