@@ -283,6 +283,65 @@ def test_config_lookup(matmul):
     assert pick(4096, 4096, 4096, None, False, 64).num_warps * 64 <= 1024
 
 
+def test_config_lookup_epilogue(matmul, tmp_path, monkeypatch):
+    # "epilogue" entries serve calls with that activation (as written, gated ones included), plain entries every
+    # call; the call's activation reaches the lookup from matmul(); values never depend on the entry picked
+    import json
+    import sys
+
+    launch = sys.modules[matmul.__name__ + "._launch"]
+    mod = sys.modules[matmul.__name__ + ".matmul"]
+    assert {k: v[1] for k, v in mod.ACTIVATIONS.items() if k is not None} == launch.EPILOGUES
+
+    def entry(M, N, K, bm, bn, bk, stages, **extra):
+        return {"M": M, "N": N, "K": K, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "num_warps": 2,
+                "num_stages": stages, **extra}
+
+    configs = [entry(16, 64, 64, 16, 64, 32, 2, TMA=1, PERSISTENT=1, EPILOGUE_SUBTILE=1),
+               entry(512, 64, 64, 64, 64, 64, 2),
+               entry(16, 64, 64, 32, 16, 16, 3, epilogue="gelu_tanh"),
+               entry(16, 64, 64, 16, 32, 16, 1, TMA=1, PERSISTENT=1, epilogue="geglu")]
+    (tmp_path / "Test_GPU_E.json").write_text(json.dumps({"gpu": "Test GPU E", "configs": configs}))
+    monkeypatch.setattr(launch, "CONFIG_DIR", tmp_path)
+    pick = launch.pick_config
+    launch.load_buckets.cache_clear()
+    pick.cache_clear()
+    try:
+        plain, tanh = pick(20, 64, 64, "Test GPU E"), pick(20, 64, 64, "Test GPU E", activation="gelu_tanh")
+        assert (plain.block_m, plain.num_stages, plain.persistent) == (16, 2, 1)
+        assert (tanh.block_m, tanh.block_n, tanh.num_stages, tanh.persistent) == (32, 16, 3, 0)
+        assert pick(20, 64, 64, "Test GPU E", activation="gelu") == plain  # no gelu entry: the plain bucket
+        assert pick(400, 64, 64, "Test GPU E", activation="gelu_tanh").block_m == 64  # nearer plain bucket wins
+        # gated: a plain bucket is halved and loses the persistent loop; a geglu entry is used as written
+        swiglu, geglu = pick(20, 64, 64, "Test GPU E", True, activation="swiglu"), pick(20, 64, 64, "Test GPU E",
+                                                                                        activation="geglu")
+        assert (swiglu.block_n, swiglu.persistent, swiglu.epilogue_subtile) == (32, 0, 0)
+        assert (geglu.block_n, geglu.persistent, geglu.num_stages) == (32, 1, 1)
+        fp32 = pick(20, 64, 64, "Test GPU E", itemsize=4, activation="gelu_tanh")
+        assert fp32.block_k == 16  # fp32: half the entry's BLOCK_K, floor 16
+        buckets = launch.load_buckets("Test GPU E")
+        assert [b.epilogue for b in buckets] == [None, None, "gelu_tanh", "geglu"] and buckets[0][0] == (16, 64, 64)
+        with pytest.raises(ValueError, match="no config bucket serves"):
+            launch.lookup(buckets[2:], 20, 64, 64, activation="silu")
+        with pytest.raises(ValueError, match="epilogue 'gelu_tan'"):
+            launch.parse_buckets({"configs": [entry(16, 64, 64, 16, 16, 16, 1, epilogue="gelu_tan")]})
+        # matmul() hands its activation to the lookup: the gelu_tanh / geglu entries run here
+        picked = []
+        monkeypatch.setattr(launch, "device_info", lambda device: ("Test GPU E", 32))
+        monkeypatch.setattr(launch, "pick_config", lambda *args: picked.append(pick(*args)) or picked[-1])
+        torch.manual_seed(5)
+        dt = torch.bfloat16
+        a, w = rand(20, 40, dtype=dt), rand(128, 40, dtype=dt, scale=0.3)
+        for act, n_total, expect in (("gelu_tanh", 64, tanh), ("geglu", 128, geglu), (None, 64, plain)):
+            bias = rand(n_total, dtype=dt)
+            y = matmul.matmul(a, w[:n_total].t(), bias, act)
+            assert picked[-1] == expect, act
+            assert_matmul_close(y, a, w[:n_total].t(), bias, act)
+    finally:
+        launch.load_buckets.cache_clear()
+        pick.cache_clear()
+
+
 def _grad_check(matmul, dtype, activation, has_bias, rtol):
     torch.manual_seed(4)
     a = rand(2, 9, 31, dtype=dtype).requires_grad_()

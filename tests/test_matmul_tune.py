@@ -281,7 +281,7 @@ def test_tune_rejects_wrong_results(matmul, monkeypatch):
     monkeypatch.setattr(T, "DEVICE", "cpu")
     monkeypatch.setattr(T, "_bench", lambda fn, rep: (fn(), 1.0 if fn().abs().sum() == 0 else 2.0)[1])
 
-    def fake_matmul(a, b, config=None):
+    def fake_matmul(a, b, bias=None, activation=None, config=None):
         if config.block_n == 64:
             raise RuntimeError("does not compile")
         return torch.zeros(a.shape[0], b.shape[1]) if config.block_n == 32 else (a.float() @ b.float()).to(a.dtype)
@@ -294,3 +294,68 @@ def test_tune_rejects_wrong_results(matmul, monkeypatch):
     errors = [m for _, m in res.candidates if "error" in m]
     assert len(errors) == 1 and "does not compile" in errors[0]["error"]
     assert res.candidates[0][1]["max_rel_err"] == 1.0  # zeros: the whole reference is missing
+
+
+def test_epilogue_names_agree(matmul):
+    # tune --epilogue offers exactly the activations the package's config files may name
+    assert set(tune.EPILOGUES) == set(_launch_module(matmul).EPILOGUES)
+    assert {k: v for k, v in _launch_module(matmul).EPILOGUES.items() if v} == {k: True for k in tune.GATED}
+
+
+def test_tune_epilogue_update_on_cpu(matmul, tmp_path, monkeypatch, capsys):
+    """tune --epilogue --update: the config the existing file gives each bucket is timed first; a faster candidate is
+    added as an "epilogue" entry only when a re-timing confirms --min-gain; every other entry stays as it was; the
+    package's lookup then serves the activation from the new entry. Gated epilogues run with b of 2N columns."""
+    import triton_collection.tune as T
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU 2")
+    monkeypatch.setattr(T, "DEVICE", "cpu")
+    # per bucket: incumbent, candidate B, candidate C, then the re-timing (incumbent, best) twice
+    timings = iter([3.0, 1.0, 2.0, 3.0, 1.1, 2.9, 1.0,  # (20, 32, 64): B wins, re-timed gain 190%
+                    1.0, 0.99, 2.0, 1.0, 0.99, 1.0, 0.99])  # (1, 48, 32): B 1% faster, below --min-gain
+    monkeypatch.setattr(T, "_bench", lambda fn, rep: (fn(), next(timings))[1])
+    base_entry = {"M": 20, "N": 32, "K": 64, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1,
+                  "num_warps": 1, "num_stages": 1, "tflops": 1.0, "cublas_tflops": 2.0}
+    out = tmp_path / "Fake_GPU_2.json"
+    out.write_text(json.dumps({"gpu": "Fake GPU 2", "tuned": True, "torch": "old", "configs": [base_entry]}))
+    cands = [{"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 2, "num_stages": 2, "TMA": 1},
+             {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 2, "num_stages": 2}]
+    (tmp_path / "c.json").write_text(json.dumps(cands))
+    rc = cli_main(["tune", "--root", str(ROOT), "--shape", "20,32,64", "--shape", "1,48,32", "--candidates",
+                   str(tmp_path / "c.json"), "--out", str(out), "--rep-ms", "1", "--no-cublas", "--epilogue",
+                   "gelu_tanh", "--update", "--min-gain", "0.03"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured
+    assert "1 of 2 measured buckets changed" in captured.out
+    assert next(timings, None) is None  # every timing used: incumbents measured, both re-timed
+    data = json.loads(out.read_text())
+    assert data["torch"] != "old" and data["configs"][0] == base_entry
+    assert len(data["configs"]) == 2
+    new = data["configs"][1]
+    assert (new["M"], new["N"], new["K"], new["epilogue"]) == (20, 32, 64, "gelu_tanh")
+    assert {k: new[k] for k in cands[0]} == cands[0] and len(new) == 3 + 1 + len(cands[0]) + 2
+
+    mm = matmul
+    launch = _launch_module(mm)
+    buckets = launch.parse_buckets(data)
+    assert launch.lookup(buckets, 20, 32, 64, activation="gelu_tanh") == mm.MatmulConfig.from_json(cands[0])
+    assert launch.lookup(buckets, 20, 32, 64) == mm.MatmulConfig.from_json(base_entry)
+
+    # gated: b has 2N columns and the candidates are checked against F.linear, chunk, p * gelu(g)
+    monkeypatch.setattr(T, "_bench", lambda fn, rep: (fn(), 1.0)[1])
+    shapes = []
+    real_measure = T.measure
+
+    def spy(mm_, a, b, config, *args, **kw):
+        shapes.append(tuple(b.shape))
+        return real_measure(mm_, a, b, config, *args, **kw)
+
+    monkeypatch.setattr(T, "measure", spy)
+    (res,) = T.tune(mm, [(20, 24, 32)], lambda M: cands, cublas=True, epilogue="geglu", log=lambda *a: None,
+                    incumbent=lambda shape: cands[1], min_gain=0.03)
+    assert set(shapes) == {(32, 48)} and len(shapes) == 3  # PyTorch, the incumbent, the other candidate
+    assert res.incumbent is cands[1] and res.best is cands[1] and not res.improves  # a tie keeps the incumbent
+    assert all(m["max_rel_err"] < 1e-2 for _, m in res.candidates) and res.cublas["ms"] == 1.0
+    merged = T.write_config_file(tmp_path / "g.json", "G", [res], base={"configs": [base_entry]})
+    assert merged["configs"] == [base_entry]

@@ -1,6 +1,7 @@
 """``triton-collection tune``: measure triton-matmul tile configs on this GPU and write its config file.
 
     triton-collection tune [--shape M,N,K ...] [--candidates FILE] [--out FILE] [--budget-s S] [--rep-ms MS]
+                           [--epilogue NAME] [--update [--min-gain G]]
 
 For every bucket shape (default: :data:`DEFAULT_BUCKETS`, Llama-3-8B and Flux projections from one
 token to 16K tokens) each candidate config (default: :func:`default_candidates`, chosen by M; or a JSON file
@@ -15,6 +16,17 @@ Timing: ``triton.testing.do_bench_cudagraph`` (median of CUDA-graph replays, so 
 excluded for both sides; L2 is not flushed between replays, for both sides alike), else
 ``do_bench``. FLOPs = 2 * M * N * K. The kernel package is built from this checkout and loaded with
 ``kernels.get_local_kernel``, as users load it.
+
+``--epilogue NAME`` (an activation of ``matmul``: gelu, gelu_tanh, silu, relu, geglu, swiglu) measures
+``matmul(x, W.T, bias, NAME)`` instead (W of (2N, K) for the gated ones, N output columns), against PyTorch's
+``F.linear`` followed by the activation, and writes the winners as ``"epilogue": NAME`` entries, which the
+lookup prefers for calls with that activation (``_launch``).
+
+``--update`` merges into the existing ``--out`` file instead of replacing it: for each measured bucket the
+config that file gives the call now (its entry for the bucket, else what its nearest bucket gives) is timed
+first; a faster candidate replaces it, or is added as a new entry, only when a re-timing of the two
+(interleaved, the better of two medians each) confirms a gain of at least ``--min-gain`` (default 3%).
+Every other entry is kept as it is.
 
 Needs a GPU; the budget (``--budget-s``) stops measuring new candidates when spent, and buckets
 with no measurement are left out of the file (``_launch`` picks the nearest remaining bucket).
@@ -32,10 +44,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-__all__ = ["DEFAULT_BUCKETS", "BucketResult", "add_parser", "default_candidates", "load_matmul", "measure",
-           "tune", "write_config_file"]
+__all__ = ["DEFAULT_BUCKETS", "EPILOGUES", "BucketResult", "add_parser", "default_candidates", "load_matmul",
+           "measure", "torch_forward", "tune", "write_config_file"]
 
 DEVICE = "cuda"  # the device tune() measures on
+# --epilogue: the activation names of triton-matmul (its ``_launch.EPILOGUES``); gated ones -> their activation
+EPILOGUES = ("gelu", "gelu_tanh", "silu", "relu", "geglu", "swiglu")
+GATED = {"geglu": "gelu", "swiglu": "silu"}
 
 # (M, N, K): M tokens (1 ... 16384) x the projections of Llama-3-8B (q/o 4096x4096, qkv 6144x4096, gate_up
 # 2x14336x4096, down 4096x14336) and Flux (3072x3072, 12288x3072, 3072x12288); the log2-nearest bucket serves
@@ -90,6 +105,20 @@ def load_matmul(root: Path):
     return kernels.get_local_kernel(built.variant(backend))
 
 
+def torch_forward(a, b, bias, epilogue: Optional[str]):
+    """What ``matmul(a, b, bias, epilogue)`` computes, in eager PyTorch: ``F.linear`` (cuBLAS on NVIDIA) then the
+    activation; gated: ``p, g = h.chunk(2, -1); p * act(g)`` (diffusers' GEGLU / SwiGLU)."""
+    import torch.nn.functional as F
+
+    acts = {None: lambda x: x, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu,
+            "relu": F.relu}
+    h = F.linear(a, b.t(), bias)
+    if epilogue in GATED:
+        p, g = h.chunk(2, -1)
+        return p * acts[GATED[epilogue]](g)
+    return acts[epilogue](h)
+
+
 def _bench(fn: Callable[[], object], rep_ms: float) -> float:
     """Median milliseconds of ``fn`` (CUDA-graph replays where possible)."""
     from triton.testing import do_bench, do_bench_cudagraph
@@ -101,19 +130,21 @@ def _bench(fn: Callable[[], object], rep_ms: float) -> float:
         return float(do_bench(fn, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median"))
 
 
-def measure(mm, a, b, config: Optional[dict], rep_ms: float = 30.0, reference=None) -> dict:
-    """Time ``mm.matmul(a, b, config=...)`` (``config`` None: torch.matmul) and check it against ``reference``.
+def measure(mm, a, b, config: Optional[dict], rep_ms: float = 30.0, reference=None, bias=None,
+            epilogue: Optional[str] = None) -> dict:
+    """Time ``mm.matmul(a, b, bias, epilogue, config=...)`` (``config`` None: :func:`torch_forward`, i.e.
+    cuBLAS then the separate activation) and check it against ``reference``.
 
-    Returns ``{"ms", "tflops", "max_rel_err"}`` (relative to ``reference``'s largest magnitude), or
-    ``{"error": ...}`` when the config does not compile or run.
+    Returns ``{"ms", "tflops", "max_rel_err"}`` (relative to ``reference``'s largest magnitude; TFLOP/s of the
+    GEMM, 2 * M * b's columns * K), or ``{"error": ...}`` when the config does not compile or run.
     """
     M, K = a.shape
     N = b.shape[1]
     if config is None:
-        fn = lambda: a @ b  # noqa: E731
+        fn = lambda: torch_forward(a, b, bias, epilogue)  # noqa: E731
     else:
         cfg = mm.MatmulConfig.from_json(config)
-        fn = lambda: mm.matmul(a, b, config=cfg)  # noqa: E731
+        fn = lambda: mm.matmul(a, b, bias, epilogue, config=cfg)  # noqa: E731
     try:
         y = fn()
         err = None
@@ -132,15 +163,41 @@ class BucketResult:
     candidates: list = field(default_factory=list)  # (config dict, measure dict)
     best: Optional[dict] = None
     best_measure: Optional[dict] = None
+    epilogue: Optional[str] = None  # the activation measured (None: plain GEMM)
+    incumbent: Optional[dict] = None  # the config the existing file gives this bucket (tune(incumbent=...))
+    gain: Optional[float] = None  # re-timed speedup of the best challenger over the incumbent, minus 1
+
+    @property
+    def improves(self) -> bool:
+        """A measured winner that is not the incumbent (with an incumbent: confirmed by the re-timing)."""
+        return self.best is not None and self.best is not self.incumbent
+
+
+def _same_config(mm, c1: dict, c2: dict) -> bool:
+    return mm.MatmulConfig.from_json(c1) == mm.MatmulConfig.from_json(c2)
+
+
+def _retime(fns: list, rep_ms: float) -> list:
+    """Per function the better of two medians, timed interleaved (a clock or scheduling hiccup hits one median)."""
+    first = [_bench(fn, rep_ms) for fn in fns]
+    return [min(t, _bench(fn, rep_ms)) for t, fn in zip(first, fns)]
 
 
 def tune(mm, buckets: Iterable[tuple], candidates: Callable[[int], list], *, rep_ms: float = 30.0,
          budget_s: float = 200.0, tolerance: float = 2e-2, log=print,
-         on_bucket: Optional[Callable[[list], None]] = None, cublas: bool = True) -> list[BucketResult]:
+         on_bucket: Optional[Callable[[list], None]] = None, cublas: bool = True, epilogue: Optional[str] = None,
+         incumbent: Optional[Callable[[tuple], Optional[dict]]] = None,
+         min_gain: float = 0.0) -> list[BucketResult]:
     """Measure every candidate of every bucket (bf16, ``x @ W.T``); the fastest correct one wins.
 
     A candidate is correct when its largest error is below ``tolerance`` times the reference's
     largest magnitude (bf16 output rounding is 2^-8; a wrong tile or edge is off by O(1)).
+
+    ``epilogue``: an activation name (:data:`EPILOGUES`): every call adds a bias and fuses the activation; b has
+    2N columns for a gated one (N output columns, the bucket's N). ``incumbent(shape)``: the config now serving
+    the bucket (or None), timed first; the best challenger replaces it only when a re-timing of both confirms a
+    speedup of at least ``min_gain`` (``BucketResult.gain``) or the incumbent fails (error, wrong values), else
+    the incumbent stays the bucket's best.
     """
     import torch
 
@@ -151,49 +208,88 @@ def tune(mm, buckets: Iterable[tuple], candidates: Callable[[int], list], *, rep
             log(f"budget spent: bucket {(M, N, K)} and later ones not measured")
             break
         gen = torch.Generator(device=DEVICE).manual_seed(M * 31 + N * 7 + K)
+        n_total = 2 * N if epilogue in GATED else N
         a = torch.randn(M, K, device=DEVICE, dtype=torch.bfloat16, generator=gen)
-        w = torch.randn(N, K, device=DEVICE, dtype=torch.bfloat16, generator=gen) * (1.0 / math.sqrt(K))
+        w = torch.randn(n_total, K, device=DEVICE, dtype=torch.bfloat16, generator=gen) * (1.0 / math.sqrt(K))
         b = w.t()
-        reference = a.float() @ b.float()
-        res = BucketResult((M, N, K), measure(mm, a, b, None, rep_ms) if cublas else {})
-        for cfg in candidates(M):
+        bias = None
+        if epilogue is not None:
+            bias = torch.randn(n_total, device=DEVICE, dtype=torch.bfloat16, generator=gen) * 0.1
+        reference = torch_forward(a.float(), b.float(), bias.float() if bias is not None else None, epilogue)
+        res = BucketResult((M, N, K), measure(mm, a, b, None, rep_ms, None, bias, epilogue) if cublas else {},
+                           epilogue=epilogue, incumbent=incumbent((M, N, K)) if incumbent is not None else None)
+        cands = list(candidates(M))
+        if res.incumbent is not None:
+            cands = [res.incumbent] + [c for c in cands if not _same_config(mm, c, res.incumbent)]
+        incumbent_ok = False
+        for cfg in cands:
             if time.monotonic() - start > budget_s:
                 break
-            m = measure(mm, a, b, cfg, rep_ms, reference)
+            m = measure(mm, a, b, cfg, rep_ms, reference, bias, epilogue)
             res.candidates.append((cfg, m))
             ok = "error" not in m and m["max_rel_err"] is not None and m["max_rel_err"] < tolerance
+            incumbent_ok = incumbent_ok or (ok and cfg is res.incumbent)
             if ok and (res.best_measure is None or m["ms"] < res.best_measure["ms"]):
                 res.best, res.best_measure = cfg, m
+        if incumbent_ok and res.best is not res.incumbent:
+            fns = [lambda c=mm.MatmulConfig.from_json(c): mm.matmul(a, b, bias, epilogue, config=c)
+                   for c in (res.incumbent, res.best)]
+            t_inc, t_best = _retime(fns, rep_ms)
+            res.gain = t_inc / t_best - 1.0
+            if res.gain < min_gain:
+                res.best, res.best_measure = res.incumbent, res.candidates[0][1]
         cub = res.cublas.get("tflops")
+        tag = f"{(M, N, K)}{' ' + epilogue if epilogue else ''}"
         if res.best is not None:
-            log(f"{(M, N, K)}: {res.best_measure['tflops']:.1f} TFLOP/s (cuBLAS {cub or float('nan'):.1f}) "
-                f"{time.monotonic() - start:.1f}s {res.best}")
+            kept = "" if res.incumbent is None else (
+                f" [{'replaces' if res.improves else 'kept'} the incumbent"
+                + (f", re-timed gain {res.gain:+.1%}]" if res.gain is not None else "]"))
+            log(f"{tag}: {res.best_measure['tflops']:.1f} TFLOP/s (PyTorch {cub or float('nan'):.1f}) "
+                f"{time.monotonic() - start:.1f}s {res.best}{kept}")
         else:
-            log(f"{(M, N, K)}: no correct candidate: {[m for _, m in res.candidates]}")
+            log(f"{tag}: no correct candidate: {[m for _, m in res.candidates]}")
         results.append(res)
-        del a, w, b, reference
+        del a, w, b, bias, reference
         if on_bucket is not None:  # e.g. write the file so far: a run killed later still leaves its results
             on_bucket(results)
     return results
 
 
-def write_config_file(path: Path, gpu: str, results: list[BucketResult], meta: Optional[dict] = None) -> dict:
-    """Write the winners as a ``_launch`` config file; returns the written object."""
-    configs = []
+def _entry_key(entry: dict) -> tuple:
+    return entry["M"], entry["N"], entry["K"], entry.get("epilogue")
+
+
+def write_config_file(path: Path, gpu: str, results: list[BucketResult], meta: Optional[dict] = None,
+                      base: Optional[dict] = None) -> dict:
+    """Write the winners as a ``_launch`` config file; returns the written object.
+
+    ``base``: an existing file's parsed JSON to merge into: winners that improve on their incumbent
+    (``BucketResult.improves``) replace the entry of the same (M, N, K, epilogue) or are appended; all other
+    entries of ``base`` are kept as they are.
+    """
+    entries = []
     for r in results:
-        if r.best is None:
+        if r.best is None or (base is not None and not r.improves):
             continue
         M, N, K = r.shape
         cub = r.cublas.get("tflops")
-        entry = {"M": M, "N": N, "K": K, **r.best,
+        entry = {"M": M, "N": N, "K": K, **({"epilogue": r.epilogue} if r.epilogue else {}), **r.best,
                  "tflops": round(r.best_measure["tflops"], 2), "cublas_tflops": round(cub, 2) if cub else None}
-        configs.append(entry)
+        entries.append(entry)
+    if base is not None:
+        new = {_entry_key(e): e for e in entries}
+        configs = [new.pop(_entry_key(e), e) for e in base["configs"]] + list(new.values())
+    else:
+        configs = entries
     if not configs:
         raise RuntimeError("no bucket has a measured, correct config: nothing to write")
+    extra = {k: v for k, v in (base or {}).items() if k not in ("gpu", "tuned", "note", "configs")}
     data = {"gpu": gpu, "tuned": True,
             "note": "Written by `triton-collection tune`: per bucket the fastest correct candidate (bf16, x @ W.T), "
-                    "TFLOP/s of it and of torch.matmul measured in the same process (CUDA-graph medians; cublas_tflops null: not timed, --no-cublas).",
-            **(meta or {}), "configs": configs}
+                    "TFLOP/s of it and of torch.matmul measured in the same process (CUDA-graph medians; cublas_tflops null: not timed, --no-cublas). "
+                    "Entries with an \"epilogue\" were measured with a bias and that activation fused, against "
+                    "F.linear then the activation (both TFLOP/s count the GEMM only).",
+            **extra, **(meta or {}), "configs": configs}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     head = json.dumps({k: v for k, v in data.items() if k != "configs"}, indent=2)[:-2]  # one bucket per line
@@ -239,22 +335,36 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else root / "torch-ext" / "triton_matmul" / "configs" / ("_".join(gpu.split()) + ".json")
     meta = {"torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    base = json.loads(out.read_text(encoding="utf-8")) if args.update and out.is_file() else None
+    incumbent = None
+    if base is not None:  # what the existing file gives each bucket's call, through the package's own lookup
+        launch = sys.modules[mm.__name__ + "._launch"]
+        buckets = launch.parse_buckets(base, str(out))
+        warp = launch.device_info(torch.device(DEVICE))[1]
+
+        def incumbent(shape):
+            return launch.lookup(buckets, *shape, warp_size=warp, activation=args.epilogue).to_json()
 
     def write_so_far(results):
         if any(r.best is not None for r in results):
-            write_config_file(out, gpu, results, meta)
+            write_config_file(out, gpu, results, meta, base)
 
     results = tune(mm, args.shape or DEFAULT_BUCKETS, _load_candidates(args.candidates), rep_ms=args.rep_ms,
-                   budget_s=args.budget_s, on_bucket=write_so_far, cublas=not args.no_cublas)
+                   budget_s=args.budget_s, on_bucket=write_so_far, cublas=not args.no_cublas,
+                   epilogue=args.epilogue, incumbent=incumbent, min_gain=args.min_gain)
     try:
-        write_config_file(out, gpu, results, meta)
+        write_config_file(out, gpu, results, meta, base)
     except RuntimeError as err:
         print(f"tune: {err}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps([{"shape": r.shape, "cublas": r.cublas, "best": r.best, "best_measure": r.best_measure,
+        print(json.dumps([{"shape": r.shape, "epilogue": r.epilogue, "cublas": r.cublas, "best": r.best,
+                           "best_measure": r.best_measure, "incumbent": r.incumbent, "gain": r.gain,
                            "candidates": r.candidates} for r in results], indent=1))
-    print(f"wrote {out} ({sum(r.best is not None for r in results)} buckets)")
+    if base is not None:
+        print(f"updated {out} ({sum(r.improves for r in results)} of {len(results)} measured buckets changed)")
+    else:
+        print(f"wrote {out} ({sum(r.best is not None for r in results)} buckets)")
     return 0
 
 
@@ -270,6 +380,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=200.0, help="stop starting new measurements after this (default 200)")
     p.add_argument("--rep-ms", type=float, default=30.0, help="timing window per measurement in ms (default 30)")
     p.add_argument("--no-cublas", action="store_true", help="do not time torch.matmul per bucket (faster)")
+    p.add_argument("--epilogue", choices=EPILOGUES,
+                   help="measure with a bias and this activation fused; write \"epilogue\" entries "
+                        "(default: the plain GEMM)")
+    p.add_argument("--update", action="store_true",
+                   help="merge into the existing --out file: an entry changes only when a candidate beats the config "
+                        "the file gives now by --min-gain on a re-timing")
+    p.add_argument("--min-gain", type=float, default=0.03, help="with --update: required speedup (default 0.03)")
     p.add_argument("--json", action="store_true", help="also print every measurement as JSON")
     p.set_defaults(func=run)
     return p

@@ -13,15 +13,26 @@ stream-K kernel, k iterations shared equally by ``max(1, PERSISTENT)`` programs 
 tune`` writes ``"tuned": true`` files with the measured TFLOP/s per bucket. A GPU without a file, and the Triton interpreter (CPU tensors), use
 ``configs/default.json``: small tiles and 3 stages that fit every supported GPU.
 
+Optional per bucket: ``"epilogue"``, one of :data:`EPILOGUES` (``matmul``'s ``activation`` names): the entry
+serves only calls with that activation, e.g. ``{"M": 4096, "N": 12288, "K": 3072, "epilogue": "gelu_tanh", ...}``
+next to the plain ``{"M": 4096, "N": 12288, "K": 3072, ...}`` (an expensive activation in the epilogue can
+favour another pipeline depth than the plain GEMM). Entries without it serve every call, as before. For a
+gated epilogue the bucket's ``N`` counts output columns (half of b's), as the lookup's ``N`` does.
+``triton-collection tune --epilogue NAME`` measures and writes such entries. Whether a bias is added does
+not enter the key.
+
 Lookup
 ------
-The bucket nearest to the call's ``(M, N, K)`` in log2 distance
-``|log2 M - log2 Mb| + |log2 N - log2 Nb| + |log2 K - log2 Kb|`` wins (ties: the first in the
-file). Its block sizes are then clamped to ``max(16, next_pow2(dim))`` so a tiny problem
+Among the buckets that serve the call (no ``"epilogue"``, or the call's activation), the one nearest to the
+call's ``(M, N, K)`` in log2 distance
+``|log2 M - log2 Mb| + |log2 N - log2 Nb| + |log2 K - log2 Kb|`` wins; at equal distance an entry for the
+call's activation wins over a plain one, then the first in the file. Its block sizes are then clamped to
+``max(16, next_pow2(dim))`` so a tiny problem
 does not run mostly-masked tiles (16 is ``tl.dot``'s minimum; a GEMV config's BLOCK_N has no floor), and ``num_warps`` to
-``1024 / warp_size`` threads per program. Gated epilogues use half of ``BLOCK_N`` of the
-bucket (they run two accumulators) and one program per tile (no persistent loop, whole-tile
-epilogue); fp32 operands half of its ``BLOCK_K``. A config whose pipeline does not fit the
+``1024 / warp_size`` threads per program. Gated epilogues given a plain bucket use half of its ``BLOCK_N``
+(they run two accumulators) and one program per tile (no persistent loop, whole-tile epilogue); an entry
+for the call's activation is used as written (it was tuned with that epilogue). fp32 operands use half of
+the bucket's ``BLOCK_K``. A config whose pipeline does not fit the
 device's shared memory runs with fewer ``num_stages`` (see ``matmul._launch_fitting``). The
 kernel masks every edge, so correctness never depends on which config is picked.
 """
@@ -33,7 +44,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import triton
@@ -41,6 +52,8 @@ import triton
 from ._device import MAX_THREADS_PER_PROGRAM
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+# the activations a bucket's "epilogue" may name (``matmul``'s ``activation`` argument) -> gated (p * act(g))
+EPILOGUES = {"gelu": False, "gelu_tanh": False, "silu": False, "relu": False, "geglu": True, "swiglu": True}
 
 
 @dataclass(frozen=True)
@@ -122,41 +135,67 @@ def config_file_name(gpu_name: str) -> str:
     return "_".join(gpu_name.split()) + ".json"
 
 
-@functools.lru_cache(maxsize=16)
-def load_buckets(gpu_name: Optional[str]) -> Tuple[Tuple[Tuple[int, int, int], MatmulConfig], ...]:
-    """The buckets of ``gpu_name``'s file, or of ``default.json`` when there is none (or ``gpu_name`` is None)."""
-    path = CONFIG_DIR / config_file_name(gpu_name) if gpu_name else None
-    if path is None or not path.is_file():
-        path = CONFIG_DIR / "default.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
+class Bucket(NamedTuple):
+    """One entry of a config file."""
+
+    shape: Tuple[int, int, int]  # (M, N, K); N: output columns
+    config: MatmulConfig
+    epilogue: Optional[str] = None  # the activation this entry serves (see the module docstring); None: every call
+
+
+def parse_buckets(data: dict, source: str = "config file") -> Tuple[Bucket, ...]:
+    """The buckets of a config file's parsed JSON (``{"configs": [...]}``), each config checked.
+
+    Raises:
+        ValueError: no buckets, a bad config, or an ``"epilogue"`` that is not in :data:`EPILOGUES` (names ``source``).
+    """
     out = []
     for b in data["configs"]:
         cfg = MatmulConfig.from_json(b)
         cfg.check()
-        out.append(((int(b["M"]), int(b["N"]), int(b["K"])), cfg))
+        epilogue = b.get("epilogue")
+        if epilogue is not None and epilogue not in EPILOGUES:
+            raise ValueError(f"{source}: bucket {(b['M'], b['N'], b['K'])} has epilogue {epilogue!r}; expected one "
+                             f"of {', '.join(EPILOGUES)} (or no key)")
+        out.append(Bucket((int(b["M"]), int(b["N"]), int(b["K"])), cfg, epilogue))
     if not out:
-        raise ValueError(f"{path} has no configs")
+        raise ValueError(f"{source} has no configs")
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=16)
+def load_buckets(gpu_name: Optional[str]) -> Tuple[Bucket, ...]:
+    """The buckets of ``gpu_name``'s file, or of ``default.json`` when there is none (or ``gpu_name`` is None)."""
+    path = CONFIG_DIR / config_file_name(gpu_name) if gpu_name else None
+    if path is None or not path.is_file():
+        path = CONFIG_DIR / "default.json"
+    return parse_buckets(json.loads(path.read_text(encoding="utf-8")), str(path))
 
 
 def _clamp_block(block: int, dim: int) -> int:
     return max(16, min(block, triton.next_power_of_2(max(dim, 1))))
 
 
-@functools.lru_cache(maxsize=4096)
-def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: bool = False,
-                warp_size: int = 32, itemsize: int = 2) -> MatmulConfig:
-    """The nearest bucket's config for an (M, N, K) problem (N: output columns), clamped (module docstring).
+def lookup(buckets: Tuple[Bucket, ...], M: int, N: int, K: int, gated: bool = False, warp_size: int = 32,
+           itemsize: int = 2, activation: Optional[str] = None) -> MatmulConfig:
+    """The config ``buckets`` give an (M, N, K) call (N: output columns) with ``activation``, clamped (module
+    docstring); ``gated`` (also implied by a gated ``activation``) derives a gated config from a plain bucket.
 
-    ``itemsize``: bytes per operand element; 4 (fp32) halves BLOCK_K so a stage takes the shared memory
-    that the bucket (tuned on 16-bit operands) planned for.
+    Raises:
+        ValueError: no bucket serves the call (a file holding only ``"epilogue"`` entries for other activations).
     """
     def dist(shape):
         return sum(abs(math.log2(max(x, 1)) - math.log2(max(b, 1))) for x, b in zip((M, N, K), shape))
 
-    _, cfg = min(load_buckets(gpu_name), key=lambda item: dist(item[0]))
+    serving = [(dist(b.shape), b.epilogue is None, i, b) for i, b in enumerate(buckets)
+               if b.epilogue is None or b.epilogue == activation]
+    if not serving:
+        raise ValueError(f"no config bucket serves activation={activation!r}: add one without an \"epilogue\" key")
+    bucket = min(serving)[3]
+    cfg = bucket.config
+    derive = (gated or EPILOGUES.get(activation, False)) and bucket.epilogue is None
     low_n = 1 if cfg.gemv else 16
-    block_n = max(low_n, cfg.block_n // 2) if gated else cfg.block_n
+    block_n = max(low_n, cfg.block_n // 2) if derive else cfg.block_n
     block_k = max(16, cfg.block_k // 2) if itemsize > 2 else cfg.block_k
     return MatmulConfig(
         block_m=_clamp_block(cfg.block_m, M),
@@ -167,14 +206,26 @@ def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: b
         num_stages=cfg.num_stages,
         tma=cfg.tma,
         # gated: two accumulators; measured on the H200 (2026-11-30) one program per tile beat the persistent
-        # loop by 10-20% for them, so the persistent / split-epilogue options apply to plain epilogues only
-        persistent=0 if gated else cfg.persistent,
+        # loop by 10-20% for them, so a plain bucket's persistent / split-epilogue options apply to plain epilogues only
+        persistent=0 if derive else cfg.persistent,
         warp_specialize=cfg.warp_specialize,
-        epilogue_subtile=0 if gated else cfg.epilogue_subtile,
+        epilogue_subtile=0 if derive else cfg.epilogue_subtile,
         split_k=cfg.split_k,
         gemv=cfg.gemv,
         stream_k=cfg.stream_k,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: bool = False,
+                warp_size: int = 32, itemsize: int = 2, activation: Optional[str] = None) -> MatmulConfig:
+    """:func:`lookup` in ``gpu_name``'s config file (``default.json`` when it has none).
+
+    ``itemsize``: bytes per operand element; 4 (fp32) halves BLOCK_K so a stage takes the shared memory
+    that the bucket (tuned on 16-bit operands) planned for. ``activation``: the call's ``matmul`` activation
+    (None: none), which picks a bucket's ``"epilogue"`` entry where the file has one.
+    """
+    return lookup(load_buckets(gpu_name), M, N, K, gated, warp_size, itemsize, activation)
 
 
 @functools.lru_cache(maxsize=64)
@@ -197,6 +248,7 @@ def tma_capable(device: torch.device) -> Tuple[bool, int]:
     return False, 1
 
 
-def config_for(M: int, N: int, K: int, device: torch.device, gated: bool, itemsize: int = 2) -> MatmulConfig:
+def config_for(M: int, N: int, K: int, device: torch.device, gated: bool, itemsize: int = 2,
+               activation: Optional[str] = None) -> MatmulConfig:
     name, warp = device_info(device)
-    return pick_config(M, N, K, name, gated, warp, itemsize)
+    return pick_config(M, N, K, name, gated, warp, itemsize, activation)

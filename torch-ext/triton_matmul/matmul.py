@@ -583,7 +583,8 @@ def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: O
     if M == 0 or N == 0:
         return y, h
     check_launch_device(a, _matmul_fwd_kernel)
-    cfg = MatmulConfig.from_list(config) if config else config_for(M, N, K, a.device, gated, a.element_size())
+    cfg = (MatmulConfig.from_list(config) if config
+           else config_for(M, N, K, a.device, gated, a.element_size(), activation))
     if cfg.gemv:
         if M <= GEMV_MAX_M and K > 0:
             _launch_gemv(a, b, bias, y, h if save_h else None, M, N, K, gated, act, cfg)
@@ -725,7 +726,8 @@ def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, activation: Opti
             ``proj * gelu(gate)`` / ``proj * silu(gate)`` is returned (the second half is activated,
             as diffusers' ``GEGLU``/``SwiGLU``); N must be even.
         config: tile settings (:class:`MatmulConfig`); default: the nearest bucket of the device's
-            JSON file (see ``_launch``). Results do not depend on it beyond fp32 summation order.
+            JSON file for this activation (see ``_launch``). Results do not depend on it beyond fp32
+            summation order.
 
     Returns:
         (..., N) or, gated, (..., N // 2): a's dtype, contiguous. With autograd, the pre-activation
