@@ -538,3 +538,17 @@ def test_gpu_sigmoid_bit_exact_every_value(activations, device, dtype):
         gated = torch.stack([x, torch.ones_like(x)], 0).transpose(0, 1)  # (n, 2): halves g = x, u = 1
         assert _bits_equal(activations.silu_and_mul(gated).squeeze(-1), F.silu(x))
         del x
+
+
+def test_inference_plan_keeps_every_check(activations, device):
+    """Plain inference keeps one validated plan per call signature; other arguments are validated again."""
+    x = rand((4, 10), torch.float32, device)
+    with torch.no_grad():
+        for _ in range(2):  # the same bits as the (out, x) form, which never takes the plan
+            assert torch.equal(activations.silu(x), activations.silu(torch.empty_like(x), x))
+        with pytest.raises(ValueError, match="rounding"):
+            activations.silu(x, rounding=["eager"])
+        with pytest.raises(ValueError, match="even"):
+            activations.silu_and_mul(x[:, :9])
+        with pytest.raises(TypeError, match="dtype"):
+            activations.silu(x.to(torch.float64))

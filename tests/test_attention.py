@@ -623,3 +623,20 @@ def test_flash_tma_backward_path(attention, device, causal):
     assert len(made) == 8, "the descriptor backward did not run"
     for name, g, w in zip(("dq", "dk", "dv"), got[:3], want[:3]):
         assert_close(g, w.double(), 2e-3, name)
+
+
+def test_rope_inference_plan_keeps_every_check(attention, device):
+    """Plain inference keeps one validated plan per call signature; other arguments are validated again."""
+    q, k = rand(1, 4, 3, 8, device=device), rand(1, 2, 3, 8, device=device)
+    cos, sin = rand(1, 3, 8, device=device), rand(1, 3, 8, device=device)
+    with torch.no_grad():
+        for _ in range(2):
+            attention.apply_rotary_pos_emb(q, k, cos, sin)
+        with pytest.raises(ValueError, match="broadcast"):
+            attention.apply_rotary_pos_emb(q, k, cos[:, :2], sin[:, :2])
+        with pytest.raises(TypeError, match="cos must be"):
+            attention.apply_rotary_pos_emb(q, k, cos.double(), sin)
+        with pytest.raises(IndexError):
+            attention.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=7)
+        with pytest.raises(ValueError, match="even"):
+            attention.rotary_embedding(q[..., :7], cos.unsqueeze(1)[..., :7], sin.unsqueeze(1)[..., :7])

@@ -632,3 +632,27 @@ def test_eager_autograd_equals_the_registered_op(norms, device, fn):
     assert all(a is not None for a in eager[:3])
     for a, b in zip(eager, op):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_inference_plan_keeps_every_check(norms, device):
+    """Plain inference keeps one validated plan per call signature: a call that differs from a planned one in
+    any argument is validated again (the same errors as the general path), and an unhashable argument is
+    named, not reported as unhashable."""
+    x = rand((3, 16), torch.float32, device)
+    w = rand((16,), torch.float32, device)
+    with torch.no_grad():
+        for _ in range(2):
+            y = norms.rms_norm(x, w, eps=1e-6, torch_order="mean")
+        assert torch.equal(y, norms.rms_norm(x, w.clone().requires_grad_(), eps=1e-6, torch_order="mean"))
+        with pytest.raises(ValueError, match="eps"):
+            norms.rms_norm(x, w, eps=-1.0, torch_order="mean")
+        with pytest.raises(ValueError, match="torch_order"):
+            norms.rms_norm(x, w, eps=1e-6, torch_order=["mean"])
+        with pytest.raises(ValueError, match="weight must have shape"):
+            norms.rms_norm(x, w[:8], eps=1e-6, torch_order="mean")
+        with pytest.raises(TypeError, match="weight must have dtype"):
+            norms.rms_norm(x, w.to(torch.float64), eps=1e-6, torch_order="mean")
+        with pytest.raises(TypeError, match="eps"):
+            norms.rms_norm(x, w, eps=torch.tensor(1e-6), torch_order="mean")
+        with pytest.raises(TypeError, match="weight_offset"):
+            norms.rms_norm(x, w, eps=1e-6, weight_offset=False, torch_order="mean")

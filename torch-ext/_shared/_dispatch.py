@@ -8,14 +8,15 @@ none of that machinery has anything to do: inference calls the implementation
 directly, and training calls it through a ``torch.autograd.Function`` built from the
 op's own autograd formula (:func:`eager_autograd`). Everything else (compile
 tracing, dispatch modes, tensor subclasses) goes through the op. Results are the
-same bits either way.
+same bits either way. :func:`inference` answers the same question for a caller that
+keeps a validated launch plan per call signature and runs it itself.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["call_op", "eager_autograd"]
+__all__ = ["call_op", "eager_autograd", "inference"]
 
 # Plain tensors: a module's weights are nn.Parameter, which changes nothing for the dispatcher.
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -36,6 +37,19 @@ def _route(args) -> int:
             if grad and a.requires_grad:
                 route = AUTOGRAD
     return route
+
+
+def inference(tensors: tuple) -> bool:
+    """True where :func:`call_op` would call the implementation directly (plain eager code, no
+    gradient needed) for these arguments: ``tensors`` holds every tensor argument of the call (None for
+    an absent one); anything that is neither None nor a plain tensor answers False."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN_TYPES or grad and t.requires_grad):
+            return False
+    return True
 
 
 def eager_autograd(impl, setup_context, backward) -> type:

@@ -16,6 +16,11 @@ only reused where Triton itself would reuse it:
 
 Anything else (the Triton interpreter, launch hooks set by a profiler, a launcher whose
 calling convention this Triton version does not share) takes Triton's own path.
+
+:class:`Launch` is the same for a caller that keeps its launch plans (device, grid, meta-parameters
+and scalar arguments fixed per shape): each plan keeps its own compiled launchers, keyed by the
+pointer arguments' dtypes and alignment only, so a call neither hashes the meta-parameters nor
+specialises the scalars again.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ try:  # where launch hooks live (Triton >= 3.4); older versions always take Trit
 except ImportError:
     _knobs = None
 
-__all__ = ["launch", "meta_items", "spec"]
+__all__ = ["Launch", "launch", "meta_items", "spec"]
 
 _DIRECT_OK = [True]  # cleared once if this Triton's launcher cannot be called directly
 _CACHE: dict = {}
@@ -67,9 +72,38 @@ def _hooks_off() -> bool:
 def _current_index(device_type: str):
     """Index of the current device of ``device_type`` (the one Triton launches on)."""
     if device_type == "cuda":
-        return torch.cuda.current_device()
+        return _cuda_current_device()
     module = getattr(torch, device_type, None)
     return module.current_device() if module is not None and hasattr(module, "current_device") else None
+
+
+# torch.cuda.current_device() without its Python wrapper (the binding initialises CUDA itself)
+_cuda_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
+def _direct(kernel, device: torch.device) -> bool:
+    """Whether a launch of ``kernel`` on ``device`` may call a compiled launcher directly: a compiled
+    (not interpreted) kernel, a Triton with launch hooks but none set, and ``device`` is the current
+    device (where Triton launches)."""
+    return (_DIRECT_OK[0] and device.type != "cpu" and hasattr(kernel, "device_caches") and _knobs is not None
+            and _hooks_off() and device.index == _current_index(device.type))
+
+
+def _first_launch(kernel, grid, args: tuple, meta: tuple):
+    """Launches through Triton; returns ``(compiled kernel, the constexpr values after args)``, or None."""
+    compiled = _triton_launch(kernel, grid, args, meta)
+    if compiled is None:
+        return None
+    given = dict(meta)
+    defaults = {p.name: p.default for p in kernel.params}
+    return compiled, tuple(given[n] if n in given else defaults[n] for n in kernel.arg_names[len(args):])
+
+
+def _fall_back(kernel, grid, args: tuple, meta: tuple) -> None:
+    """A launcher with another calling convention: Triton's path for every launch from now on."""
+    _DIRECT_OK[0] = False
+    _CACHE.clear()
+    _triton_launch(kernel, grid, args, meta)
 
 
 def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device, fixed: tuple = (),
@@ -87,23 +121,18 @@ def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device, 
         fixed: more arguments after ``args`` that a caller keeps with a cached launch plan, and
             ``fixed_spec`` = ``spec(fixed)``, computed once with the plan (host time).
     """
-    index = device.index
-    if (_knobs is None or not _DIRECT_OK[0] or device.type == "cpu" or not hasattr(kernel, "device_caches")
-            or not _hooks_off() or index != _current_index(device.type)):
+    if not _direct(kernel, device):
         _triton_launch(kernel, grid, (*args, *fixed), meta)  # Triton's path: interpreter, hooks, another device
         return
+    index = device.index
     key = (id(kernel), index, meta, spec(args), fixed_spec)
     entry = _CACHE.get(key)
     if entry is None:
-        compiled = _triton_launch(kernel, grid, (*args, *fixed), meta)
-        names = kernel.arg_names[len(args) + len(fixed):]
-        given = dict(meta)
-        defaults = {p.name: p.default for p in kernel.params}
-        tail = tuple(given[n] if n in given else defaults[n] for n in names)
-        if compiled is not None and len(_CACHE) < 65536:
+        first = _first_launch(kernel, grid, (*args, *fixed), meta)
+        if first is not None and len(_CACHE) < 65536:
             from triton.runtime import driver
 
-            _CACHE[key] = (compiled, tail, driver.active.get_current_stream, kernel)
+            _CACHE[key] = (*first, driver.active.get_current_stream, kernel)
         return
     compiled, tail, get_stream, _ = entry
     g1 = grid[1] if len(grid) > 1 else 1
@@ -112,6 +141,59 @@ def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device, 
         compiled.run(grid[0], g1, g2, get_stream(index), compiled.function, compiled.packed_metadata,
                      None, None, None, *args, *fixed, *tail)
     except TypeError:  # a launcher with another calling convention: Triton's path from now on
-        _DIRECT_OK[0] = False
-        _CACHE.clear()
-        _triton_launch(kernel, grid, (*args, *fixed), meta)
+        _fall_back(kernel, grid, (*args, *fixed), meta)
+
+
+class Launch:
+    """One launch plan: ``kernel[grid](*ptrs, *fixed, **dict(meta))`` on ``device``, pointers given per call.
+
+    A caller builds one per configuration (shape, strides, dtypes, device: everything but the data
+    pointers) and keeps it. Calling it launches like :func:`launch`, from a cache of its own keyed only
+    by the pointer arguments' dtypes and 16-byte alignment: the plan's device, meta-parameters and
+    scalars are the same on every call, so they are neither read nor keyed again.
+
+    Args:
+        kernel: a ``@triton.jit`` function whose parameters are the pointer arguments, then
+            ``fixed``, then the constexprs named in ``meta``.
+        grid: 1 to 3 ints.
+        meta: constexprs and launch options as ``(name, value)`` pairs (:func:`meta_items`).
+        fixed: the scalar arguments (ints, floats, None) after the pointers.
+        device: the device of the tensors.
+    """
+
+    __slots__ = ("kernel", "grid", "meta", "fixed", "device", "_index", "_current", "_grid3", "_compiled")
+
+    def __init__(self, kernel, grid: tuple, meta: tuple, fixed: tuple, device: torch.device):
+        self.kernel, self.grid, self.meta, self.fixed, self.device = kernel, tuple(grid), meta, tuple(fixed), device
+        self._index = device.index
+        # the current device's index (None: never launched directly: the interpreter, or a Triton without hooks)
+        self._current = None
+        kind = device.type
+        if kind != "cpu" and hasattr(kernel, "device_caches") and _knobs is not None:
+            self._current = _cuda_current_device if kind == "cuda" else lambda: _current_index(kind)
+        self._grid3 = (*self.grid, 1, 1)[:3]
+        self._compiled: dict = {}  # pointer specs -> (launcher, function, metadata, stream getter, scalars + tail)
+
+    def __call__(self, ptrs: tuple) -> None:
+        """Launches with the pointer arguments ``ptrs`` (tensors or None), in the kernel's order."""
+        current = self._current
+        if current is None or not _DIRECT_OK[0] or not _hooks_off() or self._index != current():
+            _triton_launch(self.kernel, self.grid, (*ptrs, *self.fixed), self.meta)
+            return
+        key = tuple([None if a is None else (a.dtype, not a.data_ptr() & 15) for a in ptrs])
+        entry = self._compiled.get(key)
+        if entry is None:
+            first = _first_launch(self.kernel, self.grid, (*ptrs, *self.fixed), self.meta)
+            if first is not None and len(self._compiled) < 256:
+                from triton.runtime import driver
+
+                compiled, tail = first
+                self._compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata,
+                                       driver.active.get_current_stream, (*self.fixed, *tail))
+            return
+        run, function, metadata, get_stream, rest = entry
+        g0, g1, g2 = self._grid3
+        try:
+            run(g0, g1, g2, get_stream(self._index), function, metadata, None, None, None, *ptrs, *rest)
+        except TypeError:
+            _fall_back(self.kernel, self.grid, (*ptrs, *self.fixed), self.meta)

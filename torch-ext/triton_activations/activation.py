@@ -35,7 +35,7 @@ from ._launch import BWD_TILE_BYTES, TILE_BYTES, pick_config
 from ._libm import use_libdevice
 from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
-from ._fastlaunch import launch, meta_items, spec as launch_spec
+from ._fastlaunch import Launch, meta_items
 from ._math import activation, activation_and_grad, activation_grad, round_to
 from ._ops import add_op_namespace_prefix
 
@@ -154,8 +154,7 @@ def _launch(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: i
             sub_ptrs = tuple(p[i] if p is not None else None for p in ptrs)
             _launch(kernel, spec, eager, threshold, x[i], d, tuple(t[i] for t in lead), sub_ptrs)
         return
-    grid, scalars, scalars_spec, meta = plan
-    launch(kernel, grid, ptrs, meta, x.device, scalars, scalars_spec)
+    plan(ptrs)
 
 
 _PLANS: dict = {}
@@ -163,7 +162,7 @@ _SPLIT = object()  # plan of a layout whose leading dims do not merge into three
 
 
 def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int, lead: Tuple[Tensor, ...]):
-    """(grid, scalar arguments, their specialisation, meta) of one launch, or ``_SPLIT``."""
+    """The :class:`Launch` of one call (pointers given per call), or ``_SPLIT``."""
     sizes, strides = leading_layout(x.shape[:-1], [t.stride()[:-1] for t in lead])
     if len(sizes) > 3:
         return _SPLIT
@@ -175,9 +174,10 @@ def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int
     R = rounding_dtype(x, eager)
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
     scalars = (M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)))
-    return ((cfg.row_blocks, cfg.column_blocks), scalars, launch_spec(scalars),
-            meta_items(ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
-                       BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel)))
+    return Launch(kernel, (cfg.row_blocks, cfg.column_blocks),
+                  meta_items(ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
+                             BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel)), scalars,
+                  x.device)
 
 
 def _as_1d(*ts: Tensor) -> Tuple[Tensor, ...]:
@@ -194,14 +194,45 @@ def forward_into(out: Tensor, x: Tensor, spec: OpSpec, eager: bool, threshold: f
     _launch(_act_fwd_kernel, spec, eager, threshold, x, g.shape[-1], (x, out), (g, u, out))
 
 
+def _new_output(x: Tensor, spec: OpSpec) -> Tensor:
+    """The output of the allocating forward: contiguous, x's dtype."""
+    if not spec.gated and x.is_contiguous():
+        return torch.empty_like(x)  # half the host time of torch.empty(shape, dtype=, device=)
+    return torch.empty(out_shape(x.shape, spec.gated), dtype=x.dtype, device=x.device)
+
+
 def _act_fwd_impl(x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
     """The allocating forward: a contiguous output of x's dtype."""
     spec = OPS[op]
-    if not spec.gated and x.is_contiguous():
-        out = torch.empty_like(x)  # half the host time of torch.empty(shape, dtype=, device=)
-    else:
-        out = torch.empty(out_shape(x.shape, spec.gated), dtype=x.dtype, device=x.device)
+    out = _new_output(x, spec)
     forward_into(out, x, spec, eager, threshold)
+    return out
+
+
+def infer_plan(x: Tensor, op: str, eager: bool, threshold: float):
+    """Everything but the pointers of the allocating forward of a validated call, for :func:`infer`:
+    ``(output shape, or None for empty_like(x); op spec; Launch, or None for an empty output)``, or
+    None for a layout that takes several launches (the general path serves it). A function of x's shape,
+    strides, dtype and device and the arguments: callers keep it per signature."""
+    spec = OPS[op]
+    out = _new_output(x, spec)
+    run = None
+    if out.numel() > 0:
+        x1, out1 = _as_1d(x, out)
+        run = _plan(_act_fwd_kernel, spec, eager, threshold, x1, _halves(x1, spec)[0].shape[-1], (x1, out1))
+        if run is _SPLIT:
+            return None
+    return (None if not spec.gated and x.is_contiguous() else tuple(out.shape)), spec, run
+
+
+def infer(plan: tuple, x: Tensor) -> Tensor:
+    """``_act_fwd_impl`` of a call whose :func:`infer_plan` is ``plan`` (the same output, one launch)."""
+    shape, spec, run = plan
+    out = torch.empty_like(x) if shape is None else torch.empty(shape, dtype=x.dtype, device=x.device)
+    if run is not None:
+        # a 0-d x or out starts where its (1,) view does: the tensors themselves are the pointers
+        g, u = _halves(x, spec)
+        run((g, u, out))
     return out
 
 

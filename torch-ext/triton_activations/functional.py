@@ -44,12 +44,31 @@ from typing import Optional
 import torch
 
 from ._common import OPS, check_out, check_rounding, check_threshold, check_x
-from .activation import act_forward, act_forward_out
+from ._dispatch import inference
+from .activation import act_forward, act_forward_out, infer, infer_plan
 
 Tensor = torch.Tensor
 
+_INFER_PLANS: dict = {}
+_GENERAL = object()  # plan of a call the general path serves
+
 
 def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, threshold: float = 0.0) -> Tensor:
+    if second is None and inference((first,)):
+        # plain eager inference: one validated plan per call signature (host time of small calls)
+        key = (name, rounding, threshold, first.dtype, first.shape, first.stride(), first.device)
+        try:
+            plan = _INFER_PLANS.get(key)
+        except TypeError:  # an unhashable rounding: the general path names it
+            plan = _GENERAL
+        if plan is None:
+            eager = check_rounding(name, rounding)
+            check_x(name, first, OPS[name].gated)
+            plan = infer_plan(first, name, eager, threshold) or _GENERAL
+            if len(_INFER_PLANS) < 4096:
+                _INFER_PLANS[key] = plan
+        if plan is not _GENERAL:
+            return infer(plan, first)
     spec = OPS[name]
     eager = check_rounding(name, rounding)
     if second is None:

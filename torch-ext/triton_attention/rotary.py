@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 
 from ._device import check_launch_device, is_interpreter, launch_options
-from ._dispatch import call_op
-from ._fastlaunch import launch, meta_items, spec as launch_spec
+from ._dispatch import call_op, inference
+from ._fastlaunch import Launch, meta_items
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
 
@@ -150,15 +150,22 @@ def _rope_launch(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, fp32_ma
         plan = _rope_plan(x, cos, sin, out_dtype, interleaved, fp32_math, inverse)
         if len(_PLANS) < 4096:
             _PLANS[key] = plan
-    out_strides, launch_plan = plan
-    if out_strides is None:  # x's own layout
+    return _rope_run(plan, x, cos, sin)
+
+
+def _rope_run(plan: tuple, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The output of one call whose :func:`_rope_plan` is ``plan``; ``cos``/``sin`` may be any views that
+    start where the plan's ones do (the kernel takes their data pointers)."""
+    layout, out_dtype, run = plan
+    if layout is None:  # x's own layout
         out = torch.empty_like(x, dtype=out_dtype)  # half the host time of torch.empty_strided
+    elif type(layout) is tuple:
+        out = torch.empty_strided(x.shape, layout, dtype=out_dtype, device=x.device)
     else:
-        out = torch.empty_strided(x.shape, out_strides, dtype=out_dtype, device=x.device)
-    if launch_plan is not None:
-        grid, scalars, scalars_spec, meta = launch_plan
+        out = torch.empty_like(x, dtype=out_dtype, memory_format=layout)
+    if run is not None:
         # the 4-d views of _rope_plan start at the same addresses: the tensors themselves are the pointers
-        launch(_rope_kernel, grid, (x, cos, sin, out), meta, x.device, scalars, scalars_spec)
+        run((x, cos, sin, out))
     return out
 
 
@@ -167,12 +174,18 @@ _PLANS: dict = {}
 
 def _rope_plan(x: Tensor, cos: Tensor, sin: Tensor, out_dtype: torch.dtype, interleaved: bool, fp32_math: bool,
                inverse: bool):
-    """(output strides or None for x's own, (grid, scalar arguments, their specialisation, meta) or None
-    when x is empty) of one call."""
+    """(output layout, out_dtype, the :class:`Launch` or None when x is empty) of one call. The layout is
+    None for x's own strides, ``torch.contiguous_format`` for the contiguous ones (``empty_like`` gives
+    either with less host time than ``empty_strided``), else the strides."""
     strides = _eager_layout(_meta(x), _meta(cos), _meta(sin)).stride()
-    like_x = x.is_contiguous() and strides == x.stride()  # then torch.empty_like(x) gives these strides
+    if x.is_contiguous() and strides == x.stride():  # then torch.empty_like(x) gives these strides
+        layout = None
+    elif strides == torch.empty(x.shape, device="meta").stride():
+        layout = torch.contiguous_format
+    else:
+        layout = strides
     if x.numel() == 0:
-        return (None if like_x else strides), None
+        return layout, out_dtype, None
     check_launch_device(x, _rope_kernel)
     out = torch.empty_strided(x.shape, strides, dtype=out_dtype, device="meta")
     x4, o4 = _as4(x), _as4(out)
@@ -188,12 +201,15 @@ def _rope_plan(x: Tensor, cos: Tensor, sin: Tensor, out_dtype: torch.dtype, inte
                       ROWS64=n_rows + BLOCK_R > 2**31 - 1, BLOCK_R=BLOCK_R, BLOCK_H=BLOCK_H,
                       **({} if interp else {"num_warps": 2 if 2 * BLOCK_H <= 1024 else 4}),
                       **launch_options(_rope_kernel))
-    return (None if like_x else strides), ((triton.cdiv(n_rows, BLOCK_R),), scalars, launch_spec(scalars), meta)
+    return layout, out_dtype, Launch(_rope_kernel, (triton.cdiv(n_rows, BLOCK_R),), meta, scalars, x.device)
+
+
+def _out_dtype(x: Tensor, cos: Tensor, sin: Tensor, fp32_math: bool) -> torch.dtype:
+    return x.dtype if fp32_math else torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
 
 
 def _rope_impl(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, fp32_math: bool) -> Tensor:
-    out_dtype = x.dtype if fp32_math else torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
-    return _rope_launch(x, cos, sin, interleaved, fp32_math, False, out_dtype)
+    return _rope_launch(x, cos, sin, interleaved, fp32_math, False, _out_dtype(x, cos, sin, fp32_math))
 
 
 _rope = torch.library.custom_op(add_op_namespace_prefix("rotary"), _rope_impl, mutates_args=())
@@ -201,8 +217,8 @@ _rope = torch.library.custom_op(add_op_namespace_prefix("rotary"), _rope_impl, m
 
 @_rope.register_fake
 def _(x, cos, sin, interleaved, fp32_math):
-    out_dtype = x.dtype if fp32_math else torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
-    return torch.empty_strided(x.shape, _eager_layout(x, cos, sin).stride(), dtype=out_dtype, device=x.device)
+    return torch.empty_strided(x.shape, _eager_layout(x, cos, sin).stride(), dtype=_out_dtype(x, cos, sin, fp32_math),
+                               device=x.device)
 
 
 @torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())
@@ -284,8 +300,28 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
     Source: Su et al., "RoFormer" (2021); the formulas of transformers' ``apply_rotary_pos_emb`` and
     diffusers' ``apply_rotary_emb``.
     """
+    interleaved, fp32_math = bool(interleaved), bool(fp32_math)
+    if inference((x, cos, sin)):
+        # plain eager inference: one validated plan per call signature (host time of small calls)
+        key = (x.dtype, x.shape, x.stride(), x.device, cos.dtype, cos.shape, cos.stride(), cos.device,
+               sin.dtype, sin.shape, sin.stride(), sin.device, interleaved, fp32_math)
+        plan = _INFER_PLANS.get(key)
+        if plan is None:
+            plan = _infer_plan("x", x, cos, sin, interleaved, fp32_math)
+            if len(_INFER_PLANS) < 4096:
+                _INFER_PLANS[key] = plan
+        return _rope_run(plan, x, cos, sin)
     _check("x", x, cos, sin)
-    return call_op(_rope, _rope_impl, x, cos, sin, bool(interleaved), bool(fp32_math))
+    return call_op(_rope, _rope_impl, x, cos, sin, interleaved, fp32_math)
+
+
+_INFER_PLANS: dict = {}
+
+
+def _infer_plan(name: str, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, fp32_math: bool) -> tuple:
+    """Validates an inference call (raising as :func:`rotary_embedding` does) and returns its :func:`_rope_plan`."""
+    _check(name, x, cos, sin)
+    return _rope_plan(x, cos, sin, _out_dtype(x, cos, sin, fp32_math), interleaved, fp32_math, False)
 
 
 def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1) -> Tuple[Tensor, Tensor]:
@@ -302,6 +338,21 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
 
     Raises: as :func:`rotary_embedding`.
     """
+    if type(unsqueeze_dim) is int and inference((q, k, cos, sin)):
+        # plain eager inference: both plans per call signature; cos/sin are passed as they are (their
+        # unsqueezed views start at the same addresses), which saves two views per call
+        key = (q.dtype, q.shape, q.stride(), q.device, k.dtype, k.shape, k.stride(), k.device, cos.dtype, cos.shape,
+               cos.stride(), cos.device, sin.dtype, sin.shape, sin.stride(), sin.device, unsqueeze_dim)
+        plans = _PAIR_PLANS.get(key)
+        if plans is None:
+            c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+            plans = _infer_plan("x", q, c, s, False, False), _infer_plan("x", k, c, s, False, False)
+            if len(_PAIR_PLANS) < 4096:
+                _PAIR_PLANS[key] = plans
+        return _rope_run(plans[0], q, cos, sin), _rope_run(plans[1], k, cos, sin)
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
     return rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)
+
+
+_PAIR_PLANS: dict = {}

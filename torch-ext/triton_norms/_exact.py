@@ -18,7 +18,7 @@ import triton.language as tl
 from ._common import cast_constexpr, round_to
 from ._exact_stats import fused_ln_stats_vec, fused_rms_sumsq_vec, mean_sq_torch_order, rowwise_welford
 from ._device import is_interpreter, launch_options
-from ._fastlaunch import launch, meta_items
+from ._fastlaunch import Launch, launch, meta_items
 from ._torch_order import (
     LN_VEC_THREADS, ORDER_FUSED, ORDER_MEAN, ROWWISE_THREADS, device_limits, fused_vectorized,
     mean_config, mean_constexprs,
@@ -187,14 +187,17 @@ def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps:
 
 
 @functools.lru_cache(maxsize=4096)
-def _rms_plan(M: int, N: int, elem: int, order: int, vectorized: bool, limits: tuple, rows: Optional[int],
-              num_warps: Optional[int], cast_dtype: Optional[torch.dtype], options: tuple):
-    """(grid, factor, meta-parameters) of one RMS launch: a pure function of its arguments, cached
-    because it runs on every call of a layer (host time matters for small inputs)."""
+def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.device, eps: float, weight_offset: float,
+                   cast_dtype: Optional[torch.dtype], order: int, vectorized: bool, rows: Optional[int] = None,
+                   num_warps: Optional[int] = None) -> Launch:
+    """The launch of the RMS forward in torch's order ``order`` (ORDER_MEAN / ORDER_FUSED; ``vectorized``:
+    :func:`fused_vectorized` of the call) on M rows of N elements ``stride_row`` apart, whose pointer
+    arguments are (x, weight, bias, y, rstd): a pure function of its arguments, cached because it runs on
+    every call of a layer (host time matters for small inputs)."""
     factor = 1.0
     meta = dict(VEC=False, BW=1, BHR=1, CTAS=1, CP=1, LOG_BHR=0, LOG_BW=0, LOG_PAD=0, LOG_WRAP=0)
     if order == ORDER_MEAN:
-        cfg = mean_config(M, N, *limits)
+        cfg = mean_config(M, N, *device_limits(device))
         stats, iters, factor, rows_default = STATS_MEAN, cfg.iters, cfg.factor, 1
         meta.update(mean_constexprs(cfg))
         width = 4 * cfg.bw * cfg.bhr
@@ -202,9 +205,12 @@ def _rms_plan(M: int, N: int, elem: int, order: int, vectorized: bool, limits: t
         stats, iters, rows_default, width = STATS_VEC, triton.cdiv(N, 4 * LN_VEC_THREADS), 2, 4 * LN_VEC_THREADS
     else:
         stats, iters, rows_default, width = STATS_ROWWISE, triton.cdiv(N, ROWWISE_THREADS), 2, ROWWISE_THREADS
-    R, block_n, loop, warps = _tiles(N, elem, rows_default, rows, num_warps, width)
+    R, block_n, loop, warps = _tiles(N, elem, rows_default, _interp_rows(M, _rms_exact_fwd_kernel, rows), num_warps,
+                                     width)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps)
-    return (triton.cdiv(M, R),), factor, meta_items(CAST_DTYPE=cast_constexpr(cast_dtype), **meta, **dict(options))
+    return Launch(_rms_exact_fwd_kernel, (triton.cdiv(M, R),),
+                  meta_items(CAST_DTYPE=cast_constexpr(cast_dtype), **meta, **launch_options(_rms_exact_fwd_kernel)),
+                  (M, N, stride_row, eps, weight_offset, factor), device)
 
 
 def rms_exact_forward(x2: torch.Tensor, M: int, stride_row: int, weight, bias, y, rstd, eps: float,
@@ -214,15 +220,8 @@ def rms_exact_forward(x2: torch.Tensor, M: int, stride_row: int, weight, bias, y
     x2 (row 0 at its data pointer, ``stride_row`` elements apart, unit last-dim stride)."""
     N = x2.shape[-1]
     vectorized = order != ORDER_MEAN and fused_vectorized(x_orig, N, weight)
-    device = x2.device
-    grid, factor, meta = _rms_plan(M, N, x2.element_size(), order, vectorized, device_limits(device),
-                                   _interp_rows(M, _rms_exact_fwd_kernel, rows), num_warps, cast_dtype,
-                                   _RMS_OPTIONS)
-    launch(_rms_exact_fwd_kernel, grid, (x2, weight, bias, y, rstd, M, N, stride_row, eps, weight_offset, factor),
-           meta, device)
-
-
-_RMS_OPTIONS = tuple(launch_options(_rms_exact_fwd_kernel).items())
+    rms_exact_plan(M, N, stride_row, x2.element_size(), x2.device, eps, weight_offset, cast_dtype, order, vectorized,
+                   rows, num_warps)((x2, weight, bias, y, rstd))
 
 
 def ln_exact_forward(x2: torch.Tensor, weight, bias, y, mean, rstd, eps: float, x_orig: torch.Tensor,
@@ -242,4 +241,4 @@ def ln_exact_forward(x2: torch.Tensor, weight, bias, y, mean, rstd, eps: float, 
                       num_warps=warps, **launch_options(_ln_exact_fwd_kernel)), x2.device)
 
 
-__all__ = ["ORDER_FUSED", "ORDER_MEAN", "ln_exact_forward", "rms_exact_forward"]
+__all__ = ["ORDER_FUSED", "ORDER_MEAN", "ln_exact_forward", "rms_exact_forward", "rms_exact_plan"]

@@ -37,13 +37,13 @@ from ._common import (
     cast_constexpr, check_float_tensor, check_weight_offset, grad_rows, load_grad_chunk, load_input_chunk,
     empty_rows, prepare_rms_args, rms_apply, round_to, rows_of, rows_view, vector,
 )
-from ._exact import rms_exact_forward
+from ._exact import rms_exact_forward, rms_exact_plan
 from ._launch import MAX_FUSED_BYTES, num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
-from ._dispatch import call_op, eager_autograd
-from ._fastlaunch import launch, meta_items
-from ._torch_order import ORDER_FAST, parse_order
+from ._dispatch import call_op, eager_autograd, inference
+from ._fastlaunch import Launch, launch, meta_items
+from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order
 from ._wide import rms_wide_forward
 
 Tensor = torch.Tensor
@@ -386,10 +386,57 @@ def rms_norm(
     N is above one block), writes y once. Source: Zhang & Sennrich 2019,
     https://arxiv.org/abs/1910.07467; numerics of transformers' LlamaRMSNorm et al.
     """
+    if type(eps) is float and type(weight_offset) is float and inference((x, weight, bias)):
+        # plain eager inference: one validated plan per call signature (host time of small calls); Python
+        # floats only, so that no other type (a bool or a tensor) can equal a planned value
+        key = (x.dtype, x.shape, x.device, x.is_contiguous(),
+               weight if weight is None else (weight.dtype, weight.shape, weight.device, weight.is_contiguous()),
+               bias if bias is None else (bias.dtype, bias.shape, bias.device, bias.is_contiguous()),
+               eps, weight_offset, cast_dtype, out_dtype, torch_order)
+        try:
+            plan = _INFER_PLANS.get(key)
+        except TypeError:  # an unhashable argument: the general path names it
+            plan = _GENERAL
+        if plan is None:
+            plan = _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order)
+            if len(_INFER_PLANS) < 4096:
+                _INFER_PLANS[key] = plan
+        if plan is not _GENERAL:
+            new_dtype, exact, run = plan
+            y = torch.empty_like(x) if new_dtype is None else torch.empty_like(x, dtype=new_dtype)
+            run((x, weight, bias, y, None) if exact else (x, None, weight, bias, y, None, None))
+            return y
     eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
     order = parse_order(torch_order)
     return call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, None, weight, bias, eps, check_weight_offset(weight_offset), cast_dtype, out_dtype, order,
                    autograd=_RMS_AUTOGRAD, infer=_rms_norm_infer)[0]
+
+
+_INFER_PLANS: dict = {}
+_GENERAL = object()  # plan of a call the general path serves
+
+
+def _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order):
+    """Validates an inference call of :func:`rms_norm` (raising as it does) and returns its plan:
+    ``(output dtype, or None for x's; torch-order kernel; Launch)``, the launch :func:`_rms_norm_infer`
+    makes for every call of this signature, or ``_GENERAL`` for calls it leaves to the general path
+    (empty or non-contiguous tensors, wide rows, ``F.rms_norm``'s order, which depends on alignment)."""
+    eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
+    order = parse_order(torch_order)
+    weight_offset = check_weight_offset(weight_offset)
+    N, elem, device = x.shape[-1], x.element_size(), x.device
+    if (x.numel() == 0 or order == ORDER_FUSED or not x.is_contiguous()
+            or any(t is not None and not t.is_contiguous() for t in (weight, bias))
+            or order == ORDER_FAST and N * elem > MAX_FUSED_BYTES):
+        return _GENERAL
+    check_launch_device(x, _rms_norm_fwd_kernel)
+    M = x.numel() // N
+    if order != ORDER_FAST:
+        run = rms_exact_plan(M, N, N, elem, device, eps, weight_offset, cast_dtype, order, False)
+    else:
+        run = Launch(_rms_norm_fwd_kernel, (M,), _fwd_meta(N, elem, device, cast_dtype), (N, 0, N, eps, weight_offset),
+                     device)
+    return (None if out_dtype == x.dtype else out_dtype), order != ORDER_FAST, run
 
 
 def add_rms_norm(
