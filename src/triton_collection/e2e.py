@@ -14,8 +14,11 @@ For each model shape of :data:`MODELS` (random weights, real sizes, built from a
    (transformers' kernelizable ``apply_rotary_pos_emb`` -> triton-attention's ``RotaryPosEmb``,
    bit-exact), then the same measurements; the greedy tokens must equal the eager ones.
 
-Decode throughput excludes the prefill: ``generate`` of ``new_tokens`` tokens minus ``generate`` of
-one token (both medians of a few runs, ``min_new_tokens`` forcing the full length), so
+Eager and kernelized are two copies of the model (same weights), timed in alternation: each repeat
+runs both (the order flips every repeat), so a host that slows down or speeds up during the run
+weighs on both variants alike (batch-1 decode is bound by host time). Decode throughput excludes
+the prefill: ``generate`` of ``new_tokens`` tokens minus ``generate`` of one token (both medians
+of the repeats, ``min_new_tokens`` forcing the full length), so
 ``tokens/s = batch × (new_tokens - 1) / (t_new - t_1)``; ``per-sequence`` tokens/s divides by
 batch. ``--layers N`` builds fewer decoder layers than the real model (time-bound runs): the
 report states it, and tokens/s then is not the real model's.
@@ -23,6 +26,7 @@ report states it, and tokens/s then is not the real model's.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import logging
@@ -106,38 +110,50 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _timed(fn, device: str, repeats: int) -> tuple[float, list]:
-    """(median seconds, the outputs of every run)."""
-    outs, samples = [], []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        outs.append(fn())
-        _sync(device)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples), outs
+def _timed_once(fn, device: str) -> tuple[float, Any]:
+    """(seconds, output) of one call, synchronised on both ends."""
+    _sync(device)
+    start = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return time.perf_counter() - start, out
 
 
-def _measure(model, ids, *, new_tokens: int, device: str, repeats: int) -> tuple[dict, Any]:
+def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int) -> dict[str, tuple[dict, Any]]:
+    """Times every model of ``models`` (variant -> model) on ``ids``, the variants alternating within each
+    repeat (order reversed every other repeat); returns variant -> (row of medians, generated tokens)."""
     import torch
 
     mask = torch.ones_like(ids)
     gen = dict(attention_mask=mask, do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=0)
+    samples = {v: {"prefill": [], "one": [], "new": [], "outs": []} for v in models}
 
-    def generate(n):
+    def generate(model, n):
         return model.generate(ids, max_new_tokens=n, min_new_tokens=n, **gen)
 
     with torch.no_grad():
-        generate(min(4, new_tokens))  # warm-up: Triton JIT / compile for these shapes
-        prefill, _ = _timed(lambda: model(ids, attention_mask=mask, logits_to_keep=1), device, repeats)
-        t_one, _ = _timed(lambda: generate(1), device, repeats)
-        t_new, outs = _timed(lambda: generate(new_tokens), device, repeats)
-    # whether the model itself gives the same tokens every run (cuBLAS / cuDNN may pick split reductions whose
-    # order varies: then eager-vs-kernelized token equality says nothing about the kernels)
-    repeatable = all(torch.equal(o, outs[0]) for o in outs[1:])
-    row = {"prefill_ms": 1e3 * prefill, "generate_s": t_new, "repeatable": repeatable,
-           **decode_rate(ids.shape[0], new_tokens, t_new, t_one)}
-    return row, outs[-1][:, ids.shape[1]:]
+        for model in models.values():
+            generate(model, min(4, new_tokens))  # warm-up: Triton JIT / compile for these shapes
+        order = list(models)
+        for rep in range(repeats):
+            for v in (order if rep % 2 == 0 else order[::-1]):
+                model, acc = models[v], samples[v]
+                acc["prefill"].append(_timed_once(lambda: model(ids, attention_mask=mask, logits_to_keep=1), device)[0])
+                acc["one"].append(_timed_once(lambda: generate(model, 1), device)[0])
+                t_new, out = _timed_once(lambda: generate(model, new_tokens), device)
+                acc["new"].append(t_new)
+                acc["outs"].append(out)
+    result = {}
+    for v, acc in samples.items():
+        outs = acc["outs"]
+        t_new, t_one = statistics.median(acc["new"]), statistics.median(acc["one"])
+        # whether the model itself gives the same tokens every run (cuBLAS / cuDNN may pick split reductions whose
+        # order varies: then eager-vs-kernelized token equality says nothing about the kernels)
+        repeatable = all(torch.equal(o, outs[0]) for o in outs[1:])
+        row = {"prefill_ms": 1e3 * statistics.median(acc["prefill"]), "generate_s": t_new, "repeatable": repeatable,
+               **decode_rate(ids.shape[0], new_tokens, t_new, t_one)}
+        result[v] = (row, outs[-1][:, ids.shape[1]:])
+    return result
 
 
 def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int = 128, layers: int | None = None,
@@ -169,10 +185,13 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
             "prompt_len": prompt_len, "new_tokens": new_tokens, "dtype": dtype}
     rows, eager_tokens, eager_rate = [], {}, {}
 
-    def record(variant: str, batch: int, fn) -> None:
+    def record(variant: str, batch: int, measured: tuple | None, error: str | None = None) -> None:
+        """One row: ``measured`` = (row of medians, tokens) from :func:`_measure`, or ``error``."""
         row = dict(base, batch=batch, variant=variant)
-        try:
-            measured, tokens = fn()
+        if error is not None:
+            row["error"] = error
+        else:
+            measured, tokens = measured
             row.update(measured)
             if variant == "eager":
                 eager_tokens[batch], eager_rate[batch] = tokens, measured["decode_tok_s"]
@@ -180,38 +199,47 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
                 row["tokens_equal"] = bool(tokens.shape == eager_tokens[batch].shape and torch.equal(tokens, eager_tokens[batch]))
             if batch in eager_rate and variant != "eager":
                 row["speedup"] = measured["decode_tok_s"] / eager_rate[batch]
-        except Exception as exc:  # noqa: BLE001 - one failing variant must not hide the others
-            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            log.exception("e2e %s %s batch %d failed", name, variant, batch)
         log.info("e2e %s", row)
         rows.append(row)
         if on_row is not None:
             on_row(rows)
 
-    for b in batches:
-        record("eager", b, lambda b=b: _measure(model, prompts[b], new_tokens=new_tokens, device=device, repeats=repeats))
-    if compile:
-        eager_forward = model.forward
-        model.forward = torch.compile(eager_forward, dynamic=True)
-        for b in batches:
-            record("torch.compile", b, lambda b=b: _measure(model, prompts[b], new_tokens=new_tokens, device=device, repeats=repeats))
-        model.forward = eager_forward
-    report = None
+    models = {"eager": model}
+    kernelized = copy.deepcopy(model)  # same weights; kernelize swaps the copy's forwards
     try:
-        report = kernelize(model, mode=Mode.INFERENCE, device=device, families=ALL_FAMILIES)
-    except Exception as exc:  # noqa: BLE001
-        rows.append(dict(base, variant="kernelize", error=f"kernelize: {type(exc).__name__}: {str(exc)[:300]}"))
-    if report is not None:
+        report = kernelize(kernelized, mode=Mode.INFERENCE, device=device, families=ALL_FAMILIES)
         layers_swapped: dict[str, int] = {}
         for layer in report.swapped.values():
             layers_swapped[layer] = layers_swapped.get(layer, 0) + 1
         try:  # transformers' kernelizable apply_rotary_pos_emb -> triton-attention's RotaryPosEmb
-            layers_swapped["RotaryPosEmb"] = kernelize_rotary(model, mode=Mode.INFERENCE, device=device)
+            layers_swapped["RotaryPosEmb"] = kernelize_rotary(kernelized, mode=Mode.INFERENCE, device=device)
         except ValueError as exc:  # the model attaches no kernelizable rotary function
             log.info("e2e %s: rotary not kernelized: %s", name, exc)
         base["swapped"] = layers_swapped
+        models["kernelize"] = kernelized
+    except Exception as exc:  # noqa: BLE001
+        rows.append(dict(base, variant="kernelize", error=f"kernelize: {type(exc).__name__}: {str(exc)[:300]}"))
+    for b in batches:
+        try:
+            measured = _measure(models, prompts[b], new_tokens=new_tokens, device=device, repeats=repeats)
+            for variant in models:  # eager first: the others compare with it
+                record(variant, b, measured[variant])
+        except Exception as exc:  # noqa: BLE001 - one failing batch must not hide the others
+            log.exception("e2e %s batch %d failed", name, b)
+            for variant in models:
+                record(variant, b, None, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+    if compile:  # not interleaved: a compiled forward of the eager copy, after the others
+        eager_forward = model.forward
+        model.forward = torch.compile(eager_forward, dynamic=True)
         for b in batches:
-            record("kernelize", b, lambda b=b: _measure(model, prompts[b], new_tokens=new_tokens, device=device, repeats=repeats))
+            try:
+                measured = _measure({"torch.compile": model}, prompts[b], new_tokens=new_tokens, device=device,
+                                    repeats=repeats)["torch.compile"]
+                record("torch.compile", b, measured)
+            except Exception as exc:  # noqa: BLE001
+                log.exception("e2e %s torch.compile batch %d failed", name, b)
+                record("torch.compile", b, None, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        model.forward = eager_forward
     env = {"gpu": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu", "torch": torch.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "device": device,
            "repeats": repeats}
@@ -228,7 +256,7 @@ def _md(result: dict) -> str:
     env = result["env"]
     lines = [f"# End-to-end greedy decode, {env.get('date', '')[:10]}", "",
              f"{env.get('gpu')}; torch {env.get('torch')}, transformers {env.get('transformers')}; random weights, "
-             f"medians of {env.get('repeats')} runs. Decode tokens/s = batch × (new tokens − 1) / (t(generate new) − t(generate 1)); "
+             f"medians of {env.get('repeats')} runs, eager and kernelized alternating within each. Decode tokens/s = batch × (new tokens − 1) / (t(generate new) − t(generate 1)); "
              "prefill = one forward over the prompt (last-position logits). Same tokens: greedy tokens equal eager's; "
              "repeatable: the runs of this variant gave the same tokens (where eager's do not, the comparison is void).", "",
              "| model | layers | batch | variant | prefill ms | decode tokens/s | per sequence tokens/s | ms/step | vs eager | same tokens | repeatable | note |",
