@@ -3,7 +3,7 @@
     python tests/compile_matmul_targets.py <build variant folder> <arch>
 
 ``arch``: ``90`` (Hopper: the TMA, stream-K and GEMV kernels (NVIDIA fast-math activation: inline PTX)
-in their main configurations + the pointer kernel, with
+in their main configurations, 192-wide ``SUB_N`` tiles included, + the pointer kernel, with
 integer arguments equal to 1 specialized to constants as the launcher does; the
 SASS, disassembled with the ``cuobjdump`` Triton ships, must hold ``HGMMA``), or an AMD target
 such as ``gfx942`` (the pointer kernel). Must run without ``TRITON_INTERPRET=1``. Prints one
@@ -84,10 +84,15 @@ def main(variant: Path, arch: str) -> int:
                   f"hgmma={_sass_hgmma(c.asm['cubin'])} wgmma_ptx={c.asm['ptx'].count('wgmma.mma_async')} "
                   f"shared={c.metadata.shared}")
             count += 1
-        # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, warp_specialize, subtile, split_k, gated, b as W.T)
-        variants = [(128, 256, 64, 8, 3, False, True, 1, False, True), (128, 256, 64, 8, 3, True, True, 1, False, True),
-                    (128, 128, 64, 8, 4, False, False, 1, True, False), (16, 64, 256, 4, 4, False, False, 4, False, True)]
-        for bm, bn, bk, warps, stages, ws, sub, split, gated, b_nk in variants:
+        # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, warp_specialize, subtile, split_k, gated, b as W.T, SUB_N); the
+        # last two: 192-wide tiles as three 64-column accumulators (persistent 128 x 192, split-K 64 x 192)
+        variants = [(128, 256, 64, 8, 3, False, True, 1, False, True, 1),
+                    (128, 256, 64, 8, 3, True, True, 1, False, True, 1),
+                    (128, 128, 64, 8, 4, False, False, 1, True, False, 1),
+                    (16, 64, 256, 4, 4, False, False, 4, False, True, 1),
+                    (128, 64, 64, 8, 4, False, False, 1, False, True, 3),
+                    (64, 64, 64, 4, 4, False, False, 2, False, True, 3)]
+        for bm, bn, bk, warps, stages, ws, sub, split, gated, b_nk, sub_n in variants:
             b_block = f"[{bn}, {bk}]" if b_nk else f"[{bk}, {bn}]"
             sig = {"a_desc": f"tensordesc<bf16[{bm}, {bk}]>", "b_desc": f"tensordesc<bf16{b_block}>",
                    "bias_ptr": "*bf16", "y_desc": f"tensordesc<bf16[{bm}, {bn // 2 if sub else bn}]>",
@@ -95,15 +100,15 @@ def main(variant: Path, arch: str) -> int:
             consts = {"GATED": gated, "ACT": 1, "B_NK": b_nk, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                       "GROUP_M": 8, "WARP_SPECIALIZE": ws, "FLATTEN": not ws and split == 1,
                       "EPILOGUE_SUBTILE": sub, "SPLIT_K": split, "UPCAST": False, "h_ptr": None,
-                      "FAST_MATH": True}
+                      "FAST_MATH": True, "SUB_N": sub_n}
             if split > 1:  # one token (M == 1, specialized to a constant by the launcher) through split-K
                 sig.update({"ws_ptr": "*fp32", "cnt_ptr": "*i32"})
                 consts["M"] = 1
             else:
                 consts.update({"ws_ptr": None, "cnt_ptr": None})
             c = _compile(mm._matmul_tma_kernel, sig, consts, target, warps, stages)
-            print(f"tma {bm}x{bn}x{bk} w{warps} s{stages} ws={ws} subtile={sub} split_k={split} gated={gated} "
-                  f"b_nk={b_nk} hgmma={_sass_hgmma(c.asm['cubin'])} wgmma_ptx={c.asm['ptx'].count('wgmma.mma_async')} "
+            print(f"tma {bm}x{sub_n * bn}x{bk} w{warps} s{stages} ws={ws} subtile={sub} split_k={split} sub_n={sub_n} "
+                  f"gated={gated} b_nk={b_nk} hgmma={_sass_hgmma(c.asm['cubin'])} wgmma_ptx={c.asm['ptx'].count('wgmma.mma_async')} "
                   f"shared={c.metadata.shared}")
             count += 1
     print("COMPILED", count)

@@ -184,6 +184,64 @@ def test_tma_kernel(matmul, activation, b_layout):
         assert_matmul_close(y, a, b, bias, activation)
 
 
+@pytest.mark.parametrize("activation", [None, "gelu"])
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_tma_kernel_sub_n(matmul, activation, b_layout):
+    # tiles of SUB_N accumulators of BLOCK_N columns (48 = 3 x 16 wide, 32 = 2 x 16): prime M; N = 88 ends in a
+    # tile whose last sub-tile is partly past N, N = 56 in one whose last two sub-tiles lie wholly past N; one
+    # program per tile, persistent (1 and 2 per "SM"), split epilogue, split-K (3 k-tiles of 32; 5 of 16 with an
+    # empty split): fp64 results, and with BLOCK_K 32 the same bits as 16-wide tiles (same order per element)
+    torch.manual_seed(14)
+    dt = torch.bfloat16
+    C = matmul.MatmulConfig
+    M, K = 37, 72
+    for n_out in (88, 56):
+        a = rand(M, K, dtype=dt)
+        b = rand(K, n_out, dtype=dt) if b_layout == "kn" else rand(n_out, K, dtype=dt).t()
+        bias = rand(n_out, dtype=dt)
+        plain = matmul.matmul(a, b, bias, activation, config=C(16, 16, 32, 2, 4, 2, tma=1))
+        assert_matmul_close(plain, a, b, bias, activation)
+        for sub_n, persistent, subtile, split, bk in ((3, 0, 0, 1, 32), (3, 1, 1, 1, 32), (2, 2, 0, 1, 32),
+                                                      (3, 0, 0, 3, 32), (3, 0, 1, 3, 16)):
+            cfg = C(16, 16, bk, 2, 4, 2, tma=1, persistent=persistent, epilogue_subtile=subtile, split_k=split,
+                    sub_n=sub_n)
+            y = matmul.matmul(a, b, bias, activation, config=cfg)
+            assert_matmul_close(y, a, b, bias, activation)
+            if split == 1:
+                assert torch.equal(y, plain), cfg
+    # where SUB_N does not apply (gated, the pointer kernel) tiles are BLOCK_N wide: the same values
+    w = rand(2 * 88, K, dtype=dt)
+    for act, tma in (("swiglu", 1), (activation, 0)):
+        b = w.t() if act == "swiglu" else w[:88].t()
+        y = matmul.matmul(a, b, None, act, config=C(16, 16, 32, 2, 4, 2, tma=tma, sub_n=3))
+        assert_matmul_close(y, a, b, None, act)
+
+
+def test_config_sub_n(matmul):
+    # SUB_N: JSON key (absent: 1), list round trip, check(); the lookup keeps it for plain calls, lowers it to the
+    # sub-tiles N needs, and drops it for gated calls (two accumulators instead)
+    import sys
+
+    launch = sys.modules[matmul.__name__ + "._launch"]
+    C = matmul.MatmulConfig
+    entry = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "TMA": 1,
+             "PERSISTENT": 1}
+    assert C.from_json(entry).sub_n == 1
+    cfg = C.from_json({**entry, "SUB_N": 3})
+    assert cfg.sub_n == 3 and cfg.to_json()["SUB_N"] == 3 and C.from_json(cfg.to_json()) == cfg
+    assert C.from_list(cfg.as_list()) == cfg
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match="sub_n must be 1, 2 or 3"):
+            C.from_json({**entry, "SUB_N": bad}).check()
+    buckets = (launch.Bucket((1024, 3072, 3072), cfg),)
+    assert launch.lookup(buckets, 1024, 3072, 3072).sub_n == 3
+    assert launch.lookup(buckets, 1024, 100, 3072).sub_n == 2  # 100 columns: two 64-column sub-tiles
+    assert launch.lookup(buckets, 1024, 40, 3072).sub_n == 1
+    assert launch.lookup(buckets, 1024, 3072, 3072, gated=True).sub_n == 1
+    assert launch.lookup(buckets, 1024, 3072, 3072, activation="geglu").sub_n == 1
+    assert launch.lookup(buckets, 1024, 3072, 3072, activation="gelu").sub_n == 3
+
+
 @pytest.mark.parametrize("activation", [None, "gelu_tanh", "geglu"])
 @pytest.mark.parametrize("b_layout", ["nk", "kn", "strided"])
 def test_gemv_kernel(matmul, activation, b_layout):

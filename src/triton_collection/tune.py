@@ -62,12 +62,13 @@ DEFAULT_BUCKETS = [(m, n, k) for (n, k) in BUCKET_NK for m in BUCKET_M]
 
 def default_candidates(M: int) -> list[dict]:
     """Candidate configs (JSON dicts, ``_launch`` keys) for buckets with M rows, TMA kernel first."""
-    def c(bm, bn, bk, g, w, s, tma=1, pers=0, ws=0, sub=0, split=1, gemv=0, sk=0):
+    def c(bm, bn, bk, g, w, s, tma=1, pers=0, ws=0, sub=0, split=1, gemv=0, sk=0, sub_n=1):
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "num_warps": w, "num_stages": s,
                 "TMA": tma, "PERSISTENT": pers, "WARP_SPECIALIZE": ws, "EPILOGUE_SUBTILE": sub, "SPLIT_K": split,
-                "GEMV": gemv, "STREAM_K": sk}
+                "GEMV": gemv, "STREAM_K": sk, "SUB_N": sub_n}
     # chosen from the H200 sweeps (2026-11-30): earlier winners plus the GEMV kernel for one token, split-K and
-    # stream-K for tile counts that fill the 132 SMs unevenly, two programs per SM (PERSISTENT 2)
+    # stream-K for tile counts that fill the 132 SMs unevenly, two programs per SM (PERSISTENT 2), and 192-wide
+    # tiles (SUB_N 3 x 64 columns: N = 3072 at M = 1024 makes 128 tiles of 128 x 192 where 128 x 256 makes 96)
     G = lambda bn, bk, w, s: c(16, bn, bk, 1, w, s, gemv=1)  # noqa: E731
     if M <= 1:  # weight streaming: many programs of a few W rows each (GEMV), or narrow tensor-core tiles
         return [G(4, 512, 4, 1), G(8, 512, 4, 1), G(2, 1024, 4, 1), G(4, 1024, 4, 1), G(8, 256, 4, 1),
@@ -84,7 +85,8 @@ def default_candidates(M: int) -> list[dict]:
                 c(128, 256, 64, 8, 8, 4, pers=1, sub=1)]
     if M <= 1024:
         return [c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(128, 128, 64, 8, 8, 3, pers=2, sub=1),
-                c(128, 256, 64, 8, 8, 4, pers=1, sub=1, sk=1), c(64, 128, 64, 8, 4, 4), c(128, 128, 64, 8, 8, 3)]
+                c(128, 256, 64, 8, 8, 4, pers=1, sub=1, sk=1), c(64, 128, 64, 8, 4, 4), c(128, 128, 64, 8, 8, 3),
+                c(128, 64, 64, 8, 8, 4, pers=1, sub_n=3)]
     return [c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(128, 256, 64, 16, 8, 3, pers=1, sub=1)]
 
 

@@ -9,7 +9,10 @@ a problem shape ``(M, N, K)`` and the tile settings for it (``BLOCK_M``, ``BLOCK
 ``PERSISTENT`` (0, or 1 / 2 programs per SM), ``WARP_SPECIALIZE``, ``EPILOGUE_SUBTILE``, ``SPLIT_K``:
 the Hopper kernel's options, see ``matmul``; ``GEMV``: calls with at most ``GEMV_MAX_M`` rows run the
 CUDA-core GEMV kernel, ``BLOCK_N`` (any power of two >= 1) output columns per program; ``STREAM_K``: the
-stream-K kernel, k iterations shared equally by ``max(1, PERSISTENT)`` programs per SM). ``"tuned": false`` marks files written by hand; ``triton-collection
+stream-K kernel, k iterations shared equally by ``max(1, PERSISTENT)`` programs per SM; ``SUB_N`` (default 1; 1, 2
+or 3): the TMA kernel's tiles are ``SUB_N * BLOCK_N`` columns wide, one accumulator per ``BLOCK_N`` columns, so a
+tile width that is not a power of two, e.g. 192 = 3 x 64, fills the SMs in fewer waves).
+``"tuned": false`` marks files written by hand; ``triton-collection
 tune`` writes ``"tuned": true`` files with the measured TFLOP/s per bucket. A GPU without a file, and the Triton interpreter (CPU tensors), use
 ``configs/default.json``: small tiles and 3 stages that fit every supported GPU.
 
@@ -32,7 +35,8 @@ does not run mostly-masked tiles (16 is ``tl.dot``'s minimum; a GEMV config's BL
 ``1024 / warp_size`` threads per program. Gated epilogues given a plain bucket use half of its ``BLOCK_N``
 (they run two accumulators) and one program per tile (no persistent loop, whole-tile epilogue); an entry
 for the call's activation is used as written (it was tuned with that epilogue). fp32 operands use half of
-the bucket's ``BLOCK_K``. A config whose pipeline does not fit the
+the bucket's ``BLOCK_K``. ``SUB_N`` is lowered to the sub-tiles that N needs (``ceil(N / BLOCK_N)``), and
+is 1 for every gated call. A config whose pipeline does not fit the
 device's shared memory runs with fewer ``num_stages`` (see ``matmul._launch_fitting``). The
 kernel masks every edge, so correctness never depends on which config is picked.
 """
@@ -79,11 +83,14 @@ class MatmulConfig:
     # 1: stream-K (TMA kernel only): max(1, persistent) programs per SM share the tiles' k iterations equally;
     # pieces of a tile cut between programs are summed in program order (deterministic) by the last to arrive
     stream_k: int = 0
+    # 1, 2, 3: the TMA kernel's tiles are sub_n * block_n columns wide, one fp32 accumulator (and one b block per
+    # k step, one epilogue) per block_n columns; plain epilogues, not stream-K (elsewhere tiles are block_n wide)
+    sub_n: int = 1
 
     def as_list(self) -> list:
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.num_warps, self.num_stages,
                 self.tma, self.persistent, self.warp_specialize, self.epilogue_subtile, self.split_k, self.gemv,
-                self.stream_k]
+                self.stream_k, self.sub_n]
 
     @classmethod
     def from_list(cls, values) -> "MatmulConfig":
@@ -96,7 +103,7 @@ class MatmulConfig:
                    int(entry["num_warps"]), int(entry["num_stages"]), int(entry.get("TMA", 0)),
                    int(entry.get("PERSISTENT", 0)), int(entry.get("WARP_SPECIALIZE", 0)),
                    int(entry.get("EPILOGUE_SUBTILE", 0)), int(entry.get("SPLIT_K", 1)), int(entry.get("GEMV", 0)),
-                   int(entry.get("STREAM_K", 0)))
+                   int(entry.get("STREAM_K", 0)), int(entry.get("SUB_N", 1)))
 
     def to_json(self) -> dict:
         """The JSON keys of this config (inverse of :meth:`from_json`)."""
@@ -104,11 +111,11 @@ class MatmulConfig:
                 "num_warps": self.num_warps, "num_stages": self.num_stages, "TMA": self.tma,
                 "PERSISTENT": self.persistent, "WARP_SPECIALIZE": self.warp_specialize,
                 "EPILOGUE_SUBTILE": self.epilogue_subtile, "SPLIT_K": self.split_k, "GEMV": self.gemv,
-                "STREAM_K": self.stream_k}
+                "STREAM_K": self.stream_k, "SUB_N": self.sub_n}
 
     def check(self) -> None:
         """Raises ValueError for block sizes that are not powers of two >= 16 (GEMV configs: block_n >= 1),
-        or bad group/warps/stages/flags."""
+        or bad group/warps/stages/flags/sub_n."""
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
             if self.gemv == 1 and name == "block_n":
@@ -128,6 +135,8 @@ class MatmulConfig:
             raise ValueError(f"persistent must be 0, 1 or 2 (programs per SM), got {self.persistent}")
         if self.split_k < 1:
             raise ValueError(f"split_k must be >= 1, got {self.split_k}")
+        if self.sub_n not in (1, 2, 3):
+            raise ValueError(f"sub_n must be 1, 2 or 3 (accumulators of block_n columns per tile), got {self.sub_n}")
 
 
 def config_file_name(gpu_name: str) -> str:
@@ -197,9 +206,10 @@ def lookup(buckets: Tuple[Bucket, ...], M: int, N: int, K: int, gated: bool = Fa
     low_n = 1 if cfg.gemv else 16
     block_n = max(low_n, cfg.block_n // 2) if derive else cfg.block_n
     block_k = max(16, cfg.block_k // 2) if itemsize > 2 else cfg.block_k
+    block_n = max(low_n, min(block_n, triton.next_power_of_2(max(N, 1))))
     return MatmulConfig(
         block_m=_clamp_block(cfg.block_m, M),
-        block_n=max(low_n, min(block_n, triton.next_power_of_2(max(N, 1)))),
+        block_n=block_n,
         block_k=_clamp_block(block_k, K),
         group_m=cfg.group_m,
         num_warps=min(cfg.num_warps, MAX_THREADS_PER_PROGRAM // warp_size),
@@ -213,6 +223,8 @@ def lookup(buckets: Tuple[Bucket, ...], M: int, N: int, K: int, gated: bool = Fa
         split_k=cfg.split_k,
         gemv=cfg.gemv,
         stream_k=cfg.stream_k,
+        # gated calls run two accumulators per tile instead (see the module docstring)
+        sub_n=1 if gated or EPILOGUES.get(activation, False) else min(cfg.sub_n, triton.cdiv(max(N, 1), block_n)),
     )
 
 

@@ -27,7 +27,10 @@ config with ``tma=1`` runs a kernel that loads tiles with TMA descriptors (host
 ``TensorDescriptor``s; out-of-bounds rows, columns and k read as zero, so any M, N, K still
 work), multiplies with warpgroup MMA and stores y through a descriptor (clipped at M, N).
 Options: a persistent grid (one program per SM walking the tiles), warp specialization,
-the epilogue in two column halves (less shared memory), and split-K (``split_k`` programs per
+the epilogue in two column halves (less shared memory), tiles of ``sub_n`` (2 or 3) accumulators of
+BLOCK_N columns each (plain epilogues: a 128 x 192 tile as three 128 x 64 ``tl.dot``s on one a block
+per k step, so N = 3072 makes 16 tile columns where 256-wide tiles make 12 and leave SMs idle; every
+sub-tile has its own TMA loads of b and its own epilogue; sub-tiles past N read zeros, store nothing), and split-K (``split_k`` programs per
 tile each sum a contiguous range of k tiles in fp32; the last to arrive, counted with an
 atomic, adds the partials in split order -- deterministic -- and runs the epilogue), or stream-K
 (``_matmul_streamk_kernel``: the tiles' k iterations laid end to end are cut into one equal range
@@ -281,28 +284,35 @@ def _tma_epilogue(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, strid
 
 
 @triton.jit
-def _tma_k_step(a_desc, b_desc, acc, acc_g, off_m, off_n, off_k, N,
-                GATED: tl.constexpr, B_NK: tl.constexpr, UPCAST: tl.constexpr):
-    """One BLOCK_K step of a tile through TMA descriptors: acc += a @ b (and, gated, acc_g += a @ b's gate columns,
-    N to the right; reads past N in the proj tile only feed masked columns). Returns (acc, acc_g)."""
-    a = a_desc.load([off_m, off_k])
+def _tma_b_block(b_desc, off_n, off_k, B_NK: tl.constexpr, UPCAST: tl.constexpr):
+    """The (BLOCK_K, BLOCK_N) block of b at (off_k, off_n), read through b's descriptor (transposed view for B_NK)."""
     if B_NK:
         b = b_desc.load([off_n, off_k]).T
     else:
         b = b_desc.load([off_k, off_n])
     if UPCAST:
-        a = a.to(tl.float32)
         b = b.to(tl.float32)
-    acc = tl.dot(a, b, acc)
+    return b
+
+
+@triton.jit
+def _tma_k_step(a_desc, b_desc, acc, acc_g, acc1, acc2, off_m, off_n, off_k, N,
+                GATED: tl.constexpr, B_NK: tl.constexpr, BLOCK_N: tl.constexpr, SUB_N: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """One BLOCK_K step of a tile through TMA descriptors: acc += a @ b (and, gated, acc_g += a @ b's gate columns,
+    N to the right; reads past N in the proj tile only feed masked columns); SUB_N > 1: acc1 (and, SUB_N 3, acc2)
+    += the same a block @ the next BLOCK_N columns of b (past N: zeros). Returns (acc, acc_g, acc1, acc2)."""
+    a = a_desc.load([off_m, off_k])
+    if UPCAST:
+        a = a.to(tl.float32)
+    acc = tl.dot(a, _tma_b_block(b_desc, off_n, off_k, B_NK, UPCAST), acc)
     if GATED:
-        if B_NK:
-            bg = b_desc.load([N + off_n, off_k]).T
-        else:
-            bg = b_desc.load([off_k, N + off_n])
-        if UPCAST:
-            bg = bg.to(tl.float32)
-        acc_g = tl.dot(a, bg, acc_g)
-    return acc, acc_g
+        acc_g = tl.dot(a, _tma_b_block(b_desc, N + off_n, off_k, B_NK, UPCAST), acc_g)
+    if SUB_N > 1:
+        acc1 = tl.dot(a, _tma_b_block(b_desc, off_n + BLOCK_N, off_k, B_NK, UPCAST), acc1)
+    if SUB_N > 2:
+        acc2 = tl.dot(a, _tma_b_block(b_desc, off_n + 2 * BLOCK_N, off_k, B_NK, UPCAST), acc2)
+    return acc, acc_g, acc1, acc2
 
 
 @triton.jit
@@ -327,6 +337,52 @@ def _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_
 
 
 @triton.jit
+def _tma_finish_tile(acc, acc_g, acc1, acc2, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                     GATED: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SUB_N: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, ROUND_BF16: tl.constexpr,
+                     FAST_MATH: tl.constexpr):
+    """The epilogue of a (BLOCK_M, SUB_N * BLOCK_N) tile: one ``_tma_finish`` per BLOCK_N columns (sub-tiles past N
+    store nothing: TMA clips them; SUB_N > 1 is plain only)."""
+    _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, ROUND_BF16, FAST_MATH)
+    if SUB_N > 1:
+        _tma_finish(acc1, acc1, bias_ptr, y_desc, h_ptr, off_m, off_n + BLOCK_N, M, N, stride_hm,
+                    False, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, ROUND_BF16, FAST_MATH)
+    if SUB_N > 2:
+        _tma_finish(acc2, acc2, bias_ptr, y_desc, h_ptr, off_m, off_n + 2 * BLOCK_N, M, N, stride_hm,
+                    False, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, ROUND_BF16, FAST_MATH)
+
+
+@triton.jit
+def _split_k_block(ws_ptr, off_m, off_n, M, N, n_ws, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(pointers, mask) of the (BLOCK_M, BLOCK_N) block at (off_m, off_n) of a split-K workspace slice with rows of
+    n_ws fp32 values; rows >= M and columns >= N masked."""
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    return ws_ptr + offs_m[:, None].to(tl.int64) * n_ws + offs_n[None, :], mask
+
+
+@triton.jit
+def _split_k_store(ws_ptr, acc, off_m, off_n, M, N, n_ws, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's fp32 partial of the block at (off_m, off_n) into its workspace slice ``ws_ptr``."""
+    ptrs, mask = _split_k_block(ws_ptr, off_m, off_n, M, N, n_ws, BLOCK_M, BLOCK_N)
+    tl.store(ptrs, acc, mask=mask)
+
+
+@triton.jit
+def _split_k_sum(ws_ptr, off_m, off_n, M, N, n_ws, split_size, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """The SPLIT_K fp32 partials of the block at (off_m, off_n), slices ``ws_ptr + s * split_size``, summed in split
+    order 0, 1, ... (deterministic)."""
+    ptrs, mask = _split_k_block(ws_ptr, off_m, off_n, M, N, n_ws, BLOCK_M, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(SPLIT_K):
+        acc += tl.load(ptrs + s * split_size, mask=mask, other=0.0, cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
 def _matmul_tma_kernel(
     a_desc,  # (M, K) descriptor, block (BLOCK_M, BLOCK_K)
     b_desc,  # B_NK: (N_total, K) descriptor of b.T, block (BLOCK_N, BLOCK_K); else (K, N_total), block (BLOCK_K, BLOCK_N)
@@ -344,11 +400,15 @@ def _matmul_tma_kernel(
     SPLIT_K: tl.constexpr,  # programs per tile, each summing a contiguous 1/SPLIT_K of the K tiles
     UPCAST: tl.constexpr,  # interpreter only (bf16): see _matmul_fwd_kernel; also rounds the store to nearest even
     FAST_MATH: tl.constexpr = False,
+    SUB_N: tl.constexpr = 1,  # 1, 2, 3 (plain only): tiles of SUB_N * BLOCK_N columns, one accumulator per BLOCK_N
 ):
     """Hopper+ path: TMA loads into shared memory (out-of-bounds rows/columns/k read as zero, so any M, N, K),
-    warpgroup MMA, optionally persistent (each program walks tiles pid, pid + NUM_PROGS, ...)."""
+    warpgroup MMA, optionally persistent (each program walks tiles pid, pid + NUM_PROGS, ...). A tile is
+    (BLOCK_M, SUB_N * BLOCK_N): SUB_N accumulators of BLOCK_N columns share each k step's a block."""
+    tl.static_assert(SUB_N == 1 or not GATED, "SUB_N > 1 is for plain epilogues")
+    TILE_N: tl.constexpr = SUB_N * BLOCK_N
     num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
+    num_n = tl.cdiv(N, TILE_N)
     num_tiles = num_m * num_n
     k_tiles = tl.cdiv(K, BLOCK_K)
     for t in tl.range(tl.program_id(0), num_tiles * SPLIT_K, NUM_PROGS, flatten=FLATTEN,
@@ -356,39 +416,45 @@ def _matmul_tma_kernel(
         tile = t // SPLIT_K
         pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
         off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
+        off_n = pid_n * TILE_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         k_per_split = tl.cdiv(k_tiles, SPLIT_K)
         k_first = (t % SPLIT_K) * k_per_split
         for kt in range(k_first, tl.minimum(k_first + k_per_split, k_tiles)):
-            acc, acc_g = _tma_k_step(a_desc, b_desc, acc, acc_g, off_m, off_n, kt * BLOCK_K, N, GATED, B_NK, UPCAST)
+            acc, acc_g, acc1, acc2 = _tma_k_step(a_desc, b_desc, acc, acc_g, acc1, acc2, off_m, off_n, kt * BLOCK_K,
+                                                 N, GATED, B_NK, BLOCK_N, SUB_N, UPCAST)
         if SPLIT_K > 1:
             # split-K: each program writes its fp32 partial; the last of the tile's SPLIT_K programs to arrive
             # (atomic counter, acq_rel) sums the partials in split order 0, 1, ... (deterministic) and finishes
             n_ws = N * 2 if GATED else N
-            offs_m = off_m + tl.arange(0, BLOCK_M)
-            offs_n = off_n + tl.arange(0, BLOCK_N)
-            mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-            part = offs_m[:, None].to(tl.int64) * n_ws + offs_n[None, :]
             split_size = tl.cast(M, tl.int64) * n_ws  # tl.cast: M == 1 is specialized to a constant
-            tl.store(ws_ptr + (t % SPLIT_K) * split_size + part, acc, mask=mask)
-            if GATED:
-                tl.store(ws_ptr + (t % SPLIT_K) * split_size + N + part, acc_g, mask=mask)
+            ws_split = ws_ptr + (t % SPLIT_K) * split_size
+            _split_k_store(ws_split, acc, off_m, off_n, M, N, n_ws, BLOCK_M, BLOCK_N)
+            if GATED:  # the gate columns: N to the right
+                _split_k_store(ws_split + N, acc_g, off_m, off_n, M, N, n_ws, BLOCK_M, BLOCK_N)
+            if SUB_N > 1:
+                _split_k_store(ws_split, acc1, off_m, off_n + BLOCK_N, M, N, n_ws, BLOCK_M, BLOCK_N)
+            if SUB_N > 2:
+                _split_k_store(ws_split, acc2, off_m, off_n + 2 * BLOCK_N, M, N, n_ws, BLOCK_M, BLOCK_N)
             arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
             if arrived == SPLIT_K - 1:
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in range(SPLIT_K):
-                    acc += tl.load(ws_ptr + s * split_size + part, mask=mask, other=0.0, cache_modifier=".cg")
-                    if GATED:
-                        acc_g += tl.load(ws_ptr + s * split_size + N + part, mask=mask, other=0.0,
-                                         cache_modifier=".cg")
-                _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
-                            GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST, FAST_MATH)
+                acc = _split_k_sum(ws_ptr, off_m, off_n, M, N, n_ws, split_size, SPLIT_K, BLOCK_M, BLOCK_N)
+                if GATED:
+                    acc_g = _split_k_sum(ws_ptr + N, off_m, off_n, M, N, n_ws, split_size, SPLIT_K, BLOCK_M, BLOCK_N)
+                if SUB_N > 1:
+                    acc1 = _split_k_sum(ws_ptr, off_m, off_n + BLOCK_N, M, N, n_ws, split_size, SPLIT_K, BLOCK_M,
+                                        BLOCK_N)
+                if SUB_N > 2:
+                    acc2 = _split_k_sum(ws_ptr, off_m, off_n + 2 * BLOCK_N, M, N, n_ws, split_size, SPLIT_K, BLOCK_M,
+                                        BLOCK_N)
+                _tma_finish_tile(acc, acc_g, acc1, acc2, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                                 GATED, ACT, BLOCK_M, BLOCK_N, SUB_N, EPILOGUE_SUBTILE, UPCAST, FAST_MATH)
         else:
-            _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
-                        GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST, FAST_MATH)
+            _tma_finish_tile(acc, acc_g, acc1, acc2, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
+                             GATED, ACT, BLOCK_M, BLOCK_N, SUB_N, EPILOGUE_SUBTILE, UPCAST, FAST_MATH)
 
 
 @triton.jit
@@ -432,7 +498,8 @@ def _matmul_streamk_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(k0, k1):
-            acc, acc_g = _tma_k_step(a_desc, b_desc, acc, acc_g, off_m, off_n, kt * BLOCK_K, N, GATED, B_NK, UPCAST)
+            acc, acc_g, _, _ = _tma_k_step(a_desc, b_desc, acc, acc_g, acc, acc, off_m, off_n, kt * BLOCK_K, N, GATED,
+                                           B_NK, BLOCK_N, 1, UPCAST)
         if k0 == 0 and k1 == k_tiles:
             _tma_finish(acc, acc_g, bias_ptr, y_desc, h_ptr, off_m, off_n, M, N, stride_hm,
                         GATED, ACT, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE, UPCAST, FAST_MATH)
@@ -497,7 +564,8 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
     else:
         b_desc = TensorDescriptor(b, [K, b.shape[1]], [b.stride(0), 1], [bk, bn])
     y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn // 2 if subtile else bn])
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    sub_n = 1 if gated or cfg.stream_k else cfg.sub_n  # the TMA kernel's tiles: sub_n * bn columns
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, sub_n * bn)
     operands = (a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h)
     meta = dict(GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
                 EPILOGUE_SUBTILE=subtile, UPCAST=interp and a.dtype == torch.bfloat16, FAST_MATH=_fast_math(a, interp),
@@ -515,7 +583,8 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
         ws = bool(cfg.warp_specialize) and not interp
         work = torch.empty((split, M, b.shape[1]), dtype=torch.float32, device=a.device) if split > 1 else None
         arrivals = torch.zeros((tiles,), dtype=torch.int32, device=a.device) if split > 1 else None
-        meta.update(WARP_SPECIALIZE=ws, FLATTEN=bool(cfg.persistent) and not ws and not interp, SPLIT_K=split)
+        meta.update(WARP_SPECIALIZE=ws, FLATTEN=bool(cfg.persistent) and not ws and not interp, SPLIT_K=split,
+                    SUB_N=sub_n)
     _launch_fitting(lambda stages: kernel[(progs,)](
         *operands, work, arrivals, M, N, K, h.stride(0) if h is not None else 0, progs, **meta, num_stages=stages,
     ), (name, cfg, gated, act, b_nk, a.dtype, a.device), cfg)
