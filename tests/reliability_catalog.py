@@ -246,6 +246,10 @@ def _softmax_ops(pkg) -> List[OpSample]:
     out.append(OpSample("cross_entropy[sum,smooth,z]", lambda x, t: ce(x, t, reduction="sum", label_smoothing=0.1,
                                                                       z_loss=1e-4), logits_target, grad=(0,)))
     out.append(OpSample("cross_entropy[none,3d]", lambda x, t: ce(x, t, reduction="none"), logits_3d, grad=(0,)))
+    out.append(OpSample("cross_entropy[torch_order]", lambda x, t: ce(x, t, torch_order=True), logits_target, grad=(0,)))
+    out.append(OpSample("cross_entropy[torch_order,none]", lambda x, t: ce(x, t, reduction="none", torch_order=True),
+                        logits_target, grad=(0,)))
+    out.append(OpSample("softmax[torch_order]", lambda x: pkg.softmax(x, torch_order=True), x3, grad=(0,)))
     return out
 
 
