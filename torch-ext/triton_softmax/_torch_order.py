@@ -74,27 +74,10 @@ def _halve(t):
 
 @triton.jit
 def _tree(t, LEVELS: tl.constexpr):
-    """Halving tree along axis 1 of (R, 2**LEVELS) -> (R, 1), LEVELS <= 10: torch's shfl_down / shfl_xor
-    stages, and the shared-memory trees of block reductions (``s[t] += s[t + stride]``, stride halving)."""
-    if LEVELS >= 1:
-        t = _halve(t)
-    if LEVELS >= 2:
-        t = _halve(t)
-    if LEVELS >= 3:
-        t = _halve(t)
-    if LEVELS >= 4:
-        t = _halve(t)
-    if LEVELS >= 5:
-        t = _halve(t)
-    if LEVELS >= 6:
-        t = _halve(t)
-    if LEVELS >= 7:
-        t = _halve(t)
-    if LEVELS >= 8:
-        t = _halve(t)
-    if LEVELS >= 9:
-        t = _halve(t)
-    if LEVELS >= 10:
+    """Halving tree along axis 1 of (R, 2**LEVELS) -> (R, 1): torch's shfl_down / shfl_xor stages, and the
+    shared-memory trees of block reductions (``s[t] += s[t + stride]``, stride halving). The loop is unrolled
+    at compile time (each level has its own shape)."""
+    for _ in tl.static_range(LEVELS):
         t = _halve(t)
     return t
 
