@@ -5,7 +5,7 @@
 * ``catalog-<file>``: the bad-input catalog, opcheck of every op, the shared cases and two versions in one
   process (one per file), with CUDA tensors (``TEST_DEVICE=cuda``);
 * ``layers-<group>``: the CPU suite's attention and diffusers-shim, norm-layer, torch-order, modulate and
-  gated-residual, softmax and torch-order softmax tests with CUDA tensors (bit-exactness of the layers and ops
+  gated-residual, softmax and torch-order softmax / cross-entropy tests with CUDA tensors (bit-exactness of the layers and ops
   in bf16, which the interpreter cannot check);
 * ``properties-<k>``: the hypothesis generators of ``tests/test_reliability_properties.py``, one process per
   seed ``k`` (``HYPOTHESIS_SEED=k``), each scaled by ``--scale``; their case counts are summed.
@@ -37,7 +37,7 @@ LAYER_FILES = {
     "attention": ["tests/test_attention.py", "tests/test_attention_diffusers.py"],
     "norms": ["tests/test_norms_layers.py", "tests/test_torch_order.py", "tests/test_modulate.py",
               "tests/test_gated_residual.py"],
-    "softmax": ["tests/test_softmax.py", "tests/test_softmax_torch_order.py"],
+    "softmax": ["tests/test_softmax.py", "tests/test_softmax_torch_order.py", "tests/test_cross_entropy_torch_order.py"],
 }
 
 
