@@ -32,7 +32,7 @@ try:  # where launch hooks live (Triton >= 3.4); older versions always take Trit
 except ImportError:
     _knobs = None
 
-__all__ = ["Launch", "launch", "meta_items", "spec"]
+__all__ = ["Launch", "PlanCache", "launch", "meta_items", "spec"]
 
 _DIRECT_OK = [True]  # cleared once if this Triton's launcher cannot be called directly
 _CACHE: dict = {}
@@ -197,3 +197,19 @@ class Launch:
             run(g0, g1, g2, get_stream(self._index), function, metadata, None, None, None, *ptrs, *rest)
         except TypeError:
             _fall_back(self.kernel, self.grid, (*ptrs, *self.fixed), self.meta)
+
+
+class PlanCache(dict):
+    """Launch plans kept per call signature (a key of shapes, strides, dtypes, device and flags).
+
+    A dict whose :meth:`add` keeps at most ``MAX_PLANS`` entries: a program that cycles through
+    endless shapes gets plans built per call past that, never unbounded memory.
+    """
+
+    MAX_PLANS = 4096
+
+    def add(self, key, plan):
+        """Keeps ``plan`` under ``key`` while there is room; returns ``plan``."""
+        if len(self) < self.MAX_PLANS:
+            self[key] = plan
+        return plan

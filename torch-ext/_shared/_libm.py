@@ -15,7 +15,7 @@ from triton.language.extra import libdevice
 
 from ._device import is_interpreter
 
-__all__ = ["exp_f32", "log_f32", "use_libdevice"]
+__all__ = ["erf_f32", "exp_f32", "log_f32", "use_libdevice"]
 
 
 @triton.jit
@@ -25,6 +25,15 @@ def exp_f32(x, LIBDEVICE: tl.constexpr):
         return libdevice.exp(x)
     else:
         return tl.exp(x)
+
+
+@triton.jit
+def erf_f32(x, LIBDEVICE: tl.constexpr):
+    """erf of fp32 x: libdevice's ``erff`` when LIBDEVICE, else ``tl.erf``."""
+    if LIBDEVICE:
+        return libdevice.erf(x)
+    else:
+        return tl.erf(x)
 
 
 @triton.jit

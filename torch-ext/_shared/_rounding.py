@@ -8,6 +8,7 @@ own fp32 -> bf16 conversion truncates, so there bf16 rounding is done with integ
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -35,3 +36,16 @@ def round_to(x, DTYPE: tl.constexpr):
         return x.to(tl.float16).to(tl.float32)
     else:
         return x
+
+
+_ROUND_DTYPES = {None: None, torch.float32: None, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def round_dtype(dtype):
+    """The ``DTYPE`` argument of :func:`round_to` (a constexpr) for a torch dtype: ``tl.float16`` /
+    ``tl.bfloat16``, or None (no rounding) for fp32 and None.
+
+    Raises:
+        KeyError: any other dtype (callers validate dtypes before they launch).
+    """
+    return _ROUND_DTYPES[dtype]

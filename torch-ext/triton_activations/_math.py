@@ -39,7 +39,7 @@ Divisions are IEEE (``div_rn``), and launches disable fp contraction (``_launch`
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
-from ._libm import exp_f32
+from ._libm import erf_f32, exp_f32
 from ._rounding import round_to
 
 # Activation ids (the ACT constexpr).
@@ -52,14 +52,6 @@ GELU_QUICK: tl.constexpr = tl.constexpr(5)
 FATRELU: tl.constexpr = tl.constexpr(6)
 
 ACT_IDS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "gelu_new": 3, "gelu_fast": 4, "gelu_quick": 5, "fatrelu": 6}
-
-
-@triton.jit
-def erf_f32(x, LIBDEVICE: tl.constexpr):
-    if LIBDEVICE:
-        return libdevice.erf(x)
-    else:
-        return tl.erf(x)
 
 
 @triton.jit

@@ -35,13 +35,13 @@ from ._launch import BWD_TILE_BYTES, TILE_BYTES, pick_config
 from ._libm import use_libdevice
 from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
-from ._fastlaunch import Launch, meta_items
+from ._fastlaunch import Launch, PlanCache, meta_items
 from ._math import activation, activation_and_grad, activation_grad, round_to
 from ._ops import add_op_namespace_prefix
+from ._rounding import round_dtype
 
 Tensor = torch.Tensor
 
-_TL_DTYPES = {None: None, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 @triton.jit
@@ -141,14 +141,9 @@ def _launch(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: i
 
     ``lead``: the tensors whose strides the kernel takes, in its argument order. Layouts
     whose leading dims do not merge into three are split along dim 0 (views). Everything but the
-    pointers is a function of the shapes, strides, dtype and device, kept in ``_PLANS`` (host time).
+    pointers is a function of the shapes, strides, dtype and device (:func:`_cached_plan`: host time).
     """
-    key = (kernel, spec.act, eager, threshold, x.shape, x.dtype, x.device, d, *[t.stride() for t in lead])
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _plan(kernel, spec, eager, threshold, x, d, lead)
-        if len(_PLANS) < 4096:
-            _PLANS[key] = plan
+    plan = _cached_plan(kernel, spec, eager, threshold, x, d, lead)
     if plan is _SPLIT:
         for i in range(x.shape[0]):
             sub_ptrs = tuple(p[i] if p is not None else None for p in ptrs)
@@ -157,8 +152,15 @@ def _launch(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: i
     plan(ptrs)
 
 
-_PLANS: dict = {}
+_PLANS = PlanCache()
 _SPLIT = object()  # plan of a layout whose leading dims do not merge into three
+
+
+def _cached_plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int, lead: Tuple[Tensor, ...]):
+    """:func:`_plan`, kept in ``_PLANS`` per kernel, op, shape, dtype, device and strides."""
+    key = (kernel, spec.act, eager, threshold, x.shape, x.dtype, x.device, d, *[t.stride() for t in lead])
+    plan = _PLANS.get(key)
+    return plan if plan is not None else _PLANS.add(key, _plan(kernel, spec, eager, threshold, x, d, lead))
 
 
 def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int, lead: Tuple[Tensor, ...]):
@@ -175,7 +177,7 @@ def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
     scalars = (M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)))
     return Launch(kernel, (cfg.row_blocks, cfg.column_blocks),
-                  meta_items(ACT=spec.act, R=_TL_DTYPES[R], LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
+                  meta_items(ACT=spec.act, R=round_dtype(R), LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
                              BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel)), scalars,
                   x.device)
 
@@ -219,7 +221,7 @@ def infer_plan(x: Tensor, op: str, eager: bool, threshold: float):
     run = None
     if out.numel() > 0:
         x1, out1 = _as_1d(x, out)
-        run = _plan(_act_fwd_kernel, spec, eager, threshold, x1, _halves(x1, spec)[0].shape[-1], (x1, out1))
+        run = _cached_plan(_act_fwd_kernel, spec, eager, threshold, x1, _halves(x1, spec)[0].shape[-1], (x1, out1))
         if run is _SPLIT:
             return None
     return (None if not spec.gated and x.is_contiguous() else tuple(out.shape)), spec, run

@@ -45,11 +45,12 @@ import torch
 
 from ._common import OPS, check_out, check_rounding, check_threshold, check_x
 from ._dispatch import inference
+from ._fastlaunch import PlanCache
 from .activation import act_forward, act_forward_out, infer, infer_plan
 
 Tensor = torch.Tensor
 
-_INFER_PLANS: dict = {}
+_INFER_PLANS = PlanCache()
 _GENERAL = object()  # plan of a call the general path serves
 
 
@@ -64,9 +65,7 @@ def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, th
         if plan is None:
             eager = check_rounding(name, rounding)
             check_x(name, first, OPS[name].gated)
-            plan = infer_plan(first, name, eager, threshold) or _GENERAL
-            if len(_INFER_PLANS) < 4096:
-                _INFER_PLANS[key] = plan
+            plan = _INFER_PLANS.add(key, infer_plan(first, name, eager, threshold) or _GENERAL)
         if plan is not _GENERAL:
             return infer(plan, first)
     spec = OPS[name]

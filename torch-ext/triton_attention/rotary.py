@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ._device import check_launch_device, is_interpreter, launch_options
 from ._dispatch import call_op, inference
-from ._fastlaunch import Launch, meta_items
+from ._fastlaunch import Launch, PlanCache, meta_items
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
 
@@ -142,15 +142,18 @@ def _meta(t: Tensor) -> Tensor:
 
 def _rope_launch(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, fp32_math: bool, inverse: bool,
                  out_dtype: torch.dtype) -> Tensor:
-    # everything but the pointers follows from shapes, strides, dtypes and flags: one plan per layout
+    return _rope_run(_cached_rope_plan(x, cos, sin, out_dtype, interleaved, fp32_math, inverse), x, cos, sin)
+
+
+def _cached_rope_plan(x: Tensor, cos: Tensor, sin: Tensor, out_dtype: torch.dtype, interleaved: bool,
+                      fp32_math: bool, inverse: bool) -> tuple:
+    """:func:`_rope_plan`, kept in ``_PLANS``: everything but the pointers follows from shapes, strides, dtypes
+    and flags, one plan per layout."""
     key = (x.shape, x.stride(), cos.shape, cos.stride(), sin.shape, sin.stride(), x.dtype, out_dtype, x.device,
            interleaved, fp32_math, inverse)
     plan = _PLANS.get(key)
-    if plan is None:
-        plan = _rope_plan(x, cos, sin, out_dtype, interleaved, fp32_math, inverse)
-        if len(_PLANS) < 4096:
-            _PLANS[key] = plan
-    return _rope_run(plan, x, cos, sin)
+    return plan if plan is not None else _PLANS.add(key, _rope_plan(x, cos, sin, out_dtype, interleaved, fp32_math,
+                                                                     inverse))
 
 
 def _rope_run(plan: tuple, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -169,7 +172,7 @@ def _rope_run(plan: tuple, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out
 
 
-_PLANS: dict = {}
+_PLANS = PlanCache()
 
 
 def _rope_plan(x: Tensor, cos: Tensor, sin: Tensor, out_dtype: torch.dtype, interleaved: bool, fp32_math: bool,
@@ -307,21 +310,19 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
                sin.dtype, sin.shape, sin.stride(), sin.device, interleaved, fp32_math)
         plan = _INFER_PLANS.get(key)
         if plan is None:
-            plan = _infer_plan("x", x, cos, sin, interleaved, fp32_math)
-            if len(_INFER_PLANS) < 4096:
-                _INFER_PLANS[key] = plan
+            plan = _INFER_PLANS.add(key, _infer_plan("x", x, cos, sin, interleaved, fp32_math))
         return _rope_run(plan, x, cos, sin)
     _check("x", x, cos, sin)
     return call_op(_rope, _rope_impl, x, cos, sin, interleaved, fp32_math)
 
 
-_INFER_PLANS: dict = {}
+_INFER_PLANS = PlanCache()
 
 
 def _infer_plan(name: str, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, fp32_math: bool) -> tuple:
     """Validates an inference call (raising as :func:`rotary_embedding` does) and returns its :func:`_rope_plan`."""
     _check(name, x, cos, sin)
-    return _rope_plan(x, cos, sin, _out_dtype(x, cos, sin, fp32_math), interleaved, fp32_math, False)
+    return _cached_rope_plan(x, cos, sin, _out_dtype(x, cos, sin, fp32_math), interleaved, fp32_math, False)
 
 
 def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1) -> Tuple[Tensor, Tensor]:
@@ -346,13 +347,12 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
         plans = _PAIR_PLANS.get(key)
         if plans is None:
             c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-            plans = _infer_plan("x", q, c, s, False, False), _infer_plan("x", k, c, s, False, False)
-            if len(_PAIR_PLANS) < 4096:
-                _PAIR_PLANS[key] = plans
+            plans = _PAIR_PLANS.add(key, (_infer_plan("x", q, c, s, False, False),
+                                          _infer_plan("x", k, c, s, False, False)))
         return _rope_run(plans[0], q, cos, sin), _rope_run(plans[1], k, cos, sin)
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
     return rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)
 
 
-_PAIR_PLANS: dict = {}
+_PAIR_PLANS = PlanCache()

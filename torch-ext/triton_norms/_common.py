@@ -94,12 +94,6 @@ def prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype):
     return eps, out_dtype
 
 
-def cast_constexpr(cast_dtype: Optional[torch.dtype]):
-    """The CAST_DTYPE meta-parameter: None when rounding to it would be a no-op."""
-    if cast_dtype in (None, torch.float32):
-        return None
-    return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[cast_dtype]
-
 
 def rows_view(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a (M, N) matrix with a unit last-dim stride.

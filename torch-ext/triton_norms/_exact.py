@@ -15,10 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cast_constexpr, round_to
+from ._common import round_to
 from ._exact_stats import fused_ln_stats_vec, fused_rms_sumsq_vec, mean_sq_torch_order, rowwise_welford
 from ._device import is_interpreter, launch_options
 from ._fastlaunch import Launch, launch, meta_items
+from ._rounding import round_dtype
 from ._torch_order import (
     LN_VEC_THREADS, ORDER_FUSED, ORDER_MEAN, ROWWISE_THREADS, device_limits, fused_vectorized,
     mean_config, mean_constexprs,
@@ -209,7 +210,7 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
                                      width)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps)
     return Launch(_rms_exact_fwd_kernel, (triton.cdiv(M, R),),
-                  meta_items(CAST_DTYPE=cast_constexpr(cast_dtype), **meta, **launch_options(_rms_exact_fwd_kernel)),
+                  meta_items(CAST_DTYPE=round_dtype(cast_dtype), **meta, **launch_options(_rms_exact_fwd_kernel)),
                   (M, N, stride_row, eps, weight_offset, factor), device)
 
 

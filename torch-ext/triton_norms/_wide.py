@@ -26,9 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cast_constexpr, ln_apply, load_input_chunk, rms_apply
+from ._common import ln_apply, load_input_chunk, rms_apply
 from ._device import launch_options
 from ._fastlaunch import launch, meta_items
+from ._rounding import round_dtype
 from ._team import team_arrive, team_load, team_member, team_p2, team_phases, team_split, team_wait
 
 # Per kind: rows of at least min_row_bytes (input element size) go to a team of ceil(bytes / chunk_bytes)
@@ -125,7 +126,7 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
     args = (x2, r2, w, b, y, h, rstd, ws, sync, stride_x, stride_r, M, N, eps, weight_offset, team)
     for phase in team_phases(x2.device, team):
         launch(_rms_team_fwd_kernel, (M * team,), args,
-               meta_items(CAST_DTYPE=cast_constexpr(cast_dtype), BLOCK_N=block,
+               meta_items(CAST_DTYPE=round_dtype(cast_dtype), BLOCK_N=block,
                           TEAM_P2=team_p2(team), PHASE=phase, num_warps=warps,
                           **launch_options(_rms_team_fwd_kernel)), x2.device)
     return True

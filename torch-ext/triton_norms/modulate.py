@@ -34,7 +34,7 @@ from ._common import check_eps, check_float_tensor
 from ._device import check_launch_device, device_warp_size, is_interpreter
 from ._dispatch import call_op, eager_autograd
 from ._ops import add_op_namespace_prefix
-from ._rounding import round_to
+from ._rounding import round_dtype, round_to
 
 Tensor = torch.Tensor
 
@@ -152,7 +152,6 @@ def _modulate_bwd_kernel(DY, X, SCALE, W, B_, MEAN, RSTD, DX, DSC, DSH, DW, DB,
 
 # ----------------------------------------------------------------------------- host side
 
-_TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: None}
 
 
 def _rows(x: Tensor):
@@ -196,9 +195,9 @@ def _fwd(x, scale, shift, weight, bias, eps, rms, eager_rounding, out_dtype, sav
     _modulate_fwd_kernel[(triton.cdiv(S, rows), B)](
         xr, sc, sh, weight, bias, y, mean, rstd, S, N, sxb, sxs, scb, scn, shb, shn, eps,
         RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None, SAVE=save,
-        ROUND_X=_TL[x.dtype] if eager_rounding else None,
-        ROUND_S=_TL[scale.dtype] if eager_rounding else None,
-        ROUND_Y=_TL[prod_dtype] if eager_rounding else None,
+        ROUND_X=round_dtype(x.dtype) if eager_rounding else None,
+        ROUND_S=round_dtype(scale.dtype) if eager_rounding else None,
+        ROUND_Y=round_dtype(prod_dtype) if eager_rounding else None,
         ROWS=rows, BLOCK_N=block, **({} if interp else {"num_warps": warps}),
     )
     return y, mean, rstd

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    cast_constexpr, check_float_tensor, check_weight_offset, grad_rows, load_grad_chunk, load_input_chunk,
+    check_float_tensor, check_weight_offset, grad_rows, load_grad_chunk, load_input_chunk,
     empty_rows, prepare_rms_args, rms_apply, round_to, rows_of, rows_view, vector,
 )
 from ._exact import rms_exact_forward, rms_exact_plan
@@ -42,7 +42,8 @@ from ._launch import MAX_FUSED_BYTES, num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd, inference
-from ._fastlaunch import Launch, launch, meta_items
+from ._fastlaunch import Launch, PlanCache, launch, meta_items
+from ._rounding import round_dtype
 from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order
 from ._wide import rms_wide_forward
 
@@ -246,7 +247,7 @@ def _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype,
 def _fwd_meta(N: int, elem: int, device: torch.device, cast_dtype: Optional[torch.dtype]) -> tuple:
     """Constexprs and launch options of the free-order forward (a pure function, cached: host time)."""
     cfg = pick_config(N, elem, device_warp_size(device))
-    return meta_items(CAST_DTYPE=cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
+    return meta_items(CAST_DTYPE=round_dtype(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
                       **launch_options(_rms_norm_fwd_kernel))
 
 
@@ -292,7 +293,7 @@ def _rms_norm_bwd_impl(
         dy2.stride(0), dy2.stride(1), x2.stride(0),
         dh2.stride(0) if dh2 is not None else 0, dh2.stride(1) if dh2 is not None else 0,
         M, N, rows_per_program, weight_offset,
-    ), meta_items(CAST_DTYPE=cast_constexpr(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
+    ), meta_items(CAST_DTYPE=round_dtype(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
                   num_warps=cfg.num_warps, **launch_options(_rms_norm_bwd_kernel)), x.device)
     dw = dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)
     db = db_part.sum(0) if need_db else x.new_empty(0)  # fp32; the caller casts to bias.dtype
@@ -398,9 +399,8 @@ def rms_norm(
         except TypeError:  # an unhashable argument: the general path names it
             plan = _GENERAL
         if plan is None:
-            plan = _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order)
-            if len(_INFER_PLANS) < 4096:
-                _INFER_PLANS[key] = plan
+            plan = _INFER_PLANS.add(key, _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype,
+                                                     torch_order))
         if plan is not _GENERAL:
             new_dtype, exact, run = plan
             y = torch.empty_like(x) if new_dtype is None else torch.empty_like(x, dtype=new_dtype)
@@ -412,7 +412,7 @@ def rms_norm(
                    autograd=_RMS_AUTOGRAD, infer=_rms_norm_infer)[0]
 
 
-_INFER_PLANS: dict = {}
+_INFER_PLANS = PlanCache()
 _GENERAL = object()  # plan of a call the general path serves
 
 

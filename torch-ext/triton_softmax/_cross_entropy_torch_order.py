@@ -39,8 +39,8 @@ from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._libm import exp_f32, log_f32, use_libdevice
 from ._ops import add_op_namespace_prefix
-from ._rounding import round_to
-from ._torch_order import ALIGN_BYTES, _tree, row_stats_torch_order
+from ._rounding import round_dtype, round_to
+from ._torch_order import _tree, row_stats_torch_order
 
 Tensor = torch.Tensor
 # log-softmax backward's `grad - exp(out) * sum` as one fused multiply-add (nvcc's default contraction)
@@ -138,10 +138,6 @@ def _cross_entropy_torch_order_bwd_kernel(x_ptr, t_ptr, stats_ptr, dloss_ptr, co
     tl.store(dx_ptr + row * stride_dx + offs, round_to(dx, DTYPE).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _dtype_constexpr(dtype: torch.dtype):
-    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(dtype)
-
-
 def _rows(logits: Tensor) -> Tensor:
     """(M, V) with unit class stride: 1-D logits as one row; a class-strided tensor copied (torch copies too)."""
     x2 = logits.reshape(1, -1) if logits.dim() == 1 else logits
@@ -161,13 +157,11 @@ def _fwd_impl(logits: Tensor, target: Tensor, ignore_index: int, reduction: str)
         check_launch_device(logits, _nll_rows_kernel)
         if V == 0:
             raise ValueError(f"logits have no classes (shape {tuple(logits.shape)})")
-        # torch runs log_softmax on logits.contiguous(): logits itself when contiguous, else an aligned copy
-        misalign = (x2.data_ptr() % ALIGN_BYTES) // x2.element_size() if x2.is_contiguous() else 0
-        row_stats_torch_order(x2, stats, misalign)
+        row_stats_torch_order(x2, stats)
         libdev = use_libdevice(dev, _nll_rows_kernel)
         launch(_nll_rows_kernel, (triton.cdiv(M, _ROWS_BLOCK),),
                (x2, t1, stats, nll, M, V, x2.stride(0), t1.stride(0), ignore_index),
-               meta_items(BLOCK=_ROWS_BLOCK, LIBDEVICE=libdev, DTYPE=_dtype_constexpr(logits.dtype),
+               meta_items(BLOCK=_ROWS_BLOCK, LIBDEVICE=libdev, DTYPE=round_dtype(logits.dtype),
                           **launch_options(_nll_rows_kernel)), dev)
     if reduction == "none" or logits.dim() == 1:  # 1-D: -logp_t for "mean" and "sum" alike (0 if ignored)
         if logits.dim() == 1:
@@ -212,7 +206,7 @@ def _bwd_impl(logits: Tensor, target: Tensor, stats: Tensor, count: Tensor, dlos
             V, ignore_index),  # dx is contiguous: row stride V
            meta_items(MEAN=mean, FMA=FMA_BACKWARD, BLOCK=_BWD_BLOCK, num_warps=4,
                       LIBDEVICE=use_libdevice(logits.device, _cross_entropy_torch_order_bwd_kernel),
-                      DTYPE=_dtype_constexpr(logits.dtype), **launch_options(_cross_entropy_torch_order_bwd_kernel)),
+                      DTYPE=round_dtype(logits.dtype), **launch_options(_cross_entropy_torch_order_bwd_kernel)),
            logits.device)
     return dx
 

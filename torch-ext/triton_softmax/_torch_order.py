@@ -227,24 +227,26 @@ def _plan(M: int, N: int, elem: int, misalign: int, device: torch.device) -> tup
     return path, _softmax_block_order_kernel, (M,), meta
 
 
-def softmax_torch_order(x2: torch.Tensor, y2: torch.Tensor, misalign: int) -> int:
+def softmax_torch_order(x2: torch.Tensor, y2: torch.Tensor) -> int:
     """y2 = softmax(x2, -1) in torch's order; x2, y2: (M, N) with unit column stride. Returns the path.
 
-    ``misalign``: where torch's (contiguous) copy of the input would start past a 16-byte
-    boundary, in elements (0 for a copy; ``data_ptr % 16 / element_size`` for a contiguous input).
+    torch runs on ``x2.contiguous()``: x2 itself when contiguous (its misalignment past a 16-byte
+    boundary then selects and shifts ATen's vector loads), else an aligned copy; so does this.
     """
-    return _launch(x2, y2, None, misalign)
+    return _launch(x2, y2, None)
 
 
-def row_stats_torch_order(x2: torch.Tensor, stats: torch.Tensor, misalign: int) -> int:
+def row_stats_torch_order(x2: torch.Tensor, stats: torch.Tensor) -> int:
     """stats[r] = (max, sum of exp(x - max)) of each row of x2 (M, N), the sum in the order of the kernel
     ``torch.softmax`` / ``torch.log_softmax`` run (ATen's log-softmax takes ``log`` of this same sum).
-    ``stats``: (M, 2) fp32, contiguous; ``misalign`` as in :func:`softmax_torch_order`. Returns the path."""
-    return _launch(x2, None, stats, misalign)
+    ``stats``: (M, 2) fp32, contiguous; x2 as in :func:`softmax_torch_order`. Returns the path."""
+    return _launch(x2, None, stats)
 
 
-def _launch(x2, y2, stats, misalign) -> int:
+def _launch(x2, y2, stats) -> int:
     M, N = x2.shape
+    # where torch's contiguous input starts past a 16-byte boundary, in elements (a copy is aligned)
+    misalign = (x2.data_ptr() % ALIGN_BYTES) // x2.element_size() if x2.is_contiguous() else 0
     path, kernel, grid, meta = _plan(M, N, x2.element_size(), misalign, x2.device)
     stride_y = y2.stride(0) if y2 is not None else 0
     args = (x2, y2, stats, M, N, x2.stride(0), stride_y) if path == PATH_WARP else (

@@ -46,7 +46,7 @@ from ._common import check_float_tensor, check_real, check_same_device, normaliz
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._launch import config_for, split_for, team_for
-from ._torch_order import ALIGN_BYTES, softmax_torch_order
+from ._torch_order import softmax_torch_order
 from ._team import team_arrive, team_load, team_member, team_phases, team_wait
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
@@ -535,9 +535,7 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
     check_launch_device(x, _softmax_fwd_kernel)
     if torch_order and math.prod(x.shape[dim + 1:]) == 1:  # torch's last-dim kernels (inner size 1)
         N = x.shape[dim] if x.dim() else 1
-        # torch runs on x.contiguous(): x itself when contiguous, else an aligned copy
-        misalign = (x.data_ptr() % ALIGN_BYTES) // x.element_size() if x.is_contiguous() else 0
-        softmax_torch_order(x.reshape(-1, N), y.view(-1, N), misalign)
+        softmax_torch_order(x.reshape(-1, N), y.view(-1, N))
         return y
     xs, ys = _as_1d(x), _as_1d(y)
     ms = _as_1d(mask.expand(x.shape)) if mask is not None else None
