@@ -25,6 +25,7 @@ ap.add_argument("--cpu", action="store_true")
 ap.add_argument("--only", default="", help="comma list of time sections: fwd,ce,fb,norms,bwd,few")
 ap.add_argument("--report", default="", help="write a markdown report of DIR/check.jsonl + DIR/time.jsonl here")
 ap.add_argument("--title", default="Team kernels for wide rows")
+ap.add_argument("--final", action="store_true", help="time the shipped team settings and the looped path only")
 args = ap.parse_args()
 OUT = prepare(args.out, args.cpu)
 RUN = Sweep(OUT / f"{args.part}.jsonl", args.budget, args.cpu, rep=15, min_left=4, err_chars=400, trace=True,
@@ -86,7 +87,7 @@ DEFAULT_TEAM = {k: (dict(v) if v else v) for k, v in L.TEAM_TUNED.items()}
 if args.cpu:
     L.TEAM_ON_CPU = True
     for k in L.TEAM_TUNED:
-        L.TEAM_TUNED[k] = {"min_row_bytes": 1025, "chunk_bytes": 1024, "num_warps": 4}
+        L.TEAM_TUNED[k] = {"min_row_bytes": 1025, "chunk_bytes": 1024, "num_warps": 4, "programs_per_sm": 2, "maxnreg": 128}
     DEFAULT_TEAM = {k: dict(v) for k, v in L.TEAM_TUNED.items()}
 log("loaded", sm.__name__, torch.__version__, triton.__version__, torch.cuda.get_device_name() if DEV == "cuda" else "cpu")
 
@@ -353,9 +354,9 @@ TEAM_LAUNCHES_W = [0]
 _orig_w = W.team_phases
 
 
-def _count_w(device, team, meetings=1):
+def _count_w(device, team):
     TEAM_LAUNCHES_W[0] += 1
-    return _orig_w(device, team, meetings)
+    return _orig_w(device, team)
 
 
 W.team_phases = _count_w
@@ -378,15 +379,21 @@ def time_norms():
         nb = 4 * M * N + 4 * N
         f = (lambda: nm.rms_norm(x, w, eps=1e-6)) if kind == "rms_norm" else (lambda: nm.layer_norm(x, w, b))
         shape = f"{M}x{N}"
-        for c in [DEFAULT_WIDE[kind], tcfg(8192, 4), tcfg(32768, 16), tcfg(32768, 8), None]:
+        variants = [DEFAULT_WIDE[kind], pcfg(8192, 4, 8, 64), pcfg(4096, 2, 12, 80), pcfg(4096, 4, 8, 64),
+                    pcfg(16384, 8, 4, 64), pcfg(16384, 8, 3, 80), pcfg(8192, 4, 5, 96), pcfg(8192, 4, 4, 128), None]
+        for c in [DEFAULT_WIDE[kind], None] if args.final else variants:
             with wide(c):
                 timeit(kind + "_fwd", tname(c), f, nb, shape=shape, N=N, cfg=c)
         if kind == "rms_norm":
             timeit(kind + "_fwd", "F.rms_norm", lambda: F.rms_norm(x, (N,), w, 1e-6), nb, shape=shape, N=N)
+            comp = torch.compile(lambda a, c: F.rms_norm(a, (N,), c, 1e-6))
+            timeit(kind + "_fwd", "torch.compile", lambda: comp(x, w), nb, shape=shape, N=N)
             if liger_rms is not None:
                 timeit(kind + "_fwd", "liger", lambda: liger_rms(x, w, 1e-6), nb, shape=shape, N=N)
         else:
             timeit(kind + "_fwd", "F.layer_norm", lambda: F.layer_norm(x, (N,), w, b), nb, shape=shape, N=N)
+            comp = torch.compile(lambda a, c, d: F.layer_norm(a, (N,), c, d))
+            timeit(kind + "_fwd", "torch.compile", lambda: comp(x, w, b), nb, shape=shape, N=N)
         del x
 
 
@@ -395,21 +402,31 @@ def timeit(section, name, fn, nbytes, **extra):
     return RUN.timeit(section, name, fn, nbytes, need=3, **extra)
 
 
-def tcfg(chunk, warps, min_bytes=1):
-    return {"min_row_bytes": min_bytes, "chunk_bytes": chunk, "num_warps": warps}
+def pcfg(chunk, warps, per_sm, maxnreg, min_bytes=65537):
+    """A persistent-team setting (``_launch.TEAM_TUNED``, ``_wide.WIDE_TUNED``)."""
+    return {"min_row_bytes": min_bytes, "chunk_bytes": chunk, "num_warps": warps, "programs_per_sm": per_sm,
+            "maxnreg": maxnreg}
 
 
 def tname(c):
-    return "old (1 program/row)" if c is None else f"team {c['chunk_bytes'] // 1024}K w{c['num_warps']}"
+    if c is None:
+        return "old (1 program/row)"
+    name = f"team {c['chunk_bytes'] // 1024}K w{c['num_warps']}"
+    return name + (f" x{c['programs_per_sm']}/SM r{c['maxnreg']}" if "maxnreg" in c else "")
 
 
 liger_sm, liger_ce = load_liger(log)
 
 TOTAL = 2**28 if DEV == "cuda" else 2**13
 NS = [65536, 262144, 32768, 131072, 16384] if DEV == "cuda" else [2048, 4096]
-FWD_VARIANTS = [tcfg(16384, 8), tcfg(8192, 4), tcfg(32768, 16), tcfg(16384, 16), tcfg(32768, 8), None]
-BWD_VARIANTS = [tcfg(16384, 8), tcfg(8192, 4), tcfg(32768, 16), None]
-CE_VARIANTS = [tcfg(16384, 8), tcfg(8192, 4), tcfg(32768, 16), tcfg(16384, 16), tcfg(32768, 8), None]
+FWD_VARIANTS = [pcfg(16384, 4, 4, 128, 1), pcfg(4096, 2, 12, 80, 1), pcfg(8192, 4, 6, 80, 1), pcfg(8192, 4, 5, 96, 1),
+                pcfg(32768, 8, 2, 128, 1), None]
+BWD_VARIANTS = [pcfg(16384, 4, 4, 128, 1), pcfg(8192, 4, 4, 128, 1), pcfg(4096, 2, 12, 80, 1), pcfg(8192, 4, 6, 80, 1),
+                pcfg(16384, 8, 2, 128, 1), None]
+CE_VARIANTS = [pcfg(16384, 4, 4, 128), pcfg(8192, 4, 5, 96), pcfg(8192, 4, 6, 80), pcfg(4096, 2, 12, 80),
+               pcfg(8192, 4, 4, 128), None]
+if args.final:  # the shipped settings against the looped path only
+    FWD_VARIANTS, BWD_VARIANTS, CE_VARIANTS = [DEFAULT_TEAM["softmax"], None], [DEFAULT_TEAM["softmax_bwd"], None], [None]
 SEC = set(args.only.split(",")) if args.only else {"fwd", "ce", "fb", "norms", "bwd", "few"}
 
 

@@ -1,7 +1,7 @@
-"""triton-norms wide rows over a team of programs (``_wide``): values, statistics, rules.
+"""triton-norms wide rows over persistent teams of programs (``_wide``): values, statistics, rules.
 
 On the CPU the team forwards are off by default (the looped kernels run); these tests switch them on
-(``WIDE_ON_CPU``) so that the interpreter runs them as one launch per meeting (never spinning). The
+(``WIDE_ON_CPU``) so that the interpreter runs them as two launches, publish then gather (never spinning). The
 GPU test (TEST_DEVICE=cuda) runs the default spinning path. References: fp64 torch, and the looped
 one-program-per-row kernel (the same math in another summation order).
 """
@@ -27,13 +27,15 @@ def wide(norms):
     saved_tuned, saved_cpu, orig = {k: v for k, v in mod.WIDE_TUNED.items()}, mod.WIDE_ON_CPU, mod.team_phases
     calls = []
 
-    def counting(device, team, meetings=1):
-        phases = orig(device, team, meetings)
+    def counting(device, team):
+        phases = orig(device, team)
         calls.append((team, phases))
         return phases
 
     mod.WIDE_ON_CPU = True
     mod.team_phases = counting
+    # pinned here (the team sizes below follow from it); the GPU test at the end runs the shipped setting
+    mod.WIDE_TUNED.update({k: dict(v, chunk_bytes=16384, num_warps=4) for k, v in mod.WIDE_TUNED.items()})
     try:
         yield type("Wide", (), {"calls": calls, "mod": mod})
     finally:
@@ -49,11 +51,12 @@ def ln_ref(x, w=None, b=None, eps=1e-5):
 
 
 def assert_near_looped(a, b):
-    """Same math, another fp32 summation order: equal but for rare single-ulp rounding differences."""
+    """Same math, another fp32 summation order (LayerNorm: another variance formula): equal but for rare
+    rounding differences of an ulp or two."""
     assert a.shape == b.shape and a.dtype == b.dtype
     same = (a == b).float().mean().item()
     assert same >= 0.999, same
-    assert_close_ref(a, b.double(), ulps=1, rel_atol=0.0)
+    assert_close_ref(a, b.double(), ulps=2, rel_atol=0.0)
 
 
 def looped(wide, fn):
@@ -100,8 +103,9 @@ def test_add_rms_norm_team_values_and_h(norms, device, wide):
     assert [c[0] for c in wide.calls] == [5]
 
 
-def test_layer_norm_team_values_two_meetings(norms, device, wide):
-    """LayerNorm meets twice (mean, then the variance around it): three launches on the CPU."""
+def test_layer_norm_team_values_one_meeting(norms, device, wide):
+    """LayerNorm meets once (each member's sum and squared deviations around its own mean, combined
+    pairwise): two launches on the CPU; a large mean must not cancel."""
     x = (torch.randn(3, N_WIDE, device=device) * 3 + 7.0).to(torch.bfloat16)  # a large mean: needs the 2nd pass
     w = torch.randn(N_WIDE, device=device).to(torch.bfloat16)
     b = torch.randn(N_WIDE, device=device).to(torch.bfloat16)
@@ -112,15 +116,14 @@ def test_layer_norm_team_values_two_meetings(norms, device, wide):
     y, h = norms.add_layer_norm(x, r, w, b)
     assert torch.equal(h, x + r)
     assert_close_ref(y, ln_ref(h, w, b))
-    expected = (0,) if device != "cpu" else (1, 2, 3)
+    expected = (0,) if device != "cpu" else (1, 2)
     assert wide.calls == [(5, expected), (5, expected)]
 
 
 @pytest.mark.parametrize("kind", ["rms", "ln"])
 def test_team_statistics_feed_the_backward(norms, device, wide, kind):
     """Member 0 stores the row's rstd (and mean); the backward reads them: gradients against fp64."""
-    wide.mod.WIDE_TUNED.update({k: {"min_row_bytes": 1, "chunk_bytes": 16384, "num_warps": 4}
-                                for k in wide.mod.WIDE_TUNED})
+    wide.mod.WIDE_TUNED.update({k: dict(v, min_row_bytes=1) for k, v in wide.mod.WIDE_TUNED.items()})
     x = (torch.randn(3, 16411, device=device) * 2 + 1.0).requires_grad_()  # fp32: 4096 per member -> 5
     w = torch.randn(16411, device=device).requires_grad_()
     dy = torch.randn(3, 16411, device=device)
@@ -148,16 +151,25 @@ def test_team_results_are_deterministic(norms, device, wide):
 
 
 def test_team_rules(norms, device, wide):
-    """Only rows past min_row_bytes, never more members than SMs, 1024 threads at most; off on CPU
-    tensors unless WIDE_ON_CPU; rows that stay in one block never reach the hook."""
+    """Only rows past min_row_bytes; a persistent grid of whole teams that the device holds at once (SMs x
+    programs per SM), at most one team per row; 1024 threads at most; off on CPU tensors unless
+    WIDE_ON_CPU; rows that stay in one block never reach the hook."""
     mod = wide.mod
     dev = torch.device(device)
+    team_mod = sys.modules[norms.__name__ + "._team"]
     assert mod.team_for("rms_norm", 32768, 2, 10, dev) is None  # 65536 bytes: one block
-    team, block, warps = mod.team_for("rms_norm", 32769, 2, 10, dev)
-    assert block == 8192 and team == 5 and warps * 32 <= 1024
-    sms = sys.modules[norms.__name__ + "._team"].sm_count(dev)
-    assert mod.team_for("layer_norm", 8192 * sms, 2, 1, dev)[0] == sms
-    assert mod.team_for("layer_norm", 8192 * sms + 1, 2, 1, dev) is None
+    plan = mod.team_for("rms_norm", 32769, 2, 1000, dev)
+    assert plan.block_n == 8192 and plan.team == 5 and plan.num_warps * 32 <= 1024
+    sms = team_mod.sm_count(dev)
+    per_sm = team_mod.programs_per_sm(dev, plan.num_warps, mod.WIDE_TUNED["rms_norm"])
+    assert plan.teams == sms * per_sm // 5 and plan.grid == (plan.teams * 5,)
+    assert plan.num_warps * 32 * per_sm <= 2048 and (device == "cpu" or per_sm * plan.num_warps * 32 * plan.maxnreg <= 65536)
+    assert mod.team_for("rms_norm", 32769, 2, 1, dev).teams == 1  # never more teams than rows
+    per_sm = team_mod.programs_per_sm(dev, 4, mod.WIDE_TUNED["layer_norm"])
+    widest = 8192 * sms * per_sm
+    plan = mod.team_for("layer_norm", widest, 2, 1, dev)
+    assert (plan.team, plan.teams) == (sms * per_sm, 1)
+    assert mod.team_for("layer_norm", widest + 1, 2, 1, dev) is None
     mod.WIDE_TUNED["rms_norm"] = None
     assert mod.team_for("rms_norm", 1 << 20, 2, 1, dev) is None
     if device == "cpu":
@@ -170,18 +182,23 @@ def test_team_rules(norms, device, wide):
 
 @pytest.mark.gpu
 def test_team_spinning_path_on_gpu(norms, device):
-    """The default path on a GPU for rows of 65536 and 262144 (teams of 8 and 32, many rows: several
-    waves of teams), against fp64 and the same bits twice."""
+    """The default path on a GPU for rows of 65536 and 262144 (teams of 8 and 32, many rows per team),
+    with a residual and fp32 inputs, against fp64 and the same bits twice."""
     if device != "cuda":
         pytest.skip("the spinning path needs TEST_DEVICE=cuda")
-    for M, N in [(2048, 65536), (64, 262144), (7, 100003)]:
-        x = (torch.randn(M, N, device=device) * 2 + 0.5).to(torch.bfloat16)
-        w = torch.randn(N, device=device).to(torch.bfloat16)
-        b = torch.randn(N, device=device).to(torch.bfloat16)
+    for M, N, dtype in [(2048, 65536, torch.bfloat16), (64, 262144, torch.bfloat16), (7, 100003, torch.bfloat16),
+                        (300, 40000, torch.float32)]:
+        x = (torch.randn(M, N, device=device) * 2 + 0.5).to(dtype)
+        w = torch.randn(N, device=device).to(dtype)
+        b = torch.randn(N, device=device).to(dtype)
         y1, y2 = norms.rms_norm(x, w), norms.layer_norm(x, w, b)
         assert torch.equal(y1, norms.rms_norm(x, w)) and torch.equal(y2, norms.layer_norm(x, w, b))
         assert_close_ref(y1, rms_ref(x, w))
         assert_close_ref(y2, ln_ref(x, w, b))
+        r = torch.randn_like(x)
+        y3, h3 = norms.add_rms_norm(x, r, w)
+        assert torch.equal(h3, x + r)
+        assert_close_ref(y3, rms_ref(h3, w))
 
 
 _COMPILE_SCRIPT = r'''
@@ -192,8 +209,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 W = sys.modules[kernels.get_local_kernel(Path(sys.argv[1])).__name__ + "._wide"]
 def sig(k, consts):
-    return {n: "constexpr" if n in consts else "*i32" if n == "sync_ptr" else
-            "*fp32" if n in ("ws_ptr", "rstd_ptr", "mean_ptr") else "*bf16" if n.endswith("_ptr") else
+    return {n: "constexpr" if n in consts else "*i64" if n == "ws_ptr" else
+            "*fp32" if n in ("rstd_ptr", "mean_ptr") else "*bf16" if n.endswith("_ptr") else
             "fp32" if n in ("eps", "weight_offset") else "i32" for n in k.arg_names}
 count = 0
 for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
@@ -212,7 +229,7 @@ print("COMPILED", count)
 
 @pytest.mark.slow
 def test_team_kernels_compile_for_sm90_and_gfx942(built):
-    """Lower the team forwards (atomics with release/acquire, L2 loads, spin loop) for an H100/H200 and an
+    """Lower the team forwards (64-bit atomic exchange, volatile polling, persistent row loop) for an H100/H200 and an
     MI300 without a GPU: catches what the interpreter never sees."""
     import os
     import subprocess

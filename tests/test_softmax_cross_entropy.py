@@ -8,6 +8,7 @@ computed in fp32, rounded at the store and once more by the upstream-gradient mu
 is not 1 (the mean's 1/count), hence 2 ulps for half dtypes.
 """
 
+import sys
 import warnings
 
 import pytest
@@ -304,11 +305,15 @@ def test_team_path_recompute_no_grad_and_bad_targets(softmax, device, team_mode)
 
 
 @pytest.mark.gpu
-def test_team_spinning_path_on_gpu(softmax, device):
-    """The default team path for a 128K vocabulary on a GPU (members spin on each other's partials):
-    loss and gradient against fp64, torch's F.cross_entropy in bf16, the same bits twice."""
+def test_team_spinning_path_on_gpu(softmax, device, monkeypatch):
+    """The team path for a 128K vocabulary on a GPU (opt-in for the cross-entropy: persistent teams whose
+    members spin on each other's partials): loss and gradient against fp64, torch's F.cross_entropy in
+    bf16, the same bits twice."""
     if device != "cuda":
         pytest.skip("the spinning path needs TEST_DEVICE=cuda")
+    launch = sys.modules[softmax.__name__ + "._launch"]
+    monkeypatch.setitem(launch.TEAM_TUNED, "cross_entropy", {"min_row_bytes": 65537, "chunk_bytes": 8192,
+                                                             "num_warps": 4, "programs_per_sm": 5, "maxnreg": 96})
     for dtype in (torch.bfloat16, torch.float32):
         x = rand((512, 128256), torch.float32, device, scale=2.0)
         t = targets((512,), 128256, device)

@@ -1,43 +1,41 @@
 """Device-side teams: a wide row split over K programs that meet on the device, without a second launch.
 
 A *team* is K programs that each keep one chunk of a row in registers, publish a few fp32
-partial statistics of their chunk to a workspace, wait until all K teammates have published,
-combine the K partials in a fixed order (the same bits on every run and in every member) and
-then write their chunk's output from registers: one DRAM read and one write per element.
-A kernel may meet several times (stages: e.g. a mean, then a variance around it) by waiting
-for ``stage * K`` arrivals on the same counter.
+partial statistics of their chunk, wait until all K teammates have published, combine the K
+partials in a fixed order (the same bits on every run and in every member) and then write their
+chunk's output from registers: one DRAM read and one write per element, however wide the row.
 
-Forward progress. Programs may start in any order and a spinning program holds its slot, so
-a team must only ever wait on programs that are already running or that are certain to start.
-``team_ticket`` therefore takes the *logical* program id from a global counter
-(``atomic_add``) instead of ``program_id``: tickets are handed out in start order, so the
-programs that have started hold exactly tickets ``0 .. T-1``. Every team whose tickets all lie
-below T is fully resident (or done) and finishes; only the last, partially started team can
-wait, and its missing members get the slots the finished teams free. This needs K programs to
-fit on the device at once (the host keeps K <= the number of SMs).
+Teams are **persistent**: the grid holds ``teams * K`` programs, all resident on the device at
+once, and team ``t`` takes rows ``t, t + teams, ...``. A member issues the loads of its next row's
+chunk before it waits for its teammates on the current row, so that DRAM keeps streaming while a
+team meets (without that overlap the teams of the first version, one program per chunk, ran
+slower than one program reading the row twice).
 
-Memory ordering: a member's partial stores are made visible to the CTA by a barrier and then
-published with a release ``atomic_add`` on the team's arrival counter; the waiting side polls
-that counter with acquire semantics, synchronises the CTA, and reads the partials with
-``cache_modifier=".cg"`` (L2, not a possibly stale L1 line).
+Publishing. Each statistic of a row goes into its own int64 slot of a zeroed workspace as one word,
+``1 << 32 | fp32 bits``, written with a relaxed atomic exchange (``team_publish``): the word is its
+own flag, so no fence orders it behind the program's other stores. ``team_gather`` polls the K
+words of a statistic with ``volatile`` loads (from L2, never a stale L1 line) until all carry the
+flag. The workspace is ``torch.zeros`` made by the host per call: one memset, no host sync, fine in
+CUDA graphs and under torch.compile.
 
-Counters: ``sync`` is an int32 tensor of ``1 + teams`` zeros made by the host per call
-(``torch.zeros``: one memset, no host sync, fine in CUDA graphs and under torch.compile):
-``sync[0]`` is the ticket counter, ``sync[1 + team]`` the team's arrival count.
+Forward progress: a waiting program only waits on its teammates, and all programs of the grid are
+resident at once, because the grid never exceeds the multiprocessor count times the programs one
+multiprocessor is sure to hold (``programs_per_sm``: on NVIDIA bounded by threads and by the
+``maxnreg`` register cap the launch sets; 1 per compute unit elsewhere, which any program that
+launches at all satisfies).
 
 The Triton interpreter runs programs one after the other, so a waiting program would spin for
 ever there. The kernels take a ``PHASE`` constexpr: 0 = everything in one launch (the GPU path);
-p >= 1 = only the work between meeting p - 1 and meeting p (1: publish the first partials;
-last: wait and write). Under the interpreter the host launches phases 1, 2, ... with the same
-``sync`` (``team_phases``; later tickets continue past ``total`` and are taken modulo ``total``;
-every count a phase waits for was reached by the phase before), which runs the same ticket,
-publish and combine code without ever spinning. A team of one (K = 1) never waits on anybody.
+1 = publish every row's partials only; 2 = gather and write only. Under the interpreter the host
+launches phase 1 then phase 2 (``team_phases``), which runs the same publish and combine code
+without ever spinning. A team of one (K = 1) never waits on anybody.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -48,56 +46,40 @@ from ._device import MAX_THREADS_PER_PROGRAM, device_warp_size
 # Streaming multiprocessors assumed for a CPU tensor (the interpreter), so that CPU tests split rows too.
 CPU_SMS = 8
 # The partials are read as a vector of at least this many (one compiled kernel across row widths).
-TEAM_P2_MIN = 64
+TEAM_P2_MIN = 16
 
 
 @triton.jit
-def team_ticket(sync_ptr, total):
-    """This program's logical id in start order, in [0, total) (int64)."""
-    return (tl.atomic_add(sync_ptr, 1, sem="relaxed") % total).to(tl.int64)
+def team_publish(slot_ptr, value):
+    """Publishes the fp32 scalar ``value`` into the zeroed int64 slot ``slot_ptr``."""
+    bits = value.to(tl.uint32, bitcast=True).to(tl.int64)
+    tl.atomic_xchg(slot_ptr, bits | 4294967296, sem="relaxed")
 
 
 @triton.jit
-def team_member(sync_ptr, ws_ptr, rows, TEAM, N, BLOCK_N: tl.constexpr):
-    """Where this program sits in a team kernel of ``rows`` rows of ``N`` columns, ``TEAM`` programs per row:
-    ``(row, member, offs, mask, part, flag)``: its row and member index (from ``team_ticket``, int64), its
-    chunk's columns ``member * BLOCK_N + arange(BLOCK_N)`` and their mask ``< N``, the row's first
-    partial in the workspace ``ws_ptr`` (one slot per member: ``ws_ptr + row * TEAM``) and the row's
-    arrival counter (``sync_ptr + 1 + row``)."""
-    ticket = team_ticket(sync_ptr, rows * TEAM)
-    row = ticket // TEAM
-    member = ticket % TEAM
+def team_gather(slots_ptr, k, count, other):
+    """The fp32 statistics ``slots_ptr[k]`` (``k`` = arange over a power of 2) of the first ``count``
+    members, once every one is published; ``other`` beyond ``count``."""
+    live = k < count
+    words = tl.load(slots_ptr + k, mask=live, other=4294967296, volatile=True)
+    while tl.min((words >> 32).to(tl.int32), 0) == 0:
+        words = tl.load(slots_ptr + k, mask=live, other=4294967296, volatile=True)
+    return tl.where(live, (words & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True), other)
+
+
+@triton.jit
+def team_start(TEAM, N, BLOCK_N: tl.constexpr):
+    """This program's ``(member, first row (int64), columns of its chunk, their mask < N)``."""
+    pid = tl.program_id(0)
+    member = pid % TEAM
     offs = member * BLOCK_N + tl.arange(0, BLOCK_N)
-    return row, member, offs, offs < N, ws_ptr + row * TEAM, sync_ptr + 1 + row
+    return member, (pid // TEAM).to(tl.int64), offs, offs < N
 
 
-@triton.jit
-def team_arrive(flag_ptr):
-    """Publish: every thread's earlier stores of this program become visible before the count grows."""
-    tl.debug_barrier()
-    tl.atomic_add(flag_ptr, 1, sem="release")
-
-
-@triton.jit
-def team_wait(flag_ptr, count):
-    """Spin until ``count`` members have arrived at ``flag_ptr`` (acquire), then synchronise the program."""
-    n = tl.atomic_add(flag_ptr, 0, sem="acquire")
-    while n < count:
-        n = tl.atomic_add(flag_ptr, 0, sem="acquire")
-    tl.debug_barrier()
-
-
-@triton.jit
-def team_load(ptr, k, count, other):
-    """The ``count`` partials ``ptr[k]`` of a team (``k`` = arange over a power of 2), from L2."""
-    return tl.load(ptr + k, mask=k < count, other=other, cache_modifier=".cg")
-
-
-def team_phases(device, team: int, meetings: int = 1) -> tuple:
+def team_phases(device, team: int) -> tuple:
     """The PHASE values to launch a team kernel with: ``(0,)`` (one launch, members spin) on a GPU or
-    for a team of one; ``(1, ..., meetings + 1)`` under the interpreter (CPU tensors), which runs
-    programs one at a time."""
-    return (0,) if device.type != "cpu" or team == 1 else tuple(range(1, meetings + 2))
+    for a team of one; ``(1, 2)`` under the interpreter (CPU tensors), which runs programs one at a time."""
+    return (0,) if device.type != "cpu" or team == 1 else (1, 2)
 
 
 @functools.lru_cache(maxsize=64)
@@ -108,25 +90,60 @@ def sm_count(device: torch.device) -> int:
     return CPU_SMS
 
 
-def team_p2(team: int) -> int:
-    """The TEAM_P2 constexpr of a team of ``team`` members: a power of 2 >= team, at least TEAM_P2_MIN."""
-    return max(triton.next_power_of_2(team), TEAM_P2_MIN)
+def _nvidia(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.version.hip is None
+
+
+def programs_per_sm(device: torch.device, num_warps: int, tuned: dict) -> int:
+    """Programs of ``num_warps`` warps that one multiprocessor is sure to hold at once: on NVIDIA
+    ``tuned["programs_per_sm"]`` capped by 2048 threads and by 65536 registers at ``tuned["maxnreg"]`` per
+    thread (the launch caps the kernel's registers there); 1 elsewhere."""
+    if not _nvidia(device):
+        return 1
+    threads = num_warps * 32
+    return max(1, min(tuned["programs_per_sm"], 2048 // threads, 65536 // (tuned["maxnreg"] * threads)))
+
+
+@dataclass(frozen=True)
+class TeamPlan:
+    """A persistent grid of ``teams`` teams of ``team`` programs, each ``block_n`` columns wide."""
+
+    team: int  # programs per row (team * block_n >= N)
+    teams: int  # teams in the grid (<= rows); the grid is teams * team programs
+    block_n: int  # BLOCK_N constexpr (a power of 2)
+    num_warps: int
+    maxnreg: int  # register cap per thread (NVIDIA launches only)
+
+    @property
+    def grid(self) -> tuple:
+        return (self.teams * self.team,)
+
+    def meta(self, kernel, device: torch.device, phase: int, **constexprs) -> tuple:
+        """Constexprs and launch options of one launch of ``kernel`` (``meta_items`` pairs)."""
+        from ._device import launch_options
+
+        options = launch_options(kernel)
+        if _nvidia(device):
+            options["maxnreg"] = self.maxnreg
+        return tuple({**constexprs, "BLOCK_N": self.block_n, "TEAM_P2": max(triton.next_power_of_2(self.team),
+                      TEAM_P2_MIN), "PHASE": phase, "num_warps": self.num_warps, **options}.items())
 
 
 def team_split(N: int, elem: int, rows: int, device: torch.device, tuned: Optional[dict],
-               on_cpu: bool) -> Optional[Tuple[int, int, int]]:
-    """``(team, block_n, num_warps)`` for ``rows`` rows of ``N`` elements of ``elem`` bytes, or None (no team).
+               on_cpu: bool) -> Optional[TeamPlan]:
+    """The persistent teams for ``rows`` rows of ``N`` elements of ``elem`` bytes, or None (no team).
 
-    ``tuned``: ``{"min_row_bytes", "chunk_bytes", "num_warps"}`` or None (never); ``on_cpu``: teams on CPU
-    tensors (the interpreter). Rows of at least ``min_row_bytes`` go to ceil(N / block_n) programs of
-    ``block_n`` = chunk_bytes / elem (a power of 2) columns. A team never exceeds the SM count, so that all
-    its members can be resident at once (the forward-progress condition above).
+    ``tuned``: ``{"min_row_bytes", "chunk_bytes", "num_warps", "programs_per_sm", "maxnreg"}`` or None
+    (never); ``on_cpu``: teams on CPU tensors (the interpreter). Rows of at least ``min_row_bytes`` go to
+    ceil(N / block_n) programs of ``block_n`` = chunk_bytes / elem (a power of 2) columns; None when not
+    even one team fits the device at once.
     """
     if tuned is None or (device.type == "cpu" and not on_cpu) or N * elem < tuned["min_row_bytes"]:
         return None
     block = triton.next_power_of_2(max(tuned["chunk_bytes"] // elem, 1))
     team = triton.cdiv(N, block)
-    if team > sm_count(device) or rows * team >= 2**31:
-        return None
     warps = max(min(tuned["num_warps"], MAX_THREADS_PER_PROGRAM // device_warp_size(device)), 1)
-    return team, block, warps
+    teams = min(rows, sm_count(device) * programs_per_sm(device, warps, tuned) // team)
+    if teams < 1 or rows * team >= 2**31:
+        return None
+    return TeamPlan(team, teams, block, warps, tuned["maxnreg"])

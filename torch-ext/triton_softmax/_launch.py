@@ -9,9 +9,9 @@ max/sum pass, then an output pass that reads the row again right away (last chun
 eviction hints, so the re-read mostly hits L2). No row is too wide. Narrow rows go several to a
 program (``rows``) so that a program moves at least ``MIN_TILE_BYTES``.
 
-Where ``TEAM_TUNED[kind]`` is set (off by default: see there), rows wider than its ``min_row_bytes``
-are split over a team of programs instead (``team_for``; see ``_team``): each keeps ``chunk_bytes``
-of the row in registers and the row is read once however wide it is, as long as the team fits the SM count.
+Where ``TEAM_TUNED[kind]`` is set, rows wider than its ``min_row_bytes`` go to persistent teams of
+programs instead (``team_for``; see ``_team``): each keeps ``chunk_bytes`` of a row in registers and
+the row is read once however wide it is, as long as one team fits the device at once.
 
 Warps follow from the block's size in bytes (``BYTES_PER_THREAD`` of input per
 thread: four 16-byte vectors) and are capped so that
@@ -30,7 +30,7 @@ import torch
 import triton
 
 from ._device import MAX_THREADS_PER_PROGRAM, check_config_args, device_warp_size
-from ._team import CPU_SMS, sm_count as _sm_count, team_p2, team_split  # noqa: F401 (CPU_SMS: split_for on CPU)
+from ._team import CPU_SMS, TeamPlan, sm_count as _sm_count, team_split  # noqa: F401 (CPU_SMS: split_for on CPU)
 
 # Largest row (bytes of input) kept in registers in one block: 16K fp32 / 32K bf16 elements.
 MAX_FUSED_BYTES = 65536
@@ -153,36 +153,27 @@ def split_for(cfg: LaunchConfig, N: int, rows: int, device: torch.device) -> int
     return max(1, min(triton.cdiv(N, cfg.block_n), triton.cdiv(SPLIT_PROGRAMS_PER_SM * sms, rows)))
 
 
-@dataclass(frozen=True)
-class TeamConfig:
-    """A wide row split over a team of programs that meet once on the device (see ``_team``)."""
-
-    team: int  # programs per row
-    block_n: int  # BLOCK_N constexpr: columns per program (a power of 2; team * block_n >= N)
-    num_warps: int
-
-    @property
-    def team_p2(self) -> int:
-        """TEAM_P2 constexpr: the partials are read as a vector of this length (``_team.team_p2``)."""
-        return team_p2(self.team)
-
-
-# Team path per kernel kind: rows of at least ``min_row_bytes`` of input go to a team of
-# ceil(row bytes / chunk_bytes) programs with ``num_warps`` warps each; None: never (looped path).
-# Off by default. On the H200 (2026-11-30, benchmarks/results/softmax_team_roundB_2026-11-30.md) the team
-# softmax's bf16 output was close to torch's but not bit-identical (tests/test_softmax.py::
-# test_team_spinning_path_on_gpu), and teams were 8-33% slower than one program per row when rows are many,
-# 1.26-1.65x faster for a few wide rows (64 x 262144 and fewer). TEAM_CANDIDATE is the setting measured there.
-TEAM_CANDIDATE: dict = {"min_row_bytes": 32769, "chunk_bytes": 16384, "num_warps": 8}
-TEAM_TUNED: dict = {"softmax": None, "softmax_bwd": None, "cross_entropy": None}
+# Team path per kernel kind (``_team``: persistent teams, each row read once): rows of at least
+# ``min_row_bytes`` of input go to teams of ceil(row bytes / chunk_bytes) programs of ``num_warps`` warps,
+# ``programs_per_sm`` of them per SM with at most ``maxnreg`` registers per thread (NVIDIA; one per
+# compute unit elsewhere); None: never (the looped path). Measured on the H200 (bf16, M x N = 2^28,
+# 2026-12-01, benchmarks/NOTES.md): the backward over 8 KiB chunks moved 4158 / 3839 / 3570 GB/s at
+# N = 65536 / 131072 / 262144 against 3857 / 3094 / 2715 looped, and 2-3% more from N = 16384; the forward
+# (16 KiB chunks) gained only past 128 KiB rows (3068 / 3197 against 2765 / 2582 at 131072 / 262144; -1% at
+# 65536); the cross-entropy team lost (2264 against 2455 GB/s at 8192 x 128256), so it stays looped.
+TEAM_TUNED: dict = {
+    "softmax": {"min_row_bytes": 131073, "chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4, "maxnreg": 128},
+    "softmax_bwd": {"min_row_bytes": 32768, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 4,
+                    "maxnreg": 128},
+    "cross_entropy": None,
+}
 # Teams on CPU tensors (the interpreter runs a team as two launches, publish then write). Off by default
 # (the looped kernels are the CPU path); the tests switch it on.
 TEAM_ON_CPU = False
 
 
-def team_for(N: int, t: torch.Tensor, rows: int, kind: str) -> Optional[TeamConfig]:
-    """The team split for ``rows`` rows of ``N`` elements of ``t`` (kind as in ``TEAM_TUNED``), or None
-    for the one-program-per-row kernels. A team never exceeds the SM count, so that all its members can
-    be resident at once (the forward-progress condition of ``_team``)."""
-    split = team_split(N, t.element_size(), rows, t.device, TEAM_TUNED.get(kind), TEAM_ON_CPU)
-    return None if split is None else TeamConfig(*split)
+def team_for(N: int, t: torch.Tensor, rows: int, kind: str) -> Optional[TeamPlan]:
+    """The persistent teams (``_team.TeamPlan``) for ``rows`` rows of ``N`` elements of ``t`` (kind as in
+    ``TEAM_TUNED``), or None for the one-program-per-row kernels (also when not even one team fits the
+    device at once: the forward-progress condition of ``_team``)."""
+    return team_split(N, t.element_size(), rows, t.device, TEAM_TUNED.get(kind), TEAM_ON_CPU)

@@ -56,8 +56,8 @@ import triton
 import triton.language as tl
 
 from ._cross_entropy_torch_order import cross_entropy_torch_order
-from .softmax import _chunk_start, _team_max_sumexp, _team_phases, _team_publish_max_sumexp
-from ._team import team_arrive, team_load, team_member, team_wait
+from .softmax import _chunk_max_exp, _chunk_start, _team_load, _team_max_sumexp, _team_phases
+from ._team import team_gather, team_publish, team_start
 from ._common import check_float_tensor, check_real, check_same_device, row_layout, row_start, store_rounded
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
@@ -82,7 +82,13 @@ def _load_logits(x_ptr, x_row, sxc, offs, mask_n, EVICT: tl.constexpr):
 @triton.jit
 def _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range):
     """w * g for one chunk of logits ``x`` (fp32) given the row's logsumexp and z-loss factor."""
-    g = tl.exp(x - lse) * coef - smoothing / V - tl.where(offs == t, 1.0 - smoothing, 0.0)
+    return _grad_of_p(tl.exp(x - lse), offs, t, coef, smoothing, V, w, valid, in_range)
+
+
+@triton.jit
+def _grad_of_p(p, offs, t, coef, smoothing, V, w, valid, in_range):
+    """w * g for one chunk from its probabilities ``p`` (``_grad_chunk``); ``t`` the target column."""
+    g = p * coef - smoothing / V - tl.where(offs == t, 1.0 - smoothing, 0.0)
     g = tl.where(in_range, g, float("nan"))
     return tl.where(valid, g * w, 0.0)  # after the scaling: 0 on ignored rows even when w = 1/0
 
@@ -207,8 +213,7 @@ def _cross_entropy_fwd_kernel(
 @triton.jit
 def _cross_entropy_team_fwd_kernel(
     x_ptr, t_ptr, loss_ptr, g_ptr, lse_ptr, count_ptr,  # as _cross_entropy_fwd_kernel
-    ws_ptr,  # fp32 (3, rows * TEAM): each member's max, sum of exp, sum of logits (SMOOTH)
-    sync_ptr,  # int32 (1 + rows,) zeros: ticket counter, then one arrival count per row (see _team)
+    ws_ptr,  # int64 (rows, 3, TEAM) zeros: each member's published max, sum of exp, sum of logits (SMOOTH)
     M,  # number of rows
     R1, R2,
     sx0, sx1, sx2, sxc,
@@ -216,41 +221,51 @@ def _cross_entropy_team_fwd_kernel(
     sg0, sg1, sg2, sgc,
     V, ignore_index, smoothing, z_loss,
     TEAM,  # programs per row, BLOCK_N classes each (TEAM * BLOCK_N >= V)
+    TEAMS,  # teams in the persistent grid: team t takes rows t, t + TEAMS, ...
     SMOOTH: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,  # 0: publish, wait, write; 1: publish only; 2: wait and write only (interpreter)
 ):
     # A wide row over TEAM programs, each with its chunk of logits in registers: they exchange
-    # (max, sum of exp, sum of x) through ws, and each writes its chunk of the gradient from registers.
+    # (max, sum of exp, sum of x) and each writes its chunk of the gradient from registers.
     # DRAM: read V*x once, write V*g once. Member 0 writes the row's loss and logsumexp.
-    row, member, offs, mask_n, part, flag = team_member(sync_ptr, ws_ptr, M, TEAM, V, BLOCK_N)
-    x_row = row_start(row, R1, R2, sx0, sx1, sx2)
-    x = _load_logits(x_ptr, x_row, sxc, offs, mask_n, "")
-    if PHASE != 2:
-        _team_publish_max_sumexp(part, member, M * TEAM, x)
-        if SMOOTH:
-            tl.store(part + 2 * M * TEAM + member, tl.sum(tl.where(mask_n, x, 0.0), axis=0))
-        team_arrive(flag)
-    if PHASE != 1:
-        t = tl.load(t_ptr + row_start(row, R1, R2, st0, st1, st2)).to(tl.int64)
-        valid = t != ignore_index
-        in_range = (t >= 0) & (t < V)
-        x_t = tl.load(x_ptr + x_row + tl.where(in_range, t, 0) * sxc, mask=valid & in_range,
-                      other=0.0).to(tl.float32)
-        team_wait(flag, TEAM)
-        mx, s = _team_max_sumexp(part, M * TEAM, TEAM, TEAM_P2)
-        lse = mx + tl.log(s)  # fixed order: equal in every member
-        if member == 0:
-            sum_x = 0.0
+    member, row, offs, mask_n = team_start(TEAM, V, BLOCK_N)
+    k = tl.arange(0, TEAM_P2)
+    xr, _ = _team_load(x_ptr, None, row, R1, R2, sx0, sx1, sx2, sxc, 0, 0, 0, 0, offs, V, M)
+    while row < M:
+        x = tl.where(mask_n, xr.to(tl.float32), float("-inf"))
+        m_own, e = _chunk_max_exp(x)
+        slots = ws_ptr + row * (3 * TEAM)
+        if PHASE != 2:
+            team_publish(slots + member, m_own)
+            team_publish(slots + TEAM + member, tl.sum(e, axis=0))
             if SMOOTH:
-                sum_x = tl.sum(team_load(part + 2 * M * TEAM, tl.arange(0, TEAM_P2), TEAM, 0.0), axis=0)
-            _store_loss(loss_ptr, lse_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH)
-        if g_ptr is not None:
-            coef, w = _grad_factors(z_loss, lse, count_ptr)
-            g = _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range)
-            g_row = row_start(row, R1, R2, sg0, sg1, sg2)
-            store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)
+                team_publish(slots + 2 * TEAM + member, tl.sum(tl.where(mask_n, x, 0.0), axis=0))
+        nxt = row + TEAMS
+        xr, _ = _team_load(x_ptr, None, nxt, R1, R2, sx0, sx1, sx2, sxc, 0, 0, 0, 0, offs, V, M)
+        if PHASE != 1:
+            x_row = row_start(row, R1, R2, sx0, sx1, sx2)
+            t = tl.load(t_ptr + row_start(row, R1, R2, st0, st1, st2)).to(tl.int64)
+            valid = t != ignore_index
+            in_range = (t >= 0) & (t < V)
+            mx, s = _team_max_sumexp(slots, k, TEAM)
+            lse = mx + tl.log(s)  # fixed order: equal in every member
+            if member == 0:
+                x_t = tl.load(x_ptr + x_row + tl.where(in_range, t, 0) * sxc, mask=valid & in_range,
+                              other=0.0).to(tl.float32)
+                sum_x = 0.0
+                if SMOOTH:
+                    sum_x = tl.sum(team_gather(slots + 2 * TEAM, k, TEAM, 0.0), axis=0)
+                _store_loss(loss_ptr, lse_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH)
+            if g_ptr is not None:
+                coef, w = _grad_factors(z_loss, lse, count_ptr)
+                # exp(x - lse) from the chunk's exp(x - m_own): one exp per element in all
+                p = e * tl.exp(tl.where(m_own == float("-inf"), lse, m_own) - lse)
+                t_col = tl.where(in_range, t, -1).to(tl.int32)  # int32 compare: no int64 copy of the columns
+                g = _grad_of_p(p, offs, t_col, coef, smoothing, V, w, valid, in_range)
+                store_rounded(g_ptr + row_start(row, R1, R2, sg0, sg1, sg2), offs.to(tl.int64) * sgc, g, mask_n)
+        row = nxt
 
 
 @triton.jit
@@ -373,18 +388,16 @@ def _cross_entropy_fwd_impl(
         if layout is None:  # more than 3 unmergeable leading dims: the one documented copy
             logits, t = logits.contiguous(), target.contiguous().unsqueeze(class_dim).expand(logits.shape)
             layout = row_layout([logits, t, gs], class_dim)
-        team = team_for(V, logits, layout.rows, "cross_entropy")
-        if team is not None:  # wide rows: a team of programs per row, the logits read once
-            ws = torch.empty(3 * layout.rows * team.team, dtype=torch.float32, device=logits.device)
-            sync = torch.zeros(1 + layout.rows, dtype=torch.int32, device=logits.device)
-            args = (logits, t, rows, gs, aux if grad_mode == 2 else None, count if need_grad else None, ws, sync,
+        plan = team_for(V, logits, layout.rows, "cross_entropy")
+        if plan is not None:  # wide rows: persistent teams of programs, the logits read once
+            ws = torch.zeros(3 * layout.rows * plan.team, dtype=torch.int64, device=logits.device)
+            args = (logits, t, rows, gs, aux if grad_mode == 2 else None, count if need_grad else None, ws,
                     layout.rows, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3],
-                    *layout.args(2), V, ignore_index, float(label_smoothing), float(z_loss), team.team)
-            for phase in _team_phases(logits.device, team.team):
-                launch(_cross_entropy_team_fwd_kernel, (layout.rows * team.team,), args,
-                       meta_items(SMOOTH=label_smoothing > 0.0, BLOCK_N=team.block_n,
-                                  TEAM_P2=team.team_p2, PHASE=phase, num_warps=team.num_warps,
-                                  **launch_options(_cross_entropy_team_fwd_kernel)), logits.device)
+                    *layout.args(2), V, ignore_index, float(label_smoothing), float(z_loss), plan.team, plan.teams)
+            for phase in _team_phases(logits.device, plan.team):
+                launch(_cross_entropy_team_fwd_kernel, plan.grid, args,
+                       plan.meta(_cross_entropy_team_fwd_kernel, logits.device, phase, SMOOTH=label_smoothing > 0.0),
+                       logits.device)
         else:
             _launch_looped(logits, t, rows, gs, aux, count, grad_mode, need_grad, layout, V, ignore_index,
                            label_smoothing, z_loss)

@@ -47,7 +47,7 @@ from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._launch import config_for, split_for, team_for
 from ._torch_order import softmax_torch_order
-from ._team import team_arrive, team_load, team_member, team_phases, team_wait
+from ._team import team_gather, team_phases, team_publish, team_start
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
 
@@ -415,78 +415,109 @@ def _softmax_bwd_split_out_kernel(
 
 
 @triton.jit
-def _team_publish_max_sumexp(part, member, stride, z):
-    """Publish a team member's partials of its chunk ``z`` (fp32, -inf where masked): its max at
-    ``part[member]`` and its sum of exp(z - max) at ``part[stride + member]`` (0 for an all -inf chunk)."""
+def _chunk_max_exp(z):
+    """A team member's chunk ``z`` (fp32, -inf where masked): its max and exp(z - max) (0 for an all -inf chunk)."""
     m_own = tl.max(z, axis=0)
-    base = tl.where(m_own == float("-inf"), 0.0, m_own)
-    tl.store(part + member, m_own)
-    tl.store(part + stride + member, tl.sum(tl.exp(z - base), axis=0))
+    return m_own, tl.exp(z - tl.where(m_own == float("-inf"), 0.0, m_own))
 
 
 @triton.jit
-def _team_max_sumexp(part, stride, TEAM, TEAM_P2: tl.constexpr):
-    """(max, sum of exp(z - max)) of the whole row from the ``TEAM`` members' published partials (see
-    ``_team_publish_max_sumexp``), combined in member order: the same bits in every member and run."""
-    k = tl.arange(0, TEAM_P2)
-    mi = team_load(part, k, TEAM, float("-inf"))
-    si = team_load(part + stride, k, TEAM, 0.0)
+def _team_max_sumexp(slots, k, TEAM):
+    """(max, sum of exp(z - max)) of a whole row from its ``TEAM`` members' published maxima (``slots[k]``)
+    and sums of exp (``slots[TEAM + k]``), combined in member order: the same bits in every member and run."""
+    mi = team_gather(slots, k, TEAM, float("-inf"))
+    si = team_gather(slots + TEAM, k, TEAM, 0.0)
     mx = tl.max(mi, axis=0)
-    base = tl.where(mx == float("-inf"), 0.0, mx)
-    return mx, tl.sum(si * tl.exp(mi - base), axis=0)
+    return mx, tl.sum(si * tl.exp(mi - tl.where(mx == float("-inf"), 0.0, mx)), axis=0)
+
+
+@triton.jit
+def _team_softmax_of(e, z, m_own, mx, s, LOG: tl.constexpr):
+    """A member's output from its chunk (``e`` = exp(z - m_own)) and the row's (max, sum of exp): one exp per
+    element in all. NaN on a fully masked row (mx = -inf), as torch."""
+    if LOG:
+        return (z - mx) - tl.log(s)
+    else:
+        return e * (tl.exp(tl.where(m_own == float("-inf"), mx, m_own) - mx) / s)
+
+
+@triton.jit
+def _team_load(a_ptr, b_ptr, row, R1, R2, sa0, sa1, sa2, sac, sb0, sb1, sb2, sbc, offs, N, M):
+    """One chunk of ``row`` of a (and of b, if given) as stored, 0 past the row end and past the last row.
+    The persistent team kernels load their next row with it before meeting on the current one: no
+    arithmetic on the values yet, so the loads stay in flight while the program waits."""
+    live = offs < tl.where(row < M, N, 0)
+    cols = offs.to(tl.int64)
+    a = tl.load(a_ptr + row_start(row, R1, R2, sa0, sa1, sa2) + cols * sac, mask=live, other=0.0)
+    b = a
+    if b_ptr is not None:
+        b = tl.load(b_ptr + row_start(row, R1, R2, sb0, sb1, sb2) + cols * sbc, mask=live, other=0.0)
+    return a, b
+
+
+@triton.jit
+def _team_scores(x, m, m_ptr, offs, mask_n, q, scale, CAUSAL: tl.constexpr, SCALED: tl.constexpr):
+    """z = x * scale + mask from a chunk loaded by ``_team_load`` (as ``_load_scores``)."""
+    keep = mask_n
+    if CAUSAL:
+        keep = keep & (offs <= q)
+    z = x.to(tl.float32)
+    if SCALED:
+        z = z * scale
+    if m_ptr is not None:
+        z = z + m.to(tl.float32)
+    return tl.where(keep, z, float("-inf"))
 
 
 @triton.jit
 def _softmax_team_fwd_kernel(
     x_ptr, m_ptr, y_ptr,
-    ws_ptr,  # fp32 (2, rows * TEAM): each member's max, then its sum of exp
-    sync_ptr,  # int32 (1 + rows,) zeros: ticket counter, then one arrival count per row (see _team)
+    ws_ptr,  # int64 (rows, 2, TEAM) zeros: each member's published max, then its sum of exp (see _team)
     R1, R2,
     sx0, sx1, sx2, sxc,
     sm0, sm1, sm2, smc,
     sy0, sy1, sy2, syc,
     M, N, Sq, scale,
     TEAM,  # programs per row, each BLOCK_N columns (TEAM * BLOCK_N >= N)
+    TEAMS,  # teams in the persistent grid: team t takes rows t, t + TEAMS, ...
     CAUSAL: tl.constexpr,
     LOG: tl.constexpr,
     SCALED: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    TEAM_P2: tl.constexpr,  # next power of 2 of TEAM
+    TEAM_P2: tl.constexpr,  # next power of 2 of TEAM (at least _team.TEAM_P2_MIN)
     PHASE: tl.constexpr,  # 0: publish, wait, write; 1: publish only; 2: wait and write only (interpreter)
 ):
     # Wide rows read once: the row's TEAM programs keep a chunk each in registers, exchange their
-    # (max, sum of exp) through ws and write y from registers. DRAM: read N*x, write N*y.
-    row, member, offs, mask_n, part, flag = team_member(sync_ptr, ws_ptr, M, TEAM, N, BLOCK_N)
-    x_row = row_start(row, R1, R2, sx0, sx1, sx2)
-    m_row = row_start(row, R1, R2, sm0, sm1, sm2)
-    q = row % Sq
-    z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "", SCALED)
-    if PHASE != 2:
-        _team_publish_max_sumexp(part, member, M * TEAM, z)
-        team_arrive(flag)
-    if PHASE != 1:
-        team_wait(flag, TEAM)
-        mx, s = _team_max_sumexp(part, M * TEAM, TEAM, TEAM_P2)  # fixed order: the same bits in every member
-        zm = z - mx
-        if LOG:
-            y = zm - tl.log(s)
-        else:
-            y = tl.exp(zm) / s
-        y_row = row_start(row, R1, R2, sy0, sy1, sy2)
-        store_rounded(y_ptr + y_row, offs.to(tl.int64) * syc, y, mask_n)
+    # (max, sum of exp) and write y from registers. DRAM: read N*x, write N*y.
+    member, row, offs, mask_n = team_start(TEAM, N, BLOCK_N)
+    k = tl.arange(0, TEAM_P2)
+    xr, mr = _team_load(x_ptr, m_ptr, row, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M)
+    while row < M:
+        z = _team_scores(xr, mr, m_ptr, offs, mask_n, row % Sq, scale, CAUSAL, SCALED)
+        m_own, e = _chunk_max_exp(z)
+        slots = ws_ptr + row * (2 * TEAM)
+        if PHASE != 2:
+            team_publish(slots + member, m_own)
+            team_publish(slots + TEAM + member, tl.sum(e, axis=0))
+        nxt = row + TEAMS
+        xr, mr = _team_load(x_ptr, m_ptr, nxt, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M)
+        if PHASE != 1:
+            mx, s = _team_max_sumexp(slots, k, TEAM)
+            y = _team_softmax_of(e, z, m_own, mx, s, LOG)
+            store_rounded(y_ptr + row_start(row, R1, R2, sy0, sy1, sy2), offs.to(tl.int64) * syc, y, mask_n)
+        row = nxt
 
 
 @triton.jit
 def _softmax_team_bwd_kernel(
     y_ptr, dy_ptr, dx_ptr,
-    ws_ptr,  # fp32 (rows * TEAM,): each member's sum of dy * y (log: of dy)
-    sync_ptr,  # int32 (1 + rows,) zeros (see _team)
+    ws_ptr,  # int64 (rows, TEAM) zeros: each member's published sum of dy * y (log: of dy)
     R1, R2,
     sy0, sy1, sy2, syc,
     sdy0, sdy1, sdy2, sdyc,
     sdx0, sdx1, sdx2, sdxc,
     M, N, Sq, scale,
-    TEAM,
+    TEAM, TEAMS,
     CAUSAL: tl.constexpr,
     LOG: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -494,24 +525,28 @@ def _softmax_team_bwd_kernel(
     PHASE: tl.constexpr,
 ):
     # DRAM: read N*(y + dy), write N*dx, each once.
-    row, member, offs, mask_n, part, flag = team_member(sync_ptr, ws_ptr, M, TEAM, N, BLOCK_N)
-    y_row = row_start(row, R1, R2, sy0, sy1, sy2)
-    dy_row = row_start(row, R1, R2, sdy0, sdy1, sdy2)
-    q = row % Sq
-    p, dy = _load_bwd(y_ptr, dy_ptr, y_row, dy_row, syc, sdyc, offs, mask_n, LOG, "")
-    if PHASE != 2:
+    member, row, offs, mask_n = team_start(TEAM, N, BLOCK_N)
+    k = tl.arange(0, TEAM_P2)
+    yr, dyr = _team_load(y_ptr, dy_ptr, row, R1, R2, sy0, sy1, sy2, syc, sdy0, sdy1, sdy2, sdyc, offs, N, M)
+    while row < M:
+        p = yr.to(tl.float32)
         if LOG:
-            tl.store(part + member, tl.sum(dy, axis=0))
-        else:
-            tl.store(part + member, tl.sum(p * dy, axis=0))
-        team_arrive(flag)
-    if PHASE != 1:
-        team_wait(flag, TEAM)
-        k = tl.arange(0, TEAM_P2)
-        red = tl.sum(team_load(part, k, TEAM, 0.0), axis=0)
-        dz = _dz(p, dy, red, offs, q, CAUSAL, LOG)
-        dx_row = row_start(row, R1, R2, sdx0, sdx1, sdx2)
-        store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, dz * scale, mask_n)
+            p = tl.where(mask_n, tl.exp(p), 0.0)
+        dy = dyr.to(tl.float32)
+        slots = ws_ptr + row * TEAM
+        if PHASE != 2:
+            if LOG:
+                team_publish(slots + member, tl.sum(dy, axis=0))
+            else:
+                team_publish(slots + member, tl.sum(p * dy, axis=0))
+        nxt = row + TEAMS
+        yr, dyr = _team_load(y_ptr, dy_ptr, nxt, R1, R2, sy0, sy1, sy2, syc, sdy0, sdy1, sdy2, sdyc, offs, N, M)
+        if PHASE != 1:
+            red = tl.sum(team_gather(slots, k, TEAM, 0.0), axis=0)
+            dz = _dz(p, dy, red, offs, row % Sq, CAUSAL, LOG)
+            store_rounded(dx_ptr + row_start(row, R1, R2, sdx0, sdx1, sdx2), offs.to(tl.int64) * sdxc, dz * scale,
+                          mask_n)
+        row = nxt
 
 
 def _team_phases(device: torch.device, team: int):
@@ -546,17 +581,15 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
         layout = row_layout([xs, ms, ys], dim)
     N = xs.shape[dim]
     big = xs if ms is None or xs.element_size() >= ms.element_size() else ms
-    team = team_for(N, big, layout.rows, "softmax")
-    if team is not None:  # wide rows: a team of programs per row, the row read once
-        ws = torch.empty(2 * layout.rows * team.team, dtype=torch.float32, device=x.device)
-        sync = torch.zeros(1 + layout.rows, dtype=torch.int32, device=x.device)
-        args = (xs, ms, ys, ws, sync, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1),
-                *layout.args(2), layout.rows, N, xs.shape[-2] if causal else 1, float(scale), team.team)
-        for phase in _team_phases(x.device, team.team):
-            launch(_softmax_team_fwd_kernel, (layout.rows * team.team,), args,
-                   meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=team.block_n,
-                              TEAM_P2=team.team_p2, PHASE=phase, num_warps=team.num_warps,
-                              **launch_options(_softmax_team_fwd_kernel)), x.device)
+    plan = team_for(N, big, layout.rows, "softmax")
+    if plan is not None:  # wide rows: persistent teams of programs, the row read once
+        ws = torch.zeros(2 * layout.rows * plan.team, dtype=torch.int64, device=x.device)
+        args = (xs, ms, ys, ws, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1),
+                *layout.args(2), layout.rows, N, xs.shape[-2] if causal else 1, float(scale), plan.team, plan.teams)
+        for phase in _team_phases(x.device, plan.team):
+            launch(_softmax_team_fwd_kernel, plan.grid, args,
+                   plan.meta(_softmax_team_fwd_kernel, x.device, phase, CAUSAL=causal, LOG=log, SCALED=scale != 1.0),
+                   x.device)
         return y
     cfg = config_for(N, big)
     split = split_for(cfg, N, layout.rows, x.device)
@@ -606,17 +639,14 @@ def _softmax_bwd_impl(dy: Tensor, y: Tensor, dim: int, scale: float, causal: boo
         dys = dys.contiguous()
         layout = row_layout([ys, dys, dxs], dim)
     N = ys.shape[dim]
-    team = team_for(N, ys, layout.rows, "softmax_bwd")
-    if team is not None:  # wide rows: a team of programs per row, y and dy read once
-        ws = torch.empty(layout.rows * team.team, dtype=torch.float32, device=y.device)
-        sync = torch.zeros(1 + layout.rows, dtype=torch.int32, device=y.device)
-        args = (ys, dys, dxs, ws, sync, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1),
-                *layout.args(2), layout.rows, N, ys.shape[-2] if causal else 1, float(scale), team.team)
-        for phase in _team_phases(y.device, team.team):
-            launch(_softmax_team_bwd_kernel, (layout.rows * team.team,), args,
-                   meta_items(CAUSAL=causal, LOG=log, BLOCK_N=team.block_n,
-                              TEAM_P2=team.team_p2, PHASE=phase, num_warps=team.num_warps,
-                              **launch_options(_softmax_team_bwd_kernel)), y.device)
+    plan = team_for(N, ys, layout.rows, "softmax_bwd")
+    if plan is not None:  # wide rows: persistent teams of programs, y and dy read once
+        ws = torch.zeros(layout.rows * plan.team, dtype=torch.int64, device=y.device)
+        args = (ys, dys, dxs, ws, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1),
+                *layout.args(2), layout.rows, N, ys.shape[-2] if causal else 1, float(scale), plan.team, plan.teams)
+        for phase in _team_phases(y.device, plan.team):
+            launch(_softmax_team_bwd_kernel, plan.grid, args,
+                   plan.meta(_softmax_team_bwd_kernel, y.device, phase, CAUSAL=causal, LOG=log), y.device)
         return dx
     cfg = config_for(N, ys, "softmax_bwd")
     split = split_for(cfg, N, layout.rows, y.device)
