@@ -22,7 +22,7 @@ ap.add_argument("--out", required=True)
 ap.add_argument("--part", default="check")
 ap.add_argument("--budget", type=float, default=60)
 ap.add_argument("--cpu", action="store_true")
-ap.add_argument("--only", default="", help="comma list of time sections: fwd,ce,fb,norms,bwd,few")
+ap.add_argument("--only", default="", help="comma list of time sections: fwd,ce,fb,norms,normsbwd,bwd,few")
 ap.add_argument("--report", default="", help="write a markdown report of DIR/check.jsonl + DIR/time.jsonl here")
 ap.add_argument("--title", default="Team kernels for wide rows")
 ap.add_argument("--final", action="store_true", help="time the shipped team settings and the looped path only")
@@ -282,9 +282,9 @@ def check_graphs():
 
 
 @contextlib.contextmanager
-def wide(cfg):
+def wide(cfg, kinds=None):
     saved = dict(W.WIDE_TUNED)
-    for k in W.WIDE_TUNED:
+    for k in kinds or [k for k in W.WIDE_TUNED if not k.endswith("_bwd")]:
         W.WIDE_TUNED[k] = cfg
     try:
         yield
@@ -395,6 +395,41 @@ def time_norms():
             comp = torch.compile(lambda a, c, d: F.layer_norm(a, (N,), c, d))
             timeit(kind + "_fwd", "torch.compile", lambda: comp(x, w, b), nb, shape=shape, N=N)
         del x
+
+
+def time_norms_bwd():
+    """Backward alone of the wide-row norms (x, dy read, dx written: 3 tensors; dw, db partials aside)."""
+    for kind, M, N in ([("rms_norm", 4096, 65536), ("rms_norm", 1024, 262144), ("layer_norm", 4096, 65536)]
+                       if DEV == "cuda" else [("rms_norm", 4, 32771)]):
+        if left() < 6:
+            return
+        x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.rand(N, device=DEV) + 0.5).to(torch.bfloat16).requires_grad_()
+        b = torch.zeros(N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+        ins = (x, w) if kind == "rms_norm" else (x, w, b)
+        f = (lambda: nm.rms_norm(x, w, eps=1e-6, cast_dtype=x.dtype)) if kind == "rms_norm" \
+            else (lambda: nm.layer_norm(x, w, b))
+        shape = f"{M}x{N}"
+        variants = [DEFAULT_WIDE[kind + "_bwd"], pcfg(4096, 4, 4, 128), pcfg(8192, 4, 3, 168), pcfg(4096, 2, 8, 128),
+                    pcfg(16384, 8, 2, 128), None]
+        for c in [DEFAULT_WIDE[kind + "_bwd"], None] if args.final else variants:
+            with wide(c, [kind + "_bwd"]):
+                y = f()
+                timeit(kind + "_bwd", tname(c), lambda: torch.autograd.grad(y, ins, dy, retain_graph=True), 6 * M * N,
+                       shape=shape, N=N, cfg=c)
+
+                def fb():
+                    for t in ins:
+                        t.grad = None
+                    f().backward(dy)
+                timeit(kind + "_fwdbwd", tname(c), fb, 10 * M * N, shape=shape, N=N, cfg=c)
+        peer = torch.compile((lambda a, c: F.rms_norm(a, (N,), c, 1e-6)) if kind == "rms_norm"
+                             else (lambda a, c: F.layer_norm(a, (N,), c, None)))
+        yc = peer(x, w)
+        timeit(kind + "_bwd", "torch.compile", lambda: torch.autograd.grad(yc, (x, w), dy, retain_graph=True),
+               6 * M * N, shape=shape, N=N)
+        del x, dy
 
 
 # ------------------------------------------------------------------------------------------ timing
@@ -534,7 +569,7 @@ else:
     if DEV == "cuda":
         RUN.copy_ceiling()
     for name, fn in [("fwd", time_softmax_fwd), ("ce", time_ce), ("fb", time_fwdbwd), ("norms", time_norms),
-                     ("bwd", time_softmax_bwd), ("few", time_few)]:
+                     ("normsbwd", time_norms_bwd), ("bwd", time_softmax_bwd), ("few", time_few)]:
         if name in SEC:
             safe(name, fn)
 log("done", args.part)

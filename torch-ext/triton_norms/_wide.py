@@ -42,6 +42,10 @@ from ._team import team_gather, team_phases, team_publish, team_split, team_star
 WIDE_TUNED: dict = {
     "rms_norm": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 6, "maxnreg": 80},
     "layer_norm": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 5, "maxnreg": 96},
+    "rms_norm_bwd": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 4,
+                     "maxnreg": 128},
+    "layer_norm_bwd": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 4,
+                       "maxnreg": 128},
 }
 # Teams on CPU tensors (interpreter: one launch publishes, a second gathers and writes); off by default.
 WIDE_ON_CPU = False
@@ -152,6 +156,127 @@ def _ln_team_fwd_kernel(
         row = nxt
 
 
+@triton.jit
+def _load_grad_raw(dy_ptr, x_ptr, row, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs):
+    """One chunk of dy and of x (h) for the row after this one, as stored (see ``_load_raw``)."""
+    live = offs < tl.where(row < M, N, 0)
+    dy = tl.load(dy_ptr + row * stride_dy_row + offs.to(tl.int64) * stride_dy_col, mask=live, other=0.0)
+    x = tl.load(x_ptr + row * stride_x_row + offs, mask=live, other=0.0)
+    return dy, x
+
+
+@triton.jit
+def _store_grad(dx, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N, offs, mask):
+    """Adds the gradient of h (fused residual) and stores dx (and its copy for the residual)."""
+    if dh_ptr is not None:
+        dx += tl.load(dh_ptr + row * stride_dh_row + offs.to(tl.int64) * stride_dh_col, mask=mask,
+                      other=0.0).to(tl.float32)
+    tl.store(dx_ptr + row * N + offs, round_to(dx, dx_ptr.dtype.element_ty).to(dx_ptr.dtype.element_ty), mask=mask)
+    if dres_ptr is not None:
+        tl.store(dres_ptr + row * N + offs, round_to(dx, dres_ptr.dtype.element_ty).to(dres_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+@triton.jit
+def _rms_team_bwd_kernel(
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, dres_ptr,  # as rms_norm._rms_norm_bwd_kernel
+    dw_ptr, db_ptr,  # (TEAMS, N) fp32 partials (each team's rows), or None
+    ws_ptr,  # int64 (rows * TEAM,) zeros: each member's published sum of g * xn
+    stride_dy_row, stride_dy_col, stride_x_row, stride_dh_row, stride_dh_col,
+    M, N, weight_offset,
+    TEAM, TEAMS,
+    CAST_DTYPE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TEAM_P2: tl.constexpr,
+    PHASE: tl.constexpr,  # 0: one launch; 1: publish only; 2: gather, write dx and the partials (interpreter)
+):
+    # dx = rstd * (g - xn * sum(g * xn) / N), g = dy * (w + offset): one meeting per row. A member's
+    # columns are the same on every row of its team, so it sums dw / db over the team's rows in registers.
+    # DRAM: read N*(x + dy), write N*dx, once each; + TEAMS partial rows of dw / db.
+    member, row, offs, mask = team_start(TEAM, N, BLOCK_N)
+    part = row * N  # the first row is the team's index: its partial row
+    k = tl.arange(0, TEAM_P2)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    dyr, xr = _load_grad_raw(dy_ptr, x_ptr, row, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
+    while row < M:
+        rstd = tl.load(rstd_ptr + row)
+        dy = dyr.to(tl.float32)
+        xn = xr.to(tl.float32) * rstd
+        g = dy
+        if w_ptr is not None:
+            g = dy * (tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + weight_offset)
+        slots = ws_ptr + row * TEAM
+        if PHASE != 2:
+            team_publish(slots + member, tl.sum(g * xn, axis=0))
+        nxt = row + TEAMS
+        dyr, xr = _load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
+        if PHASE != 1:
+            dot = tl.sum(team_gather(slots, k, TEAM, 0.0), axis=0) / N
+            _store_grad((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
+                        offs, mask)
+            if dw_ptr is not None:
+                dw_acc += dy * round_to(xn, CAST_DTYPE)
+            if db_ptr is not None:
+                db_acc += dy
+        row = nxt
+    if PHASE != 1:
+        if dw_ptr is not None:
+            tl.store(dw_ptr + part + offs, dw_acc, mask=mask)
+        if db_ptr is not None:
+            tl.store(db_ptr + part + offs, db_acc, mask=mask)
+
+
+@triton.jit
+def _ln_team_bwd_kernel(
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dh_ptr, dx_ptr, dres_ptr,  # as layer_norm._layer_norm_bwd_kernel
+    dw_ptr, db_ptr,  # (TEAMS, N) fp32 partials, or None
+    ws_ptr,  # int64 (rows, 2, TEAM) zeros: each member's published sum of g * xhat, then of g
+    stride_dy_row, stride_dy_col, stride_x_row, stride_dh_row, stride_dh_col,
+    M, N,
+    TEAM, TEAMS,
+    BLOCK_N: tl.constexpr,
+    TEAM_P2: tl.constexpr,
+    PHASE: tl.constexpr,
+):
+    # dx = rstd * (g - sum(g) / N - xhat * sum(g * xhat) / N), g = dy * w; dw, db summed in registers per team.
+    member, row, offs, mask = team_start(TEAM, N, BLOCK_N)
+    part = row * N
+    k = tl.arange(0, TEAM_P2)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    dyr, xr = _load_grad_raw(dy_ptr, x_ptr, row, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
+    while row < M:
+        mean = tl.load(mean_ptr + row)
+        rstd = tl.load(rstd_ptr + row)
+        dy = dyr.to(tl.float32)
+        xhat = tl.where(mask, (xr.to(tl.float32) - mean) * rstd, 0.0)
+        g = dy
+        if w_ptr is not None:
+            g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        slots = ws_ptr + row * (2 * TEAM)
+        if PHASE != 2:
+            team_publish(slots + member, tl.sum(g * xhat, axis=0))
+            team_publish(slots + TEAM + member, tl.sum(g, axis=0))
+        nxt = row + TEAMS
+        dyr, xr = _load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
+        if PHASE != 1:
+            c1 = tl.sum(team_gather(slots, k, TEAM, 0.0), axis=0) / N
+            c2 = tl.sum(team_gather(slots + TEAM, k, TEAM, 0.0), axis=0) / N
+            _store_grad((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
+                        offs, mask)
+            if dw_ptr is not None:
+                dw_acc += dy * xhat
+            if db_ptr is not None:
+                db_acc += dy
+        row = nxt
+    if PHASE != 1:
+        if dw_ptr is not None:
+            tl.store(dw_ptr + part + offs, dw_acc, mask=mask)
+        if db_ptr is not None:
+            tl.store(db_ptr + part + offs, db_acc, mask=mask)
+
+
 def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, weight_offset, cast_dtype, elem) -> bool:
     """Launches the team forward of RMSNorm when the rows are wide enough (arguments as the looped
     kernel's; ``h`` None without a residual, ``rstd`` None in inference); False: nothing launched."""
@@ -176,3 +301,28 @@ def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, ep
     for phase in team_phases(x2.device, plan.team):
         launch(_ln_team_fwd_kernel, plan.grid, args, plan.meta(_ln_team_fwd_kernel, x2.device, phase), x2.device)
     return True
+
+
+def wide_backward(kind: str, dy2, dh2, x2, w, stats, dx, dres, need_dw: bool, need_db: bool, M: int, N: int,
+                  **scalars):
+    """The team backward of ``kind`` ("rms_norm": ``stats`` = (rstd,), scalars weight_offset and cast_dtype;
+    "layer_norm": (mean, rstd)) for wide rows: ``(dw_part, db_part)`` fp32 (teams, N) partials (None where
+    not needed) to be summed over dim 0, or None when the looped kernel should run."""
+    plan = team_for(kind + "_bwd", N, x2.element_size(), M, x2.device)
+    if plan is None:
+        return None
+    device = x2.device
+    dw_part = torch.empty((plan.teams, N), dtype=torch.float32, device=device) if need_dw else None
+    db_part = torch.empty((plan.teams, N), dtype=torch.float32, device=device) if need_db else None
+    ws = torch.zeros(len(stats) * M * plan.team, dtype=torch.int64, device=device)
+    strides = (dy2.stride(0), dy2.stride(1), x2.stride(0), dh2.stride(0) if dh2 is not None else 0,
+               dh2.stride(1) if dh2 is not None else 0)
+    head = (dy2, x2, w, *stats, dh2, dx, dres, dw_part, db_part, ws, *strides, M, N)
+    if kind == "rms_norm":
+        kernel, args = _rms_team_bwd_kernel, (*head, scalars["weight_offset"], plan.team, plan.teams)
+        consts = {"CAST_DTYPE": round_dtype(scalars["cast_dtype"])}
+    else:
+        kernel, args, consts = _ln_team_bwd_kernel, (*head, plan.team, plan.teams), {}
+    for phase in team_phases(device, plan.team):
+        launch(kernel, plan.grid, args, plan.meta(kernel, device, phase, **consts), device)
+    return dw_part, db_part

@@ -45,7 +45,7 @@ from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._rounding import round_dtype
 from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order
-from ._wide import rms_wide_forward
+from ._wide import rms_wide_forward, wide_backward
 
 Tensor = torch.Tensor
 
@@ -281,6 +281,14 @@ def _rms_norm_bwd_impl(
     dy2 = grad_rows(dy, N)
     dh2 = grad_rows(dh, N) if dh is not None else None
     M = x2.shape[0]
+    parts = wide_backward("rms_norm", dy2, dh2, x2, vector(weight), (rstd,), dx,
+                          dres if dres_dtype is not None else None, need_dw, need_db, M, N,
+                          weight_offset=weight_offset, cast_dtype=cast_dtype) \
+        if N * x.element_size() > MAX_FUSED_BYTES else None
+    if parts is not None:  # wide rows: persistent teams, x and dy read once (_wide)
+        dw_part, db_part = parts
+        return dx, dres, (dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)), \
+            (db_part.sum(0) if need_db else x.new_empty(0))
     cfg = pick_config(N, x.element_size(), device_warp_size(x.device))
     P = num_partial_programs(x.device, M)
     rows_per_program = triton.cdiv(M, P)
@@ -316,6 +324,9 @@ def _setup_context(ctx, inputs, output):
     x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order = inputs
     y, h, rstd = output
     ctx.save_for_backward(h if residual is not None else x, weight, rstd)
+    # rstd has no gradient, and an unused y or h gets None, not a zeros tensor (host time)
+    ctx.mark_non_differentiable(rstd)
+    ctx.set_materialize_grads(False)
     ctx.x_dtype = x.dtype
     ctx.res_dtype = residual.dtype if residual is not None else None
     ctx.bias_dtype = bias.dtype if bias is not None else None
