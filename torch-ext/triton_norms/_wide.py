@@ -19,10 +19,16 @@ The outputs use the rounding points of ``rms_norm`` / ``layer_norm`` (``_common.
 N*x (+ N*residual), write N*y (+ N*h), once each. On an H200 (bf16, 2026-12-01) this moved
 4096x65536 at 3398 GB/s and 1024x262144 at 3124, against torch.compile's 2849 / 2009.
 
-``rms_wide_forward`` / ``ln_wide_forward`` serve the free-order forwards of ``rms_norm`` /
-``layer_norm`` for rows of at least ``WIDE_TUNED[kind]["min_row_bytes"]`` when a team fits the
-device (CPU tensors keep the looped kernels unless ``WIDE_ON_CPU``, tests) and otherwise return
-False (the looped kernel runs).
+The backward works the same way: a member holds its chunk of x (h) and dy, publishes its part of
+``sum(g * xn)`` (LayerNorm: also ``sum(g)``), writes its chunk of dx, and sums dw (db) over its team's
+rows in registers (its columns are the same on every row), so that dw / db are ``teams`` partial rows
+summed by torch. The looped backward re-read each row and read-modified-wrote an fp32 partial row per
+row: 1199 GB/s at 4096x65536 against 2938 here (torch.compile 1756).
+
+``rms_wide_forward`` / ``ln_wide_forward`` / ``wide_backward`` serve the free-order forwards and the
+backwards of ``rms_norm`` / ``layer_norm`` for rows of at least ``WIDE_TUNED[kind]["min_row_bytes"]``
+when a team fits the device (CPU tensors keep the looped kernels unless ``WIDE_ON_CPU``, tests) and
+otherwise return False / None (the looped kernel runs).
 """
 
 from __future__ import annotations
@@ -38,13 +44,16 @@ from ._team import team_gather, team_phases, team_publish, team_split, team_star
 
 # Per kind: rows of at least min_row_bytes (input element size) go to teams of ceil(bytes / chunk_bytes)
 # programs of num_warps warps, programs_per_sm of them per SM with at most maxnreg registers per thread
-# (NVIDIA; one per compute unit elsewhere); None: never.
+# (NVIDIA; one per compute unit elsewhere); None: never. Each setting is the best of a sweep on the H200
+# (bf16, 4096 x 65536 and 1024 x 262144, 2026-12-01; benchmarks/NOTES.md); too few registers spill and
+# too few programs per SM leave DRAM idle while teams meet (the backward at 8 KiB / 4 per SM: 1687 GB/s,
+# at 8 KiB / 3 per SM with 168 registers: 2938).
 WIDE_TUNED: dict = {
     "rms_norm": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 6, "maxnreg": 80},
     "layer_norm": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 5, "maxnreg": 96},
-    "rms_norm_bwd": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 4,
-                     "maxnreg": 128},
-    "layer_norm_bwd": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 4,
+    "rms_norm_bwd": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 3,
+                     "maxnreg": 168},
+    "layer_norm_bwd": {"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 4, "programs_per_sm": 4,
                        "maxnreg": 128},
 }
 # Teams on CPU tensors (interpreter: one launch publishes, a second gathers and writes); off by default.
