@@ -370,8 +370,8 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
             without TRITON_INTERPRET=1.
 
     Precision: mean and variance in fp32 (two passes, like PyTorch), one rounding
-    at the store. Performance: one program per row; x read once (3 times when N
-    is above one block). Source: Ba et al. 2016, https://arxiv.org/abs/1607.06450.
+    at the store. Performance: one program per row, x read once; a row above one block (64 KiB) over a
+    persistent team of programs on a GPU, still read once, forward and backward (``_wide``). Source: Ba et al. 2016, https://arxiv.org/abs/1607.06450.
     """
     check_inputs(x, None, weight, bias)
     order = parse_order(torch_order)

@@ -394,8 +394,9 @@ def rms_norm(
         RuntimeError: CPU tensor without TRITON_INTERPRET=1.
 
     Precision: sum of squares, normalisation and affine in fp32; roundings only at
-    the points above. Performance: one program per row; reads x once (twice if
-    N is above one block), writes y once. Source: Zhang & Sennrich 2019,
+    the points above. Performance: one program per row reads x once and writes y once; a row
+    above one block (64 KiB) goes to a persistent team of programs on a GPU, still read once, forward
+    and backward (``_wide``). Source: Zhang & Sennrich 2019,
     https://arxiv.org/abs/1910.07467; numerics of transformers' LlamaRMSNorm et al.
     """
     if type(eps) is float and type(weight_offset) is float and inference((x, weight, bias)):

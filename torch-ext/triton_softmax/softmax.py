@@ -12,12 +12,12 @@ Math, per row of N elements along ``dim`` (all in fp32):
 A fully masked row (every z = -inf) gives NaN, as torch does (-inf - -inf).
 
 Rows that fit in one block (``_launch.MAX_FUSED_BYTES``) are read once and written
-once. Wider rows on a GPU can go to a *team* of programs (``_team``, ``_launch.team_for``; off by
-default until bit-exact, see ``_launch.TEAM_TUNED``): each
+once. Wider rows on a GPU go to persistent *teams* of programs (``_team``, ``_launch.team_for``, where
+``_launch.TEAM_TUNED`` enables them: the forward past 128 KiB rows, the backward from 32 KiB): each
 member keeps one chunk in registers, publishes its chunk's max and sum of exp (backward: its
 part of sum(dy * y)), waits for its teammates and combines the partials in member order
-(``s = sum_k s_k * exp(m_k - m)``), then writes its chunk: still one read and one write.
-Otherwise (CPU, or a row needing more members than the device has SMs) a wide row runs an
+(``s = sum_k s_k * exp(m_k - m)``), then writes its chunk (``exp(z - m_k) * exp(m_k - m) / s``: one exp
+per element): still one read and one write. Otherwise (CPU, or a row no team fits) a wide row runs an
 online max/sum over chunks (the running sum is rescaled by ``exp(m_old - m_new)`` when the
 maximum grows; chunks that are entirely -inf so far leave it at 0), then an output pass that
 reads the row again: 3 row transfers.
@@ -766,9 +766,9 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
         IndexError: dim out of range. RuntimeError: CPU tensor without TRITON_INTERPRET=1.
 
     Precision: scale, mask add, max, exp and sum in fp32; one rounding to x.dtype at the store.
-    A fully masked row is NaN (as torch). Performance: x is read once; a row wider than 32 KiB
-    is split over a team of programs on a GPU (the same bits on every run); on the CPU, or when
-    a row needs more programs than the device has SMs, it is read twice (online max/sum, then output).
+    A fully masked row is NaN (as torch). Performance: x is read once; a row wider than 128 KiB
+    (backward: 32 KiB) is split over a persistent team of programs on a GPU (the same bits on every
+    run); otherwise, and on the CPU, a row wider than one block is read twice (online max/sum, then output).
     Source: matches ``torch.softmax(x * scale + mask, dim)``.
     """
     dim, scale = _prepare(x, dim, scale, mask, causal)
