@@ -187,6 +187,15 @@ def _store_grad(dx, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col,
 
 
 @triton.jit
+def _store_partials(dw_ptr, db_ptr, part, offs, mask, dw_acc, db_acc):
+    """A team member's sums of dw / db over its team's rows into the team's partial row (where wanted)."""
+    if dw_ptr is not None:
+        tl.store(dw_ptr + part + offs, dw_acc, mask=mask)
+    if db_ptr is not None:
+        tl.store(db_ptr + part + offs, db_acc, mask=mask)
+
+
+@triton.jit
 def _rms_team_bwd_kernel(
     dy_ptr, x_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, dres_ptr,  # as rms_norm._rms_norm_bwd_kernel
     dw_ptr, db_ptr,  # (TEAMS, N) fp32 partials (each team's rows), or None
@@ -230,10 +239,7 @@ def _rms_team_bwd_kernel(
                 db_acc += dy
         row = nxt
     if PHASE != 1:
-        if dw_ptr is not None:
-            tl.store(dw_ptr + part + offs, dw_acc, mask=mask)
-        if db_ptr is not None:
-            tl.store(db_ptr + part + offs, db_acc, mask=mask)
+        _store_partials(dw_ptr, db_ptr, part, offs, mask, dw_acc, db_acc)
 
 
 @triton.jit
@@ -280,10 +286,7 @@ def _ln_team_bwd_kernel(
                 db_acc += dy
         row = nxt
     if PHASE != 1:
-        if dw_ptr is not None:
-            tl.store(dw_ptr + part + offs, dw_acc, mask=mask)
-        if db_ptr is not None:
-            tl.store(db_ptr + part + offs, db_acc, mask=mask)
+        _store_partials(dw_ptr, db_ptr, part, offs, mask, dw_acc, db_acc)
 
 
 def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, weight_offset, cast_dtype, elem) -> bool:
