@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import MAX_THREADS_PER_PROGRAM, device_warp_size
+from ._device import MAX_THREADS_PER_PROGRAM, device_warp_size, launch_options
 
 # Streaming multiprocessors assumed for a CPU tensor (the interpreter), so that CPU tests split rows too.
 CPU_SMS = 8
@@ -120,8 +120,6 @@ class TeamPlan:
 
     def meta(self, kernel, device: torch.device, phase: int, **constexprs) -> tuple:
         """Constexprs and launch options of one launch of ``kernel`` (``meta_items`` pairs)."""
-        from ._device import launch_options
-
         options = launch_options(kernel)
         if _nvidia(device):
             options["maxnreg"] = self.maxnreg

@@ -152,10 +152,21 @@ def load_input_chunk(
     ``residual + hidden_states`` in the model dtype) and the norm uses that
     rounded value; STORE_H also stores it (exact: it is representable).
     """
-    x = tl.load(x_ptr + row * stride_x_row + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x_row + offs, mask=mask, other=0.0)
+    r = x
     if res_ptr is not None:
-        r = tl.load(res_ptr + row * stride_res_row + offs, mask=mask, other=0.0).to(tl.float32)
-        x = round_to(x + r, h_ptr.dtype.element_ty)
+        r = tl.load(res_ptr + row * stride_res_row + offs, mask=mask, other=0.0)
+    return input_of(x, r, res_ptr, h_ptr, row, N, offs, mask, STORE_H)
+
+
+@triton.jit
+def input_of(x, r, res_ptr, h_ptr, row, N, offs, mask, STORE_H: tl.constexpr):
+    """The norm's input from a chunk of x and of the residual ``r`` as loaded (any float dtype): fp32 x,
+    or round(x + r) to h's dtype (stored when STORE_H); the arithmetic of :func:`load_input_chunk`, which
+    the team kernels (``_wide``) apply to chunks they loaded a row ahead."""
+    x = x.to(tl.float32)
+    if res_ptr is not None:
+        x = round_to(x + r.to(tl.float32), h_ptr.dtype.element_ty)
         if STORE_H:
             tl.store(h_ptr + row * N + offs, x.to(h_ptr.dtype.element_ty), mask=mask)
     return x
@@ -172,6 +183,18 @@ def load_grad_chunk(
 ):
     """Loads one chunk of an upstream-gradient row as fp32 (masked lanes 0)."""
     return tl.load(g_ptr + row * stride_g_row + offs.to(tl.int64) * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_dx(dx, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N, offs, mask):
+    """Adds the gradient of h (fused residual, any strides) to a chunk of dx and stores it (and a second
+    copy, in the residual's dtype, for the residual): the backward kernels of both norms share it."""
+    if dh_ptr is not None:
+        dx += load_grad_chunk(dh_ptr, row, stride_dh_row, stride_dh_col, offs, mask)
+    tl.store(dx_ptr + row * N + offs, round_to(dx, dx_ptr.dtype.element_ty).to(dx_ptr.dtype.element_ty), mask=mask)
+    if dres_ptr is not None:
+        tl.store(dres_ptr + row * N + offs, round_to(dx, dres_ptr.dtype.element_ty).to(dres_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 def grad_rows(g: torch.Tensor, N: int) -> torch.Tensor:

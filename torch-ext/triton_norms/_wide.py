@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import ln_apply, rms_apply, round_to
+from ._common import input_of, ln_apply, rms_apply, round_to, store_dx
 from ._fastlaunch import launch
 from ._rounding import round_dtype
 from ._team import team_gather, team_phases, team_publish, team_split, team_start
@@ -78,17 +78,6 @@ def _load_raw(x_ptr, res_ptr, row, M, N, stride_x_row, stride_res_row, offs):
 
 
 @triton.jit
-def _input(x, r, res_ptr, h_ptr, row, N, offs, mask, STORE_H: tl.constexpr):
-    """fp32 x, or round(x + residual) to h's dtype (stored when STORE_H), as ``_common.load_input_chunk``."""
-    x = x.to(tl.float32)
-    if res_ptr is not None:
-        x = round_to(x + r.to(tl.float32), h_ptr.dtype.element_ty)
-        if STORE_H:
-            tl.store(h_ptr + row * N + offs, x.to(h_ptr.dtype.element_ty), mask=mask)
-    return x
-
-
-@triton.jit
 def _rms_team_fwd_kernel(
     x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, rstd_ptr,  # as rms_norm._rms_norm_fwd_kernel
     ws_ptr,  # int64 (rows * TEAM,) zeros: each member's published sum of squares
@@ -106,7 +95,7 @@ def _rms_team_fwd_kernel(
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
     xr, rr = _load_raw(x_ptr, res_ptr, row, M, N, stride_x_row, stride_res_row, offs)
     while row < M:
-        x = _input(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
+        x = input_of(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
         if PHASE != 2:
             team_publish(ws_ptr + row * TEAM + member, tl.sum(x * x, axis=0))
         nxt = row + TEAMS
@@ -141,7 +130,7 @@ def _ln_team_fwd_kernel(
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
     xr, rr = _load_raw(x_ptr, res_ptr, row, M, N, stride_x_row, stride_res_row, offs)
     while row < M:
-        x = _input(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
+        x = input_of(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
         slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
             s = tl.sum(x, axis=0)
@@ -172,18 +161,6 @@ def _load_grad_raw(dy_ptr, x_ptr, row, M, N, stride_dy_row, stride_dy_col, strid
     dy = tl.load(dy_ptr + row * stride_dy_row + offs.to(tl.int64) * stride_dy_col, mask=live, other=0.0)
     x = tl.load(x_ptr + row * stride_x_row + offs, mask=live, other=0.0)
     return dy, x
-
-
-@triton.jit
-def _store_grad(dx, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N, offs, mask):
-    """Adds the gradient of h (fused residual) and stores dx (and its copy for the residual)."""
-    if dh_ptr is not None:
-        dx += tl.load(dh_ptr + row * stride_dh_row + offs.to(tl.int64) * stride_dh_col, mask=mask,
-                      other=0.0).to(tl.float32)
-    tl.store(dx_ptr + row * N + offs, round_to(dx, dx_ptr.dtype.element_ty).to(dx_ptr.dtype.element_ty), mask=mask)
-    if dres_ptr is not None:
-        tl.store(dres_ptr + row * N + offs, round_to(dx, dres_ptr.dtype.element_ty).to(dres_ptr.dtype.element_ty),
-                 mask=mask)
 
 
 @triton.jit
@@ -231,7 +208,7 @@ def _rms_team_bwd_kernel(
         dyr, xr = _load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
         if PHASE != 1:
             dot = tl.sum(team_gather(slots, k, TEAM, 0.0), axis=0) / N
-            _store_grad((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
+            store_dx((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
                         offs, mask)
             if dw_ptr is not None:
                 dw_acc += dy * round_to(xn, CAST_DTYPE)
@@ -278,7 +255,7 @@ def _ln_team_bwd_kernel(
         if PHASE != 1:
             c1 = tl.sum(team_gather(slots, k, TEAM, 0.0), axis=0) / N
             c2 = tl.sum(team_gather(slots + TEAM, k, TEAM, 0.0), axis=0) / N
-            _store_grad((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
+            store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
                         offs, mask)
             if dw_ptr is not None:
                 dw_acc += dy * xhat

@@ -24,7 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_eps, check_float_tensor, check_inputs, grad_rows, empty_rows, ln_apply, load_grad_chunk, load_input_chunk, round_to, rows_of, rows_view, vector
+from ._common import (
+    check_eps, check_float_tensor, check_inputs, grad_rows, empty_rows, ln_apply, load_grad_chunk, load_input_chunk,
+    round_to, rows_of, rows_view, store_dx, vector,
+)
 from ._exact import ln_exact_forward
 from ._launch import MAX_FUSED_BYTES, num_partial_programs, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
@@ -109,15 +112,6 @@ def _ln_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride
 
 
 @triton.jit
-def _ln_bwd_store_dx(dx, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N, offs, mask):
-    if dh_ptr is not None:
-        dx += load_grad_chunk(dh_ptr, row, stride_dh_row, stride_dh_col, offs, mask)
-    tl.store(dx_ptr + row * N + offs, round_to(dx, dx_ptr.dtype.element_ty).to(dx_ptr.dtype.element_ty), mask=mask)
-    if dres_ptr is not None:
-        tl.store(dres_ptr + row * N + offs, round_to(dx, dres_ptr.dtype.element_ty).to(dres_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _layer_norm_bwd_kernel(
     dy_ptr,  # (M, N) gradient of y, any strides
     x_ptr,  # (M, N) normalised input (h for add_layer_norm), unit column stride
@@ -149,7 +143,7 @@ def _layer_norm_bwd_kernel(
                                        offs, mask, mean, rstd)
             c1 = tl.sum(g * xhat, axis=0) / N
             c2 = tl.sum(g, axis=0) / N
-            _ln_bwd_store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row,
+            store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row,
                              stride_dh_col, N, offs, mask)
             if dw_ptr is not None:
                 dw_acc += dy * xhat
@@ -186,7 +180,7 @@ def _layer_norm_bwd_kernel(
                 mask = offs < N
                 dy, xhat, g = _ln_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row,
                                            offs, mask, mean, rstd)
-                _ln_bwd_store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row,
+                store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row,
                                  stride_dh_col, N, offs, mask)
                 if dw_ptr is not None:
                     p = dw_ptr + part + offs

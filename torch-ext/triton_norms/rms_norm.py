@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    check_float_tensor, check_weight_offset, grad_rows, load_grad_chunk, load_input_chunk,
+    check_float_tensor, check_weight_offset, grad_rows, load_grad_chunk, load_input_chunk, store_dx,
     empty_rows, prepare_rms_args, rms_apply, round_to, rows_of, rows_view, vector,
 )
 from ._exact import rms_exact_forward, rms_exact_plan
@@ -111,16 +111,6 @@ def _rms_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, strid
 
 
 @triton.jit
-def _rms_bwd_store_dx(dx, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N, offs, mask):
-    """Adds the gradient of h (add_rms_norm) and stores dx (and a second copy for the residual)."""
-    if dh_ptr is not None:
-        dx += load_grad_chunk(dh_ptr, row, stride_dh_row, stride_dh_col, offs, mask)
-    tl.store(dx_ptr + row * N + offs, round_to(dx, dx_ptr.dtype.element_ty).to(dx_ptr.dtype.element_ty), mask=mask)
-    if dres_ptr is not None:
-        tl.store(dres_ptr + row * N + offs, round_to(dx, dres_ptr.dtype.element_ty).to(dres_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _rms_norm_bwd_kernel(
     dy_ptr,  # (M, N) gradient of y, any strides
     x_ptr,  # (M, N) normalised input (h for add_rms_norm), unit column stride
@@ -155,7 +145,7 @@ def _rms_norm_bwd_kernel(
             dy, xn, g = _rms_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row,
                                       offs, mask, rstd, weight_offset)
             dot = tl.sum(g * xn, axis=0) / N
-            _rms_bwd_store_dx((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col,
+            store_dx((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col,
                               N, offs, mask)
             if dw_ptr is not None:
                 dw_acc += dy * round_to(xn, CAST_DTYPE)
@@ -189,7 +179,7 @@ def _rms_norm_bwd_kernel(
                 mask = offs < N
                 dy, xn, g = _rms_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row,
                                           offs, mask, rstd, weight_offset)
-                _rms_bwd_store_dx((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row,
+                store_dx((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row,
                                   stride_dh_col, N, offs, mask)
                 if dw_ptr is not None:
                     p = dw_ptr + part + offs

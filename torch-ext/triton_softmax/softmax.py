@@ -66,11 +66,21 @@ def _load_scores(x_ptr, m_ptr, x_row, m_row, stride_x_col, stride_m_col, offs, m
     keep = mask_n
     if CAUSAL:
         keep = keep & (offs <= q)
-    z = tl.load(x_ptr + x_row + cols * stride_x_col, mask=keep, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    x = tl.load(x_ptr + x_row + cols * stride_x_col, mask=keep, other=0.0, eviction_policy=EVICT)
+    m = x
+    if m_ptr is not None:
+        m = tl.load(m_ptr + m_row + cols * stride_m_col, mask=keep, other=0.0, eviction_policy=EVICT)
+    return _scores_of(x, m, m_ptr, keep, scale, SCALED)
+
+
+@triton.jit
+def _scores_of(x, m, m_ptr, keep, scale, SCALED: tl.constexpr):
+    """z = x * scale + m in fp32 from a chunk as loaded (``m`` ignored without a mask), -inf where not ``keep``."""
+    z = x.to(tl.float32)
     if SCALED:
         z = z * scale
     if m_ptr is not None:
-        z = z + tl.load(m_ptr + m_row + cols * stride_m_col, mask=keep, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        z = z + m.to(tl.float32)
     return tl.where(keep, z, float("-inf"))
 
 
@@ -461,12 +471,7 @@ def _team_scores(x, m, m_ptr, offs, mask_n, q, scale, CAUSAL: tl.constexpr, SCAL
     keep = mask_n
     if CAUSAL:
         keep = keep & (offs <= q)
-    z = x.to(tl.float32)
-    if SCALED:
-        z = z * scale
-    if m_ptr is not None:
-        z = z + m.to(tl.float32)
-    return tl.where(keep, z, float("-inf"))
+    return _scores_of(x, m, m_ptr, keep, scale, SCALED)
 
 
 @triton.jit
