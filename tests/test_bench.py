@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import sys
+import time
 import tomllib
 
 import pytest
@@ -118,15 +119,17 @@ def test_every_provider_matches_the_reference(spec, packages, device):
     shape = SMALL[spec.package]
     rows = bench.run_case(spec, shape, packages[spec.package], torch.float32, device, peers=("eager", "aten"),
                           ceilings={"copy_gbps": 1000.0, "matmul_tflops": 500.0}, timer=_fake_timer(0.5),
-                          latency_timer=lambda fn: 7.5)
+                          latency_timer=lambda fn: 7.5, host_timer=lambda fn: 420.0)
     measured = [r for r in rows if "value" in r]
     assert {r["provider"] for r in measured} >= {"ours"}
     assert len(measured) >= 2, rows  # ours and at least one peer
     for r in measured:
         assert r["ok"] is True, r
         assert r["max_err"] < 1e-4, r
+        if spec.mode != "latency":  # 420 us of host time in a 500 us measurement: at least HOST_BOUND of it
+            assert r["host_us"] == 420.0 and r["host_bound"] is True
         if spec.mode == "latency":
-            assert r["value"] == 7.5
+            assert r["value"] == 7.5 and "host_us" not in r
         elif spec.metric == "GB/s":
             assert r["value"] == pytest.approx(spec.work(shape, 4) / 0.5e-3 / 1e9)
             assert r["frac"] == pytest.approx(r["value"] / 1000.0)
@@ -139,7 +142,9 @@ def test_a_wrong_result_is_flagged_and_an_exception_is_a_row(device):
     x = torch.randn(9, 31, device=device)
     wl = Workload({"ours": lambda: x * 1.0, "off": lambda: x * 1.1, "broken": lambda: 1 / 0}, lambda: x.double())
     spec = OpSpec("triton-norms", "fake", "fwd", {"quick": (), "full": ((9, 31),)}, "x", lambda s, e: 100, lambda *a: wl)
-    rows = {r["provider"]: r for r in bench.run_case(spec, (9, 31), None, torch.float32, device, timer=_fake_timer(1.0))}
+    rows = {r["provider"]: r for r in bench.run_case(spec, (9, 31), None, torch.float32, device, timer=_fake_timer(1.0),
+                                                     host_timer=lambda fn: 20.0)}
+    assert rows["ours"]["host_bound"] is False  # 20 us of 1 ms
     assert rows["ours"]["ok"] is True and rows["ours"]["max_err"] == 0.0
     assert rows["off"]["ok"] is False and rows["off"]["max_err"] == pytest.approx(float((x * 0.1).abs().max()), rel=1e-5)
     assert "ZeroDivisionError" in rows["broken"]["error"] and "value" not in rows["broken"]
@@ -189,10 +194,32 @@ def test_report_files(tmp_path):
     assert "| rms_norm | fwd | 32768x4096 | GB/s | 4100 | liger | 4011 | 1.02 |" in md
     assert "| rms_norm | fwd | 4096x65536 | GB/s | 2700 | torch.compile | 2720 | 0.99 **below** |" in md
     assert "1 of 3 shapes at or above the best peer." in md
-    assert "| eager (HF) | 9999 | GB/s |  |  | NO | 3 | x |" in md
+    assert "| eager (HF) | 9999 | GB/s |  |  |  | NO | 3 | x |" in md
     assert "RuntimeError: boom" in md
     png = paths[2].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_host_bound_rows_are_marked(tmp_path):
+    """A row whose host time reaches HOST_BOUND of its measured time is marked in the summary and in the rows."""
+    result = _fake_result()
+    for r in result["rows"]:
+        if r["provider"] == "liger" and r["shape"] == [32768, 4096]:
+            r.update(host_us=900.0, host_bound=True)
+        elif "ms" in r:
+            r.update(host_us=35.0, host_bound=False)
+    result["summary"] = bench.best_peers(result["rows"])
+    md = bench.write_report(result, tmp_path, name="hb", png=False)[1].read_text()
+    assert "| rms_norm | fwd | 32768x4096 | GB/s | 4100 | liger | 4011 | 1.02 (host-bound) |" in md
+    assert "| rms_norm | fwd | 4096x65536 | GB/s | 2700 | torch.compile | 2720 | 0.99 **below** |" in md
+    assert "| 900 (bound) |" in md and "| 35 |" in md and "times the host rather than the kernels" in md
+
+
+def test_host_us_per_call_times_one_call():
+    calls = []
+    fake = lambda: (calls.append(1), time.sleep(0.002))  # noqa: E731
+    us = bench.host_us_per_call(fake, samples=5)
+    assert len(calls) == 6 and 1900 < us < 20000
 
 
 def test_cli_plot_redraws_from_json(tmp_path, capsys):
@@ -228,7 +255,8 @@ def test_run_bench_on_cpu_with_fake_timings(packages, device, tmp_path):
     cases = [(_spec("triton-norms", "rms_norm"), (3, 40)), (_spec("triton-softmax", "softmax"), (4, 33))]
     seen = []
     result = bench.run_bench(["norms", "softmax"], kernels_by_name=packages, device=device, peers=("aten",),
-                             ceilings={"copy_gbps": 100.0}, timer=_fake_timer(2.0), progress=False, dtype="fp32",
+                             ceilings={"copy_gbps": 100.0}, timer=_fake_timer(2.0), host_timer=lambda fn: 1.0,
+                             progress=False, dtype="fp32",
                              cases=cases, on_case=lambda r: seen.append(len(r["rows"])))
     assert seen == [3, 5] and [c[0] for c in result["case_seconds"]] == ["norms rms_norm fwd 3x40", "softmax softmax fwd 4x33"]
     assert {(s["op"], s["best_peer"]) for s in result["summary"]} == {("rms_norm", "F.rms_norm"), ("softmax", "torch.softmax")}
@@ -336,7 +364,7 @@ def test_compiled_peer_in_backward_only_mode(packages, device):
         pytest.skip("the GPU run covers it")
     for mode in ("fwd+bwd", "bwd"):  # as in the sweep: dynamo reuses the fwd+bwd case's graph for the same code
         rows = bench.run_case(_spec("triton-norms", "rms_norm", mode), (4, 24), packages["triton-norms"], torch.float32, device,
-                              peers=("compile",), timer=_fake_timer(1.0))
+                              peers=("compile",), timer=_fake_timer(1.0), host_timer=lambda fn: 1.0)
         row = next(r for r in rows if r["provider"] == "torch.compile")
         assert row.get("ok") is True and "error" not in row, row
 

@@ -14,6 +14,11 @@ bandwidth measured in the same run (``b.copy_(a)`` on 2 GiB); matmuls report TFL
 fraction of ``torch.matmul`` at 8192³ in the same dtype; ``latency`` rows are wall time per call
 from Python (a loop, one sync). Results: ``bench_<date>.json``, ``.md`` and ``.png`` in ``--out``.
 
+Every timed row also gets ``host_us``: the wall time of one call on an idle GPU, i.e. what the host
+spends in Python, allocations and launches before the call returns. do_bench's events bracket that
+host time too, so where ``host_us`` reaches ``HOST_BOUND`` of the measured time the row measures the
+host, not the kernels (``host_bound``; marked in the report), and moves with the host's load.
+
 The packages are built from this checkout, installed into a private Hugging Face cache and loaded
 by Hub name, as users load them.
 """
@@ -45,6 +50,7 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 PEERS = ("eager", "aten", "compile", "liger")
+HOST_BOUND = 0.8  # host_us / measured time at or above which a row is marked host-bound
 COPY_BYTES = 2 * 1024**3  # per buffer: far above any L2
 
 
@@ -127,6 +133,20 @@ def wall_us_per_call(fn: Callable[[], Any], *, calls: int = 200, repeats: int = 
     return statistics.median(samples)
 
 
+def host_us_per_call(fn: Callable[[], Any], *, samples: int = 15) -> float:
+    """Median wall time (µs) of one call of ``fn`` started on an idle GPU (a sync before each): the host's
+    part of the call (Python, allocations, launches), which do_bench's events bracket as well."""
+    fn()
+    times = []
+    for _ in range(samples):
+        _sync()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6)
+    _sync()
+    return statistics.median(times)
+
+
 def measure_ceilings(dtype_name: str = "bfloat16", *, matmul: bool = True, timer=do_bench_median) -> dict:
     """Device copy GB/s (bytes read + written) and ``torch.matmul`` 8192³ TFLOP/s in ``dtype_name``."""
     import torch
@@ -160,7 +180,8 @@ def _compare(got, ref, rtol: float, atol: float) -> tuple[bool, float]:
 
 
 def run_case(spec: OpSpec, shape, kernel, dtype, device: str, *, peers=PEERS, ceilings: dict | None = None,
-             timer=do_bench_median, latency_timer=wall_us_per_call, warmup: int = 25, rep: int = 100) -> list[dict]:
+             timer=do_bench_median, latency_timer=wall_us_per_call, host_timer=host_us_per_call, warmup: int = 25,
+             rep: int = 100) -> list[dict]:
     """Check and time every provider of one (spec, shape); one row per provider (errors are rows too)."""
     import torch
 
@@ -191,6 +212,8 @@ def run_case(spec: OpSpec, shape, kernel, dtype, device: str, *, peers=PEERS, ce
             else:
                 ms = timer(fn, warmup=warmup, rep=rep)
                 row["ms"] = ms
+                row["host_us"] = host_timer(fn)
+                row["host_bound"] = row["host_us"] >= HOST_BOUND * ms * 1e3
                 if spec.metric == "TFLOP/s":
                     row["value"] = work / (ms * 1e-3) / 1e12
                     if ceilings.get("matmul_tflops"):
@@ -207,7 +230,8 @@ def run_case(spec: OpSpec, shape, kernel, dtype, device: str, *, peers=PEERS, ce
 
 def run_bench(packages: list[str], *, shapes: str = "quick", dtype: str = "bf16", peers=PEERS, kernels_by_name=None,
               device: str = "cuda", ceilings: dict | None = None, progress: bool = True, warmup: int = 25, rep: int = 100,
-              timer=do_bench_median, latency_timer=wall_us_per_call, on_case: Callable[[dict], Any] | None = None,
+              timer=do_bench_median, latency_timer=wall_us_per_call, host_timer=host_us_per_call,
+              on_case: Callable[[dict], Any] | None = None,
               cases: list[tuple[OpSpec, tuple]] | None = None) -> dict:
     """Run the sweep; returns ``{"env", "ceilings", "rows", "summary", "case_seconds"}`` (see :func:`write_report`).
 
@@ -236,7 +260,8 @@ def run_bench(packages: list[str], *, shapes: str = "quick", dtype: str = "bf16"
         bar.set_postfix_str(label)
         start = time.perf_counter()
         result["rows"] += run_case(spec, shape, kernels_by_name[spec.package], tdtype, device, peers=peers, ceilings=ceilings,
-                                   timer=timer, latency_timer=latency_timer, warmup=warmup, rep=rep)
+                                   timer=timer, latency_timer=latency_timer, host_timer=host_timer, warmup=warmup,
+                                   rep=rep)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         result["case_seconds"].append([label, round(time.perf_counter() - start, 2)])
@@ -267,7 +292,8 @@ def best_peers(rows: list[dict]) -> list[dict]:
         ratio = best["value"] / ours["value"] if lower_better else ours["value"] / best["value"]
         out.append({"package": pkg, "op": op, "mode": mode, "shape": list(shape), "metric": rs[0]["metric"],
                     "ours": ours["value"], "best_peer": best["provider"], "best_peer_value": best["value"],
-                    "ratio": ratio, "at_or_above": ratio >= 1.0})
+                    "ratio": ratio, "at_or_above": ratio >= 1.0,
+                    "host_bound": bool(ours.get("host_bound") or best.get("host_bound"))})
     return out
 
 
@@ -288,17 +314,21 @@ def _markdown(result: dict, title: str) -> str:
         lines += ["## Ours vs the best peer", "", "| op | mode | shape | metric | ours | best peer | peer | ours/peer |",
                   "|---|---|---|---|---|---|---|---|"]
         for s in summary:
-            mark = "" if s["at_or_above"] else " **below**"
+            mark = ("" if s["at_or_above"] else " **below**") + (" (host-bound)" if s.get("host_bound") else "")
             digits = 1 if s["metric"] == "us/call" else 0
             lines.append(f"| {s['op']} | {s['mode']} | {'x'.join(map(str, s['shape']))} | {s['metric']} | {_fmt(s['ours'], digits)} | "
                          f"{s['best_peer']} | {_fmt(s['best_peer_value'], digits)} | {s['ratio']:.2f}{mark} |")
         below = [s for s in summary if not s["at_or_above"]]
         lines += ["", f"{len(summary) - len(below)} of {len(summary)} shapes at or above the best peer." if summary else ""]
+        if any(s.get("host_bound") for s in summary):
+            lines += ["", f"(host-bound): ours or the peer spent at least {HOST_BOUND:.0%} of its measured time on the host "
+                      "(column `host µs`: one call's Python, allocations and launches on an idle GPU), so that row "
+                      "times the host rather than the kernels and moves with the host's load."]
         if result.get("notes"):
             lines += ["", "Where a peer is faster, why (from the run's analysis):", ""] + [f"- {n}" for n in result["notes"]]
         lines.append("")
-    lines += ["## All rows", "", "| package | op | mode | shape | provider | value | metric | % of ceiling | ms | ok | max err | count / error |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["## All rows", "", "| package | op | mode | shape | provider | value | metric | % of ceiling | ms | host µs | ok | "
+              "max err | count / error |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         digits = 1 if r.get("metric") == "us/call" else 0
         frac = _fmt(100 * r["frac"]) + "%" if "frac" in r else ""
@@ -306,7 +336,7 @@ def _markdown(result: dict, title: str) -> str:
         ok = "" if "ok" not in r else ("yes" if r["ok"] else "NO")
         lines.append(f"| {r['package']} | {r['op']} | {r['mode']} | {'x'.join(map(str, r['shape']))} | {r['provider']} | "
                      f"{_fmt(r.get('value'), digits)} | {r.get('metric')} | {frac} | {_fmt(r.get('ms'), 4)} | "
-                     f"{ok} | {err} | "
+                     f"{_fmt(r.get('host_us'))}{' (bound)' if r.get('host_bound') else ''} | {ok} | {err} | "
                      f"{r.get('error') or r.get('count', '')} |")
     return "\n".join(lines) + "\n"
 
