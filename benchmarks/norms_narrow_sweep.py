@@ -24,6 +24,10 @@ ap.add_argument("--cpu", action="store_true")
 ap.add_argument("--burst", action="store_true", help="also time 10 calls back to back (host time overlapped)")
 ap.add_argument("--shapes", default="", help="comma list of MxN (default: 32768x4096,16384x8192,65536x2048)")
 ap.add_argument("--variants", default="", help="comma list of indices into VARIANTS (default: all)")
+ap.add_argument("--bwd-bpt", default="", help="comma list of BYTES_PER_THREAD values: time the one-program "
+                "backwards with each (backward alone, then forward+backward)")
+ap.add_argument("--fwd", default="", help="comma list of BYTES_PER_THREAD values: time the one-program forwards with each "
+                "(warps = block bytes / value / 32) instead of the backwards")
 args = ap.parse_args()
 OUT = prepare(args.out, args.cpu)
 RUN = Sweep(OUT / "narrow.jsonl", args.budget, args.cpu, rep=25, min_left=4, widths=(22, 26, 12, 8, 6))
@@ -67,6 +71,117 @@ except Exception as e:  # noqa: BLE001
 if DEV == "cuda":
     RUN.copy_ceiling()
 table = []
+
+
+def set_bytes_per_thread(value):
+    """The one-program kernels' warp rule (``_launch.BYTES_PER_THREAD``), with every cached launch setting cleared."""
+    launch_mod = sys.modules[nm.__name__ + "._launch"]
+    launch_mod.BYTES_PER_THREAD = value
+    launch_mod.pick_config.cache_clear()
+    for name in ("rms_norm", "layer_norm"):
+        mod = sys.modules[nm.__name__ + "." + name]
+        mod._fwd_meta.cache_clear()
+        getattr(mod, "_INFER_PLANS", {}).clear()
+
+
+def time_forwards(values):
+    """Forward (inference) of rms_norm / layer_norm / add_rms_norm per warp rule, interleaved rounds, Liger and compile."""
+    launch_mod = sys.modules[nm.__name__ + "._launch"]
+    default = launch_mod.BYTES_PER_THREAD
+    for kind in ("rms_norm", "layer_norm"):
+        for M, N in SHAPES:
+            x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+            w = (torch.rand(N, device=DEV) + 0.5).to(torch.bfloat16)
+            b = torch.randn(N, device=DEV, dtype=torch.bfloat16)
+            ours = (lambda: nm.rms_norm(x, w, eps=1e-6)) if kind == "rms_norm" else (lambda: nm.layer_norm(x, w, b))
+            cands = {f"bytes/thread {v}": v for v in values}
+            cands["torch.compile"] = torch.compile((lambda a, c, d: F.rms_norm(a, (N,), c, 1e-6)) if kind == "rms_norm"
+                                                   else (lambda a, c, d: F.layer_norm(a, (N,), c, d)))
+            if kind in liger:
+                cands["liger"] = liger[kind]
+            ref = ours()
+            times = {k: [] for k in cands}
+            for r in range(args.rounds):
+                for k, c in cands.items():
+                    if RUN.left() < 5:
+                        break
+                    if isinstance(c, int):
+                        set_bytes_per_thread(c)
+                        fn = ours
+                        out = fn()
+                        if not torch.equal(out, ref):  # the warp count never changes a row's arithmetic order here
+                            RUN.log("note: output differs from the default setting", kind, k)
+                    else:
+                        fn = (lambda c=c: c(x, w, b))
+                    with torch.no_grad():
+                        ms = RUN.bench(fn)
+                    times[k].append(ms)
+                    RUN.record(kind="sample", op=kind, shape=f"{M}x{N}", variant=k, mode="fwd", round=r, us=ms * 1e3)
+            set_bytes_per_thread(default)
+            for k, ms in times.items():
+                if ms:
+                    nb = 2 * M * N * 2
+                    med = statistics.median(ms)
+                    row = dict(kind="time", op=kind, mode="fwd", shape=f"{M}x{N}", variant=k, us_median=med * 1e3,
+                               gbps_median=nb / med / 1e6, gbps_best=nb / min(ms) / 1e6, rounds=len(ms))
+                    RUN.record(**row)
+                    RUN.log(f"{kind:10s} fwd {M}x{N:<6d} {k:24s} median {row['gbps_median']:6.0f} GB/s "
+                            f"best {row['gbps_best']:6.0f} ({len(ms)} rounds)")
+
+
+def time_backwards(values):
+    """Backward alone and forward+backward of rms_norm / layer_norm per warp rule (one-program kernels), rounds."""
+    launch_mod = sys.modules[nm.__name__ + "._launch"]
+    default = launch_mod.BYTES_PER_THREAD
+    for kind in ("rms_norm", "layer_norm"):
+        for M, N in SHAPES:
+            x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            w = (torch.rand(N, device=DEV) + 0.5).to(torch.bfloat16).requires_grad_()
+            b = torch.zeros(N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+            ins = (x, w) if kind == "rms_norm" else (x, w, b)
+            f = (lambda: nm.rms_norm(x, w, eps=1e-6, cast_dtype=x.dtype)) if kind == "rms_norm" \
+                else (lambda: nm.layer_norm(x, w, b))
+            y = f()
+            ref = torch.autograd.grad(y, ins, dy, retain_graph=True)
+            times = {}
+            for r in range(args.rounds):
+                for v in values:
+                    if RUN.left() < 5:
+                        break
+                    set_bytes_per_thread(v)
+                    if r == 0:
+                        g = torch.autograd.grad(y, ins, dy, retain_graph=True)
+                        if not all(float((a.float() - c.float()).abs().max()) <= 2 ** -5 * float(c.float().abs().max())
+                                   + 1e-3 for a, c in zip(g, ref)):
+                            RUN.log("MISMATCH", kind, M, N, v)
+
+                    def fb():
+                        for t in ins:
+                            t.grad = None
+                        f().backward(dy)
+                    for mode, fn in (("bwd", lambda: torch.autograd.grad(y, ins, dy, retain_graph=True)), ("fwdbwd", fb)):
+                        ms = RUN.bench(fn)
+                        times.setdefault((mode, v), []).append(ms)
+                        RUN.record(kind="sample", op=kind, shape=f"{M}x{N}", variant=f"bytes/thread {v}", mode=mode,
+                                   round=r, us=ms * 1e3)
+            set_bytes_per_thread(default)
+            for (mode, v), ms in times.items():
+                nb = (3 if mode == "bwd" else 5) * M * N * 2
+                med = statistics.median(ms)
+                RUN.record(kind="time", op=kind, mode=mode, shape=f"{M}x{N}", variant=f"bytes/thread {v}",
+                           us_median=med * 1e3, gbps_median=nb / med / 1e6, rounds=len(ms))
+                RUN.log(f"{kind:10s} {mode:6s} {M}x{N:<6d} bytes/thread {v:<4d} median {nb / med / 1e6:6.0f} GB/s "
+                        f"{[round(t * 1e3) for t in ms]}")
+
+
+if args.fwd or args.bwd_bpt:
+    if args.fwd:
+        time_forwards([int(v) for v in args.fwd.split(",")])
+    if args.bwd_bpt:
+        time_backwards([int(v) for v in args.bwd_bpt.split(",")])
+    RUN.log("done")
+    sys.exit(0)
 for kind in ("rms_norm", "layer_norm"):
     for M, N in SHAPES:
         if RUN.left() < 20:

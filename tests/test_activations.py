@@ -402,6 +402,10 @@ def test_case10_config_picker_respects_warp_size(activations, warp_size):
         cfg = activations.pick_config(n, 2, warp_size, m)
         assert cfg.rows * cfg.block_n <= max(cfg.num_warps * warp_size, 32), (n, m, cfg)
     assert activations.pick_config(14336, 2, warp_size, 16).column_blocks > 1  # 2-D grid for wide rows
+    # full tiles: one 16-byte vector per thread and operand, at most `threads` threads
+    assert activations.pick_config(14336, 2, 32, 16384).num_warps == 4  # 2 KiB over 128 threads
+    assert activations.pick_config(14336, 2, 32, 16384, 1024).num_warps == 2  # the gated forwards' 1 KiB tiles
+    assert activations.pick_config(14336, 2, 32, 16384, threads=64).num_warps == 2  # the plain forwards
     with pytest.raises(ValueError, match="M must be"):
         activations.pick_config(128, 2, warp_size, 0)
     with pytest.raises(ValueError, match="warp_size"):

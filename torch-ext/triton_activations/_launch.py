@@ -8,11 +8,17 @@ stacked ``ROWS`` to a tile. (A one-axis grid in row-major tile order, where prog
 one after another read neighbouring memory, ran 4.7% faster with trivial math but 3% slower
 with the exact silu / gelu_tanh math on the H200: ``benchmarks/NOTES.md``.)
 
-A tile holds ``TILE_BYTES`` of each operand (forward) or ``BWD_TILE_BYTES`` (backward) over
-128 threads: on an H200 (16384 x 2*14336 bf16, ``benchmarks/NOTES.md``) one row x 1024 bf16
-forward (4078 GB/s silu, 3858 gelu_tanh; 2 rows x 1024: 3914 / 3660) and one row x 2048
-backward (4124 / 4152) ran fastest: the math (libdevice exp/tanh, IEEE division) then overlaps
-the memory traffic. Narrow rows are stacked to fill a tile; inputs too small to fill the GPU get smaller tiles
+A tile holds ``GATED_TILE_BYTES`` of each operand (forward of the ``*_and_mul`` ops on rows of at most
+``GATED_NARROW_ROW_BYTES``), ``TILE_BYTES`` (forward of the other ``*_and_mul`` rows, and of the plain
+ops over ``PLAIN_THREADS`` threads) or ``BWD_TILE_BYTES`` (backward), at most
+``THREADS`` threads and one 16-byte vector per thread and operand otherwise. On an H200 (bf16,
+``benchmarks/NOTES.md``): at 16384 x 2*14336 one row x 1024 bf16 forward (4078 GB/s silu, 3858
+gelu_tanh; 2 rows x 1024: 3914 / 3660) and one row x 2048 backward (4124 / 4152) ran fastest; on
+2026-12-01, 512-wide gated tiles (2 warps) ran 65536 x 2*1536 at 4009 GB/s against 2905 with
+1024-wide tiles (16384 x 2*1536: 3532 / 2649, gelu_tanh 3812 / 3286), 16384 x 2*14336 as fast and
+8192 x 2*11008 2.6% slower (hence the narrow-row bound), and the plain gelu / gelu_tanh ran at 2996 /
+3348 GB/s with 2 warps per 2 KiB tile against 2783 / 3225 with 4 (silu unchanged): the math
+(libdevice exp/tanh/erf, IEEE division) then overlaps the memory traffic. Narrow rows are stacked to fill a tile; inputs too small to fill the GPU get smaller tiles
 and one element per thread (a tiny kernel's time is one thread's chain of exp / division: with
 8 elements per thread, 5 x 96 bf16 silu_and_mul ran 2.5 us against the CUDA fixture's 1.2). Threads per program are capped so
 that ``num_warps * warp_size <= 1024``, the hardware limit on both NVIDIA (32-lane warps) and
@@ -29,11 +35,15 @@ import triton
 
 from ._device import MAX_THREADS_PER_PROGRAM, check_config_args
 
-# Bytes of one operand one program handles: forward, backward.
+# Bytes of one operand one program handles: forward of the gated ops on rows of at most
+# GATED_NARROW_ROW_BYTES of an operand (wider rows: TILE_BYTES), forward of the plain ops; backward.
+GATED_TILE_BYTES = 1024
+GATED_NARROW_ROW_BYTES = 4096
 TILE_BYTES = 2048
 BWD_TILE_BYTES = 4096
-# Threads per program (fewer for tiles under 16 bytes of an operand per thread).
+# Threads per program (fewer for tiles under 16 bytes of an operand per thread); the plain forwards'.
 THREADS = 128
+PLAIN_THREADS = 64
 # Inputs too small to give MIN_PROGRAMS programs (4 per multiprocessor of an H100/H200) get
 # smaller tiles, down to MIN_TILE_BYTES of an operand (port-check: 67 x 5003 bf16 ran at 0.64-0.92
 # of a one-block-per-row CUDA kernel with full tiles).
@@ -58,7 +68,7 @@ class LaunchConfig:
 
 @functools.lru_cache(maxsize=4096)
 def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile_bytes: int = TILE_BYTES,
-                fill_gpu: bool = True) -> LaunchConfig:
+                fill_gpu: bool = True, threads: int = THREADS) -> LaunchConfig:
     """Picks the tile (ROWS x BLOCK_N), warps and grid for ``M`` rows of ``N`` output columns.
 
     Args:
@@ -69,6 +79,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
         tile_bytes: bytes of an operand per program (TILE_BYTES forward, BWD_TILE_BYTES backward).
         fill_gpu: shrink the tiles of small inputs to give MIN_PROGRAMS programs (not under the
             interpreter, which runs programs one after another).
+        threads: most threads per program of a full-size tile (THREADS; PLAIN_THREADS for the plain forwards).
 
     Raises:
         ValueError: for N < 1, M < 1, element_size < 1 or a warp_size that is not a
@@ -95,7 +106,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
         # 16-byte vector
         threads = min(MAX_THREADS_PER_PROGRAM, max(rows * block // SMALL_ELEMS, 1))
     else:
-        threads = min(THREADS, max(rows * block * element_size // 16, 1))
+        threads = min(threads, max(rows * block * element_size // 16, 1))
     num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
     return LaunchConfig(block_n=block, rows=rows, num_warps=num_warps, column_blocks=triton.cdiv(N, block),
