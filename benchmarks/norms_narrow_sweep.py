@@ -14,7 +14,7 @@ import argparse
 import statistics
 import sys
 
-from sweep_common import Sweep, load_packages, prepare
+from sweep_common import Sweep, load_packages, norm_grad_inputs, prepare
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
@@ -135,11 +135,7 @@ def time_backwards(values):
     default = launch_mod.BYTES_PER_THREAD
     for kind in ("rms_norm", "layer_norm"):
         for M, N in SHAPES:
-            x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-            w = (torch.rand(N, device=DEV) + 0.5).to(torch.bfloat16).requires_grad_()
-            b = torch.zeros(N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-            dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
-            ins = (x, w) if kind == "rms_norm" else (x, w, b)
+            x, w, b, dy, ins = norm_grad_inputs(kind, M, N, DEV)
             f = (lambda: nm.rms_norm(x, w, eps=1e-6, cast_dtype=x.dtype)) if kind == "rms_norm" \
                 else (lambda: nm.layer_norm(x, w, b))
             y = f()
@@ -186,11 +182,7 @@ for kind in ("rms_norm", "layer_norm"):
     for M, N in SHAPES:
         if RUN.left() < 20:
             break
-        x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-        w = (torch.rand(N, device=DEV) + 0.5).to(torch.bfloat16).requires_grad_()
-        b = torch.zeros(N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-        dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
-        ins = (x, w) if kind == "rms_norm" else (x, w, b)
+        x, w, b, dy, ins = norm_grad_inputs(kind, M, N, DEV)
         ours = (lambda a, c, d: nm.rms_norm(a, c, eps=1e-6, cast_dtype=a.dtype)) if kind == "rms_norm" \
             else (lambda a, c, d: nm.layer_norm(a, c, d))
         g_ref = torch.autograd.grad(ours(x, w, b), ins, dy)

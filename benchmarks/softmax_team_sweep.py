@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from sweep_common import Sweep, capture_cuda_graph, ce_ref, load_liger, load_packages, prepare, ulp_diff
+from sweep_common import (Sweep, capture_cuda_graph, ce_ref, load_liger, load_packages, norm_grad_inputs, prepare,
+                          ulp_diff)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
@@ -403,11 +404,7 @@ def time_norms_bwd():
                        if DEV == "cuda" else [("rms_norm", 4, 32771)]):
         if left() < 6:
             return
-        x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-        w = (torch.rand(N, device=DEV) + 0.5).to(torch.bfloat16).requires_grad_()
-        b = torch.zeros(N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-        dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
-        ins = (x, w) if kind == "rms_norm" else (x, w, b)
+        x, w, b, dy, ins = norm_grad_inputs(kind, M, N, DEV)
         f = (lambda: nm.rms_norm(x, w, eps=1e-6, cast_dtype=x.dtype)) if kind == "rms_norm" \
             else (lambda: nm.layer_norm(x, w, b))
         shape = f"{M}x{N}"

@@ -194,3 +194,15 @@ def ce_ref(x, t, **kw):
     if red == "none":
         return loss
     return loss.sum() / ((t != ig).sum() if red == "mean" else 1)
+
+
+def norm_grad_inputs(kind: str, M: int, N: int, dev: str):
+    """Fresh bf16 inputs of a norm's backward: ``(x, w, b, dy, ins)`` with x, w, b requiring grad (w in
+    [0.5, 1.5), b zeros) and ``ins`` the tensors a gradient is taken for ((x, w), or (x, w, b) for layer_norm)."""
+    import torch
+
+    x = torch.randn(M, N, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.rand(N, device=dev) + 0.5).to(torch.bfloat16).requires_grad_()
+    b = torch.zeros(N, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+    return x, w, b, dy, ((x, w) if kind == "rms_norm" else (x, w, b))

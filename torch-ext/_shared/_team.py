@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import MAX_THREADS_PER_PROGRAM, device_warp_size, launch_options
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, device_warp_size, launch_options, next_power_of_2
 
 # Streaming multiprocessors assumed for a CPU tensor (the interpreter), so that CPU tests split rows too.
 CPU_SMS = 8
@@ -123,7 +123,7 @@ class TeamPlan:
         options = launch_options(kernel)
         if _nvidia(device):
             options["maxnreg"] = self.maxnreg
-        return tuple({**constexprs, "BLOCK_N": self.block_n, "TEAM_P2": max(triton.next_power_of_2(self.team),
+        return tuple({**constexprs, "BLOCK_N": self.block_n, "TEAM_P2": max(next_power_of_2(self.team),
                       TEAM_P2_MIN), "PHASE": phase, "num_warps": self.num_warps, **options}.items())
 
 
@@ -138,8 +138,8 @@ def team_split(N: int, elem: int, rows: int, device: torch.device, tuned: Option
     """
     if tuned is None or (device.type == "cpu" and not on_cpu) or N * elem < tuned["min_row_bytes"]:
         return None
-    block = triton.next_power_of_2(max(tuned["chunk_bytes"] // elem, 1))
-    team = triton.cdiv(N, block)
+    block = next_power_of_2(max(tuned["chunk_bytes"] // elem, 1))
+    team = cdiv(N, block)
     warps = max(min(tuned["num_warps"], MAX_THREADS_PER_PROGRAM // device_warp_size(device)), 1)
     teams = min(rows, sm_count(device) * programs_per_sm(device, warps, tuned) // team)
     if teams < 1 or rows * team >= 2**31:

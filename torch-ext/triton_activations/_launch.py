@@ -31,9 +31,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
-from ._device import MAX_THREADS_PER_PROGRAM, check_config_args
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, next_power_of_2
 
 # Bytes of one operand one program handles: forward of the gated ops on rows of at most
 # GATED_NARROW_ROW_BYTES of an operand (wider rows: TILE_BYTES), forward of the plain ops; backward.
@@ -89,27 +88,27 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
     if M < 1:
         raise ValueError(f"M must be >= 1, got {M}")
     tile = max(tile_bytes // element_size, 1)
-    block = min(triton.next_power_of_2(N), tile)
+    block = min(next_power_of_2(N), tile)
     # keep the second grid axis within CUDA's gridDim.y limit for absurdly wide rows
-    block = max(block, triton.next_power_of_2(triton.cdiv(N, MAX_GRID_Y)))
-    rows = min(max(tile // block, 1), triton.next_power_of_2(M))
+    block = max(block, next_power_of_2(cdiv(N, MAX_GRID_Y)))
+    rows = min(max(tile // block, 1), next_power_of_2(M))
     # small inputs: smaller tiles, so that the work spreads over the GPU's multiprocessors
-    while fill_gpu and triton.cdiv(M, rows) * triton.cdiv(N, block) < MIN_PROGRAMS \
+    while fill_gpu and cdiv(M, rows) * cdiv(N, block) < MIN_PROGRAMS \
             and rows * block * element_size > MIN_TILE_BYTES:
         if rows > 1:
             rows //= 2
         else:
             block //= 2
-    if fill_gpu and triton.cdiv(M, rows) * triton.cdiv(N, block) < MIN_PROGRAMS:
+    if fill_gpu and cdiv(M, rows) * cdiv(N, block) < MIN_PROGRAMS:
         # still too few programs (a few thousand elements): the kernel's time is one thread's chain
         # of dependent math (exp, division), so each thread takes SMALL_ELEMS elements, not a
         # 16-byte vector
         threads = min(MAX_THREADS_PER_PROGRAM, max(rows * block // SMALL_ELEMS, 1))
     else:
         threads = min(threads, max(rows * block * element_size // 16, 1))
-    num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
+    num_warps = next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
-    return LaunchConfig(block_n=block, rows=rows, num_warps=num_warps, column_blocks=triton.cdiv(N, block),
-                        row_blocks=triton.cdiv(M, rows))
+    return LaunchConfig(block_n=block, rows=rows, num_warps=num_warps, column_blocks=cdiv(N, block),
+                        row_blocks=cdiv(M, rows))
 
 

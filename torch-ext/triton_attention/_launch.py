@@ -16,9 +16,8 @@ import functools
 from dataclasses import dataclass, replace
 
 import torch
-import triton
 
-from ._device import MAX_THREADS_PER_PROGRAM, check_warp_size, device_warp_size
+from ._device import MAX_THREADS_PER_PROGRAM, check_warp_size, device_warp_size, next_power_of_2
 
 
 
@@ -95,4 +94,4 @@ def bwd_config_for(t: torch.Tensor, head_dim: int, interpret: bool) -> BwdConfig
 
 def padded_head_dim(d: int) -> int:
     """Head dim rounded up to a power of two, at least 16 (the smallest ``tl.dot`` operand)."""
-    return max(16, triton.next_power_of_2(d))
+    return max(16, next_power_of_2(d))

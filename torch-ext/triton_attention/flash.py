@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import check_launch_device, is_interpreter
+from ._device import cdiv, check_launch_device, is_interpreter, next_power_of_2
 from ._dispatch import call_op
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
 from ._ops import add_op_namespace_prefix
@@ -723,7 +723,7 @@ def _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, cfg, interp, cv, sv, cs, ss
     descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bs, D])
              for t, bs in ((qv, BM), (kv, BN), (vv, BN), (o, BM))]
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    _attn_fwd_tma_kernel[(triton.cdiv(Sq, BM), H, B)](
+    _attn_fwd_tma_kernel[(cdiv(Sq, BM), H, B)](
         *descs, lse, qv, cv, sv, *qv.stride(), *cs, *ss, Sq, Sk, H // Hk, scale * LOG2E,
         D=D, CAUSAL=causal, ROPE=rope, BLOCK_M=BM, BLOCK_N=BN,
         WS=bool(TMA_WS if ws is None else ws), REVERSE=TMA_REVERSE and causal, **extra,
@@ -747,9 +747,9 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
     if cfg is None:
         cfg = fwd_config_for(q, max(BD, BDV), interp, masked=mask is not None)
         if Sq < cfg.block_m:  # short queries (decode, small images): no idle rows in the tile
-            cfg = FwdConfig(max(16, triton.next_power_of_2(Sq)), cfg.block_n, min(cfg.num_warps, 4), cfg.num_stages)
+            cfg = FwdConfig(max(16, next_power_of_2(Sq)), cfg.block_n, min(cfg.num_warps, 4), cfg.num_stages)
     m, ms, kind = _mask_view(mask, B, H, Sq, Sk, qv)
-    grid = (triton.cdiv(Sq, cfg.block_m), H, B)
+    grid = (cdiv(Sq, cfg.block_m), H, B)
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if rope:
         cv, sv = _bhsd(_as4(cos).expand(q.shape), bshd), _bhsd(_as4(sin).expand(q.shape), bshd)
@@ -793,7 +793,7 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     delta = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     block_delta = 16 if interp else 64
-    _bwd_delta_kernel[(triton.cdiv(Sq, block_delta), H, B)](
+    _bwd_delta_kernel[(cdiv(Sq, block_delta), H, B)](
         ov, dov, delta, *ov.stride(), *dov.stride(), Sq, DV, BLOCK_M=block_delta, BLOCK_DV=BDV,
         **({} if interp else {"num_warps": 4}),
     )
@@ -801,12 +801,12 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
             and _tma_ok(dov) and D == DV and D == BD:
         tcfg = BwdConfig(16, 16, 16, 16, 1, 1) if interp else cfg
         dsc = lambda t, bs: TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bs, D])  # noqa: E731
-        _attn_bwd_dkdv_tma_kernel[(triton.cdiv(Sk, tcfg.block_n1), Hk, B)](
+        _attn_bwd_dkdv_tma_kernel[(cdiv(Sk, tcfg.block_n1), Hk, B)](
             dsc(qv, tcfg.block_m1), dsc(kv, tcfg.block_n1), dsc(vv, tcfg.block_n1), dsc(dov, tcfg.block_m1),
             lse, delta, dk, dv, *dk.stride(), *dv.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale,
             D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m1, BLOCK_N=tcfg.block_n1, **extra,
         )
-        _attn_bwd_dq_tma_kernel[(triton.cdiv(Sq, tcfg.block_m2), H, B)](
+        _attn_bwd_dq_tma_kernel[(cdiv(Sq, tcfg.block_m2), H, B)](
             dsc(qv, tcfg.block_m2), dsc(kv, tcfg.block_n2), dsc(vv, tcfg.block_n2), dsc(dov, tcfg.block_m2),
             lse, delta, dq, *dq.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale,
             D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m2, BLOCK_N=tcfg.block_n2, **extra,
@@ -814,13 +814,13 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
         return back(dq), back(dk), back(dv), ds
     common = dict(MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype), F32=interp and q.dtype == torch.bfloat16,
                   BLOCK_D=BD, BLOCK_DV=BDV, **extra)
-    _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, cfg.block_n1), Hk, B)](
+    _attn_bwd_dkdv_kernel[(cdiv(Sk, cfg.block_n1), Hk, B)](
         qv, kv, vv, m, dov, lse, delta, dk, dv,
         *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dk.stride(), *dv.stride(),
         H, Sq, Sk, H // Hk, scale * LOG2E, scale, D, DV,
         BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, **common,
     )
-    _attn_bwd_dq_kernel[(triton.cdiv(Sq, cfg.block_m2), H, B)](
+    _attn_bwd_dq_kernel[(cdiv(Sq, cfg.block_m2), H, B)](
         qv, kv, vv, m, dov, lse, delta, dq, ds,
         *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dq.stride(),
         H, Sq, Sk, H // Hk, scale * LOG2E, scale, D, DV,

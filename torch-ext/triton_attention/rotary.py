@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import check_launch_device, is_interpreter, launch_options
+from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
 from ._dispatch import call_op, inference
 from ._fastlaunch import Launch, PlanCache, meta_items
 from ._ops import add_op_namespace_prefix
@@ -195,7 +195,7 @@ def _rope_plan(x: Tensor, cos: Tensor, sin: Tensor, out_dtype: torch.dtype, inte
     c4, s4 = _as4(cos).expand(x4.shape), _as4(sin).expand(x4.shape)
     R0, R1, R2, D = x4.shape
     n_rows = R0 * R1 * R2
-    BLOCK_H = triton.next_power_of_2(D // 2)
+    BLOCK_H = next_power_of_2(D // 2)
     BLOCK_R = max(1, min(64, ROPE_TILE // (2 * BLOCK_H)))
     interp = is_interpreter(_rope_kernel)
     scalars = (n_rows, R1, R2, *_strides(x4)[:3], x4.stride(3), *_strides(c4)[:3], c4.stride(3),
@@ -204,7 +204,7 @@ def _rope_plan(x: Tensor, cos: Tensor, sin: Tensor, out_dtype: torch.dtype, inte
                       ROWS64=n_rows + BLOCK_R > 2**31 - 1, BLOCK_R=BLOCK_R, BLOCK_H=BLOCK_H,
                       **({} if interp else {"num_warps": 2 if 2 * BLOCK_H <= 1024 else 4}),
                       **launch_options(_rope_kernel))
-    return layout, out_dtype, Launch(_rope_kernel, (triton.cdiv(n_rows, BLOCK_R),), meta, scalars, x.device)
+    return layout, out_dtype, Launch(_rope_kernel, (cdiv(n_rows, BLOCK_R),), meta, scalars, x.device)
 
 
 def _out_dtype(x: Tensor, cos: Tensor, sin: Tensor, fp32_math: bool) -> torch.dtype:

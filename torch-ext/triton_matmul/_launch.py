@@ -51,9 +51,8 @@ from pathlib import Path
 from typing import NamedTuple, Optional, Tuple
 
 import torch
-import triton
 
-from ._device import MAX_THREADS_PER_PROGRAM
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, next_power_of_2
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # the activations a bucket's "epilogue" may name (``matmul``'s ``activation`` argument) -> gated (p * act(g))
@@ -182,7 +181,7 @@ def load_buckets(gpu_name: Optional[str]) -> Tuple[Bucket, ...]:
 
 
 def _clamp_block(block: int, dim: int) -> int:
-    return max(16, min(block, triton.next_power_of_2(max(dim, 1))))
+    return max(16, min(block, next_power_of_2(max(dim, 1))))
 
 
 def lookup(buckets: Tuple[Bucket, ...], M: int, N: int, K: int, gated: bool = False, warp_size: int = 32,
@@ -206,7 +205,7 @@ def lookup(buckets: Tuple[Bucket, ...], M: int, N: int, K: int, gated: bool = Fa
     low_n = 1 if cfg.gemv else 16
     block_n = max(low_n, cfg.block_n // 2) if derive else cfg.block_n
     block_k = max(16, cfg.block_k // 2) if itemsize > 2 else cfg.block_k
-    block_n = max(low_n, min(block_n, triton.next_power_of_2(max(N, 1))))
+    block_n = max(low_n, min(block_n, next_power_of_2(max(N, 1))))
     return MatmulConfig(
         block_m=_clamp_block(cfg.block_m, M),
         block_n=block_n,
@@ -224,7 +223,7 @@ def lookup(buckets: Tuple[Bucket, ...], M: int, N: int, K: int, gated: bool = Fa
         gemv=cfg.gemv,
         stream_k=cfg.stream_k,
         # gated calls run two accumulators per tile instead (see the module docstring)
-        sub_n=1 if gated or EPILOGUES.get(activation, False) else min(cfg.sub_n, triton.cdiv(max(N, 1), block_n)),
+        sub_n=1 if gated or EPILOGUES.get(activation, False) else min(cfg.sub_n, cdiv(max(N, 1), block_n)),
     )
 
 

@@ -64,7 +64,7 @@ import triton.language as tl
 
 from ._dispatch import call_op
 from ._launch import MatmulConfig, config_for, tma_capable
-from ._device import check_launch_device, is_interpreter
+from ._device import cdiv, check_launch_device, is_interpreter, next_power_of_2
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
 
@@ -565,20 +565,20 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
         b_desc = TensorDescriptor(b, [K, b.shape[1]], [b.stride(0), 1], [bk, bn])
     y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn // 2 if subtile else bn])
     sub_n = 1 if gated or cfg.stream_k else cfg.sub_n  # the TMA kernel's tiles: sub_n * bn columns
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, sub_n * bn)
+    tiles = cdiv(M, bm) * cdiv(N, sub_n * bn)
     operands = (a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h)
     meta = dict(GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
                 EPILOGUE_SUBTILE=subtile, UPCAST=interp and a.dtype == torch.bfloat16, FAST_MATH=_fast_math(a, interp),
                 num_warps=cfg.num_warps)
     if cfg.stream_k:
         kernel, name = _matmul_streamk_kernel, "streamk"
-        progs = min(max(1, cfg.persistent) * num_sms, tiles * triton.cdiv(K, bk))
+        progs = min(max(1, cfg.persistent) * num_sms, tiles * cdiv(K, bk))
         nt = 2 * bn if gated else bn
         work = torch.empty((progs, 2, bm, nt), dtype=torch.float32, device=a.device)
         arrivals = torch.zeros((tiles,), dtype=torch.int32, device=a.device)
     else:
         kernel, name = _matmul_tma_kernel, "tma"
-        split = 1 if cfg.persistent else max(1, min(cfg.split_k, triton.cdiv(K, bk)))
+        split = 1 if cfg.persistent else max(1, min(cfg.split_k, cdiv(K, bk)))
         progs = min(cfg.persistent * num_sms, tiles) if cfg.persistent else tiles * split
         ws = bool(cfg.warp_specialize) and not interp
         work = torch.empty((split, M, b.shape[1]), dtype=torch.float32, device=a.device) if split > 1 else None
@@ -601,10 +601,10 @@ def _launch_gemv(a, b, bias, y, h, M, N, K, gated, act, cfg) -> None:
     bn, bk = cfg.block_n, cfg.block_k
     if b.stride(1) == 1 and b.stride(0) != 1 and N > 1:  # (K, N) row-major: contiguous along n
         bn, bk = 64, 32
-    bn = max(1, min(bn, triton.next_power_of_2(N)))
-    bk = max(16, min(bk, triton.next_power_of_2(K)))
-    bm = triton.next_power_of_2(M)
-    grid = (triton.cdiv(N, bn), triton.cdiv(M, bm))
+    bn = max(1, min(bn, next_power_of_2(N)))
+    bk = max(16, min(bk, next_power_of_2(K)))
+    bm = next_power_of_2(M)
+    grid = (cdiv(N, bn), cdiv(M, bm))
     _gemv_kernel[grid](
         a, b, bias.contiguous() if bias is not None else None, y, h,
         M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0), h.stride(0) if h is not None else 0,
@@ -667,7 +667,7 @@ def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: O
         if b_nk is not None:
             _launch_tma(a, b, bias, y, h if save_h else None, M, N, K, gated, act, b_nk, cfg, num_sms, interp)
             return y, h
-    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+    grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
     _launch_fitting(lambda stages: _matmul_fwd_kernel[grid](
         a, b, bias.contiguous() if bias is not None else None, y, h if save_h else None,
         M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0), h.stride(0) if save_h else 0,

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ._common import round_to
 from ._exact_stats import fused_ln_stats_vec, fused_rms_sumsq_vec, mean_sq_torch_order, rowwise_welford
-from ._device import is_interpreter, launch_options
+from ._device import cdiv, is_interpreter, launch_options, next_power_of_2
 from ._fastlaunch import Launch, launch, meta_items
 from ._rounding import round_dtype
 from ._torch_order import (
@@ -160,7 +160,7 @@ def _interp_rows(M: int, kernel, rows: Optional[int]) -> Optional[int]:
     rows are independent, so this changes no result."""
     if rows is not None or not is_interpreter(kernel):
         return rows
-    return min(64, triton.next_power_of_2(M))
+    return min(64, next_power_of_2(M))
 
 
 def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps: Optional[int],
@@ -175,7 +175,7 @@ def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps:
     normalised in chunks (they are re-read from cache anyway). Rows are independent: the
     count per program changes no result.
     """
-    block_n = triton.next_power_of_2(N)
+    block_n = next_power_of_2(N)
     loop = block_n * elem > MAX_ROW_BYTES
     if loop:
         block_n = MAX_ROW_BYTES // elem
@@ -203,13 +203,13 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
         meta.update(mean_constexprs(cfg))
         width = 4 * cfg.bw * cfg.bhr
     elif vectorized:
-        stats, iters, rows_default, width = STATS_VEC, triton.cdiv(N, 4 * LN_VEC_THREADS), 2, 4 * LN_VEC_THREADS
+        stats, iters, rows_default, width = STATS_VEC, cdiv(N, 4 * LN_VEC_THREADS), 2, 4 * LN_VEC_THREADS
     else:
-        stats, iters, rows_default, width = STATS_ROWWISE, triton.cdiv(N, ROWWISE_THREADS), 2, ROWWISE_THREADS
+        stats, iters, rows_default, width = STATS_ROWWISE, cdiv(N, ROWWISE_THREADS), 2, ROWWISE_THREADS
     R, block_n, loop, warps = _tiles(N, elem, rows_default, _interp_rows(M, _rms_exact_fwd_kernel, rows), num_warps,
                                      width)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps)
-    return Launch(_rms_exact_fwd_kernel, (triton.cdiv(M, R),),
+    return Launch(_rms_exact_fwd_kernel, (cdiv(M, R),),
                   meta_items(CAST_DTYPE=round_dtype(cast_dtype), **meta, **launch_options(_rms_exact_fwd_kernel)),
                   (M, N, stride_row, eps, weight_offset, factor), device)
 
@@ -230,13 +230,13 @@ def ln_exact_forward(x2: torch.Tensor, weight, bias, y, mean, rstd, eps: float, 
     """Launches the LayerNorm forward in ``F.layer_norm``'s CUDA order on x2 (M, N)."""
     M, N = x2.shape
     if fused_vectorized(x_orig, N, weight, bias):
-        stats, iters = STATS_VEC, triton.cdiv(N, 4 * LN_VEC_THREADS)
+        stats, iters = STATS_VEC, cdiv(N, 4 * LN_VEC_THREADS)
     else:
-        stats, iters = STATS_ROWWISE, triton.cdiv(N, ROWWISE_THREADS)
+        stats, iters = STATS_ROWWISE, cdiv(N, ROWWISE_THREADS)
     rows = _interp_rows(M, _ln_exact_fwd_kernel, rows)
     width = 4 * LN_VEC_THREADS if stats == STATS_VEC else ROWWISE_THREADS
     R, block_n, loop, warps = _tiles(N, x2.element_size(), 2, rows, num_warps, width)
-    launch(_ln_exact_fwd_kernel, (triton.cdiv(M, R),), (x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), eps),
+    launch(_ln_exact_fwd_kernel, (cdiv(M, R),), (x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), eps),
            meta_items(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters,
                       MEAN_FMA=LN_MEAN_FMA if mean_fma is None else mean_fma,
                       num_warps=warps, **launch_options(_ln_exact_fwd_kernel)), x2.device)

@@ -19,9 +19,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
-from ._device import MAX_THREADS_PER_PROGRAM, check_config_args
+from ._device import MAX_THREADS_PER_PROGRAM, check_config_args, next_power_of_2
 
 # Largest row (in bytes of input) kept in registers in one block.
 MAX_FUSED_BYTES = 65536
@@ -54,12 +53,12 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
             power of two in [1, 1024].
     """
     check_config_args(N, element_size, warp_size)
-    block = triton.next_power_of_2(N)
+    block = next_power_of_2(N)
     loop = block * element_size > MAX_FUSED_BYTES
     if loop:
         block = LOOP_BLOCK_BYTES // element_size
     threads = max(block * element_size // BYTES_PER_THREAD, 1)
-    num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
+    num_warps = next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
     return LaunchConfig(block_n=block, num_warps=num_warps, loop=loop)
 

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_float_tensor
-from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
+from ._device import cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
@@ -66,7 +66,7 @@ def _gated_residual_impl(x: Tensor, y: Tensor, gate: Tensor, out_dtype: torch.dt
     interp = is_interpreter(_gated_residual_kernel)
     block, warps, rows = _meta(N, x.element_size(), device_warp_size(x.device), interp)
     g, sgb, sgn = _vec2(gate, B, N)
-    _gated_residual_kernel[(triton.cdiv(S, rows), B)](
+    _gated_residual_kernel[(cdiv(S, rows), B)](
         x, y, g, out, S, N, sxb, sxs, syb, sys_, sgb, sgn,
         ROWS=rows, BLOCK_N=block, **({} if interp else {"num_warps": warps}), **launch_options(_gated_residual_kernel),
     )

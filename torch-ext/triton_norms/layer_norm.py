@@ -30,7 +30,7 @@ from ._common import (
 )
 from ._exact import ln_exact_forward
 from ._launch import MAX_FUSED_BYTES, num_partial_programs, pick_config
-from ._device import check_launch_device, device_warp_size, launch_options
+from ._device import cdiv, check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
@@ -279,8 +279,8 @@ def _layer_norm_bwd_impl(
         return dx, dres, (dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)), \
             (db_part.sum(0) if need_db else x.new_empty(0))
     cfg = pick_config(N, x.element_size(), device_warp_size(x.device))
-    rows_per_program = triton.cdiv(M, num_partial_programs(x.device, M))
-    P = triton.cdiv(M, rows_per_program)
+    rows_per_program = cdiv(M, num_partial_programs(x.device, M))
+    P = cdiv(M, rows_per_program)
     dw_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_dw else None
     db_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_db else None
     launch(_layer_norm_bwd_kernel, (P,), (

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_eps, check_float_tensor
-from ._device import check_launch_device, device_warp_size, is_interpreter
+from ._device import cdiv, check_launch_device, device_warp_size, is_interpreter, next_power_of_2
 from ._dispatch import call_op, eager_autograd
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_dtype, round_to
@@ -169,7 +169,7 @@ def _vec2(t: Tensor, B: int, N: int):
 
 @functools.lru_cache(maxsize=256)
 def _meta(N: int, elem: int, warp: int, interp: bool):
-    block = triton.next_power_of_2(N)
+    block = next_power_of_2(N)
     if interp:
         return block, 1, 2
     warps = max(1, min(16, block * elem // (64 * 8)))  # ~8 x 16-byte loads per thread
@@ -192,7 +192,7 @@ def _fwd(x, scale, shift, weight, bias, eps, rms, eager_rounding, out_dtype, sav
     sh, shb, shn = _vec2(shift, B, N)
     prod_dtype = torch.promote_types(x.dtype if weight is None else torch.promote_types(x.dtype, weight.dtype),
                                      scale.dtype)
-    _modulate_fwd_kernel[(triton.cdiv(S, rows), B)](
+    _modulate_fwd_kernel[(cdiv(S, rows), B)](
         xr, sc, sh, weight, bias, y, mean, rstd, S, N, sxb, sxs, scb, scn, shb, shn, eps,
         RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None, SAVE=save,
         ROUND_X=round_dtype(x.dtype) if eager_rounding else None,
@@ -241,11 +241,11 @@ def _modulate_bwd_impl(dy: Tensor, x: Tensor, scale: Tensor, weight: Optional[Te
     interp = is_interpreter(_modulate_bwd_kernel)
     block, warps, _ = _meta(N, x.element_size(), device_warp_size(x.device), interp)
     if interp:
-        per = max(1, triton.cdiv(S, 2))
+        per = max(1, cdiv(S, 2))
     else:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 64
-        per = max(1, triton.cdiv(S * B, 4 * sms))  # ~4 programs per SM, fewer partial rows to sum
-    P = triton.cdiv(S, per)
+        per = max(1, cdiv(S * B, 4 * sms))  # ~4 programs per SM, fewer partial rows to sum
+    P = cdiv(S, per)
     part = lambda: torch.empty((B, P, N), dtype=torch.float32, device=x.device)  # noqa: E731
     dsc, dsh = part(), part()
     dw = part() if need_w else None

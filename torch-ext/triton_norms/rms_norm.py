@@ -39,7 +39,7 @@ from ._common import (
 )
 from ._exact import rms_exact_forward, rms_exact_plan
 from ._launch import MAX_FUSED_BYTES, num_partial_programs, pick_config
-from ._device import check_launch_device, device_warp_size, launch_options
+from ._device import cdiv, check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
@@ -281,8 +281,8 @@ def _rms_norm_bwd_impl(
             (db_part.sum(0) if need_db else x.new_empty(0))
     cfg = pick_config(N, x.element_size(), device_warp_size(x.device))
     P = num_partial_programs(x.device, M)
-    rows_per_program = triton.cdiv(M, P)
-    P = triton.cdiv(M, rows_per_program)
+    rows_per_program = cdiv(M, P)
+    P = cdiv(M, rows_per_program)
     dw_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_dw else None
     db_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_db else None
     launch(_rms_norm_bwd_kernel, (P,), (

@@ -62,7 +62,7 @@ class RowLayout:
     """Leading sizes (R0, R1, R2) and, per tensor, strides (s0, s1, s2, s_col). See the module docstring."""
 
     sizes: Tuple[int, int, int]
-    strides: List[Tuple[int, int, int, int]]
+    strides: Tuple[Tuple[int, int, int, int], ...]
 
     @property
     def rows(self) -> int:
@@ -73,13 +73,28 @@ class RowLayout:
         return self.strides[i]
 
 
+# row_layout's results per (dim, shape, strides): the layout is a pure function of them, and working it out
+# took ~25 us of Python per call (twice per softmax forward+backward).
+_LAYOUTS: dict = {}
+_MAX_LAYOUTS = 4096
+
+
 def row_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int) -> Optional[RowLayout]:
     """Joint row layout of same-shaped tensors reduced over ``dim``; None if more than 3 leading dims remain.
 
     ``None`` entries get zero strides (an absent optional tensor).
     """
-    present = [t for t in tensors if t is not None]
-    shape = present[0].shape
+    shape = next(t for t in tensors if t is not None).shape
+    key = (dim, shape, *[None if t is None else t.stride() for t in tensors])
+    layout = _LAYOUTS.get(key, _LAYOUTS)
+    if layout is _LAYOUTS:
+        layout = _row_layout(tensors, dim, shape)
+        if len(_LAYOUTS) < _MAX_LAYOUTS:
+            _LAYOUTS[key] = layout
+    return layout
+
+
+def _row_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int, shape: torch.Size) -> Optional[RowLayout]:
     groups: List[Tuple[int, List[int]]] = []  # (size, stride per tensor)
     for d in range(len(shape)):
         if d == dim or shape[d] == 1:
@@ -100,7 +115,7 @@ def row_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int) -> Optional[
     for i, t in enumerate(tensors):
         col = t.stride(dim) if t is not None and len(shape) > 0 else 0
         strides.append(tuple(g[1][i] for g in groups) + (col,))
-    return RowLayout(sizes, strides)
+    return RowLayout(sizes, tuple(strides))  # immutable: row_layout hands the same object to every caller
 
 
 def normalize_dim(dim, ndim: int, name: str = "dim") -> int:

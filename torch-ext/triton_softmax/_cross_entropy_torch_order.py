@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import check_launch_device, launch_options
+from ._device import cdiv, check_launch_device, launch_options
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._libm import exp_f32, log_f32, use_libdevice
@@ -159,7 +159,7 @@ def _fwd_impl(logits: Tensor, target: Tensor, ignore_index: int, reduction: str)
             raise ValueError(f"logits have no classes (shape {tuple(logits.shape)})")
         row_stats_torch_order(x2, stats)
         libdev = use_libdevice(dev, _nll_rows_kernel)
-        launch(_nll_rows_kernel, (triton.cdiv(M, _ROWS_BLOCK),),
+        launch(_nll_rows_kernel, (cdiv(M, _ROWS_BLOCK),),
                (x2, t1, stats, nll, M, V, x2.stride(0), t1.stride(0), ignore_index),
                meta_items(BLOCK=_ROWS_BLOCK, LIBDEVICE=libdev, DTYPE=round_dtype(logits.dtype),
                           **launch_options(_nll_rows_kernel)), dev)
@@ -201,7 +201,7 @@ def _bwd_impl(logits: Tensor, target: Tensor, stats: Tensor, count: Tensor, dlos
     t1 = target.reshape(M)
     d1 = dloss.reshape(-1)
     mean = reduction == "mean" and logits.dim() == 2  # 1-D "mean" divides by a weight of 1
-    launch(_cross_entropy_torch_order_bwd_kernel, (M, triton.cdiv(V, _BWD_BLOCK)),
+    launch(_cross_entropy_torch_order_bwd_kernel, (M, cdiv(V, _BWD_BLOCK)),
            (x2, t1, stats, d1, count, dx, V, x2.stride(0), t1.stride(0), d1.stride(0) if reduction == "none" else 0,
             V, ignore_index),  # dx is contiguous: row stride V
            meta_items(MEAN=mean, FMA=FMA_BACKWARD, BLOCK=_BWD_BLOCK, num_warps=4,

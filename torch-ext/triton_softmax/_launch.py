@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
-from ._device import MAX_THREADS_PER_PROGRAM, check_config_args, device_warp_size
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, device_warp_size, next_power_of_2
 from ._team import CPU_SMS, TeamPlan, sm_count as _sm_count, team_split  # noqa: F401 (CPU_SMS: split_for on CPU)
 
 # Largest row (bytes of input) kept in registers in one block: 16K fp32 / 32K bf16 elements.
@@ -81,7 +80,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
             power of two in [1, 1024].
     """
     check_config_args(N, element_size, warp_size)
-    block = triton.next_power_of_2(N)
+    block = next_power_of_2(N)
     loop = block * element_size > MAX_FUSED_BYTES
     rows = 1
     if loop:
@@ -89,7 +88,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
     else:
         rows = max(MIN_TILE_BYTES // (block * element_size), 1)
     threads = max(rows * block * element_size // BYTES_PER_THREAD, 1)
-    num_warps = triton.next_power_of_2(max(threads // warp_size, 1))
+    num_warps = next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
     if loop:
         return LaunchConfig(block_n=block, num_warps=num_warps, loop=True, reverse=LOOP_REVERSE, evict=LOOP_EVICT,
@@ -121,7 +120,7 @@ def config_for(N: int, t: torch.Tensor, kind: str = "softmax") -> LaunchConfig:
     if kind == "softmax" and not cfg.loop and cfg.block_n * t.element_size() > SOFTMAX_FWD_MAX_FUSED_BYTES \
             and LOOP_TUNED.get(kind) is not None:
         block = LOOP_BLOCK_BYTES // t.element_size()
-        warps = triton.next_power_of_2(max(LOOP_BLOCK_BYTES // BYTES_PER_THREAD // device_warp_size(t.device), 1))
+        warps = next_power_of_2(max(LOOP_BLOCK_BYTES // BYTES_PER_THREAD // device_warp_size(t.device), 1))
         cfg = LaunchConfig(block_n=block, num_warps=min(warps, MAX_THREADS_PER_PROGRAM // device_warp_size(t.device)),
                            loop=True, reverse=LOOP_REVERSE, evict=LOOP_EVICT, prefetch=LOOP_PREFETCH)
     tuned = LOOP_TUNED.get(kind) if cfg.loop else None
@@ -150,7 +149,7 @@ def split_for(cfg: LaunchConfig, N: int, rows: int, device: torch.device) -> int
     sms = _sm_count(device)
     if rows >= SPLIT_BELOW_ROWS_PER_SM * sms:
         return 1
-    return max(1, min(triton.cdiv(N, cfg.block_n), triton.cdiv(SPLIT_PROGRAMS_PER_SM * sms, rows)))
+    return max(1, min(cdiv(N, cfg.block_n), cdiv(SPLIT_PROGRAMS_PER_SM * sms, rows)))
 
 
 # Team path per kernel kind (``_team``: persistent teams, each row read once): rows of at least

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import is_interpreter, launch_options
+from ._device import cdiv, is_interpreter, launch_options, next_power_of_2
 from ._fastlaunch import launch, meta_items
 from ._libm import exp_f32, use_libdevice
 
@@ -194,7 +194,7 @@ def torch_order_path(N: int, element_size: int, misalign: int, smem_per_block: i
     """
     if N <= WARP_MAX_N and N * element_size <= WARP_MAX_BYTES:
         return PATH_WARP
-    if triton.cdiv(N, THREADS) < REG_MAX_COUNT:
+    if cdiv(N, THREADS) < REG_MAX_COUNT:
         return PATH_REG
     ilp = ALIGN_BYTES // element_size
     max_elements = (smem_per_block - THREADS // WARP * 4) // element_size
@@ -214,14 +214,14 @@ def _plan(M: int, N: int, elem: int, misalign: int, device: torch.device) -> tup
     path = torch_order_path(N, elem, misalign, _smem_per_block(device))
     libdev = use_libdevice(device, _softmax_warp_order_kernel)
     if path == PATH_WARP:
-        n2 = triton.next_power_of_2(N)
+        n2 = next_power_of_2(N)
         w = min(n2, WARP)
         # H200, bf16: tiles of ~4096 elements on 2 warps ran fastest (N = 128: 32 rows, 1024: 4, 2048: 2)
         interp = is_interpreter(_softmax_warp_order_kernel)
-        rows = min(triton.next_power_of_2(M), 64 if interp else max(1, min(32, 4096 // n2)))
+        rows = min(next_power_of_2(M), 64 if interp else max(1, min(32, 4096 // n2)))
         meta = meta_items(ROWS=rows, W=w, LOG_W=w.bit_length() - 1, ITERS=n2 // w, LIBDEVICE=libdev,
                           num_warps=2 if rows * n2 >= 2048 else 1, **launch_options(_softmax_warp_order_kernel))
-        return path, _softmax_warp_order_kernel, (triton.cdiv(M, rows),), meta
+        return path, _softmax_warp_order_kernel, (cdiv(M, rows),), meta
     meta = meta_items(PATH=path, ILP=ALIGN_BYTES // elem, T=THREADS, LOG_WARPS=(THREADS // WARP).bit_length() - 1,
                       BLOCK=2048, LIBDEVICE=libdev, num_warps=4, **launch_options(_softmax_block_order_kernel))
     return path, _softmax_block_order_kernel, (M,), meta

@@ -48,7 +48,7 @@ from ._fastlaunch import launch, meta_items
 from ._launch import config_for, split_for, team_for
 from ._torch_order import softmax_torch_order
 from ._team import team_gather, team_phases, team_publish, team_start
-from ._device import check_launch_device, launch_options
+from ._device import cdiv, check_launch_device, launch_options, next_power_of_2
 from ._ops import add_op_namespace_prefix
 
 Tensor = torch.Tensor
@@ -599,8 +599,8 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
     cfg = config_for(N, big)
     split = split_for(cfg, N, layout.rows, x.device)
     if split > 1:  # few wide rows: split each row over several programs (two launches)
-        span = triton.cdiv(triton.cdiv(N, split), cfg.block_n) * cfg.block_n
-        split = triton.cdiv(N, span)
+        span = cdiv(cdiv(N, split), cfg.block_n) * cfg.block_n
+        split = cdiv(N, span)
         ws = torch.empty(2 * layout.rows * split, dtype=torch.float32, device=x.device)
         common = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1))
         sq = xs.shape[-2] if causal else 1
@@ -611,13 +611,13 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
         launch(_softmax_split_out_kernel, (layout.rows * split,),
                (xs, ms, ys, ws, *common, *layout.args(2), layout.rows, N, sq, float(scale), split, span),
                meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n,
-                          SPLIT_P2=triton.next_power_of_2(split), num_warps=cfg.num_warps,
+                          SPLIT_P2=next_power_of_2(split), num_warps=cfg.num_warps,
                           **launch_options(_softmax_split_out_kernel)), x.device)
         return y
     meta = meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop,
                       ROWS=cfg.rows, **cfg.loop_options, num_warps=cfg.num_warps,
                       **launch_options(_softmax_fwd_kernel))
-    launch(_softmax_fwd_kernel, (triton.cdiv(layout.rows, cfg.rows),),
+    launch(_softmax_fwd_kernel, (cdiv(layout.rows, cfg.rows),),
            (xs, ms, ys, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
             layout.rows, N, xs.shape[-2] if causal else 1, float(scale)), meta, x.device)
     return y
@@ -656,8 +656,8 @@ def _softmax_bwd_impl(dy: Tensor, y: Tensor, dim: int, scale: float, causal: boo
     cfg = config_for(N, ys, "softmax_bwd")
     split = split_for(cfg, N, layout.rows, y.device)
     if split > 1:  # few wide rows: split each row over several programs (two launches)
-        span = triton.cdiv(triton.cdiv(N, split), cfg.block_n) * cfg.block_n
-        split = triton.cdiv(N, span)
+        span = cdiv(cdiv(N, split), cfg.block_n) * cfg.block_n
+        split = cdiv(N, span)
         ws = torch.empty(layout.rows * split, dtype=torch.float32, device=y.device)
         common = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1))
         launch(_softmax_bwd_split_stats_kernel, (layout.rows * split,),
@@ -667,12 +667,12 @@ def _softmax_bwd_impl(dy: Tensor, y: Tensor, dim: int, scale: float, causal: boo
         launch(_softmax_bwd_split_out_kernel, (layout.rows * split,),
                (ys, dys, dxs, ws, *common, *layout.args(2), N, ys.shape[-2] if causal else 1, float(scale), split,
                 span),
-               meta_items(CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, SPLIT_P2=triton.next_power_of_2(split),
+               meta_items(CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, SPLIT_P2=next_power_of_2(split),
                           num_warps=cfg.num_warps, **launch_options(_softmax_bwd_split_out_kernel)), y.device)
         return dx
     meta = meta_items(CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, LOOP=cfg.loop, ROWS=cfg.rows,
                       **cfg.loop_options, num_warps=cfg.num_warps, **launch_options(_softmax_bwd_kernel))
-    launch(_softmax_bwd_kernel, (triton.cdiv(layout.rows, cfg.rows),),
+    launch(_softmax_bwd_kernel, (cdiv(layout.rows, cfg.rows),),
            (ys, dys, dxs, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
             layout.rows, N, ys.shape[-2] if causal else 1, float(scale)), meta, y.device)
     return dx
