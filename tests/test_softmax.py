@@ -419,6 +419,33 @@ def test_strided_and_non_contiguous_inputs(softmax, device):
     assert_close_ref(softmax.softmax(xm), sm_ref(xm))
 
 
+def test_row_layouts_are_cached_per_strides(softmax, device):
+    """row_layout keeps one layout per (dim, shape, strides): the same shape with other strides (a transposed
+    view) gets its own, and a repeated call reuses the first (same object, same values)."""
+    common = sys.modules[softmax.__name__ + "._common"]
+    a = rand((4, 5, 32), torch.float32, device)
+    b = rand((5, 4, 32), torch.float32, device).transpose(0, 1)  # shape (4, 5, 32), strides (32, 128, 1)
+    la, lb = common.row_layout([a, None, a], 2), common.row_layout([b, None, b], 2)
+    assert la.sizes == (1, 1, 20) and la.strides[0] == (0, 0, 32, 1) and la.strides[1] == (0, 0, 0, 0)
+    assert lb.sizes == (1, 4, 5) and lb.strides[0] == (0, 32, 128, 1)
+    assert common.row_layout([a.clone(), None, a], 2) is la and common.row_layout([b, None, b], 2) is lb
+    for x in (a, b, a):
+        assert_close_ref(softmax.softmax(x), sm_ref(x))
+        assert_close_ref(softmax.log_softmax(x, dim=1), sm_ref(x, dim=1, log=True))
+
+
+def test_host_integer_helpers_match_triton(softmax):
+    """_device.cdiv / next_power_of_2 (the launch paths' plain-int versions) agree with triton's."""
+    import triton
+
+    dev = sys.modules[softmax.__name__ + "._device"]
+    for a in [0, 1, 2, 3, 15, 16, 17, 1023, 1024, 1025, 65537, 2**31 + 5]:
+        for b in [1, 2, 3, 16, 128, 1000]:
+            assert dev.cdiv(a, b) == triton.cdiv(a, b)
+        if a >= 1:
+            assert dev.next_power_of_2(a) == triton.next_power_of_2(a)
+
+
 def test_empty_and_scalar_inputs(softmax, device):
     for shape in [(0, 16), (3, 0), (2, 0, 5)]:
         x = torch.empty(shape, device=device, requires_grad=True)
