@@ -32,14 +32,14 @@ L = sys.modules[act.__name__ + "._launch"]
 A = sys.modules[act.__name__ + ".activation"]
 FN = sys.modules[act.__name__ + ".functional"]
 DEV = RUN.dev
-SHIPPED = (A.GATED_TILE_BYTES, A.TILE_BYTES, A.PLAIN_THREADS)
+SHIPPED = (L.GATED_TILE_BYTES, L.TILE_BYTES, L.PLAIN_THREADS)
 SETTINGS = {"shipped": SHIPPED, "previous": (2048, 2048, 128), "4 KiB x 4 warps": (4096, 4096, 128),
             "4 KiB x 8 warps": (4096, 4096, 256)}
 
 
 def use(setting):
     """Sets the tiles and clears every cached launch plan and config."""
-    A.GATED_TILE_BYTES, A.TILE_BYTES, A.PLAIN_THREADS = setting
+    L.GATED_TILE_BYTES, L.TILE_BYTES, L.PLAIN_THREADS = setting
     L.pick_config.cache_clear()
     A._PLANS.clear()
     FN._INFER_PLANS.clear()

@@ -406,6 +406,10 @@ def test_case10_config_picker_respects_warp_size(activations, warp_size):
     assert activations.pick_config(14336, 2, 32, 16384).num_warps == 4  # 2 KiB over 128 threads
     assert activations.pick_config(14336, 2, 32, 16384, 1024).num_warps == 2  # the gated forwards' 1 KiB tiles
     assert activations.pick_config(14336, 2, 32, 16384, threads=64).num_warps == 2  # the plain forwards
+    tile_for = sys.modules[activations.__name__ + "._launch"].tile_for  # which tile each kernel takes
+    assert tile_for(False, True, 3072) == (1024, 128) and tile_for(False, True, 4096) == (1024, 128)
+    assert tile_for(False, True, 4098) == (2048, 128) and tile_for(False, False, 3072) == (2048, 64)
+    assert tile_for(True, True, 3072) == (4096, 128) and tile_for(True, False, 3072) == (4096, 128)
     with pytest.raises(ValueError, match="M must be"):
         activations.pick_config(128, 2, warp_size, 0)
     with pytest.raises(ValueError, match="warp_size"):

@@ -18,8 +18,8 @@ gelu_tanh; 2 rows x 1024: 3914 / 3660) and one row x 2048 backward (4124 / 4152)
 1024-wide tiles (16384 x 2*1536: 3532 / 2649, gelu_tanh 3812 / 3286), 16384 x 2*14336 as fast and
 8192 x 2*11008 2.6% slower (hence the narrow-row bound), and the plain gelu / gelu_tanh ran at 2996 /
 3348 GB/s with 2 warps per 2 KiB tile against 2783 / 3225 with 4 (silu unchanged): the math
-(libdevice exp/tanh/erf, IEEE division) then overlaps the memory traffic. Narrow rows are stacked to fill a tile; inputs too small to fill the GPU get smaller tiles
-and one element per thread (a tiny kernel's time is one thread's chain of exp / division: with
+(libdevice exp/tanh/erf, IEEE division) then overlaps the memory traffic. Narrow rows are stacked to fill a
+tile; inputs too small to fill the GPU get smaller tiles and one element per thread (a tiny kernel's time is one thread's chain of exp / division: with
 8 elements per thread, 5 x 96 bf16 silu_and_mul ran 2.5 us against the CUDA fixture's 1.2). Threads per program are capped so
 that ``num_warps * warp_size <= 1024``, the hardware limit on both NVIDIA (32-lane warps) and
 AMD (64-lane wavefronts).
@@ -63,6 +63,16 @@ class LaunchConfig:
     num_warps: int  # warps per program; num_warps * warp_size <= 1024
     column_blocks: int  # programs per row (second grid axis)
     row_blocks: int  # programs along the rows (first grid axis)
+
+
+def tile_for(backward: bool, gated: bool, row_bytes: int) -> tuple:
+    """``(tile_bytes, threads)`` arguments of :func:`pick_config` for a kernel: the backward's, a gated
+    forward's on rows of ``row_bytes`` of an operand (small tiles up to GATED_NARROW_ROW_BYTES), a plain forward's."""
+    if backward:
+        return BWD_TILE_BYTES, THREADS
+    if gated:
+        return (GATED_TILE_BYTES if row_bytes <= GATED_NARROW_ROW_BYTES else TILE_BYTES), THREADS
+    return TILE_BYTES, PLAIN_THREADS
 
 
 @functools.lru_cache(maxsize=4096)

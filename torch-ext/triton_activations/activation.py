@@ -31,8 +31,7 @@ import triton
 import triton.language as tl
 
 from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_rounds_square, rounding_dtype
-from ._launch import (BWD_TILE_BYTES, GATED_NARROW_ROW_BYTES, GATED_TILE_BYTES, PLAIN_THREADS, THREADS, TILE_BYTES,
-                      pick_config)
+from ._launch import pick_config, tile_for
 from ._libm import use_libdevice
 from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
@@ -172,11 +171,8 @@ def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int
     sizes, strides = padded_layout(sizes, strides)
     check_launch_device(x, kernel)
     M = sizes[0] * sizes[1] * sizes[2]
-    backward = kernel is _act_bwd_kernel
-    narrow = spec.gated and d * x.element_size() <= GATED_NARROW_ROW_BYTES
-    tile = BWD_TILE_BYTES if backward else GATED_TILE_BYTES if narrow else TILE_BYTES
-    cfg = pick_config(d, x.element_size(), device_warp_size(x.device), M, tile, not is_interpreter(kernel),
-                      THREADS if backward or spec.gated else PLAIN_THREADS)
+    tile, threads = tile_for(kernel is _act_bwd_kernel, spec.gated, d * x.element_size())
+    cfg = pick_config(d, x.element_size(), device_warp_size(x.device), M, tile, not is_interpreter(kernel), threads)
     R = rounding_dtype(x, eager)
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
     scalars = (M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)))

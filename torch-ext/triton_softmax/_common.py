@@ -27,6 +27,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import triton
 import triton.language as tl
+from ._fastlaunch import PlanCache
 from ._rounding import round_to
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -75,8 +76,8 @@ class RowLayout:
 
 # row_layout's results per (dim, shape, strides): the layout is a pure function of them, and working it out
 # took ~25 us of Python per call (twice per softmax forward+backward).
-_LAYOUTS: dict = {}
-_MAX_LAYOUTS = 4096
+_LAYOUTS = PlanCache()
+_MISSING = object()
 
 
 def row_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int) -> Optional[RowLayout]:
@@ -86,12 +87,8 @@ def row_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int) -> Optional[
     """
     shape = next(t for t in tensors if t is not None).shape
     key = (dim, shape, *[None if t is None else t.stride() for t in tensors])
-    layout = _LAYOUTS.get(key, _LAYOUTS)
-    if layout is _LAYOUTS:
-        layout = _row_layout(tensors, dim, shape)
-        if len(_LAYOUTS) < _MAX_LAYOUTS:
-            _LAYOUTS[key] = layout
-    return layout
+    layout = _LAYOUTS.get(key, _MISSING)
+    return _LAYOUTS.add(key, _row_layout(tensors, dim, shape)) if layout is _MISSING else layout
 
 
 def _row_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int, shape: torch.Size) -> Optional[RowLayout]:
