@@ -356,6 +356,24 @@ def test_cuda_graph_capture_forward_backward(softmax, device):
     assert torch.equal(loss, le) and torch.equal(x.grad, xe.grad)
 
 
+def test_rows_past_16_kib_loop_with_the_setting_of_their_mode(softmax, device):
+    """Rows wider than 16 KiB loop over chunks (a row of up to 64 KiB in one block left one program per SM with
+    its loads not overlapped): 4 KiB chunks when the forward also writes the gradient, 8 KiB for the forward
+    alone; 16 KiB rows stay in one block. Loss and gradient of a 40 KiB bf16 row in both modes against fp64."""
+    launch = sys.modules[softmax.__name__ + "._launch"]
+    x = rand((5, 20011), torch.float32, device, scale=2.0)
+    xb = x.to(torch.bfloat16)
+    grad_cfg, fwd_cfg = (launch.config_for(20011, xb, k) for k in ("cross_entropy_grad", "cross_entropy"))
+    assert grad_cfg.loop and grad_cfg.block_n * 2 == 4096 and grad_cfg.num_warps == 4 and grad_cfg.prefetch
+    assert fwd_cfg.loop and fwd_cfg.block_n * 2 == 8192 and fwd_cfg.num_warps == 4
+    assert not launch.config_for(8192, xb, "cross_entropy_grad").loop
+    t = torch.tensor([0, 20010, 777, -100, 12345], device=device)
+    check(softmax, x, t, torch.bfloat16, reduction="sum")
+    with torch.no_grad():
+        assert_close_ref(softmax.cross_entropy(xb, t, reduction="none"), ce_ref(xb.double(), t, reduction="none"),
+                         rel_atol=1e-6)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("V", [131072, 262144])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -101,23 +101,30 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
 # H200 round 2 (benchmarks/results/softmax_2026-11-30.md): the softmax forward is fastest one block per
 # row only up to 32 KiB and without prefetch when looped (B8192 w8: 3466 GB/s at N=32768 against 3024 in one
 # block; 3087/2757/2573 at 65536/131072/262144); the backward loops best over 32 KiB chunks with 16 warps and
-# prefetch (3778/3112/2723 against 3154/2725/2535); the cross-entropy over 8 KiB chunks with 4 warps (2447
-# against 2229 GB/s effective).
+# prefetch (3778/3112/2723 against 3154/2725/2535). The cross-entropy (benchmarks/results/
+# cross_entropy_2026-12-01.md, CUDA-graph kernel time, bf16): the forward that also writes the gradient
+# ("cross_entropy_grad") over 4 KiB chunks with 4 warps (8192 x 128256: 1638 us against 1703 over 8 KiB; 8192 x
+# 32000: 432 us against 530 in one block), the forward alone over 8 KiB chunks with 4 warps (575 us at
+# 8192 x 128256; 158 us against 240 in one block at 8192 x 32000).
 LOOP_TUNED: dict = {
     "softmax": {"prefetch": False},
     "softmax_bwd": {"block_bytes": 32768, "num_warps": 16, "prefetch": True},
     "cross_entropy": {"block_bytes": 8192, "num_warps": 4, "prefetch": True},
+    "cross_entropy_grad": {"block_bytes": 4096, "num_warps": 4, "prefetch": True},
 }
-# The softmax forward keeps a row in one block only up to this many bytes (the backward and the
-# cross-entropy up to MAX_FUSED_BYTES).
-SOFTMAX_FWD_MAX_FUSED_BYTES = 32768
+# The kinds that keep a row in one block only up to this many bytes and loop over wider rows (the others:
+# up to MAX_FUSED_BYTES). The cross-entropy in one block at 64 KiB rows held the whole row in fp32
+# registers of 32 warps: one program per SM, its loads not overlapped with the math (see LOOP_TUNED).
+FWD_MAX_FUSED_BYTES = {"softmax": 32768, "cross_entropy": 16384, "cross_entropy_grad": 16384}
 
 
 def config_for(N: int, t: torch.Tensor, kind: str = "softmax") -> LaunchConfig:
     """:func:`pick_config` for rows of ``N`` elements of ``t`` on ``t``'s device; a looped row takes the
-    settings measured for ``kind`` ("softmax", "softmax_bwd", "cross_entropy") from ``LOOP_TUNED``."""
+    settings measured for ``kind`` ("softmax", "softmax_bwd", "cross_entropy", "cross_entropy_grad") from
+    ``LOOP_TUNED``, and rows wider than ``FWD_MAX_FUSED_BYTES[kind]`` loop."""
     cfg = pick_config(N, t.element_size(), device_warp_size(t.device))
-    if kind == "softmax" and not cfg.loop and cfg.block_n * t.element_size() > SOFTMAX_FWD_MAX_FUSED_BYTES \
+    limit = FWD_MAX_FUSED_BYTES.get(kind)
+    if limit is not None and not cfg.loop and cfg.block_n * t.element_size() > limit \
             and LOOP_TUNED.get(kind) is not None:
         block = LOOP_BLOCK_BYTES // t.element_size()
         warps = next_power_of_2(max(LOOP_BLOCK_BYTES // BYTES_PER_THREAD // device_warp_size(t.device), 1))
