@@ -194,7 +194,7 @@ def test_report_files(tmp_path):
     assert "| rms_norm | fwd | 32768x4096 | GB/s | 4100 | liger | 4011 | 1.02 |" in md
     assert "| rms_norm | fwd | 4096x65536 | GB/s | 2700 | torch.compile | 2720 | 0.99 **below** |" in md
     assert "1 of 3 shapes at or above the best peer." in md
-    assert "| eager (HF) | 9999 | GB/s |  |  |  | NO | 3 | x |" in md
+    assert "| eager (HF) | 9999 | GB/s |  |  |  |  | NO | 3 | x |" in md
     assert "RuntimeError: boom" in md
     png = paths[2].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -371,3 +371,34 @@ def test_compiled_peer_in_backward_only_mode(packages, device):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+
+def test_graph_replays_give_kernel_rates_and_a_failed_capture_is_noted(packages, device, tmp_path):
+    """``graph_timer`` adds graph_ms / graph_value per timed row; a provider that cannot be replayed keeps its
+    do_bench value and gets graph_error; the summary compares ours with the best replayed peer."""
+    spec = _spec("triton-norms", "rms_norm")
+    seen = []
+
+    def graph_timer(fn, rep):
+        seen.append(rep)
+        if len(seen) == 2:  # the second provider "cannot be captured"
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return 0.25 if len(seen) == 1 else 0.2
+
+    shape = SMALL["triton-norms"]
+    rows = bench.run_case(spec, shape, packages["triton-norms"], torch.float32, device, peers=("eager", "aten"),
+                          ceilings={"copy_gbps": 1000.0}, timer=_fake_timer(1.0), host_timer=lambda fn: 900.0,
+                          graph_timer=graph_timer, rep=100)
+    timed = [r for r in rows if "ms" in r]
+    assert timed[0]["provider"] == "ours" and len(timed) >= 3 and seen == [25] * len(timed)
+    ours, failed, peer = timed[:3]
+    assert ours["graph_ms"] == 0.25 and ours["graph_value"] == pytest.approx(spec.work(shape, 4) / 0.25e-3 / 1e9)
+    assert "graph_ms" not in failed and "capturing" in failed["graph_error"] and failed["value"] > 0
+    (s,) = bench.best_peers(rows)
+    assert s["host_bound"] and s["ratio"] == pytest.approx(1.0)  # the same fake do_bench time for all
+    assert s["graph_peer"] == peer["provider"] and s["graph_ratio"] == pytest.approx(0.2 / 0.25)
+    md = bench._markdown({"env": {}, "rows": rows, "summary": [s]}, "t")
+    assert "0.80 **below**" in md and "1 of 1 shapes at or above the best peer." in md
+    assert "left out): 0 of 1 shapes at or above the best peer." in md
+    assert "| n/a |" in md  # the failed capture in the all-rows table

@@ -17,7 +17,10 @@ from Python (a loop, one sync). Results: ``bench_<date>.json``, ``.md`` and ``.p
 Every timed row also gets ``host_us``: the wall time of one call on an idle GPU, i.e. what the host
 spends in Python, allocations and launches before the call returns. do_bench's events bracket that
 host time too, so where ``host_us`` reaches ``HOST_BOUND`` of the measured time the row measures the
-host, not the kernels (``host_bound``; marked in the report), and moves with the host's load.
+host, not the kernels (``host_bound``; marked in the report), and moves with the host's load. So each
+timed row is also replayed from a CUDA graph (``graph_ms``, ``graph_value``: the same calls captured once,
+the GPU's time alone; ``--no-graph`` skips it), and the summary compares ours with the best peer on both. A
+provider that cannot be captured (a host sync, a CPU-side branch on device data) gets ``graph_error``.
 
 The packages are built from this checkout, installed into a private Hugging Face cache and loaded
 by Hub name, as users load them.
@@ -43,8 +46,8 @@ from typing import Any, Callable
 from . import DEFAULT_ORG
 from .bench_ops import REGISTRY, OpSpec, resolve_packages, specs_for
 
-__all__ = ["DTYPES", "PEERS", "add_parser", "best_peers", "gbps", "load_packages", "main", "measure_ceilings",
-           "plot_results", "run", "run_bench", "write_report"]
+__all__ = ["DTYPES", "PEERS", "add_parser", "best_peers", "gbps", "graph_median", "load_packages", "main",
+           "measure_ceilings", "plot_results", "run", "run_bench", "write_report"]
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +150,14 @@ def host_us_per_call(fn: Callable[[], Any], *, samples: int = 15) -> float:
     return statistics.median(times)
 
 
+def graph_median(fn: Callable[[], Any], *, rep: int) -> float:
+    """Median ms per call of ``fn`` replayed from a CUDA graph (``triton.testing.do_bench_cudagraph``): the
+    kernels' time without the host's Python and launches."""
+    from triton.testing import do_bench_cudagraph
+
+    return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+
 def measure_ceilings(dtype_name: str = "bfloat16", *, matmul: bool = True, timer=do_bench_median) -> dict:
     """Device copy GB/s (bytes read + written) and ``torch.matmul`` 8192³ TFLOP/s in ``dtype_name``."""
     import torch
@@ -179,10 +190,22 @@ def _compare(got, ref, rtol: float, atol: float) -> tuple[bool, float]:
     return ok, float(err.max()) if err.numel() else 0.0
 
 
+def _rate(spec: OpSpec, work, ms: float, ceilings: dict) -> tuple[float, float | None]:
+    """(GB/s or TFLOP/s of ``work`` done in ``ms``, its fraction of the run's ceiling or None)."""
+    if spec.metric == "TFLOP/s":
+        value = work / (ms * 1e-3) / 1e12
+        return value, value / ceilings["matmul_tflops"] if ceilings.get("matmul_tflops") else None
+    value = gbps(work, ms)
+    return value, value / ceilings["copy_gbps"] if ceilings.get("copy_gbps") else None
+
+
 def run_case(spec: OpSpec, shape, kernel, dtype, device: str, *, peers=PEERS, ceilings: dict | None = None,
-             timer=do_bench_median, latency_timer=wall_us_per_call, host_timer=host_us_per_call, warmup: int = 25,
-             rep: int = 100) -> list[dict]:
-    """Check and time every provider of one (spec, shape); one row per provider (errors are rows too)."""
+             timer=do_bench_median, latency_timer=wall_us_per_call, host_timer=host_us_per_call, graph_timer=None,
+             warmup: int = 25, rep: int = 100) -> list[dict]:
+    """Check and time every provider of one (spec, shape); one row per provider (errors are rows too).
+
+    ``graph_timer(fn, rep=...)`` (e.g. :func:`graph_median`; None: not measured) adds ``graph_ms`` and
+    ``graph_value`` to each timed row, or ``graph_error`` where the provider cannot be replayed."""
     import torch
 
     elem = torch.empty((), dtype=dtype).element_size()
@@ -214,23 +237,24 @@ def run_case(spec: OpSpec, shape, kernel, dtype, device: str, *, peers=PEERS, ce
                 row["ms"] = ms
                 row["host_us"] = host_timer(fn)
                 row["host_bound"] = row["host_us"] >= HOST_BOUND * ms * 1e3
-                if spec.metric == "TFLOP/s":
-                    row["value"] = work / (ms * 1e-3) / 1e12
-                    if ceilings.get("matmul_tflops"):
-                        row["frac"] = row["value"] / ceilings["matmul_tflops"]
-                else:
-                    row["value"] = gbps(work, ms)
-                    if ceilings.get("copy_gbps"):
-                        row["frac"] = row["value"] / ceilings["copy_gbps"]
+                row["value"], frac = _rate(spec, work, ms, ceilings)
+                if frac is not None:
+                    row["frac"] = frac
         except Exception as exc:  # noqa: BLE001 - a failing peer is reported, not fatal
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if graph_timer is not None and "ms" in row:
+            try:
+                row["graph_ms"] = graph_timer(fn, rep=max(10, rep // 4))  # 10 replays of rep/4 ms of calls
+                row["graph_value"] = _rate(spec, work, row["graph_ms"], ceilings)[0]
+            except Exception as exc:  # noqa: BLE001 - e.g. a peer that syncs with the host cannot be captured
+                row["graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         rows.append(row)
     return rows
 
 
 def run_bench(packages: list[str], *, shapes: str = "quick", dtype: str = "bf16", peers=PEERS, kernels_by_name=None,
               device: str = "cuda", ceilings: dict | None = None, progress: bool = True, warmup: int = 25, rep: int = 100,
-              timer=do_bench_median, latency_timer=wall_us_per_call, host_timer=host_us_per_call,
+              timer=do_bench_median, latency_timer=wall_us_per_call, host_timer=host_us_per_call, graph_timer=None,
               on_case: Callable[[dict], Any] | None = None,
               cases: list[tuple[OpSpec, tuple]] | None = None) -> dict:
     """Run the sweep; returns ``{"env", "ceilings", "rows", "summary", "case_seconds"}`` (see :func:`write_report`).
@@ -252,7 +276,8 @@ def run_bench(packages: list[str], *, shapes: str = "quick", dtype: str = "bf16"
     env = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "shapes": shapes, "dtype": dtype, "peers": list(peers), "timing": f"do_bench median, warmup {warmup} ms, rep {rep} ms, L2 flushed"}
+           "shapes": shapes, "dtype": dtype, "peers": list(peers), "timing": f"do_bench median, warmup {warmup} ms, rep {rep} ms, L2 flushed"
+           + ("; CUDA-graph replays (kernels alone)" if graph_timer is not None else "")}
     result: dict = {"env": env, "ceilings": ceilings, "rows": [], "summary": [], "case_seconds": []}
     bar = tqdm(cases, desc="bench", unit="case", disable=not progress)
     for spec, shape in bar:
@@ -260,8 +285,8 @@ def run_bench(packages: list[str], *, shapes: str = "quick", dtype: str = "bf16"
         bar.set_postfix_str(label)
         start = time.perf_counter()
         result["rows"] += run_case(spec, shape, kernels_by_name[spec.package], tdtype, device, peers=peers, ceilings=ceilings,
-                                   timer=timer, latency_timer=latency_timer, host_timer=host_timer, warmup=warmup,
-                                   rep=rep)
+                                   timer=timer, latency_timer=latency_timer, host_timer=host_timer,
+                                   graph_timer=graph_timer, warmup=warmup, rep=rep)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         result["case_seconds"].append([label, round(time.perf_counter() - start, 2)])
@@ -275,7 +300,9 @@ def best_peers(rows: list[dict]) -> list[dict]:
     """Per (package, op, mode, shape): ours (the functional API's default path), the best peer, and the ratio.
 
     ``ratio`` > 1 means ours is faster (GB/s, TFLOP/s: ours / peer; µs/call: peer / ours);
-    ``at_or_above`` is False where a peer is faster: the results file must say why.
+    ``at_or_above`` is False where a peer is faster: the results file must say why. Where the rows were
+    also replayed from CUDA graphs, ``graph_ratio`` compares ours with the best peer that could be
+    (``graph_peer``) on the kernels' time alone.
     """
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -290,10 +317,16 @@ def best_peers(rows: list[dict]) -> list[dict]:
         lower_better = rs[0]["metric"] == "us/call"
         best = (min if lower_better else max)(peers, key=lambda r: r["value"])
         ratio = best["value"] / ours["value"] if lower_better else ours["value"] / best["value"]
-        out.append({"package": pkg, "op": op, "mode": mode, "shape": list(shape), "metric": rs[0]["metric"],
-                    "ours": ours["value"], "best_peer": best["provider"], "best_peer_value": best["value"],
-                    "ratio": ratio, "at_or_above": ratio >= 1.0,
-                    "host_bound": bool(ours.get("host_bound") or best.get("host_bound"))})
+        entry = {"package": pkg, "op": op, "mode": mode, "shape": list(shape), "metric": rs[0]["metric"],
+                 "ours": ours["value"], "best_peer": best["provider"], "best_peer_value": best["value"],
+                 "ratio": ratio, "at_or_above": ratio >= 1.0,
+                 "host_bound": bool(ours.get("host_bound") or best.get("host_bound"))}
+        graphed = [r for r in peers if r.get("graph_value")]
+        if ours.get("graph_value") and graphed:
+            gbest = max(graphed, key=lambda r: r["graph_value"])
+            entry.update(ours_graph=ours["graph_value"], graph_peer=gbest["provider"],
+                         graph_peer_value=gbest["graph_value"], graph_ratio=ours["graph_value"] / gbest["graph_value"])
+        out.append(entry)
     return out
 
 
@@ -311,15 +344,21 @@ def _markdown(result: dict, title: str) -> str:
              "perfect kernel must read or write once (column `count`).", ""]
     summary = result.get("summary", [])
     if summary:
-        lines += ["## Ours vs the best peer", "", "| op | mode | shape | metric | ours | best peer | peer | ours/peer |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["## Ours vs the best peer", "", "| op | mode | shape | metric | ours | best peer | peer | ours/peer | "
+                  "kernels alone (CUDA graph): ours / best peer |", "|---|---|---|---|---|---|---|---|---|"]
         for s in summary:
             mark = ("" if s["at_or_above"] else " **below**") + (" (host-bound)" if s.get("host_bound") else "")
             digits = 1 if s["metric"] == "us/call" else 0
+            graph = (f"{_fmt(s['ours_graph'])} / {_fmt(s['graph_peer_value'])} {s['graph_peer']}: {s['graph_ratio']:.2f}"
+                     + ("" if s["graph_ratio"] >= 1.0 else " **below**")) if "graph_ratio" in s else ""
             lines.append(f"| {s['op']} | {s['mode']} | {'x'.join(map(str, s['shape']))} | {s['metric']} | {_fmt(s['ours'], digits)} | "
-                         f"{s['best_peer']} | {_fmt(s['best_peer_value'], digits)} | {s['ratio']:.2f}{mark} |")
+                         f"{s['best_peer']} | {_fmt(s['best_peer_value'], digits)} | {s['ratio']:.2f}{mark} | {graph} |")
         below = [s for s in summary if not s["at_or_above"]]
         lines += ["", f"{len(summary) - len(below)} of {len(summary)} shapes at or above the best peer." if summary else ""]
+        graphed = [s for s in summary if "graph_ratio" in s]
+        if graphed:
+            lines += ["", f"Kernels alone (CUDA-graph replays, no host time; peers that cannot be captured left out): "
+                      f"{sum(s['graph_ratio'] >= 1.0 for s in graphed)} of {len(graphed)} shapes at or above the best peer."]
         if any(s.get("host_bound") for s in summary):
             lines += ["", f"(host-bound): ours or the peer spent at least {HOST_BOUND:.0%} of its measured time on the host "
                       "(column `host µs`: one call's Python, allocations and launches on an idle GPU), so that row "
@@ -327,8 +366,8 @@ def _markdown(result: dict, title: str) -> str:
         if result.get("notes"):
             lines += ["", "Where a peer is faster, why (from the run's analysis):", ""] + [f"- {n}" for n in result["notes"]]
         lines.append("")
-    lines += ["## All rows", "", "| package | op | mode | shape | provider | value | metric | % of ceiling | ms | host µs | ok | "
-              "max err | count / error |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["## All rows", "", "| package | op | mode | shape | provider | value | metric | % of ceiling | ms | host µs | "
+              "graph ms | ok | max err | count / error |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         digits = 1 if r.get("metric") == "us/call" else 0
         frac = _fmt(100 * r["frac"]) + "%" if "frac" in r else ""
@@ -336,7 +375,8 @@ def _markdown(result: dict, title: str) -> str:
         ok = "" if "ok" not in r else ("yes" if r["ok"] else "NO")
         lines.append(f"| {r['package']} | {r['op']} | {r['mode']} | {'x'.join(map(str, r['shape']))} | {r['provider']} | "
                      f"{_fmt(r.get('value'), digits)} | {r.get('metric')} | {frac} | {_fmt(r.get('ms'), 4)} | "
-                     f"{_fmt(r.get('host_us'))}{' (bound)' if r.get('host_bound') else ''} | {ok} | {err} | "
+                     f"{_fmt(r.get('host_us'))}{' (bound)' if r.get('host_bound') else ''} | "
+                     f"{_fmt(r.get('graph_ms'), 4) or ('n/a' if 'graph_error' in r else '')} | {ok} | {err} | "
                      f"{r.get('error') or r.get('count', '')} |")
     return "\n".join(lines) + "\n"
 
@@ -435,6 +475,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rep", type=int, default=100, help="do_bench rep in ms (default: 100)")
     p.add_argument("--warmup", type=int, default=25, help="do_bench warmup in ms (default: 25)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replays (kernel time alone) of each row")
     p.add_argument("--plot", metavar="JSON", help="only redraw the PNG (and Markdown) of an earlier results JSON; no GPU needed")
     p.add_argument("--notes", metavar="FILE", help="with --plot: store these notes (one per line: why a peer is faster) in the JSON and Markdown")
     p.add_argument("--e2e", nargs="+", metavar="MODEL", help="end-to-end greedy decode instead of the op sweep (see triton_collection.e2e)")
@@ -481,6 +522,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     result = run_bench(packages, shapes=args.shapes, dtype=args.dtype, peers=peers, progress=not args.no_progress, rep=args.rep, warmup=args.warmup,
+                       graph_timer=None if args.no_graph else graph_median,
                        on_case=lambda partial: write_report(partial, out, name=args.name, png=False))
     for path in write_report(result, out, name=args.name):
         print(path)
