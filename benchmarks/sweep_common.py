@@ -120,14 +120,15 @@ class Sweep:
         return self.safe(f"{section} {name}", run, need)
 
 
-def load_packages(names, cpu: bool) -> list:
-    """The packages ``names`` (Hub names) built from this checkout into a temporary folder and loaded with
-    ``kernels.get_local_kernel`` (the ``cpu`` variant for a dry run, else ``cuda``), in the order given."""
+def load_packages(names, cpu: bool, root: Path = Path(".")) -> list:
+    """The packages ``names`` (Hub names) built from the checkout at ``root`` into a temporary folder and loaded
+    with ``kernels.get_local_kernel`` (the ``cpu`` variant for a dry run, else ``cuda``), in the order given.
+    Builds of different sources load as different modules, so two checkouts can be timed in one process."""
     import kernels
     from triton_collection.build import build_collection
     from triton_collection.manifest import load_manifest
 
-    builds = build_collection(load_manifest(Path(".")), Path(tempfile.mkdtemp()) / "hub", packages=list(names),
+    builds = build_collection(load_manifest(root), Path(tempfile.mkdtemp()) / "hub", packages=list(names),
                               cpu_variant=cpu)
     by_name = {b.package.name: b for b in builds}
     return [kernels.get_local_kernel(by_name[n].variant("cpu" if cpu else "cuda")) for n in names]

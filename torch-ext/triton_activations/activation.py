@@ -36,7 +36,7 @@ from ._libm import use_libdevice
 from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, meta_items
-from ._math import activation, activation_and_grad, activation_grad, round_to
+from ._math import GELU_TANH, activation, activation_and_grad, activation_grad, round_to
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_dtype
 
@@ -83,9 +83,17 @@ def _act_fwd_kernel(
     cols = offs.to(tl.int64)
     x_off = _tile_offsets(rows, cols, D1, D2, stride_x0, stride_x1, stride_x2, stride_xn)
     g = tl.load(g_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+    # Where u's load is written decides where it is issued: the compiler does not move it across the math's
+    # branches (libdevice, the IEEE division's slow path). Before the math both loads are in flight at once;
+    # after it, fewer registers are live during the math. H200 (CUDA-graph A/B, bf16): first is +6% for
+    # gelu_tanh (16384 x 2*14336: 3843 -> 4090 GB/s), -3.5% for silu (4098 -> 3962).
+    U_FIRST: tl.constexpr = u_ptr is not None and ACT == GELU_TANH
+    if U_FIRST:
+        u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
     y = activation(g, threshold, round_square, ACT, R, LIBDEVICE)
     if u_ptr is not None:
-        u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+        if not U_FIRST:
+            u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
         y = round_to(y, R) * u
     OUT: tl.constexpr = y_ptr.dtype.element_ty
     y_off = _tile_offsets(rows, cols, D1, D2, stride_y0, stride_y1, stride_y2, stride_yn)

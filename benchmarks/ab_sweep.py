@@ -1,0 +1,120 @@
+"""A/B of a kernel change in one process: the packages built from a base checkout against this checkout.
+
+python3 benchmarks/ab_sweep.py --base DIR --out DIR [--rounds 3] [--cases NAME,...] [--cpu]
+
+``--base`` is a checkout of the base revision (e.g. ``git worktree add /tmp/base HEAD`` or
+``git archive HEAD | tar -x -C /tmp/base``). Both builds load side by side (different module names). For each
+case: the outputs of both are compared bitwise (a speed change must not change a bit), then each side is timed
+once per round from a CUDA-graph replay (the kernels' time, no host Python), rounds interleaved; the medians
+and the new/base ratio are reported. Bytes as the harness counts them (``bench_ops``: each tensor a perfect
+kernel must move, once). Records: DIR/ab.jsonl; the table: stdout.
+"""
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from sweep_common import Sweep, load_packages, prepare
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--base", required=True, help="checkout of the base revision")
+ap.add_argument("--out", required=True)
+ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--budget", type=float, default=400)
+ap.add_argument("--cases", default="", help="comma list of case names (default: all)")
+ap.add_argument("--cpu", action="store_true", help="dry run under the interpreter with tiny shapes")
+args = ap.parse_args()
+OUT = prepare(args.out, args.cpu)
+RUN = Sweep(OUT / "ab.jsonl", args.budget, args.cpu, rep=25, widths=(22, 12, 16, 9, 6))
+
+import torch  # noqa: E402
+
+DEV = RUN.dev
+PKGS = ["triton-norms", "triton-activations"]
+NEW = dict(zip(PKGS, load_packages(PKGS, args.cpu)))
+BASE = dict(zip(PKGS, load_packages(PKGS, args.cpu, Path(args.base))))
+assert all(NEW[p].__name__ != BASE[p].__name__ for p in PKGS), "the base builds to the same modules: no change?"
+BF16 = torch.bfloat16
+
+
+def rms(pk, M, N):
+    x, w = torch.randn(M, N, device=DEV, dtype=BF16), torch.rand(N, device=DEV, dtype=BF16) + 0.5
+    return (lambda: pk.rms_norm(x, w, eps=1e-6)), 2 * M * N * 2 + N * 2
+
+
+def ln(pk, M, N):
+    x, w = torch.randn(M, N, device=DEV, dtype=BF16), torch.rand(N, device=DEV, dtype=BF16) + 0.5
+    b = torch.randn(N, device=DEV, dtype=BF16)
+    return (lambda: pk.layer_norm(x, w, b)), 2 * M * N * 2 + 2 * N * 2
+
+
+def add_rms(pk, M, N):
+    x, r = torch.randn(M, N, device=DEV, dtype=BF16), torch.randn(M, N, device=DEV, dtype=BF16)
+    w = torch.rand(N, device=DEV, dtype=BF16) + 0.5
+    return (lambda: pk.add_rms_norm(x, r, w, eps=1e-6)), 4 * M * N * 2 + N * 2
+
+
+def gated(name):
+    def make(pk, M, d):
+        x = torch.randn(M, 2 * d, device=DEV, dtype=BF16)
+        return (lambda: getattr(pk, name)(x)), 3 * M * d * 2
+    return make
+
+
+def act(name):
+    def make(pk, M, d):
+        x = torch.randn(M, d, device=DEV, dtype=BF16)
+        return (lambda: getattr(pk, name)(x)), 2 * M * d * 2
+    return make
+
+
+BIG = DEV == "cuda"
+CASES = {  # name: (package, builder, shapes)
+    "rms_norm": ("triton-norms", rms, [(32768, 4096), (16384, 8192), (4096, 65536), (1024, 262144)]),
+    "layer_norm": ("triton-norms", ln, [(32768, 4096), (16384, 8192), (4096, 65536)]),
+    "add_rms_norm": ("triton-norms", add_rms, [(32768, 4096), (4096, 65536)]),
+    "silu_and_mul": ("triton-activations", gated("silu_and_mul"), [(16384, 14336), (65536, 1536), (8192, 11008)]),
+    "gelu_tanh_and_mul": ("triton-activations", gated("gelu_tanh_and_mul"), [(16384, 14336), (65536, 1536)]),
+    "gelu_and_mul": ("triton-activations", gated("gelu_and_mul"), [(16384, 14336)]),
+    "silu": ("triton-activations", act("silu"), [(16384, 14336)]),
+}
+if not BIG:
+    CASES = {k: (p, b, [(5, 4096 if p == "triton-norms" else 640)]) for k, (p, b, _) in CASES.items()}
+if args.cases:
+    CASES = {k: CASES[k] for k in args.cases.split(",")}
+
+
+def bench(fn):
+    if DEV == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench_cudagraph(fn, rep=25, return_mode="median")
+    return RUN.bench(fn)
+
+
+if DEV == "cuda":
+    RUN.copy_ceiling()
+for name, (pkg, build, shapes) in CASES.items():
+    for shape in shapes:
+        if RUN.left() < 10:
+            break
+        torch.manual_seed(0)
+        f_new, nbytes = build(NEW[pkg], *shape)
+        torch.manual_seed(0)
+        f_base, _ = build(BASE[pkg], *shape)
+        same = all(torch.equal(a, b) for a, b in zip(*(o if isinstance(o, tuple) else (o,) for o in (f_new(), f_base()))))
+        times = {"base": [], "new": []}
+        for r in range(args.rounds):
+            for side, fn in (("base", f_base), ("new", f_new)) if r % 2 == 0 else (("new", f_new), ("base", f_base)):
+                times[side].append(bench(fn))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        gb = {k: nbytes / v / 1e6 for k, v in med.items()}
+        label = "x".join(map(str, shape))
+        RUN.record(kind="ab", case=name, shape=label, bitwise_equal=same, us_base=med["base"] * 1e3,
+                   us_new=med["new"] * 1e3, gbps_base=gb["base"], gbps_new=gb["new"], ratio=med["base"] / med["new"],
+                   samples={k: [t * 1e3 for t in v] for k, v in times.items()})
+        RUN.log(f"{name:20s} {label:14s} base {med['base'] * 1e3:8.1f} us {gb['base']:6.0f} GB/s  new "
+                f"{med['new'] * 1e3:8.1f} us {gb['new']:6.0f} GB/s  new/base speed {med['base'] / med['new']:.3f}"
+                f"{'' if same else '  OUTPUTS DIFFER'}")
+RUN.log("done")
