@@ -402,3 +402,7 @@ def test_graph_replays_give_kernel_rates_and_a_failed_capture_is_noted(packages,
     assert "0.80 **below**" in md and "1 of 1 shapes at or above the best peer." in md
     assert "left out): 0 of 1 shapes at or above the best peer." in md
     assert "| n/a |" in md  # the failed capture in the all-rows table
+    seen.clear()
+    bwd = bench.run_case(_spec("triton-norms", "rms_norm", "bwd"), shape, packages["triton-norms"], torch.float32, device,
+                         peers=("aten",), timer=_fake_timer(1.0), host_timer=lambda fn: 1.0, graph_timer=graph_timer)
+    assert not seen and all("graph_ms" not in r and "graph_error" not in r for r in bwd)  # backward alone: not replayed

@@ -18,9 +18,11 @@ Every timed row also gets ``host_us``: the wall time of one call on an idle GPU,
 spends in Python, allocations and launches before the call returns. do_bench's events bracket that
 host time too, so where ``host_us`` reaches ``HOST_BOUND`` of the measured time the row measures the
 host, not the kernels (``host_bound``; marked in the report), and moves with the host's load. So each
-timed row is also replayed from a CUDA graph (``graph_ms``, ``graph_value``: the same calls captured once,
-the GPU's time alone; ``--no-graph`` skips it), and the summary compares ours with the best peer on both. A
-provider that cannot be captured (a host sync, a CPU-side branch on device data) gets ``graph_error``.
+timed row but the backward-only ones is also replayed from a CUDA graph (``graph_ms``, ``graph_value``: the
+same calls captured once, the GPU's time alone; ``--no-graph`` skips it), and the summary compares ours with
+the best peer on both. A provider that cannot be captured (a host sync, a CPU-side branch on device data)
+gets ``graph_error``. Backward-only rows replay a backward whose forward ran before the capture, and autograd
+launches it on that forward's stream, outside the capture, so they are not replayed.
 
 The packages are built from this checkout, installed into a private Hugging Face cache and loaded
 by Hub name, as users load them.
@@ -242,7 +244,9 @@ def run_case(spec: OpSpec, shape, kernel, dtype, device: str, *, peers=PEERS, ce
                     row["frac"] = frac
         except Exception as exc:  # noqa: BLE001 - a failing peer is reported, not fatal
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        if graph_timer is not None and "ms" in row:
+        # backward-only rows are not replayed: autograd runs a backward on the stream of its forward, recorded
+        # before the capture, and the failed capture left the CUDA generator unusable for the rest of the run
+        if graph_timer is not None and "ms" in row and spec.mode != "bwd":
             try:
                 row["graph_ms"] = graph_timer(fn, rep=max(10, rep // 4))  # 10 replays of rep/4 ms of calls
                 row["graph_value"] = _rate(spec, work, row["graph_ms"], ceilings)[0]

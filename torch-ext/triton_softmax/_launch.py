@@ -102,8 +102,9 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
 # row only up to 32 KiB and without prefetch when looped (B8192 w8: 3466 GB/s at N=32768 against 3024 in one
 # block; 3087/2757/2573 at 65536/131072/262144); the backward loops best over 32 KiB chunks with 16 warps and
 # prefetch (3778/3112/2723 against 3154/2725/2535). The cross-entropy (benchmarks/results/
-# cross_entropy_2026-12-01.md, CUDA-graph kernel time, bf16): the forward that also writes the gradient
-# ("cross_entropy_grad") over 4 KiB chunks with 4 warps (8192 x 128256: 1638 us against 1703 over 8 KiB; 8192 x
+# cross_entropy_2026-12-01.md, CUDA-graph kernel time, bf16): the training forwards ("cross_entropy_grad": the
+# gradient written, or the logsumexp kept for the recompute backward, chunked alike so both see the same
+# logsumexp) over 4 KiB chunks with 4 warps (8192 x 128256: 1638 us against 1703 over 8 KiB; 8192 x
 # 32000: 432 us against 530 in one block), the forward alone over 8 KiB chunks with 4 warps (575 us at
 # 8192 x 128256; 158 us against 240 in one block at 8192 x 32000).
 LOOP_TUNED: dict = {

@@ -347,7 +347,9 @@ def _cross_entropy_bwd_kernel(
 def _launch_looped(logits, t, rows, gs, aux, count, grad_mode, need_grad, layout, V, ignore_index,
                    label_smoothing, z_loss) -> None:
     """One program per row (one block, or looped over chunks with a re-read)."""
-    cfg = config_for(V, logits, "cross_entropy_grad" if need_grad else "cross_entropy")
+    # the training modes (gradient stored, or logsumexp kept for the recompute backward) chunk rows alike, so
+    # that both see the same logsumexp bits; inference ("cross_entropy") takes its own setting
+    cfg = config_for(V, logits, "cross_entropy_grad" if grad_mode else "cross_entropy")
     meta = meta_items(SMOOTH=label_smoothing > 0.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop, **cfg.loop_options,
                       num_warps=cfg.num_warps, **launch_options(_cross_entropy_fwd_kernel))
     launch(_cross_entropy_fwd_kernel, (layout.rows,),
