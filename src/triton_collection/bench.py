@@ -155,9 +155,17 @@ def host_us_per_call(fn: Callable[[], Any], *, samples: int = 15) -> float:
 def graph_median(fn: Callable[[], Any], *, rep: int) -> float:
     """Median ms per call of ``fn`` replayed from a CUDA graph (``triton.testing.do_bench_cudagraph``): the
     kernels' time without the host's Python and launches."""
+    import torch
     from triton.testing import do_bench_cudagraph
 
-    return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+    try:
+        return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+    except Exception:
+        # A failed capture leaves the CUDA generator marked as capturing: every later random op raises
+        # ("Offset increment outside graph capture"). A fresh copy of its state clears the mark.
+        gen = torch.cuda.default_generators[torch.cuda.current_device()]
+        gen.graphsafe_set_state(gen.clone_state())
+        raise
 
 
 def measure_ceilings(dtype_name: str = "bfloat16", *, matmul: bool = True, timer=do_bench_median) -> dict:
