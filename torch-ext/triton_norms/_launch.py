@@ -26,8 +26,11 @@ from ._device import MAX_THREADS_PER_PROGRAM, check_config_args, next_power_of_2
 MAX_FUSED_BYTES = 65536
 # Chunk size (in bytes of input) of the looped path for wider rows.
 LOOP_BLOCK_BYTES = 16384
-# Bytes of input per thread the warp count aims for.
+# Bytes of input per thread the warp count aims for: the backward's, and the one-program forwards' (twice the
+# warps: on the H200 8 KiB rows ran +1.1% (rms_norm) / +1.6% (layer_norm) with 8 warps, 16 KiB rows the same,
+# benchmarks/results/norms_narrow_2026-12-01.md).
 BYTES_PER_THREAD = 64
+FWD_BYTES_PER_THREAD = 32
 
 
 @dataclass(frozen=True)
@@ -40,13 +43,14 @@ class LaunchConfig:
 
 
 @functools.lru_cache(maxsize=4096)
-def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
+def pick_config(N: int, element_size: int, warp_size: int = 32, bytes_per_thread: int = BYTES_PER_THREAD) -> LaunchConfig:
     """Picks (BLOCK_N, num_warps, loop) for rows of ``N`` elements.
 
     Args:
         N: row length (the normalised size), >= 1.
         element_size: bytes per input element (2 for fp16/bf16, 4 for fp32).
         warp_size: lanes per warp of the device (32 NVIDIA, 64 on AMD CDNA).
+        bytes_per_thread: bytes of a row per thread the warps aim for (``FWD_BYTES_PER_THREAD`` for the forwards).
 
     Raises:
         ValueError: for N < 1, element_size < 1 or a warp_size that is not a
@@ -57,7 +61,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
     loop = block * element_size > MAX_FUSED_BYTES
     if loop:
         block = LOOP_BLOCK_BYTES // element_size
-    threads = max(block * element_size // BYTES_PER_THREAD, 1)
+    threads = max(block * element_size // bytes_per_thread, 1)
     num_warps = next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
     return LaunchConfig(block_n=block, num_warps=num_warps, loop=loop)

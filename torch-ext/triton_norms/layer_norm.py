@@ -29,7 +29,7 @@ from ._common import (
     round_to, rows_of, rows_view, store_dx, vector,
 )
 from ._exact import ln_exact_forward
-from ._launch import MAX_FUSED_BYTES, num_partial_programs, pick_config
+from ._launch import FWD_BYTES_PER_THREAD, MAX_FUSED_BYTES, num_partial_programs, pick_config
 from ._device import cdiv, check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
@@ -237,7 +237,7 @@ def _layer_norm_forward(x, residual, weight, bias, eps, order, save_stats):
 @functools.lru_cache(maxsize=1024)
 def _fwd_meta(N: int, elem: int, device: torch.device) -> tuple:
     """Constexprs and launch options of the free-order forward (a pure function, cached: host time)."""
-    cfg = pick_config(N, elem, device_warp_size(device))
+    cfg = pick_config(N, elem, device_warp_size(device), FWD_BYTES_PER_THREAD)
     return meta_items(BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
                       **launch_options(_layer_norm_fwd_kernel))
 

@@ -38,7 +38,7 @@ from ._common import (
     empty_rows, prepare_rms_args, rms_apply, round_to, rows_of, rows_view, vector,
 )
 from ._exact import rms_exact_forward, rms_exact_plan
-from ._launch import MAX_FUSED_BYTES, num_partial_programs, pick_config
+from ._launch import FWD_BYTES_PER_THREAD, MAX_FUSED_BYTES, num_partial_programs, pick_config
 from ._device import cdiv, check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd, inference
@@ -236,7 +236,7 @@ def _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype,
 @functools.lru_cache(maxsize=1024)
 def _fwd_meta(N: int, elem: int, device: torch.device, cast_dtype: Optional[torch.dtype]) -> tuple:
     """Constexprs and launch options of the free-order forward (a pure function, cached: host time)."""
-    cfg = pick_config(N, elem, device_warp_size(device))
+    cfg = pick_config(N, elem, device_warp_size(device), FWD_BYTES_PER_THREAD)
     return meta_items(CAST_DTYPE=round_dtype(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
                       **launch_options(_rms_norm_fwd_kernel))
 
