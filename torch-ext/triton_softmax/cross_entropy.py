@@ -37,9 +37,11 @@ write V*dx). A traced graph cannot update a saved forward output in place, and t
 would then cost one more elementwise pass. (Ops traced some other way, e.g. make_fx of the fused
 mode, get the out-of-place product ``g * dloss``.)
 
-Rows that fit in one block are read once (loss and g from registers). Wider rows (a 128K or 256K
-vocabulary) run the online logsumexp over chunks, then a gradient pass that reads the row again right
-away, newest chunks first, with L2 eviction hints so that the re-read mostly hits L2. Where
+Rows of up to 16 KiB (``_launch.FWD_MAX_FUSED_BYTES``) are read once, in one block (loss and g from
+registers). Wider rows (a 32K, 128K or 256K vocabulary) run the online logsumexp over chunks, then a
+gradient pass that reads the row again right away, newest chunks first, with L2 eviction hints so that
+part of the re-read hits L2 (on the H200 this beat one block per row at 32–64 KiB rows, where a program
+holding the whole row left one program per SM: 432 against 530 µs at 8192 x 32000 bf16). Where
 ``_launch.TEAM_TUNED["cross_entropy"]`` is set (off by default: on the H200 the team moved 2264 GB/s
 against the looped 2455 at 8192 x 128256) they go to persistent teams of programs (``_team``)
 instead: each keeps a chunk of logits in registers, publishes its chunk's max, sum of exp and (label
@@ -616,8 +618,8 @@ def cross_entropy(
     Precision: logsumexp, loss and gradient in fp32; per-row losses summed in fp32 by torch; one rounding
     of the loss to logits' dtype, one of the gradient at the store and, in eager mode, one more where the
     upstream gradient is not 1. An out-of-range target gives NaN (torch raises; that needs a sync).
-    Performance: the forward reads the logits once (a row wider than 64 KiB twice, the second time
-    mostly from L2) and writes the gradient; with an upstream gradient of 1 the backward touches no
+    Performance: the forward reads the logits once (a row wider than 16 KiB twice, the second time
+    partly from L2) and writes the gradient; with an upstream gradient of 1 the backward touches no
     logits-sized tensor. No
     ``.item()``: CUDA-graph capturable. The first backward hands out the stored gradient itself; a
     later backward through the same graph (``retain_graph=True``) writes a fresh tensor (one more
