@@ -89,6 +89,9 @@ def test_kernelize_diffusers_transformer(attention, installed, device, make, nor
     assert all(type(p).__name__.startswith("Triton") for p in model.attn_processors.values())
     # default norm families: diffusers RMSNorm only (SD3's q/k norms); Flux/Wan use torch's norms
     assert bool(report.norms) == (norms and make is tiny_sd3), report.summary()
+    if norms and make is tiny_flux:  # says why nothing was swapped, naming torch's norms that stay
+        assert report.refused["norms"].startswith("no diffusers RMSNorm in the model"), report.summary()
+        assert "torch.nn.RMSNorm x " in report.refused["norms"] and "norm_families" in report.refused["norms"]
     if report.norms:
         assert set(report.norms.values()) == {"DiffusersRMSNorm"}
     calls = []

@@ -194,7 +194,8 @@ def test_report_files(tmp_path):
     assert "| rms_norm | fwd | 32768x4096 | GB/s | 4100 | liger | 4011 | 1.02 |" in md
     assert "| rms_norm | fwd | 4096x65536 | GB/s | 2700 | torch.compile | 2720 | 0.99 **below** |" in md
     assert "1 of 3 shapes at or above the best peer." in md
-    assert "| eager (HF) | 9999 | GB/s |  |  |  |  | NO | 3 | x |" in md
+    assert "| eager (HF) | 9999 | GB/s |  |  |  | NO | 3 | x |" in md  # no graph columns: none measured
+    assert "graph ms" not in md and "kernels alone" not in md
     assert "RuntimeError: boom" in md
     png = paths[2].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -236,8 +237,13 @@ def test_cli_plot_redraws_from_json(tmp_path, capsys):
     assert json.loads((tmp_path / "n" / "bench_x.json").read_text())["notes"] == ["rms_norm 4096x65536: torch.compile splits the row over 2 programs"]
     assert "- rms_norm 4096x65536: torch.compile splits the row over 2 programs" in (tmp_path / "n" / "bench_x.md").read_text()
     (tmp_path / "e.json").write_text("{}")
-    with pytest.raises(SystemExit, match="no 'rows'"):
+    with pytest.raises(SystemExit, match="not a results file of the op sweep"):
         main(["bench", "--plot", str(tmp_path / "e.json")])
+    (tmp_path / "e2e.json").write_text(json.dumps({"rows": [{"model": "smollm2-135m", "batch": 1}]}))  # --e2e's rows
+    with pytest.raises(SystemExit, match="end-to-end results"):
+        main(["bench", "--plot", str(tmp_path / "e2e.json")])
+    with pytest.raises(SystemExit, match="no such file"):
+        main(["bench", "--plot", str(tmp_path / "missing.json")])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU error path")

@@ -356,18 +356,20 @@ def _markdown(result: dict, title: str) -> str:
              "perfect kernel must read or write once (column `count`).", ""]
     summary = result.get("summary", [])
     if summary:
-        lines += ["## Ours vs the best peer", "", "| op | mode | shape | metric | ours | best peer | peer | ours/peer | "
-                  "kernels alone (CUDA graph): ours / best peer |", "|---|---|---|---|---|---|---|---|---|"]
+        graphed = [s for s in summary if "graph_ratio" in s]
+        lines += ["## Ours vs the best peer", "", "| op | mode | shape | metric | ours | best peer | peer | ours/peer |"
+                  + (" kernels alone (CUDA graph): ours / best peer |" if graphed else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|" if graphed else "")]
         for s in summary:
             mark = ("" if s["at_or_above"] else " **below**") + (" (host-bound)" if s.get("host_bound") else "")
             digits = 1 if s["metric"] == "us/call" else 0
             graph = (f"{_fmt(s['ours_graph'])} / {_fmt(s['graph_peer_value'])} {s['graph_peer']}: {s['graph_ratio']:.2f}"
                      + ("" if s["graph_ratio"] >= 1.0 else " **below**")) if "graph_ratio" in s else ""
             lines.append(f"| {s['op']} | {s['mode']} | {'x'.join(map(str, s['shape']))} | {s['metric']} | {_fmt(s['ours'], digits)} | "
-                         f"{s['best_peer']} | {_fmt(s['best_peer_value'], digits)} | {s['ratio']:.2f}{mark} | {graph} |")
+                         f"{s['best_peer']} | {_fmt(s['best_peer_value'], digits)} | {s['ratio']:.2f}{mark} |"
+                         + (f" {graph} |" if graphed else ""))
         below = [s for s in summary if not s["at_or_above"]]
         lines += ["", f"{len(summary) - len(below)} of {len(summary)} shapes at or above the best peer." if summary else ""]
-        graphed = [s for s in summary if "graph_ratio" in s]
         if graphed:
             lines += ["", f"Kernels alone (CUDA-graph replays, no host time; peers that cannot be captured left out): "
                       f"{sum(s['graph_ratio'] >= 1.0 for s in graphed)} of {len(graphed)} shapes at or above the best peer."]
@@ -378,17 +380,19 @@ def _markdown(result: dict, title: str) -> str:
         if result.get("notes"):
             lines += ["", "Where a peer is faster, why (from the run's analysis):", ""] + [f"- {n}" for n in result["notes"]]
         lines.append("")
+    has_graph = any("graph_ms" in r or "graph_error" in r for r in result["rows"])
     lines += ["## All rows", "", "| package | op | mode | shape | provider | value | metric | % of ceiling | ms | host µs | "
-              "graph ms | ok | max err | count / error |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              + ("graph ms | " if has_graph else "") + "ok | max err | count / error |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if has_graph else "")]
     for r in result["rows"]:
         digits = 1 if r.get("metric") == "us/call" else 0
         frac = _fmt(100 * r["frac"]) + "%" if "frac" in r else ""
         err = f"{r['max_err']:.2g}" if "max_err" in r else ""
         ok = "" if "ok" not in r else ("yes" if r["ok"] else "NO")
+        graph = f"{_fmt(r.get('graph_ms'), 4) or ('n/a' if 'graph_error' in r else '')} | " if has_graph else ""
         lines.append(f"| {r['package']} | {r['op']} | {r['mode']} | {'x'.join(map(str, r['shape']))} | {r['provider']} | "
                      f"{_fmt(r.get('value'), digits)} | {r.get('metric')} | {frac} | {_fmt(r.get('ms'), 4)} | "
-                     f"{_fmt(r.get('host_us'))}{' (bound)' if r.get('host_bound') else ''} | "
-                     f"{_fmt(r.get('graph_ms'), 4) or ('n/a' if 'graph_error' in r else '')} | {ok} | {err} | "
+                     f"{_fmt(r.get('host_us'))}{' (bound)' if r.get('host_bound') else ''} | {graph}{ok} | {err} | "
                      f"{r.get('error') or r.get('count', '')} |")
     return "\n".join(lines) + "\n"
 
@@ -505,9 +509,13 @@ def run(args: argparse.Namespace) -> int:
     """Run the parsed ``bench`` subcommand."""
     if args.plot:
         src = Path(args.plot)
+        if not src.is_file():
+            raise SystemExit(f"bench --plot: no such file: {src}")
         result = json.loads(src.read_text())
-        if "rows" not in result:
-            raise SystemExit(f"bench --plot: {src} has no 'rows' (not a bench results file)")
+        if not isinstance(result, dict) or not isinstance(result.get("rows"), list) \
+                or any(not isinstance(r, dict) or "package" not in r for r in result["rows"]):
+            raise SystemExit(f"bench --plot: {src} is not a results file of the op sweep (its rows need 'package', "
+                             "'op', 'mode', 'shape'); end-to-end results (--e2e) have their own Markdown")
         if args.notes:
             result["notes"] = [line.strip().removeprefix("- ") for line in Path(args.notes).read_text().splitlines() if line.strip()]
         out = Path(args.out) if args.out else src.parent

@@ -459,6 +459,19 @@ def _transformer(pipe_or_model) -> torch.nn.Module:
                     f"{type(pipe_or_model).__name__}")
 
 
+def _default_norms_note(model: torch.nn.Module) -> str:
+    """Why the default norm swap found nothing: the model has no diffusers ``RMSNorm``; torch's own norm modules
+    it has (counted) are left as they are unless ``norm_families`` asks for them."""
+    counts: dict = {}
+    for module in model.modules():
+        if type(module) in (torch.nn.LayerNorm, torch.nn.RMSNorm):
+            counts[type(module).__name__] = counts.get(type(module).__name__, 0) + 1
+    torch_norms = ", ".join(f"torch.nn.{name} x {n}" for name, n in counts.items())
+    return ("no diffusers RMSNorm in the model (the default norm swap)"
+            + (f"; its {torch_norms} are single PyTorch kernels already and stay (norm_families="
+               "families.FAMILIES swaps them too)" if torch_norms else ""))
+
+
 def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = True, norms: bool = True,
               modulate: bool = True, feed_forward: bool = True, blocks: bool = True,
               attention_backend: str = "sdpa", norm_families: Optional[tuple] = None,
@@ -535,7 +548,7 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
             for cls_name, why in norm_report.refused.items():
                 report.refused[f"norms:{cls_name}"] = why
         except ValueError as err:
-            report.refused["norms"] = str(err)
+            report.refused["norms"] = str(err) if norm_families is not None else _default_norms_note(model)
     hub = dict(org=org, version=version, trust_remote_code=trust_remote_code)
     if modulate:
         norms_kernel = _swap_all(_ada_targets(model, report), norms_kernel, "triton-norms", hub, report)
