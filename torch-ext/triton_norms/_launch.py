@@ -27,8 +27,8 @@ MAX_FUSED_BYTES = 65536
 # Chunk size (in bytes of input) of the looped path for wider rows.
 LOOP_BLOCK_BYTES = 16384
 # Bytes of input per thread the warp count aims for: the backward's, and the one-program forwards' (twice the
-# warps: on the H200 8 KiB rows ran +1.1% (rms_norm) / +1.6% (layer_norm) with 8 warps, 16 KiB rows the same,
-# benchmarks/results/norms_narrow_2026-12-01.md).
+# warps; H200, kernel time, benchmarks/results/norms_fwd_warps_2026-12-01.md: layer_norm at 32 KiB rows 2357 ->
+# 3779 GB/s, the other widths +0.1..1.2%).
 BYTES_PER_THREAD = 64
 FWD_BYTES_PER_THREAD = 32
 
@@ -43,7 +43,8 @@ class LaunchConfig:
 
 
 @functools.lru_cache(maxsize=4096)
-def pick_config(N: int, element_size: int, warp_size: int = 32, bytes_per_thread: int = BYTES_PER_THREAD) -> LaunchConfig:
+def pick_config(N: int, element_size: int, warp_size: int = 32,
+                bytes_per_thread: int = BYTES_PER_THREAD) -> LaunchConfig:
     """Picks (BLOCK_N, num_warps, loop) for rows of ``N`` elements.
 
     Args:
