@@ -88,14 +88,6 @@ for p in PKGS:  # identical sources build to the same module: both sides would t
         RUN.log(f"note: {p} is the same in both checkouts")
 
 
-def bench(fn):
-    if DEV == "cuda":
-        import triton.testing
-
-        return triton.testing.do_bench_cudagraph(fn, rep=25, return_mode="median")
-    return RUN.bench(fn)
-
-
 if DEV == "cuda":
     RUN.copy_ceiling()
 for name, (pkg, build, shapes) in CASES.items():
@@ -110,7 +102,7 @@ for name, (pkg, build, shapes) in CASES.items():
         times = {"base": [], "new": []}
         for r in range(args.rounds):
             for side, fn in (("base", f_base), ("new", f_new)) if r % 2 == 0 else (("new", f_new), ("base", f_base)):
-                times[side].append(bench(fn))
+                times[side].append(RUN.bench(fn, graph=True))
         med = {k: statistics.median(v) for k, v in times.items()}
         gb = {k: nbytes / v / 1e6 for k, v in med.items()}
         label = "x".join(map(str, shape))

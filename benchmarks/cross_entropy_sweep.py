@@ -80,15 +80,6 @@ else:
     SHAPES = [(4, 40000, WIDE[:3]), (4, 20000, MID[:2] + [one_block(20000, 4)])]
 
 
-def bench(fn):
-    """Milliseconds per call: CUDA-graph replay (``--graph``: GPU time without the host's Python), else do_bench."""
-    if args.graph and DEV == "cuda":
-        import triton.testing
-
-        return triton.testing.do_bench_cudagraph(fn, rep=25, return_mode="median")
-    return RUN.bench(fn)
-
-
 def close(a, ref, rel):
     """|a - ref| <= rel * max|ref| where ref is finite; NaN exactly where ref is NaN."""
     a, ref = a.double(), ref.double()
@@ -144,7 +135,7 @@ def rounds(op, shape, cands, nbytes):
             if setting is not False:
                 use(*setting)
             try:
-                ms = bench(fn)
+                ms = RUN.bench(fn, graph=args.graph)
             except Exception as e:  # noqa: BLE001
                 RUN.log("ERR", op, k, type(e).__name__, str(e)[:200])
                 cands[k] = (setting, None)

@@ -65,12 +65,18 @@ class Sweep:
         with open(self.rec, "a") as f:
             f.write(json.dumps(kw, default=self.json_default) + "\n")
 
-    def bench(self, fn) -> float:
-        """Milliseconds per call: do_bench's median on the GPU; one timed call under the interpreter."""
+    def bench(self, fn, graph: bool = False) -> float:
+        """Milliseconds per call: do_bench's median on the GPU, or with ``graph`` the median of CUDA-graph replays
+        (the kernels' time without the host's Python: ``triton_collection.bench.graph_median``); one timed call
+        under the interpreter."""
         if self.cpu:
             t = time.time()
             fn()
             return (time.time() - t) * 1e3
+        if graph:
+            from triton_collection.bench import graph_median
+
+            return graph_median(fn, rep=self.rep)
         from triton.testing import do_bench
 
         return do_bench(fn, warmup=3, rep=self.rep, return_mode="median")

@@ -53,6 +53,7 @@ denoising step of the kernelized transformer stays within bf16 tolerance of the 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Optional
@@ -462,10 +463,7 @@ def _transformer(pipe_or_model) -> torch.nn.Module:
 def _default_norms_note(model: torch.nn.Module) -> str:
     """Why the default norm swap found nothing: the model has no diffusers ``RMSNorm``; torch's own norm modules
     it has (counted) are left as they are unless ``norm_families`` asks for them."""
-    counts: dict = {}
-    for module in model.modules():
-        if type(module) in (torch.nn.LayerNorm, torch.nn.RMSNorm):
-            counts[type(module).__name__] = counts.get(type(module).__name__, 0) + 1
+    counts = Counter(type(m).__name__ for m in model.modules() if type(m) in (torch.nn.LayerNorm, torch.nn.RMSNorm))
     torch_norms = ", ".join(f"torch.nn.{name} x {n}" for name, n in counts.items())
     return ("no diffusers RMSNorm in the model (the default norm swap)"
             + (f"; its {torch_norms} are single PyTorch kernels already and stay (norm_families="

@@ -217,7 +217,8 @@ def kernelize(
     device_type = _device_type(model, device)
     chosen, refused = select_layers(model, families=families)
     if not chosen:
-        detail = "; ".join(f"{k}: {v}" for k, v in refused.items()) or "no norm-like module found"
+        detail = "; ".join(f"{k}: {v}" for k, v in refused.items()) \
+            or f"no module of the families {', '.join(f.name for f in families)} found"
         packages = " or ".join(sorted({f.package for f in families}, reverse=True))
         raise ValueError(f"kernelize: {type(model).__name__} has no module that {packages} can replace ({detail})")
 
