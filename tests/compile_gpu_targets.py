@@ -9,7 +9,8 @@ Must run without ``TRITON_INTERPRET=1``. Prints ``COMPILED <n>``.
 
 Default variants: every activation x (plain, gated) x (forward, backward), once as bf16 with
 the eager rounding points and libdevice math (the CUDA/ROCm path), once as fp32 fused with
-the portable math (the XPU path); ``--all`` compiles every combination.
+the portable math (the XPU path); ``--all`` compiles every combination. On NVIDIA targets the bf16
+eager forwards take the fast math (``FAST``, inline PTX) and the one-axis grid, as the launcher may.
 """
 
 import itertools
@@ -48,6 +49,10 @@ def main(variant: Path, arch: str, everything: bool) -> int:
     for (dtype, eager, libdevice), act_id, gated in itertools.product(combos, range(7), [False, True]):
         for kernel in (act._act_fwd_kernel, act._act_bwd_kernel):
             consts = {"ACT": act_id, "R": _TL[dtype] if eager else None, "LIBDEVICE": libdevice, "ROWS": 2, "BLOCK_N": 1024}
+            if kernel is act._act_fwd_kernel:
+                # NVIDIA's fast math (inline PTX) and its one-axis grid where the launcher can choose them
+                fast = arch.isdigit() and dtype == "bf16" and eager
+                consts.update(FAST=fast, GRID_1D=fast, U_FIRST=gated and act_id == 2)
             if not gated:
                 consts.update({n: None for n in ("u_ptr", "du_ptr") if n in kernel.arg_names})
             src = ASTSource(kernel, _signature(kernel, dtype, consts),

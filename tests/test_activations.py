@@ -544,7 +544,7 @@ def test_gpu_sigmoid_bit_exact_every_value(activations, device, dtype):
         assert _bits_equal(activations.silu(x), F.silu(x))
         assert _bits_equal(activations.gelu_quick(x, rounding="eager"), x * torch.sigmoid(1.702 * x))
         gated = torch.stack([x, torch.ones_like(x)], 0).transpose(0, 1)  # (n, 2): halves g = x, u = 1
-        assert _bits_equal(activations.silu_and_mul(gated).squeeze(-1), F.silu(x))
+        assert _bits_equal(activations.silu_and_mul(gated, rounding="fused").squeeze(-1), F.silu(x))
         del x
 
 
@@ -560,3 +560,109 @@ def test_inference_plan_keeps_every_check(activations, device):
             activations.silu_and_mul(x[:, :9])
         with pytest.raises(TypeError, match="dtype"):
             activations.silu(x.to(torch.float64))
+
+
+# ----------------------------------------------------------------------------- fast math and the one-axis grid
+
+
+def _module(activations, name):
+    return sys.modules[f"{activations.__name__}.{name}"]
+
+
+def _clear_plans(activations):
+    _module(activations, "activation")._PLANS.clear()
+    _module(activations, "functional")._INFER_PLANS.clear()
+
+
+@pytest.mark.parametrize("op", ["silu_and_mul", "gelu_tanh_and_mul", "mul_and_silu", "silu"])
+def test_one_axis_grid_covers_every_tile(activations, device, op, monkeypatch):
+    """The forward's one-axis grid (row-major tile order, the fast-math launch) writes every element once, the
+    same bits as the (rows, column blocks) grid: several column blocks, stacked rows, a strided poisoned out."""
+    A = _module(activations, "activation")
+    x = rand((37, width(op, 4097)), torch.bfloat16, device)
+    narrow = rand((67, width(op, 131)), torch.bfloat16, device)
+    expected = [call(activations, op, x), call(activations, op, narrow)]
+    monkeypatch.setattr(A, "_one_axis_grid", lambda fast, cfg: True)
+    _clear_plans(activations)
+    try:
+        assert torch.equal(call(activations, op, x), expected[0])
+        assert torch.equal(call(activations, op, narrow), expected[1])
+        out = torch.full((37, 2 * expected[0].shape[1]), float("nan"), dtype=torch.bfloat16, device=device)[:, ::2]
+        call(activations, op, out, x)
+        assert torch.equal(out, expected[0])
+        plan = A._cached_plan(A._act_fwd_kernel, _module(activations, "_common").OPS[op], op in GATED_ACT, 0.0, x,
+                              expected[0].shape[1], (x, expected[0]))
+        assert len(plan.grid) == 1
+    finally:
+        _clear_plans(activations)
+
+
+def test_fast_math_eligibility(activations):
+    """Only bf16 SILU / GELU_TANH whose value is rounded to bf16 right away, on NVIDIA, compiled (not interpreted)."""
+    fm = _module(activations, "_fast_math")
+    silu, gelu_tanh, gelu = 0, 2, 1
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    bf16 = torch.bfloat16
+    ok = lambda *a: fm.fast_math_eligible(*a)  # noqa: E731
+    assert ok(silu, False, bf16, None, cuda, False) == (torch.version.hip is None)
+    assert ok(gelu_tanh, True, bf16, bf16, cuda, False) == (torch.version.hip is None)
+    assert not ok(silu, True, bf16, None, cuda, False)  # fused gated: the fp32 value would have to agree
+    assert ok(3, False, bf16, bf16, cuda, False) == (torch.version.hip is None)  # gelu_new, eager rounding
+    assert not ok(5, False, bf16, None, cuda, False)  # gelu_quick: its fast sigmoid was not exact on the H200
+    assert not ok(gelu, False, bf16, None, cuda, False)  # erf GELU: no fast form
+    assert not ok(silu, False, torch.float16, None, cuda, False)  # fp16 exposes the approximations
+    assert not ok(silu, True, torch.float32, None, cuda, False)
+    assert not ok(silu, False, bf16, None, cpu, False)
+    assert not ok(silu, False, bf16, None, cuda, True)  # the interpreter runs no inline PTX
+
+
+def test_fast_math_check_runs_once_per_device_and_warns_on_failure(activations, monkeypatch):
+    fm = _module(activations, "_fast_math")
+    monkeypatch.setattr(fm, "_VERIFIED", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    calls = []
+    dev = torch.device("cuda", 3)
+    assert fm.fast_math_verified(dev, 0, lambda d, a: calls.append((d, a)) or True)
+    assert fm.fast_math_verified(dev, 0, lambda d, a: calls.append((d, a)) or True)
+    assert calls == [(dev, 0)]
+    with pytest.warns(RuntimeWarning, match="keeps the exact"):
+        assert not fm.fast_math_verified(dev, 2, lambda d, a: False)
+    assert not fm.fast_math_verified(dev, 2, lambda d, a: True)  # remembered
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not fm.fast_math_verified(torch.device("cuda", 4), 0, lambda d, a: True)  # no check while capturing
+    assert (("cuda", 4, 0)) not in fm._VERIFIED
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rounding", ["fused", "eager"])
+@pytest.mark.parametrize("op", ["silu_and_mul", "mul_and_silu", "gelu_tanh_and_mul", "silu", "gelu_tanh", "gelu_new",
+                                "gelu_fast"])
+def test_gpu_fast_math_exact_for_every_bf16_value(activations, device, op, rounding):
+    """The proof of the fast path: on this GPU the bf16 forwards take NVIDIA's approximate exp2 / reciprocal
+    (gated ops: with rounding="eager") and give the exact path's bits for every one of the 65536 bf16 inputs
+    (gated: multiplied by fresh random bf16 values), and torch's where one op or expression is the reference."""
+    if device != "cuda" or torch.version.hip is not None:
+        pytest.skip("needs TEST_DEVICE=cuda on an NVIDIA GPU")
+    A, C = _module(activations, "activation"), _module(activations, "_common")
+    g = torch.arange(-(1 << 15), 1 << 15, device="cuda", dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    gated, eager_rounding = op in GATED_ACT, rounding == "eager"
+    if gated:
+        u = torch.randn(4, g.numel(), device="cuda").to(torch.bfloat16)
+        x = torch.cat([u, g.expand(4, -1)] if op == "mul_and_silu" else [g.expand(4, -1), u], dim=-1)
+    else:
+        x = g.view(1, -1)
+    y = call(activations, op, x, rounding=rounding)
+    d = y.shape[-1]
+    plans = {fast: A._plan(A._act_fwd_kernel, C.OPS[op], eager_rounding, 0.0, x, d, (x, y), fast=fast)
+             for fast in (None, False)}
+    chosen = dict(plans[None].meta)
+    assert chosen["FAST"] is (eager_rounding or not gated) and chosen["GRID_1D"] is chosen["FAST"], chosen
+    exact = torch.full_like(y, float("nan"))
+    first, second = A._halves(x, C.OPS[op])
+    plans[False]((first, second, exact))
+    assert _bits_equal(y, exact)
+    torch_ref = {"silu": F.silu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
+    if gated and eager_rounding:
+        assert _bits_equal(y, eager(op, x))
+    elif op in torch_ref:
+        assert _bits_equal(y, torch_ref[op](x))

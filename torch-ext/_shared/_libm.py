@@ -15,7 +15,7 @@ from triton.language.extra import libdevice
 
 from ._device import is_interpreter
 
-__all__ = ["erf_f32", "exp_f32", "log_f32", "use_libdevice"]
+__all__ = ["erf_f32", "ex2_approx_ftz", "exp_f32", "log_f32", "rcp_approx", "rcp_approx_ftz", "use_libdevice"]
 
 
 @triton.jit
@@ -43,6 +43,30 @@ def log_f32(x, LIBDEVICE: tl.constexpr):
         return libdevice.log(x)
     else:
         return tl.log(x)
+
+
+# NVIDIA's single-instruction approximations (PTX ISA, "Floating Point Instructions"): only for kernels compiled
+# for NVIDIA GPUs (inline PTX), never under the interpreter. Callers that promise exact results prove them.
+
+
+@triton.jit
+def ex2_approx_ftz(x):
+    """2^x in fp32: one ``ex2.approx.ftz.f32`` (max relative error 2^-22.5; results below 2^-126 flush to 0)."""
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def rcp_approx(x):
+    """1 / x in fp32: one ``rcp.approx.f32`` (max error 1 ulp; subnormal inputs and results kept)."""
+    return tl.inline_asm_elementwise("rcp.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def rcp_approx_ftz(x):
+    """1 / x in fp32: one ``rcp.approx.ftz.f32`` (max error 1 ulp; subnormals flush to 0)."""
+    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                     pack=1)
 
 
 def use_libdevice(device: torch.device, kernel) -> int:

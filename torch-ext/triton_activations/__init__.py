@@ -9,9 +9,10 @@ allocate their output and support autograd:
 
 Inputs and outputs may be views (``chunk``/``narrow`` halves, expanded tensors,
 storage offsets): the kernels address them through their strides, with no copy.
-fp16/bf16/fp32; math in fp32. ``rounding="fused"`` (default) rounds once;
-``rounding="eager"`` reproduces the rounding points of the eager PyTorch /
-transformers expression (see ``functional``). Every op is a ``torch.library``
+fp16/bf16/fp32; math in fp32. ``rounding="eager"`` (default of the gated ops, as
+kernels-community's kernels) reproduces the rounding points of the eager PyTorch /
+transformers expression; ``rounding="fused"`` (default of the plain ops) rounds once
+(see ``functional``). Every op is a ``torch.library``
 custom op with a fake implementation, so it runs under ``torch.compile(fullgraph=True)``.
 ``layers`` holds the Hub layers for ``kernels.kernelize``: kernels-community's
 layer names, and layers exact to transformers' decorated activation classes.

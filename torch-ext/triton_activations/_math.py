@@ -34,12 +34,18 @@ is computed here: an odd Taylor polynomial for |v| < 0.55, ``(1 - e) / (1 + e)``
 ``e = exp(-2|v|)`` above; measured <= 2 fp32 ulps against fp64 on the interpreter. Note that
 ``tl.exp`` compiles to ``ex2.approx`` on NVIDIA (a few ulps), hence libdevice there.
 Divisions are IEEE (``div_rn``), and launches disable fp contraction (``_launch``).
+
+``FAST`` (a constexpr, forward kernels only; see ``_fast_math.py`` for when the launcher sets it): the
+sigmoid of SILU and the tanh of GELU_TANH, GELU_NEW and GELU_FAST from NVIDIA's single-instruction
+``ex2.approx`` / ``rcp.approx`` (:func:`sigmoid_fast`, :func:`tanh_fast`). Their fp32 values differ from the
+exact ones in the last bits; the bf16 results are equal to the exact path's on every one of the 65536 bf16
+inputs, which the launcher checks on each device before use.
 """
 
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
-from ._libm import erf_f32, exp_f32
+from ._libm import erf_f32, ex2_approx_ftz, exp_f32, rcp_approx, rcp_approx_ftz
 from ._rounding import round_to
 
 # Activation ids (the ACT constexpr).
@@ -92,27 +98,57 @@ def sigmoid_f32(a, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def activation(x, threshold, round_square, ACT: tl.constexpr, R: tl.constexpr, LIBDEVICE: tl.constexpr):
-    """The activation of fp32 ``x`` with the eager rounding points of dtype ``R`` (None: none)."""
-    if ACT == SILU:
+def sigmoid_fast(a):
+    """``1 / (1 + exp(-a))`` as ``rcp(1 + 2^(-a log2 e))`` with NVIDIA's approximate instructions (NVIDIA only).
+    The reciprocal keeps subnormals (with the flushing one, SILU of x in [-88.5, -87.5] rounds to 0 instead of
+    a tiny value)."""
+    return rcp_approx(1.0 + ex2_approx_ftz(a * -1.4426950408889634))
+
+
+@triton.jit
+def tanh_fast(v):
+    """tanh from the large-argument branch of libdevice's ``tanhf``, ``sign(v) * (1 - 2 / (2^(2 |v| log2 e) + 1))``,
+    for every v (NVIDIA only). libdevice uses an odd polynomial for |v| < 0.6; this differs from it there in the
+    last fp32 bits, which the GELU forms' ``1 + tanh`` absorbs."""
+    r = rcp_approx_ftz(ex2_approx_ftz(tl.abs(v) * 2.8853900817779268) + 1.0)
+    t = 1.0 - 2.0 * r
+    return tl.where(v < 0, -t, t)
+
+
+@triton.jit
+def _tanh(v, LIBDEVICE: tl.constexpr, FAST: tl.constexpr):
+    if FAST:
+        return tanh_fast(v)
+    else:
+        return tanh_f32(v, LIBDEVICE)
+
+
+@triton.jit
+def activation(x, threshold, round_square, ACT: tl.constexpr, R: tl.constexpr, LIBDEVICE: tl.constexpr,
+               FAST: tl.constexpr):
+    """The activation of fp32 ``x`` with the eager rounding points of dtype ``R`` (None: none); ``FAST``: the
+    sigmoid and tanh from :func:`sigmoid_fast` / :func:`tanh_fast` (NVIDIA only)."""
+    if ACT == SILU and FAST:
+        y = x * sigmoid_fast(x)
+    elif ACT == SILU:
         y = tl.math.div_rn(x, 1.0 + exp_f32(-x, LIBDEVICE))
     elif ACT == GELU:
         y = x * 0.5 * (1.0 + erf_f32(x * 0.7071067811865476, LIBDEVICE))
     elif ACT == GELU_TANH:
-        y = 0.5 * x * (1.0 + tanh_f32(0.7978845608028654 * (x + 0.044715 * (x * x * x)), LIBDEVICE))
+        y = 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * (x * x * x)), LIBDEVICE, FAST))
     elif ACT == GELU_NEW:
         # 0.5 * x * (1.0 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3.0))))
         sq = x * x
         sq = tl.where(round_square != 0, round_to(sq, R), sq)
         cube = round_to(sq * x, R)
         inner = round_to(x + round_to(0.044715 * cube, R), R)
-        t = round_to(tanh_f32(round_to(0.7978845608028654 * inner, R), LIBDEVICE), R)
+        t = round_to(_tanh(round_to(0.7978845608028654 * inner, R), LIBDEVICE, FAST), R)
         y = round_to(0.5 * x, R) * round_to(1.0 + t, R)
     elif ACT == GELU_FAST:
         # 0.5 * x * (1.0 + tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
         a = round_to(x * 0.7978845608, R)
         b = round_to(round_to(0.044715 * x, R) * x, R)
-        t = round_to(tanh_f32(round_to(a * round_to(1.0 + b, R), R), LIBDEVICE), R)
+        t = round_to(_tanh(round_to(a * round_to(1.0 + b, R), R), LIBDEVICE, FAST), R)
         y = round_to(0.5 * x, R) * round_to(1.0 + t, R)
     elif ACT == GELU_QUICK:
         # x * sigmoid(1.702 * x)
@@ -168,6 +204,6 @@ def activation_and_grad(x, threshold, round_square, ACT: tl.constexpr, R: tl.con
         y = 0.5 * x * (1.0 + t)
         g = 0.5 * (1.0 + t) + 0.5 * x * ((1.0 - t) * (1.0 + t)) * (k0 * (1.0 + 3.0 * 0.044715 * x2))
     else:
-        y = activation(x, threshold, round_square, ACT, R, LIBDEVICE)
+        y = activation(x, threshold, round_square, ACT, R, LIBDEVICE, False)
         g = activation_grad(x, threshold, ACT, LIBDEVICE)
     return y, g

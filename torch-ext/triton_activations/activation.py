@@ -36,6 +36,7 @@ from ._libm import use_libdevice
 from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, meta_items
+from ._fast_math import fast_math_eligible, fast_math_verified
 from ._math import GELU_TANH, activation, activation_and_grad, activation_grad, round_to
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_dtype
@@ -73,24 +74,29 @@ def _act_fwd_kernel(
     ACT: tl.constexpr,  # activation id (_math)
     R: tl.constexpr,  # None (fused) or the dtype eager steps round to
     LIBDEVICE: tl.constexpr,  # exp/tanh/erf from the vendor math library (CUDA, ROCm)
+    FAST: tl.constexpr,  # sigmoid / tanh from NVIDIA's approximate instructions (_fast_math: when exact)
+    GRID_1D: tl.constexpr,  # one grid axis over the tiles in row-major order (else rows x column blocks)
+    U_FIRST: tl.constexpr,  # gated: load u before the math (else after it; see _load_u_first)
     ROWS: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # columns per program
 ):
     # One program per tile of ROWS x BLOCK_N. Reads the tile of g (and u), writes the tile of y.
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GRID_1D:
+        column_blocks = tl.cdiv(N, BLOCK_N)
+        row_block = tl.program_id(0) // column_blocks
+        column_block = tl.program_id(0) - row_block * column_blocks
+    else:
+        row_block = tl.program_id(0)
+        column_block = tl.program_id(1)
+    rows = row_block.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offs = column_block * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (offs < N)[None, :]
     cols = offs.to(tl.int64)
     x_off = _tile_offsets(rows, cols, D1, D2, stride_x0, stride_x1, stride_x2, stride_xn)
     g = tl.load(g_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
-    # Where u's load is written decides where it is issued: the compiler does not move it across the math's
-    # branches (libdevice, the IEEE division's slow path). Before the math both loads are in flight at once;
-    # after it, fewer registers are live during the math. H200 (CUDA-graph A/B, bf16): first is +6% for
-    # gelu_tanh (16384 x 2*14336: 3843 -> 4090 GB/s), -3.5% for silu (4098 -> 3962).
-    U_FIRST: tl.constexpr = u_ptr is not None and ACT == GELU_TANH
     if U_FIRST:
         u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
-    y = activation(g, threshold, round_square, ACT, R, LIBDEVICE)
+    y = activation(g, threshold, round_square, ACT, R, LIBDEVICE, FAST)
     if u_ptr is not None:
         if not U_FIRST:
             u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
@@ -171,8 +177,10 @@ def _cached_plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor,
     return plan if plan is not None else _PLANS.add(key, _plan(kernel, spec, eager, threshold, x, d, lead))
 
 
-def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int, lead: Tuple[Tensor, ...]):
-    """The :class:`Launch` of one call (pointers given per call), or ``_SPLIT``."""
+def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int, lead: Tuple[Tensor, ...],
+          fast: Optional[bool] = None):
+    """The :class:`Launch` of one call (pointers given per call), or ``_SPLIT``. ``fast``: take the fast math of
+    the forward (None: where ``_fast_math`` allows it)."""
     sizes, strides = leading_layout(x.shape[:-1], [t.stride()[:-1] for t in lead])
     if len(sizes) > 3:
         return _SPLIT
@@ -184,10 +192,61 @@ def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int
     R = rounding_dtype(x, eager)
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
     scalars = (M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)))
-    return Launch(kernel, (cfg.row_blocks, cfg.column_blocks),
-                  meta_items(ACT=spec.act, R=round_dtype(R), LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
-                             BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel)), scalars,
-                  x.device)
+    meta = dict(ACT=spec.act, R=round_dtype(R), LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
+                BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel))
+    grid = (cfg.row_blocks, cfg.column_blocks)
+    if kernel is _act_fwd_kernel:
+        if fast is None:
+            fast = fast_math_eligible(spec.act, spec.gated, x.dtype, R, x.device, is_interpreter(kernel)) \
+                and fast_math_verified(x.device, spec.act, _fast_math_exact)
+        grid_1d = _one_axis_grid(fast, cfg)
+        meta.update(FAST=fast, GRID_1D=grid_1d, U_FIRST=_load_u_first(spec))
+        if grid_1d:
+            grid = (cfg.row_blocks * cfg.column_blocks,)
+    return Launch(kernel, grid, meta_items(**meta), scalars, x.device)
+
+
+def _one_axis_grid(fast: bool, cfg) -> bool:
+    """Whether a forward walks its tiles in row-major order on one grid axis (programs launched one after another
+    then read neighbouring memory) rather than on a (rows, column blocks) grid. H200, bf16 16384 x 2*14336: with
+    the fast math 4% faster (4376 against 4195 GB/s), with the exact math 2% slower. With one column block both
+    orders are the same, and the one-axis grid's division costs a latency-bound launch 10% (5 x 96: 1.11 against
+    1.01 us; ``benchmarks/NOTES.md``)."""
+    return fast and cfg.column_blocks > 1 and cfg.row_blocks * cfg.column_blocks < 2**31
+
+
+def _load_u_first(spec: OpSpec) -> bool:
+    """Whether a gated forward loads u before the math. Where u's load is written decides where it is issued: the
+    compiler does not move it across the math's branches (libdevice, the IEEE division's slow path). Before the
+    math both loads are in flight at once; after it, fewer registers are live during the math. H200 (CUDA-graph
+    A/B, bf16), exact math: first is +6% for gelu_tanh (16384 x 2*14336: 3843 -> 4090 GB/s), -3.5% for silu
+    (4098 -> 3962); with the fast math either place is within 0.2% for both; for the erf GELU first is 0.4-1.4%
+    slower except at 67 x 2*5003 (11% faster)."""
+    return spec.gated and spec.act == GELU_TANH
+
+
+def _fast_math_exact(device: torch.device, act: int) -> bool:
+    """Whether the fast forward of ``act`` gives the exact forward's bits for every one of the 65536 bf16 inputs,
+    through the kernel the ops launch: the plain op with either rounding, the gated ops (``rounding="eager"``,
+    multiplier 1) where ``act`` has one (``_fast_math``)."""
+    g = torch.arange(-32768, 32768, dtype=torch.int32, device=device).to(torch.int16).view(torch.bfloat16)
+    cases = []
+    for name, spec in OPS.items():
+        if spec.act == act and not spec.act_on_second:
+            x = torch.cat([g, torch.ones_like(g)]).view(1, -1) if spec.gated else g.view(1, -1)
+            cases += [(spec, x, eager) for eager in ((True,) if spec.gated else (False, True))]
+    for spec, x, eager in cases:
+        outs = []
+        for fast in (True, False):
+            out = torch.full((1, g.numel()), float("nan"), dtype=torch.bfloat16, device=device)
+            first, second = _halves(x, spec)
+            _plan(_act_fwd_kernel, spec, eager, 0.0, x, g.numel(), (x, out), fast=fast)((first, second, out))
+            outs.append(out)
+        fast_out, exact = outs
+        same = (fast_out.view(torch.int16) == exact.view(torch.int16)) | (torch.isnan(fast_out) & torch.isnan(exact))
+        if not bool(same.all()):
+            return False
+    return True
 
 
 def _as_1d(*ts: Tensor) -> Tuple[Tensor, ...]:

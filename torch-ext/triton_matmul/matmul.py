@@ -65,6 +65,7 @@ import triton.language as tl
 from ._dispatch import call_op
 from ._launch import MatmulConfig, config_for, tma_capable
 from ._device import cdiv, check_launch_device, is_interpreter, next_power_of_2
+from ._libm import ex2_approx_ftz, rcp_approx_ftz
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
 
@@ -88,8 +89,7 @@ def _store(ptr, value, mask):
 def _exp2(x, FAST_MATH: tl.constexpr):
     """2^x in fp32; FAST_MATH (NVIDIA): one ``ex2.approx.ftz`` (2 ulp; results below 2^-126 flush to 0)."""
     if FAST_MATH:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return ex2_approx_ftz(x)
     else:
         return tl.exp2(x)
 
@@ -98,8 +98,7 @@ def _exp2(x, FAST_MATH: tl.constexpr):
 def _rcp(x, FAST_MATH: tl.constexpr):
     """1 / x in fp32; FAST_MATH (NVIDIA): one ``rcp.approx.ftz`` (1 ulp)."""
     if FAST_MATH:
-        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return rcp_approx_ftz(x)
     else:
         return 1.0 / x
 
