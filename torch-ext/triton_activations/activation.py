@@ -231,7 +231,7 @@ def _fast_math_exact(device: torch.device, act: int) -> bool:
     multiplier 1) where ``act`` has one (``_fast_math``)."""
     g = torch.arange(-32768, 32768, dtype=torch.int32, device=device).to(torch.int16).view(torch.bfloat16)
     cases = []
-    for name, spec in OPS.items():
+    for spec in OPS.values():
         if spec.act == act and not spec.act_on_second:
             x = torch.cat([g, torch.ones_like(g)]).view(1, -1) if spec.gated else g.view(1, -1)
             cases += [(spec, x, eager) for eager in ((True,) if spec.gated else (False, True))]
