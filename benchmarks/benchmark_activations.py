@@ -79,7 +79,7 @@ class GatedActivationBenchmark(Benchmark):
         self.out = self.kernel.silu_and_mul(self.y, self.x)  # kernels-community's (out, x) form
 
     def verify_silu_and_mul_out_bf16(self):
-        return (F.silu(self.x[..., : self.d].float()) * self.x[..., self.d :].float()).to(self.x.dtype)
+        return self._eager(F.silu)  # the (out, x) form's default rounding is kernels-community's: "eager"
 
     def setup_gelu_tanh_and_mul_bf16(self):
         self._make()
@@ -110,9 +110,13 @@ class GatedActivationBenchmark(Benchmark):
         self.out = self.x.grad
 
     def verify_silu_and_mul_fwd_bwd_bf16(self):
-        x = self.x.detach().float().requires_grad_(True)
-        (F.silu(x[..., : self.d]) * x[..., self.d :]).backward(self.dy.float())
-        return x.grad.to(self.x.dtype)
+        # the gradient of the default (rounding="eager") forward: du = dy * silu(g) rounded to x.dtype as the
+        # forward rounds it, dg = dy * u * silu'(g); fp32 math, one rounding
+        g, u = self.x.detach()[..., : self.d].float(), self.x.detach()[..., self.d :].float()
+        dy, s = self.dy.float(), torch.sigmoid(g)
+        du = dy * F.silu(g).to(self.x.dtype).float()
+        dg = dy * u * (s * (1 + g * (1 - s)))
+        return torch.cat([dg, du], dim=-1).to(self.x.dtype)
 
 
 class ActivationBenchmark(Benchmark):
