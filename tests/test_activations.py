@@ -666,3 +666,19 @@ def test_gpu_fast_math_exact_for_every_bf16_value(activations, device, op, round
         assert _bits_equal(y, eager(op, x))
     elif op in torch_ref:
         assert _bits_equal(y, torch_ref[op](x))
+
+
+@pytest.mark.parametrize("op", GATED + ["gelu_quick"])
+def test_default_rounding_is_kernels_community_numerics(activations, device, op):
+    """The gated ops default to rounding="eager" (kernels-community's kernels round act(a) to the input type before
+    the multiply), in both call forms; the plain ops default to "fused" (kernels-community's gelu_quick rounds
+    once)."""
+    x = rand((7, width(op, 131)), torch.float16, device)
+    expected = call(activations, op, x, rounding="eager" if op in GATED_ACT else "fused")
+    assert torch.equal(call(activations, op, x), expected)
+    out = torch.full_like(expected, float("nan"))
+    call(activations, op, out, x)
+    assert torch.equal(out, expected)
+    if op in ("silu_and_mul", "gelu_tanh_and_mul", "gelu_quick"):  # the two roundings differ somewhere here
+        other = call(activations, op, x, rounding="fused" if op in GATED_ACT else "eager")
+        assert not torch.equal(other, expected)
