@@ -8,7 +8,9 @@ Forward, per element (fp32 math, see ``_math.py`` for each activation):
 ``round_r`` is the identity for ``rounding="fused"`` and a rounding to x.dtype for
 ``rounding="eager"`` (the rounding point of eager ``act(g) * u`` in PyTorch, and of
 kernels-community/activation's CUDA kernels, which round ``act(g)`` to the input type
-before the multiply). ``round_out`` rounds once to the output dtype (= x.dtype).
+before the multiply). ``round_out`` rounds once to the output dtype (= x.dtype). Where
+``act(x)`` is rounded to bf16 right away, NVIDIA GPUs take the fast forms of ``_math``
+once ``_fast_math`` has checked them on the device (same bits for every bf16 input).
 
 Backward (roundings count as identity, as autograd treats ``.to``):
 
