@@ -581,6 +581,8 @@ def test_one_axis_grid_covers_every_tile(activations, device, op, monkeypatch):
     A = _module(activations, "activation")
     x = rand((37, width(op, 4097)), torch.bfloat16, device)
     narrow = rand((67, width(op, 131)), torch.bfloat16, device)
+    monkeypatch.setattr(A, "_one_axis_grid", lambda fast, cfg: False)
+    _clear_plans(activations)
     expected = [call(activations, op, x), call(activations, op, narrow)]
     monkeypatch.setattr(A, "_one_axis_grid", lambda fast, cfg: True)
     _clear_plans(activations)
@@ -598,7 +600,8 @@ def test_one_axis_grid_covers_every_tile(activations, device, op, monkeypatch):
 
 
 def test_fast_math_eligibility(activations):
-    """Only bf16 SILU / GELU_TANH whose value is rounded to bf16 right away, on NVIDIA, compiled (not interpreted)."""
+    """Only bf16 SILU / GELU_TANH / GELU_NEW / GELU_FAST whose value is rounded to bf16 right away, on NVIDIA,
+    compiled (not interpreted)."""
     fm = _module(activations, "_fast_math")
     silu, gelu_tanh, gelu = 0, 2, 1
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
@@ -628,9 +631,23 @@ def test_fast_math_check_runs_once_per_device_and_warns_on_failure(activations, 
     with pytest.warns(RuntimeWarning, match="keeps the exact"):
         assert not fm.fast_math_verified(dev, 2, lambda d, a: False)
     assert not fm.fast_math_verified(dev, 2, lambda d, a: True)  # remembered
+    def broken(d, a):
+        raise RuntimeError("out of memory")
+
+    with pytest.warns(RuntimeWarning, match="could not be checked .*out of memory"):
+        assert not fm.fast_math_verified(dev, 3, broken)  # a check that raises counts as failed
+    assert fm._VERIFIED[("cuda", 3, 3)] is False
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert not fm.fast_math_verified(torch.device("cuda", 4), 0, lambda d, a: True)  # no check while capturing
     assert (("cuda", 4, 0)) not in fm._VERIFIED
+
+
+def test_registered_op_rejects_an_output_of_another_dtype(activations, device):
+    """The public functions check out's dtype; the registered op, reachable without them, does too."""
+    A = _module(activations, "activation")
+    x = rand((3, 2 * 16), torch.bfloat16, device)
+    with pytest.raises(TypeError, match="dtype"):
+        A._act_fwd_out(torch.empty(3, 16, dtype=torch.float32, device=device), x, "silu_and_mul", True, 0.0)
 
 
 @pytest.mark.gpu
@@ -653,8 +670,8 @@ def test_gpu_fast_math_exact_for_every_bf16_value(activations, device, op, round
         x = g.view(1, -1)
     y = call(activations, op, x, rounding=rounding)
     d = y.shape[-1]
-    plans = {fast: A._plan(A._act_fwd_kernel, C.OPS[op], eager_rounding, 0.0, x, d, (x, y), fast=fast)
-             for fast in (None, False)}
+    plans = {None: A._cached_plan(A._act_fwd_kernel, C.OPS[op], eager_rounding, 0.0, x, d, (x, y)),  # y's plan
+             False: A._plan(A._act_fwd_kernel, C.OPS[op], eager_rounding, 0.0, x, d, (x, y), fast=False)}
     chosen = dict(plans[None].meta)
     assert chosen["FAST"] is (eager_rounding or not gated) and chosen["GRID_1D"] is chosen["FAST"], chosen
     exact = torch.full_like(y, float("nan"))
@@ -679,6 +696,6 @@ def test_default_rounding_is_kernels_community_numerics(activations, device, op)
     out = torch.full_like(expected, float("nan"))
     call(activations, op, out, x)
     assert torch.equal(out, expected)
-    if op in ("silu_and_mul", "gelu_tanh_and_mul", "gelu_quick"):  # the two roundings differ somewhere here
+    if op != "fatrelu_and_mul":  # the two roundings differ somewhere here (fatrelu is exact in any dtype)
         other = call(activations, op, x, rounding="fused" if op in GATED_ACT else "eager")
         assert not torch.equal(other, expected)

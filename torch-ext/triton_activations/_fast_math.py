@@ -53,15 +53,22 @@ def fast_math_eligible(act: int, gated: bool, dtype: torch.dtype, rounding: Opti
 
 def fast_math_verified(device: torch.device, act: int, check: Callable[[torch.device, int], bool]) -> bool:
     """``check(device, act)`` (True when the fast forms equal the exact path on every bf16 input), run once per device and
-    activation; False without running it while the current stream captures a CUDA graph (the check
-    synchronises), so a capture takes the exact math unless the check ran before."""
+    activation. False without running it while the current stream captures a CUDA graph (the check
+    synchronises): a call signature first launched inside a capture keeps the exact math (same bits, slower).
+    A check that raises (out of memory, a synchronisation forbidden by ``torch.cuda.set_sync_debug_mode``)
+    counts as failed. Either failure warns once and keeps the exact (libdevice) math on that device."""
     key = (device.type, device.index, act)
     ok = _VERIFIED.get(key)
     if ok is None:
         if torch.cuda.is_current_stream_capturing():
             return False
-        ok = _VERIFIED[key] = bool(check(device, act))
+        try:
+            ok = bool(check(device, act))
+            why = "differs from the exact one for some bf16 input"
+        except Exception as e:  # noqa: BLE001 - any failure of the check means: no fast math
+            ok, why = False, f"could not be checked ({type(e).__name__}: {e})"
+        _VERIFIED[key] = ok
         if not ok:
-            warnings.warn(f"triton-activations: the fast form of activation {act} differs from the exact one on {device} "
-                          "for some bf16 input; this device keeps the exact (libdevice) math", RuntimeWarning)
+            warnings.warn(f"triton-activations: the fast form of activation {act} {why} on {device}; this device keeps "
+                          "the exact (libdevice) math", RuntimeWarning)
     return ok

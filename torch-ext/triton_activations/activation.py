@@ -230,7 +230,13 @@ def _load_u_first(spec: OpSpec) -> bool:
 def _fast_math_exact(device: torch.device, act: int) -> bool:
     """Whether the fast forward of ``act`` gives the exact forward's bits for every one of the 65536 bf16 inputs,
     through the kernel the ops launch: the plain op with either rounding, the gated ops (``rounding="eager"``,
-    multiplier 1) where ``act`` has one (``_fast_math``)."""
+    multiplier 1) where ``act`` has one (``_fast_math``). NaN outputs count as equal whatever their payload (NVIDIA
+    arithmetic returns the canonical NaN on both paths; torch's own comparisons treat NaNs alike)."""
+    with torch.cuda.device(device):  # Triton launches on the current device
+        return _fast_math_exact_here(device, act)
+
+
+def _fast_math_exact_here(device: torch.device, act: int) -> bool:
     g = torch.arange(-32768, 32768, dtype=torch.int32, device=device).to(torch.int16).view(torch.bfloat16)
     cases = []
     for spec in OPS.values():
@@ -257,7 +263,11 @@ def _as_1d(*ts: Tensor) -> Tuple[Tensor, ...]:
 
 
 def forward_into(out: Tensor, x: Tensor, spec: OpSpec, eager: bool, threshold: float) -> None:
-    """Writes op ``spec`` of ``x`` into ``out`` (validated shapes; any strides)."""
+    """Writes op ``spec`` of ``x`` into ``out`` (validated shapes; any strides). Raises TypeError when out's dtype is
+    not x's (the public functions check it first; the registered op is reachable without them, and the launch
+    plans, the fast-math check included, assume it)."""
+    if out.dtype != x.dtype:
+        raise TypeError(f"out must have x's dtype {x.dtype}, got {out.dtype}")
     if out.numel() == 0:
         return
     out, x = _as_1d(out, x)
