@@ -7,19 +7,17 @@ triton_activations._launch.
 """
 import sys
 sys.path.insert(0, "benchmarks")
-from sweep_common import prepare, load_packages
+from sweep_common import ActivationInternals, prepare
 OUT = prepare(sys.argv[1], False)
 import torch
 import torch.nn.functional as F
 from triton.testing import do_bench_cudagraph
-(act,) = load_packages(["triton-activations"], False)
-A = sys.modules[act.__name__ + ".activation"]
-L = sys.modules[act.__name__ + "._launch"]
-FN = sys.modules[act.__name__ + ".functional"]
+INTERNALS = ActivationInternals(False)
+act, L = INTERNALS.pkg, INTERNALS.launch
 base = (L.TILE_BYTES, L.PLAIN_THREADS, L.THREADS)
 def setv(v):
     L.TILE_BYTES, L.PLAIN_THREADS, L.THREADS = v
-    L.pick_config.cache_clear(); A._PLANS.clear(); FN._INFER_PLANS.clear()
+    INTERNALS.reset_plans()
 log = open(OUT / "erf.log", "w")
 def P(s):
     print(s, flush=True); print(s, file=log, flush=True)

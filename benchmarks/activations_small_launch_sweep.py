@@ -8,17 +8,15 @@ interleaved rounds, CUDA-graph medians, outputs checked bitwise against the firs
 whenever the fast math runs; B only with more than one column block (shipped); C B plus u loaded first for every
 gated op; D C without the fast math.
 """
-import sys, statistics
+import sys
 sys.path.insert(0, "benchmarks")
-from sweep_common import prepare, load_packages
+from sweep_common import ActivationInternals, prepare
 OUT = prepare(sys.argv[1], False)
 import torch
 from triton.testing import do_bench_cudagraph
-(act,) = load_packages(["triton-activations"], False)
-A = sys.modules[act.__name__ + ".activation"]
-FN = sys.modules[act.__name__ + ".functional"]
-FM = sys.modules[act.__name__ + "._fast_math"]
-base = (A._one_axis_grid, A._load_u_first, FM.fast_math_eligible)
+INTERNALS = ActivationInternals(False)
+act, A = INTERNALS.pkg, INTERNALS.activation
+base = (A._one_axis_grid, A._load_u_first, A.fast_math_eligible)
 V = {
     "A one-axis grid with fast math": (lambda fast, cfg: fast, base[1], base[2]),
     "B 1d only if >1 col block (shipped)": base,
@@ -29,7 +27,7 @@ V = {
 def setv(v):
     A._one_axis_grid, A._load_u_first = v[0], v[1]
     A.fast_math_eligible = v[2]
-    A._PLANS.clear(); FN._INFER_PLANS.clear()
+    INTERNALS.reset_plans()
 ops = ["silu_and_mul", "mul_and_silu", "gelu_tanh_and_mul", "gelu_and_mul", "silu", "gelu_tanh", "gelu_new", "gelu_fast", "gelu", "gelu_quick"]
 res = {}
 log = open(OUT / "small.log", "w")

@@ -14,7 +14,7 @@ import argparse
 import statistics
 import sys
 
-from sweep_common import Sweep, load_packages, prepare
+from sweep_common import ActivationInternals, Sweep, prepare
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
@@ -27,10 +27,8 @@ RUN = Sweep(OUT / "tiles.jsonl", args.budget, args.cpu, rep=25)
 
 import torch  # noqa: E402
 
-(act,) = load_packages(["triton-activations"], args.cpu)
-L = sys.modules[act.__name__ + "._launch"]
-A = sys.modules[act.__name__ + ".activation"]
-FN = sys.modules[act.__name__ + ".functional"]
+INTERNALS = ActivationInternals(args.cpu)
+act, L = INTERNALS.pkg, INTERNALS.launch
 DEV = RUN.dev
 SHIPPED = (L.GATED_TILE_BYTES, L.TILE_BYTES, L.PLAIN_THREADS)
 SETTINGS = {"shipped": SHIPPED, "previous": (2048, 2048, 128), "4 KiB x 4 warps": (4096, 4096, 128),
@@ -40,9 +38,7 @@ SETTINGS = {"shipped": SHIPPED, "previous": (2048, 2048, 128), "4 KiB x 4 warps"
 def use(setting):
     """Sets the tiles and clears every cached launch plan and config."""
     L.GATED_TILE_BYTES, L.TILE_BYTES, L.PLAIN_THREADS = setting
-    L.pick_config.cache_clear()
-    A._PLANS.clear()
-    FN._INFER_PLANS.clear()
+    INTERNALS.reset_plans()
 
 
 CASES = [("silu_and_mul", 65536, 1536), ("silu_and_mul", 16384, 1536), ("silu_and_mul", 8192, 11008),

@@ -5,18 +5,17 @@ rounds, outputs checked bitwise). Results: results/activations_small_and_views_2
 """
 import sys
 sys.path.insert(0, "benchmarks")
-from sweep_common import prepare, load_packages
+from sweep_common import ActivationInternals, prepare
 OUT = prepare(sys.argv[1], False)
 import torch
 from triton.testing import do_bench_cudagraph
-(act,) = load_packages(["triton-activations"], False)
-A = sys.modules[act.__name__ + ".activation"]
-FN = sys.modules[act.__name__ + ".functional"]
+INTERNALS = ActivationInternals(False)
+act, A = INTERNALS.pkg, INTERNALS.activation
 base = A._load_u_first
 V = {"current": base, "u first": lambda spec: spec.gated, "u after": lambda spec: False}
 def setv(v):
     A._load_u_first = v
-    A._PLANS.clear(); FN._INFER_PLANS.clear()
+    INTERNALS.reset_plans()
 log = open(OUT / "ufirst.log", "w")
 for M, d in ((16384, 14336), (4096, 14336), (65536, 1536), (8192, 11008), (67, 5003), (256, 4096)):
     for op in ("silu_and_mul", "gelu_tanh_and_mul", "gelu_and_mul"):

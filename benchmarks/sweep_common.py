@@ -1,6 +1,6 @@
-"""What the triton-softmax GPU scripts share (``softmax_gpu_sweep.py``, ``softmax_team_sweep.py``).
+"""What the GPU sweep scripts share (softmax, cross-entropy, norms, activations: ``benchmarks/*_sweep.py``).
 
-Both are run as ``python3 benchmarks/<script>.py`` from the checkout (this folder is then on
+They are run as ``python3 benchmarks/<script>.py`` from the checkout (this folder is then on
 ``sys.path``). ``prepare`` must run before torch or triton is imported (it sets the interpreter
 and an offline, private HF cache); nothing here imports torch or triton at module level.
 
@@ -138,6 +138,25 @@ def load_packages(names, cpu: bool, root: Path = Path(".")) -> list:
                               cpu_variant=cpu)
     by_name = {b.package.name: b for b in builds}
     return [kernels.get_local_kernel(by_name[n].variant("cpu" if cpu else "cuda")) for n in names]
+
+
+class ActivationInternals:
+    """A triton-activations build (``load_packages``) with the modules the launch-rule sweeps patch: ``pkg`` (the
+    public API), ``activation``, ``functional``, ``launch`` (``_launch``) and ``fast_math`` (``_fast_math``)."""
+
+    def __init__(self, cpu: bool, root: Path = Path(".")):
+        (self.pkg,) = load_packages(["triton-activations"], cpu, root)
+        name = self.pkg.__name__
+        self.activation = sys.modules[f"{name}.activation"]
+        self.functional = sys.modules[f"{name}.functional"]
+        self.launch = sys.modules[f"{name}._launch"]
+        self.fast_math = sys.modules[f"{name}._fast_math"]
+
+    def reset_plans(self):
+        """Forgets every cached launch config and plan, so that patched launch rules take effect."""
+        self.launch.pick_config.cache_clear()
+        self.activation._PLANS.clear()
+        self.functional._INFER_PLANS.clear()
 
 
 def load_liger(log):

@@ -13,8 +13,8 @@ exact path on all 65536 bf16 inputs, through the very kernel the ops launch (pla
 differs keeps the exact math, with a warning. Not eligible: fp16, whose 11-bit significand exposes the
 approximations (on the H200 2 inputs differ for SILU, 3 for GELU_TANH); fp32; a fused gated ``act(g) * u``
 (fp32 values would have to agree); the erf GELU (no fast form); GELU_QUICK, whose ``sigmoid(1.702 x)``
-with the approximate reciprocal differed from the exact one on the H200 (in both roundings). The sigmoid form of the tanh GELU,
-``x * sigmoid(2 u)``, is not exact either: below x = -3 it is more accurate than ``1 + tanh(u)``, whose
+with the approximate reciprocal differed from the exact one on the H200 (in both roundings). The sigmoid form
+of the tanh GELU, ``x * sigmoid(2 u)``, is not exact either: below x = -3 it is more accurate than ``1 + tanh(u)``, whose
 cancellation decides the bf16 bits there (150 inputs differ), hence ``tanh_fast`` (libdevice's own
 large-argument formula).
 """
@@ -52,8 +52,8 @@ def fast_math_eligible(act: int, gated: bool, dtype: torch.dtype, rounding: Opti
 
 
 def fast_math_verified(device: torch.device, act: int, check: Callable[[torch.device, int], bool]) -> bool:
-    """``check(device, act)`` (True when the fast forms equal the exact path on every bf16 input), run once per device and
-    activation. False without running it while the current stream captures a CUDA graph (the check
+    """``check(device, act)`` (True when the fast forms equal the exact path on every bf16 input), run once per
+    device and activation. False without running it while the current stream captures a CUDA graph (the check
     synchronises): a call signature first launched inside a capture keeps the exact math (same bits, slower).
     A check that raises (out of memory, a synchronisation forbidden by ``torch.cuda.set_sync_debug_mode``)
     counts as failed. Either failure warns once and keeps the exact (libdevice) math on that device."""

@@ -233,28 +233,25 @@ def _fast_math_exact(device: torch.device, act: int) -> bool:
     multiplier 1) where ``act`` has one (``_fast_math``). NaN outputs count as equal whatever their payload (NVIDIA
     arithmetic returns the canonical NaN on both paths; torch's own comparisons treat NaNs alike)."""
     with torch.cuda.device(device):  # Triton launches on the current device
-        return _fast_math_exact_here(device, act)
-
-
-def _fast_math_exact_here(device: torch.device, act: int) -> bool:
-    g = torch.arange(-32768, 32768, dtype=torch.int32, device=device).to(torch.int16).view(torch.bfloat16)
-    cases = []
-    for spec in OPS.values():
-        if spec.act == act and not spec.act_on_second:
+        g = torch.arange(-32768, 32768, dtype=torch.int32, device=device).to(torch.int16).view(torch.bfloat16)
+        for spec in OPS.values():
+            if spec.act != act or spec.act_on_second:  # mul_and_silu: silu_and_mul's kernel on the other half
+                continue
             x = torch.cat([g, torch.ones_like(g)]).view(1, -1) if spec.gated else g.view(1, -1)
-            cases += [(spec, x, eager) for eager in ((True,) if spec.gated else (False, True))]
-    for spec, x, eager in cases:
-        outs = []
-        for fast in (True, False):
-            out = torch.full((1, g.numel()), float("nan"), dtype=torch.bfloat16, device=device)
-            first, second = _halves(x, spec)
-            _plan(_act_fwd_kernel, spec, eager, 0.0, x, g.numel(), (x, out), fast=fast)((first, second, out))
-            outs.append(out)
-        fast_out, exact = outs
-        same = (fast_out.view(torch.int16) == exact.view(torch.int16)) | (torch.isnan(fast_out) & torch.isnan(exact))
-        if not bool(same.all()):
-            return False
-    return True
+            for eager in ((True,) if spec.gated else (False, True)):
+                fast, exact = (_forward_all_bf16(spec, eager, x, f) for f in (True, False))
+                same = (fast.view(torch.int16) == exact.view(torch.int16)) | (torch.isnan(fast) & torch.isnan(exact))
+                if not bool(same.all()):
+                    return False
+        return True
+
+
+def _forward_all_bf16(spec: OpSpec, eager: bool, x: Tensor, fast: bool) -> Tensor:
+    """The forward of the (1, 65536) activation input ``x`` (gated: with its multiplier half) with ``fast`` forced."""
+    out = torch.full((1, 65536), float("nan"), dtype=torch.bfloat16, device=x.device)
+    first, second = _halves(x, spec)
+    _plan(_act_fwd_kernel, spec, eager, 0.0, x, 65536, (x, out), fast=fast)((first, second, out))
+    return out
 
 
 def _as_1d(*ts: Tensor) -> Tuple[Tensor, ...]:
