@@ -1,12 +1,14 @@
-"""Latency-bound activation launches (5 x 96 and 67 x 5003 bf16, the port-check shapes) under variants of the launch
-rules, and the throughput forwards on chunk views (GPU). Results: results/activations_small_and_views_2026-12-01.txt.
+"""Latency-bound activation launches (5 x 96 and 67 x 5003, the port-check shapes) under variants of the launch
+rules, and the throughput forwards on chunk views (GPU). Results: results/activations_small_and_views_2026-12-01.txt
+(session 11, bf16), results/activations_small_u_first_2026-12-01.txt (session 12, bf16 / fp16 / fp32).
 
-    python benchmarks/activations_small_launch_sweep.py OUT_DIR
+    python benchmarks/activations_small_launch_sweep.py OUT_DIR [DTYPE ...]      (default: bfloat16 and the views)
 
 Variants (monkeypatched launch rules of triton_activations.activation, plans cleared in between; three
 interleaved rounds, CUDA-graph medians, outputs checked bitwise against the first variant): A one-axis grid
-whenever the fast math runs; B only with more than one column block (shipped); C B plus u loaded first for every
-gated op; D C without the fast math.
+whenever the fast math runs; B only with more than one column block, u first for gelu_tanh only (session 11);
+C B plus u loaded first for every gated op; D C without the fast math; S the shipped rules (B, plus u first for
+every gated op in a latency-bound launch).
 """
 import sys
 sys.path.insert(0, "benchmarks")
@@ -17,12 +19,14 @@ from triton.testing import do_bench_cudagraph
 INTERNALS = ActivationInternals(False)
 act, A = INTERNALS.pkg, INTERNALS.activation
 base = (A._one_axis_grid, A._load_u_first, A.fast_math_eligible)
+DTYPES = sys.argv[2:] or ["bfloat16"]
+u_gelu_tanh = lambda spec, cfg: spec.gated and spec.act == A.GELU_TANH  # noqa: E731
 V = {
-    "A one-axis grid with fast math": (lambda fast, cfg: fast, base[1], base[2]),
-    "B 1d only if >1 col block (shipped)": base,
-    "C B + u first (gated)": (lambda fast, cfg: fast and cfg.column_blocks > 1, lambda spec: spec.gated, base[2]),
-    "D C without fast math": (lambda fast, cfg: fast and cfg.column_blocks > 1, lambda spec: spec.gated,
-                              lambda *a: False),
+    "A one-axis grid with fast math": (lambda fast, cfg: fast, u_gelu_tanh, base[2]),
+    "B 1d only if >1 col block": (base[0], u_gelu_tanh, base[2]),
+    "C B + u first (gated)": (base[0], lambda spec, cfg: spec.gated, base[2]),
+    "D C without fast math": (base[0], lambda spec, cfg: spec.gated, lambda *a: False),
+    "S shipped": base,
 }
 def setv(v):
     A._one_axis_grid, A._load_u_first = v[0], v[1]
@@ -31,12 +35,12 @@ def setv(v):
 ops = ["silu_and_mul", "mul_and_silu", "gelu_tanh_and_mul", "gelu_and_mul", "silu", "gelu_tanh", "gelu_new", "gelu_fast", "gelu", "gelu_quick"]
 res = {}
 log = open(OUT / "small.log", "w")
-for shape in ((5, 96), (67, 5003)):
+for dtype, shape in [(getattr(torch, n), s) for n in DTYPES for s in ((5, 96), (67, 5003))]:
     for op in ops:
         gated = "_and_" in op
         M, d = shape
-        x = torch.randn(M, 2 * d if gated else d, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty(M, d, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(M, 2 * d if gated else d, device="cuda", dtype=dtype)
+        out = torch.empty(M, d, device="cuda", dtype=dtype)
         f = getattr(act, op)
         kw = {"rounding": "eager"} if gated else {}
         ref = None
@@ -49,12 +53,14 @@ for shape in ((5, 96), (67, 5003)):
                 elif not torch.equal(out, ref):
                     print("MISMATCH", op, name, file=log, flush=True)
                 ms = do_bench_cudagraph(lambda: f(out, x, **kw), rep=40, return_mode="median")
-                res.setdefault((shape, op, name), []).append(ms * 1e3)
+                res.setdefault((dtype, shape, op, name), []).append(ms * 1e3)
         for name in V:
-            t = res[(shape, op, name)]
-            line = f"{shape} {op:18s} {name:28s} {min(t):6.3f} us  {[round(v, 3) for v in t]}"
+            t = res[(dtype, shape, op, name)]
+            line = f"{dtype} {shape} {op:18s} {name:28s} {min(t):6.3f} us  {[round(v, 3) for v in t]}"
             print(line, flush=True); print(line, file=log, flush=True)
 setv(base)
+if sys.argv[2:]:
+    sys.exit(0)
 # chunk views at the throughput shape: x a view with row stride 4d (chunk of a wider tensor), out a strided view
 M, d = 16384, 14336
 big = torch.randn(M, 4 * d, device="cuda", dtype=torch.bfloat16)

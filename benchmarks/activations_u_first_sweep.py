@@ -12,7 +12,7 @@ from triton.testing import do_bench_cudagraph
 INTERNALS = ActivationInternals(False)
 act, A = INTERNALS.pkg, INTERNALS.activation
 base = A._load_u_first
-V = {"current": base, "u first": lambda spec: spec.gated, "u after": lambda spec: False}
+V = {"current": base, "u first": lambda spec, cfg: spec.gated, "u after": lambda spec, cfg: False}
 def setv(v):
     A._load_u_first = v
     INTERNALS.reset_plans()

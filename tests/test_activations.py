@@ -699,3 +699,42 @@ def test_default_rounding_is_kernels_community_numerics(activations, device, op)
     if op != "fatrelu_and_mul":  # the two roundings differ somewhere here (fatrelu is exact in any dtype)
         other = call(activations, op, x, rounding="fused" if op in GATED_ACT else "eager")
         assert not torch.equal(other, expected)
+
+
+def test_u_first_in_one_wave_launches(activations):
+    """A gated forward loads u before the math for gelu_tanh, and for every gated op when the launch runs in one
+    wave (latency-bound: the chain of two loads and the math is the kernel's time), never for plain ops."""
+    A, L = _module(activations, "activation"), _module(activations, "_launch")
+    ops = _module(activations, "_common").OPS
+
+    def cfg(M, d, elem, gated=True):
+        tile, threads = L.tile_for(False, gated, d * elem)
+        return L.pick_config(d, elem, 32, M, tile, True, threads)
+
+    for M, d, elem in ((5, 96, 2), (67, 5003, 2), (67, 5003, 4), (256, 4096, 2)):
+        assert cfg(M, d, elem).one_wave, (M, d, elem)
+        assert A._load_u_first(ops["silu_and_mul"], cfg(M, d, elem))
+        assert not A._load_u_first(ops["silu"], cfg(M, d, elem, gated=False))
+    for M, d, elem in ((16384, 14336, 2), (65536, 1536, 2), (4096, 14336, 4)):
+        big = cfg(M, d, elem)
+        assert not big.one_wave, (M, d, elem)
+        assert not A._load_u_first(ops["silu_and_mul"], big) and not A._load_u_first(ops["gelu_and_mul"], big)
+        assert A._load_u_first(ops["gelu_tanh_and_mul"], big)
+    assert not L.pick_config(96, 2, 32, 5, 2048, False).one_wave  # the interpreter's plans (fill_gpu off)
+
+
+@pytest.mark.parametrize("op", ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "fatrelu_and_mul"])
+def test_u_first_same_bits(activations, device, op, monkeypatch):
+    """Loading u before or after the math gives the same bits (a poisoned strided out, prime widths)."""
+    A = _module(activations, "activation")
+    x = rand((13, width(op, 331)), torch.float32, device)
+    results = []
+    for first in (False, True):
+        monkeypatch.setattr(A, "_load_u_first", lambda spec, cfg, first=first: first)
+        _clear_plans(activations)
+        out = torch.full((13, 662), float("nan"), dtype=torch.float32, device=device)[:, 1::2]
+        call(activations, op, out, x)
+        results.append(out.clone())
+    _clear_plans(activations)
+    assert not torch.isnan(results[0]).any()
+    assert torch.equal(results[0], results[1])

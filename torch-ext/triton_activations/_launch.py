@@ -50,6 +50,9 @@ MIN_PROGRAMS = 528
 MIN_TILE_BYTES = 512
 # Elements per thread in the tiles of such small inputs.
 SMALL_ELEMS = 1
+# Threads an H100/H200 holds at once (132 multiprocessors x 2048): a launch of at most this many threads runs in
+# one wave, its time one program's chain of loads and math rather than throughput.
+WAVE_THREADS = 132 * 2048
 # Largest second grid dimension on CUDA (gridDim.y).
 MAX_GRID_Y = 65535
 
@@ -63,6 +66,7 @@ class LaunchConfig:
     num_warps: int  # warps per program; num_warps * warp_size <= 1024
     column_blocks: int  # programs per row (second grid axis)
     row_blocks: int  # programs along the rows (first grid axis)
+    one_wave: bool = False  # every program fits on the GPU at once (WAVE_THREADS): the launch is latency-bound
 
 
 def tile_for(backward: bool, gated: bool, row_bytes: int) -> tuple:
@@ -119,6 +123,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
     num_warps = next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
     return LaunchConfig(block_n=block, rows=rows, num_warps=num_warps, column_blocks=cdiv(N, block),
-                        row_blocks=cdiv(M, rows))
+                        row_blocks=cdiv(M, rows),
+                        one_wave=fill_gpu and cdiv(M, rows) * cdiv(N, block) * num_warps * warp_size <= WAVE_THREADS)
 
 

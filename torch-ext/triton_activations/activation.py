@@ -202,7 +202,7 @@ def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int
             fast = fast_math_eligible(spec.act, spec.gated, x.dtype, R, x.device, is_interpreter(kernel)) \
                 and fast_math_verified(x.device, spec.act, _fast_math_exact)
         grid_1d = _one_axis_grid(fast, cfg)
-        meta.update(FAST=fast, GRID_1D=grid_1d, U_FIRST=_load_u_first(spec))
+        meta.update(FAST=fast, GRID_1D=grid_1d, U_FIRST=_load_u_first(spec, cfg))
         if grid_1d:
             grid = (cfg.row_blocks * cfg.column_blocks,)
     return Launch(kernel, grid, meta_items(**meta), scalars, x.device)
@@ -217,14 +217,17 @@ def _one_axis_grid(fast: bool, cfg) -> bool:
     return fast and cfg.column_blocks > 1 and cfg.row_blocks * cfg.column_blocks < 2**31
 
 
-def _load_u_first(spec: OpSpec) -> bool:
+def _load_u_first(spec: OpSpec, cfg) -> bool:
     """Whether a gated forward loads u before the math. Where u's load is written decides where it is issued: the
     compiler does not move it across the math's branches (libdevice, the IEEE division's slow path). Before the
     math both loads are in flight at once; after it, fewer registers are live during the math. H200 (CUDA-graph
     A/B, bf16), exact math: first is +6% for gelu_tanh (16384 x 2*14336: 3843 -> 4090 GB/s), -3.5% for silu
     (4098 -> 3962); with the fast math either place is within 0.2% for both; for the erf GELU first is 0.4-1.4%
-    slower except at 67 x 2*5003 (11% faster)."""
-    return spec.gated and spec.act == GELU_TANH
+    slower at the throughput shapes but 11% faster at 67 x 2*5003. So u comes first for gelu_tanh, and for every
+    gated op in a launch that runs in one wave (``cfg.one_wave``: the time is one program's chain of two loads and
+    the math). Session 12, exact math: silu_and_mul 5 x 96 fp16 1.20 -> 1.08 us, fp32 1.29 -> 1.14 us; 67 x 2*5003
+    fp16 2.22 -> 2.08 us, fp32 2.31 -> 1.94 us (results/activations_small_u_first_2026-12-01.txt)."""
+    return spec.gated and (spec.act == GELU_TANH or cfg.one_wave)
 
 
 def _fast_math_exact(device: torch.device, act: int) -> bool:
