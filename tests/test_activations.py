@@ -723,6 +723,24 @@ def test_u_first_in_one_wave_launches(activations):
     assert not L.pick_config(96, 2, 32, 5, 2048, False).one_wave  # the interpreter's plans (fill_gpu off)
 
 
+def test_plain_forward_threads_rule(activations):
+    """A plain forward with the exact math takes one 16-byte vector per thread in a one-wave launch, two otherwise
+    (many waves, the fast math, gated ops); the chosen plan's warps follow."""
+    A, L = _module(activations, "activation"), _module(activations, "_launch")
+    ops = _module(activations, "_common").OPS
+
+    def cfg(M, d, elem, threads=L.PLAIN_THREADS):
+        return L.pick_config(d, elem, 32, M, L.TILE_BYTES, True, threads)
+
+    assert A._one_vector_per_thread(ops["gelu_tanh"], False, cfg(256, 4096, 2))
+    assert A._one_vector_per_thread(ops["silu"], False, cfg(67, 5003, 4))
+    assert not A._one_vector_per_thread(ops["gelu_tanh"], True, cfg(256, 4096, 2))  # fast math
+    assert not A._one_vector_per_thread(ops["gelu_tanh"], False, cfg(16384, 14336, 2))  # many waves
+    assert not A._one_vector_per_thread(ops["silu_and_mul"], False, cfg(256, 4096, 2))  # gated
+    one, two = cfg(256, 4096, 2, L.ONE_WAVE_PLAIN_THREADS), cfg(256, 4096, 2)
+    assert one.num_warps == 2 * two.num_warps and (one.block_n, one.rows) == (two.block_n, two.rows)
+
+
 @pytest.mark.parametrize("op", ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "fatrelu_and_mul"])
 def test_u_first_same_bits(activations, device, op, monkeypatch):
     """Loading u before or after the math gives the same bits (a poisoned strided out, prime widths)."""

@@ -10,7 +10,8 @@ with the exact silu / gelu_tanh math on the H200: ``benchmarks/NOTES.md``.)
 
 A tile holds ``GATED_TILE_BYTES`` of each operand (forward of the ``*_and_mul`` ops on rows of at most
 ``GATED_NARROW_ROW_BYTES``), ``TILE_BYTES`` (forward of the other ``*_and_mul`` rows, and of the plain
-ops over ``PLAIN_THREADS`` threads) or ``BWD_TILE_BYTES`` (backward), at most
+ops over ``PLAIN_THREADS`` threads, ``ONE_WAVE_PLAIN_THREADS`` with the exact math in a launch that fits in one
+wave) or ``BWD_TILE_BYTES`` (backward), at most
 ``THREADS`` threads and one 16-byte vector per thread and operand otherwise. On an H200 (bf16,
 ``benchmarks/NOTES.md``): at 16384 x 2*14336 one row x 1024 bf16 forward (4078 GB/s silu, 3858
 gelu_tanh; 2 rows x 1024: 3914 / 3660) and one row x 2048 backward (4124 / 4152) ran fastest; on
@@ -43,6 +44,9 @@ BWD_TILE_BYTES = 4096
 # Threads per program (fewer for tiles under 16 bytes of an operand per thread); the plain forwards'.
 THREADS = 128
 PLAIN_THREADS = 64
+# ... and the plain forwards' with the exact math in a launch that fits in one wave (one 16-byte vector per thread;
+# activation._one_vector_per_thread).
+ONE_WAVE_PLAIN_THREADS = 128
 # Inputs too small to give MIN_PROGRAMS programs (4 per multiprocessor of an H100/H200) get
 # smaller tiles, down to MIN_TILE_BYTES of an operand (port-check: 67 x 5003 bf16 ran at 0.64-0.92
 # of a one-block-per-row CUDA kernel with full tiles).

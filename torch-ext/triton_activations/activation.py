@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_rounds_square, rounding_dtype
-from ._launch import pick_config, tile_for
+from ._launch import ONE_WAVE_PLAIN_THREADS, pick_config, tile_for
 from ._libm import use_libdevice
 from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
@@ -190,22 +190,36 @@ def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int
     check_launch_device(x, kernel)
     M = sizes[0] * sizes[1] * sizes[2]
     tile, threads = tile_for(kernel is _act_bwd_kernel, spec.gated, d * x.element_size())
-    cfg = pick_config(d, x.element_size(), device_warp_size(x.device), M, tile, not is_interpreter(kernel), threads)
+    fill_gpu = not is_interpreter(kernel)
+    cfg = pick_config(d, x.element_size(), device_warp_size(x.device), M, tile, fill_gpu, threads)
     R = rounding_dtype(x, eager)
+    forward = kernel is _act_fwd_kernel
+    if forward and fast is None:
+        fast = fast_math_eligible(spec.act, spec.gated, x.dtype, R, x.device, is_interpreter(kernel)) \
+            and fast_math_verified(x.device, spec.act, _fast_math_exact)
+    if forward and _one_vector_per_thread(spec, fast, cfg):
+        cfg = pick_config(d, x.element_size(), device_warp_size(x.device), M, tile, fill_gpu, ONE_WAVE_PLAIN_THREADS)
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
     scalars = (M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)))
     meta = dict(ACT=spec.act, R=round_dtype(R), LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
                 BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel))
     grid = (cfg.row_blocks, cfg.column_blocks)
-    if kernel is _act_fwd_kernel:
-        if fast is None:
-            fast = fast_math_eligible(spec.act, spec.gated, x.dtype, R, x.device, is_interpreter(kernel)) \
-                and fast_math_verified(x.device, spec.act, _fast_math_exact)
+    if forward:
         grid_1d = _one_axis_grid(fast, cfg)
         meta.update(FAST=fast, GRID_1D=grid_1d, U_FIRST=_load_u_first(spec, cfg))
         if grid_1d:
             grid = (cfg.row_blocks * cfg.column_blocks,)
     return Launch(kernel, grid, meta_items(**meta), scalars, x.device)
+
+
+def _one_vector_per_thread(spec: OpSpec, fast: bool, cfg) -> bool:
+    """Whether a plain forward spreads its tile over ``ONE_WAVE_PLAIN_THREADS`` threads (one 16-byte vector each)
+    instead of ``PLAIN_THREADS`` (two): with the exact math, in a launch that fits in one wave, where each thread's
+    chain of loads and math is the kernel's time. H200, session 12 (CUDA-graph, three rounds,
+    results/activations_plain_tiles_2026-12-01.txt): gelu_tanh / gelu_new / gelu_fast 256 x 4096 fp16 3.17 -> 2.80
+    us, fp32 3.12 -> 2.73 us, 67 x 5003 fp32 +14%, silu +4% / +10%; at 16384 x 14336 (many waves) two vectors stay
+    2.5-3% faster in fp16, and with the fast math (bf16) also in one wave (-8% with one)."""
+    return not spec.gated and not fast and cfg.one_wave
 
 
 def _one_axis_grid(fast: bool, cfg) -> bool:
