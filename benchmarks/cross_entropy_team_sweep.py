@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sweep_common import load_packages  # noqa: E402
+from sweep_common import copy_gbps, load_packages, tee  # noqa: E402
 
 SETTINGS = {
     "looped (default)": None,
@@ -43,16 +43,8 @@ def main():
 
     (pkg,) = load_packages(["triton-softmax"], False)
     L = sys.modules[pkg.__name__ + "._launch"]
-    log = open(out / "ce_team.txt", "a")
-
-    def say(*a):
-        print(*a, flush=True)
-        print(*a, file=log, flush=True)
-
-    a = torch.empty(2**28 // 2, dtype=torch.bfloat16, device="cuda")
-    b = torch.empty_like(a)
-    copy = 2 * a.numel() * 2 / do_bench(lambda: b.copy_(a), rep=200, return_mode="median") / 1e6
-    del a, b
+    say = tee(out / "ce_team.txt")
+    copy = copy_gbps(lambda fn: do_bench(fn, rep=200, return_mode="median"))
     say(f"# {torch.cuda.get_device_name()} torch {torch.__version__} copy {copy:.0f} GB/s (do_bench)")
     for M, V in ((8192, 128256), (4096, 262144)):
         torch.manual_seed(V)

@@ -150,21 +150,13 @@ def main():
     if args.sass:
         return sass(out)
     sys.path.insert(0, str(Path(__file__).parent))
-    from sweep_common import load_packages
+    from sweep_common import copy_gbps, load_packages, tee
     from triton_collection.bench import graph_median
 
     (pkg,) = load_packages(["triton-softmax"], False)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    log = open(out / "softmax_wide_sweep.txt", "a")
-
-    def say(*a):
-        print(*a, flush=True)
-        print(*a, file=log, flush=True)
-
-    a = torch.empty(2**28 // 2, dtype=torch.bfloat16, device="cuda")
-    b = torch.empty_like(a)
-    copy = 2 * a.numel() * 2 / graph_median(lambda: b.copy_(a), rep=200) / 1e6
-    del a, b
+    say = tee(out / "softmax_wide_sweep.txt")
+    copy = copy_gbps(lambda fn: graph_median(fn, rep=200))
     say(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
         f"{time.strftime('%Y-%m-%d %H:%M')} copy {copy:.0f} GB/s (CUDA-graph)")
     records = []

@@ -126,6 +126,25 @@ class Sweep:
         return self.safe(f"{section} {name}", run, need)
 
 
+def tee(path: Path):
+    """A ``print`` that also appends each line to ``path``."""
+    log = open(path, "a")
+
+    def say(*a):
+        print(*a, flush=True)
+        print(*a, file=log, flush=True)
+    return say
+
+
+def copy_gbps(timer) -> float:
+    """The device's copy GB/s (bytes read + written) of a 512 MiB bf16 buffer, timed by ``timer(fn) -> ms``."""
+    import torch
+
+    a = torch.empty(2**28 // 2, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * a.numel() * 2 / timer(lambda: b.copy_(a)) / 1e6
+
+
 def load_packages(names, cpu: bool, root: Path = Path(".")) -> list:
     """The packages ``names`` (Hub names) built from the checkout at ``root`` into a temporary folder and loaded
     with ``kernels.get_local_kernel`` (the ``cpu`` variant for a dry run, else ``cuda``), in the order given.
