@@ -8,7 +8,8 @@ interleaved rounds next to the package's softmax, each checked against fp64 torc
 (fraction of elements bit-equal):
 - ``reg W [rcp] [maxnreg R]``: one program per row, the row in registers (W warps); ``rcp``: ``e * (1 / s)`` instead
   of ``e / s``; ``maxnreg``: a register cap so that two programs fit an SM. (Keeping x in bf16 across the reductions
-  and evaluating exp twice was tried on the CPU machine: ptxas then used more registers, not fewer; dropped.)
+  and evaluating exp twice was compiled on the CPU machine, without the runtime's alignment hints: ptxas used more
+  registers, not fewer; dropped before any GPU run.)
 - ``pers P B W``: a persistent grid of P programs per SM, each walking rows two-pass (online max / sum over chunks of
   B bytes with the next chunk's load in flight, then the output pass last chunk first). P bounds the bytes of rows in
   flight so that the re-read hits L2 (50 MB): rows x P x SMs, e.g. 256 KiB x 2 x 132 = 66 MB.
@@ -124,7 +125,10 @@ def sass(out: Path):
                 sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "sx": "i64", "sy": "i64"}
             w = spec[1] if spec[0] == "reg" else spec[3]
             sig.update({k: "constexpr" for k in consts})
-            src = ASTSource(kern, sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
+            # the runtime's specialisation: pointers 16-byte aligned, sizes and strides multiples of 16
+            attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names) if n not in consts}
+            src = ASTSource(kern, sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
+                            attrs=attrs)
             opts = {"num_warps": w}
             if spec[0] == "reg" and spec[3]:
                 opts["maxnreg"] = spec[3]
