@@ -301,7 +301,15 @@ def test_team_path_recompute_no_grad_and_bad_targets(softmax, device, team_mode)
     bad = torch.tensor([0, 1031, -5, 2, 1030], device=device)
     rows = softmax.cross_entropy(x, bad, reduction="none")
     assert torch.isnan(rows[1:3]).all() and torch.isfinite(rows[[0, 3, 4]]).all()
-    assert len(team_mode.calls) == 4 and all(c[0] == 5 for c in team_mode.calls)
+    # the gradient written by the members: NaN rows for the bad targets, exactly 0 on an ignored row
+    bad[4] = -100
+    xs = x.clone().requires_grad_()
+    g = torch.autograd.grad(softmax.cross_entropy(xs, bad, reduction="none").sum(), xs)[0]
+    assert torch.isnan(g[1:3]).all() and torch.isfinite(g[[0, 3]]).all() and torch.equal(g[4], torch.zeros_like(g[4]))
+    xr = x[[0, 3]].double().requires_grad_()
+    assert_close_ref(g[[0, 3]], torch.autograd.grad(ce_ref(xr, bad[[0, 3]], reduction="none").sum(), xr)[0],
+                     rel_atol=1e-6)
+    assert len(team_mode.calls) == 5 and all(c[0] == 5 for c in team_mode.calls)
 
 
 @pytest.mark.gpu

@@ -97,6 +97,24 @@ def _grad_of_p(p, offs, t, coef, smoothing, V, w, valid, in_range):
 
 
 @triton.jit
+def _team_grad(e, m_own, lse, offs, t, coef, smoothing, V, w, valid, in_range):
+    """``_grad_of_p`` for a team member's chunk ``e = exp(x - m_own)``, with the row-wide factors folded into scalars:
+    ``w * g = e * a - (b, or bt at the target column)``; NaN through ``w`` for a target outside [0, V), a scalar
+    branch (not a select per element) for an ignored row. One compare, one select and one fma per element: the team
+    kernel is bound by instruction issue (benchmarks/NOTES.md, session 12)."""
+    if valid:
+        w_in = tl.where(in_range, w, float("nan"))
+        # p = e * exp(m_own - lse): exp(x - lse) from the chunk's own exp, one exp per element in all
+        a = tl.exp(tl.where(m_own == float("-inf"), lse, m_own) - lse) * coef * w_in
+        b = smoothing / V * w_in
+        bt = b + (1.0 - smoothing) * w_in
+        g = e * a - tl.where(offs == t, bt, b)
+    else:
+        g = tl.zeros_like(e)
+    return g
+
+
+@triton.jit
 def _store_loss(loss_ptr, lse_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH: tl.constexpr):
     """loss_i of a row (module docstring: smoothing and z-loss terms only when on; 0 on an ignored row, NaN
     for a target outside [0, V)) into ``loss_ptr[row]``, and its logsumexp into ``lse_ptr[row]`` (if given)."""
@@ -263,10 +281,8 @@ def _cross_entropy_team_fwd_kernel(
                 _store_loss(loss_ptr, lse_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH)
             if g_ptr is not None:
                 coef, w = _grad_factors(z_loss, lse, count_ptr)
-                # exp(x - lse) from the chunk's exp(x - m_own): one exp per element in all
-                p = e * tl.exp(tl.where(m_own == float("-inf"), lse, m_own) - lse)
                 t_col = tl.where(in_range, t, -1).to(tl.int32)  # int32 compare: no int64 copy of the columns
-                g = _grad_of_p(p, offs, t_col, coef, smoothing, V, w, valid, in_range)
+                g = _team_grad(e, m_own, lse, offs, t_col, coef, smoothing, V, w, valid, in_range)
                 store_rounded(g_ptr + row_start(row, R1, R2, sg0, sg1, sg2), offs.to(tl.int64) * sgc, g, mask_n)
         row = nxt
 
