@@ -725,7 +725,8 @@ def test_u_first_in_one_wave_launches(activations):
 
 def test_plain_forward_threads_rule(activations):
     """A plain forward with the exact math takes one 16-byte vector per thread in a one-wave launch, two otherwise
-    (many waves, the fast math, gated ops); the chosen plan's warps follow."""
+    (many waves, the fast math, gated ops); the wider config has twice the warps and the same tile. (``_plan``
+    re-plans only off the interpreter, and keeps two vectors where the wider launch would leave one wave.)"""
     A, L = _module(activations, "activation"), _module(activations, "_launch")
     ops = _module(activations, "_common").OPS
 
@@ -739,11 +740,15 @@ def test_plain_forward_threads_rule(activations):
     assert not A._one_vector_per_thread(ops["silu_and_mul"], False, cfg(256, 4096, 2))  # gated
     one, two = cfg(256, 4096, 2, L.ONE_WAVE_PLAIN_THREADS), cfg(256, 4096, 2)
     assert one.num_warps == 2 * two.num_warps and (one.block_n, one.rows) == (two.block_n, two.rows)
+    assert one.one_wave
+    # 4096 x 1024 fp16: one wave with two vectors per thread, two waves with one
+    assert cfg(4096, 1024, 2).one_wave and not cfg(4096, 1024, 2, L.ONE_WAVE_PLAIN_THREADS).one_wave
 
 
-@pytest.mark.parametrize("op", ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "fatrelu_and_mul"])
+@pytest.mark.parametrize("op", ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul"])
 def test_u_first_same_bits(activations, device, op, monkeypatch):
-    """Loading u before or after the math gives the same bits (a poisoned strided out, prime widths)."""
+    """Loading u before or after the math gives the same bits (a poisoned strided out, prime widths; the compiled
+    variants on a GPU, where the load order is real)."""
     A = _module(activations, "activation")
     x = rand((13, width(op, 331)), torch.float32, device)
     results = []

@@ -312,6 +312,21 @@ def test_team_path_recompute_no_grad_and_bad_targets(softmax, device, team_mode)
     assert len(team_mode.calls) == 5 and all(c[0] == 5 for c in team_mode.calls)
 
 
+def test_team_path_all_targets_ignored(softmax, device, team_mode):
+    """The team path with every target ignored: "mean" is 0 / 0 = NaN as torch, the gradient exactly 0 (w = 1/0 is
+    never multiplied in), "sum" 0; also on rows of -inf logits."""
+    x = rand((4, 1031), torch.float32, device, scale=2.0)
+    x[1] = float("-inf")
+    t = torch.full((4,), -100, device=device)
+    xs = x.clone().requires_grad_()
+    loss = softmax.cross_entropy(xs, t)
+    assert torch.isnan(loss) and torch.isnan(F.cross_entropy(x, t))
+    (g,) = torch.autograd.grad(loss, xs)
+    assert torch.equal(g, torch.zeros_like(x))
+    assert softmax.cross_entropy(x, t, reduction="sum") == 0
+    assert team_mode.calls and all(c[0] == 5 for c in team_mode.calls)
+
+
 @pytest.mark.gpu
 def test_team_spinning_path_on_gpu(softmax, device, monkeypatch):
     """The team path for a 128K vocabulary on a GPU (opt-in for the cross-entropy: persistent teams whose

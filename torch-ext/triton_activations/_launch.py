@@ -55,7 +55,8 @@ MIN_TILE_BYTES = 512
 # Elements per thread in the tiles of such small inputs.
 SMALL_ELEMS = 1
 # Threads an H100/H200 holds at once (132 multiprocessors x 2048): a launch of at most this many threads runs in
-# one wave, its time one program's chain of loads and math rather than throughput.
+# one wave, its time one program's chain of loads and math rather than throughput. The same figure is used on
+# other GPUs (it only chooses between layouts that give the same bits).
 WAVE_THREADS = 132 * 2048
 # Largest second grid dimension on CUDA (gridDim.y).
 MAX_GRID_Y = 65535
@@ -96,7 +97,8 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
         tile_bytes: bytes of an operand per program (TILE_BYTES forward, BWD_TILE_BYTES backward).
         fill_gpu: shrink the tiles of small inputs to give MIN_PROGRAMS programs (not under the
             interpreter, which runs programs one after another).
-        threads: most threads per program of a full-size tile (THREADS; PLAIN_THREADS for the plain forwards).
+        threads: most threads per program of a full-size tile (THREADS; PLAIN_THREADS for the plain forwards,
+            ONE_WAVE_PLAIN_THREADS for their one-wave launches with the exact math).
 
     Raises:
         ValueError: for N < 1, M < 1, element_size < 1 or a warp_size that is not a
