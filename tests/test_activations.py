@@ -725,24 +725,26 @@ def test_u_first_in_one_wave_launches(activations):
 
 def test_plain_forward_threads_rule(activations):
     """A plain forward with the exact math takes one 16-byte vector per thread in a one-wave launch, two otherwise
-    (many waves, the fast math, gated ops); the wider config has twice the warps and the same tile. (``_plan``
-    re-plans only off the interpreter, and keeps two vectors where the wider launch would leave one wave.)"""
+    (many waves, the fast math, gated ops, or a launch that leaves one wave with one vector per thread); the wider
+    config has twice the warps and the same tile. (``_plan`` takes it only off the interpreter.)"""
     A, L = _module(activations, "activation"), _module(activations, "_launch")
     ops = _module(activations, "_common").OPS
 
-    def cfg(M, d, elem, threads=L.PLAIN_THREADS):
+    def cfg(M, d, elem, threads=L.ONE_WAVE_PLAIN_THREADS):
         return L.pick_config(d, elem, 32, M, L.TILE_BYTES, True, threads)
 
     assert A._one_vector_per_thread(ops["gelu_tanh"], False, cfg(256, 4096, 2))
+    assert A._one_vector_per_thread(ops["gelu_tanh"], False, cfg(256, 4096, 4))
     assert A._one_vector_per_thread(ops["silu"], False, cfg(67, 5003, 4))
     assert not A._one_vector_per_thread(ops["gelu_tanh"], True, cfg(256, 4096, 2))  # fast math
     assert not A._one_vector_per_thread(ops["gelu_tanh"], False, cfg(16384, 14336, 2))  # many waves
+    assert not A._one_vector_per_thread(ops["gelu_tanh"], False, cfg(4096, 1024, 2))  # two waves with one vector
     assert not A._one_vector_per_thread(ops["silu_and_mul"], False, cfg(256, 4096, 2))  # gated
-    one, two = cfg(256, 4096, 2, L.ONE_WAVE_PLAIN_THREADS), cfg(256, 4096, 2)
+    one, two = cfg(256, 4096, 2), cfg(256, 4096, 2, L.PLAIN_THREADS)
     assert one.num_warps == 2 * two.num_warps and (one.block_n, one.rows) == (two.block_n, two.rows)
     assert one.one_wave
     # 4096 x 1024 fp16: one wave with two vectors per thread, two waves with one
-    assert cfg(4096, 1024, 2).one_wave and not cfg(4096, 1024, 2, L.ONE_WAVE_PLAIN_THREADS).one_wave
+    assert cfg(4096, 1024, 2, L.PLAIN_THREADS).one_wave and not cfg(4096, 1024, 2).one_wave
 
 
 @pytest.mark.parametrize("op", ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul"])

@@ -197,9 +197,9 @@ def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int
     if forward and fast is None:
         fast = fast_math_eligible(spec.act, spec.gated, x.dtype, R, x.device, is_interpreter(kernel)) \
             and fast_math_verified(x.device, spec.act, _fast_math_exact)
-    if forward and _one_vector_per_thread(spec, fast, cfg):
+    if forward and not spec.gated and not fast:
         wide = pick_config(d, x.element_size(), device_warp_size(x.device), M, tile, fill_gpu, ONE_WAVE_PLAIN_THREADS)
-        cfg = wide if wide.one_wave else cfg  # twice the threads must still fit in one wave
+        cfg = wide if _one_vector_per_thread(spec, fast, wide) else cfg
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
     scalars = (M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)))
     meta = dict(ACT=spec.act, R=round_dtype(R), LIBDEVICE=use_libdevice(x.device, kernel), ROWS=cfg.rows,
@@ -213,15 +213,14 @@ def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int
     return Launch(kernel, grid, meta_items(**meta), scalars, x.device)
 
 
-def _one_vector_per_thread(spec: OpSpec, fast: bool, cfg) -> bool:
-    """Whether a plain forward may spread its tile over ``ONE_WAVE_PLAIN_THREADS`` threads (one 16-byte vector each)
-    instead of ``PLAIN_THREADS`` (two; ``_plan`` keeps two where the wider launch would not fit in one wave): with
-    the exact math, in a launch that fits in one wave, where each thread's
-    chain of loads and math is the kernel's time. H200, session 12 (CUDA-graph, three rounds,
+def _one_vector_per_thread(spec: OpSpec, fast: bool, wide) -> bool:
+    """Whether a plain forward spreads its tile over ``ONE_WAVE_PLAIN_THREADS`` threads (one 16-byte vector each;
+    ``wide``: that config) instead of ``PLAIN_THREADS`` (two): with the exact math, when that launch fits in one
+    wave, where each thread's chain of loads and math is the kernel's time. H200, session 12 (CUDA-graph, three rounds,
     results/activations_plain_tiles_2026-12-01.txt): gelu_tanh / gelu_new / gelu_fast 256 x 4096 fp16 3.17 -> 2.80
     us, fp32 3.12 -> 2.73 us, 67 x 5003 fp32 +14%, silu +4% / +10%; at 16384 x 14336 (many waves) two vectors stay
     2.5-3% faster in fp16, and with the fast math (bf16) also in one wave (-8% with one)."""
-    return not spec.gated and not fast and cfg.one_wave
+    return not spec.gated and not fast and wide.one_wave
 
 
 def _one_axis_grid(fast: bool, cfg) -> bool:
