@@ -73,8 +73,9 @@ CASES = {  # name: (package, builder, shapes)
     "add_rms_norm": ("triton-norms", add_rms, [(32768, 4096), (16384, 8192), (4096, 65536)]),
     "silu_and_mul": ("triton-activations", gated("silu_and_mul"), [(16384, 14336), (65536, 1536), (8192, 11008)]),
     "gelu_tanh_and_mul": ("triton-activations", gated("gelu_tanh_and_mul"), [(16384, 14336), (65536, 1536)]),
-    "gelu_and_mul": ("triton-activations", gated("gelu_and_mul"), [(16384, 14336)]),
+    "gelu_and_mul": ("triton-activations", gated("gelu_and_mul"), [(16384, 14336), (5, 96)]),
     "silu": ("triton-activations", act("silu"), [(16384, 14336)]),
+    "gelu": ("triton-activations", act("gelu"), [(16384, 14336), (256, 4096), (5, 96)]),
 }
 if not BIG:
     CASES = {k: (p, b, [(5, 4096 if p == "triton-norms" else 640)]) for k, (p, b, _) in CASES.items()}

@@ -49,7 +49,8 @@ def main(variant: Path, arch: str, everything: bool) -> int:
     count = 0
     for (dtype, eager, libdevice), act_id, gated in itertools.product(combos, range(7), [False, True]):
         for kernel in (act._act_fwd_kernel, act._act_bwd_kernel):
-            consts = {"ACT": act_id, "R": _TL[dtype] if eager else None, "LIBDEVICE": libdevice, "ROWS": 2, "BLOCK_N": 1024}
+            vendor = (2 if arch.isdigit() else 1) if libdevice else 0  # _libm.use_libdevice: 2 NVIDIA, 1 ROCm
+            consts = {"ACT": act_id, "R": _TL[dtype] if eager else None, "LIBDEVICE": vendor, "ROWS": 2, "BLOCK_N": 1024}
             if kernel is act._act_fwd_kernel:
                 # NVIDIA's fast math (inline PTX) and its one-axis grid where the launcher can choose them; u loaded
                 # first for gelu_tanh, and for every gated op in the fp32 variants (as in one-wave launches)

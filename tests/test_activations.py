@@ -548,6 +548,60 @@ def test_gpu_sigmoid_bit_exact_every_value(activations, device, dtype):
         del x
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_erf_gelu_bit_exact_every_value(activations, device, dtype):
+    """Every value of the dtype (all 2**32 fp32 bit patterns in chunks): gelu and gelu_and_mul (u = 1, fused) are
+    bit-identical to ``F.gelu``, whose CUDA kernel calls libdevice's ``erff``; ours evaluates it without branches
+    (``_libm.erf_nv``)."""
+    if device != "cuda":
+        pytest.skip("needs TEST_DEVICE=cuda")
+    if dtype == torch.float32:
+        chunks = (torch.arange(lo, lo + (1 << 28), device="cuda", dtype=torch.int64).to(torch.int32).view(torch.float32)
+                  for lo in range(-(1 << 31), 1 << 31, 1 << 28))
+    else:
+        chunks = [torch.arange(-(1 << 15), 1 << 15, device="cuda", dtype=torch.int32).to(torch.int16).view(dtype)]
+    for x in chunks:
+        assert _bits_equal(activations.gelu(x), F.gelu(x))
+        gated = torch.stack([x, torch.ones_like(x)], 0).transpose(0, 1)  # (n, 2): halves g = x, u = 1
+        assert _bits_equal(activations.gelu_and_mul(gated, rounding="fused").squeeze(-1), F.gelu(x))
+        del x, gated
+
+
+@pytest.mark.gpu
+def test_gpu_erf_nv_equals_torch_erf(activations, device):
+    """``_libm.erf_nv`` against ``torch.erf`` (ATen's call of the toolkit's ``erff``) on every fp32 input: equal bits
+    (NaN to NaN) except where ``erff`` flushes a subnormal argument to zero; and the launches take it exactly where
+    torch's toolkit is CUDA 13 or later."""
+    if device != "cuda" or torch.version.hip is not None:
+        pytest.skip("needs TEST_DEVICE=cuda on an NVIDIA GPU")
+    libm = _module(activations, "_libm")
+    cuda13 = int(torch.version.cuda.split(".")[0]) >= 13
+    assert (libm.use_libdevice(torch.device("cuda"), _module(activations, "activation")._act_fwd_kernel) == 2) == cuda13
+    if not cuda13:
+        pytest.skip("erf_nv writes out CUDA 13's erff; this torch was built with an older toolkit")
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def erf_of(x_ptr, y_ptr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, libm.erf_nv(tl.load(x_ptr + offs)))
+
+    n = 1 << 28
+    y = torch.empty(n, device="cuda")
+    differ = 0
+    for lo in range(-(1 << 31), 1 << 31, n):
+        x = torch.arange(lo, lo + n, device="cuda", dtype=torch.int64).to(torch.int32).view(torch.float32)
+        erf_of[(n // 1024,)](x, y, BLOCK=1024)
+        ref = torch.erf(x)
+        bad = (y.view(torch.int32) != ref.view(torch.int32)) & ~(torch.isnan(y) & torch.isnan(ref))
+        assert bool((x[bad].abs() < torch.finfo(torch.float32).tiny).all()), x[bad][:8]
+        differ += int(bad.sum())
+        del x, ref, bad
+    assert differ <= 2 * (1 << 23)  # at most the subnormals, both signs
+
+
 def test_inference_plan_keeps_every_check(activations, device):
     """Plain inference keeps one validated plan per call signature; other arguments are validated again."""
     x = rand((4, 10), torch.float32, device)
@@ -560,6 +614,39 @@ def test_inference_plan_keeps_every_check(activations, device):
             activations.silu_and_mul(x[:, :9])
         with pytest.raises(TypeError, match="dtype"):
             activations.silu(x.to(torch.float64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["silu_and_mul", "mul_and_silu", "gelu_tanh_and_mul", "silu"])
+def test_gpu_inference_by_address_equals_views(activations, device, op, monkeypatch):
+    """Inference launches a planned kernel with the operands' addresses (no views per call) once a call with
+    tensors of the same alignment compiled it. Alternating aligned and unaligned inputs (poisoned storage around
+    them) must give the bits of the (out, x) form, which launches with views, and the address launch must engage."""
+    if device != "cuda":
+        pytest.skip("the direct launch exists on GPUs only (the interpreter takes Triton's path)")
+    Launch = _module(activations, "_fastlaunch").Launch
+    engaged = []
+    at = Launch.at
+
+    def counting(self, addrs):
+        engaged.append(at(self, addrs))
+        return engaged[-1]
+
+    monkeypatch.setattr(Launch, "at", counting)
+    _clear_plans(activations)
+    n = width(op, 389)
+    store = torch.full((7 * n + 16,), float("nan"), dtype=torch.bfloat16, device=device)
+    with torch.no_grad():
+        for _ in range(3):
+            for offset in (0, 1, 8, 3):
+                x = store[offset: offset + 7 * n].view(7, n)
+                x.copy_(rand((7, n), torch.bfloat16, device))
+                y = call(activations, op, x)
+                expected = torch.full_like(y, float("nan"))
+                call(activations, op, expected, x)
+                assert _bits_equal(y, expected), (op, offset)
+    assert any(engaged), "the address launch never engaged"
+    _clear_plans(activations)
 
 
 # ----------------------------------------------------------------------------- fast math and the one-axis grid

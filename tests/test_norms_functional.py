@@ -592,6 +592,61 @@ def test_fast_launch_only_without_launch_hooks(norms, monkeypatch):
     assert fl._hooks_off()
 
 
+class _Allocation:  # the module-level name a launcher wrapper reads its allocators from
+    _allocator = _profile_allocator = None
+
+
+_allocation = _Allocation()
+
+
+class _WrapperForm:
+    """A launcher with the Python wrapper form ``_fastlaunch._bind`` recognises: it reads the scratch sizes,
+    alignments and allocators, then hands everything to ``launch`` (recorded here)."""
+
+    global_scratch_size = profile_scratch_size = 0
+    global_scratch_align = profile_scratch_align = 1
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self):
+        self.calls = []
+        self.launch = lambda *a: self.calls.append(a)
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        # (no assert here: pytest's rewriting of asserts would add names to this body)
+        scratch = (self.global_scratch_size, self.global_scratch_align, _allocation._allocator,
+                   self.profile_scratch_size, self.profile_scratch_align, _allocation._profile_allocator)
+        del scratch
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl, None, None,
+                    *args)
+
+
+class _OtherForm(_WrapperForm):
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        self.launch(gridX, gridY, gridZ, stream, function, self.gsan_enabled, *args)
+
+
+def test_fast_launch_binds_the_c_launch_only_to_the_known_wrapper(norms):
+    """Where the compiled launcher is the known Python wrapper and the kernel needs no scratch memory, the
+    direct launch calls its C function with exactly the arguments the wrapper would pass; any other wrapper
+    body, or a kernel with scratch memory, keeps the wrapper."""
+    from types import SimpleNamespace
+
+    bind = norms._fastlaunch._bind
+    args = (7, 2, 1, 99, "function", "metadata", None, None, None, "x", 3, None)
+
+    wrapper = _WrapperForm()
+    launch, head = bind(SimpleNamespace(run=wrapper, function="function", packed_metadata="metadata"))
+    assert launch == wrapper.launch
+    wrapper(*args)
+    launch(7, 2, 1, 99, *head, "x", 3, None)
+    assert len(wrapper.calls) == 2 and wrapper.calls[0] == wrapper.calls[1]
+
+    for run in (_OtherForm(), _WrapperForm()):
+        run.profile_scratch_size = 0 if isinstance(run, _OtherForm) else 128
+        launch, head = bind(SimpleNamespace(run=run, function="function", packed_metadata="metadata"))
+        assert launch is run and head == ("function", "metadata", None, None, None)
+
+
 @pytest.mark.gpu
 def test_fast_launch_equals_triton_launch_across_alignments(norms, device):
     """Alternate aligned / unaligned inputs and widths so cached launches meet every key; each result

@@ -75,7 +75,7 @@ def _act_fwd_kernel(
     round_square,  # GELU_NEW eager: 1 if pow(x, 3.0) rounds x * x first
     ACT: tl.constexpr,  # activation id (_math)
     R: tl.constexpr,  # None (fused) or the dtype eager steps round to
-    LIBDEVICE: tl.constexpr,  # exp/tanh/erf from the vendor math library (CUDA, ROCm)
+    LIBDEVICE: tl.constexpr,  # exp/tanh/erf from the vendor math library: 1 or 2 (NVIDIA, CUDA >= 13), 0 none (_libm)
     FAST: tl.constexpr,  # sigmoid / tanh from NVIDIA's approximate instructions (_fast_math: when exact)
     GRID_1D: tl.constexpr,  # one grid axis over the tiles in row-major order (else rows x column blocks)
     U_FIRST: tl.constexpr,  # gated: load u before the math (else after it; see _load_u_first)
@@ -307,9 +307,10 @@ def _act_fwd_impl(x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
 
 def infer_plan(x: Tensor, op: str, eager: bool, threshold: float):
     """Everything but the pointers of the allocating forward of a validated call, for :func:`infer`:
-    ``(output shape, or None for empty_like(x); op spec; Launch, or None for an empty output)``, or
-    None for a layout that takes several launches (the general path serves it). A function of x's shape,
-    strides, dtype and device and the arguments: callers keep it per signature."""
+    ``(output shape, or None for empty_like(x); op spec; Launch, or None for an empty output; byte offsets of
+    the activation input and the multiplier (None if not gated) from x's address)``, or None for a layout that
+    takes several launches (the general path serves it). A function of x's shape, strides, dtype and device and
+    the arguments: callers keep it per signature."""
     spec = OPS[op]
     out = _new_output(x, spec)
     run = None
@@ -318,17 +319,22 @@ def infer_plan(x: Tensor, op: str, eager: bool, threshold: float):
         run = _cached_plan(_act_fwd_kernel, spec, eager, threshold, x1, _halves(x1, spec)[0].shape[-1], (x1, out1))
         if run is _SPLIT:
             return None
-    return (None if not spec.gated and x.is_contiguous() else tuple(out.shape)), spec, run
+    g, u = _halves(x, spec)
+    # byte offsets of the two operands from x's address (the views _halves would build per call)
+    offsets = (g.data_ptr() - x.data_ptr(), None if u is None else u.data_ptr() - x.data_ptr())
+    return (None if not spec.gated and x.is_contiguous() else tuple(out.shape)), spec, run, offsets
 
 
 def infer(plan: tuple, x: Tensor) -> Tensor:
     """``_act_fwd_impl`` of a call whose :func:`infer_plan` is ``plan`` (the same output, one launch)."""
-    shape, spec, run = plan
+    shape, spec, run, (g_offset, u_offset) = plan
     out = torch.empty_like(x) if shape is None else torch.empty(shape, dtype=x.dtype, device=x.device)
     if run is not None:
         # a 0-d x or out starts where its (1,) view does: the tensors themselves are the pointers
-        g, u = _halves(x, spec)
-        run((g, u, out))
+        base = x.data_ptr()
+        if not run.at((base + g_offset, None if u_offset is None else base + u_offset, out.data_ptr())):
+            g, u = _halves(x, spec)
+            run((g, u, out))
     return out
 
 
