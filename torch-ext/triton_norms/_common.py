@@ -204,19 +204,37 @@ def grad_rows(g: torch.Tensor, N: int) -> torch.Tensor:
 
 
 @triton.jit
-def rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr):
-    """RMSNorm's output for one chunk (``x`` fp32, ``rstd`` of its row): normalises and applies weight/bias with
-    the documented rounding points (``rms_norm`` module docstring); the one-program kernels and the team
-    forward (``_wide``) share it."""
-    y = round_to(x * rstd, CAST_DTYPE)
+def load_affine(w_ptr, b_ptr, offs, mask):
+    """``(w, b)`` of one chunk in fp32; 0.0 for an absent one (its pointer None: never used)."""
+    w = 0.0
+    b = 0.0
     if w_ptr is not None:
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if b_ptr is not None:
+        b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return w, b
+
+
+@triton.jit
+def rms_affine(x, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """RMSNorm's output for one chunk (``x`` fp32, ``rstd`` of its row, ``w``/``b`` from :func:`load_affine`):
+    normalises and applies weight/bias with the documented rounding points (``rms_norm`` module docstring)."""
+    y = round_to(x * rstd, CAST_DTYPE)
+    if w_ptr is not None:
         y = y * (w + weight_offset)
     if b_ptr is not None:
         if CAST_DTYPE is not None:
             y = round_to(y, OUT_DTYPE)
-        y = y + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = y + b
     return round_to(y, OUT_DTYPE)
+
+
+@triton.jit
+def rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """:func:`rms_affine` with w/b loaded here (after the row's reduction, where the call stands); the
+    one-program kernels and the team forward (``_wide``) share it."""
+    w, b = load_affine(w_ptr, b_ptr, offs, mask)
+    return rms_affine(x, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
 
 
 @triton.jit
