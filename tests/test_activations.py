@@ -530,6 +530,15 @@ def _bits_equal(a, b):
     return bool(((a.view(int_type) == b.view(int_type)) | (torch.isnan(a) & torch.isnan(b))).all())
 
 
+def _every_value(dtype):
+    """Every value of a 16-bit dtype as one CUDA tensor, or all 2**32 fp32 bit patterns in chunks of 2**28."""
+    if dtype != torch.float32:
+        yield torch.arange(-(1 << 15), 1 << 15, device="cuda", dtype=torch.int32).to(torch.int16).view(dtype)
+        return
+    for lo in range(-(1 << 31), 1 << 31, 1 << 28):
+        yield torch.arange(lo, lo + (1 << 28), device="cuda", dtype=torch.int64).to(torch.int32).view(torch.float32)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_gpu_sigmoid_bit_exact_every_value(activations, device, dtype):
@@ -538,12 +547,7 @@ def test_gpu_sigmoid_bit_exact_every_value(activations, device, dtype):
     torch's own CUDA kernels (``F.silu``; ``x * torch.sigmoid(1.702 * x)`` with eager rounding)."""
     if device != "cuda":
         pytest.skip("needs TEST_DEVICE=cuda")
-    if dtype == torch.float32:
-        chunks = (torch.arange(lo, lo + (1 << 28), device="cuda", dtype=torch.int64).to(torch.int32).view(torch.float32)
-                  for lo in range(-(1 << 31), 1 << 31, 1 << 28))
-    else:
-        chunks = [torch.arange(-(1 << 15), 1 << 15, device="cuda", dtype=torch.int32).to(torch.int16).view(dtype)]
-    for x in chunks:
+    for x in _every_value(dtype):
         assert _bits_equal(activations.silu(x), F.silu(x))
         assert _bits_equal(activations.gelu_quick(x, rounding="eager"), x * torch.sigmoid(1.702 * x))
         gated = torch.stack([x, torch.ones_like(x)], 0).transpose(0, 1)  # (n, 2): halves g = x, u = 1
@@ -559,12 +563,7 @@ def test_gpu_erf_gelu_bit_exact_every_value(activations, device, dtype):
     (``_libm.erf_nv``)."""
     if device != "cuda":
         pytest.skip("needs TEST_DEVICE=cuda")
-    if dtype == torch.float32:
-        chunks = (torch.arange(lo, lo + (1 << 28), device="cuda", dtype=torch.int64).to(torch.int32).view(torch.float32)
-                  for lo in range(-(1 << 31), 1 << 31, 1 << 28))
-    else:
-        chunks = [torch.arange(-(1 << 15), 1 << 15, device="cuda", dtype=torch.int32).to(torch.int16).view(dtype)]
-    for x in chunks:
+    for x in _every_value(dtype):
         assert _bits_equal(activations.gelu(x), F.gelu(x))
         gated = torch.stack([x, torch.ones_like(x)], 0).transpose(0, 1)  # (n, 2): halves g = x, u = 1
         assert _bits_equal(activations.gelu_and_mul(gated, rounding="fused").squeeze(-1), F.gelu(x))
@@ -594,8 +593,7 @@ def test_gpu_erf_nv_equals_torch_erf(activations, device):
     n = 1 << 28
     y = torch.empty(n, device="cuda")
     differ = 0
-    for lo in range(-(1 << 31), 1 << 31, n):
-        x = torch.arange(lo, lo + n, device="cuda", dtype=torch.int64).to(torch.int32).view(torch.float32)
+    for x in _every_value(torch.float32):
         erf_of[(n // 1024,)](x, y, BLOCK=1024)
         ref = torch.erf(x)
         bad = (y.view(torch.int32) != ref.view(torch.int32)) & ~(torch.isnan(y) & torch.isnan(ref))
