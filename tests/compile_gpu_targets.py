@@ -47,9 +47,11 @@ def main(variant: Path, arch: str, everything: bool) -> int:
     else:
         combos = [("bf16", True, True), ("fp32", False, False)]  # (dtype, eager rounding, libdevice)
     count = 0
+    # _libm.use_libdevice: 2 on NVIDIA with torch on CUDA 13, 1 on other NVIDIA toolkits and ROCm, 0 none
+    vendors = ((2, 1) if everything else (2,)) if arch.isdigit() else (1,)
     for (dtype, eager, libdevice), act_id, gated in itertools.product(combos, range(7), [False, True]):
-        for kernel in (act._act_fwd_kernel, act._act_bwd_kernel):
-            vendor = (2 if arch.isdigit() else 1) if libdevice else 0  # _libm.use_libdevice: 2 NVIDIA, 1 ROCm
+        for kernel, vendor in itertools.product((act._act_fwd_kernel, act._act_bwd_kernel),
+                                                vendors if libdevice else (0,)):
             consts = {"ACT": act_id, "R": _TL[dtype] if eager else None, "LIBDEVICE": vendor, "ROWS": 2, "BLOCK_N": 1024}
             if kernel is act._act_fwd_kernel:
                 # NVIDIA's fast math (inline PTX) and its one-axis grid where the launcher can choose them; u loaded

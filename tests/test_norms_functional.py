@@ -456,7 +456,8 @@ def test_forwards_run_twice_the_warps_of_the_backward(norms):
 def test_backward_register_cap_rule_and_same_bits(norms, device, monkeypatch):
     """The one-chunk rms backward of 256 threads runs with 128 registers per thread on NVIDIA (two programs per
     multiprocessor; H200 bf16 16384 x 8192: 293.6 -> 247.1 us), not with a bias gradient or dh, nor at other thread
-    counts, nor under the interpreter; the cap changes no bit of dx or dw."""
+    counts, nor under the interpreter; the cap changes no bit of dx or dw (checked on an NVIDIA GPU; elsewhere both
+    runs are uncapped)."""
     import sys
 
     rms = sys.modules[norms.__name__ + ".rms_norm"]
@@ -490,7 +491,8 @@ def test_backward_register_cap_rule_and_same_bits(norms, device, monkeypatch):
 
 def test_weight_first_rule_and_same_bits(norms, device, monkeypatch):
     """The one-chunk forward loads w/b before the row's reduction for rows of at most 8 KiB without a residual
-    (H200: +1.4% at 8 KiB, -1% at 16 KiB); the load's place changes no bit (weight, bias, cast, training)."""
+    (H200: +1.4% at 8 KiB, -1% at 16 KiB); the load's place changes no bit (weight, bias, cast, training). The bits
+    half means something on a GPU only (the interpreter runs the same arithmetic either way)."""
     import sys
 
     rms = sys.modules[norms.__name__ + ".rms_norm"]

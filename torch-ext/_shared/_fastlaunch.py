@@ -163,9 +163,10 @@ def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device, 
         if first is not None and len(_CACHE) < 65536:
             from triton.runtime import driver
 
-            _CACHE[key] = (*_bind(first[0]), first[1], driver.active.get_current_stream, kernel)
+            # the compiled kernel is kept too: the loaded function lives as long as it does
+            _CACHE[key] = (*_bind(first[0]), first[1], driver.active.get_current_stream, kernel, first[0])
         return
-    run, head, tail, get_stream, _ = entry
+    run, head, tail, get_stream, _, _ = entry
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
     try:
@@ -206,7 +207,7 @@ class Launch:
         if kind != "cpu" and hasattr(kernel, "device_caches") and _knobs is not None:
             self._current = _cuda_current_device if kind == "cuda" else lambda: _current_index(kind)
         self._grid3 = (*self.grid, 1, 1)[:3]
-        self._compiled: dict = {}  # pointer specs -> (launch, head (_bind), stream getter, scalars + tail)
+        self._compiled: dict = {}  # pointer specs -> (launch, head (_bind), stream getter, scalars + tail, compiled)
         self._by_address: dict = {}  # the same entries keyed by 16-byte alignment alone, for at()
         self._dtypes = None  # the pointers' dtypes while every call had the same, else False (at() then unused)
 
@@ -225,12 +226,12 @@ class Launch:
 
                 compiled, tail = first
                 entry = self._compiled[key] = (*_bind(compiled), driver.active.get_current_stream,
-                                               (*self.fixed, *tail))
+                                               (*self.fixed, *tail), compiled)  # compiled: keeps the function
                 dtypes = tuple([None if a is None else a.dtype for a in ptrs])
                 self._dtypes = dtypes if self._dtypes in (None, dtypes) else False
                 self._by_address[tuple([None if k is None else k[1] for k in key])] = entry
             return
-        run, head, get_stream, rest = entry
+        run, head, get_stream, rest, _ = entry
         g0, g1, g2 = self._grid3
         try:
             run(g0, g1, g2, get_stream(self._index), *head, *ptrs, *rest)
@@ -249,7 +250,7 @@ class Launch:
         entry = self._by_address.get(tuple([None if a is None else not a & 15 for a in addrs]))
         if entry is None:
             return False
-        run, head, get_stream, rest = entry
+        run, head, get_stream, rest, _ = entry
         g0, g1, g2 = self._grid3
         try:
             run(g0, g1, g2, get_stream(self._index), *head, *addrs, *rest)

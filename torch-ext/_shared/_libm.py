@@ -108,13 +108,13 @@ def use_libdevice(device: torch.device, kernel) -> int:
     """The LIBDEVICE constexpr of a launch: where exp (tanh, erf) come from.
 
     1 on CUDA and ROCm devices (torch calls both ``cuda``): their ``libdevice`` holds the functions ATen's
-    kernels call. 2 on NVIDIA with a torch built with CUDA 13 or later, whose ``erff`` :func:`erf_nv` writes out
-    (Triton's bundled libdevice may be older than torch's toolkit). 0 under the interpreter and on other
-    backends (XPU).
+    kernels call. 2 on NVIDIA with a torch built with CUDA 13, whose ``erff`` :func:`erf_nv` writes out (Triton's
+    bundled libdevice may be older than torch's toolkit; a later toolkit's ``erff`` is not assumed to be the
+    same). 0 under the interpreter and on other backends (XPU).
     """
     if device.type != "cuda" or is_interpreter(kernel):
         return 0
-    return 2 if torch.version.hip is None and _cuda_major() >= 13 else 1
+    return 2 if torch.version.hip is None and _cuda_major() == 13 else 1
 
 
 def _cuda_major() -> int:

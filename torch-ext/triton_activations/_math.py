@@ -27,7 +27,7 @@ for bf16 but computes fp16 in fp32 (one rounding). GELU_NEW therefore takes
 ``round_square`` (runtime int: 1 = round ``x * x`` too), chosen by the launcher.
 
 Precision: ``LIBDEVICE`` (a constexpr the launcher sets: 1 on CUDA and ROCm, 2 on NVIDIA with torch built with
-CUDA >= 13, 0 elsewhere) takes exp/tanh/erf from the vendor math library (``libdevice``: CUDA's
+CUDA 13, 0 elsewhere) takes exp/tanh/erf from the vendor math library (``libdevice``: CUDA's
 ``expf``/``tanhf``/``erff``, ROCm's ocml), the functions ATen's own CUDA/ROCm kernels call, so fp32 results can
 agree bitwise; with 2, erf is CUDA 13's ``erff`` written out without its branches (``_libm.erf_nv``). Otherwise (the Triton interpreter, XPU) exp is ``tl.exp``, erf ``tl.erf`` and tanh
 is computed here: an odd Taylor polynomial for |v| < 0.55, ``(1 - e) / (1 + e)`` with

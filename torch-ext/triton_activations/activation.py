@@ -75,7 +75,7 @@ def _act_fwd_kernel(
     round_square,  # GELU_NEW eager: 1 if pow(x, 3.0) rounds x * x first
     ACT: tl.constexpr,  # activation id (_math)
     R: tl.constexpr,  # None (fused) or the dtype eager steps round to
-    LIBDEVICE: tl.constexpr,  # exp/tanh/erf from the vendor math library: 1 or 2 (NVIDIA, CUDA >= 13), 0 none (_libm)
+    LIBDEVICE: tl.constexpr,  # exp/tanh/erf from the vendor math library: 1 or 2 (NVIDIA, torch on CUDA 13), 0 none (_libm)
     FAST: tl.constexpr,  # sigmoid / tanh from NVIDIA's approximate instructions (_fast_math: when exact)
     GRID_1D: tl.constexpr,  # one grid axis over the tiles in row-major order (else rows x column blocks)
     U_FIRST: tl.constexpr,  # gated: load u before the math (else after it; see _load_u_first)
