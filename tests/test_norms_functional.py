@@ -716,6 +716,45 @@ def test_fast_launch_binds_the_c_launch_only_to_the_known_wrapper(norms):
         assert launch is run and head == ("function", "metadata", None, None, None)
 
 
+def test_launch_plan_direct_and_address_paths(norms, monkeypatch):
+    """A plan's direct launches without a GPU (a stand-in compiled kernel records its calls): the first call of a
+    pointer spec goes through Triton, later ones call the launcher with the stream, the bound head, the pointers
+    and the fixed scalars; ``at`` passes integer addresses for a compiled alignment and declines otherwise, and
+    for good once a call with other dtypes has compiled another kernel."""
+    from types import SimpleNamespace
+
+    from triton.runtime import driver
+
+    fl = norms._fastlaunch
+    calls, firsts = [], []
+
+    def run(*args):
+        calls.append(args)
+
+    compiled = SimpleNamespace(run=run, function="fn", packed_metadata="md")
+    monkeypatch.setattr(fl, "_first_launch", lambda k, grid, args, meta: firsts.append(args) or (compiled, ("tail",)))
+    monkeypatch.setattr(fl, "_hooks_off", lambda: True)
+    monkeypatch.setattr(fl, "_knobs", object())
+    monkeypatch.setattr(driver, "_active", SimpleNamespace(get_current_stream=lambda index: 77))
+    kernel = SimpleNamespace(device_caches={})
+    plan = fl.Launch(kernel, (3, 2), (("BLOCK", 8),), (5, 0.5), torch.device("cuda", 0))
+    plan._current = lambda: 0  # this (absent) GPU is the current device
+
+    store = torch.zeros(64, dtype=torch.float16)
+    x, y = store[8:24], store[32:48]  # 16-byte aligned (a zeros tensor's storage is)
+    assert not x.data_ptr() & 15 and not y.data_ptr() & 15
+    assert not plan.at((x.data_ptr(), None, y.data_ptr()))  # nothing compiled yet
+    plan((x, None, y))
+    assert len(firsts) == 1 and not calls
+    plan((x, None, y))
+    assert calls[-1] == (3, 2, 1, 77, "fn", "md", None, None, None, x, None, y, 5, 0.5, "tail")
+    assert plan.at((x.data_ptr(), None, y.data_ptr()))
+    assert calls[-1] == (3, 2, 1, 77, "fn", "md", None, None, None, x.data_ptr(), None, y.data_ptr(), 5, 0.5, "tail")
+    assert not plan.at((x.data_ptr() + 2, None, y.data_ptr()))  # another alignment: not compiled
+    plan((x.float(), None, y))  # other dtypes compile another kernel: addresses are ambiguous from now on
+    assert len(firsts) == 2 and not plan.at((x.data_ptr(), None, y.data_ptr()))
+
+
 @pytest.mark.gpu
 def test_fast_launch_equals_triton_launch_across_alignments(norms, device):
     """Alternate aligned / unaligned inputs and widths so cached launches meet every key; each result
