@@ -112,7 +112,7 @@ def _bind(compiled) -> tuple:
     run = compiled.run
     head = (compiled.function, compiled.packed_metadata, None, None, None)  # metadata, launch metadata, 2 hooks
     code = getattr(getattr(type(run), "__call__", None), "__code__", None)
-    if (code is not None and code.co_argcount == len(_WRAPPER_ARGS) and code.co_varnames[:6] == _WRAPPER_ARGS
+    if (code is not None and code.co_argcount == len(_WRAPPER_ARGS) and code.co_varnames[:len(_WRAPPER_ARGS)] == _WRAPPER_ARGS
             and code.co_flags & 0x04 and frozenset(code.co_names) == _WRAPPER_NAMES  # 0x04: CO_VARARGS
             and callable(getattr(run, "launch", None)) and getattr(run, "global_scratch_size", 1) == 0
             and getattr(run, "profile_scratch_size", 1) == 0):

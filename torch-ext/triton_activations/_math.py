@@ -29,9 +29,10 @@ for bf16 but computes fp16 in fp32 (one rounding). GELU_NEW therefore takes
 Precision: ``LIBDEVICE`` (a constexpr the launcher sets: 1 on CUDA and ROCm, 2 on NVIDIA with torch built with
 CUDA 13, 0 elsewhere) takes exp/tanh/erf from the vendor math library (``libdevice``: CUDA's
 ``expf``/``tanhf``/``erff``, ROCm's ocml), the functions ATen's own CUDA/ROCm kernels call, so fp32 results can
-agree bitwise; with 2, erf is CUDA 13's ``erff`` written out without its branches (``_libm.erf_nv``). Otherwise (the Triton interpreter, XPU) exp is ``tl.exp``, erf ``tl.erf`` and tanh
-is computed here: an odd Taylor polynomial for |v| < 0.55, ``(1 - e) / (1 + e)`` with
-``e = exp(-2|v|)`` above; measured <= 2 fp32 ulps against fp64 on the interpreter. Note that
+agree bitwise; with 2, erf is CUDA 13's ``erff`` written out without its branches (``_libm.erf_nv``).
+Otherwise (the Triton interpreter, XPU) exp is ``tl.exp``, erf ``tl.erf`` and tanh is computed here: an odd
+Taylor polynomial for |v| < 0.55, ``(1 - e) / (1 + e)`` with ``e = exp(-2|v|)`` above; measured <= 2 fp32 ulps
+against fp64 on the interpreter. Note that
 ``tl.exp`` compiles to ``ex2.approx`` on NVIDIA (a few ulps), hence libdevice there.
 Divisions are IEEE (``div_rn``), and launches disable fp contraction (``_launch``).
 

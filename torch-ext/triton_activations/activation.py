@@ -190,15 +190,15 @@ def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int
     check_launch_device(x, kernel)
     M = sizes[0] * sizes[1] * sizes[2]
     tile, threads = tile_for(kernel is _act_bwd_kernel, spec.gated, d * x.element_size())
-    fill_gpu = not is_interpreter(kernel)
-    cfg = pick_config(d, x.element_size(), device_warp_size(x.device), M, tile, fill_gpu, threads)
+    interpreter, warp = is_interpreter(kernel), device_warp_size(x.device)
+    cfg = pick_config(d, x.element_size(), warp, M, tile, not interpreter, threads)
     R = rounding_dtype(x, eager)
     forward = kernel is _act_fwd_kernel
     if forward and fast is None:
-        fast = fast_math_eligible(spec.act, spec.gated, x.dtype, R, x.device, is_interpreter(kernel)) \
+        fast = fast_math_eligible(spec.act, spec.gated, x.dtype, R, x.device, interpreter) \
             and fast_math_verified(x.device, spec.act, _fast_math_exact)
     if forward and not spec.gated and not fast:
-        wide = pick_config(d, x.element_size(), device_warp_size(x.device), M, tile, fill_gpu, ONE_WAVE_PLAIN_THREADS)
+        wide = pick_config(d, x.element_size(), warp, M, tile, not interpreter, ONE_WAVE_PLAIN_THREADS)
         cfg = wide if _one_vector_per_thread(spec, fast, wide) else cfg
     stride_args = [v for t, st in zip(lead, strides) for v in (*st, t.stride(-1))]
     scalars = (M, sizes[1], sizes[2], d, *stride_args, threshold, int(pow_rounds_square(x)))
@@ -313,15 +313,15 @@ def infer_plan(x: Tensor, op: str, eager: bool, threshold: float):
     the arguments: callers keep it per signature."""
     spec = OPS[op]
     out = _new_output(x, spec)
+    x1, out1 = _as_1d(x, out)
+    g, u = _halves(x1, spec)
     run = None
     if out.numel() > 0:
-        x1, out1 = _as_1d(x, out)
-        run = _cached_plan(_act_fwd_kernel, spec, eager, threshold, x1, _halves(x1, spec)[0].shape[-1], (x1, out1))
+        run = _cached_plan(_act_fwd_kernel, spec, eager, threshold, x1, g.shape[-1], (x1, out1))
         if run is _SPLIT:
             return None
-    g, u = _halves(x, spec)
     # byte offsets of the two operands from x's address (the views _halves would build per call)
-    offsets = (g.data_ptr() - x.data_ptr(), None if u is None else u.data_ptr() - x.data_ptr())
+    offsets = (g.data_ptr() - x1.data_ptr(), None if u is None else u.data_ptr() - x1.data_ptr())
     return (None if not spec.gated and x.is_contiguous() else tuple(out.shape)), spec, run, offsets
 
 

@@ -294,7 +294,8 @@ def _rms_norm_bwd_impl(
         dw_part, db_part = parts
         return dx, dres, (dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)), \
             (db_part.sum(0) if need_db else x.new_empty(0))
-    cfg = pick_config(N, x.element_size(), device_warp_size(x.device))
+    warp = device_warp_size(x.device)
+    cfg = pick_config(N, x.element_size(), warp)
     P = num_partial_programs(x.device, M)
     rows_per_program = cdiv(M, P)
     P = cdiv(M, rows_per_program)
@@ -308,7 +309,7 @@ def _rms_norm_bwd_impl(
         M, N, rows_per_program, weight_offset,
     ), meta_items(CAST_DTYPE=round_dtype(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
                   num_warps=cfg.num_warps, **launch_options(_rms_norm_bwd_kernel),
-                  **_bwd_register_cap(cfg, device_warp_size(x.device), x.device, dh2 is not None or need_db)),
+                  **_bwd_register_cap(cfg, warp, x.device, dh2 is not None or need_db)),
            x.device)
     dw = dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)
     db = db_part.sum(0) if need_db else x.new_empty(0)  # fp32; the caller casts to bias.dtype
