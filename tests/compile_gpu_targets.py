@@ -11,7 +11,8 @@ Default variants: every activation x (plain, gated) x (forward, backward), once 
 the eager rounding points and libdevice math (the CUDA/ROCm path), once as fp32 fused with
 the portable math (the XPU path); ``--all`` compiles every combination. On NVIDIA targets the bf16
 eager forwards take the fast math (``FAST``, inline PTX) and the one-axis grid, as the launcher may; the
-fp32 gated forwards load u first (``U_FIRST``, as in one-wave launches).
+fp32 gated forwards load u first (``U_FIRST``) and the fp32 plain forwards take flat tiles (``FLAT``), as in
+one-wave launches.
 """
 
 import itertools
@@ -57,7 +58,8 @@ def main(variant: Path, arch: str, everything: bool) -> int:
                 # NVIDIA's fast math (inline PTX) and its one-axis grid where the launcher can choose them; u loaded
                 # first for gelu_tanh, and for every gated op in the fp32 variants (as in one-wave launches)
                 fast = arch.isdigit() and dtype == "bf16" and eager
-                consts.update(FAST=fast, GRID_1D=fast, U_FIRST=gated and (act_id == 2 or dtype == "fp32"))
+                consts.update(FAST=fast, GRID_1D=fast, U_FIRST=gated and (act_id == 2 or dtype == "fp32"),
+                              FLAT=not gated and dtype == "fp32")
             if not gated:
                 consts.update({n: None for n in ("u_ptr", "du_ptr") if n in kernel.arg_names})
             src = ASTSource(kernel, _signature(kernel, dtype, consts),

@@ -840,6 +840,48 @@ def test_plain_forward_threads_rule(activations):
     assert cfg(4096, 1024, 2, L.PLAIN_THREADS).one_wave and not cfg(4096, 1024, 2).one_wave
 
 
+def test_flat_tiles_rule(activations, device):
+    """Plain forwards with x and out contiguous in a one-wave launch, M or N a multiple of 16, address runs of
+    consecutive elements (FLAT); gated ops, strided or expanded operands, many-wave launches, bounds the compiler
+    cannot see as multiples of 16 and the interpreter's plans keep the 2-D tiles."""
+    A, L = _module(activations, "activation"), _module(activations, "_launch")
+    ops = _module(activations, "_common").OPS
+    one = L.pick_config(96, 4, 32, 5, L.TILE_BYTES, True, L.ONE_WAVE_PLAIN_THREADS)
+    many = L.pick_config(14336, 2, 32, 16384, L.TILE_BYTES, True, L.PLAIN_THREADS)
+    x = torch.zeros(5, 96, device=device)
+    both = (x, torch.empty_like(x))
+    strided = torch.zeros(5, 192, device=device)[:, ::2]
+    assert one.one_wave and not many.one_wave
+    assert A._flat_tiles(ops["gelu_fast"], one, 5, 96, both) and A._flat_tiles(ops["silu"], one, 32, 5003, both)
+    assert not A._flat_tiles(ops["gelu_fast"], one, 67, 5003, both)
+    assert not A._flat_tiles(ops["gelu_fast"], many, 5, 96, both)
+    assert not A._flat_tiles(ops["silu_and_mul"], one, 5, 96, both)
+    assert not A._flat_tiles(ops["gelu_fast"], one, 5, 96, (x, strided))
+    assert not A._flat_tiles(ops["gelu_fast"], one, 5, 96, (strided, x))
+    assert not A._flat_tiles(ops["gelu_fast"], one, 5, 96, (x[:1].expand(5, 96), x))
+    assert not A._flat_tiles(ops["gelu_fast"], one, 2**27, 16, both)
+    plan = A._plan(A._act_fwd_kernel, ops["gelu_fast"], False, 0.0, x, 96, both)
+    assert dict(plan.meta)["FLAT"] is (device != "cpu") and (device == "cpu" or plan.grid == (4,))
+
+
+@pytest.mark.parametrize("op", PLAIN)
+@pytest.mark.parametrize("shape", [(5, 96), (3, 7, 131), (67, 503)])
+def test_flat_tiles_same_bits(activations, device, op, shape, monkeypatch):
+    """Flat tiles and 2-D tiles give the same bits (prime widths, a poisoned out; the compiled variants on a GPU)."""
+    A = _module(activations, "activation")
+    x = rand(shape, torch.float32, device)
+    results = []
+    for flat in (False, True):
+        monkeypatch.setattr(A, "_flat_tiles", lambda spec, cfg, M, N, lead, flat=flat: flat)
+        _clear_plans(activations)
+        out = torch.full(shape, float("nan"), dtype=torch.float32, device=device)
+        call(activations, op, out, x)
+        results.append(out.clone())
+    _clear_plans(activations)
+    assert not torch.isnan(results[0]).any()
+    assert torch.equal(results[0], results[1])
+
+
 @pytest.mark.parametrize("op", ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul"])
 def test_u_first_same_bits(activations, device, op, monkeypatch):
     """Loading u before or after the math gives the same bits (a poisoned strided out, prime widths; the compiled

@@ -46,7 +46,7 @@ def test_registry_names_real_packages_and_functions():
         for spec in specs:
             assert spec.package == pkg
             assert spec.op.split()[0].split("+")[0] in names, (pkg, spec.op)
-            assert spec.mode in ("fwd", "fwd+bwd", "bwd", "latency")
+            assert spec.mode in ("fwd", "fwd (chunk view)", "fwd+bwd", "bwd", "latency")
             assert spec.metric in ("GB/s", "TFLOP/s", "us/call")
 
 
@@ -57,6 +57,20 @@ def test_quick_shapes_are_part_of_the_full_sweep(spec):
     if spec.mode != "latency" and spec.metric == "GB/s":
         # the sweep's tensors are several times the H200's 60 MB L2 (bf16)
         assert all(spec.work(shape, 2) > 4 * 60e6 for shape in spec.shapes["full"]), spec.name
+
+
+@pytest.mark.parametrize("op", ["silu_and_mul", "gelu_tanh_and_mul"])
+def test_chunk_view_rows_pass_the_view_itself(op, device):
+    """The "fwd (chunk view)" rows hand our op the first half of a (M, 4d) tensor, row stride 4d, not a copy."""
+    import types
+
+    spec = next(s for s in REGISTRY["triton-activations"] if s.op == op and s.mode == "fwd (chunk view)")
+    seen = []
+    kernel = types.SimpleNamespace(**{op: lambda t: seen.append(t) or t[:, : t.shape[1] // 2]})
+    work = spec.build(kernel, (3, 5), torch.float32, device, peers=())
+    work.providers["ours"]()
+    (x,) = seen
+    assert x.shape == (3, 10) and x.stride() == (20, 1) and not x.is_contiguous()
 
 
 def test_resolve_packages():

@@ -325,6 +325,23 @@ def test_run_port_check_all_ports_agree(small_ports, loader):
     assert call.args[3] == ("float", 1e-6) and call.args[4][0] == "int"
 
 
+def test_timed_calls_share_inputs_and_outputs(small_ports, loader):
+    """While timed, the CUDA kernel reads the port's inputs and writes the port's output tensor (a tiny kernel's
+    time depends on where its buffers lie); the correctness launch wrote a buffer of its own."""
+    backend, seen = TorchClassic(), []
+
+    def recording_loader(package, function):
+        fn = loader(package, function)
+        return lambda out, x, *a, **k: (seen.append((out.data_ptr(), x.data_ptr())), fn(out, x, *a, **k))[1]
+
+    pc.run_port_check(small_ports[:1], cuda=backend, triton_loader=recording_loader, device="cpu", seed=3,
+                      timer=_timer(), kernels=["gelu_fast"], dtypes=["float32"], shapes=["small"])
+    checked, timed = backend.calls
+    assert len(seen) >= 2 and len(set(seen)) == 1
+    assert (timed.tensors["out"].data_ptr(), timed.tensors["x"].data_ptr()) == seen[0]
+    assert checked.tensors["out"].data_ptr() != seen[0][0] and checked.tensors["x"].data_ptr() == seen[0][1]
+
+
 def test_same_seed_same_inputs_new_seed_new_inputs(small_ports, loader):
     def inputs(seed):
         backend = TorchClassic()

@@ -52,8 +52,8 @@ class OpSpec:
     Attributes:
         package: Hub package name (``"triton-norms"``).
         op: function name in the package (``"rms_norm"``).
-        mode: ``"fwd"``, ``"fwd+bwd"``, ``"bwd"`` (backward alone, graph kept) or ``"latency"``
-            (wall time per call from Python, small shapes; no byte count).
+        mode: ``"fwd"``, ``"fwd (chunk view)"`` (the input a strided view), ``"fwd+bwd"``, ``"bwd"`` (backward
+            alone, graph kept) or ``"latency"`` (wall time per call from Python, small shapes; no byte count).
         shapes: ``{"quick": (...), "full": (...)}``, each a tuple of shapes.
         count: how the work is counted, in words (goes into the results).
         work_fn: (shape, element size) -> bytes (metric GB/s) or FLOPs (metric TFLOP/s).
@@ -317,13 +317,16 @@ NORMS = (
 
 
 # ------------------------------------------------------------------ triton-activations
-def _gated_builder(name: str, act: str, grad: bool = False):
+def _gated_builder(name: str, act: str, grad: bool = False, view: bool = False):
+    """``view``: x is the first half of a (M, 4d) tensor (``chunk(2, -1)[0]``, row stride 4d), as where a wider
+    projection is split before the activation; every provider reads that view as it is."""
     def build(kernel, shape, dtype, device, peers):
         import torch
         import torch.nn.functional as F
 
         M, d = shape
-        x = torch.randn(M, 2 * d, device=device, dtype=dtype)
+        x = torch.randn(M, 4 * d, device=device, dtype=dtype).chunk(2, -1)[0] if view else \
+            torch.randn(M, 2 * d, device=device, dtype=dtype)
         fn = {"silu": F.silu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[act]
         liger = _liger("swiglu", "LigerSiLUMulFunction") if act == "silu" else _liger("geglu", "LigerGELUMulFunction")
         a, b = x[:, :d].contiguous(), x[:, d:].contiguous()  # Liger takes the halves as two tensors
@@ -385,9 +388,18 @@ ACTIVATIONS = (
            "x (M, 2d) read + y (M, d) written; shape is (M, d)", lambda s, e: bytes_moved(s[0], s[1], e, 3), _gated_builder("silu_and_mul", "silu")),
     OpSpec("triton-activations", "gelu_tanh_and_mul", "fwd", {"quick": (), "full": _ACT[:1]},
            "x (M, 2d) read + y (M, d) written", lambda s, e: bytes_moved(s[0], s[1], e, 3), _gated_builder("gelu_tanh_and_mul", "gelu_tanh")),
+    OpSpec("triton-activations", "silu_and_mul", "fwd (chunk view)", {"quick": (), "full": _ACT[:1]},
+           "x (M, 2d), a chunk view of (M, 4d), read + y (M, d) written", lambda s, e: bytes_moved(s[0], s[1], e, 3),
+           _gated_builder("silu_and_mul", "silu", view=True)),
+    OpSpec("triton-activations", "gelu_tanh_and_mul", "fwd (chunk view)", {"quick": (), "full": _ACT[:1]},
+           "x (M, 2d), a chunk view of (M, 4d), read + y (M, d) written", lambda s, e: bytes_moved(s[0], s[1], e, 3),
+           _gated_builder("gelu_tanh_and_mul", "gelu_tanh", view=True)),
     OpSpec("triton-activations", "silu_and_mul", "fwd+bwd", {"quick": ((16384, 14336),), "full": _ACT[:1]},
            "fwd: x (2d) read, y (d) written; bwd: dy (d), x (2d) read, dx (2d) written", lambda s, e: bytes_moved(s[0], s[1], e, 8),
            _gated_builder("silu_and_mul", "silu", grad=True)),
+    OpSpec("triton-activations", "gelu_tanh_and_mul", "fwd+bwd", {"quick": (), "full": _ACT[:1]},
+           "fwd: x (2d) read, y (d) written; bwd: dy (d), x (2d) read, dx (2d) written", lambda s, e: bytes_moved(s[0], s[1], e, 8),
+           _gated_builder("gelu_tanh_and_mul", "gelu_tanh", grad=True)),
     OpSpec("triton-activations", "silu", "fwd", {"quick": (), "full": _ACT[:1]},
            "x read + y written", lambda s, e: bytes_moved(s[0], s[1], e, 2), _plain_builder("silu", _silu)),
     OpSpec("triton-activations", "gelu", "fwd", {"quick": (), "full": _ACT[:1]},

@@ -35,7 +35,7 @@ import triton.language as tl
 from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_rounds_square, rounding_dtype
 from ._launch import ONE_WAVE_PLAIN_THREADS, pick_config, tile_for
 from ._libm import use_libdevice
-from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
+from ._device import cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, meta_items
 from ._fast_math import fast_math_eligible, fast_math_verified
@@ -79,22 +79,29 @@ def _act_fwd_kernel(
     FAST: tl.constexpr,  # sigmoid / tanh from NVIDIA's approximate instructions (_fast_math: when exact)
     GRID_1D: tl.constexpr,  # one grid axis over the tiles in row-major order (else rows x column blocks)
     U_FIRST: tl.constexpr,  # gated: load u before the math (else after it; see _load_u_first)
+    FLAT: tl.constexpr,  # plain op, x and y contiguous, M * N < 2**31: tiles of ROWS * BLOCK_N consecutive elements
     ROWS: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # columns per program
 ):
     # One program per tile of ROWS x BLOCK_N. Reads the tile of g (and u), writes the tile of y.
-    if GRID_1D:
-        column_blocks = tl.cdiv(N, BLOCK_N)
-        row_block = tl.program_id(0) // column_blocks
-        column_block = tl.program_id(0) - row_block * column_blocks
+    if FLAT:  # one grid axis over the M * N elements: no row / column split (see _flat_tiles)
+        x_off = tl.program_id(0) * (ROWS * BLOCK_N) + tl.arange(0, ROWS * BLOCK_N)
+        mask = x_off < M * N
+        y_off = x_off
     else:
-        row_block = tl.program_id(0)
-        column_block = tl.program_id(1)
-    rows = row_block.to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    offs = column_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (offs < N)[None, :]
-    cols = offs.to(tl.int64)
-    x_off = _tile_offsets(rows, cols, D1, D2, stride_x0, stride_x1, stride_x2, stride_xn)
+        if GRID_1D:
+            column_blocks = tl.cdiv(N, BLOCK_N)
+            row_block = tl.program_id(0) // column_blocks
+            column_block = tl.program_id(0) - row_block * column_blocks
+        else:
+            row_block = tl.program_id(0)
+            column_block = tl.program_id(1)
+        rows = row_block.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        offs = column_block * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (rows < M)[:, None] & (offs < N)[None, :]
+        cols = offs.to(tl.int64)
+        x_off = _tile_offsets(rows, cols, D1, D2, stride_x0, stride_x1, stride_x2, stride_xn)
+        y_off = _tile_offsets(rows, cols, D1, D2, stride_y0, stride_y1, stride_y2, stride_yn)
     g = tl.load(g_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
     if U_FIRST:
         u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
@@ -104,7 +111,6 @@ def _act_fwd_kernel(
             u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
         y = round_to(y, R) * u
     OUT: tl.constexpr = y_ptr.dtype.element_ty
-    y_off = _tile_offsets(rows, cols, D1, D2, stride_y0, stride_y1, stride_y2, stride_yn)
     tl.store(y_ptr + y_off, round_to(y, OUT).to(OUT), mask=mask)
 
 
@@ -206,9 +212,11 @@ def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int
                 BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel))
     grid = (cfg.row_blocks, cfg.column_blocks)
     if forward:
-        grid_1d = _one_axis_grid(fast, cfg)
-        meta.update(FAST=fast, GRID_1D=grid_1d, U_FIRST=_load_u_first(spec, cfg))
-        if grid_1d:
+        grid_1d, flat = _one_axis_grid(fast, cfg), _flat_tiles(spec, cfg, M, d, lead)
+        meta.update(FAST=fast, GRID_1D=grid_1d, U_FIRST=_load_u_first(spec, cfg), FLAT=flat)
+        if flat:
+            grid = (cdiv(M * d, cfg.rows * cfg.block_n),)
+        elif grid_1d:
             grid = (cfg.row_blocks * cfg.column_blocks,)
     return Launch(kernel, grid, meta_items(**meta), scalars, x.device)
 
@@ -230,6 +238,18 @@ def _one_axis_grid(fast: bool, cfg) -> bool:
     orders are the same, and the one-axis grid's division costs a latency-bound launch 10% (5 x 96: 1.11 against
     1.01 us; ``benchmarks/NOTES.md``)."""
     return fast and cfg.column_blocks > 1 and cfg.row_blocks * cfg.column_blocks < 2**31
+
+
+def _flat_tiles(spec: OpSpec, cfg, M: int, N: int, lead: Tuple[Tensor, ...]) -> bool:
+    """Whether a plain forward addresses its tiles as runs of consecutive elements (``FLAT``): x and the output
+    contiguous, a launch that runs in one wave (``cfg.one_wave``: the instructions before the load are part of the
+    kernel's time), fewer than 2**31 elements (32-bit offsets), and M or N a multiple of 16, so that the compiler
+    sees the bound ``M * N`` as one and keeps the tile's 16-byte vectors whole. H200, CUDA-graph A/B, session 14
+    (``benchmarks/NOTES.md``): 256 x 4096 +0.3...+7.8% in every dtype; 5 x 96 within +-4%; at 67 x 5003 (bound
+    not a multiple of 16) fp16/bf16 lost 9-27%: the tile kept 8 elements per thread but its loads became scalar and
+    uncoalesced, where the 2-D tile's unaligned rows give each thread one element of a coalesced load."""
+    return (not spec.gated and cfg.one_wave and M * N < 2**31 and (M % 16 == 0 or N % 16 == 0)
+            and all(t.is_contiguous() and t.shape == lead[0].shape for t in lead))
 
 
 def _load_u_first(spec: OpSpec, cfg) -> bool:
