@@ -842,24 +842,32 @@ def test_plain_forward_threads_rule(activations):
 
 def test_flat_tiles_rule(activations, device):
     """Plain forwards with x and out contiguous in a one-wave launch, M or N a multiple of 16, address runs of
-    consecutive elements (FLAT); gated ops, strided or expanded operands, many-wave launches, bounds the compiler
-    cannot see as multiples of 16 and the interpreter's plans keep the 2-D tiles."""
+    consecutive elements (FLAT); in launches of one element per thread only the exact tanh / erf GELUs do. Gated ops,
+    strided or expanded operands, many-wave launches, bounds the compiler cannot see as multiples of 16 and the
+    interpreter's plans keep the 2-D tiles."""
     A, L = _module(activations, "activation"), _module(activations, "_launch")
     ops = _module(activations, "_common").OPS
-    one = L.pick_config(96, 4, 32, 5, L.TILE_BYTES, True, L.ONE_WAVE_PLAIN_THREADS)
+    tiny = L.pick_config(96, 4, 32, 5, L.TILE_BYTES, True, L.ONE_WAVE_PLAIN_THREADS)
+    one = L.pick_config(4096, 2, 32, 256, L.TILE_BYTES, True, L.ONE_WAVE_PLAIN_THREADS)
     many = L.pick_config(14336, 2, 32, 16384, L.TILE_BYTES, True, L.PLAIN_THREADS)
     x = torch.zeros(5, 96, device=device)
     both = (x, torch.empty_like(x))
     strided = torch.zeros(5, 192, device=device)[:, ::2]
-    assert one.one_wave and not many.one_wave
-    assert A._flat_tiles(ops["gelu_fast"], one, 5, 96, both) and A._flat_tiles(ops["silu"], one, 32, 5003, both)
-    assert not A._flat_tiles(ops["gelu_fast"], one, 67, 5003, both)
-    assert not A._flat_tiles(ops["gelu_fast"], many, 5, 96, both)
-    assert not A._flat_tiles(ops["silu_and_mul"], one, 5, 96, both)
-    assert not A._flat_tiles(ops["gelu_fast"], one, 5, 96, (x, strided))
-    assert not A._flat_tiles(ops["gelu_fast"], one, 5, 96, (strided, x))
-    assert not A._flat_tiles(ops["gelu_fast"], one, 5, 96, (x[:1].expand(5, 96), x))
-    assert not A._flat_tiles(ops["gelu_fast"], one, 2**27, 16, both)
+    assert tiny.one_wave and one.one_wave and not many.one_wave
+    assert tiny.row_blocks * tiny.column_blocks < L.MIN_PROGRAMS <= one.row_blocks * one.column_blocks
+    for op in ("gelu", "gelu_tanh", "gelu_new", "gelu_fast"):
+        assert A._flat_tiles(ops[op], tiny, False, 5, 96, both) and not A._flat_tiles(ops[op], tiny, True, 5, 96, both)
+    for op in ("silu", "gelu_quick"):
+        assert not A._flat_tiles(ops[op], tiny, False, 5, 96, both)
+        assert A._flat_tiles(ops[op], one, False, 256, 4096, both) and A._flat_tiles(ops[op], one, True, 256, 4096, both)
+    assert A._flat_tiles(ops["gelu"], tiny, False, 32, 5003, both)
+    assert not A._flat_tiles(ops["gelu"], tiny, False, 67, 5003, both)
+    assert not A._flat_tiles(ops["gelu"], many, False, 5, 96, both)
+    assert not A._flat_tiles(ops["silu_and_mul"], one, False, 256, 4096, both)
+    assert not A._flat_tiles(ops["gelu"], tiny, False, 5, 96, (x, strided))
+    assert not A._flat_tiles(ops["gelu"], tiny, False, 5, 96, (strided, x))
+    assert not A._flat_tiles(ops["gelu"], tiny, False, 5, 96, (x[:1].expand(5, 96), x))
+    assert not A._flat_tiles(ops["gelu"], one, False, 2**27, 16, both)
     plan = A._plan(A._act_fwd_kernel, ops["gelu_fast"], False, 0.0, x, 96, both)
     assert dict(plan.meta)["FLAT"] is (device != "cpu") and (device == "cpu" or plan.grid == (4,))
 
@@ -872,7 +880,7 @@ def test_flat_tiles_same_bits(activations, device, op, shape, monkeypatch):
     x = rand(shape, torch.float32, device)
     results = []
     for flat in (False, True):
-        monkeypatch.setattr(A, "_flat_tiles", lambda spec, cfg, M, N, lead, flat=flat: flat)
+        monkeypatch.setattr(A, "_flat_tiles", lambda spec, cfg, fast, M, N, lead, flat=flat: flat)
         _clear_plans(activations)
         out = torch.full(shape, float("nan"), dtype=torch.float32, device=device)
         call(activations, op, out, x)

@@ -33,13 +33,13 @@ import triton
 import triton.language as tl
 
 from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_rounds_square, rounding_dtype
-from ._launch import ONE_WAVE_PLAIN_THREADS, pick_config, tile_for
+from ._launch import MIN_PROGRAMS, ONE_WAVE_PLAIN_THREADS, pick_config, tile_for
 from ._libm import use_libdevice
 from ._device import cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, meta_items
 from ._fast_math import fast_math_eligible, fast_math_verified
-from ._math import GELU_TANH, activation, activation_and_grad, activation_grad, round_to
+from ._math import GELU, GELU_FAST, GELU_NEW, GELU_TANH, activation, activation_and_grad, activation_grad, round_to
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_dtype
 
@@ -212,7 +212,7 @@ def _plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int
                 BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **launch_options(kernel))
     grid = (cfg.row_blocks, cfg.column_blocks)
     if forward:
-        grid_1d, flat = _one_axis_grid(fast, cfg), _flat_tiles(spec, cfg, M, d, lead)
+        grid_1d, flat = _one_axis_grid(fast, cfg), _flat_tiles(spec, cfg, fast, M, d, lead)
         meta.update(FAST=fast, GRID_1D=grid_1d, U_FIRST=_load_u_first(spec, cfg), FLAT=flat)
         if flat:
             grid = (cdiv(M * d, cfg.rows * cfg.block_n),)
@@ -240,15 +240,26 @@ def _one_axis_grid(fast: bool, cfg) -> bool:
     return fast and cfg.column_blocks > 1 and cfg.row_blocks * cfg.column_blocks < 2**31
 
 
-def _flat_tiles(spec: OpSpec, cfg, M: int, N: int, lead: Tuple[Tensor, ...]) -> bool:
-    """Whether a plain forward addresses its tiles as runs of consecutive elements (``FLAT``): x and the output
-    contiguous, a launch that runs in one wave (``cfg.one_wave``: the instructions before the load are part of the
-    kernel's time), fewer than 2**31 elements (32-bit offsets), and M or N a multiple of 16, so that the compiler
-    sees the bound ``M * N`` as one and keeps the tile's 16-byte vectors whole. H200, CUDA-graph A/B, session 14
-    (``benchmarks/NOTES.md``): 256 x 4096 +0.3...+7.8% in every dtype; 5 x 96 within +-4%; at 67 x 5003 (bound
-    not a multiple of 16) fp16/bf16 lost 9-27%: the tile kept 8 elements per thread but its loads became scalar and
-    uncoalesced, where the 2-D tile's unaligned rows give each thread one element of a coalesced load."""
+# Activations whose exact math is a long chain after the load (libdevice tanh / erf): flat tiles pay even in launches
+# of one element per thread (_flat_tiles).
+_LONG_CHAIN = tuple(int(a) for a in (GELU, GELU_TANH, GELU_NEW, GELU_FAST))
+
+
+def _flat_tiles(spec: OpSpec, cfg, fast: bool, M: int, N: int, lead: Tuple[Tensor, ...]) -> bool:
+    """Whether a plain forward addresses its tiles as runs of consecutive elements (``FLAT``) instead of 2-D tiles.
+
+    When: x and the output contiguous; a launch that runs in one wave (``cfg.one_wave``: the instructions before the
+    load are part of the kernel's time); fewer than 2**31 elements (32-bit offsets); M or N a multiple of 16, so that
+    the compiler sees the bound ``M * N`` as one and keeps the tile's 16-byte vectors whole; and, in launches of fewer
+    than MIN_PROGRAMS programs (one element per thread), only for the exact tanh / erf GELUs.
+
+    H200, CUDA-graph A/B on shared buffers, session 14 (``results/activations_small_session14_2026-12-01.txt``):
+    256 x 4096 +0.3...+7.8% for every op and dtype. 5 x 96: the exact tanh / erf GELUs +1...+4.5%, silu, gelu_quick
+    and the fast-math (bf16) tanh GELUs -1...-4%. 67 x 5003 (bound not a multiple of 16) fp16/bf16 -9...-27%: the tile
+    kept 8 elements per thread but its loads became scalar and uncoalesced."""
+    tiny = cfg.row_blocks * cfg.column_blocks < MIN_PROGRAMS
     return (not spec.gated and cfg.one_wave and M * N < 2**31 and (M % 16 == 0 or N % 16 == 0)
+            and (not tiny or (spec.act in _LONG_CHAIN and not fast))
             and all(t.is_contiguous() and t.shape == lead[0].shape for t in lead))
 
 
