@@ -11,7 +11,7 @@ Default variants: every activation x (plain, gated) x (forward, backward), once 
 the eager rounding points and libdevice math (the CUDA/ROCm path), once as fp32 fused with
 the portable math (the XPU path); ``--all`` compiles every combination. On NVIDIA targets the bf16
 eager forwards take the fast math (``FAST``, inline PTX) and the one-axis grid, as the launcher may; the
-fp32 gated forwards load u first (``U_FIRST``) and the fp32 plain forwards take flat tiles (``FLAT``), as in
+fp32 gated forwards load u first (``U_FIRST``) and the plain forwards take flat tiles (``FLAT``), as in
 one-wave launches.
 """
 
@@ -59,7 +59,7 @@ def main(variant: Path, arch: str, everything: bool) -> int:
                 # first for gelu_tanh, and for every gated op in the fp32 variants (as in one-wave launches)
                 fast = arch.isdigit() and dtype == "bf16" and eager
                 consts.update(FAST=fast, GRID_1D=fast, U_FIRST=gated and (act_id == 2 or dtype == "fp32"),
-                              FLAT=not gated and dtype == "fp32")
+                              FLAT=not gated)
             if not gated:
                 consts.update({n: None for n in ("u_ptr", "du_ptr") if n in kernel.arg_names})
             src = ASTSource(kernel, _signature(kernel, dtype, consts),

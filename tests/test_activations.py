@@ -873,16 +873,18 @@ def test_flat_tiles_rule(activations, device):
 
 
 @pytest.mark.parametrize("op", PLAIN)
-@pytest.mark.parametrize("shape", [(5, 96), (3, 7, 131), (67, 503)])
-def test_flat_tiles_same_bits(activations, device, op, shape, monkeypatch):
-    """Flat tiles and 2-D tiles give the same bits (prime widths, a poisoned out; the compiled variants on a GPU)."""
+@pytest.mark.parametrize("shape,dtype", [((5, 96), torch.float32), ((3, 7, 131), torch.float32),
+                                         ((67, 503), torch.float32), ((256, 48), torch.bfloat16)])
+def test_flat_tiles_same_bits(activations, device, op, shape, dtype, monkeypatch):
+    """Flat tiles and 2-D tiles give the same bits (prime widths, a poisoned out; the compiled variants on a GPU,
+    in bf16 with the fast math where the op has it)."""
     A = _module(activations, "activation")
-    x = rand(shape, torch.float32, device)
+    x = rand(shape, dtype, device)
     results = []
     for flat in (False, True):
         monkeypatch.setattr(A, "_flat_tiles", lambda spec, cfg, fast, M, N, lead, flat=flat: flat)
         _clear_plans(activations)
-        out = torch.full(shape, float("nan"), dtype=torch.float32, device=device)
+        out = torch.full(shape, float("nan"), dtype=dtype, device=device)
         call(activations, op, out, x)
         results.append(out.clone())
     _clear_plans(activations)

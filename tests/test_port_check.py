@@ -342,6 +342,27 @@ def test_timed_calls_share_inputs_and_outputs(small_ports, loader):
     assert checked.tensors["out"].data_ptr() != seen[0][0] and checked.tensors["x"].data_ptr() == seen[0][1]
 
 
+def test_timed_call_of_a_returning_port_keeps_its_own_output(small_ports, loader):
+    """A port that returns its output (rms_norm) allocates it per call: the timed CUDA call then writes the output
+    of the correctness launch (declared shape), never a tensor the port returned (which may have any shape)."""
+    backend, returned = TorchClassic(), []
+
+    def recording_loader(package, function):
+        fn = loader(package, function)
+
+        def port(*a, **k):
+            out = fn(*a, **k)
+            returned.append(out[0] if isinstance(out, tuple) else out)
+            return out
+        return port
+
+    pc.run_port_check(small_ports[1:], cuda=backend, triton_loader=recording_loader, device="cpu", seed=3,
+                      timer=_timer(), dtypes=["float32"], shapes=["small"])
+    checked, timed = backend.calls
+    assert timed.tensors["out"] is checked.tensors["out"]
+    assert all(timed.tensors["out"].data_ptr() != r.data_ptr() for r in returned)
+
+
 def test_same_seed_same_inputs_new_seed_new_inputs(small_ports, loader):
     def inputs(seed):
         backend = TorchClassic()

@@ -319,7 +319,8 @@ NORMS = (
 # ------------------------------------------------------------------ triton-activations
 def _gated_builder(name: str, act: str, grad: bool = False, view: bool = False):
     """``view``: x is the first half of a (M, 4d) tensor (``chunk(2, -1)[0]``, row stride 4d), as where a wider
-    projection is split before the activation; every provider reads that view as it is."""
+    projection is split before the activation; ours, eager and torch.compile read that view as it is, Liger (two
+    tensors) contiguous copies of its halves made outside the timing."""
     def build(kernel, shape, dtype, device, peers):
         import torch
         import torch.nn.functional as F

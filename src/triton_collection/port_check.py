@@ -54,7 +54,8 @@ then for every kernel x dtype x shape: fresh random inputs (seeded, the seed is 
 poisoned outputs for each side, one launch of each, the elementwise comparison (max abs and
 max relative error, mismatch count; NaN only where both sides have NaN), and the median time
 of each with ``triton.testing.do_bench`` as GB/s and the ratio Triton/CUDA (> 1: the port is
-faster). While timed, both sides read the same inputs and write the same output tensors. The exit code is 1 when any comparison fails or a kernel raises, 2 for a bad
+faster). While timed, both sides read the same inputs, and the CUDA kernel writes the output tensors the port
+writes into (not those the port returns: it allocates them per call). The exit code is 1 when any comparison fails or a kernel raises, 2 for a bad
 description or a machine without a CUDA GPU or ``nvcc``.
 """
 
@@ -1210,9 +1211,11 @@ def _run_case(spec, kernel, fn, shape, dtype, cuda, device, seed, timer, row: Ch
                     raise PortError(f"input {k!r} was modified by one of the kernels")
         row.ok = all(o["ok"] for o in row.outputs.values())
         if timer is not None:
-            # both sides write the same output tensors while timed: a tiny kernel's time depends on where its
+            # while timed, the CUDA kernel writes the output tensors the port writes into (those it does not return:
+            # a returned tensor is the port's own, allocated per call), as a tiny kernel's time depends on where its
             # buffers lie (the same CUDA kernel took 1.04 or 1.14 us at 5 x 96 fp32 with other buffers)
-            timed = cuda_call(triton_out)
+            timed = cuda_call({name: cuda_out[name] if name in kernel.triton_returns else t
+                               for name, t in triton_out.items()})
             row.cuda_ms = timer(lambda: cuda.launch(timed))
             row.triton_ms = timer(port)
             row.cuda_gbps = float(f"{row.bytes / (row.cuda_ms * 1e-3) / 1e9:.4g}")

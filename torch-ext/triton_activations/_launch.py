@@ -4,7 +4,8 @@ Every kernel is elementwise over rows: one program handles a tile of ``ROWS`` ro
 ``BLOCK_N`` columns (for ``*_and_mul`` a row has ``d = x.shape[-1] // 2`` output
 columns). The grid is ``(cdiv(rows, ROWS), cdiv(d, BLOCK_N))``: rows wider than a tile
 get a second grid axis of column blocks, so no row is ever too wide; narrow rows are
-stacked ``ROWS`` to a tile. (A one-axis grid in row-major tile order, where programs launched
+stacked ``ROWS`` to a tile. (``activation`` may lay the same tiles on one grid axis: ``_one_axis_grid``,
+``_flat_tiles``.) (A one-axis grid in row-major tile order, where programs launched
 one after another read neighbouring memory, ran 4.7% faster with trivial math but 3% slower
 with the exact silu / gelu_tanh math on the H200: ``benchmarks/NOTES.md``.)
 

@@ -20,7 +20,8 @@ Backward (roundings count as identity, as autograd treats ``.to``):
 Memory: every operand is addressed through its own strides (three merged leading
 dims plus the column stride, 64-bit offsets), so ``chunk``/``narrow`` halves, expanded
 (stride-0) or transposed inputs and outputs with a storage offset are read and
-written in place: no copy is ever made. Bytes moved: plain ``2 * numel * elem``;
+written in place: no copy is ever made. (Plain forwards of contiguous tensors in small launches address
+runs of consecutive elements with 32-bit offsets instead: ``_flat_tiles``.) Bytes moved: plain ``2 * numel * elem``;
 gated ``3 * M * d * elem`` (x read once, y written once); backward adds dy and dx.
 """
 
