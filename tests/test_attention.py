@@ -405,8 +405,18 @@ def test_rotary_errors(attention, device):
         attention.rotary_embedding(x.long(), c.detach(), c.detach())
 
 
+def _skip_without_kernelizable_rotary(device):
+    """The GPU host's own transformers may attach no kernelizable ``apply_rotary_pos_emb`` (its
+    ``use_kernelized_func`` is then a no-op): skip there; on the CPU (``make setup``'s versions) it must be active."""
+    from transformers.models.llama import modeling_llama
+
+    if not hasattr(modeling_llama.apply_rotary_pos_emb, "forward") and device != "cpu":
+        pytest.skip("transformers' use_kernelized_func decorator is inactive in this environment")
+
+
 def test_rotary_layer_kernelize_in_llama(attention, device):
     """The RotaryPosEmb layer through kernels.kernelize swaps Llama's apply_rotary_pos_emb: same logits bit for bit."""
+    _skip_without_kernelizable_rotary(device)
     import kernels
     from kernels import LocalLayerRepository, Mode
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -527,6 +537,7 @@ def test_flash_attention_rope_errors(attention, device):
 
 def test_integration_register_and_kernelize_rotary(attention, installed, device):
     """triton_collection.integrations.transformers_attention: register() by Hub name, kernelize_rotary() on Llama."""
+    _skip_without_kernelizable_rotary(device)
     from kernels import Mode
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama import modeling_llama
