@@ -840,6 +840,21 @@ def test_plain_forward_threads_rule(activations):
     assert cfg(4096, 1024, 2, L.PLAIN_THREADS).one_wave and not cfg(4096, 1024, 2).one_wave
 
 
+def _outputs_with_rule(activations, monkeypatch, rule: str, op: str, x, new_out):
+    """``op(out, x)`` with the launch rule ``rule`` of ``activation`` forced off, then on (fresh plans each time; out
+    from ``new_out()``): the two outputs."""
+    A = _module(activations, "activation")
+    results = []
+    for value in (False, True):
+        monkeypatch.setattr(A, rule, lambda *args, value=value: value)
+        _clear_plans(activations)
+        out = new_out()
+        call(activations, op, out, x)
+        results.append(out.clone())
+    _clear_plans(activations)
+    return results
+
+
 def test_flat_tiles_rule(activations, device):
     """Plain forwards with x and out contiguous in a one-wave launch, M or N a multiple of 16, address runs of
     consecutive elements (FLAT); in launches of one element per thread only the exact tanh / erf GELUs do. Gated ops,
@@ -878,33 +893,19 @@ def test_flat_tiles_rule(activations, device):
 def test_flat_tiles_same_bits(activations, device, op, shape, dtype, monkeypatch):
     """Flat tiles and 2-D tiles give the same bits (prime widths, a poisoned out; the compiled variants on a GPU,
     in bf16 with the fast math where the op has it)."""
-    A = _module(activations, "activation")
     x = rand(shape, dtype, device)
-    results = []
-    for flat in (False, True):
-        monkeypatch.setattr(A, "_flat_tiles", lambda spec, cfg, fast, M, N, lead, flat=flat: flat)
-        _clear_plans(activations)
-        out = torch.full(shape, float("nan"), dtype=dtype, device=device)
-        call(activations, op, out, x)
-        results.append(out.clone())
-    _clear_plans(activations)
-    assert not torch.isnan(results[0]).any()
-    assert torch.equal(results[0], results[1])
+    off, on = _outputs_with_rule(activations, monkeypatch, "_flat_tiles", op, x,
+                                 lambda: torch.full(shape, float("nan"), dtype=dtype, device=device))
+    assert not torch.isnan(off).any()
+    assert torch.equal(off, on)
 
 
 @pytest.mark.parametrize("op", ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul"])
 def test_u_first_same_bits(activations, device, op, monkeypatch):
     """Loading u before or after the math gives the same bits (a poisoned strided out, prime widths; the compiled
     variants on a GPU, where the load order is real)."""
-    A = _module(activations, "activation")
     x = rand((13, width(op, 331)), torch.float32, device)
-    results = []
-    for first in (False, True):
-        monkeypatch.setattr(A, "_load_u_first", lambda spec, cfg, first=first: first)
-        _clear_plans(activations)
-        out = torch.full((13, 662), float("nan"), dtype=torch.float32, device=device)[:, 1::2]
-        call(activations, op, out, x)
-        results.append(out.clone())
-    _clear_plans(activations)
-    assert not torch.isnan(results[0]).any()
-    assert torch.equal(results[0], results[1])
+    off, on = _outputs_with_rule(activations, monkeypatch, "_load_u_first", op, x,
+                                 lambda: torch.full((13, 662), float("nan"), dtype=torch.float32, device=device)[:, 1::2])
+    assert not torch.isnan(off).any()
+    assert torch.equal(off, on)

@@ -54,9 +54,10 @@ then for every kernel x dtype x shape: fresh random inputs (seeded, the seed is 
 poisoned outputs for each side, one launch of each, the elementwise comparison (max abs and
 max relative error, mismatch count; NaN only where both sides have NaN), and the median time
 of each with ``triton.testing.do_bench`` as GB/s and the ratio Triton/CUDA (> 1: the port is
-faster). While timed, both sides read the same inputs, and the CUDA kernel writes the output tensors the port
-writes into (not those the port returns: it allocates them per call). The exit code is 1 when any comparison fails or a kernel raises, 2 for a bad
-description or a machine without a CUDA GPU or ``nvcc``.
+faster). While timed, both sides read the same inputs, and the CUDA kernel writes the output
+tensors the port writes into (not those the port returns: it allocates them per call). The exit
+code is 1 when any comparison fails or a kernel raises, 2 for a bad description or a machine
+without a CUDA GPU or ``nvcc``.
 """
 
 from __future__ import annotations
