@@ -426,8 +426,8 @@ def test_row_layouts_are_cached_per_strides(softmax, device):
     a = rand((4, 5, 32), torch.float32, device)
     b = rand((5, 4, 32), torch.float32, device).transpose(0, 1)  # shape (4, 5, 32), strides (32, 128, 1)
     la, lb = common.row_layout([a, None, a], 2), common.row_layout([b, None, b], 2)
-    assert la.sizes == (1, 1, 20) and la.strides[0] == (0, 0, 32, 1) and la.strides[1] == (0, 0, 0, 0)
-    assert lb.sizes == (1, 4, 5) and lb.strides[0] == (0, 32, 128, 1)
+    assert la.sizes == (20, 1, 1) and la.strides[0] == (32, 0, 0, 1) and la.strides[1] == (0, 0, 0, 0)
+    assert lb.sizes == (4, 5, 1) and lb.strides[0] == (32, 128, 0, 1)
     assert common.row_layout([a.clone(), None, a], 2) is la and common.row_layout([b, None, b], 2) is lb
     for x in (a, b, a):
         assert_close_ref(softmax.softmax(x), sm_ref(x))
