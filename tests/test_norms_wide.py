@@ -35,7 +35,8 @@ def wide(norms):
     mod.WIDE_ON_CPU = True
     mod.team_phases = counting
     # pinned here (the team sizes below follow from it); the GPU test at the end runs the shipped setting
-    mod.WIDE_TUNED.update({k: dict(v, chunk_bytes=16384, num_warps=4) for k, v in mod.WIDE_TUNED.items()})
+    mod.WIDE_TUNED.update({k: dict(v[-1] if isinstance(v, list) else v, chunk_bytes=16384, num_warps=4)
+                           for k, v in mod.WIDE_TUNED.items()})
     try:
         yield type("Wide", (), {"calls": calls, "mod": mod})
     finally:
@@ -213,6 +214,22 @@ def test_team_rules(norms, device, wide):
     x = torch.randn(2, 4097, device=device)
     norms.rms_norm(x)
     assert wide.calls == []
+
+
+def test_shipped_team_tiers(norms):
+    """The shipped forward teams by row width (bf16 rows of 65536, 131072, 262144): chunk bytes and warps."""
+    mod = sys.modules[norms.__name__ + "._wide"]
+    team_mod = sys.modules[norms.__name__ + "._team"]
+    want = {"rms_norm": [(4096, 1), (4096, 1), (8192, 2)], "add_rms_norm": [(4096, 2), (8192, 4), (8192, 4)],
+            "layer_norm": [(8192, 4), (4096, 1), (16384, 4)]}
+    for kind, settings in want.items():
+        got = []
+        for N in (65536, 131072, 262144):
+            s = team_mod.tier_for(mod.WIDE_TUNED[kind], 2 * N)
+            assert s["min_row_bytes"] == 65537 and s["num_warps"] * 32 * s["maxnreg"] * s["programs_per_sm"] <= 65536
+            got.append((s["chunk_bytes"], s["num_warps"]))
+        assert got == settings, kind
+    assert team_mod.tier_for(mod.WIDE_TUNED["rms_norm"], 65536)["min_row_bytes"] > 65536  # 32768 bf16: looped
 
 
 @pytest.mark.gpu

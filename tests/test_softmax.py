@@ -207,7 +207,7 @@ def team_mode(softmax):
 
     launch = sys.modules[softmax.__name__ + "._launch"]
     mods = [sys.modules[softmax.__name__ + m] for m in (".softmax", ".cross_entropy")]
-    saved_tuned, saved_cpu = dict(launch.TEAM_TUNED), launch.TEAM_ON_CPU
+    saved_tuned, saved_cpu, saved_aligned = dict(launch.TEAM_TUNED), launch.TEAM_ON_CPU, launch.TEAM_ALIGNED_ROWS_ONLY
     orig = mods[0]._team_phases
     calls = []
 
@@ -222,6 +222,7 @@ def team_mode(softmax):
                                     "programs_per_sm": 2, "maxnreg": 128}
 
     launch.TEAM_ON_CPU = True
+    launch.TEAM_ALIGNED_ROWS_ONLY = False  # teams on any row (prime widths included)
     set_chunk(1024)
     for m in mods:
         m._team_phases = counting
@@ -233,6 +234,7 @@ def team_mode(softmax):
         launch.TEAM_TUNED.clear()
         launch.TEAM_TUNED.update(saved_tuned)
         launch.TEAM_ON_CPU = saved_cpu
+        launch.TEAM_ALIGNED_ROWS_ONLY = saved_aligned
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])

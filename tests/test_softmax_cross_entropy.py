@@ -327,6 +327,46 @@ def test_team_path_all_targets_ignored(softmax, device, team_mode):
     assert team_mode.calls and all(c[0] == 5 for c in team_mode.calls)
 
 
+def test_team_tiers_by_width(softmax):
+    """The shipped teams of the cross-entropy and the softmax forward (``_launch.TEAM_TUNED``): rows of at least
+    64 / 128 KiB, on the smallest chunk whose team has at most 32 members, the widest rows on the last tier; a * b + c
+    may contract in the cross-entropy only. The softmax backward: 4 KiB chunks from 128 KiB rows up to 32 members,
+    else 8 KiB chunks from 32 KiB rows."""
+    launch = sys.modules[softmax.__name__ + "._launch"]
+    team = sys.modules[softmax.__name__ + "._team"]
+    widths = (16384, 32000, 32768, 65536, 100000, 128256, 131072, 151936, 262144, 524288)
+    want = {65536: 4, 100000: 8, 128256: 8, 131072: 8, 151936: 16, 262144: 16, 524288: 16}
+    for kind, min_bytes, fusion in (("cross_entropy", 65536, True), ("softmax", 131072, False)):
+        chunk = {}
+        for V in widths:
+            s = team.tier_for(launch.TEAM_TUNED[kind], 2 * V)
+            if 2 * V < min_bytes:
+                assert 2 * V < s["min_row_bytes"]  # the looped kernels
+                continue
+            assert s["num_warps"] * s["programs_per_sm"] == 16 and s["min_row_bytes"] == min_bytes
+            assert s.get("fp_fusion", False) is fusion
+            chunk[V] = s["chunk_bytes"] // 1024
+        assert chunk == ({32768: 4, **want} if kind == "cross_entropy" else want)
+    bwd = {V: team.tier_for(launch.TEAM_TUNED["softmax_bwd"], 2 * V)["chunk_bytes"] // 1024 for V in widths}
+    assert bwd == {16384: 8, 32000: 8, 32768: 8, 65536: 4, 100000: 8, 128256: 8, 131072: 8, 151936: 8, 262144: 8,
+                   524288: 8}
+    assert team.tier_for(None, 1 << 20) is None
+    assert team.tier_for({"chunk_bytes": 1}, 1 << 20) == {"chunk_bytes": 1}
+
+
+def test_rows_aligned(softmax, device):
+    """rows_aligned: every row of every tensor given starts on 16 bytes, with unit column stride."""
+    common = sys.modules[softmax.__name__ + "._common"]
+    buf = torch.zeros(4 * 4096 + 8, dtype=torch.bfloat16, device=device)
+    for x, want in ((buf[:4 * 4096].view(4, 4096), True), (buf[8:].view(4, 4096), True),
+                    (buf[1:4097].view(1, 4096), False),  # base pointer off by 2 bytes
+                    (buf[:4 * 4095].view(4, 4095), False),  # row stride 8190 bytes
+                    (buf[:4 * 4096].view(4, 4096)[:, :4093], True),  # sliced rows keep their starts
+                    (buf[:4 * 4096].view(4096, 4).t(), False)):  # column stride 4
+        layout = common.row_layout([x, None], 1)
+        assert common.rows_aligned(layout, [x, None]) is want, (x.shape, x.stride(), x.storage_offset())
+
+
 @pytest.mark.gpu
 def test_team_spinning_path_on_gpu(softmax, device, monkeypatch):
     """The team path for a 128K vocabulary on a GPU (opt-in for the cross-entropy: persistent teams whose

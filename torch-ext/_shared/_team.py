@@ -113,6 +113,7 @@ class TeamPlan:
     block_n: int  # BLOCK_N constexpr (a power of 2)
     num_warps: int
     maxnreg: int  # register cap per thread (NVIDIA launches only)
+    fp_fusion: bool = False  # let the compiler contract a * b + c (kernels that need no eager rounding)
 
     @property
     def grid(self) -> tuple:
@@ -120,22 +121,33 @@ class TeamPlan:
 
     def meta(self, kernel, device: torch.device, phase: int, **constexprs) -> tuple:
         """Constexprs and launch options of one launch of ``kernel`` (``meta_items`` pairs)."""
-        options = launch_options(kernel)
+        options = {} if self.fp_fusion else launch_options(kernel)
         if _nvidia(device):
             options["maxnreg"] = self.maxnreg
         return tuple({**constexprs, "BLOCK_N": self.block_n, "TEAM_P2": max(next_power_of_2(self.team),
                       TEAM_P2_MIN), "PHASE": phase, "num_warps": self.num_warps, **options}.items())
 
 
-def team_split(N: int, elem: int, rows: int, device: torch.device, tuned: Optional[dict],
-               on_cpu: bool) -> Optional[TeamPlan]:
+def tier_for(tuned, row_bytes: int) -> Optional[dict]:
+    """The setting for rows of ``row_bytes`` bytes: ``tuned`` itself (a dict or None), or for a list of tiers the
+    first that the row reaches (``min_row_bytes``) and whose team, ceil(row_bytes / chunk_bytes) programs, has at
+    most its ``max_team`` members (no limit without one), else the last."""
+    if isinstance(tuned, (list, tuple)):
+        return next((s for s in tuned if row_bytes >= s["min_row_bytes"]
+                     and cdiv(row_bytes, s["chunk_bytes"]) <= s.get("max_team", row_bytes)), tuned[-1])
+    return tuned
+
+
+def team_split(N: int, elem: int, rows: int, device: torch.device, tuned, on_cpu: bool) -> Optional[TeamPlan]:
     """The persistent teams for ``rows`` rows of ``N`` elements of ``elem`` bytes, or None (no team).
 
-    ``tuned``: ``{"min_row_bytes", "chunk_bytes", "num_warps", "programs_per_sm", "maxnreg"}`` or None
-    (never); ``on_cpu``: teams on CPU tensors (the interpreter). Rows of at least ``min_row_bytes`` go to
-    ceil(N / block_n) programs of ``block_n`` = chunk_bytes / elem (a power of 2) columns; None when not
-    even one team fits the device at once.
+    ``tuned``: ``{"min_row_bytes", "chunk_bytes", "num_warps", "programs_per_sm", "maxnreg"}`` and optionally
+    ``"fp_fusion"`` (default False: the launch keeps eager rounding, ``_device.launch_options``), a list of such
+    settings by row width (``tier_for``), or None (never); ``on_cpu``: teams on CPU tensors (the interpreter).
+    Rows of at least ``min_row_bytes`` go to ceil(N / block_n) programs of ``block_n`` = chunk_bytes / elem (a
+    power of 2) columns; None when not even one team fits the device at once.
     """
+    tuned = tier_for(tuned, N * elem)
     if tuned is None or (device.type == "cpu" and not on_cpu) or N * elem < tuned["min_row_bytes"]:
         return None
     block = next_power_of_2(max(tuned["chunk_bytes"] // elem, 1))
@@ -144,4 +156,4 @@ def team_split(N: int, elem: int, rows: int, device: torch.device, tuned: Option
     teams = min(rows, sm_count(device) * programs_per_sm(device, warps, tuned) // team)
     if teams < 1 or rows * team >= 2**31:
         return None
-    return TeamPlan(team, teams, block, warps, tuned["maxnreg"])
+    return TeamPlan(team, teams, block, warps, tuned["maxnreg"], bool(tuned.get("fp_fusion", False)))

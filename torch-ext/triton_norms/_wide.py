@@ -44,13 +44,31 @@ from ._team import team_gather, team_phases, team_publish, team_split, team_star
 
 # Per kind: rows of at least min_row_bytes (input element size) go to teams of ceil(bytes / chunk_bytes)
 # programs of num_warps warps, programs_per_sm of them per SM with at most maxnreg registers per thread
-# (NVIDIA; one per compute unit elsewhere); None: never. Each setting is the best of a sweep on the H200
-# (bf16, 4096 x 65536 and 1024 x 262144, 2026-12-01; benchmarks/NOTES.md); too few registers spill and
-# too few programs per SM leave DRAM idle while teams meet (the backward at 8 KiB / 4 per SM: 1687 GB/s,
-# at 8 KiB / 3 per SM with 168 registers: 2938).
+# (NVIDIA; one per compute unit elsewhere); a list holds tiers by row width (``_team.tier_for``: the first
+# whose team has at most max_team members); None: never. Each setting is the best of a sweep on the H200
+# (bf16, 2026-12-01/02; benchmarks/NOTES.md); too few registers spill and too few programs per SM leave
+# DRAM idle while teams meet (the backward at 8 KiB / 4 per SM: 1687 GB/s, at 8 KiB / 3 per SM with 168
+# registers: 2938). The rms_norm forward without a residual (session 15, results/team_tiers_2026-12-02.txt,
+# M x N = 2^28): 64 elements per thread and 16 warps per SM, 4 KiB chunks up to 64 members, then 8 KiB:
+# 3720 / 3501 / 3295 GB/s at N = 65536 / 131072 / 262144 against 3616 / 3417 / 3250 on the 8 KiB, 4-warp,
+# 6-per-SM setting. With a residual (x, r, h, y counted): 4 KiB chunks over 2 warps, 12 per SM, up to 32
+# members, then that setting: 3740 / 3701 / 3576 (3605 at 65536 before). LayerNorm: 8 KiB / 4 warps / 5 per
+# SM up to 16 members, 4 KiB / 1 warp / 16 per SM up to 64, then 16 KiB / 4 warps / 4 per SM: 3053 / 3045 /
+# 2961 against 3050 / 2923 / 2648 on the first alone.
+_RMS_TIER = {"min_row_bytes": 65537, "num_warps": 1, "programs_per_sm": 16, "maxnreg": 128, "max_team": 64}
 WIDE_TUNED: dict = {
-    "rms_norm": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 6, "maxnreg": 80},
-    "layer_norm": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 5, "maxnreg": 96},
+    "rms_norm": [{**_RMS_TIER, "chunk_bytes": 4096}, {**_RMS_TIER, "chunk_bytes": 8192, "num_warps": 2,
+                                                      "programs_per_sm": 8}],
+    "add_rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 2, "programs_per_sm": 12,
+                      "maxnreg": 80, "max_team": 32},
+                     {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 6,
+                      "maxnreg": 80}],
+    "layer_norm": [{"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 5,
+                    "maxnreg": 96, "max_team": 16},
+                   {"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 16,
+                    "maxnreg": 128, "max_team": 64},
+                   {"min_row_bytes": 65537, "chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4,
+                    "maxnreg": 128}],
     "rms_norm_bwd": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 3,
                      "maxnreg": 168},
     "layer_norm_bwd": {"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 4, "programs_per_sm": 4,
@@ -269,7 +287,7 @@ def _ln_team_bwd_kernel(
 def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, weight_offset, cast_dtype, elem) -> bool:
     """Launches the team forward of RMSNorm when the rows are wide enough (arguments as the looped
     kernel's; ``h`` None without a residual, ``rstd`` None in inference); False: nothing launched."""
-    plan = team_for("rms_norm", N, elem, M, x2.device)
+    plan = team_for("rms_norm" if r2 is None else "add_rms_norm", N, elem, M, x2.device)
     if plan is None:
         return False
     ws = torch.zeros(M * plan.team, dtype=torch.int64, device=x2.device)

@@ -118,6 +118,19 @@ def _row_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int, shape: torc
     return RowLayout(sizes, tuple(strides))  # immutable: row_layout hands the same object to every caller
 
 
+def rows_aligned(layout: RowLayout, tensors: Sequence[Optional[torch.Tensor]]) -> bool:
+    """Whether every row of each tensor given (``None``: skipped; the order of ``row_layout``'s call) starts on a
+    16-byte boundary with unit column stride, so that the compiler can vectorise a row's loads and stores."""
+    for i, t in enumerate(tensors):
+        if t is None:
+            continue
+        s0, s1, s2, col = layout.strides[i]
+        e = t.element_size()
+        if col != 1 or t.data_ptr() % 16 or (s0 * e) % 16 or (s1 * e) % 16 or (s2 * e) % 16:
+            return False
+    return True
+
+
 def normalize_dim(dim, ndim: int, name: str = "dim") -> int:
     """``dim`` in [0, ndim) (a 0-d tensor counts as 1-d); IndexError as torch raises it."""
     if isinstance(dim, bool) or not isinstance(dim, int):

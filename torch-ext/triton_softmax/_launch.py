@@ -163,24 +163,49 @@ def split_for(cfg: LaunchConfig, N: int, rows: int, device: torch.device) -> int
 # Team path per kernel kind (``_team``: persistent teams, each row read once): rows of at least
 # ``min_row_bytes`` of input go to teams of ceil(row bytes / chunk_bytes) programs of ``num_warps`` warps,
 # ``programs_per_sm`` of them per SM with at most ``maxnreg`` registers per thread (NVIDIA; one per
-# compute unit elsewhere); None: never (the looped path). Measured on the H200 (bf16, M x N = 2^28,
-# 2026-12-01, benchmarks/NOTES.md): the backward over 8 KiB chunks moved 4158 / 3839 / 3570 GB/s at
-# N = 65536 / 131072 / 262144 against 3857 / 3094 / 2715 looped, and 2-3% more from N = 16384; the forward
-# (16 KiB chunks) gained only past 128 KiB rows (3068 / 3197 against 2765 / 2582 at 131072 / 262144; -1% at
-# 65536); the cross-entropy team lost (2264 against 2455 GB/s at 8192 x 128256), so it stays looped.
+# compute unit elsewhere); a list holds tiers by row width (``_team.tier_for``: the first whose team has at
+# most ``max_team`` members); None: never (the looped path). Measured on the H200 (bf16, 2026-12-01/02,
+# benchmarks/NOTES.md):
+# - the forward and the cross-entropy are fastest where a team has about 32 members, the chunk growing
+#   with the row at 16 warps and 64 elements per thread on each SM (session 15,
+#   results/team_tiers_2026-12-02.txt, results/cross_entropy_team_2026-12-02.txt): softmax forward at
+#   N = 65536 / 131072 / 262144 (M x N = 2^28) 3485 / 3445 / 3259 GB/s against 3097 / 2766 / 2577 looped (and
+#   3212 at 131072 on the single 16 KiB setting before); 32 KiB rows stay looped (3501 against 3437);
+#   cross-entropy at V = 65536 / 100000 / 128256 / 200064 / 262144: 3071 / 2907 / 3089 / 2909 / 2954 against
+#   2532 / 2441 / 2546 / 2446 / 2484 looped. The cross-entropy gradient needs no eager rounding, so a * b + c
+#   may contract there (``fp_fusion``: +1.5%);
+# - the backward over 8 KiB chunks moved 4158 / 3839 / 3570 GB/s at N = 65536 / 131072 / 262144 against
+#   3857 / 3094 / 2715 looped, and 2-3% more from N = 16384 (session 8); session 15 re-measured it at
+#   3876 / 3791 / 3577 and found 4 KiB chunks (32 elements per thread, team of 32) faster at 65536: 4039.
+_BY_WIDTH = ({"chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 16},
+             {"chunk_bytes": 8192, "num_warps": 2, "programs_per_sm": 8},
+             {"chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4})
 TEAM_TUNED: dict = {
-    "softmax": {"min_row_bytes": 131073, "chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4, "maxnreg": 128},
-    "softmax_bwd": {"min_row_bytes": 32768, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 4,
-                    "maxnreg": 128},
-    "cross_entropy": None,
+    "softmax": [{"min_row_bytes": 131072, "maxnreg": 128, "max_team": 32, **s} for s in _BY_WIDTH],
+    "softmax_bwd": [{"min_row_bytes": 131072, "chunk_bytes": 4096, "num_warps": 2, "programs_per_sm": 8,
+                     "maxnreg": 128, "max_team": 32},
+                    {"min_row_bytes": 32768, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 4,
+                     "maxnreg": 128}],
+    "cross_entropy": [{"min_row_bytes": 65536, "maxnreg": 128, "max_team": 32, "fp_fusion": True, **s}
+                      for s in _BY_WIDTH],
 }
+# Teams only for rows that start on 16 bytes where the caller says (``team_for``'s ``aligned``); the tests
+# switch this off to run teams on any row.
+TEAM_ALIGNED_ROWS_ONLY = True
 # Teams on CPU tensors (the interpreter runs a team as two launches, publish then write). Off by default
 # (the looped kernels are the CPU path); the tests switch it on.
 TEAM_ON_CPU = False
 
 
-def team_for(N: int, t: torch.Tensor, rows: int, kind: str) -> Optional[TeamPlan]:
+def team_for(N: int, t: torch.Tensor, rows: int, kind: str, aligned: bool = True) -> Optional[TeamPlan]:
     """The persistent teams (``_team.TeamPlan``) for ``rows`` rows of ``N`` elements of ``t`` (kind as in
     ``TEAM_TUNED``), or None for the one-program-per-row kernels (also when not even one team fits the
-    device at once: the forward-progress condition of ``_team``)."""
+    device at once: the forward-progress condition of ``_team``).
+
+    ``aligned``: every row starts on 16 bytes (``_common.rows_aligned``). Rows that do not stay off the
+    teams (``TEAM_ALIGNED_ROWS_ONLY``), where the cross-entropy passes it: loads and stores are scalar there
+    and teams gained nothing (16384 x 50257 bf16: 1654-1813 GB/s on three team settings, 1805 looped;
+    session 15)."""
+    if not aligned and TEAM_ALIGNED_ROWS_ONLY:
+        return None
     return team_split(N, t.element_size(), rows, t.device, TEAM_TUNED.get(kind), TEAM_ON_CPU)

@@ -61,7 +61,8 @@ import triton.language as tl
 from ._cross_entropy_torch_order import cross_entropy_torch_order
 from .softmax import _chunk_max_exp, _chunk_start, _team_load, _team_max_sumexp, _team_phases
 from ._team import team_gather, team_publish, team_start
-from ._common import check_float_tensor, check_real, check_same_device, row_layout, row_start, store_rounded
+from ._common import (check_float_tensor, check_real, check_same_device, row_layout, row_start, rows_aligned,
+                      store_rounded)
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._launch import config_for, team_for
@@ -97,21 +98,24 @@ def _grad_of_p(p, offs, t, coef, smoothing, V, w, valid, in_range):
 
 
 @triton.jit
-def _team_grad(e, m_own, lse, offs, t, coef, smoothing, V, w, valid, in_range):
-    """``_grad_of_p`` for a team member's chunk ``e = exp(x - m_own)``, with the row-wide factors folded into scalars:
-    ``w * g = e * a - (b, or bt at the target column)``; NaN through ``w`` for a target outside [0, V), a scalar
-    branch (not a select per element) for an ignored row. One compare, one select and one fma per element: the team
-    kernel is bound by instruction issue (benchmarks/NOTES.md, session 12)."""
+def _team_grad(e, m_own, lse, coef, smoothing, V, w, valid, in_range):
+    """``_grad_of_p`` for a team member's chunk ``e = exp(x - m_own)`` as if no column were the target, with the row-wide
+    factors folded into scalars: ``(w * g = e * a - b, a, bt)``; the target column's value is ``e_t * a - bt``, which
+    the kernel writes separately, so that no element needs a compare. NaN through ``w`` for a target outside [0, V),
+    a scalar branch (not a select per element) for an ignored row. The team kernel is bound by instruction issue
+    (benchmarks/NOTES.md, sessions 12 and 14)."""
     if valid:
         w_in = tl.where(in_range, w, float("nan"))
         # p = e * exp(m_own - lse): exp(x - lse) from the chunk's own exp, one exp per element in all
         a = tl.exp(tl.where(m_own == float("-inf"), lse, m_own) - lse) * coef * w_in
         b = smoothing / V * w_in
         bt = b + (1.0 - smoothing) * w_in
-        g = e * a - tl.where(offs == t, bt, b)
+        g = e * a - b
     else:
+        a = 0.0
+        bt = 0.0
         g = tl.zeros_like(e)
-    return g
+    return g, a, bt
 
 
 @triton.jit
@@ -281,9 +285,16 @@ def _cross_entropy_team_fwd_kernel(
                 _store_loss(loss_ptr, lse_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH)
             if g_ptr is not None:
                 coef, w = _grad_factors(z_loss, lse, count_ptr)
-                t_col = tl.where(in_range, t, -1).to(tl.int32)  # int32 compare: no int64 copy of the columns
-                g = _team_grad(e, m_own, lse, offs, t_col, coef, smoothing, V, w, valid, in_range)
-                store_rounded(g_ptr + row_start(row, R1, R2, sg0, sg1, sg2), offs.to(tl.int64) * sgc, g, mask_n)
+                g_row = row_start(row, R1, R2, sg0, sg1, sg2)
+                g, a, bt = _team_grad(e, m_own, lse, coef, smoothing, V, w, valid, in_range)
+                store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)
+                if valid & in_range & (t // BLOCK_N == member):
+                    # the target's element, which the chunk's store wrote as a non-target: after a barrier (the
+                    # chunk's store came from another thread), e_t * a - bt with e_t as _chunk_max_exp computes it
+                    tl.debug_barrier()
+                    x_t = tl.load(x_ptr + x_row + t * sxc).to(tl.float32)
+                    e_t = tl.exp(x_t - tl.where(m_own == float("-inf"), 0.0, m_own))
+                    store_rounded(g_ptr + g_row, t * sgc, e_t * a - bt, True)
         row = nxt
 
 
@@ -409,7 +420,7 @@ def _cross_entropy_fwd_impl(
         if layout is None:  # more than 3 unmergeable leading dims: the one documented copy
             logits, t = logits.contiguous(), target.contiguous().unsqueeze(class_dim).expand(logits.shape)
             layout = row_layout([logits, t, gs], class_dim)
-        plan = team_for(V, logits, layout.rows, "cross_entropy")
+        plan = team_for(V, logits, layout.rows, "cross_entropy", rows_aligned(layout, [logits, None, gs]))
         if plan is not None:  # wide rows: persistent teams of programs, the logits read once
             ws = torch.zeros(3 * layout.rows * plan.team, dtype=torch.int64, device=logits.device)
             args = (logits, t, rows, gs, aux if grad_mode == 2 else None, count if need_grad else None, ws,
