@@ -10,6 +10,7 @@ bwd 3MNe, CE fwd+bwd 2MVe).
 
 import argparse
 import contextlib
+import copy
 import json
 import sys
 import time
@@ -78,13 +79,13 @@ if args.report:
 
 sm, nm = load_packages(["triton-softmax", "triton-norms"], args.cpu)
 W = sys.modules[nm.__name__ + "._wide"]
-DEFAULT_WIDE = {k: dict(v) for k, v in W.WIDE_TUNED.items()}
+DEFAULT_WIDE = copy.deepcopy(W.WIDE_TUNED)  # entries may be lists of tiers (session 15)
 if args.cpu:
     W.WIDE_ON_CPU = True
 S = sys.modules[sm.__name__ + ".softmax"]
 C = sys.modules[sm.__name__ + ".cross_entropy"]
 L = sys.modules[sm.__name__ + "._launch"]
-DEFAULT_TEAM = {k: (dict(v) if v else v) for k, v in L.TEAM_TUNED.items()}
+DEFAULT_TEAM = copy.deepcopy(L.TEAM_TUNED)
 if args.cpu:
     L.TEAM_ON_CPU = True
     for k in L.TEAM_TUNED:

@@ -102,6 +102,11 @@ def test_add_rms_norm_team_values_and_h(norms, device, wide):
     assert torch.equal(h, h0)
     assert_near_looped(y, y0)
     assert [c[0] for c in wide.calls] == [5]
+    wide.mod.WIDE_TUNED["add_rms_norm"] = None  # the residual form has its own setting
+    norms.add_rms_norm(x, r, w, eps=1e-6)
+    assert len(wide.calls) == 1
+    norms.rms_norm(x, w, eps=1e-6)
+    assert len(wide.calls) == 2
 
 
 def test_layer_norm_team_values_one_meeting(norms, device, wide):
@@ -234,7 +239,7 @@ def test_shipped_team_tiers(norms):
 
 @pytest.mark.gpu
 def test_team_spinning_path_on_gpu(norms, device):
-    """The default path on a GPU for rows of 65536 and 262144 (teams of 8 and 32, many rows per team),
+    """The default path on a GPU for rows of 65536 and 262144 (teams of 32 and 64, many rows per team),
     with a residual and fp32 inputs, against fp64 and the same bits twice."""
     if device != "cuda":
         pytest.skip("the spinning path needs TEST_DEVICE=cuda")

@@ -8,6 +8,7 @@ computed in fp32, rounded at the store and once more by the upstream-gradient mu
 is not 1 (the mean's 1/count), hence 2 ulps for half dtypes.
 """
 
+import dataclasses
 import sys
 import warnings
 
@@ -354,6 +355,47 @@ def test_team_tiers_by_width(softmax):
     assert team.tier_for({"chunk_bytes": 1}, 1 << 20) == {"chunk_bytes": 1}
 
 
+def test_team_plan_fp_fusion_option(softmax, monkeypatch):
+    """``fp_fusion`` goes from a setting into the plan, and the plan names ``enable_fp_fusion`` (True with it,
+    False without) wherever the launch takes options, never leaving it to Triton's default."""
+    team = sys.modules[softmax.__name__ + "._team"]
+    setting = {"min_row_bytes": 1, "chunk_bytes": 1024, "num_warps": 1, "programs_per_sm": 1, "maxnreg": 128}
+    cpu = torch.device("cpu")
+    assert team.team_split(2048, 2, 4, cpu, setting, True).fp_fusion is False
+    plan = team.team_split(2048, 2, 4, cpu, {**setting, "fp_fusion": True}, True)
+    assert plan.fp_fusion is True and plan.team == 4
+    monkeypatch.setattr(team, "launch_options", lambda kernel: {"enable_fp_fusion": False})  # as on a GPU
+    assert dict(plan.meta(None, cpu, 0))["enable_fp_fusion"] is True
+    assert dict(dataclasses.replace(plan, fp_fusion=False).meta(None, cpu, 0))["enable_fp_fusion"] is False
+    monkeypatch.setattr(team, "launch_options", lambda kernel: {})  # the interpreter takes no options
+    assert "enable_fp_fusion" not in dict(plan.meta(None, cpu, 0))
+
+
+def test_misaligned_rows_stay_off_the_teams(softmax, device, team_mode):
+    """With ``TEAM_ALIGNED_ROWS_ONLY`` (shipped; the team tests switch it off) a cross-entropy whose rows do not
+    start on 16 bytes runs looped and an aligned one on teams; the alignment test runs only where a team would."""
+    launch = team_mode.launch
+    x0 = torch.empty(0, dtype=torch.bfloat16, device=device)
+    asked = []
+
+    def misaligned():
+        asked.append(1)
+        return False
+    assert launch.team_for(2048, x0, 10, "cross_entropy", misaligned) is not None  # rule off in team_mode
+    launch.TEAM_ALIGNED_ROWS_ONLY = True
+    assert launch.team_for(2048, x0, 10, "cross_entropy", misaligned) is None
+    assert launch.team_for(2048, x0, 10, "cross_entropy", lambda: True) is not None
+    for V, on_teams in ((2056, False), (2048, True)):  # 2056 = 16 * 128 + 8: 16-byte rows, not known to be
+        del team_mode.calls[:]
+        x = rand((3, V), torch.float32, device, scale=2.0)
+        t = targets((3,), V, device)
+        check(softmax, x, t, torch.float32)
+        assert bool(team_mode.calls) is on_teams
+    launch.TEAM_TUNED["cross_entropy"] = None
+    n = len(asked)
+    assert launch.team_for(2048, x0, 10, "cross_entropy", misaligned) is None and len(asked) == n
+
+
 def test_rows_aligned(softmax, device):
     """rows_aligned: every row of every tensor given starts on 16 bytes, with unit column stride."""
     common = sys.modules[softmax.__name__ + "._common"]
@@ -361,25 +403,37 @@ def test_rows_aligned(softmax, device):
     for x, want in ((buf[:4 * 4096].view(4, 4096), True), (buf[8:].view(4, 4096), True),
                     (buf[1:4097].view(1, 4096), False),  # base pointer off by 2 bytes
                     (buf[:4 * 4095].view(4, 4095), False),  # row stride 8190 bytes
+                    (buf[:4 * 4088].view(4, 4088), False),  # 16-byte rows, but 4088 is not a multiple of 16
                     (buf[:4 * 4096].view(4, 4096)[:, :4093], True),  # sliced rows keep their starts
+                    (torch.zeros(2, 12320, device=device)[:, :12312].view(2, 3, 4104)[:, :, :4096], False),  # 2 groups,
+                    # the outer stride 12320 a multiple of 16, the inner 4104 not
                     (buf[:4 * 4096].view(4096, 4).t(), False)):  # column stride 4
-        layout = common.row_layout([x, None], 1)
+        layout = common.row_layout([x, None], x.dim() - 1)
         assert common.rows_aligned(layout, [x, None]) is want, (x.shape, x.stride(), x.storage_offset())
+    x = buf[:4 * 4096].view(4, 4096)
+    other = buf[2:4 * 4096 + 2].view(4, 4096)  # the second tensor decides
+    assert not common.rows_aligned(common.row_layout([x, None, other], 1), [x, None, other])
 
 
 @pytest.mark.gpu
-def test_team_spinning_path_on_gpu(softmax, device, monkeypatch):
-    """The team path for a 128K vocabulary on a GPU (opt-in for the cross-entropy: persistent teams whose
-    members spin on each other's partials): loss and gradient against fp64, torch's F.cross_entropy in
-    bf16, the same bits twice."""
+@pytest.mark.parametrize("V,setting", [(65536, "shipped"), (128256, "shipped"), (262144, "shipped"),
+                                       (128256, "pinned")])
+def test_team_spinning_path_on_gpu(softmax, device, monkeypatch, V, setting):
+    """The team path on a GPU (persistent teams whose members spin on each other's partials): the shipped tiers
+    (1-, 2- and 4-warp programs, fp contraction, the target's element written after a barrier) and one pinned
+    setting; loss and gradient against fp64, torch's F.cross_entropy in bf16, the same bits twice."""
     if device != "cuda":
         pytest.skip("the spinning path needs TEST_DEVICE=cuda")
     launch = sys.modules[softmax.__name__ + "._launch"]
-    monkeypatch.setitem(launch.TEAM_TUNED, "cross_entropy", {"min_row_bytes": 65537, "chunk_bytes": 8192,
-                                                             "num_warps": 4, "programs_per_sm": 5, "maxnreg": 96})
+    if setting == "pinned":
+        monkeypatch.setitem(launch.TEAM_TUNED, "cross_entropy", {"min_row_bytes": 65537, "chunk_bytes": 8192,
+                                                                 "num_warps": 4, "programs_per_sm": 5, "maxnreg": 96})
+    x0 = torch.empty(0, dtype=torch.bfloat16, device=device)
+    assert launch.team_for(V, x0, 512, "cross_entropy", lambda: True) is not None
     for dtype in (torch.bfloat16, torch.float32):
-        x = rand((512, 128256), torch.float32, device, scale=2.0)
-        t = targets((512,), 128256, device)
+        x = rand((512, V), torch.float32, device, scale=2.0)
+        t = targets((512,), V, device)
+        t[0] = V - 1  # the last member's last column
         check(softmax, x, t, dtype, label_smoothing=0.1)
         xs = x.to(dtype).requires_grad_()
         g1 = torch.autograd.grad(softmax.cross_entropy(xs, t), xs)[0]

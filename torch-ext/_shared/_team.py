@@ -113,7 +113,7 @@ class TeamPlan:
     block_n: int  # BLOCK_N constexpr (a power of 2)
     num_warps: int
     maxnreg: int  # register cap per thread (NVIDIA launches only)
-    fp_fusion: bool = False  # let the compiler contract a * b + c (kernels that need no eager rounding)
+    fp_fusion: bool = False  # contract a * b + c everywhere in the kernel (where no result must round as eager)
 
     @property
     def grid(self) -> tuple:
@@ -121,7 +121,9 @@ class TeamPlan:
 
     def meta(self, kernel, device: torch.device, phase: int, **constexprs) -> tuple:
         """Constexprs and launch options of one launch of ``kernel`` (``meta_items`` pairs)."""
-        options = {} if self.fp_fusion else launch_options(kernel)
+        options = launch_options(kernel)  # enable_fp_fusion=False; nothing under the interpreter
+        if self.fp_fusion and options:
+            options["enable_fp_fusion"] = True  # named, not left to Triton's default (which Triton 3.10 changes)
         if _nvidia(device):
             options["maxnreg"] = self.maxnreg
         return tuple({**constexprs, "BLOCK_N": self.block_n, "TEAM_P2": max(next_power_of_2(self.team),

@@ -26,7 +26,8 @@ summed by torch. The looped backward re-read each row and read-modified-wrote an
 row: 1199 GB/s at 4096x65536 against 2938 here (torch.compile 1756).
 
 ``rms_wide_forward`` / ``ln_wide_forward`` / ``wide_backward`` serve the free-order forwards and the
-backwards of ``rms_norm`` / ``layer_norm`` for rows of at least ``WIDE_TUNED[kind]["min_row_bytes"]``
+backwards of ``rms_norm`` / ``layer_norm`` for rows of at least the ``min_row_bytes`` of ``WIDE_TUNED[kind]``
+(a setting, or a list of settings by row width: ``_team.tier_for``)
 when a team fits the device (CPU tensors keep the looped kernels unless ``WIDE_ON_CPU``, tests) and
 otherwise return False / None (the looped kernel runs).
 """
@@ -55,10 +56,11 @@ from ._team import team_gather, team_phases, team_publish, team_split, team_star
 # members, then that setting: 3740 / 3701 / 3576 (3605 at 65536 before). LayerNorm: 8 KiB / 4 warps / 5 per
 # SM up to 16 members, 4 KiB / 1 warp / 16 per SM up to 64, then 16 KiB / 4 warps / 4 per SM: 3053 / 3045 /
 # 2961 against 3050 / 2923 / 2648 on the first alone.
-_RMS_TIER = {"min_row_bytes": 65537, "num_warps": 1, "programs_per_sm": 16, "maxnreg": 128, "max_team": 64}
 WIDE_TUNED: dict = {
-    "rms_norm": [{**_RMS_TIER, "chunk_bytes": 4096}, {**_RMS_TIER, "chunk_bytes": 8192, "num_warps": 2,
-                                                      "programs_per_sm": 8}],
+    "rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 16,
+                  "maxnreg": 128, "max_team": 64},
+                 {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 2, "programs_per_sm": 8,
+                  "maxnreg": 128}],
     "add_rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 2, "programs_per_sm": 12,
                       "maxnreg": 80, "max_team": 32},
                      {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 6,

@@ -9,9 +9,10 @@ max/sum pass, then an output pass that reads the row again right away (last chun
 eviction hints, so the re-read mostly hits L2). No row is too wide. Narrow rows go several to a
 program (``rows``) so that a program moves at least ``MIN_TILE_BYTES``.
 
-Where ``TEAM_TUNED[kind]`` is set, rows wider than its ``min_row_bytes`` go to persistent teams of
-programs instead (``team_for``; see ``_team``): each keeps ``chunk_bytes`` of a row in registers and
-the row is read once however wide it is, as long as one team fits the device at once.
+Where ``TEAM_TUNED[kind]`` is set (a setting, or a list of settings by row width), rows of at least its
+``min_row_bytes`` go to persistent teams of programs instead (``team_for``; see ``_team``): each keeps
+``chunk_bytes`` of a row in registers and the row is read once however wide it is, as long as one team
+fits the device at once.
 
 Warps follow from the block's size in bytes (``BYTES_PER_THREAD`` of input per
 thread: four 16-byte vectors) and are capped so that
@@ -24,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -170,10 +171,11 @@ def split_for(cfg: LaunchConfig, N: int, rows: int, device: torch.device) -> int
 #   with the row at 16 warps and 64 elements per thread on each SM (session 15,
 #   results/team_tiers_2026-12-02.txt, results/cross_entropy_team_2026-12-02.txt): softmax forward at
 #   N = 65536 / 131072 / 262144 (M x N = 2^28) 3485 / 3445 / 3259 GB/s against 3097 / 2766 / 2577 looped (and
-#   3212 at 131072 on the single 16 KiB setting before); 32 KiB rows stay looped (3501 against 3437);
+#   3212 at 131072 on the single 16 KiB setting before); 64 KiB rows stay looped (3501 against 3437);
 #   cross-entropy at V = 65536 / 100000 / 128256 / 200064 / 262144: 3071 / 2907 / 3089 / 2909 / 2954 against
-#   2532 / 2441 / 2546 / 2446 / 2484 looped. The cross-entropy gradient needs no eager rounding, so a * b + c
-#   may contract there (``fp_fusion``: +1.5%);
+#   2532 / 2441 / 2546 / 2446 / 2484 looped (at 100000 the 4 KiB tier, 49 members, was 1.4% faster than
+#   the 8 KiB one). The cross-entropy matches torch within tolerances, not bit for bit, so a * b + c may
+#   contract in its team kernel (``fp_fusion``, loss and logsumexp included: +1.5%);
 # - the backward over 8 KiB chunks moved 4158 / 3839 / 3570 GB/s at N = 65536 / 131072 / 262144 against
 #   3857 / 3094 / 2715 looped, and 2-3% more from N = 16384 (session 8); session 15 re-measured it at
 #   3876 / 3791 / 3577 and found 4 KiB chunks (32 elements per thread, team of 32) faster at 65536: 4039.
@@ -197,15 +199,18 @@ TEAM_ALIGNED_ROWS_ONLY = True
 TEAM_ON_CPU = False
 
 
-def team_for(N: int, t: torch.Tensor, rows: int, kind: str, aligned: bool = True) -> Optional[TeamPlan]:
+def team_for(N: int, t: torch.Tensor, rows: int, kind: str,
+             aligned: Optional[Callable[[], bool]] = None) -> Optional[TeamPlan]:
     """The persistent teams (``_team.TeamPlan``) for ``rows`` rows of ``N`` elements of ``t`` (kind as in
     ``TEAM_TUNED``), or None for the one-program-per-row kernels (also when not even one team fits the
     device at once: the forward-progress condition of ``_team``).
 
-    ``aligned``: every row starts on 16 bytes (``_common.rows_aligned``). Rows that do not stay off the
+    ``aligned``: None, or a test whether every row starts on 16 bytes (``_common.rows_aligned``), called only
+    when a team would be planned (host time). Rows that do not stay off the
     teams (``TEAM_ALIGNED_ROWS_ONLY``), where the cross-entropy passes it: loads and stores are scalar there
-    and teams gained nothing (16384 x 50257 bf16: 1654-1813 GB/s on three team settings, 1805 looped;
+    and teams gained nothing (16384 x 50257 bf16: 1654-1813 GB/s on three team settings, 1825 looped;
     session 15)."""
-    if not aligned and TEAM_ALIGNED_ROWS_ONLY:
+    plan = team_split(N, t.element_size(), rows, t.device, TEAM_TUNED.get(kind), TEAM_ON_CPU)
+    if plan is not None and aligned is not None and TEAM_ALIGNED_ROWS_ONLY and not aligned():
         return None
-    return team_split(N, t.element_size(), rows, t.device, TEAM_TUNED.get(kind), TEAM_ON_CPU)
+    return plan

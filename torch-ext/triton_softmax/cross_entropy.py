@@ -41,10 +41,10 @@ Rows of up to 16 KiB (``_launch.FWD_MAX_FUSED_BYTES``) are read once, in one blo
 registers). Wider rows (a 32K, 128K or 256K vocabulary) run the online logsumexp over chunks, then a
 gradient pass that reads the row again right away, newest chunks first, with L2 eviction hints so that
 part of the re-read hits L2 (on the H200 this beat one block per row at 32–64 KiB rows, where a program
-holding the whole row left one program per SM: 432 against 530 µs at 8192 x 32000 bf16). Where
-``_launch.TEAM_TUNED["cross_entropy"]`` is set (off by default: on the H200 the team moved 2264 GB/s
-against the looped 2455 at 8192 x 128256) they go to persistent teams of programs (``_team``)
-instead: each keeps a chunk of logits in registers, publishes its chunk's max, sum of exp and (label
+holding the whole row left one program per SM: 432 against 530 µs at 8192 x 32000 bf16). On a GPU,
+rows of at least 64 KiB whose starts are 16-byte aligned go to persistent teams of programs instead
+(``_team``; the tiers of ``_launch.TEAM_TUNED["cross_entropy"]``: on the H200 3089 GB/s against the looped
+2546 at 8192 x 128256, session 15): each keeps a chunk of logits in registers, publishes its chunk's max, sum of exp and (label
 smoothing) sum of logits, combines all members' partials in member order and writes its chunk of g;
 member 0 writes the loss: one read of the logits and one write of g.
 Without a gradient (inference, or logits that do not require grad) the kernel only reads.
@@ -420,7 +420,7 @@ def _cross_entropy_fwd_impl(
         if layout is None:  # more than 3 unmergeable leading dims: the one documented copy
             logits, t = logits.contiguous(), target.contiguous().unsqueeze(class_dim).expand(logits.shape)
             layout = row_layout([logits, t, gs], class_dim)
-        plan = team_for(V, logits, layout.rows, "cross_entropy", rows_aligned(layout, [logits, None, gs]))
+        plan = team_for(V, logits, layout.rows, "cross_entropy", lambda: rows_aligned(layout, [logits, None, gs]))
         if plan is not None:  # wide rows: persistent teams of programs, the logits read once
             ws = torch.zeros(3 * layout.rows * plan.team, dtype=torch.int64, device=logits.device)
             args = (logits, t, rows, gs, aux if grad_mode == 2 else None, count if need_grad else None, ws,

@@ -13,7 +13,7 @@ A fully masked row (every z = -inf) gives NaN, as torch does (-inf - -inf).
 
 Rows that fit in one block (``_launch.MAX_FUSED_BYTES``) are read once and written
 once. Wider rows on a GPU go to persistent *teams* of programs (``_team``, ``_launch.team_for``, where
-``_launch.TEAM_TUNED`` enables them: the forward past 128 KiB rows, the backward from 32 KiB): each
+``_launch.TEAM_TUNED`` enables them: the forward from 128 KiB rows, the backward from 32 KiB): each
 member keeps one chunk in registers, publishes its chunk's max and sum of exp (backward: its
 part of sum(dy * y)), waits for its teammates and combines the partials in member order
 (``s = sum_k s_k * exp(m_k - m)``), then writes its chunk (``exp(z - m_k) * exp(m_k - m) / s``: one exp
