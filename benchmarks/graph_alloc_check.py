@@ -1,13 +1,15 @@
-"""Does allocating the output inside a CUDA-graph-timed call cost time? (issues 4 and 7; prepared in session 14, not
-yet run.)
+"""Does allocating the output inside a CUDA-graph-timed call cost time? (issues 4 and 7; prepared in session 14, run
+in session 15: no, results/softmax_layout_2026-12-02.txt.)
 
     python3 benchmarks/graph_alloc_check.py OUT_DIR      (GPU)
 
 Session 12's softmax sweep (``results/softmax_wide_sweep_2026-12-01.txt``) timed the package's ``softmax(x)``, which
 allocates its output per call, at 3826 GB/s (16384 x 16384 bf16) against 3957 for a standalone kernel writing one
-preallocated ``y``; the two kernels compile to the same sm_90 SASS (session 14: 1631 / 1630 instructions, 54 / 51
-registers, the same loads, stores, shuffles and barriers, two programs per SM either way). The harness times every
-provider the same way (allocating), but the roofline targets compare with a copy into a fixed buffer.
+preallocated ``y``. Session 14 compiled both for sm_90 on the CPU machine and found the same SASS, assuming the
+package's row layout specialised R2 = 1. In session 15 this check showed allocation costs nothing (fixed ``y`` 3959,
+allocating 3955), and the package's compiled kernel showed R2 = 16384 as a runtime integer: the row layout padded a
+single leading dim at the front, so every program divided its row index before its loads. With the padding at the
+end the package moved 3982 GB/s (standalone 3988).
 
 For the standalone kernel of ``softmax_wide_sweep.py`` (``reg 16``) this prints:
 - the distinct output addresses of 8 allocating calls captured in one graph (1 or 2: the private pool reuses a
