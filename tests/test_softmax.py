@@ -747,6 +747,23 @@ for arch in ("90", "gfx942"):
                             constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
             triton.compile(src, target=target, options={"num_warps": 8, "enable_fp_fusion": False})
             count += 1
+    # the shipped team tiers as launched (bf16): their warps, chunk, register cap and fp contraction
+    launch = sys.modules[name + "._launch"]
+    for kind, kernel, consts in [
+        ("softmax", smod._softmax_team_fwd_kernel, {"CAUSAL": False, "LOG": False, "SCALED": False, "PHASE": 0,
+                                                    "m_ptr": None}),
+        ("softmax_bwd", smod._softmax_team_bwd_kernel, {"CAUSAL": False, "LOG": False, "PHASE": 0}),
+        ("cross_entropy", cmod._cross_entropy_team_fwd_kernel, {"SMOOTH": False, "PHASE": 0, "lse_ptr": None}),
+    ]:
+        for s in launch.TEAM_TUNED[kind]:
+            full = {**consts, "BLOCK_N": s["chunk_bytes"] // 2, "TEAM_P2": 32}
+            options = {"num_warps": s["num_warps"], "enable_fp_fusion": s.get("fp_fusion", False)}
+            if arch == "90":
+                options["maxnreg"] = s["maxnreg"]
+            src = ASTSource(kernel, sig(kernel, "bf16", full, tp),
+                            constexprs={(kernel.arg_names.index(k),): v for k, v in full.items()})
+            triton.compile(src, target=target, options=options)
+            count += 1
     # torch-order softmax (the Softmax layer): warp order, and the Reg / Smem / ilpReduce block orders
     omod = sys.modules[name + "._torch_order"]
     for dtype in ("bf16", "fp32"):
@@ -765,11 +782,11 @@ print("COMPILED", count)
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_and_gfx942(built):
-    """Lower every kernel (fwd/bwd, looped or not, split or team, causal/log, with and without optional
-    pointers, the torch-order kernels) to a binary for an H100/H200 and an MI300 without a GPU: catches what the interpreter never
+    """Lower every kernel (fwd/bwd, looped or not, split or team, the shipped team tiers, causal/log, with and
+    without optional pointers, the torch-order kernels) to a binary for an H100/H200 and an MI300 without a GPU: catches what the interpreter never
     sees."""
     variant = built["triton-softmax"].variant("cpu")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(variant)], env=env, capture_output=True,
                          text=True, timeout=600)
-    assert "COMPILED 128" in res.stdout, res.stdout + res.stderr
+    assert "COMPILED 144" in res.stdout, res.stdout + res.stderr
