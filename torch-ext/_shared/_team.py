@@ -34,6 +34,7 @@ without ever spinning. A team of one (K = 1) never waits on anybody.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -134,10 +135,12 @@ def tier_for(tuned, row_bytes: int) -> Optional[dict]:
     """The setting for rows of ``row_bytes`` bytes: ``tuned`` itself (a dict or None), or for a list of tiers the
     first that the row reaches (``min_row_bytes``) and whose team, ceil(row_bytes / chunk_bytes) programs, has at
     most its ``max_team`` members (no limit without one), else the last."""
-    if isinstance(tuned, (list, tuple)):
-        return next((s for s in tuned if row_bytes >= s["min_row_bytes"]
-                     and cdiv(row_bytes, s["chunk_bytes"]) <= s.get("max_team", row_bytes)), tuned[-1])
-    return tuned
+    if not isinstance(tuned, (list, tuple)):
+        return tuned
+    for s in tuned:  # a plain loop: this runs on every call of the ops that may take teams
+        if row_bytes >= s["min_row_bytes"] and -(-row_bytes // s["chunk_bytes"]) <= s.get("max_team", math.inf):
+            return s
+    return tuned[-1]
 
 
 def team_split(N: int, elem: int, rows: int, device: torch.device, tuned, on_cpu: bool) -> Optional[TeamPlan]:
@@ -149,8 +152,10 @@ def team_split(N: int, elem: int, rows: int, device: torch.device, tuned, on_cpu
     Rows of at least ``min_row_bytes`` go to ceil(N / block_n) programs of ``block_n`` = chunk_bytes / elem (a
     power of 2) columns; None when not even one team fits the device at once.
     """
+    if tuned is None or (device.type == "cpu" and not on_cpu):
+        return None
     tuned = tier_for(tuned, N * elem)
-    if tuned is None or (device.type == "cpu" and not on_cpu) or N * elem < tuned["min_row_bytes"]:
+    if N * elem < tuned["min_row_bytes"]:
         return None
     block = next_power_of_2(max(tuned["chunk_bytes"] // elem, 1))
     team = cdiv(N, block)
