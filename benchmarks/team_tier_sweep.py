@@ -32,6 +32,32 @@ def per_chunk(chunk_kib: int, elems_per_thread: int, elem: int, maxnreg: int, wa
                 maxnreg=maxnreg)
 
 
+def workload(kind: str, sm_pkg, norms, M: int, N: int, device: str):
+    """(call, reference output in fp32, bytes moved, x) for one kind at M x N bf16: the reference is fp32 torch for
+    the softmax, the current setting's own output for the norms (call it with the looped kernels selected)."""
+    torch.manual_seed(N)
+    x = (torch.randn(M, N, device=device) * 2).to(torch.bfloat16)
+    w = torch.randn(N, device=device).to(torch.bfloat16)
+    if kind == "softmax":
+        return (lambda: sm_pkg.softmax(x)), torch.softmax(x.float(), -1), 4 * M * N, x  # x read, y written
+    if kind == "softmax_bwd":
+        xg = x.detach().requires_grad_()
+        yg = sm_pkg.softmax(xg)
+        dy = torch.randn_like(x)
+        yd = yg.detach().float()
+        ref = yd * (dy.float() - (yd * dy.float()).sum(-1, keepdim=True))
+        return (lambda: torch.autograd.grad(yg, xg, dy, retain_graph=True)[0]), ref, 6 * M * N, x  # y, dy, dx
+    if kind == "add_rms_norm":
+        r = torch.randn_like(x)
+        call, nbytes = (lambda: norms.add_rms_norm(x, r, w, eps=1e-6)[0]), 8 * M * N  # x, residual, h, y
+    elif kind == "rms_norm":
+        call, nbytes = (lambda: norms.rms_norm(x, w, eps=1e-6)), 4 * M * N
+    else:
+        b = torch.randn(N, device=device).to(torch.bfloat16)
+        call, nbytes = (lambda: norms.layer_norm(x, w, b, eps=1e-5)), 4 * M * N
+    return call, call().float(), nbytes, x
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -50,7 +76,7 @@ def main():
     say = tee(out / "team_tiers.txt")
     copy = copy_gbps(lambda fn: do_bench(fn, rep=200, return_mode="median"))
     say(f"# {torch.cuda.get_device_name()} torch {torch.__version__} copy {copy:.0f} GB/s (do_bench)")
-    elem = 2
+    elem = 2  # bf16
     kinds = {
         # kind: (tuned dict, key, families: (elements per thread, maxnreg, warps per SM))
         "softmax": (sm_launch.TEAM_TUNED, "softmax", ((64, 128, 16), (32, 96, 24))),
@@ -71,39 +97,9 @@ def main():
                 settings[f"{kib}K w{s['num_warps']} pps{s['programs_per_sm']} r{r}"] = {**s, "min_row_bytes": 32768}
         for N in map(int, args.widths.split(",")):
             M = 2**28 // N
-            torch.manual_seed(N)
-            x = (torch.randn(M, N, device="cuda") * 2).to(torch.bfloat16)
-            w = torch.randn(N, device="cuda").to(torch.bfloat16)
-            b = torch.randn(N, device="cuda").to(torch.bfloat16)
-            nbytes = 2 * M * N * elem  # x read, y written
-            if kind == "softmax":
-                def call():
-                    return sm_pkg.softmax(x)
-                ref = torch.softmax(x.float(), -1)
-            elif kind == "softmax_bwd":
-                xg = x.detach().requires_grad_()
-                yg = sm_pkg.softmax(xg)
-                dy = torch.randn_like(x)
-                nbytes = 3 * M * N * elem  # y, dy read, dx written
-
-                def call():
-                    return torch.autograd.grad(yg, xg, dy, retain_graph=True)[0]
-                ref = (yg.float() * (dy.float() - (yg.float() * dy.float()).sum(-1, keepdim=True)))
-            elif kind == "add_rms_norm":
-                r = torch.randn_like(x)
-                nbytes = 4 * M * N * elem  # x, residual read, h, y written
-
-                def call():
-                    return norms.add_rms_norm(x, r, w, eps=1e-6)[0]
-            elif kind == "rms_norm":
-                def call():
-                    return norms.rms_norm(x, w, eps=1e-6)
-            else:
-                def call():
-                    return norms.layer_norm(x, w, b, eps=1e-5)
             if not kind.startswith("softmax"):
-                table[key] = None
-                ref = call().float()
+                table[key] = None  # the norms are checked against their looped kernel
+            call, ref, nbytes, x = workload(kind, sm_pkg, norms, M, N, "cuda")
             ok = {}
             for name, s in settings.items():
                 table[key] = s
@@ -111,8 +107,7 @@ def main():
                 # within one bf16 ulp of the reference, or 2^-10 of the row's scale (values near zero)
                 scale = 1.0 if kind != "softmax_bwd" else ref.abs().amax(-1, keepdim=True)
                 err = ((y - ref).abs() - ref.abs() * 2**-7 - scale * 2**-10).max().item()
-                bad = err > 0
-                if bad:
+                if err > 0:
                     say(f"{kind} {M}x{N} {name}: WRONG ({err:.2e})")
                     continue
                 ok[name] = s
