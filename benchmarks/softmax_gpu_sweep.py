@@ -45,6 +45,7 @@ ORIG_PICK = L.pick_config
 if os.environ.get("TEAM_OFF") == "1":  # the smoke test of the team kernels failed: time the previous default
     for _k in L.TEAM_TUNED:
         L.TEAM_TUNED[_k] = None
+    L.retuned()
 log("loaded", sm.__name__, "torch", torch.__version__, "triton", triton.__version__,
     torch.cuda.get_device_name() if DEV == "cuda" else "cpu")
 record(kind="env", torch=torch.__version__, triton=triton.__version__,
@@ -61,10 +62,12 @@ def override(N, cfg):
         for k in L.TEAM_TUNED:
             L.TEAM_TUNED[k] = None if cfg == "old" else {"min_row_bytes": 1, "chunk_bytes": int(cfg.split()[1]),
                                                           "num_warps": int(cfg.split()[2])}
+        L.retuned()  # the launch plans follow the settings
         try:
             yield
         finally:
             L.TEAM_TUNED.update(saved_team)
+            L.retuned()
         return
     L.pick_config = lambda n, e, w=32: cfg if (n == N and cfg is not None) else ORIG_PICK(n, e, w)
     tuned = dict(L.LOOP_TUNED)
@@ -73,12 +76,14 @@ def override(N, cfg):
         L.LOOP_TUNED.clear()  # an explicit variant is timed as given
         for k in L.TEAM_TUNED:  # ... on the one-program-per-row path
             L.TEAM_TUNED[k] = None
+    L.retuned()
     try:
         yield
     finally:
         L.pick_config = ORIG_PICK
         L.LOOP_TUNED.update(tuned)
         L.TEAM_TUNED.update(saved_team)
+        L.retuned()
 
 
 def cfg_name(c):

@@ -91,6 +91,7 @@ if args.cpu:
     for k in L.TEAM_TUNED:
         L.TEAM_TUNED[k] = {"min_row_bytes": 1025, "chunk_bytes": 1024, "num_warps": 4, "programs_per_sm": 2, "maxnreg": 128}
     DEFAULT_TEAM = {k: dict(v) for k, v in L.TEAM_TUNED.items()}
+    L.retuned()
 log("loaded", sm.__name__, torch.__version__, triton.__version__, torch.cuda.get_device_name() if DEV == "cuda" else "cpu")
 
 # count team launches (to make sure a check exercised the team path)
@@ -113,10 +114,12 @@ def team(kinds, cfg):
     saved = {k: L.TEAM_TUNED.get(k) for k in kinds}
     for k in kinds:
         L.TEAM_TUNED[k] = cfg
+    L.retuned()  # the softmax's launch plans follow the setting
     try:
         yield
     finally:
         L.TEAM_TUNED.update(saved)
+        L.retuned()
 
 
 def relerr(a, ref):

@@ -180,6 +180,7 @@ def test_per_kind_loop_settings_change_speed_not_values(softmax, device):
     try:
         launch.LOOP_TUNED.update({"softmax": {"block_bytes": 8192, "num_warps": 2, "prefetch": False},
                                   "softmax_bwd": {"block_bytes": 32768, "num_warps": 64, "reverse": False}})
+        launch.retuned()
         cfg = launch.config_for(16411, x, "softmax_bwd")
         assert cfg.block_n == 8192 and cfg.num_warps * 32 <= 1024 and not cfg.reverse
         y = softmax.softmax(x)
@@ -188,6 +189,7 @@ def test_per_kind_loop_settings_change_speed_not_values(softmax, device):
     finally:
         launch.LOOP_TUNED.clear()
         launch.LOOP_TUNED.update(saved)
+        launch.retuned()
     xr = x.detach().double().requires_grad_()
     sm_ref(xr).backward(dy.double())
     assert_close_ref(x.grad, xr.grad, rel_atol=1e-5)
@@ -220,6 +222,7 @@ def team_mode(softmax):
         for k in launch.TEAM_TUNED:
             launch.TEAM_TUNED[k] = {"min_row_bytes": min_row_bytes, "chunk_bytes": chunk_bytes, "num_warps": num_warps,
                                     "programs_per_sm": 2, "maxnreg": 128}
+        launch.retuned()
 
     launch.TEAM_ON_CPU = True
     launch.TEAM_ALIGNED_ROWS_ONLY = False  # teams on any row (prime widths included)
@@ -235,6 +238,7 @@ def team_mode(softmax):
         launch.TEAM_TUNED.update(saved_tuned)
         launch.TEAM_ON_CPU = saved_cpu
         launch.TEAM_ALIGNED_ROWS_ONLY = saved_aligned
+        launch.retuned()
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])

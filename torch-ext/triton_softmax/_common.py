@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import triton
@@ -130,6 +130,32 @@ def rows_aligned(layout: RowLayout, tensors: Sequence[Optional[torch.Tensor]]) -
         if col != 1 or t.data_ptr() % 16 or s0 % 16 or s1 % 16 or s2 % 16:
             return False
     return True
+
+
+class LaunchPlan(NamedTuple):
+    """The launches of one call signature (shapes, strides, dtypes, device, flags), worked out once.
+
+    ``copy``: the layout keeps more than 3 unmergeable leading dims, so the caller passes contiguous copies
+    (the plan was made for their strides). ``workspace``: None, or ``(numel, dtype, zeroed)`` of the scratch
+    tensor allocated per call. ``launches``: ``(Launch, picks)`` pairs in launch order; ``picks`` index the
+    kernel's pointer arguments in the call's pointers followed by the workspace (see :func:`run_plan`).
+    """
+
+    copy: bool
+    workspace: Optional[Tuple[int, torch.dtype, bool]]
+    launches: Tuple[tuple, ...]
+
+
+def run_plan(plan: LaunchPlan, ptrs: tuple, device: torch.device) -> None:
+    """Runs ``plan``'s launches on the pointers ``ptrs`` (tensors or None) and a fresh workspace (the last
+    pointer) on ``device``."""
+    ws = None
+    if plan.workspace is not None:
+        numel, dtype, zeroed = plan.workspace
+        ws = (torch.zeros if zeroed else torch.empty)(numel, dtype=dtype, device=device)
+    ptrs = (*ptrs, ws)
+    for run, picks in plan.launches:
+        run(tuple([ptrs[i] for i in picks]))
 
 
 def normalize_dim(dim, ndim: int, name: str = "dim") -> int:

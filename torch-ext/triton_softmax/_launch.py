@@ -214,3 +214,15 @@ def team_for(N: int, t: torch.Tensor, rows: int, kind: str,
     if plan is not None and aligned is not None and TEAM_ALIGNED_ROWS_ONLY and not aligned():
         return None
     return plan
+
+
+# The launch plans of softmax.py (one per call signature: shapes, strides, dtypes, device, flags) are worked
+# out from the settings above once; the caches register here.
+PLAN_CACHES: list = []
+
+
+def retuned() -> None:
+    """Drops every launch plan made so far. Call it after changing a setting of this module (a sweep timing
+    settings, a test forcing a path), so that the next call of each signature plans with the new settings."""
+    for cache in PLAN_CACHES:
+        cache.clear()

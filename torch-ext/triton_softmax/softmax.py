@@ -42,10 +42,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_float_tensor, check_real, check_same_device, normalize_dim, row_layout, row_start, store_rounded
+from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, normalize_dim, row_layout,
+                      row_start, run_plan, store_rounded)
 from ._dispatch import call_op, eager_autograd
-from ._fastlaunch import launch, meta_items
-from ._launch import config_for, split_for, team_for
+from ._fastlaunch import Launch, PlanCache, meta_items
+from ._launch import PLAN_CACHES, config_for, split_for, team_for
 from ._torch_order import softmax_torch_order
 from ._team import team_gather, team_phases, team_publish, team_start
 from ._device import cdiv, check_launch_device, launch_options, next_power_of_2
@@ -560,6 +561,11 @@ def _team_phases(device: torch.device, team: int):
     return team_phases(device, team)
 
 
+def _meta_like(t: Tensor) -> Tensor:
+    """A tensor with the shape, dtype and strides of ``t.contiguous()``, without memory (a layout to plan with)."""
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+
 def _as_1d(t: Optional[Tensor]) -> Optional[Tensor]:
     """A 0-d tensor as shape (1,) (torch treats a scalar as a row of one)."""
     return t.reshape(1) if t is not None and t.dim() == 0 else t
@@ -572,55 +578,78 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
-    check_launch_device(x, _softmax_fwd_kernel)
     if torch_order and math.prod(x.shape[dim + 1:]) == 1:  # torch's last-dim kernels (inner size 1)
+        check_launch_device(x, _softmax_fwd_kernel)
         N = x.shape[dim] if x.dim() else 1
         softmax_torch_order(x.reshape(-1, N), y.view(-1, N))
         return y
+    key = (x.shape, x.stride(), x.dtype, x.device,
+           mask if mask is None else (mask.shape, mask.stride(), mask.dtype), dim, scale, causal, log)
+    plan = _FWD_PLANS.get(key)
+    if plan is None:
+        plan = _FWD_PLANS.add(key, _fwd_plan(x, mask, y, dim, scale, causal, log))
+    if plan.copy:  # more than 3 unmergeable leading dims: the one documented copy
+        x = x.contiguous()
+        mask = mask.expand(x.shape).contiguous() if mask is not None else None
+    run_plan(plan, (x, mask, y), y.device)
+    return y
+
+
+_FWD_PLANS = PlanCache()  # the forward's launch plans per call signature (LaunchPlan; _launch.retuned clears them)
+_BWD_PLANS = PlanCache()
+PLAN_CACHES.extend((_FWD_PLANS, _BWD_PLANS))
+
+
+def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: float, causal: bool,
+              log: bool) -> LaunchPlan:
+    """The launches of the forward for this signature: persistent teams (wide rows), a row split over
+    programs (few wide rows), or one program per ``cfg.rows`` rows. Pointers (see run_plan): 0 x, 1 mask,
+    2 y, 3 the workspace."""
+    check_launch_device(x, _softmax_fwd_kernel)
     xs, ys = _as_1d(x), _as_1d(y)
     ms = _as_1d(mask.expand(x.shape)) if mask is not None else None
     layout = row_layout([xs, ms, ys], dim)
-    if layout is None:  # more than 3 unmergeable leading dims: the one documented copy
-        xs = xs.contiguous()
-        ms = ms.contiguous() if ms is not None else None
+    copy = layout is None
+    if copy:  # the layout of the contiguous copies (no data needed: "meta" tensors of their strides)
+        xs, ms = _as_1d(_meta_like(x)), ms if ms is None else _as_1d(_meta_like(ms))
         layout = row_layout([xs, ms, ys], dim)
     N = xs.shape[dim]
-    big = xs if ms is None or xs.element_size() >= ms.element_size() else ms
-    plan = team_for(N, big, layout.rows, "softmax")
-    if plan is not None:  # wide rows: persistent teams of programs, the row read once
-        ws = torch.zeros(2 * layout.rows * plan.team, dtype=torch.int64, device=x.device)
-        args = (xs, ms, ys, ws, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1),
-                *layout.args(2), layout.rows, N, xs.shape[-2] if causal else 1, float(scale), plan.team, plan.teams)
-        for phase in _team_phases(x.device, plan.team):
-            launch(_softmax_team_fwd_kernel, plan.grid, args,
-                   plan.meta(_softmax_team_fwd_kernel, x.device, phase, CAUSAL=causal, LOG=log, SCALED=scale != 1.0),
-                   x.device)
-        return y
+    big = x if mask is None or x.element_size() >= mask.element_size() else mask
+    sq = xs.shape[-2] if causal else 1
+    team = team_for(N, big, layout.rows, "softmax")
+    device = x.device
+    if team is not None:  # wide rows: persistent teams of programs, the row read once
+        fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N,
+                 sq, float(scale), team.team, team.teams)
+        return LaunchPlan(copy, (2 * layout.rows * team.team, torch.int64, True), tuple(
+            (Launch(_softmax_team_fwd_kernel, team.grid,
+                    team.meta(_softmax_team_fwd_kernel, device, phase, CAUSAL=causal, LOG=log, SCALED=scale != 1.0),
+                    fixed, device), (0, 1, 2, 3))
+            for phase in _team_phases(device, team.team)))
     cfg = config_for(N, big)
-    split = split_for(cfg, N, layout.rows, x.device)
+    split = split_for(cfg, N, layout.rows, device)
     if split > 1:  # few wide rows: split each row over several programs (two launches)
         span = cdiv(cdiv(N, split), cfg.block_n) * cfg.block_n
         split = cdiv(N, span)
-        ws = torch.empty(2 * layout.rows * split, dtype=torch.float32, device=x.device)
         common = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1))
-        sq = xs.shape[-2] if causal else 1
-        launch(_softmax_split_stats_kernel, (layout.rows * split,),
-               (xs, ms, ws, *common, layout.rows, N, sq, float(scale), split, span),
-               meta_items(CAUSAL=causal, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-                          **launch_options(_softmax_split_stats_kernel)), x.device)
-        launch(_softmax_split_out_kernel, (layout.rows * split,),
-               (xs, ms, ys, ws, *common, *layout.args(2), layout.rows, N, sq, float(scale), split, span),
-               meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n,
-                          SPLIT_P2=next_power_of_2(split), num_warps=cfg.num_warps,
-                          **launch_options(_softmax_split_out_kernel)), x.device)
-        return y
+        stats = Launch(_softmax_split_stats_kernel, (layout.rows * split,),
+                       meta_items(CAUSAL=causal, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                                  **launch_options(_softmax_split_stats_kernel)),
+                       (*common, layout.rows, N, sq, float(scale), split, span), device)
+        out = Launch(_softmax_split_out_kernel, (layout.rows * split,),
+                     meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n,
+                                SPLIT_P2=next_power_of_2(split), num_warps=cfg.num_warps,
+                                **launch_options(_softmax_split_out_kernel)),
+                     (*common, *layout.args(2), layout.rows, N, sq, float(scale), split, span), device)
+        return LaunchPlan(copy, (2 * layout.rows * split, torch.float32, False), ((stats, (0, 1, 3)),
+                                                                                   (out, (0, 1, 2, 3))))
     meta = meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop,
                       ROWS=cfg.rows, **cfg.loop_options, num_warps=cfg.num_warps,
                       **launch_options(_softmax_fwd_kernel))
-    launch(_softmax_fwd_kernel, (cdiv(layout.rows, cfg.rows),),
-           (xs, ms, ys, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
-            layout.rows, N, xs.shape[-2] if causal else 1, float(scale)), meta, x.device)
-    return y
+    fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N, sq,
+             float(scale))
+    return LaunchPlan(copy, None, ((Launch(_softmax_fwd_kernel, (cdiv(layout.rows, cfg.rows),), meta, fixed, device),
+                                    (0, 1, 2)),))
 
 
 _softmax_fwd = torch.library.custom_op(add_op_namespace_prefix("softmax_fwd"), _softmax_fwd_impl, mutates_args=())
@@ -637,45 +666,59 @@ def _softmax_bwd_impl(dy: Tensor, y: Tensor, dim: int, scale: float, causal: boo
     dx = torch.empty(y.shape, dtype=dx_dtype, device=y.device)
     if y.numel() == 0:
         return dx
+    key = (y.shape, y.stride(), y.dtype, y.device, dy.stride(), dy.dtype, dx_dtype, dim, scale, causal, log)
+    plan = _BWD_PLANS.get(key)
+    if plan is None:
+        plan = _BWD_PLANS.add(key, _bwd_plan(dy, y, dx, dim, scale, causal, log))
+    if plan.copy:
+        dy = dy.contiguous()
+    run_plan(plan, (y, dy, dx), dx.device)
+    return dx
+
+
+def _bwd_plan(dy: Tensor, y: Tensor, dx: Tensor, dim: int, scale: float, causal: bool, log: bool) -> LaunchPlan:
+    """The backward's launches for this signature (as ``_fwd_plan``). Pointers: 0 y, 1 dy, 2 dx, 3 the
+    workspace."""
     check_launch_device(y, _softmax_bwd_kernel)
     ys, dys, dxs = _as_1d(y), _as_1d(dy), _as_1d(dx)
     layout = row_layout([ys, dys, dxs], dim)
-    if layout is None:
-        dys = dys.contiguous()
+    copy = layout is None
+    if copy:  # y and dx are contiguous: only dy is copied
+        dys = _as_1d(_meta_like(dy))
         layout = row_layout([ys, dys, dxs], dim)
     N = ys.shape[dim]
-    plan = team_for(N, ys, layout.rows, "softmax_bwd")
-    if plan is not None:  # wide rows: persistent teams of programs, y and dy read once
-        ws = torch.zeros(layout.rows * plan.team, dtype=torch.int64, device=y.device)
-        args = (ys, dys, dxs, ws, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1),
-                *layout.args(2), layout.rows, N, ys.shape[-2] if causal else 1, float(scale), plan.team, plan.teams)
-        for phase in _team_phases(y.device, plan.team):
-            launch(_softmax_team_bwd_kernel, plan.grid, args,
-                   plan.meta(_softmax_team_bwd_kernel, y.device, phase, CAUSAL=causal, LOG=log), y.device)
-        return dx
+    sq = ys.shape[-2] if causal else 1
+    device = y.device
+    team = team_for(N, ys, layout.rows, "softmax_bwd")
+    if team is not None:  # wide rows: persistent teams of programs, y and dy read once
+        fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N,
+                 sq, float(scale), team.team, team.teams)
+        return LaunchPlan(copy, (layout.rows * team.team, torch.int64, True), tuple(
+            (Launch(_softmax_team_bwd_kernel, team.grid,
+                    team.meta(_softmax_team_bwd_kernel, device, phase, CAUSAL=causal, LOG=log), fixed, device),
+             (0, 1, 2, 3))
+            for phase in _team_phases(device, team.team)))
     cfg = config_for(N, ys, "softmax_bwd")
-    split = split_for(cfg, N, layout.rows, y.device)
+    split = split_for(cfg, N, layout.rows, device)
     if split > 1:  # few wide rows: split each row over several programs (two launches)
         span = cdiv(cdiv(N, split), cfg.block_n) * cfg.block_n
         split = cdiv(N, span)
-        ws = torch.empty(layout.rows * split, dtype=torch.float32, device=y.device)
         common = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1))
-        launch(_softmax_bwd_split_stats_kernel, (layout.rows * split,),
-               (ys, dys, ws, *common, split, span, N),
-               meta_items(LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-                          **launch_options(_softmax_bwd_split_stats_kernel)), y.device)
-        launch(_softmax_bwd_split_out_kernel, (layout.rows * split,),
-               (ys, dys, dxs, ws, *common, *layout.args(2), N, ys.shape[-2] if causal else 1, float(scale), split,
-                span),
-               meta_items(CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, SPLIT_P2=next_power_of_2(split),
-                          num_warps=cfg.num_warps, **launch_options(_softmax_bwd_split_out_kernel)), y.device)
-        return dx
+        stats = Launch(_softmax_bwd_split_stats_kernel, (layout.rows * split,),
+                       meta_items(LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                                  **launch_options(_softmax_bwd_split_stats_kernel)),
+                       (*common, split, span, N), device)
+        out = Launch(_softmax_bwd_split_out_kernel, (layout.rows * split,),
+                     meta_items(CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, SPLIT_P2=next_power_of_2(split),
+                                num_warps=cfg.num_warps, **launch_options(_softmax_bwd_split_out_kernel)),
+                     (*common, *layout.args(2), N, sq, float(scale), split, span), device)
+        return LaunchPlan(copy, (layout.rows * split, torch.float32, False), ((stats, (0, 1, 3)), (out, (0, 1, 2, 3))))
     meta = meta_items(CAUSAL=causal, LOG=log, BLOCK_N=cfg.block_n, LOOP=cfg.loop, ROWS=cfg.rows,
                       **cfg.loop_options, num_warps=cfg.num_warps, **launch_options(_softmax_bwd_kernel))
-    launch(_softmax_bwd_kernel, (cdiv(layout.rows, cfg.rows),),
-           (ys, dys, dxs, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2),
-            layout.rows, N, ys.shape[-2] if causal else 1, float(scale)), meta, y.device)
-    return dx
+    fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N, sq,
+             float(scale))
+    return LaunchPlan(copy, None, ((Launch(_softmax_bwd_kernel, (cdiv(layout.rows, cfg.rows),), meta, fixed, device),
+                                    (0, 1, 2)),))
 
 
 _softmax_bwd = torch.library.custom_op(add_op_namespace_prefix("softmax_bwd"), _softmax_bwd_impl, mutates_args=())
