@@ -94,6 +94,24 @@ def test_ignore_index_everywhere(softmax, device, ignore_index):
                   z_loss=1e-2)
 
 
+def test_reductions_span_several_blocks(softmax, device):
+    """More rows than one step of the one-program count and sum (REDUCE_BLOCK = 1024), over a plain and a
+    (N, C, d) layout, with targets ignored at random; one row counted of 2053; the same bits twice."""
+    import sys
+
+    assert sys.modules[softmax.__name__ + ".cross_entropy"].REDUCE_BLOCK < 2053
+    x = rand((2053, 5), torch.float32, device, scale=2.0)
+    t = targets((2053,), 5, device, ignore_frac=0.4)
+    for reduction in ("mean", "sum"):
+        check(softmax, x, t, torch.float32, reduction=reduction)
+    x3 = rand((3, 4, 701), torch.float32, device)  # classes in dim 1: rows strided by 1 within a sample
+    check(softmax, x3, targets((3, 701), 4, device), torch.float32)
+    one = torch.full((2053,), -100, device=device)
+    one[2052] = 2
+    check(softmax, x, one, torch.float32)
+    assert torch.equal(softmax.cross_entropy(x, t), softmax.cross_entropy(x, t))
+
+
 def test_all_targets_ignored_and_out_of_range(softmax, device):
     x = rand((4, 9), torch.float32, device).requires_grad_()
     t = torch.full((4,), -100, device=device)
@@ -383,6 +401,7 @@ def test_misaligned_rows_stay_off_the_teams(softmax, device, team_mode):
         return False
     assert launch.team_for(2048, x0, 10, "cross_entropy", misaligned) is not None  # rule off in team_mode
     launch.TEAM_ALIGNED_ROWS_ONLY = True
+    launch.retuned()  # the launch plans follow the setting
     assert launch.team_for(2048, x0, 10, "cross_entropy", misaligned) is None
     assert launch.team_for(2048, x0, 10, "cross_entropy", lambda: True) is not None
     for V, on_teams in ((2056, False), (2048, True)):  # 2056 = 16 * 128 + 8: 16-byte rows, not known to be
@@ -428,6 +447,15 @@ def test_team_spinning_path_on_gpu(softmax, device, monkeypatch, V, setting):
     if setting == "pinned":
         monkeypatch.setitem(launch.TEAM_TUNED, "cross_entropy", {"min_row_bytes": 65537, "chunk_bytes": 8192,
                                                                  "num_warps": 4, "programs_per_sm": 5, "maxnreg": 96})
+    launch.retuned()  # the launch plans follow the setting, both ways
+    try:
+        _spin_checks(softmax, device, launch, V)
+    finally:
+        monkeypatch.undo()
+        launch.retuned()
+
+
+def _spin_checks(softmax, device, launch, V):
     x0 = torch.empty(0, dtype=torch.bfloat16, device=device)
     assert launch.team_for(V, x0, 512, "cross_entropy", lambda: True) is not None
     for dtype in (torch.bfloat16, torch.float32):

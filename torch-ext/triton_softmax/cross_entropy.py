@@ -52,6 +52,8 @@ Without a gradient (inference, or logits that do not require grad) the kernel on
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Tuple
 
 import torch
@@ -61,11 +63,11 @@ import triton.language as tl
 from ._cross_entropy_torch_order import cross_entropy_torch_order
 from .softmax import _chunk_max_exp, _chunk_start, _team_load, _team_max_sumexp, _team_phases
 from ._team import team_gather, team_publish, team_start
-from ._common import (check_float_tensor, check_real, check_same_device, row_layout, row_start, rows_aligned,
-                      store_rounded)
+from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, row_layout, row_start,
+                      rows_aligned, run_plan, store_rounded)
 from ._dispatch import call_op, eager_autograd
-from ._fastlaunch import launch, meta_items
-from ._launch import config_for, team_for
+from ._fastlaunch import Launch, PlanCache, launch, meta_items
+from ._launch import PLAN_CACHES, config_for, team_for
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
 
@@ -119,18 +121,23 @@ def _team_grad(e, m_own, lse, coef, smoothing, V, w, valid, in_range):
 
 
 @triton.jit
-def _store_loss(loss_ptr, lse_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH: tl.constexpr):
+def _store_loss(loss_ptr, lse_ptr, applied_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range,
+                SMOOTH: tl.constexpr):
     """loss_i of a row (module docstring: smoothing and z-loss terms only when on; 0 on an ignored row, NaN
-    for a target outside [0, V)) into ``loss_ptr[row]``, and its logsumexp into ``lse_ptr[row]`` (if given)."""
+    for a target outside [0, V)) into ``loss_ptr[row]`` (rounded to its dtype), its logsumexp into
+    ``lse_ptr[row]`` and 1 (the upstream gradient applied to the stored gradient) into ``applied_ptr[row]``
+    (each if given)."""
     loss = lse - x_t
     # the optional terms only when on, so that eps = 0 never multiplies an infinite mean of x
     if SMOOTH:
         loss = (1.0 - smoothing) * loss + smoothing * (lse - sum_x / V)
     loss = tl.where(z_loss > 0.0, loss + z_loss * lse * lse, loss)
     loss = tl.where(in_range, loss, float("nan"))
-    tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
+    store_rounded(loss_ptr, row, tl.where(valid, loss, 0.0), True)
     if lse_ptr is not None:
         tl.store(lse_ptr + row, lse)
+    if applied_ptr is not None:
+        tl.store(applied_ptr + row, 1.0)
 
 
 @triton.jit
@@ -148,10 +155,11 @@ def _grad_factors(z_loss, lse, count_ptr):
 def _cross_entropy_fwd_kernel(
     x_ptr,  # logits, any strides
     t_ptr,  # int targets, expanded over the class dim (column stride 0)
-    loss_ptr,  # (rows,) fp32 per-row loss, contiguous
+    loss_ptr,  # (rows,) per-row loss, contiguous: fp32 (reduced afterwards) or the logits' dtype ("none")
     g_ptr,  # w * gradient of loss_i wrt logits, logits' shape, contiguous; None: no gradient
     lse_ptr,  # (rows,) fp32 logsumexp per row (for a backward that recomputes the gradient); None: not stored
     count_ptr,  # int64 number of non-ignored targets (reduction "mean": w = 1 / count); None: w = 1
+    applied_ptr,  # (rows,) fp32, set to 1 with a stored gradient (see _scale_grad_kernel); None: not set
     R1, R2,  # sizes of the two inner leading dims (see _common.row_layout)
     sx0, sx1, sx2, sxc,  # elements x_ptr moves per leading index / per class
     st0, st1, st2,  # the same for the target (no class stride)
@@ -212,7 +220,7 @@ def _cross_entropy_fwd_kernel(
             sum_x = tl.sum(acc_x, axis=0)
     lse = mx + tl.log(s)
     x_t = tl.load(x_ptr + x_row + tl.where(in_range, t, 0) * sxc, mask=valid & in_range, other=0.0).to(tl.float32)
-    _store_loss(loss_ptr, lse_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH)
+    _store_loss(loss_ptr, lse_ptr, applied_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH)
     if g_ptr is not None:
         coef, w = _grad_factors(z_loss, lse, count_ptr)
         if not LOOP:
@@ -237,7 +245,7 @@ def _cross_entropy_fwd_kernel(
 
 @triton.jit
 def _cross_entropy_team_fwd_kernel(
-    x_ptr, t_ptr, loss_ptr, g_ptr, lse_ptr, count_ptr,  # as _cross_entropy_fwd_kernel
+    x_ptr, t_ptr, loss_ptr, g_ptr, lse_ptr, count_ptr, applied_ptr,  # as _cross_entropy_fwd_kernel
     ws_ptr,  # int64 (rows, 3, TEAM) zeros: each member's published max, sum of exp, sum of logits (SMOOTH)
     M,  # number of rows
     R1, R2,
@@ -282,7 +290,8 @@ def _cross_entropy_team_fwd_kernel(
                 sum_x = 0.0
                 if SMOOTH:
                     sum_x = tl.sum(team_gather(slots + 2 * TEAM, k, TEAM, 0.0), axis=0)
-                _store_loss(loss_ptr, lse_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH)
+                _store_loss(loss_ptr, lse_ptr, applied_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid,
+                            in_range, SMOOTH)
             if g_ptr is not None:
                 coef, w = _grad_factors(z_loss, lse, count_ptr)
                 g_row = row_start(row, R1, R2, sg0, sg1, sg2)
@@ -373,19 +382,36 @@ def _cross_entropy_bwd_kernel(
         store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, g, mask_n)
 
 
-def _launch_looped(logits, t, rows, gs, aux, count, grad_mode, need_grad, layout, V, ignore_index,
-                   label_smoothing, z_loss) -> None:
-    """One program per row (one block, or looped over chunks with a re-read)."""
-    # the training modes (gradient stored, or logsumexp kept for the recompute backward) chunk rows alike, so
-    # that both see the same logsumexp bits; inference ("cross_entropy") takes its own setting
-    cfg = config_for(V, logits, "cross_entropy_grad" if grad_mode else "cross_entropy")
-    meta = meta_items(SMOOTH=label_smoothing > 0.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop, **cfg.loop_options,
-                      num_warps=cfg.num_warps, **launch_options(_cross_entropy_fwd_kernel))
-    launch(_cross_entropy_fwd_kernel, (layout.rows,),
-           (logits, t, rows, gs, aux if grad_mode == 2 else None, count if need_grad else None,
-            layout.sizes[1], layout.sizes[2],
-            *layout.args(0), *layout.args(1)[:3], *layout.args(2),
-            V, ignore_index, float(label_smoothing), float(z_loss)), meta, logits.device)
+@triton.jit
+def _count_kernel(t_ptr, count_ptr, M, R1, R2, st0, st1, st2, ignore_index, BLOCK: tl.constexpr):
+    # One program: the number of the M rows' targets that are not ignore_index (int64), for "mean".
+    acc = tl.zeros([BLOCK], dtype=tl.int64)
+    for start in range(0, M, BLOCK):
+        rows = start + tl.arange(0, BLOCK)
+        live = rows < M
+        t = tl.load(t_ptr + row_start(rows.to(tl.int64), R1, R2, st0, st1, st2), mask=live, other=0)
+        acc += (live & (t != ignore_index)).to(tl.int64)
+    tl.store(count_ptr, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _reduce_loss_kernel(rows_ptr, count_ptr, out_ptr, M, BLOCK: tl.constexpr):
+    # One program: the M per-row fp32 losses summed in fp32 (a fixed order: the same bits on every run),
+    # divided by the count for "mean" (count_ptr given; 0 / 0 = NaN when every target is ignored, as torch),
+    # rounded once to out_ptr's dtype.
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, M, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(rows_ptr + offs, mask=offs < M, other=0.0)
+    total = tl.sum(acc, axis=0)
+    if count_ptr is not None:
+        total = tl.math.div_rn(total, tl.load(count_ptr).to(tl.float32))  # IEEE division, as torch's
+    store_rounded(out_ptr, 0, total, True)
+
+
+REDUCE_BLOCK = 1024  # targets / per-row losses per step of the one-program count and loss reductions
+# Pointer slots of a forward plan (LaunchPlan picks): the call's pointers, then the workspace.
+_LOGITS, _TARGET, _ROWS, _G, _LSE, _W_COUNT, _APPLIED, _COUNT, _LOSS, _WS = range(10)
 
 
 def _cross_entropy_fwd_impl(
@@ -394,49 +420,95 @@ def _cross_entropy_fwd_impl(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Returns (loss, w * g, aux).
 
-    loss: fp32, reduced ("mean"/"sum": 0-d; "none": target's shape). ``grad_mode`` 0: no gradient
-    (g and aux empty). 1 (fused): g of logits' shape and dtype, the gradient of the reduced loss for
-    an upstream gradient of 1 (w = 1/count for "mean", else 1); aux = ``applied``, fp32 (rows,) of
-    ones: the upstream gradient already applied to each row of g (updated in place by the backward).
-    2 (recompute): g empty, aux = fp32 (rows,) logsumexp, for a backward that recomputes the gradient
-    from the logits in one pass.
+    loss: logits' dtype. "mean"/"sum": 0-d, the per-row fp32 losses summed in fp32 by one program (a
+    fixed order) and divided by the count in fp32, rounded once; "none": target's shape, each row's loss
+    rounded once. ``grad_mode`` 0: no gradient (g and aux empty). 1 (fused): g of logits' shape and dtype,
+    the gradient of the reduced loss for an upstream gradient of 1 (w = 1/count for "mean", else 1); aux
+    = ``applied``, fp32 (rows,) of ones: the upstream gradient already applied to each row of g (updated
+    in place by the backward). 2 (recompute): g empty, aux = fp32 (rows,) logsumexp, for a backward that
+    recomputes the gradient from the logits in one pass.
+    Launches (one plan per call signature): the count of non-ignored targets ("mean"), the rows, the
+    reduction ("mean"/"sum").
     """
-    need_grad = grad_mode == 1
-    rows = torch.empty(target.shape, dtype=torch.float32, device=logits.device)
-    g = torch.empty(logits.shape if need_grad else (0,), dtype=logits.dtype, device=logits.device)
-    if grad_mode == 1:
-        aux = torch.ones(target.numel(), dtype=torch.float32, device=logits.device)
-    else:
-        aux = torch.empty(target.numel() if grad_mode == 2 else 0, dtype=torch.float32, device=logits.device)
-    count = (target != ignore_index).sum() if reduction == "mean" else None
-    if rows.numel() > 0:
+    device = logits.device
+    reduced = reduction != "none"
+    rows = torch.empty(target.shape, dtype=torch.float32 if reduced else logits.dtype, device=device)
+    g = torch.empty(logits.shape if grad_mode == 1 else (0,), dtype=logits.dtype, device=device)
+    aux = torch.empty(target.numel() if grad_mode else 0, dtype=torch.float32, device=device)
+    if rows.numel() == 0:  # no row: torch's empty reductions ("mean": 0 / 0)
         check_launch_device(logits, _cross_entropy_fwd_kernel)
-        V = logits.shape[class_dim]
-        if V == 0:  # torch: no class to pick
-            raise ValueError(f"logits have no classes (shape {tuple(logits.shape)})")
-        t = target.unsqueeze(class_dim).expand(logits.shape)
-        gs = g if need_grad else None
+        return (torch.full((), math.nan if reduction == "mean" else 0.0, dtype=logits.dtype, device=device)
+                if reduced else rows), g, aux
+    key = (logits.shape, logits.stride(), logits.dtype, device, not logits.data_ptr() & 15, target.stride(),
+           target.dtype, class_dim, ignore_index, label_smoothing, z_loss, reduction, grad_mode)
+    plan = _FWD_PLANS.get(key)
+    if plan is None:
+        plan = _FWD_PLANS.add(key, _fwd_plan(logits, target, g, class_dim, ignore_index, label_smoothing, z_loss,
+                                             reduction, grad_mode))
+    count = torch.empty((), dtype=torch.int64, device=device) if reduction == "mean" else None
+    loss = torch.empty((), dtype=logits.dtype, device=device) if reduced else rows
+    if plan.copy:  # more than 3 unmergeable leading dims: the one documented copy
+        logits, target = logits.contiguous(), target.contiguous()
+    run_plan(plan, (logits, target, rows, g if grad_mode == 1 else None, aux if grad_mode == 2 else None,
+                    count if grad_mode == 1 else None, aux if grad_mode == 1 else None, count, loss), device)
+    return loss, g, aux
+
+
+_FWD_PLANS = PlanCache()  # launch plans per call signature (LaunchPlan; _launch.retuned clears them)
+_SCALE_PLANS = PlanCache()
+PLAN_CACHES.extend((_FWD_PLANS, _SCALE_PLANS))
+
+
+def _fwd_plan(logits, target, g, class_dim, ignore_index, label_smoothing, z_loss, reduction, grad_mode) -> LaunchPlan:
+    """The forward's launches for this signature (pointer slots: ``_LOGITS`` ... ``_WS``)."""
+    check_launch_device(logits, _cross_entropy_fwd_kernel)
+    device = logits.device
+    V = logits.shape[class_dim]
+    if V == 0:  # torch: no class to pick
+        raise ValueError(f"logits have no classes (shape {tuple(logits.shape)})")
+    t = target.unsqueeze(class_dim).expand(logits.shape)
+    gs = g if grad_mode == 1 else None
+    layout = row_layout([logits, t, gs], class_dim)
+    copy = layout is None
+    if copy:  # the layout of the contiguous copies ("meta" tensors of their strides)
+        logits = torch.empty(logits.shape, dtype=logits.dtype, device="meta")
+        t = torch.empty(target.shape, dtype=target.dtype, device="meta").unsqueeze(class_dim).expand(logits.shape)
         layout = row_layout([logits, t, gs], class_dim)
-        if layout is None:  # more than 3 unmergeable leading dims: the one documented copy
-            logits, t = logits.contiguous(), target.contiguous().unsqueeze(class_dim).expand(logits.shape)
-            layout = row_layout([logits, t, gs], class_dim)
-        plan = team_for(V, logits, layout.rows, "cross_entropy", lambda: rows_aligned(layout, [logits, None, gs]))
-        if plan is not None:  # wide rows: persistent teams of programs, the logits read once
-            ws = torch.zeros(3 * layout.rows * plan.team, dtype=torch.int64, device=logits.device)
-            args = (logits, t, rows, gs, aux if grad_mode == 2 else None, count if need_grad else None, ws,
-                    layout.rows, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3],
-                    *layout.args(2), V, ignore_index, float(label_smoothing), float(z_loss), plan.team, plan.teams)
-            for phase in _team_phases(logits.device, plan.team):
-                launch(_cross_entropy_team_fwd_kernel, plan.grid, args,
-                       plan.meta(_cross_entropy_team_fwd_kernel, logits.device, phase, SMOOTH=label_smoothing > 0.0),
-                       logits.device)
-        else:
-            _launch_looped(logits, t, rows, gs, aux, count, grad_mode, need_grad, layout, V, ignore_index,
-                           label_smoothing, z_loss)
-    if reduction == "none":
-        return rows, g, aux
-    total = rows.sum()
-    return (total / count if reduction == "mean" else total), g, aux
+    launches = []
+    if reduction == "mean":
+        launches.append((Launch(_count_kernel, (1,), _reduce_meta(_count_kernel),
+                                (layout.rows, layout.sizes[1], layout.sizes[2], *layout.args(1)[:3], ignore_index),
+                                device), (_TARGET, _COUNT)))
+    rest = (V, ignore_index, float(label_smoothing), float(z_loss))
+    ptrs = (_LOGITS, _TARGET, _ROWS, _G, _LSE, _W_COUNT, _APPLIED)
+    team = team_for(V, logits, layout.rows, "cross_entropy",
+                    lambda: not copy and rows_aligned(layout, [logits, None, gs]))
+    workspace = None
+    if team is not None:  # wide rows: persistent teams of programs, the logits read once
+        workspace = (3 * layout.rows * team.team, torch.int64, True)
+        fixed = (layout.rows, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3], *layout.args(2),
+                 *rest, team.team, team.teams)
+        for phase in _team_phases(device, team.team):
+            launches.append((Launch(_cross_entropy_team_fwd_kernel, team.grid,
+                                    team.meta(_cross_entropy_team_fwd_kernel, device, phase,
+                                              SMOOTH=label_smoothing > 0.0), fixed, device), (*ptrs, _WS)))
+    else:  # one program per row (one block, or looped over chunks with a re-read)
+        # the training modes (gradient stored, or logsumexp kept for the recompute backward) chunk rows alike, so
+        # that both see the same logsumexp bits; inference ("cross_entropy") takes its own setting
+        cfg = config_for(V, logits, "cross_entropy_grad" if grad_mode else "cross_entropy")
+        meta = meta_items(SMOOTH=label_smoothing > 0.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop, **cfg.loop_options,
+                          num_warps=cfg.num_warps, **launch_options(_cross_entropy_fwd_kernel))
+        fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3], *layout.args(2), *rest)
+        launches.append((Launch(_cross_entropy_fwd_kernel, (layout.rows,), meta, fixed, device), ptrs))
+    if reduction != "none":
+        launches.append((Launch(_reduce_loss_kernel, (1,), _reduce_meta(_reduce_loss_kernel), (layout.rows,), device),
+                         (_ROWS, _COUNT, _LOSS)))
+    return LaunchPlan(copy, workspace, tuple(launches))
+
+
+@functools.lru_cache(maxsize=None)
+def _reduce_meta(kernel) -> tuple:
+    return meta_items(BLOCK=REDUCE_BLOCK, num_warps=4, **launch_options(kernel))
 
 
 _cross_entropy_fwd = torch.library.custom_op(
@@ -449,7 +521,7 @@ _cross_entropy_fwd = torch.library.custom_op(
 def _(logits, target, class_dim, ignore_index, label_smoothing, z_loss, reduction, grad_mode):
     g = logits.new_empty(logits.shape if grad_mode == 1 else (0,))
     aux = logits.new_empty((target.numel() if grad_mode else 0,), dtype=torch.float32)
-    loss = logits.new_empty(target.shape if reduction == "none" else (), dtype=torch.float32)
+    loss = logits.new_empty(target.shape if reduction == "none" else ())
     return loss, g, aux
 
 
@@ -464,8 +536,7 @@ def _cross_entropy_bwd_impl(logits: Tensor, target: Tensor, lse: Tensor, dloss: 
     V = logits.shape[class_dim]
     count = (target != ignore_index).sum() if reduction == "mean" else None
     t = target.unsqueeze(class_dim).expand(logits.shape)
-    d = dloss.to(torch.float32).reshape(dloss.shape if dloss.dim() else (1,) * target.dim())
-    d = d.unsqueeze(class_dim).expand(logits.shape)
+    d = _upstream(dloss, target.dim(), class_dim, logits.shape)
     layout = row_layout([logits, t, d, dx], class_dim)
     if layout is None:
         logits, t, d = logits.contiguous(), t.contiguous(), d.contiguous()
@@ -501,22 +572,42 @@ def _scale_grad_impl(g: Tensor, applied: Tensor, dloss: Tensor, target: Tensor, 
     out = g if inplace else torch.empty_like(g)
     if g.numel() == 0:
         return out
+    key = (g.shape, g.stride(), g.dtype, g.device, dloss.shape, dloss.stride(), dloss.dtype, target.stride(),
+           target.dtype, class_dim, ignore_index, inplace)
+    plan = _SCALE_PLANS.get(key)
+    if plan is None:
+        plan = _SCALE_PLANS.add(key, _scale_plan(g, dloss, target, class_dim, ignore_index, inplace))
+    d, t = dloss, target  # the kernel reads them through the plan's strides (expanded over the classes)
+    if plan.copy:
+        t = target.unsqueeze(class_dim).expand(g.shape).contiguous()
+        d = _upstream(dloss, target.dim(), class_dim, g.shape).contiguous()
+    run_plan(plan, (g, out, applied, d, t), g.device)
+    return out
+
+
+def _upstream(dloss: Tensor, target_dims: int, class_dim: int, shape) -> Tensor:
+    """The upstream gradient (0-d, or target's shape) as a view of logits' shape (stride 0 over the classes)."""
+    d = dloss.reshape(dloss.shape if dloss.dim() else (1,) * target_dims)  # read in fp32 by the kernels
+    return d.unsqueeze(class_dim).expand(shape)
+
+
+def _scale_plan(g, dloss, target, class_dim, ignore_index, inplace) -> LaunchPlan:
     check_launch_device(g, _scale_grad_kernel)
     V = g.shape[class_dim]
     t = target.unsqueeze(class_dim).expand(g.shape)
-    d = dloss.to(torch.float32).reshape(dloss.shape if dloss.dim() else (1,) * target.dim())
-    d = d.unsqueeze(class_dim).expand(g.shape)
+    d = _upstream(dloss, target.dim(), class_dim, g.shape)
     layout = row_layout([g, d, t], class_dim)
-    if layout is None:
-        d, t = d.contiguous(), t.contiguous()
+    copy = layout is None
+    if copy:  # contiguous copies of d and t ("meta" tensors of their strides)
+        d, t = (torch.empty(a.shape, dtype=a.dtype, device="meta") for a in (d, t))
         layout = row_layout([g, d, t], class_dim)
     cfg = config_for(min(V, 8192), g)  # bounded chunk: the loop streams the row once
-    launch(_scale_grad_kernel, (layout.rows,),
-           (g, out, applied, d, t, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3],
-            *layout.args(2)[:3], V, ignore_index),
-           meta_items(INPLACE=inplace, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-                      **launch_options(_scale_grad_kernel)), g.device)
-    return out
+    run = Launch(_scale_grad_kernel, (layout.rows,),
+                 meta_items(INPLACE=inplace, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                            **launch_options(_scale_grad_kernel)),
+                 (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3], *layout.args(2)[:3], V,
+                  ignore_index), g.device)
+    return LaunchPlan(copy, None, ((run, (0, 1, 2, 3, 4)),))
 
 
 def _scaled_grad(g: Tensor, dloss: Tensor, target: Tensor, class_dim: int, ignore_index: int) -> Tensor:
@@ -642,7 +733,8 @@ def cross_entropy(
             torch_order with label smoothing, z-loss or logits of more than 2 dims.
         RuntimeError: CPU tensor without TRITON_INTERPRET=1.
 
-    Precision: logsumexp, loss and gradient in fp32; per-row losses summed in fp32 by torch; one rounding
+    Precision: logsumexp, loss and gradient in fp32; per-row losses summed in fp32 by one program (a fixed
+    order: the same bits on every run; torch's sum may differ in the last fp32 bits); one rounding
     of the loss to logits' dtype, one of the gradient at the store and, in eager mode, one more where the
     upstream gradient is not 1. An out-of-range target gives NaN (torch raises; that needs a sync).
     Performance: the forward reads the logits once (a row wider than 16 KiB twice, the second time
@@ -667,6 +759,5 @@ def cross_entropy(
         # fused (the forward writes the gradient) in eager; recompute under torch.compile, where the
         # fused gradient would need one more elementwise pass (see the module docstring)
         grad_mode = 2 if (RECOMPUTE or torch.compiler.is_compiling()) else 1
-    loss, _, _ = call_op(_cross_entropy_fwd, _cross_entropy_fwd_impl, logits, target, class_dim, ignore_index,
-                         label_smoothing, z_loss, reduction, grad_mode, autograd=_CE_AUTOGRAD)
-    return loss.to(logits.dtype)
+    return call_op(_cross_entropy_fwd, _cross_entropy_fwd_impl, logits, target, class_dim, ignore_index,
+                   label_smoothing, z_loss, reduction, grad_mode, autograd=_CE_AUTOGRAD)[0]
