@@ -717,11 +717,14 @@ for arch in ("90", "gfx942"):
             (cmod._cross_entropy_fwd_kernel, {"BLOCK_N": 1024, "LOOP": loop, "SMOOTH": flag,
                                               **({"count_ptr": None} if flag else {"g_ptr": None, "lse_ptr": None}),
                                               **{k: v for k, v in opt.items() if k != "ROWS"}},
-             {"t_ptr": "i64", "loss_ptr": "fp32", "count_ptr": "i64", "lse_ptr": "fp32"}),
+             {"t_ptr": "i64", "loss_ptr": "fp32", "count_ptr": "i64", "lse_ptr": "fp32", "applied_ptr": "fp32"}),
         ] + ([(cmod._scale_grad_kernel, {"BLOCK_N": 1024, "INPLACE": True},
                {"applied_ptr": "fp32", "d_ptr": "fp32", "t_ptr": "i64"}),
               (cmod._cross_entropy_bwd_kernel, {"BLOCK_N": 1024},
-               {"t_ptr": "i64", "lse_ptr": "fp32", "d_ptr": "fp32", "count_ptr": "i64"})]
+               {"t_ptr": "i64", "lse_ptr": "fp32", "d_ptr": "fp32", "count_ptr": "i64"}),
+              (cmod._count_kernel, {"BLOCK": 1024}, {"t_ptr": "i64", "count_ptr": "i64"}),
+              (cmod._reduce_loss_kernel, {"BLOCK": 1024}, {"rows_ptr": "fp32", "count_ptr": "i64"}),
+              (cmod._reduce_loss_kernel, {"BLOCK": 1024, "count_ptr": None}, {"rows_ptr": "fp32"})]
              if not (loop or flag) else []) + ([  # few wide rows: split over programs
             (smod._softmax_split_stats_kernel, {"CAUSAL": True, "SCALED": True, "BLOCK_N": 1024}, {"ws_ptr": "fp32"}),
             (smod._softmax_split_out_kernel, {"CAUSAL": False, "LOG": True, "SCALED": False, "BLOCK_N": 1024,
@@ -735,7 +738,8 @@ for arch in ("90", "gfx942"):
             triton.compile(src, target=target, options={"num_warps": 4, "enable_fp_fusion": False})
             count += 1
     # wide rows over persistent teams (64-bit atomic exchange, volatile polling, row loop with prefetch)
-    tp = {"ws_ptr": "i64", "t_ptr": "i64", "loss_ptr": "fp32", "lse_ptr": "fp32", "count_ptr": "i64"}
+    tp = {"ws_ptr": "i64", "t_ptr": "i64", "loss_ptr": "fp32", "lse_ptr": "fp32", "count_ptr": "i64",
+          "applied_ptr": "fp32"}
     team = {"BLOCK_N": 1024, "TEAM_P2": 64}
     for dtype in ("bf16", "fp32"):
         for kernel, consts in [
@@ -793,4 +797,4 @@ def test_kernels_compile_for_sm90_and_gfx942(built):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(variant)], env=env, capture_output=True,
                          text=True, timeout=600)
-    assert "COMPILED 144" in res.stdout, res.stdout + res.stderr
+    assert "COMPILED 156" in res.stdout, res.stdout + res.stderr
