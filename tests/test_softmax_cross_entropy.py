@@ -367,6 +367,9 @@ def test_team_tiers_by_width(softmax):
             chunk[V] = s["chunk_bytes"] // 1024
         assert chunk == ({32768: 4, **want} if kind == "cross_entropy" else want)
     bwd = {V: team.tier_for(launch.TEAM_TUNED["softmax_bwd"], 2 * V)["chunk_bytes"] // 1024 for V in widths}
+    for V in widths:  # the backward's teams from 128 KiB rows only (looped below: faster on the H200, session 16)
+        s = team.tier_for(launch.TEAM_TUNED["softmax_bwd"], 2 * V)
+        assert (2 * V >= s["min_row_bytes"]) is (V >= 65536)
     assert bwd == {16384: 8, 32000: 8, 32768: 8, 65536: 4, 100000: 8, 128256: 8, 131072: 8, 151936: 8, 262144: 8,
                    524288: 8}
     assert team.tier_for(None, 1 << 20) is None

@@ -179,6 +179,9 @@ def split_for(cfg: LaunchConfig, N: int, rows: int, device: torch.device) -> int
 # - the backward over 8 KiB chunks moved 4158 / 3839 / 3570 GB/s at N = 65536 / 131072 / 262144 against
 #   3857 / 3094 / 2715 looped, and 2-3% more from N = 16384 (session 8); session 15 re-measured it at
 #   3876 / 3791 / 3577 and found 4 KiB chunks (32 elements per thread, team of 32) faster at 65536: 4039.
+#   Rows under 128 KiB stay looped since session 16 (results/team_tiers_bwd_session16_2026-12-02.txt): at
+#   16384 x 16384 the looped backward moved 4191 GB/s against 3892 for the 8 KiB team tier (best team 3978),
+#   at 8192 x 32768 4032 against 3846 (best team 3909).
 _BY_WIDTH = ({"chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 16},
              {"chunk_bytes": 8192, "num_warps": 2, "programs_per_sm": 8},
              {"chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4})
@@ -186,7 +189,7 @@ TEAM_TUNED: dict = {
     "softmax": [{"min_row_bytes": 131072, "maxnreg": 128, "max_team": 32, **s} for s in _BY_WIDTH],
     "softmax_bwd": [{"min_row_bytes": 131072, "chunk_bytes": 4096, "num_warps": 2, "programs_per_sm": 8,
                      "maxnreg": 128, "max_team": 32},
-                    {"min_row_bytes": 32768, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 4,
+                    {"min_row_bytes": 131072, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 4,
                      "maxnreg": 128}],
     "cross_entropy": [{"min_row_bytes": 65536, "maxnreg": 128, "max_team": 32, "fp_fusion": True, **s}
                       for s in _BY_WIDTH],

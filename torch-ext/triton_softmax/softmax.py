@@ -13,7 +13,7 @@ A fully masked row (every z = -inf) gives NaN, as torch does (-inf - -inf).
 
 Rows that fit in one block (``_launch.MAX_FUSED_BYTES``) are read once and written
 once. Wider rows on a GPU go to persistent *teams* of programs (``_team``, ``_launch.team_for``, where
-``_launch.TEAM_TUNED`` enables them: the forward from 128 KiB rows, the backward from 32 KiB): each
+``_launch.TEAM_TUNED`` enables them: the forward and the backward from 128 KiB rows): each
 member keeps one chunk in registers, publishes its chunk's max and sum of exp (backward: its
 part of sum(dy * y)), waits for its teammates and combines the partials in member order
 (``s = sum_k s_k * exp(m_k - m)``), then writes its chunk (``exp(z - m_k) * exp(m_k - m) / s``: one exp
@@ -814,8 +814,8 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
         IndexError: dim out of range. RuntimeError: CPU tensor without TRITON_INTERPRET=1.
 
     Precision: scale, mask add, max, exp and sum in fp32; one rounding to x.dtype at the store.
-    A fully masked row is NaN (as torch). Performance: x is read once; a row wider than 128 KiB
-    (backward: 32 KiB) is split over a persistent team of programs on a GPU (the same bits on every
+    A fully masked row is NaN (as torch). Performance: x is read once; a row of 128 KiB or more
+    (forward and backward) is split over a persistent team of programs on a GPU (the same bits on every
     run); otherwise, and on the CPU, a row wider than one block is read twice (online max/sum, then output).
     Source: matches ``torch.softmax(x * scale + mask, dim)``.
     """
