@@ -65,6 +65,7 @@ def use(V, c):
     if c is not None:
         L.LOOP_TUNED["cross_entropy"] = L.LOOP_TUNED["cross_entropy_grad"] = None
         L.pick_config = lambda n, e, w=32: c if n == V else ORIG_PICK(n, e, w)
+    L.retuned()  # the launch plans follow the setting
 
 
 WIDE = [None, looped(4096, 4), looped(4096, 2), looped(8192, 4, evict=("", "evict_first")), looped(4096, 4, prefetch=False),

@@ -57,6 +57,7 @@ def main():
     def use(s):
         """Select setting ``s`` (None: the looped kernels)."""
         L.TEAM_TUNED["cross_entropy"] = shipped if s == "shipped" else dict(min_row_bytes=32768, **s) if s else None
+        L.retuned()  # the launch plans follow the setting
     say = tee(out / "ce_team.txt")
     copy = copy_gbps(lambda fn: do_bench(fn, rep=200, return_mode="median"))
     say(f"# {torch.cuda.get_device_name()} torch {torch.__version__} copy {copy:.0f} GB/s (do_bench)")

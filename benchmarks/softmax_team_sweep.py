@@ -163,7 +163,8 @@ def check_softmax():
         det = bool(torch.equal(y2, y) and torch.equal(xg2.grad, xg.grad))
         used = TEAM_LAUNCHES[0] - n0
         tol_g = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}[dtype]
-        ok = u <= (1.0 if dtype != torch.float32 else 64.0) and ge < tol_g and det and used >= 4
+        # team_calls counts team launch plans made (one per call signature, not per launch): the forward's at least
+        ok = u <= (1.0 if dtype != torch.float32 else 64.0) and ge < tol_g and det and used >= 1
         if dtype == torch.bfloat16 and not lg and DEV == "cuda":
             ok = ok and same == 1.0
         record(kind="check", op="log_softmax" if lg else "softmax", dtype=str(dtype), shape=[M, N], max_ulp=u,

@@ -219,13 +219,16 @@ def team_for(N: int, t: torch.Tensor, rows: int, kind: str,
     return plan
 
 
-# The launch plans of softmax.py (one per call signature: shapes, strides, dtypes, device, flags) are worked
-# out from the settings above once; the caches register here.
+# The launch plans of softmax.py and cross_entropy.py (one per call signature: shapes, strides, dtypes, device,
+# flags) are worked out from the settings above once; their caches register here.
 PLAN_CACHES: list = []
+_CACHED_PICK_CONFIG = pick_config
 
 
 def retuned() -> None:
-    """Drops every launch plan made so far. Call it after changing a setting of this module (a sweep timing
-    settings, a test forcing a path), so that the next call of each signature plans with the new settings."""
+    """Drops every launch plan and cached config made so far. Call it after changing a setting of this module
+    (a sweep timing settings, a test forcing a path), so that the next call of each signature plans with the
+    new settings."""
+    _CACHED_PICK_CONFIG.cache_clear()  # the lru-cached function (a sweep may have rebound the name)
     for cache in PLAN_CACHES:
         cache.clear()

@@ -435,8 +435,7 @@ def _cross_entropy_fwd_impl(
     rows = torch.empty(target.shape, dtype=torch.float32 if reduced else logits.dtype, device=device)
     g = torch.empty(logits.shape if grad_mode == 1 else (0,), dtype=logits.dtype, device=device)
     aux = torch.empty(target.numel() if grad_mode else 0, dtype=torch.float32, device=device)
-    if rows.numel() == 0:  # no row: torch's empty reductions ("mean": 0 / 0)
-        check_launch_device(logits, _cross_entropy_fwd_kernel)
+    if rows.numel() == 0:  # no row: torch's empty reductions ("mean": 0 / 0), no launch
         return (torch.full((), math.nan if reduction == "mean" else 0.0, dtype=logits.dtype, device=device)
                 if reduced else rows), g, aux
     key = (logits.shape, logits.stride(), logits.dtype, device, not logits.data_ptr() & 15, target.stride(),
@@ -470,10 +469,10 @@ def _fwd_plan(logits, target, g, class_dim, ignore_index, label_smoothing, z_los
     gs = g if grad_mode == 1 else None
     layout = row_layout([logits, t, gs], class_dim)
     copy = layout is None
-    if copy:  # the layout of the contiguous copies ("meta" tensors of their strides)
-        logits = torch.empty(logits.shape, dtype=logits.dtype, device="meta")
+    if copy:  # the layout of the contiguous copies ("meta" tensors of their strides); settings from the real logits
+        xs = torch.empty(logits.shape, dtype=logits.dtype, device="meta")
         t = torch.empty(target.shape, dtype=target.dtype, device="meta").unsqueeze(class_dim).expand(logits.shape)
-        layout = row_layout([logits, t, gs], class_dim)
+        layout = row_layout([xs, t, gs], class_dim)
     launches = []
     if reduction == "mean":
         launches.append((Launch(_count_kernel, (1,), _reduce_meta(_count_kernel),
