@@ -563,6 +563,16 @@ def test_opcheck_every_op(softmax, device):
     torch.library.opcheck(_op(softmax, "softmax_bwd"), (dy, y.log(), 2, 0.5, True, True, torch.bfloat16))
 
 
+def test_backward_op_with_unmergeable_strided_y(softmax, device):
+    """The backward op called directly (as opcheck, custom code may) with y and dy of more than 3 unmergeable
+    leading dims: both are copied once (y from the forward is contiguous, so only a direct call pays for it)."""
+    y = torch.softmax(rand((2, 3, 2, 3, 7), torch.float32, device), -1).permute(3, 1, 0, 2, 4)
+    dy = rand((2, 2, 3, 3, 7), torch.float32, device).permute(2, 3, 0, 1, 4)
+    assert not y.is_contiguous() and not dy.is_contiguous() and dy.shape == y.shape
+    dx = _op(softmax, "softmax_bwd")(dy, y, 4, 0.5, False, False, torch.float32)
+    assert_close_ref(dx, bwd_ref(y, dy, scale=0.5), rel_atol=1e-6)
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_case5_compile_fullgraph(softmax, device, backend):
     def f(x, mask):

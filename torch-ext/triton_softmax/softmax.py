@@ -670,8 +670,8 @@ def _softmax_bwd_impl(dy: Tensor, y: Tensor, dim: int, scale: float, causal: boo
     plan = _BWD_PLANS.get(key)
     if plan is None:
         plan = _BWD_PLANS.add(key, _bwd_plan(dy, y, dx, dim, scale, causal, log))
-    if plan.copy:
-        dy = dy.contiguous()
+    if plan.copy:  # contiguous copies (y is one already when it comes from the forward)
+        y, dy = y.contiguous(), dy.contiguous()
     run_plan(plan, (y, dy, dx), dx.device)
     return dx
 
@@ -683,8 +683,8 @@ def _bwd_plan(dy: Tensor, y: Tensor, dx: Tensor, dim: int, scale: float, causal:
     ys, dys, dxs = _as_1d(y), _as_1d(dy), _as_1d(dx)
     layout = row_layout([ys, dys, dxs], dim)
     copy = layout is None
-    if copy:  # y and dx are contiguous: only dy is copied
-        dys = _as_1d(_meta_like(dy))
+    if copy:  # the layout of contiguous copies of y and dy ("meta" tensors of their strides)
+        ys, dys = _as_1d(_meta_like(y)), _as_1d(_meta_like(dy))
         layout = row_layout([ys, dys, dxs], dim)
     N = ys.shape[dim]
     sq = ys.shape[-2] if causal else 1
