@@ -146,6 +146,11 @@ class LaunchPlan(NamedTuple):
     launches: Tuple[tuple, ...]
 
 
+def meta_like(t: torch.Tensor) -> torch.Tensor:
+    """A tensor with the shape, dtype and strides of ``t.contiguous()``, without memory (a layout to plan with)."""
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+
 def run_plan(plan: LaunchPlan, ptrs: tuple, device: torch.device) -> None:
     """Runs ``plan``'s launches on the pointers ``ptrs`` (tensors or None) and a fresh workspace (the last
     pointer) on ``device``."""

@@ -63,8 +63,8 @@ import triton.language as tl
 from ._cross_entropy_torch_order import cross_entropy_torch_order
 from .softmax import _chunk_max_exp, _chunk_start, _team_load, _team_max_sumexp, _team_phases
 from ._team import team_gather, team_publish, team_start
-from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, row_layout, row_start,
-                      rows_aligned, run_plan, store_rounded)
+from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, meta_like, row_layout,
+                      row_start, rows_aligned, run_plan, store_rounded)
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._launch import PLAN_CACHES, config_for, team_for
@@ -470,8 +470,8 @@ def _fwd_plan(logits, target, g, class_dim, ignore_index, label_smoothing, z_los
     layout = row_layout([logits, t, gs], class_dim)
     copy = layout is None
     if copy:  # the layout of the contiguous copies ("meta" tensors of their strides); settings from the real logits
-        xs = torch.empty(logits.shape, dtype=logits.dtype, device="meta")
-        t = torch.empty(target.shape, dtype=target.dtype, device="meta").unsqueeze(class_dim).expand(logits.shape)
+        xs = meta_like(logits)
+        t = meta_like(target).unsqueeze(class_dim).expand(logits.shape)
         layout = row_layout([xs, t, gs], class_dim)
     launches = []
     if reduction == "mean":
@@ -598,7 +598,7 @@ def _scale_plan(g, dloss, target, class_dim, ignore_index, inplace) -> LaunchPla
     layout = row_layout([g, d, t], class_dim)
     copy = layout is None
     if copy:  # contiguous copies of d and t ("meta" tensors of their strides)
-        d, t = (torch.empty(a.shape, dtype=a.dtype, device="meta") for a in (d, t))
+        d, t = meta_like(d), meta_like(t)
         layout = row_layout([g, d, t], class_dim)
     cfg = config_for(min(V, 8192), g)  # bounded chunk: the loop streams the row once
     run = Launch(_scale_grad_kernel, (layout.rows,),

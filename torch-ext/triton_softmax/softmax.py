@@ -42,8 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, normalize_dim, row_layout,
-                      row_start, run_plan, store_rounded)
+from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, meta_like, normalize_dim,
+                      row_layout, row_start, run_plan, store_rounded)
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, meta_items
 from ._launch import PLAN_CACHES, config_for, split_for, team_for
@@ -561,11 +561,6 @@ def _team_phases(device: torch.device, team: int):
     return team_phases(device, team)
 
 
-def _meta_like(t: Tensor) -> Tensor:
-    """A tensor with the shape, dtype and strides of ``t.contiguous()``, without memory (a layout to plan with)."""
-    return torch.empty(t.shape, dtype=t.dtype, device="meta")
-
-
 def _as_1d(t: Optional[Tensor]) -> Optional[Tensor]:
     """A 0-d tensor as shape (1,) (torch treats a scalar as a row of one)."""
     return t.reshape(1) if t is not None and t.dim() == 0 else t
@@ -611,7 +606,7 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
     layout = row_layout([xs, ms, ys], dim)
     copy = layout is None
     if copy:  # the layout of the contiguous copies (no data needed: "meta" tensors of their strides)
-        xs, ms = _as_1d(_meta_like(x)), ms if ms is None else _as_1d(_meta_like(ms))
+        xs, ms = _as_1d(meta_like(x)), ms if ms is None else _as_1d(meta_like(ms))
         layout = row_layout([xs, ms, ys], dim)
     N = xs.shape[dim]
     big = x if mask is None or x.element_size() >= mask.element_size() else mask
@@ -684,7 +679,7 @@ def _bwd_plan(dy: Tensor, y: Tensor, dx: Tensor, dim: int, scale: float, causal:
     layout = row_layout([ys, dys, dxs], dim)
     copy = layout is None
     if copy:  # the layout of contiguous copies of y and dy ("meta" tensors of their strides)
-        ys, dys = _as_1d(_meta_like(y)), _as_1d(_meta_like(dy))
+        ys, dys = _as_1d(meta_like(y)), _as_1d(meta_like(dy))
         layout = row_layout([ys, dys, dxs], dim)
     N = ys.shape[dim]
     sq = ys.shape[-2] if causal else 1
