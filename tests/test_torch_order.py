@@ -88,7 +88,7 @@ def test_narrow_rows_share_a_program_without_changing_bits(norms, device, N, ord
     per program, for RMSNorm in both torch orders and for LayerNorm."""
     ex = norms._exact
     order_id = ex.ORDER_MEAN if order == "mean" else ex.ORDER_FUSED
-    rows, _, loop, _ = ex._tiles(N, 4, 1, None, None, 4 * 32 if order == "mean" else 512)
+    rows, _, loop, _, _ = ex._tiles(N, 4, 1, None, None, 4 * 32 if order == "mean" else 512)
     assert not loop and rows > 1  # the GPU rule groups these rows
     torch.manual_seed(N)
     M = 37
@@ -104,3 +104,43 @@ def test_narrow_rows_share_a_program_without_changing_bits(norms, device, N, ord
     for y, yl in outs[1:]:
         assert torch.equal(y, outs[0][0]) and torch.equal(yl, outs[0][1])
     assert torch.isfinite(outs[0][0]).all() and torch.isfinite(outs[0][1]).all()
+
+
+@pytest.mark.parametrize("M, N", [(5, 2052), (3, 4100), (2, 8192)])
+def test_schedule_never_changes_bits(norms, device, M, N):
+    """The exact forwards' schedule (rows per program, warps, the statistics loop's unrolled groups, the
+    normalisation chunk) is free: every choice gives the numpy model's statistics and the same outputs
+    (RMS in both orders, LayerNorm)."""
+    ex, to = norms._exact, norms._torch_order
+    torch.manual_seed(M * N)
+    x = torch.randn(M, N, device=device) * 3 - 0.5
+    w = torch.randn(N, device=device)
+    b = torch.randn(N, device=device)
+    xn = x.cpu().numpy()
+    want = {
+        "mean": _rstd(ref.mean_sq(xn, to.mean_config(M, N, *to.device_limits(x.device))), 1e-6, device),
+        "fused": _rstd((ref.fused_rms_sumsq(xn) / f32(N)).astype(f32), 1e-6, device),
+    }
+    ln_mean, ln_var = ref.fused_ln_stats(xn, ex.LN_MEAN_FMA)
+    schedules = [dict(), dict(unroll=1), dict(unroll=3, apply_bytes=1024), dict(rows=2, num_warps=1, unroll=2),
+                 dict(num_warps=8, apply_bytes=4096)]
+    first = None
+    for sched in schedules:
+        outs = []
+        for name, order in (("mean", ex.ORDER_MEAN), ("fused", ex.ORDER_FUSED)):
+            y = torch.full_like(x, float("nan"))
+            rstd = torch.full((M,), float("nan"), device=device)
+            ex.rms_exact_forward(x, M, N, w, None, y, rstd, 1e-6, 0.0, None, order, x, **sched)
+            assert np.array_equal(rstd.cpu().numpy(), want[name]), (name, sched)
+            outs.append(y)
+        y = torch.full_like(x, float("nan"))
+        mean = torch.full((M,), float("nan"), device=device)
+        rstd = torch.full((M,), float("nan"), device=device)
+        ex.ln_exact_forward(x, w, b, y, mean, rstd, 1e-5, x, **sched)
+        assert np.array_equal(mean.cpu().numpy(), ln_mean), sched
+        assert np.array_equal(rstd.cpu().numpy(), _rstd(ln_var, 1e-5, device)), sched
+        outs.append(y)
+        assert all(torch.isfinite(o).all() for o in outs)
+        if first is None:
+            first = outs
+        assert all(torch.equal(o, f) for o, f in zip(outs, first)), sched

@@ -39,16 +39,17 @@ LN_MEAN_FMA = 0
 @triton.jit
 def _rms_stats(base, rm, rows, N, factor, STATS: tl.constexpr, ROWS: tl.constexpr, ITERS: tl.constexpr,
                VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr, CP: tl.constexpr,
-               LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr):
+               LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
+               ALIGNED: tl.constexpr, UNROLL: tl.constexpr):
     """Mean of squares of ROWS rows, (ROWS,) fp32."""
     if STATS == 1:
         var = mean_sq_torch_order(base, rm, rows, N, factor, ROWS, VEC, BW, BHR, CTAS, CP, ITERS, LOG_BHR, LOG_BW,
-                                  LOG_PAD, LOG_WRAP)
+                                  LOG_PAD, LOG_WRAP, ALIGNED, UNROLL)
     elif STATS == 2:
-        ss = fused_rms_sumsq_vec(base, rm, N, ROWS, ITERS)
+        ss = fused_rms_sumsq_vec(base, rm, N, ROWS, ITERS, UNROLL)
         var = tl.math.div_rn(ss, tl.zeros_like(ss) + N)
     else:
-        mean, var = rowwise_welford(base, rm, N, ROWS, ITERS)
+        mean, var = rowwise_welford(base, rm, N, ROWS, ITERS, UNROLL)
         var = tl.fma(mean, mean, var)  # rsqrt(m2 + m1 * m1 + eps)
     return var
 
@@ -105,6 +106,7 @@ def _rms_exact_fwd_kernel(
     CAST_DTYPE: tl.constexpr, STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
     ITERS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
     CP: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
+    ALIGNED: tl.constexpr, UNROLL: tl.constexpr,
 ):
     # Bytes: read M*N*x twice (the second time mostly from cache) + N*(w [+ b]); write M*N*y + 4M.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -113,7 +115,7 @@ def _rms_exact_fwd_kernel(
     base = x_ptr + rows64[:, None] * stride_x_row
     rm = rmask[:, None]
     var = _rms_stats(base, rm, rows, N, factor, STATS, ROWS, ITERS, VEC, BW, BHR, CTAS, CP, LOG_BHR, LOG_BW,
-                     LOG_PAD, LOG_WRAP)
+                     LOG_PAD, LOG_WRAP, ALIGNED, UNROLL)
     rstd = tl.math.rsqrt(var + eps)
     if rstd_ptr is not None:  # None in inference
         tl.store(rstd_ptr + rows64, rstd, mask=rmask)
@@ -130,7 +132,7 @@ def _ln_exact_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     M, N, stride_x_row, eps,
     STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr, ITERS: tl.constexpr,
-    MEAN_FMA: tl.constexpr,
+    MEAN_FMA: tl.constexpr, UNROLL: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < M
@@ -138,10 +140,10 @@ def _ln_exact_fwd_kernel(
     base = x_ptr + rows64[:, None] * stride_x_row
     rm = rmask[:, None]
     if STATS == 2:
-        mean, s = fused_ln_stats_vec(base, rm, N, ROWS, ITERS, MEAN_FMA)
+        mean, s = fused_ln_stats_vec(base, rm, N, ROWS, ITERS, MEAN_FMA, UNROLL)
         var = tl.math.div_rn(s, tl.zeros_like(s) + N)
     else:
-        mean, var = rowwise_welford(base, rm, N, ROWS, ITERS)
+        mean, var = rowwise_welford(base, rm, N, ROWS, ITERS, UNROLL)
     rstd = tl.math.rsqrt(var + eps)
     if rstd_ptr is not None:  # None in inference
         tl.store(mean_ptr + rows64, mean, mask=rmask)
@@ -163,38 +165,83 @@ def _interp_rows(M: int, kernel, rows: Optional[int]) -> Optional[int]:
     return min(64, next_power_of_2(M))
 
 
-def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps: Optional[int],
-           stats_width: int = 0):
-    """(ROWS, BLOCK_N, LOOP, num_warps): rows per program and the normalisation tile.
+def default_schedule(stats: int, N: int, elem: int, stats_width: int, iters: int, layer_norm: bool = False) -> dict:
+    """The tuned schedule of an exact forward: a subset of ``rows``, ``num_warps``, ``unroll`` and ``apply_bytes``
+    (:func:`_tiles` fills what is missing). ``stats`` is STATS_*, ``stats_width`` the elements one trip of the
+    statistics loop reads per row (4 x torch's threads per row), ``iters`` the trips, ``layer_norm`` the LayerNorm
+    kernel (else RMS).
 
-    Measured on an H200 (32768 x 4096 bf16): 4 warps; one row per program for the
-    mean order (several rows per program ran 3x to 50x slower), two for the fused
-    orders. Narrow rows (statistics and normalisation tiles of at most SMALL_ROW_TILE
-    elements) share a program up to SMALL_TILE elements: one row of 64 per program ran
-    the SD3.5 q/k norms (155,648 rows) at 210 us per call. Rows above MAX_ROW_BYTES are
-    normalised in chunks (they are re-read from cache anyway). Rows are independent: the
-    count per program changes no result.
+    From ``benchmarks/norms_exact_sweep.py`` on an H200 (bf16, every schedule bit-equal to the torch module;
+    ``results/norms_exact_2026-12-02.md``): the one-warp-per-row mean order (rows below 8192 elements) wants one or
+    two warps and 32 elements per thread in the normalisation, not the 4 warps of the other kernels (4096: 3310 ->
+    3907 GB/s); the 512-thread mean order wants 8 to 16 warps from 16384 elements; the fused RMS order one row per
+    program, fewer warps at 2048 and 4096 and chunks from 16 KiB rows; LayerNorm 4 rows over 8 warps with 512-element
+    chunks (2 rows over 4 warps above 16 KiB rows): the other LayerNorm schedules spilled registers (Triton 3.6).
+    Narrower rows (the mean order below 2048 elements, every order at most 512) keep :func:`_tiles`' rules."""
+    if N <= SMALL_ROW_TILE:
+        return {}
+    wide = N * elem > MAX_ROW_BYTES
+    if stats == STATS_MEAN and stats_width == 128 and N >= 2048:
+        warps = 1 if N <= 2048 else 2
+        return dict(rows=1, num_warps=warps, unroll=min(iters, 32), apply_bytes=32 * 32 * warps * elem)
+    if stats == STATS_MEAN and N >= 32768:
+        return dict(rows=1, num_warps=16, unroll=min(iters, 32), apply_bytes=16384 * elem)
+    if stats == STATS_MEAN and N >= 16384:
+        return dict(rows=1, num_warps=8, unroll=min(iters, 8), apply_bytes=2048 * elem)
+    if stats == STATS_VEC and layer_norm:
+        return dict(rows=2, num_warps=4, unroll=8, apply_bytes=2048 * elem) if wide else dict(
+            rows=4, num_warps=8, apply_bytes=512 * elem)
+    if stats == STATS_VEC and N <= 2048:
+        return dict(rows=1, num_warps=2, unroll=2, apply_bytes=2048 * elem)
+    if stats == STATS_VEC and N <= 4096:
+        return dict(rows=1, num_warps=4, unroll=2, apply_bytes=1024 * elem)
+    if stats == STATS_VEC and wide:
+        return dict(rows=1, num_warps=4, unroll=8, apply_bytes=4096 * elem)
+    return {}
+
+
+def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps: Optional[int],
+           stats_width: int = 0, iters: int = 1, unroll: Optional[int] = None, apply_bytes: Optional[int] = None,
+           stats: int = 0, layer_norm: bool = False):
+    """(ROWS, BLOCK_N, LOOP, num_warps, UNROLL): rows per program, the normalisation tile, warps and the
+    statistics loop's unrolled group. None picks :func:`default_schedule`'s value, else the generic rule:
+    4 warps; one row per program for the mean order, two for the fused orders; narrow rows
+    (statistics and normalisation tiles of at most SMALL_ROW_TILE elements) share a program up to
+    SMALL_TILE elements (one row of 64 per program ran the SD3.5 q/k norms, 155,648 rows, at
+    210 us per call); rows above ``apply_bytes`` (MAX_ROW_BYTES) are normalised in chunks (they
+    are re-read from cache anyway); the whole statistics loop unrolled up to 64 trips. Rows are
+    independent and each thread adds its elements in order however the loop is unrolled: none of
+    these choices changes a result.
     """
+    tuned = default_schedule(stats, N, elem, stats_width, iters, layer_norm) if stats else {}
+    rows = tuned.get("rows") if rows is None else rows
+    num_warps = tuned.get("num_warps") if num_warps is None else num_warps
+    unroll = tuned.get("unroll") if unroll is None else unroll
+    apply_bytes = tuned.get("apply_bytes") if apply_bytes is None else apply_bytes
+    max_bytes = MAX_ROW_BYTES if apply_bytes is None else apply_bytes
     block_n = next_power_of_2(N)
-    loop = block_n * elem > MAX_ROW_BYTES
+    loop = block_n * elem > max_bytes
     if loop:
-        block_n = MAX_ROW_BYTES // elem
+        block_n = max(max_bytes // elem, 1)
     if rows is None:
         width = max(block_n, stats_width)
         rows = 1 if loop else rows_default
         if not loop and width <= SMALL_ROW_TILE:
             rows = max(rows, SMALL_TILE // width)
-    return rows, block_n, loop, 4 if num_warps is None else num_warps
+    if unroll is None:
+        unroll = iters if iters <= 64 else 1
+    return rows, block_n, loop, 4 if num_warps is None else num_warps, max(1, min(unroll, iters))
 
 
 @functools.lru_cache(maxsize=4096)
 def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.device, eps: float, weight_offset: float,
                    cast_dtype: Optional[torch.dtype], order: int, vectorized: bool, rows: Optional[int] = None,
-                   num_warps: Optional[int] = None) -> Launch:
+                   num_warps: Optional[int] = None, unroll: Optional[int] = None,
+                   apply_bytes: Optional[int] = None) -> Launch:
     """The launch of the RMS forward in torch's order ``order`` (ORDER_MEAN / ORDER_FUSED; ``vectorized``:
     :func:`fused_vectorized` of the call) on M rows of N elements ``stride_row`` apart, whose pointer
     arguments are (x, weight, bias, y, rstd): a pure function of its arguments, cached because it runs on
-    every call of a layer (host time matters for small inputs)."""
+    every call of a layer (host time matters for small inputs). ``rows`` ... ``apply_bytes``: see :func:`_tiles`."""
     factor = 1.0
     meta = dict(VEC=False, BW=1, BHR=1, CTAS=1, CP=1, LOG_BHR=0, LOG_BW=0, LOG_PAD=0, LOG_WRAP=0)
     if order == ORDER_MEAN:
@@ -206,9 +253,10 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
         stats, iters, rows_default, width = STATS_VEC, cdiv(N, 4 * LN_VEC_THREADS), 2, 4 * LN_VEC_THREADS
     else:
         stats, iters, rows_default, width = STATS_ROWWISE, cdiv(N, ROWWISE_THREADS), 2, ROWWISE_THREADS
-    R, block_n, loop, warps = _tiles(N, elem, rows_default, _interp_rows(M, _rms_exact_fwd_kernel, rows), num_warps,
-                                     width)
-    meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps)
+    R, block_n, loop, warps, unroll = _tiles(N, elem, rows_default, _interp_rows(M, _rms_exact_fwd_kernel, rows),
+                                             num_warps, width, iters, unroll, apply_bytes, stats)
+    meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps,
+                ALIGNED=N % 4 == 0, UNROLL=unroll)
     return Launch(_rms_exact_fwd_kernel, (cdiv(M, R),),
                   meta_items(CAST_DTYPE=round_dtype(cast_dtype), **meta, **launch_options(_rms_exact_fwd_kernel)),
                   (M, N, stride_row, eps, weight_offset, factor), device)
@@ -216,17 +264,19 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
 
 def rms_exact_forward(x2: torch.Tensor, M: int, stride_row: int, weight, bias, y, rstd, eps: float,
                       weight_offset: float, cast_dtype: Optional[torch.dtype], order: int, x_orig: torch.Tensor,
-                      rows: Optional[int] = None, num_warps: Optional[int] = None):
+                      rows: Optional[int] = None, num_warps: Optional[int] = None, unroll: Optional[int] = None,
+                      apply_bytes: Optional[int] = None):
     """Launches the RMS forward with torch's order ``order`` (ORDER_MEAN / ORDER_FUSED) on the M rows of
     x2 (row 0 at its data pointer, ``stride_row`` elements apart, unit last-dim stride)."""
     N = x2.shape[-1]
     vectorized = order != ORDER_MEAN and fused_vectorized(x_orig, N, weight)
     rms_exact_plan(M, N, stride_row, x2.element_size(), x2.device, eps, weight_offset, cast_dtype, order, vectorized,
-                   rows, num_warps)((x2, weight, bias, y, rstd))
+                   rows, num_warps, unroll, apply_bytes)((x2, weight, bias, y, rstd))
 
 
 def ln_exact_forward(x2: torch.Tensor, weight, bias, y, mean, rstd, eps: float, x_orig: torch.Tensor,
-                     rows: Optional[int] = None, num_warps: Optional[int] = None, mean_fma: Optional[int] = None):
+                     rows: Optional[int] = None, num_warps: Optional[int] = None, mean_fma: Optional[int] = None,
+                     unroll: Optional[int] = None, apply_bytes: Optional[int] = None):
     """Launches the LayerNorm forward in ``F.layer_norm``'s CUDA order on x2 (M, N)."""
     M, N = x2.shape
     if fused_vectorized(x_orig, N, weight, bias):
@@ -235,10 +285,11 @@ def ln_exact_forward(x2: torch.Tensor, weight, bias, y, mean, rstd, eps: float, 
         stats, iters = STATS_ROWWISE, cdiv(N, ROWWISE_THREADS)
     rows = _interp_rows(M, _ln_exact_fwd_kernel, rows)
     width = 4 * LN_VEC_THREADS if stats == STATS_VEC else ROWWISE_THREADS
-    R, block_n, loop, warps = _tiles(N, x2.element_size(), 2, rows, num_warps, width)
+    R, block_n, loop, warps, unroll = _tiles(N, x2.element_size(), 2, rows, num_warps, width, iters, unroll,
+                                             apply_bytes, stats, True)
     launch(_ln_exact_fwd_kernel, (cdiv(M, R),), (x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), eps),
            meta_items(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters,
-                      MEAN_FMA=LN_MEAN_FMA if mean_fma is None else mean_fma,
+                      MEAN_FMA=LN_MEAN_FMA if mean_fma is None else mean_fma, UNROLL=unroll,
                       num_warps=warps, **launch_options(_ln_exact_fwd_kernel)), x2.device)
 
 

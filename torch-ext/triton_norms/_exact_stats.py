@@ -107,16 +107,24 @@ def mean_sq_torch_order(
     base, rm, rows, N, factor,
     ROWS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
     CP: tl.constexpr, ITERS: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr,
-    LOG_WRAP: tl.constexpr,
+    LOG_WRAP: tl.constexpr, ALIGNED: tl.constexpr, UNROLL: tl.constexpr,
 ):
-    """``x.float().pow(2).mean(-1)`` of ROWS rows, summed as ATen's generic reduce kernel does. Returns (ROWS,)."""
+    """``x.float().pow(2).mean(-1)`` of ROWS rows, summed as ATen's generic reduce kernel does. Returns (ROWS,).
+
+    ``ALIGNED``: N is a multiple of 4, so every row of the fp32 copy starts on a 16-byte boundary (no head
+    elements; the loads then vectorise). ``UNROLL``: loop trips per unrolled group (each thread still adds its
+    elements in order)."""
     NT: tl.constexpr = BHR * BW
     T: tl.constexpr = CTAS * NT
     INNER: tl.constexpr = 4 * NT
     inner = tl.arange(0, INNER)[None, :]
     tid = inner // 4
     lane = inner % 4
-    if VEC:
+    if VEC and ALIGNED:
+        s = tl.zeros([ROWS, 1], tl.int32)
+        head = 0
+        nvec = N // 4
+    elif VEC:
         # the fp32 copy torch reduces is contiguous: row r starts (r * N) % 4 floats past a 16-byte boundary
         s = ((rows.to(tl.int64) * N) % 4).to(tl.int32)[:, None]
         head = (4 - s) % 4  # elements before the first aligned vector, added first by threads s..3
@@ -128,22 +136,22 @@ def mean_sq_torch_order(
     part = tl.zeros([ROWS, CP], tl.float32)
     cidx = tl.arange(0, CP)[None, :]
     for c in range(CTAS):
-        if VEC:
+        if VEC and not ALIGNED:
             hm = rm & (c == 0) & (s > 0) & (lane == 0) & (tid >= s) & (tid < 4)
             acc = tl.load(base + (tid - s), mask=hm, other=0.0).to(tl.float32)
             acc = acc * acc
         else:
             acc = tl.zeros([ROWS, INNER], tl.float32)
-        if ITERS <= 64:
-            for it in tl.static_range(ITERS):
-                acc = _mean_chunk(acc, base, rm, c, it, head, nvec, inner, tid, N, T, NT, VEC)
-        else:
-            for it in range(ITERS):
-                acc = _mean_chunk(acc, base, rm, c, it, head, nvec, inner, tid, N, T, NT, VEC)
+        for g in range(ITERS // UNROLL):
+            for u in tl.static_range(UNROLL):
+                acc = _mean_chunk(acc, base, rm, c, g * UNROLL + u, head, nvec, inner, tid, N, T, NT, VEC)
+        for u in tl.static_range(ITERS % UNROLL):
+            acc = _mean_chunk(acc, base, rm, c, ITERS - ITERS % UNROLL + u, head, nvec, inner, tid, N, T, NT, VEC)
         if VEC:
-            tm = rm & (c == 0) & (lane == 0) & (tid < (N - head) % 4)
-            v = tl.load(base + head + 4 * nvec + tid, mask=tm, other=0.0).to(tl.float32)
-            acc = acc + v * v  # the row's tail, after the vectors (threads 0..2)
+            if not ALIGNED:
+                tm = rm & (c == 0) & (lane == 0) & (tid < (N - head) % 4)
+                v = tl.load(base + head + 4 * nvec + tid, mask=tm, other=0.0).to(tl.float32)
+                acc = acc + v * v  # the row's tail, after the vectors (threads 0..2)
             a0, a1, a2, a3 = _lanes4(tl.reshape(acc, (ROWS, NT, 4)))
         else:
             a0, a1, a2, a3 = _lanes4(tl.permute(tl.reshape(acc, (ROWS, 4, NT)), (0, 2, 1)))
@@ -166,21 +174,30 @@ def mean_sq_torch_order(
 
 
 @triton.jit
-def fused_rms_sumsq_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr):
+def _rms_vec_chunk(acc, base, rm, k, N, inner, ROWS: tl.constexpr):
+    e = k * 512 + inner
+    v = tl.load(base + e, mask=rm & (e < N), other=0.0).to(tl.float32)
+    v0, v1, v2, v3 = _lanes4(tl.reshape(v, (ROWS, 128, 4)))
+    acc = tl.fma(v0, v0, acc)
+    acc = tl.fma(v1, v1, acc)
+    acc = tl.fma(v2, v2, acc)
+    return tl.fma(v3, v3, acc)
+
+
+@triton.jit
+def fused_rms_sumsq_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, UNROLL: tl.constexpr):
     """``vectorized_layer_norm_kernel<rms_norm=true>``: sum of squares of ROWS rows (N % 4 == 0).
 
     Thread t = x + 32 y (128 threads) reads vectors t, t + 128, ... and does
-    ``s = fma(v, v, s)`` per element; halving trees over the 32 lanes, then the 4 warps."""
+    ``s = fma(v, v, s)`` per element; halving trees over the 32 lanes, then the 4 warps.
+    ``UNROLL``: loop trips per unrolled group."""
     inner = tl.arange(0, 512)[None, :]
     acc = tl.zeros([ROWS, 128], tl.float32)
-    for k in tl.static_range(ITERS):
-        e = k * 512 + inner
-        v = tl.load(base + e, mask=rm & (e < N), other=0.0).to(tl.float32)
-        v0, v1, v2, v3 = _lanes4(tl.reshape(v, (ROWS, 128, 4)))
-        acc = tl.fma(v0, v0, acc)
-        acc = tl.fma(v1, v1, acc)
-        acc = tl.fma(v2, v2, acc)
-        acc = tl.fma(v3, v3, acc)
+    for g in range(ITERS // UNROLL):
+        for u in tl.static_range(UNROLL):
+            acc = _rms_vec_chunk(acc, base, rm, g * UNROLL + u, N, inner, ROWS)
+    for u in tl.static_range(ITERS % UNROLL):
+        acc = _rms_vec_chunk(acc, base, rm, ITERS - ITERS % UNROLL + u, N, inner, ROWS)
     t = tl.permute(tl.reshape(acc, (ROWS, 4, 32)), (0, 2, 1))  # (R, lane, warp)
     t = _fold_mid(t, 5)  # shfl_down 16, 8, 4, 2, 1 within each warp
     t = _fold_mid(tl.reshape(t, (ROWS, 4, 1)), 2)  # warps 2, 3 onto 0, 1; then 1 onto 0
@@ -221,43 +238,62 @@ def _ln_fold(m, s, c, MEAN_FMA: tl.constexpr):
 
 
 @triton.jit
-def _ln_update(m, s, c, v, ok):
-    """cuWelfordOnlineSum: mean += delta * (1 / count) and sigma2 += delta * (v - new mean), both fused."""
+def _ln_update(m, s, c, v, ok, rcp):
+    """cuWelfordOnlineSum: mean += delta * (1 / count) and sigma2 += delta * (v - new mean), both fused.
+    ``rcp`` is 1 / (c + 1) of the updated elements, IEEE-rounded."""
     delta = v - m
-    c1 = c + 1.0
-    m1 = tl.fma(delta, _recip(c1), m)
+    m1 = tl.fma(delta, rcp, m)
     s1 = tl.fma(delta, v - m1, s)
-    return tl.where(ok, m1, m), tl.where(ok, s1, s), tl.where(ok, c1, c)
+    return tl.where(ok, m1, m), tl.where(ok, s1, s), tl.where(ok, c + 1.0, c)
 
 
 @triton.jit
-def _ln_chunk(m, s, c, base, rm, k, N, inner, t, ROWS: tl.constexpr):
+def _ln_chunk(m, s, c, base, rm, k, N, inner, t, r0, r1, r2, r3, ROWS: tl.constexpr):
+    """Vector k of every thread. ``r0..r3``: 1 / (4k + 1 .. 4k + 4), the reciprocal counts of its 4 updates (an
+    element of vector k is a thread's (4k + j + 1)-th: the threads that hold vector k held vectors 0..k - 1)."""
     e = k * 512 + inner
     v = tl.load(base + e, mask=rm & (e < N), other=0.0).to(tl.float32)
     v0, v1, v2, v3 = _lanes4(tl.reshape(v, (ROWS, 128, 4)))
     ok = rm & (k * 128 + t < N // 4)
-    m, s, c = _ln_update(m, s, c, v0, ok)
-    m, s, c = _ln_update(m, s, c, v1, ok)
-    m, s, c = _ln_update(m, s, c, v2, ok)
-    m, s, c = _ln_update(m, s, c, v3, ok)
+    m, s, c = _ln_update(m, s, c, v0, ok, r0)
+    m, s, c = _ln_update(m, s, c, v1, ok, r1)
+    m, s, c = _ln_update(m, s, c, v2, ok, r2)
+    m, s, c = _ln_update(m, s, c, v3, ok, r3)
     return m, s, c
 
 
 @triton.jit
-def fused_ln_stats_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, MEAN_FMA: tl.constexpr):
+def _ln_chunk_at(m, s, c, base, rm, k, N, inner, t, ROWS: tl.constexpr):
+    """:func:`_ln_chunk` for a run-time k: the 4 reciprocals divided once per vector (scalars)."""
+    c0 = (tl.zeros([], tl.int32) + 4 * k).to(tl.float32)  # k: a loop index, or a constexpr in the tail
+    one = tl.full([], 1.0, tl.float32)
+    return _ln_chunk(m, s, c, base, rm, k, N, inner, t, tl.math.div_rn(one, c0 + 1.0), tl.math.div_rn(one, c0 + 2.0),
+                     tl.math.div_rn(one, c0 + 3.0), tl.math.div_rn(one, c0 + 4.0), ROWS)
+
+
+@triton.jit
+def fused_ln_stats_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, MEAN_FMA: tl.constexpr,
+                       UNROLL: tl.constexpr):
     """``vectorized_layer_norm_kernel`` (LayerNorm): Welford per thread (vectors t, t + 128, ...),
-    combined over 32 lanes then 4 warps. Returns (mean, sum of squared deviations) (ROWS,) each."""
+    combined over 32 lanes then 4 warps. Returns (mean, sum of squared deviations) (ROWS,) each.
+    ``UNROLL``: loop trips per unrolled group; when it is ITERS (the whole loop unrolled) the reciprocal
+    counts are compile-time constants (a Python double rounded once to fp32: 1 / n for n < 2**26 is never
+    close enough to an fp32 rounding boundary for the double's rounding to matter)."""
     inner = tl.arange(0, 512)[None, :]
     t = tl.arange(0, 128)[None, :]
     m = tl.zeros([ROWS, 128], tl.float32)
     s = tl.zeros([ROWS, 128], tl.float32)
     c = tl.zeros([ROWS, 128], tl.float32)
-    if ITERS <= 64:
+    if UNROLL >= ITERS:
         for k in tl.static_range(ITERS):
-            m, s, c = _ln_chunk(m, s, c, base, rm, k, N, inner, t, ROWS)
+            m, s, c = _ln_chunk(m, s, c, base, rm, k, N, inner, t, 1.0 / (4 * k + 1), 1.0 / (4 * k + 2),
+                                1.0 / (4 * k + 3), 1.0 / (4 * k + 4), ROWS)
     else:
-        for k in range(ITERS):
-            m, s, c = _ln_chunk(m, s, c, base, rm, k, N, inner, t, ROWS)
+        for g in range(ITERS // UNROLL):
+            for u in tl.static_range(UNROLL):
+                m, s, c = _ln_chunk_at(m, s, c, base, rm, g * UNROLL + u, N, inner, t, ROWS)
+        for u in tl.static_range(ITERS % UNROLL):
+            m, s, c = _ln_chunk_at(m, s, c, base, rm, ITERS - ITERS % UNROLL + u, N, inner, t, ROWS)
     m = tl.permute(tl.reshape(m, (ROWS, 4, 32)), (0, 2, 1))
     s = tl.permute(tl.reshape(s, (ROWS, 4, 32)), (0, 2, 1))
     c = tl.permute(tl.reshape(c, (ROWS, 4, 32)), (0, 2, 1))
@@ -308,20 +344,19 @@ def _wf_chunk(m, q, n, base, rm, k, N, j):
 
 
 @triton.jit
-def rowwise_welford(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr):
+def rowwise_welford(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, UNROLL: tl.constexpr):
     """``RowwiseMomentsCUDAKernel``: ATen's WelfordOps per thread (elements j, j + 512, ...), then
     ``BlockReduce`` (halving trees over each warp's 32 lanes, then over the 16 warps).
-    Returns (mean, biased variance) (ROWS,) each."""
+    Returns (mean, biased variance) (ROWS,) each. ``UNROLL``: loop trips per unrolled group."""
     j = tl.arange(0, 512)[None, :]
     m = tl.zeros([ROWS, 512], tl.float32)
     q = tl.zeros([ROWS, 512], tl.float32)
     n = tl.zeros([ROWS, 512], tl.float32)
-    if ITERS <= 64:
-        for k in tl.static_range(ITERS):
-            m, q, n = _wf_chunk(m, q, n, base, rm, k, N, j)
-    else:
-        for k in range(ITERS):
-            m, q, n = _wf_chunk(m, q, n, base, rm, k, N, j)
+    for g in range(ITERS // UNROLL):
+        for u in tl.static_range(UNROLL):
+            m, q, n = _wf_chunk(m, q, n, base, rm, g * UNROLL + u, N, j)
+    for u in tl.static_range(ITERS % UNROLL):
+        m, q, n = _wf_chunk(m, q, n, base, rm, ITERS - ITERS % UNROLL + u, N, j)
     m = tl.permute(tl.reshape(m, (ROWS, 16, 32)), (0, 2, 1))
     q = tl.permute(tl.reshape(q, (ROWS, 16, 32)), (0, 2, 1))
     n = tl.permute(tl.reshape(n, (ROWS, 16, 32)), (0, 2, 1))
