@@ -13,6 +13,7 @@ The layers are the ones ``kernelize`` swaps in: ``LlamaRMSNorm`` (``mean``: ``x.
 the torch module it replaces (bf16 weights). Every candidate must give the module's output bit for bit; the ones that
 do are timed with ``triton.testing.do_bench`` (median; GB/s count x read and y written once), next to the module
 itself and a device copy. None of the candidates changes the order of additions: each is a schedule of the same sums.
+Results of session 17 (the table in ``_exact.default_schedule``): ``results/norms_exact_2026-12-02.md``.
 """
 import argparse
 import json

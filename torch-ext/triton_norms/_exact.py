@@ -171,12 +171,18 @@ def default_schedule(stats: int, N: int, elem: int, stats_width: int, iters: int
     statistics loop reads per row (4 x torch's threads per row), ``iters`` the trips, ``layer_norm`` the LayerNorm
     kernel (else RMS).
 
-    From ``benchmarks/norms_exact_sweep.py`` on an H200 (bf16, every schedule bit-equal to the torch module;
-    ``results/norms_exact_2026-12-02.md``): the one-warp-per-row mean order (rows below 8192 elements) wants one or
-    two warps and 32 elements per thread in the normalisation, not the 4 warps of the other kernels (4096: 3310 ->
-    3907 GB/s); the 512-thread mean order wants 8 to 16 warps from 16384 elements; the fused RMS order one row per
-    program, fewer warps at 2048 and 4096 and chunks from 16 KiB rows; LayerNorm 4 rows over 8 warps with 512-element
-    chunks (2 rows over 4 warps above 16 KiB rows): the other LayerNorm schedules spilled registers (Triton 3.6).
+    From ``benchmarks/norms_exact_sweep.py`` on an H200 (bf16, Triton 3.6; every schedule bit-equal to the torch
+    module; ``results/norms_exact_2026-12-02.md``):
+
+    * mean order, one warp of torch's threads per row (``stats_width`` 128): one warp per program up to 2048
+      elements, two above, 32 elements per thread per normalisation chunk (4096: 3168 -> 3879 GB/s);
+    * mean order, 512 torch threads per row: 8 warps from 16384 elements, 16 from 32768 (8192 keeps the generic
+      rule; the others spilled registers);
+    * fused RMS order: 2 warps at 2048, 4 with 1024-element chunks at 4096, 2-trip groups; wider rows keep the
+      whole statistics loop unrolled (8-trip groups lost 12% at 16384);
+    * LayerNorm: 4 rows over 8 warps with 512-element chunks, 2 rows over 4 warps above 16 KiB rows (the generic
+      rule ran at 132-1359 GB/s, its unrolled Welford loop spilling up to 398 bytes per thread).
+
     Narrower rows (the mean order below 2048 elements, every order at most 512) keep :func:`_tiles`' rules."""
     if N <= SMALL_ROW_TILE:
         return {}
@@ -195,8 +201,8 @@ def default_schedule(stats: int, N: int, elem: int, stats_width: int, iters: int
         return dict(rows=1, num_warps=2, unroll=2, apply_bytes=2048 * elem)
     if stats == STATS_VEC and N <= 4096:
         return dict(rows=1, num_warps=4, unroll=2, apply_bytes=1024 * elem)
-    if stats == STATS_VEC and wide:
-        return dict(rows=1, num_warps=4, unroll=8, apply_bytes=4096 * elem)
+    if stats == STATS_VEC:
+        return dict(unroll=iters)
     return {}
 
 

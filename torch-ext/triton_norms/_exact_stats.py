@@ -142,11 +142,16 @@ def mean_sq_torch_order(
             acc = acc * acc
         else:
             acc = tl.zeros([ROWS, INNER], tl.float32)
-        for g in range(ITERS // UNROLL):
-            for u in tl.static_range(UNROLL):
-                acc = _mean_chunk(acc, base, rm, c, g * UNROLL + u, head, nvec, inner, tid, N, T, NT, VEC)
-        for u in tl.static_range(ITERS % UNROLL):
-            acc = _mean_chunk(acc, base, rm, c, ITERS - ITERS % UNROLL + u, head, nvec, inner, tid, N, T, NT, VEC)
+        if UNROLL >= ITERS:
+            for it in tl.static_range(ITERS):
+                acc = _mean_chunk(acc, base, rm, c, it, head, nvec, inner, tid, N, T, NT, VEC)
+        else:
+            for g in range(ITERS // UNROLL):
+                for u in tl.static_range(UNROLL):
+                    acc = _mean_chunk(acc, base, rm, c, g * UNROLL + u, head, nvec, inner, tid, N, T, NT, VEC)
+            for u in tl.static_range(ITERS % UNROLL):
+                acc = _mean_chunk(acc, base, rm, c, ITERS - ITERS % UNROLL + u, head, nvec, inner, tid, N, T, NT,
+                                  VEC)
         if VEC:
             if not ALIGNED:
                 tm = rm & (c == 0) & (lane == 0) & (tid < (N - head) % 4)
@@ -193,11 +198,15 @@ def fused_rms_sumsq_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, UN
     ``UNROLL``: loop trips per unrolled group."""
     inner = tl.arange(0, 512)[None, :]
     acc = tl.zeros([ROWS, 128], tl.float32)
-    for g in range(ITERS // UNROLL):
-        for u in tl.static_range(UNROLL):
-            acc = _rms_vec_chunk(acc, base, rm, g * UNROLL + u, N, inner, ROWS)
-    for u in tl.static_range(ITERS % UNROLL):
-        acc = _rms_vec_chunk(acc, base, rm, ITERS - ITERS % UNROLL + u, N, inner, ROWS)
+    if UNROLL >= ITERS:
+        for k in tl.static_range(ITERS):
+            acc = _rms_vec_chunk(acc, base, rm, k, N, inner, ROWS)
+    else:
+        for g in range(ITERS // UNROLL):
+            for u in tl.static_range(UNROLL):
+                acc = _rms_vec_chunk(acc, base, rm, g * UNROLL + u, N, inner, ROWS)
+        for u in tl.static_range(ITERS % UNROLL):
+            acc = _rms_vec_chunk(acc, base, rm, ITERS - ITERS % UNROLL + u, N, inner, ROWS)
     t = tl.permute(tl.reshape(acc, (ROWS, 4, 32)), (0, 2, 1))  # (R, lane, warp)
     t = _fold_mid(t, 5)  # shfl_down 16, 8, 4, 2, 1 within each warp
     t = _fold_mid(tl.reshape(t, (ROWS, 4, 1)), 2)  # warps 2, 3 onto 0, 1; then 1 onto 0
@@ -352,11 +361,15 @@ def rowwise_welford(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, UNROLL
     m = tl.zeros([ROWS, 512], tl.float32)
     q = tl.zeros([ROWS, 512], tl.float32)
     n = tl.zeros([ROWS, 512], tl.float32)
-    for g in range(ITERS // UNROLL):
-        for u in tl.static_range(UNROLL):
-            m, q, n = _wf_chunk(m, q, n, base, rm, g * UNROLL + u, N, j)
-    for u in tl.static_range(ITERS % UNROLL):
-        m, q, n = _wf_chunk(m, q, n, base, rm, ITERS - ITERS % UNROLL + u, N, j)
+    if UNROLL >= ITERS:
+        for k in tl.static_range(ITERS):
+            m, q, n = _wf_chunk(m, q, n, base, rm, k, N, j)
+    else:
+        for g in range(ITERS // UNROLL):
+            for u in tl.static_range(UNROLL):
+                m, q, n = _wf_chunk(m, q, n, base, rm, g * UNROLL + u, N, j)
+        for u in tl.static_range(ITERS % UNROLL):
+            m, q, n = _wf_chunk(m, q, n, base, rm, ITERS - ITERS % UNROLL + u, N, j)
     m = tl.permute(tl.reshape(m, (ROWS, 16, 32)), (0, 2, 1))
     q = tl.permute(tl.reshape(q, (ROWS, 16, 32)), (0, 2, 1))
     n = tl.permute(tl.reshape(n, (ROWS, 16, 32)), (0, 2, 1))
