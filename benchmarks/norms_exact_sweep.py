@@ -25,7 +25,7 @@ import torch
 
 
 def modules(kind: str, N: int, dev: str):
-    """(the torch module, our layer class's forward) for one kind at width N (bf16, random weights)."""
+    """The torch module our layer replaces, for one kind at width N (bf16, random weights about 1)."""
     torch.manual_seed(N)
     if kind == "mean":
         from transformers.models.llama.modeling_llama import LlamaRMSNorm
