@@ -106,24 +106,33 @@ def test_narrow_rows_share_a_program_without_changing_bits(norms, device, N, ord
     assert torch.isfinite(outs[0][0]).all() and torch.isfinite(outs[0][1]).all()
 
 
-@pytest.mark.parametrize("M, N", [(5, 2052), (3, 4100), (2, 8192)])
-def test_schedule_never_changes_bits(norms, device, M, N):
+@pytest.mark.parametrize("M, N, dtype", [(5, 2052, torch.float32), (3, 4100, torch.float32), (2, 8192, torch.float32),
+                                         (5, 4101, torch.float32), (3, 4102, torch.float16), (1, 131075, torch.float32)])
+def test_schedule_never_changes_bits(norms, device, M, N, dtype):
     """The exact forwards' schedule (rows per program, warps, the statistics loop's unrolled groups, the
     normalisation chunk) is free: every choice gives the numpy model's statistics and the same outputs
-    (RMS in both orders, LayerNorm)."""
+    (RMS in both orders, LayerNorm). Covers rows whose fp32 copy starts off 16 bytes (N % 4 != 0: the mean
+    order's head and tail, the row-wise Welford order), fp16 and a mean order reduced over 17 programs."""
     ex, to = norms._exact, norms._torch_order
     torch.manual_seed(M * N)
-    x = torch.randn(M, N, device=device) * 3 - 0.5
-    w = torch.randn(N, device=device)
-    b = torch.randn(N, device=device)
-    xn = x.cpu().numpy()
-    want = {
-        "mean": _rstd(ref.mean_sq(xn, to.mean_config(M, N, *to.device_limits(x.device))), 1e-6, device),
-        "fused": _rstd((ref.fused_rms_sumsq(xn) / f32(N)).astype(f32), 1e-6, device),
-    }
-    ln_mean, ln_var = ref.fused_ln_stats(xn, ex.LN_MEAN_FMA)
-    schedules = [dict(), dict(unroll=1), dict(unroll=3, apply_bytes=1024), dict(rows=2, num_warps=1, unroll=2),
-                 dict(num_warps=8, apply_bytes=4096)]
+    x = (torch.randn(M, N, device=device) * 3 - 0.5).to(dtype)
+    w = torch.randn(N, device=device).to(dtype)
+    b = torch.randn(N, device=device).to(dtype)
+    xn = x.float().cpu().numpy()
+    cfg = to.mean_config(M, N, *to.device_limits(x.device))
+    if N == 131075:
+        assert cfg.ctas > 1
+    if N % 4 == 0:
+        fused_var = (ref.fused_rms_sumsq(xn) / f32(N)).astype(f32)
+        ln_mean, ln_var = ref.fused_ln_stats(xn, ex.LN_MEAN_FMA)
+    else:
+        ln_mean, ln_var = ref.rowwise_welford(xn)
+        fused_var = ref.fma(ln_mean, ln_mean, ln_var)
+    want = {"mean": _rstd(ref.mean_sq(xn, cfg), 1e-6, device), "fused": _rstd(fused_var, 1e-6, device)}
+    schedules = [dict(), dict(unroll=1), dict(unroll=3, apply_bytes=512 * x.element_size()),
+                 dict(rows=2, num_warps=1, unroll=2), dict(num_warps=8, apply_bytes=2048 * x.element_size())]
+    if N > 65536:
+        schedules = schedules[:2]
     first = None
     for sched in schedules:
         outs = []

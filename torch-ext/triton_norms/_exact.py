@@ -168,8 +168,8 @@ def _interp_rows(M: int, kernel, rows: Optional[int]) -> Optional[int]:
 def default_schedule(stats: int, N: int, elem: int, stats_width: int, iters: int, layer_norm: bool = False) -> dict:
     """The tuned schedule of an exact forward: a subset of ``rows``, ``num_warps``, ``unroll`` and ``apply_bytes``
     (:func:`_tiles` fills what is missing). ``stats`` is STATS_*, ``stats_width`` the elements one trip of the
-    statistics loop reads per row (4 x torch's threads per row), ``iters`` the trips, ``layer_norm`` the LayerNorm
-    kernel (else RMS).
+    statistics loop reads per row (128 / 2048: a warp / 512 of torch's threads for the mean order, 512 for the fused
+    orders), ``iters`` the trips, ``layer_norm`` the LayerNorm kernel (else RMS).
 
     From ``benchmarks/norms_exact_sweep.py`` on an H200 (bf16, Triton 3.6; every schedule bit-equal to the torch
     module; ``results/norms_exact_2026-12-02.md``):
@@ -179,9 +179,11 @@ def default_schedule(stats: int, N: int, elem: int, stats_width: int, iters: int
     * mean order, 512 torch threads per row: 8 warps from 16384 elements, 16 from 32768 (8192 keeps the generic
       rule; the others spilled registers);
     * fused RMS order: 2 warps at 2048, 4 with 1024-element chunks at 4096, 2-trip groups; wider rows keep the
-      whole statistics loop unrolled (8-trip groups lost 12% at 16384);
-    * LayerNorm: 4 rows over 8 warps with 512-element chunks, 2 rows over 4 warps above 16 KiB rows (the generic
-      rule ran at 132-1359 GB/s, its unrolled Welford loop spilling up to 398 bytes per thread).
+      whole statistics loop unrolled up to 128 trips (65536 elements; 8-trip groups lost 12% at 16384), 8-trip
+      groups beyond (not measured);
+    * LayerNorm: 4 rows over 8 warps with 512-element chunks, 2 rows over 4 warps with 8-trip groups and
+      2048-element chunks above 16 KiB rows (the generic rule ran at 132-1359 GB/s, its unrolled Welford loop
+      spilling up to 398 bytes per thread).
 
     Narrower rows (the mean order below 2048 elements, every order at most 512) keep :func:`_tiles`' rules."""
     if N <= SMALL_ROW_TILE:
@@ -190,9 +192,9 @@ def default_schedule(stats: int, N: int, elem: int, stats_width: int, iters: int
     if stats == STATS_MEAN and stats_width == 128 and N >= 2048:
         warps = 1 if N <= 2048 else 2
         return dict(rows=1, num_warps=warps, unroll=min(iters, 32), apply_bytes=32 * 32 * warps * elem)
-    if stats == STATS_MEAN and N >= 32768:
+    if stats == STATS_MEAN and stats_width == 2048 and N >= 32768:
         return dict(rows=1, num_warps=16, unroll=min(iters, 32), apply_bytes=16384 * elem)
-    if stats == STATS_MEAN and N >= 16384:
+    if stats == STATS_MEAN and stats_width == 2048 and N >= 16384:
         return dict(rows=1, num_warps=8, unroll=min(iters, 8), apply_bytes=2048 * elem)
     if stats == STATS_VEC and layer_norm:
         return dict(rows=2, num_warps=4, unroll=8, apply_bytes=2048 * elem) if wide else dict(
@@ -202,7 +204,7 @@ def default_schedule(stats: int, N: int, elem: int, stats_width: int, iters: int
     if stats == STATS_VEC and N <= 4096:
         return dict(rows=1, num_warps=4, unroll=2, apply_bytes=1024 * elem)
     if stats == STATS_VEC:
-        return dict(unroll=iters)
+        return dict(unroll=iters if iters <= 128 else 8)
     return {}
 
 
@@ -262,7 +264,7 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
     R, block_n, loop, warps, unroll = _tiles(N, elem, rows_default, _interp_rows(M, _rms_exact_fwd_kernel, rows),
                                              num_warps, width, iters, unroll, apply_bytes, stats)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps,
-                ALIGNED=N % 4 == 0, UNROLL=unroll)
+                ALIGNED=stats == STATS_MEAN and N % 4 == 0, UNROLL=unroll)
     return Launch(_rms_exact_fwd_kernel, (cdiv(M, R),),
                   meta_items(CAST_DTYPE=round_dtype(cast_dtype), **meta, **launch_options(_rms_exact_fwd_kernel)),
                   (M, N, stride_row, eps, weight_offset, factor), device)

@@ -121,7 +121,6 @@ def mean_sq_torch_order(
     tid = inner // 4
     lane = inner % 4
     if VEC and ALIGNED:
-        s = tl.zeros([ROWS, 1], tl.int32)
         head = 0
         nvec = N // 4
     elif VEC:
