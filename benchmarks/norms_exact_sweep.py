@@ -124,6 +124,8 @@ def main() -> int:
                 if shipped is not None:
                     ex.default_schedule = shipped if cand is None else (lambda *a_, c=cand: c)
                 ex.rms_exact_plan.cache_clear()
+                if hasattr(ex, "ln_exact_plan"):  # builds from before session 18 plan LayerNorm per call
+                    ex.ln_exact_plan.cache_clear()
                 infer_plans.clear()
                 try:
                     with torch.no_grad():

@@ -132,7 +132,7 @@ def _ln_exact_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     M, N, stride_x_row, eps,
     STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr, ITERS: tl.constexpr,
-    MEAN_FMA: tl.constexpr, UNROLL: tl.constexpr,
+    MEAN_FMA: tl.constexpr, UNROLL: tl.constexpr, FULL: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < M
@@ -140,7 +140,7 @@ def _ln_exact_fwd_kernel(
     base = x_ptr + rows64[:, None] * stride_x_row
     rm = rmask[:, None]
     if STATS == 2:
-        mean, s = fused_ln_stats_vec(base, rm, N, ROWS, ITERS, MEAN_FMA, UNROLL)
+        mean, s = fused_ln_stats_vec(base, rm, N, ROWS, ITERS, MEAN_FMA, UNROLL, FULL)
         var = tl.math.div_rn(s, tl.zeros_like(s) + N)
     else:
         mean, var = rowwise_welford(base, rm, N, ROWS, ITERS, UNROLL)
@@ -282,23 +282,34 @@ def rms_exact_forward(x2: torch.Tensor, M: int, stride_row: int, weight, bias, y
                    rows, num_warps, unroll, apply_bytes)((x2, weight, bias, y, rstd))
 
 
+@functools.lru_cache(maxsize=4096)
+def ln_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.device, eps: float, vectorized: bool,
+                  rows: Optional[int] = None, num_warps: Optional[int] = None, mean_fma: Optional[int] = None,
+                  unroll: Optional[int] = None, apply_bytes: Optional[int] = None) -> Launch:
+    """The launch of the LayerNorm forward in ``F.layer_norm``'s CUDA order (``vectorized``: the kernel
+    :func:`fused_vectorized` picks for the call) on M rows of N elements ``stride_row`` apart, whose pointer
+    arguments are (x, weight, bias, y, mean, rstd): a pure function of its arguments, cached like
+    :func:`rms_exact_plan` (host time). ``rows`` ... ``apply_bytes``: see :func:`_tiles`."""
+    if vectorized:
+        stats, iters, width = STATS_VEC, cdiv(N, 4 * LN_VEC_THREADS), 4 * LN_VEC_THREADS
+    else:
+        stats, iters, width = STATS_ROWWISE, cdiv(N, ROWWISE_THREADS), ROWWISE_THREADS
+    R, block_n, loop, warps, unroll = _tiles(N, elem, 2, _interp_rows(M, _ln_exact_fwd_kernel, rows), num_warps,
+                                             width, iters, unroll, apply_bytes, stats, True)
+    meta = meta_items(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters,
+                      MEAN_FMA=LN_MEAN_FMA if mean_fma is None else mean_fma, UNROLL=unroll,
+                      FULL=stats == STATS_VEC and N % (4 * LN_VEC_THREADS) == 0,
+                      num_warps=warps, **launch_options(_ln_exact_fwd_kernel))
+    return Launch(_ln_exact_fwd_kernel, (cdiv(M, R),), meta, (M, N, stride_row, eps), device)
+
+
 def ln_exact_forward(x2: torch.Tensor, weight, bias, y, mean, rstd, eps: float, x_orig: torch.Tensor,
                      rows: Optional[int] = None, num_warps: Optional[int] = None, mean_fma: Optional[int] = None,
                      unroll: Optional[int] = None, apply_bytes: Optional[int] = None):
     """Launches the LayerNorm forward in ``F.layer_norm``'s CUDA order on x2 (M, N)."""
     M, N = x2.shape
-    if fused_vectorized(x_orig, N, weight, bias):
-        stats, iters = STATS_VEC, cdiv(N, 4 * LN_VEC_THREADS)
-    else:
-        stats, iters = STATS_ROWWISE, cdiv(N, ROWWISE_THREADS)
-    rows = _interp_rows(M, _ln_exact_fwd_kernel, rows)
-    width = 4 * LN_VEC_THREADS if stats == STATS_VEC else ROWWISE_THREADS
-    R, block_n, loop, warps, unroll = _tiles(N, x2.element_size(), 2, rows, num_warps, width, iters, unroll,
-                                             apply_bytes, stats, True)
-    launch(_ln_exact_fwd_kernel, (cdiv(M, R),), (x2, weight, bias, y, mean, rstd, M, N, x2.stride(0), eps),
-           meta_items(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters,
-                      MEAN_FMA=LN_MEAN_FMA if mean_fma is None else mean_fma, UNROLL=unroll,
-                      num_warps=warps, **launch_options(_ln_exact_fwd_kernel)), x2.device)
+    ln_exact_plan(M, N, x2.stride(0), x2.element_size(), x2.device, eps, fused_vectorized(x_orig, N, weight, bias),
+                  rows, num_warps, mean_fma, unroll, apply_bytes)((x2, weight, bias, y, mean, rstd))
 
 
-__all__ = ["ORDER_FUSED", "ORDER_MEAN", "ln_exact_forward", "rms_exact_forward", "rms_exact_plan"]
+__all__ = ["ORDER_FUSED", "ORDER_MEAN", "ln_exact_forward", "ln_exact_plan", "rms_exact_forward", "rms_exact_plan"]

@@ -3,11 +3,13 @@
 Each helper takes ``ROWS`` rows (``base``: (ROWS, 1) row pointers, ``rm``: (ROWS, 1)
 row mask), reads them chunk by chunk in the order one CUDA thread reads its
 elements, keeps one accumulator per CUDA thread (and per vector lane) in a
-register tensor, and combines the accumulators with explicit trees built from
-``reshape``/``permute``/``split`` (``tl.sum`` is never used: its order is the
-compiler's). Every tree is a halving tree (element i += element i + half), as
-ATen's shared-memory and ``shfl_down`` stages are (intra-warp offsets decreasing
-since torch 2.10 or so; older releases paired adjacent lanes instead). Loads that fall outside a row give 0, which leaves a sum of
+register tensor, and combines the accumulators with explicit trees (``tl.sum`` is never
+used but to pick slot 0's bits: its order is the compiler's): the sums of squares with ``reshape``/``permute``/``split``
+halvings, LayerNorm's Welford states with gathers that do what ``shfl_down`` does
+(:func:`_down`; the split trees held a whole row's states in every thread's registers).
+Every tree is a halving tree (element i += element i + half), as ATen's shared-memory and
+``shfl_down`` stages are (intra-warp offsets decreasing since torch 2.10 or so; older
+releases paired adjacent lanes instead). Loads that fall outside a row give 0, which leaves a sum of
 squares unchanged; the Welford updates are masked instead.
 
 Divisions use ``div_rn`` (IEEE, like nvcc without fast math; Triton's ``/`` is
@@ -68,6 +70,24 @@ def _lanes4(t):
     v0, v2 = tl.split(a)
     v1, v3 = tl.split(b)
     return v0, v1, v2, v3
+
+
+@triton.jit
+def _down(t, slot, off: tl.constexpr, span: tl.constexpr):
+    """One step of a halving tree over a row's slots (axis 1 of (R, K), ``slot`` = arange(K) broadcast): slot i
+    gets slot i + off's value where ``i % span < off``, as ``shfl_down(v, off)`` within a warp (span 32) or a
+    shared-memory step across warps do; other slots get their own value and are never read by slot 0's chain.
+
+    A gather keeps every tensor of the tree in one layout: the reshape / split trees this replaced made Triton 3.6
+    hold a row's 128 partial results in every thread's registers (130-255 registers per thread on sm_90)."""
+    return tl.gather(t, tl.where(slot % span < off, slot + off, slot), 1)
+
+
+@triton.jit
+def _slot0(t, slot):
+    """(R, K) -> (R,): slot 0 of each row, bit for bit (-0.0 and NaN payloads included)."""
+    bits = t.to(tl.int32, bitcast=True)
+    return tl.sum(tl.where(slot == 0, bits, 0), axis=1).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -237,12 +257,17 @@ def _ln_combine(bm, bs, bc, am, as_, ac, MEAN_FMA: tl.constexpr):
 
 
 @triton.jit
-def _ln_fold(m, s, c, MEAN_FMA: tl.constexpr):
-    """One halving step along axis 1 of (R, H, W): lower half = this thread, upper half = the other."""
-    ml, mh = _split_halves(m)
-    sl, sh = _split_halves(s)
-    cl, ch = _split_halves(c)
-    return _ln_combine(ml, sl, cl, mh, sh, ch, MEAN_FMA)
+def _ln_tree(m, s, c, MEAN_FMA: tl.constexpr):
+    """vectorized_layer_norm_kernel's reduction of the (R, 128) thread states (thread t = x + 32 y):
+    ``shfl_down`` 16 ... 1 within each warp, then warps 2, 3 onto 0, 1 and 1 onto 0. Returns slot 0's (mean, m2)."""
+    slot = tl.broadcast_to(tl.arange(0, 128)[None, :], m.shape)
+    for i in tl.static_range(5):
+        m, s, c = _ln_combine(m, s, c, _down(m, slot, 16 >> i, 32), _down(s, slot, 16 >> i, 32),
+                              _down(c, slot, 16 >> i, 32), MEAN_FMA)
+    for i in tl.static_range(2):
+        m, s, c = _ln_combine(m, s, c, _down(m, slot, 64 >> i, 128), _down(s, slot, 64 >> i, 128),
+                              _down(c, slot, 64 >> i, 128), MEAN_FMA)
+    return _slot0(m, slot), _slot0(s, slot)
 
 
 @triton.jit
@@ -253,6 +278,56 @@ def _ln_update(m, s, c, v, ok, rcp):
     m1 = tl.fma(delta, rcp, m)
     s1 = tl.fma(delta, v - m1, s)
     return tl.where(ok, m1, m), tl.where(ok, s1, s), tl.where(ok, c + 1.0, c)
+
+
+@triton.jit
+def _ln_update_full(m, s, v, rcp):
+    """:func:`_ln_update` where every thread updates (rows past M load zeros and stay at zero)."""
+    delta = v - m
+    m1 = tl.fma(delta, rcp, m)
+    return m1, tl.fma(delta, v - m1, s)
+
+
+@triton.jit
+def _ln_chunk_full(m, s, base, rm, k, N, inner, r0, r1, r2, r3, ROWS: tl.constexpr):
+    """:func:`_ln_chunk` when N % 512 == 0: every thread holds vector k, so no update is masked."""
+    v = tl.load(base + (k * 512 + inner), mask=rm, other=0.0).to(tl.float32)
+    v0, v1, v2, v3 = _lanes4(tl.reshape(v, (ROWS, 128, 4)))
+    m, s = _ln_update_full(m, s, v0, r0)
+    m, s = _ln_update_full(m, s, v1, r1)
+    m, s = _ln_update_full(m, s, v2, r2)
+    m, s = _ln_update_full(m, s, v3, r3)
+    return m, s
+
+
+@triton.jit
+def _ln_combine_full(ml, sl, mh, sh, n: tl.constexpr, MEAN_FMA: tl.constexpr):
+    """:func:`_ln_combine` (this = l, the other = h) when both sides hold ``n`` elements: cuWelfordCombine's
+    ``coef = 1 / (2n)`` and ``nA = nB = n * coef`` are constants (``1 / (2n)`` a Python double rounded once to
+    fp32, exact as in :func:`fused_ln_stats_vec`; the product rounded in fp32 as the kernel rounds it)."""
+    nf = tl.full([], n, tl.float32)
+    half = nf * (1.0 / (2 * n))
+    delta = ml - mh
+    if MEAN_FMA == 0:
+        mean = tl.fma(half, mh, half * ml)
+    elif MEAN_FMA == 1:
+        mean = tl.fma(half, ml, half * mh)
+    else:
+        mean = half * mh + half * ml
+    return mean, tl.fma((delta * delta) * nf, half, sh + sl)
+
+
+@triton.jit
+def _ln_tree_full(m, s, ITERS: tl.constexpr, MEAN_FMA: tl.constexpr):
+    """:func:`_ln_tree` when every thread holds 4 * ITERS elements (the counts double per step)."""
+    slot = tl.broadcast_to(tl.arange(0, 128)[None, :], m.shape)
+    for i in tl.static_range(5):
+        m, s = _ln_combine_full(m, s, _down(m, slot, 16 >> i, 32), _down(s, slot, 16 >> i, 32), (4 * ITERS) << i,
+                                MEAN_FMA)
+    for i in tl.static_range(2):
+        m, s = _ln_combine_full(m, s, _down(m, slot, 64 >> i, 128), _down(s, slot, 64 >> i, 128),
+                                (128 * ITERS) << i, MEAN_FMA)
+    return _slot0(m, slot), _slot0(s, slot)
 
 
 @triton.jit
@@ -281,12 +356,54 @@ def _ln_chunk_at(m, s, c, base, rm, k, N, inner, t, ROWS: tl.constexpr):
 
 @triton.jit
 def fused_ln_stats_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, MEAN_FMA: tl.constexpr,
-                       UNROLL: tl.constexpr):
+                       UNROLL: tl.constexpr, FULL: tl.constexpr):
     """``vectorized_layer_norm_kernel`` (LayerNorm): Welford per thread (vectors t, t + 128, ...),
     combined over 32 lanes then 4 warps. Returns (mean, sum of squared deviations) (ROWS,) each.
     ``UNROLL``: loop trips per unrolled group; when it is ITERS (the whole loop unrolled) the reciprocal
     counts are compile-time constants (a Python double rounded once to fp32: 1 / n for n < 2**26 is never
-    close enough to an fp32 rounding boundary for the double's rounding to matter)."""
+    close enough to an fp32 rounding boundary for the double's rounding to matter).
+    ``FULL``: N % 512 == 0, so every thread holds ITERS vectors: no update is masked and every count of the
+    combine tree is the constant 4 * ITERS * 2**level (the same arithmetic without selects or divisions)."""
+    if FULL:
+        m, s = _ln_stats_full(base, rm, N, ROWS, ITERS, MEAN_FMA, UNROLL)
+    else:
+        m, s = _ln_stats_masked(base, rm, N, ROWS, ITERS, MEAN_FMA, UNROLL)
+    return m, s
+
+
+@triton.jit
+def _ln_stats_full(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, MEAN_FMA: tl.constexpr,
+                   UNROLL: tl.constexpr):
+    """:func:`fused_ln_stats_vec` for N % 512 == 0."""
+    inner = tl.arange(0, 512)[None, :]
+    m = tl.zeros([ROWS, 128], tl.float32)
+    s = tl.zeros([ROWS, 128], tl.float32)
+    if UNROLL >= ITERS:
+        for k in tl.static_range(ITERS):
+            m, s = _ln_chunk_full(m, s, base, rm, k, N, inner, 1.0 / (4 * k + 1), 1.0 / (4 * k + 2),
+                                  1.0 / (4 * k + 3), 1.0 / (4 * k + 4), ROWS)
+    else:
+        for g in range(ITERS // UNROLL):
+            for u in tl.static_range(UNROLL):
+                k = g * UNROLL + u
+                c0 = (tl.zeros([], tl.int32) + 4 * k).to(tl.float32)
+                one = tl.full([], 1.0, tl.float32)
+                m, s = _ln_chunk_full(m, s, base, rm, k, N, inner, tl.math.div_rn(one, c0 + 1.0),
+                                      tl.math.div_rn(one, c0 + 2.0), tl.math.div_rn(one, c0 + 3.0),
+                                      tl.math.div_rn(one, c0 + 4.0), ROWS)
+        for u in tl.static_range(ITERS % UNROLL):  # the tail: k known at compile time
+            m, s = _ln_chunk_full(m, s, base, rm, ITERS - ITERS % UNROLL + u, N, inner,
+                                  1.0 / (4 * (ITERS - ITERS % UNROLL + u) + 1),
+                                  1.0 / (4 * (ITERS - ITERS % UNROLL + u) + 2),
+                                  1.0 / (4 * (ITERS - ITERS % UNROLL + u) + 3),
+                                  1.0 / (4 * (ITERS - ITERS % UNROLL + u) + 4), ROWS)
+    return _ln_tree_full(m, s, ITERS, MEAN_FMA)
+
+
+@triton.jit
+def _ln_stats_masked(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, MEAN_FMA: tl.constexpr,
+                     UNROLL: tl.constexpr):
+    """:func:`fused_ln_stats_vec` for any N (a multiple of 4)."""
     inner = tl.arange(0, 512)[None, :]
     t = tl.arange(0, 128)[None, :]
     m = tl.zeros([ROWS, 128], tl.float32)
@@ -302,20 +419,7 @@ def fused_ln_stats_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, MEA
                 m, s, c = _ln_chunk_at(m, s, c, base, rm, g * UNROLL + u, N, inner, t, ROWS)
         for u in tl.static_range(ITERS % UNROLL):
             m, s, c = _ln_chunk_at(m, s, c, base, rm, ITERS - ITERS % UNROLL + u, N, inner, t, ROWS)
-    m = tl.permute(tl.reshape(m, (ROWS, 4, 32)), (0, 2, 1))
-    s = tl.permute(tl.reshape(s, (ROWS, 4, 32)), (0, 2, 1))
-    c = tl.permute(tl.reshape(c, (ROWS, 4, 32)), (0, 2, 1))
-    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # shfl_down 16
-    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # 8
-    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # 4
-    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # 2
-    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # 1
-    m = tl.reshape(m, (ROWS, 4, 1))
-    s = tl.reshape(s, (ROWS, 4, 1))
-    c = tl.reshape(c, (ROWS, 4, 1))
-    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # warps 2, 3 -> 0, 1
-    m, s, c = _ln_fold(m, s, c, MEAN_FMA)  # warp 1 -> 0
-    return tl.reshape(m, (ROWS,)), tl.reshape(s, (ROWS,))
+    return _ln_tree(m, s, c, MEAN_FMA)
 
 
 @triton.jit
@@ -332,11 +436,17 @@ def _wf_combine(am, a2, an, bm, b2, bn):
 
 
 @triton.jit
-def _wf_fold(m, q, n):
-    ml, mh = _split_halves(m)
-    ql, qh = _split_halves(q)
-    nl, nh = _split_halves(n)
-    return _wf_combine(ml, ql, nl, mh, qh, nh)
+def _wf_tree(m, q, n):
+    """BlockReduce of the (R, 512) WelfordOps states (thread t = x + 32 y): ``shfl_down`` 16 ... 1 within each
+    warp, then the 16 warps' results 8 ... 1 warps apart. Returns slot 0's (mean, m2, count)."""
+    slot = tl.broadcast_to(tl.arange(0, 512)[None, :], m.shape)
+    for i in tl.static_range(5):
+        m, q, n = _wf_combine(m, q, n, _down(m, slot, 16 >> i, 32), _down(q, slot, 16 >> i, 32),
+                              _down(n, slot, 16 >> i, 32))
+    for i in tl.static_range(4):
+        m, q, n = _wf_combine(m, q, n, _down(m, slot, 256 >> i, 512), _down(q, slot, 256 >> i, 512),
+                              _down(n, slot, 256 >> i, 512))
+    return _slot0(m, slot), _slot0(q, slot), _slot0(n, slot)
 
 
 @triton.jit
@@ -369,22 +479,5 @@ def rowwise_welford(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, UNROLL
                 m, q, n = _wf_chunk(m, q, n, base, rm, g * UNROLL + u, N, j)
         for u in tl.static_range(ITERS % UNROLL):
             m, q, n = _wf_chunk(m, q, n, base, rm, ITERS - ITERS % UNROLL + u, N, j)
-    m = tl.permute(tl.reshape(m, (ROWS, 16, 32)), (0, 2, 1))
-    q = tl.permute(tl.reshape(q, (ROWS, 16, 32)), (0, 2, 1))
-    n = tl.permute(tl.reshape(n, (ROWS, 16, 32)), (0, 2, 1))
-    m, q, n = _wf_fold(m, q, n)
-    m, q, n = _wf_fold(m, q, n)
-    m, q, n = _wf_fold(m, q, n)
-    m, q, n = _wf_fold(m, q, n)
-    m, q, n = _wf_fold(m, q, n)
-    m = tl.reshape(m, (ROWS, 16, 1))
-    q = tl.reshape(q, (ROWS, 16, 1))
-    n = tl.reshape(n, (ROWS, 16, 1))
-    m, q, n = _wf_fold(m, q, n)
-    m, q, n = _wf_fold(m, q, n)
-    m, q, n = _wf_fold(m, q, n)
-    m, q, n = _wf_fold(m, q, n)
-    m = tl.reshape(m, (ROWS,))
-    q = tl.reshape(q, (ROWS,))
-    n = tl.reshape(n, (ROWS,))
+    m, q, n = _wf_tree(m, q, n)
     return m, tl.math.div_rn(q, tl.where(n > 0.0, n, 1.0))
