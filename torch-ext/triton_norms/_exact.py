@@ -40,11 +40,11 @@ LN_MEAN_FMA = 0
 def _rms_stats(base, rm, rows, N, factor, STATS: tl.constexpr, ROWS: tl.constexpr, ITERS: tl.constexpr,
                VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr, CP: tl.constexpr,
                LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
-               ALIGNED: tl.constexpr, UNROLL: tl.constexpr, GATHER: tl.constexpr):
+               ALIGNED: tl.constexpr, UNROLL: tl.constexpr):
     """Mean of squares of ROWS rows, (ROWS,) fp32."""
     if STATS == 1:
         var = mean_sq_torch_order(base, rm, rows, N, factor, ROWS, VEC, BW, BHR, CTAS, CP, ITERS, LOG_BHR, LOG_BW,
-                                  LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, GATHER)
+                                  LOG_PAD, LOG_WRAP, ALIGNED, UNROLL)
     elif STATS == 2:
         ss = fused_rms_sumsq_vec(base, rm, N, ROWS, ITERS, UNROLL)
         var = tl.math.div_rn(ss, tl.zeros_like(ss) + N)
@@ -106,7 +106,7 @@ def _rms_exact_fwd_kernel(
     CAST_DTYPE: tl.constexpr, STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
     ITERS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
     CP: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
-    ALIGNED: tl.constexpr, UNROLL: tl.constexpr, GATHER: tl.constexpr,
+    ALIGNED: tl.constexpr, UNROLL: tl.constexpr,
 ):
     # Bytes: read M*N*x twice (the second time mostly from cache) + N*(w [+ b]); write M*N*y + 4M.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -115,7 +115,7 @@ def _rms_exact_fwd_kernel(
     base = x_ptr + rows64[:, None] * stride_x_row
     rm = rmask[:, None]
     var = _rms_stats(base, rm, rows, N, factor, STATS, ROWS, ITERS, VEC, BW, BHR, CTAS, CP, LOG_BHR, LOG_BW,
-                     LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, GATHER)
+                     LOG_PAD, LOG_WRAP, ALIGNED, UNROLL)
     rstd = tl.math.rsqrt(var + eps)
     if rstd_ptr is not None:  # None in inference
         tl.store(rstd_ptr + rows64, rstd, mask=rmask)
@@ -208,15 +208,6 @@ def default_schedule(stats: int, N: int, elem: int, stats_width: int, iters: int
     return {}
 
 
-def mean_tree_gathers(stats_width: int, N: int) -> bool:
-    """Whether the mean order sums its block trees with gathers (``_exact_stats._sum_tree``): for 512 torch threads
-    per row (``stats_width`` 2048) from 16384 elements. There the split trees took 255 registers and spilled on
-    sm_90 under Triton 3.6 (1971 GB/s at 8192 x 16384, 2664 at 2048 x 65536 on the H200), the gathers 47 and 68
-    without spills (sm_90 compiles on the CPU machine; not yet timed). Narrower rows keep the split trees their
-    schedules were timed with (the gathers took 136 registers instead of 57 at 8192). Either gives the same bits."""
-    return stats_width == 2048 and N >= 16384
-
-
 def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps: Optional[int],
            stats_width: int = 0, iters: int = 1, unroll: Optional[int] = None, apply_bytes: Optional[int] = None,
            stats: int = 0, layer_norm: bool = False):
@@ -273,8 +264,7 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
     R, block_n, loop, warps, unroll = _tiles(N, elem, rows_default, _interp_rows(M, _rms_exact_fwd_kernel, rows),
                                              num_warps, width, iters, unroll, apply_bytes, stats)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps,
-                ALIGNED=stats == STATS_MEAN and N % 4 == 0, UNROLL=unroll,
-                GATHER=stats == STATS_MEAN and mean_tree_gathers(width, N))
+                ALIGNED=stats == STATS_MEAN and N % 4 == 0, UNROLL=unroll)
     return Launch(_rms_exact_fwd_kernel, (cdiv(M, R),),
                   meta_items(CAST_DTYPE=round_dtype(cast_dtype), **meta, **launch_options(_rms_exact_fwd_kernel)),
                   (M, N, stride_row, eps, weight_offset, factor), device)

@@ -91,30 +91,13 @@ def _slot0(t, slot):
 
 
 @triton.jit
-def _sum_tree(t, slot, LANES: tl.constexpr, LOG_LANES: tl.constexpr, LOG_GROUPS: tl.constexpr):
-    """Halving sums over slot = x + LANES * y (x < LANES = 2**LOG_LANES, y < 2**LOG_GROUPS): over x within each y
-    (offsets LANES / 2 ... 1), then over y (offsets 2**LOG_GROUPS / 2 ... 1 groups). Returns slot 0 (R,)."""
-    for i in tl.static_range(LOG_LANES):
-        t = t + _down(t, slot, LANES >> (i + 1), LANES)
-    for i in tl.static_range(LOG_GROUPS):
-        t = t + _down(t, slot, LANES << (LOG_GROUPS - 1 - i), LANES << LOG_GROUPS)
-    return _slot0(t, slot)
-
-
-@triton.jit
-def _x_then_y(t, BHR: tl.constexpr, BW: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr,
-              GATHER: tl.constexpr):
+def _x_then_y(t, BHR: tl.constexpr, BW: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr):
     """Reduce.cuh's block_x_reduce then block_y_reduce of thread values t (R, BHR * BW), tid = y * BW + x:
-    halving trees (shared memory down to a warp, then ``shfl_down`` 16, 8, ..., 1) over x, then over y.
-    ``GATHER``: by :func:`_sum_tree` (the same sums) instead of split halvings."""
+    halving trees (shared memory down to a warp, then ``shfl_down`` 16, 8, ..., 1) over x, then over y."""
     R: tl.constexpr = t.shape[0]
-    if GATHER:
-        total = _sum_tree(t, tl.broadcast_to(tl.arange(0, BHR * BW)[None, :], t.shape), BW, LOG_BW, LOG_BHR)
-    else:
-        t = _fold_mid(tl.permute(tl.reshape(t, (R, BHR, BW)), (0, 2, 1)), LOG_BW)  # (R, 1, BHR)
-        t = _fold_mid(tl.reshape(t, (R, BHR, 1)), LOG_BHR)
-        total = tl.reshape(t, (R,))
-    return total
+    t = _fold_mid(tl.permute(tl.reshape(t, (R, BHR, BW)), (0, 2, 1)), LOG_BW)  # (R, 1, BHR)
+    t = _fold_mid(tl.reshape(t, (R, BHR, 1)), LOG_BHR)
+    return tl.reshape(t, (R,))
 
 
 @triton.jit
@@ -144,13 +127,13 @@ def mean_sq_torch_order(
     base, rm, rows, N, factor,
     ROWS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
     CP: tl.constexpr, ITERS: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr,
-    LOG_WRAP: tl.constexpr, ALIGNED: tl.constexpr, UNROLL: tl.constexpr, GATHER: tl.constexpr,
+    LOG_WRAP: tl.constexpr, ALIGNED: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """``x.float().pow(2).mean(-1)`` of ROWS rows, summed as ATen's generic reduce kernel does. Returns (ROWS,).
 
     ``ALIGNED``: N is a multiple of 4, so every row of the fp32 copy starts on a 16-byte boundary (no head
     elements; the loads then vectorise). ``UNROLL``: loop trips per unrolled group (each thread still adds its
-    elements in order). ``GATHER``: the block trees by gathers (:func:`_x_then_y`)."""
+    elements in order)."""
     NT: tl.constexpr = BHR * BW
     T: tl.constexpr = CTAS * NT
     INNER: tl.constexpr = 4 * NT
@@ -197,7 +180,7 @@ def mean_sq_torch_order(
         else:
             a0, a1, a2, a3 = _lanes4(tl.permute(tl.reshape(acc, (ROWS, 4, NT)), (0, 2, 1)))
         lanes = ((a0 + a1) + a2) + a3
-        p = _x_then_y(lanes, BHR, BW, LOG_BHR, LOG_BW, GATHER)
+        p = _x_then_y(lanes, BHR, BW, LOG_BHR, LOG_BW)
         part = tl.where(cidx == c, p[:, None], part)
     if CTAS == 1:
         total = tl.reshape(part, (ROWS,))
