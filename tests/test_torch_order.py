@@ -157,65 +157,22 @@ def test_schedule_never_changes_bits(norms, device, M, N, dtype):
         assert all(torch.equal(o, f) for o, f in zip(outs, first)), sched
 
 
-_COMPILE_SCRIPT = r'''
-import subprocess, sys
-from pathlib import Path
-import kernels, torch, triton, triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-ex = sys.modules[kernels.get_local_kernel(Path(sys.argv[1])).__name__ + "._exact"]
-cuobjdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-
-
-def compile_one(tag, k, consts, options, target):
-    sig = {n: "constexpr" if n in consts else "*fp32" if n in ("mean_ptr", "rstd_ptr") else
-           "*bf16" if n.endswith("_ptr") else "fp32" if n in ("eps", "weight_offset", "factor") else "i32"
-           for n in k.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names) if sig[n] in ("i32", "*bf16")}
-    src = ASTSource(k, sig, constexprs={(k.arg_names.index(m),): v for m, v in consts.items()}, attrs=attrs)
-    ck = triton.compile(src, target=target, options=options)
-    if target.backend == "cuda":
-        cubin = Path(sys.argv[2]) / "k.cubin"
-        cubin.write_bytes(ck.asm["cubin"])
-        res = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
-        print("REGS", tag, res.split("REG:")[1].split()[0], res.split("STACK:")[1].split()[0])
-    print("COMPILED", target.arch, tag)
-
-
-for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
-    # LayerNorm (rows, warps, N, unroll, FULL): one row of torch's 128 threads, four rows, a run-time loop, a
-    # masked last vector; inference (no mean / rstd stored), as kernelize's layer runs
-    for rows, warps, n, unroll, full in [(1, 4, 4096, 8, 1), (4, 8, 4096, 8, 1), (1, 4, 16384, 2, 1),
-                                          (1, 4, 4352, 9, 0), (2, 4, 4352, 2, 0)]:
-        consts = dict(STATS=2, ROWS=rows, BLOCK_N=512, LOOP=True, ITERS=-(-n // 512), MEAN_FMA=0, UNROLL=unroll,
-                      FULL=full, mean_ptr=None, rstd_ptr=None)
-        compile_one(f"ln-{rows}-{warps}-{n}-{unroll}-{full}", ex._ln_exact_fwd_kernel, consts,
-                    {"num_warps": warps, "enable_fp_fusion": False}, target)
-    # RMS, the shipped schedules of LlamaRMSNorm (mean order) and nn.RMSNorm (fused order), bf16 inference
-    for M, N, order in [(32768, 4096, ex.ORDER_MEAN), (8192, 16384, ex.ORDER_MEAN), (2048, 65536, ex.ORDER_MEAN),
-                        (16384, 8192, ex.ORDER_FUSED)]:
-        plan = ex.rms_exact_plan(M, N, N, 2, torch.device("cpu"), 1e-6, 0.0, torch.bfloat16, order, True)
-        meta = dict(plan.meta)
-        options = {k: meta.pop(k) for k in ("num_warps", "enable_fp_fusion") if k in meta}
-        compile_one(f"rms-{order}-{M}x{N}", plan.kernel, dict(meta, b_ptr=None, rstd_ptr=None), options, target)
-'''
-
-
 @pytest.mark.slow
 def test_exact_forwards_compile_with_few_registers(built, tmp_path):
-    """The exact forwards lower for an H100/H200 and an MI300 (LayerNorm's gather trees, its mask-free and masked
-    Welford paths; the RMS orders' trees), and on sm_90 no schedule keeps a row's partial results per thread. The
-    trees these replaced took, under Triton 3.6 on sm_90, 126-255 registers for LayerNorm (32-78 now), 255 and
-    spills for the mean order at 16384 elements (44 now) and 219 for nn.RMSNorm at 8192 (113 now)."""
+    """The exact forwards, as the layers launch them, lower for an H100/H200 and an MI300, and on sm_90 none keeps a
+    row's partial results per thread (``benchmarks/norms_exact_registers.py``). The trees these replaced took, under
+    Triton 3.6 on sm_90, 126-255 registers for LayerNorm (32-56 now), 255 and spills for the mean order at 16384
+    elements (44 now); ``results/norms_exact_registers_2026-12-02.md``. The 4352-wide rows take LayerNorm's masked
+    Welford path."""
     import os
     import subprocess
     import sys
 
     variant = built["triton-norms"].variant("cpu")
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "norms_exact_registers.py")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(variant), str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, script, str(variant), "--arch", "90,gfx942", "--max-regs", "128",
+                          "--shapes", "32768x4096,8192x16384,2048x65536,4096x4352", "--scratch", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=600)
     out = res.stdout + res.stderr[-3000:]
-    assert res.stdout.count("COMPILED") == 18, out
-    regs = [line.split()[-2:] for line in res.stdout.splitlines() if line.startswith("REGS")]
-    assert len(regs) == 9 and all(int(r) <= 128 and s == "0" for r, s in regs), out
+    assert res.returncode == 0 and res.stdout.count("COMPILED") == 24 and res.stdout.count("REGS") == 12, out

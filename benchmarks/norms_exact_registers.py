@@ -1,0 +1,107 @@
+"""Registers and spills of the bit-exact norm forwards as ``kernelize``'s layers launch them, without a GPU.
+
+    python benchmarks/norms_exact_registers.py PKG_DIR [--arch 90,gfx942] [--kinds mean,fused,ln]
+                                               [--shapes MxN,...] [--max-regs R]
+
+``PKG_DIR`` is a built triton-norms variant (``triton-collection build``, then ``build/torch-cuda``). Each layer's
+shipped schedule for the H200 (``_exact.rms_exact_plan`` / ``ln_exact_plan`` on a non-CUDA device take the H200's
+limits) is compiled for every ``--arch`` with the runtime's specialisation of a contiguous bf16 inference call (no
+bias for the RMS layers, no saved statistics, 16-divisible sizes), and on NVIDIA targets ``cuobjdump -res-usage``
+reads its registers and stack. On the H200 these counts equal what the runtime reports for the same launches
+(session 17's sweep: 59 / 86 / 57 / 255 + spills / 128 + spills for the mean order). Prints ``REGS`` and ``COMPILED``
+lines; ``--max-regs``: exit status 1 when a kernel takes more registers or any stack.
+
+``LlamaRMSNorm`` = the mean order, ``nn.RMSNorm`` = the fused order, ``nn.LayerNorm`` = ``ln``. Builds from before
+``ln_exact_plan`` (session 18) get LayerNorm's schedule from ``_tiles`` as their launcher did.
+"""
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import kernels
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+SHAPES = "65536x2048,32768x4096,26214x5120,16384x8192,8192x16384,2048x65536"
+OPTIONS = ("num_warps", "enable_fp_fusion", "maxnreg")
+
+
+def launch_of(ex, kind: str, M: int, N: int):
+    """(kernel, constexprs, compile options) of the layer's launch on M x N bf16."""
+    cpu = torch.device("cpu")
+    if kind == "ln":
+        vec = N % 4 == 0
+        if hasattr(ex, "ln_exact_plan"):
+            plan = ex.ln_exact_plan(M, N, N, 2, cpu, 1e-5, vec)
+            meta = dict(plan.meta)
+        else:
+            stats = ex.STATS_VEC if vec else ex.STATS_ROWWISE
+            width = 4 * ex.LN_VEC_THREADS if vec else ex.ROWWISE_THREADS
+            iters = -(-N // width)
+            R, block_n, loop, warps, unroll = ex._tiles(N, 2, 2, None, None, width, iters, None, None, stats, True)
+            meta = dict(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, MEAN_FMA=ex.LN_MEAN_FMA,
+                        UNROLL=unroll, num_warps=warps, enable_fp_fusion=False)
+        meta.update(mean_ptr=None, rstd_ptr=None)
+        kernel = ex._ln_exact_fwd_kernel
+    else:
+        order = ex.ORDER_MEAN if kind == "mean" else ex.ORDER_FUSED
+        plan = ex.rms_exact_plan(M, N, N, 2, cpu, 1e-6, 0.0, torch.bfloat16 if kind == "mean" else None, order,
+                                 N % 4 == 0)
+        meta = dict(plan.meta, b_ptr=None, rstd_ptr=None)
+        kernel = plan.kernel
+    options = {k: meta.pop(k) for k in OPTIONS if k in meta}
+    return kernel, meta, options
+
+
+def compile_for(kernel, consts: dict, options: dict, target: GPUTarget, scratch: Path):
+    """Compiles for ``target``; (registers, stack bytes) on NVIDIA, else None."""
+    names = kernel.arg_names
+    sig = {n: "constexpr" if n in consts else "*fp32" if n in ("mean_ptr", "rstd_ptr") else
+           "*bf16" if n.endswith("_ptr") else "fp32" if n in ("eps", "weight_offset", "factor") else "i32"
+           for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] in ("i32", "*bf16")}
+    src = ASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    compiled = triton.compile(src, target=target, options=options)
+    if target.backend != "cuda":
+        return None
+    cubin = scratch / "kernel.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    res = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return int(res.split("REG:")[1].split()[0]), int(res.split("STACK:")[1].split()[0])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("pkg")
+    ap.add_argument("--arch", default="90")
+    ap.add_argument("--kinds", default="mean,fused,ln")
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--max-regs", type=int, default=None)
+    ap.add_argument("--scratch", default="/tmp")
+    args = ap.parse_args()
+    ex = sys.modules[kernels.get_local_kernel(Path(args.pkg)).__name__ + "._exact"]
+    bad = 0
+    for arch in args.arch.split(","):
+        target = GPUTarget("cuda", int(arch), 32) if arch.isdigit() else GPUTarget("hip", arch, 64)
+        for kind in args.kinds.split(","):
+            for shape in args.shapes.split(","):
+                M, N = (int(v) for v in shape.split("x"))
+                kernel, consts, options = launch_of(ex, kind, M, N)
+                usage = compile_for(kernel, consts, options, target, Path(args.scratch))
+                if usage is not None:
+                    regs, stack = usage
+                    over = args.max_regs is not None and (regs > args.max_regs or stack > 0)
+                    bad += over
+                    sched = {k: consts[k] for k in ("ROWS", "BLOCK_N", "UNROLL") if k in consts}
+                    print(f"REGS {kind:5} {shape:12} regs {regs:3d} stack {stack:4d} warps {options.get('num_warps')}"
+                          f" {sched}{' OVER' if over else ''}", flush=True)
+                print(f"COMPILED {arch} {kind} {shape}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
