@@ -1,20 +1,23 @@
 """Registers and spills of the bit-exact norm forwards as ``kernelize``'s layers launch them, without a GPU.
 
     python benchmarks/norms_exact_registers.py PKG_DIR [--arch 90,gfx942] [--kinds mean,fused,ln]
-                                               [--shapes MxN,...] [--max-regs R]
+                                               [--shapes MxN,...] [--max-regs [KIND=]R,...]
 
-``PKG_DIR`` is a built triton-norms variant (``triton-collection build``, then ``build/torch-cuda``). Each layer's
+``PKG_DIR`` is a built triton-norms variant (``triton-collection build``, then ``build/torch-cuda``, or the
+``torch-cpu`` variant the tests build: the kernels are the same). Run it without ``TRITON_INTERPRET``. Each layer's
 shipped schedule for the H200 (``_exact.rms_exact_plan`` / ``ln_exact_plan`` on a non-CUDA device take the H200's
 limits) is compiled for every ``--arch`` with the runtime's specialisation of a contiguous bf16 inference call (no
-bias for the RMS layers, no saved statistics, 16-divisible sizes), and on NVIDIA targets ``cuobjdump -res-usage``
-reads its registers and stack. On the H200 these counts equal what the runtime reports for the same launches
-(session 17's sweep: 59 / 86 / 57 / 255 + spills / 128 + spills for the mean order). Prints ``REGS`` and ``COMPILED``
-lines; ``--max-regs``: exit status 1 when a kernel takes more registers or any stack.
+bias for the RMS layers, no saved statistics; pointers 16-byte aligned, integers marked divisible by 16 where they
+are), and on NVIDIA targets ``cuobjdump -res-usage`` reads its registers and stack. On the H200 these counts equal
+what the runtime reports for the same launches (session 17's sweep: 59 / 86 / 86 / 57 / 255 + spills / 128 + spills
+for the mean order). Prints ``REGS`` and ``COMPILED`` lines; ``--max-regs``: a bound for every kind or per kind
+(``mean=128,fused=128,ln=64``); exit status 1 when a kernel takes more registers or any stack.
 
 ``LlamaRMSNorm`` = the mean order, ``nn.RMSNorm`` = the fused order, ``nn.LayerNorm`` = ``ln``. Builds from before
 ``ln_exact_plan`` (session 18) get LayerNorm's schedule from ``_tiles`` as their launcher did.
 """
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,13 +59,15 @@ def launch_of(ex, kind: str, M: int, N: int):
     return kernel, meta, options
 
 
-def compile_for(kernel, consts: dict, options: dict, target: GPUTarget, scratch: Path):
-    """Compiles for ``target``; (registers, stack bytes) on NVIDIA, else None."""
+def compile_for(kernel, consts: dict, options: dict, ints: dict, target: GPUTarget, scratch: Path):
+    """Compiles for ``target`` (``ints``: the integer arguments' values, for their divisibility); (registers, stack
+    bytes) on NVIDIA, else None."""
     names = kernel.arg_names
     sig = {n: "constexpr" if n in consts else "*fp32" if n in ("mean_ptr", "rstd_ptr") else
            "*bf16" if n.endswith("_ptr") else "fp32" if n in ("eps", "weight_offset", "factor") else "i32"
            for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] in ("i32", "*bf16")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n] == "*bf16" or sig[n] == "i32" and ints[n] % 16 == 0}
     src = ASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     compiled = triton.compile(src, target=target, options=options)
     if target.backend != "cuda":
@@ -80,21 +85,29 @@ def main() -> int:
     ap.add_argument("--arch", default="90")
     ap.add_argument("--kinds", default="mean,fused,ln")
     ap.add_argument("--shapes", default=SHAPES)
-    ap.add_argument("--max-regs", type=int, default=None)
+    ap.add_argument("--max-regs", default=None)
     ap.add_argument("--scratch", default="/tmp")
     args = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("norms_exact_registers.py compiles for GPU targets: unset TRITON_INTERPRET")
+    kinds = args.kinds.split(",")
+    bound = dict.fromkeys(kinds)
+    for item in (args.max_regs.split(",") if args.max_regs else []):
+        kind, _, value = item.rpartition("=")
+        bound.update({kind: int(value)} if kind else dict.fromkeys(kinds, int(value)))
     ex = sys.modules[kernels.get_local_kernel(Path(args.pkg)).__name__ + "._exact"]
     bad = 0
     for arch in args.arch.split(","):
         target = GPUTarget("cuda", int(arch), 32) if arch.isdigit() else GPUTarget("hip", arch, 64)
-        for kind in args.kinds.split(","):
+        for kind in kinds:
             for shape in args.shapes.split(","):
                 M, N = (int(v) for v in shape.split("x"))
                 kernel, consts, options = launch_of(ex, kind, M, N)
-                usage = compile_for(kernel, consts, options, target, Path(args.scratch))
+                ints = {"M": M, "N": N, "stride_x_row": N}
+                usage = compile_for(kernel, consts, options, ints, target, Path(args.scratch))
                 if usage is not None:
                     regs, stack = usage
-                    over = args.max_regs is not None and (regs > args.max_regs or stack > 0)
+                    over = bound[kind] is not None and (regs > bound[kind] or stack > 0)
                     bad += over
                     sched = {k: consts[k] for k in ("ROWS", "BLOCK_N", "UNROLL") if k in consts}
                     print(f"REGS {kind:5} {shape:12} regs {regs:3d} stack {stack:4d} warps {options.get('num_warps')}"

@@ -34,7 +34,8 @@ def test_mean_order_matches_model(norms, device, M, N):
     assert np.array_equal(rstd.cpu().numpy(), want)
 
 
-@pytest.mark.parametrize("M, N", [(3, 576), (2, 5121), (2, 4100), (3, 1024)])
+@pytest.mark.parametrize("M, N", [(3, 576), (2, 5121), (2, 4100), (3, 1024), (5, 100), (3, 256), (3, 101),
+                                  (3, 257)])
 def test_fused_orders_match_model(norms, device, M, N):
     torch.manual_seed(N)
     x = torch.randn(M, N, device=device) * 2 + 0.5
@@ -106,6 +107,28 @@ def test_narrow_rows_share_a_program_without_changing_bits(norms, device, N, ord
     assert torch.isfinite(outs[0][0]).all() and torch.isfinite(outs[0][1]).all()
 
 
+@pytest.mark.parametrize("mean_fma", [0, 1, 2])
+@pytest.mark.parametrize("N", [20992, 4352])
+def test_layer_norm_combine_operands(norms, device, N, mean_fma):
+    """cuWelfordCombine's operands (this thread against the other, and which product its fma fuses) matter only
+    where n * (1 / 2n) is not 0.5, as at 20992 elements (41 vectors per thread: n * RN(1 / 2n) = 0.49999997), and
+    only for data whose per-thread means differ (a period-512 offset): there a swapped or differently fused combine
+    changes bits; rows 3 and 4 give threads 16 lanes apart means of other magnitudes, so that the warp levels show
+    it too. 20992 takes LayerNorm's mask-free path, 4352 its masked one; 5 rows: 1 to 8 per program."""
+    torch.manual_seed(N + mean_fma)
+    cols = torch.arange(N, device=device) % 512
+    x = torch.randn(5, N, device=device) * 2 + cols * 0.37 - 40
+    x[3:] = torch.randn(2, N, device=device) * 0.1 + 1.7 ** ((cols // 4) % 29).float()  # thread means 1 ... 2.8e6
+    m_want, v_want = ref.fused_ln_stats(x.cpu().numpy(), mean_fma)
+    for rows in (1, 8):
+        y = torch.full_like(x, float("nan"))
+        mean = torch.full((5,), float("nan"), device=device)
+        rstd = torch.full((5,), float("nan"), device=device)
+        norms._exact.ln_exact_forward(x, None, None, y, mean, rstd, 1e-5, x, rows=rows, mean_fma=mean_fma)
+        assert np.array_equal(mean.cpu().numpy(), m_want), rows
+        assert np.array_equal(rstd.cpu().numpy(), _rstd(v_want, 1e-5, device)), rows
+
+
 @pytest.mark.parametrize("M, N, dtype", [(5, 2052, torch.float32), (3, 4100, torch.float32), (2, 8192, torch.float32),
                                          (5, 4101, torch.float32), (3, 4102, torch.float16), (1, 131075, torch.float32)])
 def test_schedule_never_changes_bits(norms, device, M, N, dtype):
@@ -113,7 +136,7 @@ def test_schedule_never_changes_bits(norms, device, M, N, dtype):
     normalisation chunk) is free: every choice gives the numpy model's statistics and the same outputs
     (RMS in both orders, LayerNorm). Covers rows whose fp32 copy starts off 16 bytes (N % 4 != 0: the mean
     order's head and tail, the row-wise Welford order), fp16, a mean order reduced over 17 programs, and LayerNorm
-    rows of a multiple of 512 (its mask-free path) with 1, 2 and many rows per program."""
+    rows of a multiple of 512 (its mask-free path) with 1 and 2 rows per program and a run-time loop."""
     ex, to = norms._exact, norms._torch_order
     torch.manual_seed(M * N)
     x = (torch.randn(M, N, device=device) * 3 - 0.5).to(dtype)
@@ -160,10 +183,10 @@ def test_schedule_never_changes_bits(norms, device, M, N, dtype):
 @pytest.mark.slow
 def test_exact_forwards_compile_with_few_registers(built, tmp_path):
     """The exact forwards, as the layers launch them, lower for an H100/H200 and an MI300, and on sm_90 none keeps a
-    row's partial results per thread (``benchmarks/norms_exact_registers.py``). The trees these replaced took, under
-    Triton 3.6 on sm_90, 126-255 registers for LayerNorm (32-56 now), 255 and spills for the mean order at 16384
-    elements (44 now); ``results/norms_exact_registers_2026-12-02.md``. The 4352-wide rows take LayerNorm's masked
-    Welford path."""
+    row's partial results per thread (``benchmarks/norms_exact_registers.py``; LayerNorm at most 64 registers, the
+    RMS orders 128). The trees these replaced took, under Triton 3.6 on sm_90, 126-255 registers for LayerNorm (32-56
+    now), 255 and spills for the mean order at 16384 elements (44 now), and under Triton 3.9 140-255 for LayerNorm;
+    ``results/norms_exact_registers_2026-12-02.md``. The 4352-wide rows take LayerNorm's masked Welford path."""
     import os
     import subprocess
     import sys
@@ -171,7 +194,7 @@ def test_exact_forwards_compile_with_few_registers(built, tmp_path):
     variant = built["triton-norms"].variant("cpu")
     script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "norms_exact_registers.py")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, script, str(variant), "--arch", "90,gfx942", "--max-regs", "128",
+    res = subprocess.run([sys.executable, script, str(variant), "--arch", "90,gfx942", "--max-regs", "128,ln=64",
                           "--shapes", "32768x4096,8192x16384,2048x65536,4096x4352", "--scratch", str(tmp_path)],
                          env=env, capture_output=True, text=True, timeout=600)
     out = res.stdout + res.stderr[-3000:]

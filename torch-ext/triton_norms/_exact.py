@@ -18,7 +18,7 @@ import triton.language as tl
 from ._common import round_to
 from ._exact_stats import fused_ln_stats_vec, fused_rms_sumsq_vec, mean_sq_torch_order, rowwise_welford
 from ._device import cdiv, is_interpreter, launch_options, next_power_of_2
-from ._fastlaunch import Launch, launch, meta_items
+from ._fastlaunch import Launch, meta_items
 from ._rounding import round_dtype
 from ._torch_order import (
     LN_VEC_THREADS, ORDER_FUSED, ORDER_MEAN, ROWWISE_THREADS, device_limits, fused_vectorized,

@@ -3,14 +3,15 @@
 Each helper takes ``ROWS`` rows (``base``: (ROWS, 1) row pointers, ``rm``: (ROWS, 1)
 row mask), reads them chunk by chunk in the order one CUDA thread reads its
 elements, keeps one accumulator per CUDA thread (and per vector lane) in a
-register tensor, and combines the accumulators with explicit trees (``tl.sum`` is never
-used but to pick slot 0's bits: its order is the compiler's): the sums of squares with ``reshape``/``permute``/``split``
-halvings, LayerNorm's Welford states with gathers that do what ``shfl_down`` does
-(:func:`_down`; the split trees held a whole row's states in every thread's registers).
-Every tree is a halving tree (element i += element i + half), as ATen's shared-memory and
-``shfl_down`` stages are (intra-warp offsets decreasing since torch 2.10 or so; older
-releases paired adjacent lanes instead). Loads that fall outside a row give 0, which leaves a sum of
-squares unchanged; the Welford updates are masked instead.
+register tensor, and combines the accumulators with explicit halving trees (element i +=
+element i + half), as ATen's shared-memory and ``shfl_down`` stages are (intra-warp offsets
+decreasing since torch 2.10 or so; older releases paired adjacent lanes instead). ``tl.sum``
+never adds more than two floats (its order over more is the compiler's): the sums of squares
+add one axis of size 2 per level (:func:`_fold_mid`), and the Welford states (LayerNorm, the
+row-wise order) move with gathers that do what ``shfl_down`` does (:func:`_down`). Loads that
+fall outside a row give 0, which leaves a sum of squares unchanged; the Welford updates are
+masked instead, except in LayerNorm rows of a multiple of 512 elements, where every thread
+updates (``FULL``).
 
 Divisions use ``div_rn`` (IEEE, like nvcc without fast math; Triton's ``/`` is
 approximate) and the multiply-adds that nvcc contracts by default are explicit
@@ -50,13 +51,15 @@ def _down(t, slot, off: tl.constexpr, span: tl.constexpr):
     shared-memory step across warps do; other slots get their own value and are never read by slot 0's chain.
 
     A gather keeps every tensor of the tree in one layout: the reshape / split trees this replaced made Triton 3.6
-    hold a row's 128 partial results in every thread's registers (130-255 registers per thread on sm_90)."""
+    hold a row's 128 states in every thread's registers (LayerNorm: 126-255 registers per thread on sm_90,
+    ``results/norms_exact_registers_2026-12-02.md``)."""
     return tl.gather(t, tl.where(slot % span < off, slot + off, slot), 1)
 
 
 @triton.jit
 def _slot0(t, slot):
-    """(R, K) -> (R,): slot 0 of each row, bit for bit (-0.0 and NaN payloads included)."""
+    """(R, K) -> (R,): slot 0 of each row, bit for bit (-0.0 and NaN payloads included): an integer sum of its
+    bits and zeros."""
     bits = t.to(tl.int32, bitcast=True)
     return tl.sum(tl.where(slot == 0, bits, 0), axis=1).to(tl.float32, bitcast=True)
 
@@ -260,7 +263,7 @@ def _ln_update_full(m, s, v, rcp):
 
 
 @triton.jit
-def _ln_chunk_full(m, s, base, rm, k, N, inner, r0, r1, r2, r3, ROWS: tl.constexpr):
+def _ln_chunk_full(m, s, base, rm, k, inner, r0, r1, r2, r3, ROWS: tl.constexpr):
     """:func:`_ln_chunk` when N % 512 == 0: every thread holds vector k, so no update is masked."""
     v = tl.load(base + (k * 512 + inner), mask=rm, other=0.0).to(tl.float32)
     v0, v1, v2, v3 = _lanes4(tl.reshape(v, (ROWS, 128, 4)))
@@ -317,12 +320,19 @@ def _ln_chunk(m, s, c, base, rm, k, N, inner, t, r0, r1, r2, r3, ROWS: tl.conste
 
 
 @triton.jit
-def _ln_chunk_at(m, s, c, base, rm, k, N, inner, t, ROWS: tl.constexpr):
-    """:func:`_ln_chunk` for a run-time k: the 4 reciprocals divided once per vector (scalars)."""
+def _recip4(k):
+    """1 / (4k + 1) ... 1 / (4k + 4), IEEE-rounded, for a run-time k (scalars: four divisions per vector)."""
     c0 = (tl.zeros([], tl.int32) + 4 * k).to(tl.float32)  # k: a loop index, or a constexpr in the tail
     one = tl.full([], 1.0, tl.float32)
-    return _ln_chunk(m, s, c, base, rm, k, N, inner, t, tl.math.div_rn(one, c0 + 1.0), tl.math.div_rn(one, c0 + 2.0),
-                     tl.math.div_rn(one, c0 + 3.0), tl.math.div_rn(one, c0 + 4.0), ROWS)
+    return (tl.math.div_rn(one, c0 + 1.0), tl.math.div_rn(one, c0 + 2.0), tl.math.div_rn(one, c0 + 3.0),
+            tl.math.div_rn(one, c0 + 4.0))
+
+
+@triton.jit
+def _ln_chunk_at(m, s, c, base, rm, k, N, inner, t, ROWS: tl.constexpr):
+    """:func:`_ln_chunk` for a run-time k."""
+    r0, r1, r2, r3 = _recip4(k)
+    return _ln_chunk(m, s, c, base, rm, k, N, inner, t, r0, r1, r2, r3, ROWS)
 
 
 @triton.jit
@@ -336,38 +346,31 @@ def fused_ln_stats_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, MEA
     ``FULL``: N % 512 == 0, so every thread holds ITERS vectors: no update is masked and every count of the
     combine tree is the constant 4 * ITERS * 2**level (the same arithmetic without selects or divisions)."""
     if FULL:
-        m, s = _ln_stats_full(base, rm, N, ROWS, ITERS, MEAN_FMA, UNROLL)
+        m, s = _ln_stats_full(base, rm, ROWS, ITERS, MEAN_FMA, UNROLL)
     else:
         m, s = _ln_stats_masked(base, rm, N, ROWS, ITERS, MEAN_FMA, UNROLL)
     return m, s
 
 
 @triton.jit
-def _ln_stats_full(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, MEAN_FMA: tl.constexpr,
+def _ln_stats_full(base, rm, ROWS: tl.constexpr, ITERS: tl.constexpr, MEAN_FMA: tl.constexpr,
                    UNROLL: tl.constexpr):
-    """:func:`fused_ln_stats_vec` for N % 512 == 0."""
+    """:func:`fused_ln_stats_vec` for N % 512 == 0 (N = 512 * ITERS)."""
     inner = tl.arange(0, 512)[None, :]
     m = tl.zeros([ROWS, 128], tl.float32)
     s = tl.zeros([ROWS, 128], tl.float32)
     if UNROLL >= ITERS:
         for k in tl.static_range(ITERS):
-            m, s = _ln_chunk_full(m, s, base, rm, k, N, inner, 1.0 / (4 * k + 1), 1.0 / (4 * k + 2),
+            m, s = _ln_chunk_full(m, s, base, rm, k, inner, 1.0 / (4 * k + 1), 1.0 / (4 * k + 2),
                                   1.0 / (4 * k + 3), 1.0 / (4 * k + 4), ROWS)
     else:
         for g in range(ITERS // UNROLL):
             for u in tl.static_range(UNROLL):
-                k = g * UNROLL + u
-                c0 = (tl.zeros([], tl.int32) + 4 * k).to(tl.float32)
-                one = tl.full([], 1.0, tl.float32)
-                m, s = _ln_chunk_full(m, s, base, rm, k, N, inner, tl.math.div_rn(one, c0 + 1.0),
-                                      tl.math.div_rn(one, c0 + 2.0), tl.math.div_rn(one, c0 + 3.0),
-                                      tl.math.div_rn(one, c0 + 4.0), ROWS)
-        for u in tl.static_range(ITERS % UNROLL):  # the tail: k known at compile time
-            m, s = _ln_chunk_full(m, s, base, rm, ITERS - ITERS % UNROLL + u, N, inner,
-                                  1.0 / (4 * (ITERS - ITERS % UNROLL + u) + 1),
-                                  1.0 / (4 * (ITERS - ITERS % UNROLL + u) + 2),
-                                  1.0 / (4 * (ITERS - ITERS % UNROLL + u) + 3),
-                                  1.0 / (4 * (ITERS - ITERS % UNROLL + u) + 4), ROWS)
+                r0, r1, r2, r3 = _recip4(g * UNROLL + u)
+                m, s = _ln_chunk_full(m, s, base, rm, g * UNROLL + u, inner, r0, r1, r2, r3, ROWS)
+        for u in tl.static_range(ITERS % UNROLL):
+            r0, r1, r2, r3 = _recip4(ITERS - ITERS % UNROLL + u)
+            m, s = _ln_chunk_full(m, s, base, rm, ITERS - ITERS % UNROLL + u, inner, r0, r1, r2, r3, ROWS)
     return _ln_tree_full(m, s, ITERS, MEAN_FMA)
 
 
