@@ -142,9 +142,11 @@ def test_transposed_and_strided(matmul, activation):
     assert matmul.matmul(vec, bt).shape == (22,)
 
 
-def test_configs_agree(matmul):
+def test_configs_agree(matmul, device):
     # correctness never depends on the config: every tile shape gives the fp64 result within tolerance,
-    # and configs with the same BLOCK_K (same fp32 summation order per element) agree bit for bit
+    # and on a GPU configs with the same BLOCK_K (same fp32 summation order per element) agree bit for bit.
+    # Not under the interpreter: there tl.dot is numpy's matmul, whose order within a block is the BLAS
+    # kernel's and changes with the tile's shape on some CPUs (OpenBLAS on an AMD EPYC, 2026-12-02)
     torch.manual_seed(3)
     a, b, bias = rand(37, 67, dtype=torch.float16), rand(67, 46, dtype=torch.float16), rand(46, dtype=torch.float16)
     C = matmul.MatmulConfig
@@ -153,7 +155,8 @@ def test_configs_agree(matmul):
     outs = [matmul.matmul(a, b, bias, "swiglu", config=c) for c in configs]
     for y in outs:
         assert_matmul_close(y, a, b, bias, "swiglu")
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
+    if device == "cuda":
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
 
 
 @pytest.mark.parametrize("activation", [None, "gelu", "swiglu"])
