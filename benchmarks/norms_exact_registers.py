@@ -13,8 +13,8 @@ what the runtime reports for the same launches (session 17's sweep: 59 / 86 / 86
 for the mean order). Prints ``REGS`` and ``COMPILED`` lines; ``--max-regs``: a bound for every kind or per kind
 (``mean=128,fused=128,ln=64``); exit status 1 when a kernel takes more registers or any stack.
 
-``LlamaRMSNorm`` = the mean order, ``nn.RMSNorm`` = the fused order, ``nn.LayerNorm`` = ``ln``. Builds from before
-``ln_exact_plan`` (session 18) get LayerNorm's schedule from ``_tiles`` as their launcher did.
+``LlamaRMSNorm`` = the mean order, ``nn.RMSNorm`` = the fused order, ``nn.LayerNorm`` = ``ln``. Needs a build with
+``ln_exact_plan`` (session 18 on); the results' "before" columns came from c77638a's LayerNorm launcher, planned alike.
 """
 import argparse
 import os
@@ -36,25 +36,14 @@ def launch_of(ex, kind: str, M: int, N: int):
     """(kernel, constexprs, compile options) of the layer's launch on M x N bf16."""
     cpu = torch.device("cpu")
     if kind == "ln":
-        vec = N % 4 == 0
-        if hasattr(ex, "ln_exact_plan"):
-            plan = ex.ln_exact_plan(M, N, N, 2, cpu, 1e-5, vec)
-            meta = dict(plan.meta)
-        else:
-            stats = ex.STATS_VEC if vec else ex.STATS_ROWWISE
-            width = 4 * ex.LN_VEC_THREADS if vec else ex.ROWWISE_THREADS
-            iters = -(-N // width)
-            R, block_n, loop, warps, unroll = ex._tiles(N, 2, 2, None, None, width, iters, None, None, stats, True)
-            meta = dict(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, MEAN_FMA=ex.LN_MEAN_FMA,
-                        UNROLL=unroll, num_warps=warps, enable_fp_fusion=False)
-        meta.update(mean_ptr=None, rstd_ptr=None)
-        kernel = ex._ln_exact_fwd_kernel
+        plan, absent = ex.ln_exact_plan(M, N, N, 2, cpu, 1e-5, N % 4 == 0), ("mean_ptr", "rstd_ptr")
     else:
         order = ex.ORDER_MEAN if kind == "mean" else ex.ORDER_FUSED
         plan = ex.rms_exact_plan(M, N, N, 2, cpu, 1e-6, 0.0, torch.bfloat16 if kind == "mean" else None, order,
                                  N % 4 == 0)
-        meta = dict(plan.meta, b_ptr=None, rstd_ptr=None)
-        kernel = plan.kernel
+        absent = ("b_ptr", "rstd_ptr")
+    meta = dict(plan.meta, **dict.fromkeys(absent))
+    kernel = plan.kernel
     options = {k: meta.pop(k) for k in OPTIONS if k in meta}
     return kernel, meta, options
 

@@ -241,6 +241,14 @@ def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps:
     return rows, block_n, loop, 4 if num_warps is None else num_warps, max(1, min(unroll, iters))
 
 
+def _fused_stats(N: int, vectorized: bool) -> tuple:
+    """(STATS, trips, elements per trip) of the fused orders (``F.rms_norm`` / ``F.layer_norm``): the vectorised
+    kernel's 128 threads x 4, or the row-wise Welford's 512 threads."""
+    if vectorized:
+        return STATS_VEC, cdiv(N, 4 * LN_VEC_THREADS), 4 * LN_VEC_THREADS
+    return STATS_ROWWISE, cdiv(N, ROWWISE_THREADS), ROWWISE_THREADS
+
+
 @functools.lru_cache(maxsize=4096)
 def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.device, eps: float, weight_offset: float,
                    cast_dtype: Optional[torch.dtype], order: int, vectorized: bool, rows: Optional[int] = None,
@@ -257,10 +265,8 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
         stats, iters, factor, rows_default = STATS_MEAN, cfg.iters, cfg.factor, 1
         meta.update(mean_constexprs(cfg))
         width = 4 * cfg.bw * cfg.bhr
-    elif vectorized:
-        stats, iters, rows_default, width = STATS_VEC, cdiv(N, 4 * LN_VEC_THREADS), 2, 4 * LN_VEC_THREADS
     else:
-        stats, iters, rows_default, width = STATS_ROWWISE, cdiv(N, ROWWISE_THREADS), 2, ROWWISE_THREADS
+        (stats, iters, width), rows_default = _fused_stats(N, vectorized), 2
     R, block_n, loop, warps, unroll = _tiles(N, elem, rows_default, _interp_rows(M, _rms_exact_fwd_kernel, rows),
                                              num_warps, width, iters, unroll, apply_bytes, stats)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps,
@@ -290,10 +296,7 @@ def ln_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.devi
     :func:`fused_vectorized` picks for the call) on M rows of N elements ``stride_row`` apart, whose pointer
     arguments are (x, weight, bias, y, mean, rstd): a pure function of its arguments, cached like
     :func:`rms_exact_plan` (host time). ``rows`` ... ``apply_bytes``: see :func:`_tiles`."""
-    if vectorized:
-        stats, iters, width = STATS_VEC, cdiv(N, 4 * LN_VEC_THREADS), 4 * LN_VEC_THREADS
-    else:
-        stats, iters, width = STATS_ROWWISE, cdiv(N, ROWWISE_THREADS), ROWWISE_THREADS
+    stats, iters, width = _fused_stats(N, vectorized)
     R, block_n, loop, warps, unroll = _tiles(N, elem, 2, _interp_rows(M, _ln_exact_fwd_kernel, rows), num_warps,
                                              width, iters, unroll, apply_bytes, stats, True)
     meta = meta_items(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters,

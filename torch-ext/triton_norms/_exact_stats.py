@@ -212,21 +212,26 @@ def _recip(x):
 
 
 @triton.jit
-def _ln_combine(bm, bs, bc, am, as_, ac, MEAN_FMA: tl.constexpr):
-    """layer_norm_kernel.cu's cuWelfordCombine(dataB = this thread, dataA = the other), fp32 counts."""
+def _ln_terms(bm, bs, am, as_, ac, na, nb, MEAN_FMA: tl.constexpr):
+    """cuWelfordCombine's new (mean, sigma2) from this thread's (bm, bs), the other's (am, as_) and count ac, and
+    nA = ac * coef, nB = bc * coef (coef = 1 / (ac + bc)); MEAN_FMA: which product nvcc fuses into the mean's fma."""
     delta = bm - am
-    count = ac + bc
-    pos = count > 0.0
-    coef = _recip(tl.where(pos, count, 1.0))
-    na = ac * coef
-    nb = bc * coef
     if MEAN_FMA == 0:
         mean = tl.fma(na, am, nb * bm)
     elif MEAN_FMA == 1:
         mean = tl.fma(nb, bm, na * am)
     else:
         mean = na * am + nb * bm
-    s = tl.fma((delta * delta) * ac, nb, as_ + bs)
+    return mean, tl.fma((delta * delta) * ac, nb, as_ + bs)
+
+
+@triton.jit
+def _ln_combine(bm, bs, bc, am, as_, ac, MEAN_FMA: tl.constexpr):
+    """layer_norm_kernel.cu's cuWelfordCombine(dataB = this thread, dataA = the other), fp32 counts."""
+    count = ac + bc
+    pos = count > 0.0
+    coef = _recip(tl.where(pos, count, 1.0))
+    mean, s = _ln_terms(bm, bs, am, as_, ac, ac * coef, bc * coef, MEAN_FMA)
     return tl.where(pos, mean, 0.0), tl.where(pos, s, 0.0), count
 
 
@@ -245,21 +250,19 @@ def _ln_tree(m, s, c, MEAN_FMA: tl.constexpr):
 
 
 @triton.jit
-def _ln_update(m, s, c, v, ok, rcp):
-    """cuWelfordOnlineSum: mean += delta * (1 / count) and sigma2 += delta * (v - new mean), both fused.
-    ``rcp`` is 1 / (c + 1) of the updated elements, IEEE-rounded."""
-    delta = v - m
-    m1 = tl.fma(delta, rcp, m)
-    s1 = tl.fma(delta, v - m1, s)
-    return tl.where(ok, m1, m), tl.where(ok, s1, s), tl.where(ok, c + 1.0, c)
-
-
-@triton.jit
 def _ln_update_full(m, s, v, rcp):
-    """:func:`_ln_update` where every thread updates (rows past M load zeros and stay at zero)."""
+    """cuWelfordOnlineSum: mean += delta * (1 / count) and sigma2 += delta * (v - new mean), both fused.
+    ``rcp`` is 1 / (c + 1), IEEE-rounded. Every thread updates (rows past M load zeros and stay at zero)."""
     delta = v - m
     m1 = tl.fma(delta, rcp, m)
     return m1, tl.fma(delta, v - m1, s)
+
+
+@triton.jit
+def _ln_update(m, s, c, v, ok, rcp):
+    """:func:`_ln_update_full` for the threads where ``ok``; the others keep their state."""
+    m1, s1 = _ln_update_full(m, s, v, rcp)
+    return tl.where(ok, m1, m), tl.where(ok, s1, s), tl.where(ok, c + 1.0, c)
 
 
 @triton.jit
@@ -281,14 +284,7 @@ def _ln_combine_full(ml, sl, mh, sh, n: tl.constexpr, MEAN_FMA: tl.constexpr):
     fp32, exact as in :func:`fused_ln_stats_vec`; the product rounded in fp32 as the kernel rounds it)."""
     nf = tl.full([], n, tl.float32)
     half = nf * (1.0 / (2 * n))
-    delta = ml - mh
-    if MEAN_FMA == 0:
-        mean = tl.fma(half, mh, half * ml)
-    elif MEAN_FMA == 1:
-        mean = tl.fma(half, ml, half * mh)
-    else:
-        mean = half * mh + half * ml
-    return mean, tl.fma((delta * delta) * nf, half, sh + sl)
+    return _ln_terms(ml, sl, mh, sh, nf, half, half, MEAN_FMA)
 
 
 @triton.jit
