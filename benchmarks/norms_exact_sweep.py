@@ -44,8 +44,9 @@ def modules(kind: str, N: int, dev: str):
 
 def candidates(kind: str, norms, M: int, N: int, dev) -> list:
     """Schedules to try: elements per thread per statistics load 1 to 8 (bf16: 2- to 16-byte vectors), 1, 2 or 4
-    rows per program, at most 1024 threads, unrolled groups of the whole loop (up to 32 trips, else 8) or 2 trips, normalisation chunks of
-    8 or 32 elements per thread."""
+    rows per program, at most 1024 threads, unrolled groups of the whole loop (up to 32 trips, else 8 and 32) or 2
+    trips, normalisation chunks of 8 or 32 elements per thread; for the RMS orders up to 8192 elements, both layouts
+    of the sum trees (``split``, ``_exact_stats._fold_mid``)."""
     to, ex = norms._torch_order, norms._exact
     if kind == "mean":
         cfg = to.mean_config(M, N, *to.device_limits(dev))
@@ -58,7 +59,8 @@ def candidates(kind: str, norms, M: int, N: int, dev) -> list:
             e = rows * width // (32 * warps)
             if e not in (1, 2, 4, 8):
                 continue
-            unrolls = sorted({u for u in (iters if iters <= 32 else 8, 2) if 1 <= u <= iters}, reverse=True)
+            unrolls = sorted({u for u in (iters if iters <= 32 else 8, 32 if iters > 32 else 2, 2)
+                              if 1 <= u <= iters}, reverse=True)
             for unroll in unrolls:
                 seen = set()
                 for a in (8, 32):
@@ -66,7 +68,9 @@ def candidates(kind: str, norms, M: int, N: int, dev) -> list:
                     if apply_bytes in seen:
                         continue
                     seen.add(apply_bytes)
-                    out.append(dict(rows=rows, num_warps=warps, unroll=unroll, apply_bytes=apply_bytes))
+                    for split in (False, True) if kind != "ln" and N <= 8192 else (None,):
+                        cand = dict(rows=rows, num_warps=warps, unroll=unroll, apply_bytes=apply_bytes)
+                        out.append(cand if split is None else dict(cand, split=split))
     return out
 
 

@@ -153,11 +153,12 @@ def test_schedule_never_changes_bits(norms, device, M, N, dtype):
         ln_mean, ln_var = ref.rowwise_welford(xn)
         fused_var = ref.fma(ln_mean, ln_mean, ln_var)
     want = {"mean": _rstd(ref.mean_sq(xn, cfg), 1e-6, device), "fused": _rstd(fused_var, 1e-6, device)}
-    schedules = [dict(), dict(unroll=1), dict(unroll=3, apply_bytes=512 * x.element_size()),
-                 dict(rows=2, num_warps=1, unroll=2), dict(num_warps=8, apply_bytes=2048 * x.element_size()),
+    elem = x.element_size()
+    schedules = [dict(split=False), dict(split=True), dict(unroll=1), dict(unroll=3, apply_bytes=512 * elem),
+                 dict(rows=2, num_warps=1, unroll=2, split=True), dict(num_warps=8, apply_bytes=2048 * elem),
                  dict(rows=1, num_warps=4)]
     if N > 65536:
-        schedules = schedules[:2]
+        schedules = schedules[:3]
     first = None
     for sched in schedules:
         outs = []
@@ -170,7 +171,7 @@ def test_schedule_never_changes_bits(norms, device, M, N, dtype):
         y = torch.full_like(x, float("nan"))
         mean = torch.full((M,), float("nan"), device=device)
         rstd = torch.full((M,), float("nan"), device=device)
-        ex.ln_exact_forward(x, w, b, y, mean, rstd, 1e-5, x, **sched)
+        ex.ln_exact_forward(x, w, b, y, mean, rstd, 1e-5, x, **{k: v for k, v in sched.items() if k != "split"})
         assert np.array_equal(mean.cpu().numpy(), ln_mean), sched
         assert np.array_equal(rstd.cpu().numpy(), _rstd(ln_var, 1e-5, device)), sched
         outs.append(y)

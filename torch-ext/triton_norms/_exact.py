@@ -40,13 +40,13 @@ LN_MEAN_FMA = 0
 def _rms_stats(base, rm, rows, N, factor, STATS: tl.constexpr, ROWS: tl.constexpr, ITERS: tl.constexpr,
                VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr, CP: tl.constexpr,
                LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
-               ALIGNED: tl.constexpr, UNROLL: tl.constexpr):
+               ALIGNED: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr):
     """Mean of squares of ROWS rows, (ROWS,) fp32."""
     if STATS == 1:
         var = mean_sq_torch_order(base, rm, rows, N, factor, ROWS, VEC, BW, BHR, CTAS, CP, ITERS, LOG_BHR, LOG_BW,
-                                  LOG_PAD, LOG_WRAP, ALIGNED, UNROLL)
+                                  LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, SPLIT)
     elif STATS == 2:
-        ss = fused_rms_sumsq_vec(base, rm, N, ROWS, ITERS, UNROLL)
+        ss = fused_rms_sumsq_vec(base, rm, N, ROWS, ITERS, UNROLL, SPLIT)
         var = tl.math.div_rn(ss, tl.zeros_like(ss) + N)
     else:
         mean, var = rowwise_welford(base, rm, N, ROWS, ITERS, UNROLL)
@@ -106,7 +106,7 @@ def _rms_exact_fwd_kernel(
     CAST_DTYPE: tl.constexpr, STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
     ITERS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
     CP: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
-    ALIGNED: tl.constexpr, UNROLL: tl.constexpr,
+    ALIGNED: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
 ):
     # Bytes: read M*N*x twice (the second time mostly from cache) + N*(w [+ b]); write M*N*y + 4M.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -115,7 +115,7 @@ def _rms_exact_fwd_kernel(
     base = x_ptr + rows64[:, None] * stride_x_row
     rm = rmask[:, None]
     var = _rms_stats(base, rm, rows, N, factor, STATS, ROWS, ITERS, VEC, BW, BHR, CTAS, CP, LOG_BHR, LOG_BW,
-                     LOG_PAD, LOG_WRAP, ALIGNED, UNROLL)
+                     LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, SPLIT)
     rstd = tl.math.rsqrt(var + eps)
     if rstd_ptr is not None:  # None in inference
         tl.store(rstd_ptr + rows64, rstd, mask=rmask)
@@ -166,43 +166,47 @@ def _interp_rows(M: int, kernel, rows: Optional[int]) -> Optional[int]:
 
 
 def default_schedule(stats: int, N: int, elem: int, stats_width: int, iters: int, layer_norm: bool = False) -> dict:
-    """The tuned schedule of an exact forward: a subset of ``rows``, ``num_warps``, ``unroll`` and ``apply_bytes``
-    (:func:`_tiles` fills what is missing). ``stats`` is STATS_*, ``stats_width`` the elements one trip of the
+    """The tuned schedule of an exact forward: a subset of ``rows``, ``num_warps``, ``unroll``, ``apply_bytes``
+    (:func:`_tiles` fills what is missing) and, for the RMS orders, ``split`` (the sum trees' layout,
+    ``_exact_stats._fold_mid``; default False). ``stats`` is STATS_*, ``stats_width`` the elements one trip of the
     statistics loop reads per row (128 / 2048: a warp / 512 of torch's threads for the mean order, 512 for the fused
     orders), ``iters`` the trips, ``layer_norm`` the LayerNorm kernel (else RMS).
 
     From ``benchmarks/norms_exact_sweep.py`` on an H200 (bf16, Triton 3.6; every schedule bit-equal to the torch
-    module; ``results/norms_exact_2026-12-02.md``):
+    module; ``results/norms_exact_2026-12-02_session19.md``), M x N = 2^27 at N = 2048 / 4096 / 5120 / 8192 /
+    16384 / 65536:
 
-    * mean order, one warp of torch's threads per row (``stats_width`` 128): one warp per program up to 2048
-      elements, two above, 32 elements per thread per normalisation chunk (4096: 3168 -> 3879 GB/s);
-    * mean order, 512 torch threads per row: 8 warps from 16384 elements, 16 from 32768 (8192 keeps the generic
-      rule; the others spilled registers);
-    * fused RMS order: 2 warps at 2048, 4 with 1024-element chunks at 4096, 2-trip groups; wider rows keep the
-      whole statistics loop unrolled up to 128 trips (65536 elements; 8-trip groups lost 12% at 16384), 8-trip
-      groups beyond (not measured);
-    * LayerNorm: 4 rows over 8 warps with 512-element chunks, 2 rows over 4 warps with 8-trip groups and
-      2048-element chunks above 16 KiB rows (the generic rule ran at 132-1359 GB/s, its unrolled Welford loop
-      spilling up to 398 bytes per thread).
+    * mean order, one warp of torch's threads per row (``stats_width`` 128): two warps, 2048-element chunks, the
+      whole loop unrolled up to 32 trips, split trees above 2048 elements (3888 GB/s at 4096 against 3252 with
+      the shuffle trees);
+    * mean order, 512 torch threads per row: two rows over 16 warps with 8192-element chunks below 32768 elements
+      (16384: 3742 -> 3936 GB/s), 16 warps for one row from 32768;
+    * fused RMS order: 4 warps with 2-trip groups and 1024-element chunks up to 4096 (split trees at 4096: 3474 ->
+      3944 GB/s); wider rows keep the whole statistics loop unrolled up to 128 trips (4 rows over 16 warps were
+      2% faster at 8192 and 3% slower at 5120), 8-trip groups beyond (not measured);
+    * LayerNorm: one row over 2 / 4 warps up to 2048 / 4096 elements (2048: 3315 -> 3795 GB/s), two rows over 8
+      warps up to 16384, the whole loop unrolled up to 32 trips and 4096-element chunks; 2 rows over 4 warps in
+      8-trip groups and 2048-element chunks above (65536: 2304 GB/s, every schedule 2300-2340; 4 rows over 8 warps
+      spill 8 bytes under Triton 3.9).
 
     Narrower rows (the mean order below 2048 elements, every order at most 512) keep :func:`_tiles`' rules."""
     if N <= SMALL_ROW_TILE:
         return {}
-    wide = N * elem > MAX_ROW_BYTES
     if stats == STATS_MEAN and stats_width == 128 and N >= 2048:
-        warps = 1 if N <= 2048 else 2
-        return dict(rows=1, num_warps=warps, unroll=min(iters, 32), apply_bytes=32 * 32 * warps * elem)
+        return dict(rows=1, num_warps=2, unroll=min(iters, 32), apply_bytes=2048 * elem, split=N > 2048)
     if stats == STATS_MEAN and stats_width == 2048 and N >= 32768:
         return dict(rows=1, num_warps=16, unroll=min(iters, 32), apply_bytes=16384 * elem)
-    if stats == STATS_MEAN and stats_width == 2048 and N >= 16384:
-        return dict(rows=1, num_warps=8, unroll=min(iters, 8), apply_bytes=2048 * elem)
+    if stats == STATS_MEAN and stats_width == 2048 and N >= 8192:
+        return dict(rows=2, num_warps=16, unroll=min(iters, 8), apply_bytes=8192 * elem)
     if stats == STATS_VEC and layer_norm:
-        return dict(rows=2, num_warps=4, unroll=8, apply_bytes=2048 * elem) if wide else dict(
-            rows=4, num_warps=8, apply_bytes=512 * elem)
-    if stats == STATS_VEC and N <= 2048:
-        return dict(rows=1, num_warps=2, unroll=2, apply_bytes=2048 * elem)
+        if N <= 4096:
+            warps = 2 if N <= 2048 else 4
+            return dict(rows=1, num_warps=warps, unroll=iters, apply_bytes=1024 * warps * elem)
+        if N <= 16384:
+            return dict(rows=2, num_warps=8, unroll=min(iters, 32), apply_bytes=4096 * elem)
+        return dict(rows=2, num_warps=4, unroll=8, apply_bytes=2048 * elem)
     if stats == STATS_VEC and N <= 4096:
-        return dict(rows=1, num_warps=4, unroll=2, apply_bytes=1024 * elem)
+        return dict(rows=1, num_warps=4, unroll=2, apply_bytes=1024 * elem, split=N > 2048)
     if stats == STATS_VEC:
         return dict(unroll=iters if iters <= 128 else 8)
     return {}
@@ -253,11 +257,12 @@ def _fused_stats(N: int, vectorized: bool) -> tuple:
 def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.device, eps: float, weight_offset: float,
                    cast_dtype: Optional[torch.dtype], order: int, vectorized: bool, rows: Optional[int] = None,
                    num_warps: Optional[int] = None, unroll: Optional[int] = None,
-                   apply_bytes: Optional[int] = None) -> Launch:
+                   apply_bytes: Optional[int] = None, split: Optional[bool] = None) -> Launch:
     """The launch of the RMS forward in torch's order ``order`` (ORDER_MEAN / ORDER_FUSED; ``vectorized``:
     :func:`fused_vectorized` of the call) on M rows of N elements ``stride_row`` apart, whose pointer
     arguments are (x, weight, bias, y, rstd): a pure function of its arguments, cached because it runs on
-    every call of a layer (host time matters for small inputs). ``rows`` ... ``apply_bytes``: see :func:`_tiles`."""
+    every call of a layer (host time matters for small inputs). ``rows`` ... ``apply_bytes``: see :func:`_tiles`;
+    ``split``: the sum trees' layout (``_exact_stats._fold_mid``), None: :func:`default_schedule`'s."""
     factor = 1.0
     meta = dict(VEC=False, BW=1, BHR=1, CTAS=1, CP=1, LOG_BHR=0, LOG_BW=0, LOG_PAD=0, LOG_WRAP=0)
     if order == ORDER_MEAN:
@@ -269,8 +274,10 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
         (stats, iters, width), rows_default = _fused_stats(N, vectorized), 2
     R, block_n, loop, warps, unroll = _tiles(N, elem, rows_default, _interp_rows(M, _rms_exact_fwd_kernel, rows),
                                              num_warps, width, iters, unroll, apply_bytes, stats)
+    if split is None:
+        split = stats != STATS_ROWWISE and default_schedule(stats, N, elem, width, iters).get("split", False)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps,
-                ALIGNED=stats == STATS_MEAN and N % 4 == 0, UNROLL=unroll)
+                ALIGNED=stats == STATS_MEAN and N % 4 == 0, UNROLL=unroll, SPLIT=split)
     return Launch(_rms_exact_fwd_kernel, (cdiv(M, R),),
                   meta_items(CAST_DTYPE=round_dtype(cast_dtype), **meta, **launch_options(_rms_exact_fwd_kernel)),
                   (M, N, stride_row, eps, weight_offset, factor), device)
@@ -279,13 +286,13 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
 def rms_exact_forward(x2: torch.Tensor, M: int, stride_row: int, weight, bias, y, rstd, eps: float,
                       weight_offset: float, cast_dtype: Optional[torch.dtype], order: int, x_orig: torch.Tensor,
                       rows: Optional[int] = None, num_warps: Optional[int] = None, unroll: Optional[int] = None,
-                      apply_bytes: Optional[int] = None):
+                      apply_bytes: Optional[int] = None, split: Optional[bool] = None):
     """Launches the RMS forward with torch's order ``order`` (ORDER_MEAN / ORDER_FUSED) on the M rows of
     x2 (row 0 at its data pointer, ``stride_row`` elements apart, unit last-dim stride)."""
     N = x2.shape[-1]
     vectorized = order != ORDER_MEAN and fused_vectorized(x_orig, N, weight)
     rms_exact_plan(M, N, stride_row, x2.element_size(), x2.device, eps, weight_offset, cast_dtype, order, vectorized,
-                   rows, num_warps, unroll, apply_bytes)((x2, weight, bias, y, rstd))
+                   rows, num_warps, unroll, apply_bytes, split)((x2, weight, bias, y, rstd))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -25,13 +25,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _fold_mid(t, LEVELS: tl.constexpr):
-    """Halving tree along axis 1 of (R, H, W): row h += row h + H/2, LEVELS times. Each level sums an axis of
-    size 2, which is that one addition in any order, and compiles to shuffles: the split of a permuted reshape it
-    replaced made Triton 3.6 keep whole rows of partial sums per thread (sm_90: 255 registers and spills in the
-    mean order at 16384 elements, 44 now; ``triton_softmax._torch_order._halve`` made the same finding)."""
+def _fold_mid(t, LEVELS: tl.constexpr, SPLIT: tl.constexpr):
+    """Halving tree along axis 1 of (R, H, W): row h += row h + H/2, LEVELS times; the same additions either way.
+
+    ``SPLIT`` False: each level sums an axis of size 2 (one addition in any order), which compiles to shuffles and
+    keeps a few registers per thread. ``SPLIT`` True: each level splits a permuted reshape into its halves, which
+    Triton 3.6 lays out with a row's partial sums in every thread: faster on narrow rows (mean order at 4096
+    elements: 3921 against 3227 GB/s on the H200), 255 registers and spills at 16384
+    (``results/norms_exact_2026-12-02_session19.md``)."""
     for _ in tl.static_range(LEVELS):
-        t = tl.sum(tl.reshape(t, (t.shape[0], 2, t.shape[1] // 2, t.shape[2])), axis=1)
+        if SPLIT:
+            lo, hi = tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, t.shape[1] // 2, t.shape[2])), (0, 2, 3, 1)))
+            t = lo + hi
+        else:
+            t = tl.sum(tl.reshape(t, (t.shape[0], 2, t.shape[1] // 2, t.shape[2])), axis=1)
     return t
 
 
@@ -65,21 +72,23 @@ def _slot0(t, slot):
 
 
 @triton.jit
-def _x_then_y(t, BHR: tl.constexpr, BW: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr):
+def _x_then_y(t, BHR: tl.constexpr, BW: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr,
+              SPLIT: tl.constexpr):
     """Reduce.cuh's block_x_reduce then block_y_reduce of thread values t (R, BHR * BW), tid = y * BW + x:
     halving trees (shared memory down to a warp, then ``shfl_down`` 16, 8, ..., 1) over x, then over y."""
     R: tl.constexpr = t.shape[0]
-    t = _fold_mid(tl.permute(tl.reshape(t, (R, BHR, BW)), (0, 2, 1)), LOG_BW)  # (R, 1, BHR)
-    t = _fold_mid(tl.reshape(t, (R, BHR, 1)), LOG_BHR)
+    t = _fold_mid(tl.permute(tl.reshape(t, (R, BHR, BW)), (0, 2, 1)), LOG_BW, SPLIT)  # (R, 1, BHR)
+    t = _fold_mid(tl.reshape(t, (R, BHR, 1)), LOG_BHR, SPLIT)
     return tl.reshape(t, (R,))
 
 
 @triton.jit
-def _y_then_x(t, BHR: tl.constexpr, BW: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr):
+def _y_then_x(t, BHR: tl.constexpr, BW: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr,
+              SPLIT: tl.constexpr):
     """The final block of a global reduce: block_y_reduce, then block_x_reduce (both halving trees)."""
     R: tl.constexpr = t.shape[0]
-    t = _fold_mid(tl.reshape(t, (R, BHR, BW)), LOG_BHR)  # (R, 1, BW)
-    t = _fold_mid(tl.reshape(t, (R, BW, 1)), LOG_BW)
+    t = _fold_mid(tl.reshape(t, (R, BHR, BW)), LOG_BHR, SPLIT)  # (R, 1, BW)
+    t = _fold_mid(tl.reshape(t, (R, BW, 1)), LOG_BW, SPLIT)
     return tl.reshape(t, (R,))
 
 
@@ -101,13 +110,13 @@ def mean_sq_torch_order(
     base, rm, rows, N, factor,
     ROWS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
     CP: tl.constexpr, ITERS: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr,
-    LOG_WRAP: tl.constexpr, ALIGNED: tl.constexpr, UNROLL: tl.constexpr,
+    LOG_WRAP: tl.constexpr, ALIGNED: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """``x.float().pow(2).mean(-1)`` of ROWS rows, summed as ATen's generic reduce kernel does. Returns (ROWS,).
 
     ``ALIGNED``: N is a multiple of 4, so every row of the fp32 copy starts on a 16-byte boundary (no head
     elements; the loads then vectorise). ``UNROLL``: loop trips per unrolled group (each thread still adds its
-    elements in order)."""
+    elements in order). ``SPLIT``: the trees' layout (:func:`_fold_mid`)."""
     NT: tl.constexpr = BHR * BW
     T: tl.constexpr = CTAS * NT
     INNER: tl.constexpr = 4 * NT
@@ -154,7 +163,7 @@ def mean_sq_torch_order(
         else:
             a0, a1, a2, a3 = _lanes4(tl.permute(tl.reshape(acc, (ROWS, 4, NT)), (0, 2, 1)))
         lanes = ((a0 + a1) + a2) + a3
-        p = _x_then_y(lanes, BHR, BW, LOG_BHR, LOG_BW)
+        p = _x_then_y(lanes, BHR, BW, LOG_BHR, LOG_BW, SPLIT)
         part = tl.where(cidx == c, p[:, None], part)
     if CTAS == 1:
         total = tl.reshape(part, (ROWS,))
@@ -162,12 +171,12 @@ def mean_sq_torch_order(
         # global reduce: the last block's thread t adds the staged partial sums t, t + NT
         # (zeros where there are none), then the same block trees
         # exact for up to 2 partial sums per thread (t, then t + NT); a tree beyond (see exact_global_reduce)
-        part = tl.reshape(_fold_mid(tl.reshape(part, (ROWS, 1 << LOG_WRAP, CP >> LOG_WRAP)), LOG_WRAP),
+        part = tl.reshape(_fold_mid(tl.reshape(part, (ROWS, 1 << LOG_WRAP, CP >> LOG_WRAP)), LOG_WRAP, SPLIT),
                           (ROWS, CP >> LOG_WRAP))
         for _ in tl.static_range(LOG_PAD):
             z = tl.join(part, tl.zeros_like(part))
             part = tl.reshape(tl.permute(z, (0, 2, 1)), (ROWS, 2 * part.shape[1]))
-        total = _y_then_x(part, BHR, BW, LOG_BHR, LOG_BW)
+        total = _y_then_x(part, BHR, BW, LOG_BHR, LOG_BW, SPLIT)
     return total * factor
 
 
@@ -183,12 +192,13 @@ def _rms_vec_chunk(acc, base, rm, k, N, inner, ROWS: tl.constexpr):
 
 
 @triton.jit
-def fused_rms_sumsq_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, UNROLL: tl.constexpr):
+def fused_rms_sumsq_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, UNROLL: tl.constexpr,
+                        SPLIT: tl.constexpr):
     """``vectorized_layer_norm_kernel<rms_norm=true>``: sum of squares of ROWS rows (N % 4 == 0).
 
     Thread t = x + 32 y (128 threads) reads vectors t, t + 128, ... and does
     ``s = fma(v, v, s)`` per element; halving trees over the 32 lanes, then the 4 warps.
-    ``UNROLL``: loop trips per unrolled group."""
+    ``UNROLL``: loop trips per unrolled group, ``SPLIT``: the trees' layout (:func:`_fold_mid`)."""
     inner = tl.arange(0, 512)[None, :]
     acc = tl.zeros([ROWS, 128], tl.float32)
     if UNROLL >= ITERS:
@@ -201,8 +211,8 @@ def fused_rms_sumsq_vec(base, rm, N, ROWS: tl.constexpr, ITERS: tl.constexpr, UN
         for u in tl.static_range(ITERS % UNROLL):
             acc = _rms_vec_chunk(acc, base, rm, ITERS - ITERS % UNROLL + u, N, inner, ROWS)
     t = tl.permute(tl.reshape(acc, (ROWS, 4, 32)), (0, 2, 1))  # (R, lane, warp)
-    t = _fold_mid(t, 5)  # shfl_down 16, 8, 4, 2, 1 within each warp
-    t = _fold_mid(tl.reshape(t, (ROWS, 4, 1)), 2)  # warps 2, 3 onto 0, 1; then 1 onto 0
+    t = _fold_mid(t, 5, SPLIT)  # shfl_down 16, 8, 4, 2, 1 within each warp
+    t = _fold_mid(tl.reshape(t, (ROWS, 4, 1)), 2, SPLIT)  # warps 2, 3 onto 0, 1; then 1 onto 0
     return tl.reshape(t, (ROWS,))
 
 
