@@ -1,0 +1,114 @@
+"""Host time of the norm backwards (triton-norms) against torch's, on a GPU: where a forward+backward call spends
+its host time (issue 7's fwd+bwd >= 3500 GB/s: at 32768 x 4096 the kernels alone move 3651 GB/s, a call 2784).
+
+    python3 benchmarks/norms_host_time.py      (from the checkout; PYTHONPATH with kernels installed)
+
+Per case: the median wall time of one call started on an idle GPU (a sync before each: Python, allocations,
+launches), the time per call of 100 back-to-back calls (one sync at the end), and do_bench's median (L2 flushed).
+Then a cProfile of our backward's implementation called on the main thread, and a torch.profiler table of
+``torch.autograd.grad`` (the autograd engine runs the backward on its device thread, which cProfile cannot see).
+"""
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+sys.path.insert(0, "benchmarks")
+from sweep_common import load_packages  # noqa: E402
+
+(nm,) = load_packages(["triton-norms"], cpu=False)
+rn = sys.modules[nm.__name__ + ".rms_norm"]
+dev = "cuda"
+
+
+def host_us(fn, samples=30):
+    fn(); fn()
+    ts = []
+    for _ in range(samples):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter(); fn(); ts.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(ts)
+
+
+def pipe_us(fn, n=100):
+    fn(); torch.cuda.synchronize()
+    best = 1e9
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return best
+
+
+M, N = 32768, 4096
+x = torch.randn(M, N, device=dev, dtype=torch.bfloat16).requires_grad_(True)
+w = (torch.randn(N, device=dev, dtype=torch.bfloat16) * 0.5 + 1).requires_grad_(True)
+b = torch.randn(N, device=dev, dtype=torch.bfloat16).requires_grad_(True)
+dy = torch.randn_like(x)
+ours_rms = lambda t: nm.rms_norm(t, w, eps=1e-6, cast_dtype=t.dtype)  # noqa: E731
+F_rms = lambda t: F.rms_norm(t, (N,), w, 1e-6)  # noqa: E731
+ours_ln = lambda t: nm.layer_norm(t, w, b, eps=1e-5)  # noqa: E731
+F_ln = lambda t: F.layer_norm(t, (N,), w, b, 1e-5)  # noqa: E731
+
+
+def bwd(f, inputs):
+    y = f(x)
+    return lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True)
+
+
+def fwd_bwd(f):
+    def go():
+        x.grad = w.grad = b.grad = None
+        f(x).backward(dy)
+    return go
+
+
+rstd = torch.rand(M, device=dev) + 0.5
+xd, wd = x.detach(), w.detach()
+cases = {
+    "rms bwd ours": bwd(ours_rms, (x, w)),
+    "rms bwd F": bwd(F_rms, (x, w)),
+    "rms bwd ours impl (main thread)": lambda: rn._rms_norm_bwd_impl(dy, None, xd, wd, rstd, 0.0, torch.bfloat16,
+                                                                     torch.bfloat16, None, True, False),
+    "rms bwd ours, no dw": bwd(ours_rms, (x,)),
+    "rms fwd ours (grad)": lambda: ours_rms(x),
+    "rms fwd+bwd ours": fwd_bwd(ours_rms),
+    "rms fwd+bwd F": fwd_bwd(F_rms),
+    "ln bwd ours": bwd(ours_ln, (x, w, b)),
+    "ln bwd F": bwd(F_ln, (x, w, b)),
+    "ln fwd+bwd ours": fwd_bwd(ours_ln),
+    "ln fwd+bwd F": fwd_bwd(F_ln),
+    "empty (M, N)": lambda: torch.empty(M, N, device=dev, dtype=torch.bfloat16),
+    "grad of x * 2": bwd(lambda t: t * 2, (x,)),
+}
+for name, fn in cases.items():
+    ms = do_bench(fn, rep=100)
+    print(f"{name:34s} host {host_us(fn):7.1f} us  pipelined {pipe_us(fn):7.1f} us/call  do_bench {ms * 1e3:7.1f} us",
+          flush=True)
+
+pr = cProfile.Profile()
+for _ in range(40):
+    torch.cuda.synchronize()
+    pr.enable(); cases["rms bwd ours impl (main thread)"](); pr.disable()
+torch.cuda.synchronize()
+s = io.StringIO()
+pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(20)
+print("=== cProfile: rms bwd ours impl (main thread), 40 calls"); print(s.getvalue()[-5000:])
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+for name in ("rms bwd ours", "rms bwd F"):
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            torch.cuda.synchronize(); cases[name]()
+        torch.cuda.synchronize()
+    print("=== torch.profiler (CPU, 10 calls):", name)
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=22, max_name_column_width=55))
