@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._device import MAX_THREADS_PER_PROGRAM, check_config_args, next_power_of_2
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, next_power_of_2
 
 # Largest row (in bytes of input) kept in registers in one block.
 MAX_FUSED_BYTES = 65536
@@ -84,3 +84,10 @@ def num_partial_programs(device: torch.device, M: int) -> int:
     elif device.type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
         units = getattr(torch.xpu.get_device_properties(device), "gpu_subslice_count", units)
     return max(1, min(M, 8 * units))
+
+
+def partial_grid(device: torch.device, M: int) -> tuple:
+    """``(P, rows_per_program)`` of a backward over M rows with one fp32 dw/db partial per program: at most
+    :func:`num_partial_programs` programs, each taking ``rows_per_program`` consecutive rows (the last fewer)."""
+    rows_per_program = cdiv(M, num_partial_programs(device, M))
+    return cdiv(M, rows_per_program), rows_per_program

@@ -29,11 +29,11 @@ from ._common import (
     round_to, rows_of, rows_view, store_dx, vector,
 )
 from ._exact import ln_exact_forward
-from ._launch import FWD_BYTES_PER_THREAD, MAX_FUSED_BYTES, num_partial_programs, pick_config
-from ._device import cdiv, check_launch_device, device_warp_size, launch_options
+from ._launch import FWD_BYTES_PER_THREAD, MAX_FUSED_BYTES, partial_grid, pick_config
+from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
-from ._fastlaunch import launch, meta_items
+from ._fastlaunch import Launch, launch, meta_items
 from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order
 from ._wide import ln_wide_forward, wide_backward
 
@@ -278,22 +278,28 @@ def _layer_norm_bwd_impl(
         dw_part, db_part = parts
         return dx, dres, (dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)), \
             (db_part.sum(0) if need_db else x.new_empty(0))
-    cfg = pick_config(N, x.element_size(), device_warp_size(x.device))
-    rows_per_program = cdiv(M, num_partial_programs(x.device, M))
-    P = cdiv(M, rows_per_program)
+    strides = (dy2.stride(0), dy2.stride(1), x2.stride(0),
+               *((dh2.stride(0), dh2.stride(1)) if dh2 is not None else (0, 0)))
+    P, run = _bwd_plan(M, N, x.element_size(), x.device, strides)
     dw_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_dw else None
     db_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_db else None
-    launch(_layer_norm_bwd_kernel, (P,), (
-        dy2, x2, vector(weight), mean, rstd, dh2,
-        dx, dres if dres_dtype is not None else None, dw_part, db_part,
-        dy2.stride(0), dy2.stride(1), x2.stride(0),
-        dh2.stride(0) if dh2 is not None else 0, dh2.stride(1) if dh2 is not None else 0,
-        M, N, rows_per_program,
-    ), meta_items(BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
-                  **launch_options(_layer_norm_bwd_kernel)), x.device)
+    run((dy2, x2, vector(weight), mean, rstd, dh2, dx, dres if dres_dtype is not None else None, dw_part, db_part))
     dw = dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)
     db = db_part.sum(0) if need_db else x.new_empty(0)
     return dx, dres, dw, db
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_plan(M: int, N: int, elem: int, device: torch.device, strides: tuple) -> tuple:
+    """``(P, Launch)``: the backward of M rows of N elements (``strides``: dy's row and column, x's row, dh's row
+    and column strides, 0 without dh) over P programs, each writing one fp32 row of dw / db partial sums; the
+    pointers (dy, x, w, mean, rstd, dh, dx, dres, dw partials, db partials) are given per call. Cached like
+    ``rms_norm._bwd_plan`` (host time)."""
+    cfg = pick_config(N, elem, device_warp_size(device))
+    P, rows_per_program = partial_grid(device, M)
+    meta = meta_items(BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
+                      **launch_options(_layer_norm_bwd_kernel))
+    return P, Launch(_layer_norm_bwd_kernel, (P,), meta, (*strides, M, N, rows_per_program), device)
 
 
 _layer_norm_bwd = torch.library.custom_op(add_op_namespace_prefix("layer_norm_bwd"), _layer_norm_bwd_impl,

@@ -38,8 +38,8 @@ from ._common import (
     empty_rows, prepare_rms_args, rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
 )
 from ._exact import rms_exact_forward, rms_exact_plan
-from ._launch import FWD_BYTES_PER_THREAD, MAX_FUSED_BYTES, num_partial_programs, pick_config
-from ._device import cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options
+from ._launch import FWD_BYTES_PER_THREAD, MAX_FUSED_BYTES, partial_grid, pick_config
+from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
@@ -294,26 +294,32 @@ def _rms_norm_bwd_impl(
         dw_part, db_part = parts
         return dx, dres, (dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)), \
             (db_part.sum(0) if need_db else x.new_empty(0))
-    warp = device_warp_size(x.device)
-    cfg = pick_config(N, x.element_size(), warp)
-    P = num_partial_programs(x.device, M)
-    rows_per_program = cdiv(M, P)
-    P = cdiv(M, rows_per_program)
+    strides = (dy2.stride(0), dy2.stride(1), x2.stride(0),
+               *((dh2.stride(0), dh2.stride(1)) if dh2 is not None else (0, 0)))
+    P, run = _bwd_plan(M, N, x.element_size(), x.device, strides, cast_dtype, weight_offset,
+                       dh2 is not None or need_db)
     dw_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_dw else None
     db_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_db else None
-    launch(_rms_norm_bwd_kernel, (P,), (
-        dy2, x2, vector(weight), rstd, dh2,
-        dx, dres if dres_dtype is not None else None, dw_part, db_part,
-        dy2.stride(0), dy2.stride(1), x2.stride(0),
-        dh2.stride(0) if dh2 is not None else 0, dh2.stride(1) if dh2 is not None else 0,
-        M, N, rows_per_program, weight_offset,
-    ), meta_items(CAST_DTYPE=round_dtype(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
-                  num_warps=cfg.num_warps, **launch_options(_rms_norm_bwd_kernel),
-                  **_bwd_register_cap(cfg, warp, x.device, dh2 is not None or need_db)),
-           x.device)
+    run((dy2, x2, vector(weight), rstd, dh2, dx, dres if dres_dtype is not None else None, dw_part, db_part))
     dw = dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)
     db = db_part.sum(0) if need_db else x.new_empty(0)  # fp32; the caller casts to bias.dtype
     return dx, dres, dw, db
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_plan(M: int, N: int, elem: int, device: torch.device, strides: tuple, cast_dtype: Optional[torch.dtype],
+              weight_offset: float, more_state: bool) -> tuple:
+    """``(P, Launch)``: the backward of M rows of N elements (``strides``: dy's row and column, x's row, dh's row
+    and column strides, 0 without dh) over P programs, each writing one fp32 row of dw / db partial sums; the
+    pointers (dy, x, w, rstd, dh, dx, dres, dw partials, db partials) are given per call. A pure function of its
+    arguments, cached like the forwards' plans: the meta-parameters and the scalars' specialisation are worked out
+    once per signature, not on every backward (host time)."""
+    warp = device_warp_size(device)
+    cfg = pick_config(N, elem, warp)
+    P, rows_per_program = partial_grid(device, M)
+    meta = meta_items(CAST_DTYPE=round_dtype(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
+                      **launch_options(_rms_norm_bwd_kernel), **_bwd_register_cap(cfg, warp, device, more_state))
+    return P, Launch(_rms_norm_bwd_kernel, (P,), meta, (*strides, M, N, rows_per_program, weight_offset), device)
 
 
 def _bwd_register_cap(cfg, warp_size: int, device: torch.device, more_state: bool) -> dict:
