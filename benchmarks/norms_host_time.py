@@ -1,7 +1,10 @@
 """Host time of the norm backwards (triton-norms) against torch's, on a GPU: where a forward+backward call spends
 its host time (issue 7's fwd+bwd >= 3500 GB/s: at 32768 x 4096 the kernels alone move 3651 GB/s, a call 2784).
 
-    python3 benchmarks/norms_host_time.py      (from the checkout; PYTHONPATH with kernels installed)
+    python3 benchmarks/norms_host_time.py [ROOT ...]   (from the checkout; PYTHONPATH with kernels installed)
+
+``ROOT``: checkouts to build triton-norms from (default: this one); with several, the package cases run for each
+(an A/B in one process, e.g. ``git worktree add /tmp/old <commit>``), the profiles for the first.
 
 Per case: the median wall time of one call started on an idle GPU (a sync before each: Python, allocations,
 launches), the time per call of 100 back-to-back calls (one sync at the end), and do_bench's median (L2 flushed).
@@ -14,6 +17,7 @@ import pstats
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +26,8 @@ from triton.testing import do_bench
 sys.path.insert(0, "benchmarks")
 from sweep_common import load_packages  # noqa: E402
 
-(nm,) = load_packages(["triton-norms"], cpu=False)
-rn = sys.modules[nm.__name__ + ".rms_norm"]
+ROOTS = sys.argv[1:] or ["."]
+PKGS = [load_packages(["triton-norms"], cpu=False, root=Path(r))[0] for r in ROOTS]
 dev = "cuda"
 
 
@@ -54,9 +58,7 @@ x = torch.randn(M, N, device=dev, dtype=torch.bfloat16).requires_grad_(True)
 w = (torch.randn(N, device=dev, dtype=torch.bfloat16) * 0.5 + 1).requires_grad_(True)
 b = torch.randn(N, device=dev, dtype=torch.bfloat16).requires_grad_(True)
 dy = torch.randn_like(x)
-ours_rms = lambda t: nm.rms_norm(t, w, eps=1e-6, cast_dtype=t.dtype)  # noqa: E731
 F_rms = lambda t: F.rms_norm(t, (N,), w, 1e-6)  # noqa: E731
-ours_ln = lambda t: nm.layer_norm(t, w, b, eps=1e-5)  # noqa: E731
 F_ln = lambda t: F.layer_norm(t, (N,), w, b, 1e-5)  # noqa: E731
 
 
@@ -74,41 +76,55 @@ def fwd_bwd(f):
 
 rstd = torch.rand(M, device=dev) + 0.5
 xd, wd = x.detach(), w.detach()
-cases = {
-    "rms bwd ours": bwd(ours_rms, (x, w)),
+
+
+def package_cases(nm):
+    rn = sys.modules[nm.__name__ + ".rms_norm"]
+    ours_rms = lambda t: nm.rms_norm(t, w, eps=1e-6, cast_dtype=t.dtype)  # noqa: E731
+    ours_ln = lambda t: nm.layer_norm(t, w, b, eps=1e-5)  # noqa: E731
+    return {
+        "rms bwd ours": bwd(ours_rms, (x, w)),
+        "rms bwd ours impl (main thread)": lambda: rn._rms_norm_bwd_impl(
+            dy, None, xd, wd, rstd, 0.0, torch.bfloat16, torch.bfloat16, None, True, False),
+        "rms bwd ours, no dw": bwd(ours_rms, (x,)),
+        "rms fwd ours (grad)": lambda: ours_rms(x),
+        "rms fwd+bwd ours": fwd_bwd(ours_rms),
+        "ln bwd ours": bwd(ours_ln, (x, w, b)),
+        "ln fwd+bwd ours": fwd_bwd(ours_ln),
+    }
+
+
+cases = {}
+for root, nm in zip(ROOTS, PKGS):
+    cases.update({(f"{k} [{root}]" if len(ROOTS) > 1 else k): v for k, v in package_cases(nm).items()})
+cases.update({
     "rms bwd F": bwd(F_rms, (x, w)),
-    "rms bwd ours impl (main thread)": lambda: rn._rms_norm_bwd_impl(dy, None, xd, wd, rstd, 0.0, torch.bfloat16,
-                                                                     torch.bfloat16, None, True, False),
-    "rms bwd ours, no dw": bwd(ours_rms, (x,)),
-    "rms fwd ours (grad)": lambda: ours_rms(x),
-    "rms fwd+bwd ours": fwd_bwd(ours_rms),
     "rms fwd+bwd F": fwd_bwd(F_rms),
-    "ln bwd ours": bwd(ours_ln, (x, w, b)),
     "ln bwd F": bwd(F_ln, (x, w, b)),
-    "ln fwd+bwd ours": fwd_bwd(ours_ln),
     "ln fwd+bwd F": fwd_bwd(F_ln),
     "empty (M, N)": lambda: torch.empty(M, N, device=dev, dtype=torch.bfloat16),
     "grad of x * 2": bwd(lambda t: t * 2, (x,)),
-}
+})
 for name, fn in cases.items():
     ms = do_bench(fn, rep=100)
-    print(f"{name:34s} host {host_us(fn):7.1f} us  pipelined {pipe_us(fn):7.1f} us/call  do_bench {ms * 1e3:7.1f} us",
+    print(f"{name:44s} host {host_us(fn):7.1f} us  pipelined {pipe_us(fn):7.1f} us/call  do_bench {ms * 1e3:7.1f} us",
           flush=True)
 
+first = package_cases(PKGS[0])
 pr = cProfile.Profile()
 for _ in range(40):
     torch.cuda.synchronize()
-    pr.enable(); cases["rms bwd ours impl (main thread)"](); pr.disable()
+    pr.enable(); first["rms bwd ours impl (main thread)"](); pr.disable()
 torch.cuda.synchronize()
 s = io.StringIO()
 pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(20)
 print("=== cProfile: rms bwd ours impl (main thread), 40 calls"); print(s.getvalue()[-5000:])
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-for name in ("rms bwd ours", "rms bwd F"):
+for name, fn in (("rms bwd ours", first["rms bwd ours"]), ("rms bwd F", cases["rms bwd F"])):
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(10):
-            torch.cuda.synchronize(); cases[name]()
+            torch.cuda.synchronize(); fn()
         torch.cuda.synchronize()
     print("=== torch.profiler (CPU, 10 calls):", name)
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=22, max_name_column_width=55))
