@@ -171,10 +171,13 @@ def test_schedule_never_changes_bits(norms, device, M, N, dtype):
         y = torch.full_like(x, float("nan"))
         mean = torch.full((M,), float("nan"), device=device)
         rstd = torch.full((M,), float("nan"), device=device)
-        ex.ln_exact_forward(x, w, b, y, mean, rstd, 1e-5, x, **{k: v for k, v in sched.items() if k != "split"})
-        assert np.array_equal(mean.cpu().numpy(), ln_mean), sched
-        assert np.array_equal(rstd.cpu().numpy(), _rstd(ln_var, 1e-5, device)), sched
-        outs.append(y)
+        if sched != dict(split=True):  # LayerNorm has no split trees: that schedule is the default one again
+            ex.ln_exact_forward(x, w, b, y, mean, rstd, 1e-5, x, **{k: v for k, v in sched.items() if k != "split"})
+            assert np.array_equal(mean.cpu().numpy(), ln_mean), sched
+            assert np.array_equal(rstd.cpu().numpy(), _rstd(ln_var, 1e-5, device)), sched
+            outs.append(y)
+        else:
+            outs.append(first[2])
         assert all(torch.isfinite(o).all() for o in outs)
         if first is None:
             first = outs
@@ -183,11 +186,13 @@ def test_schedule_never_changes_bits(norms, device, M, N, dtype):
 
 @pytest.mark.slow
 def test_exact_forwards_compile_with_few_registers(built, tmp_path):
-    """The exact forwards, as the layers launch them, lower for an H100/H200 and an MI300, and on sm_90 none keeps a
-    row's partial results per thread (``benchmarks/norms_exact_registers.py``; LayerNorm at most 64 registers, the
-    RMS orders 128). The trees these replaced took, under Triton 3.6 on sm_90, 126-255 registers for LayerNorm (32-56
-    now), 255 and spills for the mean order at 16384 elements (44 now), and under Triton 3.9 140-255 for LayerNorm;
-    ``results/norms_exact_registers_2026-12-02.md``. The 4352-wide rows take LayerNorm's masked Welford path."""
+    """The exact forwards, as the layers launch them, lower for an H100/H200 and an MI300, and on sm_90 stay within
+    LayerNorm 64 / RMS orders 128 registers with nothing on the stack (``benchmarks/norms_exact_registers.py``). The
+    split sum trees the schedule picks for rows of 2049-8191 (mean order) and 2049-4096 (fused order) elements hold
+    a row's partial sums per thread (86 / 48 registers); elsewhere the trees keep few. The trees session 18 replaced
+    took, under Triton 3.6 on sm_90, 126-255 registers for LayerNorm, 255 and spills for the mean order at 16384
+    elements, and under Triton 3.9 140-255 for LayerNorm; ``results/norms_exact_registers_2026-12-02.md``. The
+    4352-wide rows take LayerNorm's masked Welford path."""
     import os
     import subprocess
     import sys

@@ -184,10 +184,11 @@ def default_schedule(stats: int, N: int, elem: int, stats_width: int, iters: int
     * fused RMS order: 4 warps with 2-trip groups and 1024-element chunks up to 4096 (split trees at 4096: 3474 ->
       3944 GB/s); wider rows keep the whole statistics loop unrolled up to 128 trips (4 rows over 16 warps were
       2% faster at 8192 and 3% slower at 5120), 8-trip groups beyond (not measured);
-    * LayerNorm: one row over 2 / 4 warps up to 2048 / 4096 elements (2048: 3315 -> 3795 GB/s), two rows over 8
-      warps up to 16384, the whole loop unrolled up to 32 trips and 4096-element chunks; 2 rows over 4 warps in
-      8-trip groups and 2048-element chunks above (65536: 2304 GB/s, every schedule 2300-2340; 4 rows over 8 warps
-      spill 8 bytes under Triton 3.9).
+    * LayerNorm, by bytes of a row (bf16 elements in parentheses; fp32 rows take the rule of their bytes, not
+      measured): one row over 2 / 4 warps up to 4 / 8 KiB (2048 / 4096; 2048: 3315 -> 3795 GB/s), two rows over 8
+      warps up to 32 KiB (16384), the whole loop unrolled up to 32 trips and 8 KiB chunks; 2 rows over 4 warps in
+      8-trip groups and 4 KiB chunks above (65536: 2304 GB/s, every schedule 2300-2340; 4 rows over 8 warps spill
+      8 bytes under Triton 3.9).
 
     Narrower rows (the mean order below 2048 elements, every order at most 512) keep :func:`_tiles`' rules."""
     if N <= SMALL_ROW_TILE:
@@ -198,13 +199,13 @@ def default_schedule(stats: int, N: int, elem: int, stats_width: int, iters: int
         return dict(rows=1, num_warps=16, unroll=min(iters, 32), apply_bytes=16384 * elem)
     if stats == STATS_MEAN and stats_width == 2048 and N >= 8192:
         return dict(rows=2, num_warps=16, unroll=min(iters, 8), apply_bytes=8192 * elem)
-    if stats == STATS_VEC and layer_norm:
-        if N <= 4096:
-            warps = 2 if N <= 2048 else 4
-            return dict(rows=1, num_warps=warps, unroll=iters, apply_bytes=1024 * warps * elem)
-        if N <= 16384:
-            return dict(rows=2, num_warps=8, unroll=min(iters, 32), apply_bytes=4096 * elem)
-        return dict(rows=2, num_warps=4, unroll=8, apply_bytes=2048 * elem)
+    if stats == STATS_VEC and layer_norm:  # in bytes of a row: measured on bf16 rows only
+        if N * elem <= 8192:
+            warps = 2 if N * elem <= 4096 else 4
+            return dict(rows=1, num_warps=warps, unroll=iters, apply_bytes=2048 * warps)
+        if N * elem <= 32768:
+            return dict(rows=2, num_warps=8, unroll=min(iters, 32), apply_bytes=8192)
+        return dict(rows=2, num_warps=4, unroll=8, apply_bytes=4096)
     if stats == STATS_VEC and N <= 4096:
         return dict(rows=1, num_warps=4, unroll=2, apply_bytes=1024 * elem, split=N > 2048)
     if stats == STATS_VEC:
@@ -275,7 +276,7 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
     R, block_n, loop, warps, unroll = _tiles(N, elem, rows_default, _interp_rows(M, _rms_exact_fwd_kernel, rows),
                                              num_warps, width, iters, unroll, apply_bytes, stats)
     if split is None:
-        split = stats != STATS_ROWWISE and default_schedule(stats, N, elem, width, iters).get("split", False)
+        split = default_schedule(stats, N, elem, width, iters).get("split", False)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps,
                 ALIGNED=stats == STATS_MEAN and N % 4 == 0, UNROLL=unroll, SPLIT=split)
     return Launch(_rms_exact_fwd_kernel, (cdiv(M, R),),

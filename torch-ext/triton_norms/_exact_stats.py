@@ -6,8 +6,9 @@ elements, keeps one accumulator per CUDA thread (and per vector lane) in a
 register tensor, and combines the accumulators with explicit halving trees (element i +=
 element i + half), as ATen's shared-memory and ``shfl_down`` stages are (intra-warp offsets
 decreasing since torch 2.10 or so; older releases paired adjacent lanes instead). ``tl.sum``
-never adds more than two floats (its order over more is the compiler's): the sums of squares
-add one axis of size 2 per level (:func:`_fold_mid`), and the Welford states (LayerNorm, the
+never adds more than two floats (its order over more is the compiler's): each level of the sums of
+squares adds one pair, as a sum over an axis of size 2 or as the halves of a split
+(:func:`_fold_mid`, whichever the schedule picks), and the Welford states (LayerNorm, the
 row-wise order) move with gathers that do what ``shfl_down`` does (:func:`_down`). Loads that
 fall outside a row give 0, which leaves a sum of squares unchanged; the Welford updates are
 masked instead, except in LayerNorm rows of a multiple of 512 elements, where every thread
@@ -31,7 +32,7 @@ def _fold_mid(t, LEVELS: tl.constexpr, SPLIT: tl.constexpr):
     ``SPLIT`` False: each level sums an axis of size 2 (one addition in any order), which compiles to shuffles and
     keeps a few registers per thread. ``SPLIT`` True: each level splits a permuted reshape into its halves, which
     Triton 3.6 lays out with a row's partial sums in every thread: faster on narrow rows (mean order at 4096
-    elements: 3921 against 3227 GB/s on the H200), 255 registers and spills at 16384
+    elements, same schedule: 3888 against 3252 GB/s on the H200), 255 registers and spills at 16384
     (``results/norms_exact_2026-12-02_session19.md``)."""
     for _ in tl.static_range(LEVELS):
         if SPLIT:
