@@ -6,17 +6,16 @@ its host time (issue 7's fwd+bwd >= 3500 GB/s: at 32768 x 4096 the kernels alone
 ``ROOT``: checkouts to build triton-norms from (default: this one); with several, the package cases run for each
 (an A/B in one process, e.g. ``git worktree add /tmp/old <commit>``), the profiles for the first.
 
-Per case: the median wall time of one call started on an idle GPU (a sync before each: Python, allocations,
-launches), the time per call of 100 back-to-back calls (one sync at the end), and do_bench's median (L2 flushed).
+Per case: the harness's host time (``triton_collection.bench.host_us_per_call``: the median wall time of one call
+started on an idle GPU), the time per call of 100 back-to-back calls with one sync at the end (``wall_us_per_call``,
+median of 3), and do_bench's median (L2 flushed).
 Then a cProfile of our backward's implementation called on the main thread, and a torch.profiler table of
 ``torch.autograd.grad`` (the autograd engine runs the backward on its device thread, which cProfile cannot see).
 """
 import cProfile
 import io
 import pstats
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,32 +24,11 @@ from triton.testing import do_bench
 
 sys.path.insert(0, "benchmarks")
 from sweep_common import load_packages  # noqa: E402
+from triton_collection.bench import host_us_per_call, wall_us_per_call  # noqa: E402
 
 ROOTS = sys.argv[1:] or ["."]
 PKGS = [load_packages(["triton-norms"], cpu=False, root=Path(r))[0] for r in ROOTS]
 dev = "cuda"
-
-
-def host_us(fn, samples=30):
-    fn(); fn()
-    ts = []
-    for _ in range(samples):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter(); fn(); ts.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(ts)
-
-
-def pipe_us(fn, n=100):
-    fn(); torch.cuda.synchronize()
-    best = 1e9
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-    return best
 
 
 M, N = 32768, 4096
@@ -107,8 +85,8 @@ cases.update({
 })
 for name, fn in cases.items():
     ms = do_bench(fn, rep=100)
-    print(f"{name:44s} host {host_us(fn):7.1f} us  pipelined {pipe_us(fn):7.1f} us/call  do_bench {ms * 1e3:7.1f} us",
-          flush=True)
+    host, pipelined = host_us_per_call(fn, samples=30), wall_us_per_call(fn, calls=100, repeats=3)
+    print(f"{name:44s} host {host:7.1f} us  pipelined {pipelined:7.1f} us/call  do_bench {ms * 1e3:7.1f} us", flush=True)
 
 first = package_cases(PKGS[0])
 pr = cProfile.Profile()

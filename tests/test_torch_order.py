@@ -89,7 +89,7 @@ def test_narrow_rows_share_a_program_without_changing_bits(norms, device, N, ord
     per program, for RMSNorm in both torch orders and for LayerNorm."""
     ex = norms._exact
     order_id = ex.ORDER_MEAN if order == "mean" else ex.ORDER_FUSED
-    rows, _, loop, _, _ = ex._tiles(N, 4, 1, None, None, 4 * 32 if order == "mean" else 512)
+    rows, _, loop, _, _, _ = ex._tiles(N, 4, 1, None, None, 4 * 32 if order == "mean" else 512)
     assert not loop and rows > 1  # the GPU rule groups these rows
     torch.manual_seed(N)
     M = 37

@@ -215,9 +215,10 @@ def default_schedule(stats: int, N: int, elem: int, stats_width: int, iters: int
 
 def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps: Optional[int],
            stats_width: int = 0, iters: int = 1, unroll: Optional[int] = None, apply_bytes: Optional[int] = None,
-           stats: int = 0, layer_norm: bool = False):
-    """(ROWS, BLOCK_N, LOOP, num_warps, UNROLL): rows per program, the normalisation tile, warps and the
-    statistics loop's unrolled group. None picks :func:`default_schedule`'s value, else the generic rule:
+           stats: int = 0, layer_norm: bool = False, split: Optional[bool] = None):
+    """(ROWS, BLOCK_N, LOOP, num_warps, UNROLL, SPLIT): rows per program, the normalisation tile, warps, the
+    statistics loop's unrolled group and the sum trees' layout (``_exact_stats._fold_mid``; the RMS orders). None
+    picks :func:`default_schedule`'s value, else the generic rule (SPLIT False):
     4 warps; one row per program for the mean order, two for the fused orders; narrow rows
     (statistics and normalisation tiles of at most SMALL_ROW_TILE elements) share a program up to
     SMALL_TILE elements (one row of 64 per program ran the SD3.5 q/k norms, 155,648 rows, at
@@ -231,6 +232,7 @@ def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps:
     num_warps = tuned.get("num_warps") if num_warps is None else num_warps
     unroll = tuned.get("unroll") if unroll is None else unroll
     apply_bytes = tuned.get("apply_bytes") if apply_bytes is None else apply_bytes
+    split = tuned.get("split", False) if split is None else split
     max_bytes = MAX_ROW_BYTES if apply_bytes is None else apply_bytes
     block_n = next_power_of_2(N)
     loop = block_n * elem > max_bytes
@@ -243,7 +245,7 @@ def _tiles(N: int, elem: int, rows_default: int, rows: Optional[int], num_warps:
             rows = max(rows, SMALL_TILE // width)
     if unroll is None:
         unroll = iters if iters <= 64 else 1
-    return rows, block_n, loop, 4 if num_warps is None else num_warps, max(1, min(unroll, iters))
+    return rows, block_n, loop, 4 if num_warps is None else num_warps, max(1, min(unroll, iters)), split
 
 
 def _fused_stats(N: int, vectorized: bool) -> tuple:
@@ -263,7 +265,7 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
     :func:`fused_vectorized` of the call) on M rows of N elements ``stride_row`` apart, whose pointer
     arguments are (x, weight, bias, y, rstd): a pure function of its arguments, cached because it runs on
     every call of a layer (host time matters for small inputs). ``rows`` ... ``apply_bytes``: see :func:`_tiles`;
-    ``split``: the sum trees' layout (``_exact_stats._fold_mid``), None: :func:`default_schedule`'s."""
+    ``split``: the sum trees' layout, as ``rows`` ... ."""
     factor = 1.0
     meta = dict(VEC=False, BW=1, BHR=1, CTAS=1, CP=1, LOG_BHR=0, LOG_BW=0, LOG_PAD=0, LOG_WRAP=0)
     if order == ORDER_MEAN:
@@ -273,10 +275,9 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
         width = 4 * cfg.bw * cfg.bhr
     else:
         (stats, iters, width), rows_default = _fused_stats(N, vectorized), 2
-    R, block_n, loop, warps, unroll = _tiles(N, elem, rows_default, _interp_rows(M, _rms_exact_fwd_kernel, rows),
-                                             num_warps, width, iters, unroll, apply_bytes, stats)
-    if split is None:
-        split = default_schedule(stats, N, elem, width, iters).get("split", False)
+    R, block_n, loop, warps, unroll, split = _tiles(N, elem, rows_default,
+                                                    _interp_rows(M, _rms_exact_fwd_kernel, rows), num_warps, width,
+                                                    iters, unroll, apply_bytes, stats, split=split)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps,
                 ALIGNED=stats == STATS_MEAN and N % 4 == 0, UNROLL=unroll, SPLIT=split)
     return Launch(_rms_exact_fwd_kernel, (cdiv(M, R),),
@@ -305,8 +306,8 @@ def ln_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.devi
     arguments are (x, weight, bias, y, mean, rstd): a pure function of its arguments, cached like
     :func:`rms_exact_plan` (host time). ``rows`` ... ``apply_bytes``: see :func:`_tiles`."""
     stats, iters, width = _fused_stats(N, vectorized)
-    R, block_n, loop, warps, unroll = _tiles(N, elem, 2, _interp_rows(M, _ln_exact_fwd_kernel, rows), num_warps,
-                                             width, iters, unroll, apply_bytes, stats, True)
+    R, block_n, loop, warps, unroll, _ = _tiles(N, elem, 2, _interp_rows(M, _ln_exact_fwd_kernel, rows), num_warps,
+                                                width, iters, unroll, apply_bytes, stats, True)
     meta = meta_items(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters,
                       MEAN_FMA=LN_MEAN_FMA if mean_fma is None else mean_fma, UNROLL=unroll,
                       FULL=stats == STATS_VEC and N % (4 * LN_VEC_THREADS) == 0,

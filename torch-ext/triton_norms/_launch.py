@@ -86,6 +86,13 @@ def num_partial_programs(device: torch.device, M: int) -> int:
     return max(1, min(M, 8 * units))
 
 
+def backward_strides(dy2, x2, dh2) -> tuple:
+    """The stride arguments of a one-block norm backward: dy's row and column, x's row, dh's row and column (0, 0
+    without dh)."""
+    dh = (dh2.stride(0), dh2.stride(1)) if dh2 is not None else (0, 0)
+    return (dy2.stride(0), dy2.stride(1), x2.stride(0), *dh)
+
+
 def partial_grid(device: torch.device, M: int) -> tuple:
     """``(P, rows_per_program)`` of a backward over M rows with one fp32 dw/db partial per program: at most
     :func:`num_partial_programs` programs, each taking ``rows_per_program`` consecutive rows (the last fewer)."""

@@ -29,7 +29,7 @@ from ._common import (
     round_to, rows_of, rows_view, store_dx, vector,
 )
 from ._exact import ln_exact_forward
-from ._launch import FWD_BYTES_PER_THREAD, MAX_FUSED_BYTES, partial_grid, pick_config
+from ._launch import FWD_BYTES_PER_THREAD, MAX_FUSED_BYTES, backward_strides, partial_grid, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
@@ -278,8 +278,7 @@ def _layer_norm_bwd_impl(
         dw_part, db_part = parts
         return dx, dres, (dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)), \
             (db_part.sum(0) if need_db else x.new_empty(0))
-    strides = (dy2.stride(0), dy2.stride(1), x2.stride(0),
-               *((dh2.stride(0), dh2.stride(1)) if dh2 is not None else (0, 0)))
+    strides = backward_strides(dy2, x2, dh2)
     P, run = _bwd_plan(M, N, x.element_size(), x.device, strides)
     dw_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_dw else None
     db_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_db else None
