@@ -261,7 +261,14 @@ def test_launch_configs_respect_thread_limit(attention, warp_size):
         f = attention.pick_fwd_config(d, interp, warp_size, es)
         b = attention.pick_bwd_config(d, interp, warp_size, es)
         assert f.num_warps * warp_size <= 1024 and b.num_warps * warp_size <= 1024
+        assert b.dq_launch["num_warps"] * warp_size <= 1024
         assert min(f.block_m, f.block_n, b.block_m1, b.block_n1, b.block_m2, b.block_n2) >= 16
+
+
+def test_bwd_config_dq_launch(attention):
+    """The dQ kernel takes the dK/dV kernel's warps and stages unless its own are given."""
+    assert attention.BwdConfig(64, 64, 64, 64, 4, 2).dq_launch == {"num_warps": 4, "num_stages": 2}
+    assert attention.BwdConfig(64, 128, 128, 64, 8, 2, 4, 3).dq_launch == {"num_warps": 4, "num_stages": 3}
 
 
 # ----------------------------------------------------------------------------- rotary
@@ -613,7 +620,8 @@ def test_flash_tma_forward_path(attention, device, causal, layout, rope, ws):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_tma_backward_path(attention, device, causal):
-    """The tensor-descriptor backward kernels (opt-in), forced on under the interpreter: equal to the pointer ones."""
+    """The tensor-descriptor backward kernels (the default on sm90+ where they apply), forced on under the
+    interpreter: equal to the pointer ones."""
     import sys
 
     flash = sys.modules[attention.__name__ + ".flash"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 
@@ -41,6 +42,14 @@ class BwdConfig:
     block_n2: int
     num_warps: int
     num_stages: int
+    num_warps2: Optional[int] = None  # the dQ kernel's warps (None: num_warps)
+    num_stages2: Optional[int] = None  # the dQ kernel's stages (None: num_stages)
+
+    @property
+    def dq_launch(self) -> dict:
+        """``num_warps`` / ``num_stages`` of the dQ kernel."""
+        return {"num_warps": self.num_warps if self.num_warps2 is None else self.num_warps2,
+                "num_stages": self.num_stages if self.num_stages2 is None else self.num_stages2}
 
 
 def clamp_warps(num_warps: int, warp_size: int) -> int:
@@ -81,7 +90,8 @@ def pick_bwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element
         cfg = BwdConfig(64, 64, 64, 64, 4, 2)  # H200 d=128: 326-365 TFLOP/s, best of 4 (benchmarks/NOTES.md)
     else:
         cfg = BwdConfig(32, 64, 64, 32, 4, 2)
-    return replace(cfg, num_warps=clamp_warps(cfg.num_warps, warp_size))
+    return replace(cfg, num_warps=clamp_warps(cfg.num_warps, warp_size),
+                   num_warps2=None if cfg.num_warps2 is None else clamp_warps(cfg.num_warps2, warp_size))
 
 
 def fwd_config_for(t: torch.Tensor, head_dim: int, interpret: bool, masked: bool = False) -> FwdConfig:

@@ -684,7 +684,11 @@ TMA_FWD = False  # opt-in: no faster than the pointer kernel on the H200 (501 vs
 TMA_CONFIG = FwdConfig(128, 128, 8, 3)
 TMA_WS = False  # warp-specialised main loop (tl.range(warp_specialize=True)) in the TMA forward
 TMA_REVERSE = True  # causal: longest query blocks first
-TMA_BWD = False  # the tensor-descriptor backward kernels (opt-in until measured faster)
+# the tensor-descriptor backward kernels where they apply (_tma_eligible, no mask gradient), with these tiles:
+# H200 (bf16, d = 128, session 20, benchmarks/attention_bwd_sweep.py) 421 / 362 / 420 / 375 TFLOP/s against the
+# pointer kernels' 386 / 319 / 386 / 349 at S = 4096 / 4096 causal / 16384 / 16384 causal
+TMA_BWD = True
+TMA_BWD_CONFIG = BwdConfig(64, 64, 64, 64, 4, 2)
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # older Triton: the pointer kernel everywhere
@@ -788,9 +792,11 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
     check_launch_device(q, _attn_bwd_dq_kernel)
     interp = is_interpreter(_attn_bwd_dq_kernel)
     BD, BDV = padded_head_dim(D), padded_head_dim(DV)
+    default_cfg = cfg is None
     cfg = cfg or bwd_config_for(q, max(BD, BDV), interp)
     m, ms, kind = _mask_view(mask, B, H, Sq, Sk, qv)
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    extra2 = {} if interp else cfg.dq_launch
     delta = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     block_delta = 16 if interp else 64
     _bwd_delta_kernel[(cdiv(Sq, block_delta), H, B)](
@@ -799,7 +805,7 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
     )
     if (TMA_BWD if tma_bwd is None else tma_bwd) and not need_dmask and _tma_eligible(qv, kv, vv, mask, interp) \
             and _tma_ok(dov) and D == DV and D == BD:
-        tcfg = BwdConfig(16, 16, 16, 16, 1, 1) if interp else cfg
+        tcfg = BwdConfig(16, 16, 16, 16, 1, 1) if interp else TMA_BWD_CONFIG if default_cfg else cfg
         dsc = lambda t, bs: TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bs, D])  # noqa: E731
         _attn_bwd_dkdv_tma_kernel[(cdiv(Sk, tcfg.block_n1), Hk, B)](
             dsc(qv, tcfg.block_m1), dsc(kv, tcfg.block_n1), dsc(vv, tcfg.block_n1), dsc(dov, tcfg.block_m1),
@@ -809,22 +815,22 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
         _attn_bwd_dq_tma_kernel[(cdiv(Sq, tcfg.block_m2), H, B)](
             dsc(qv, tcfg.block_m2), dsc(kv, tcfg.block_n2), dsc(vv, tcfg.block_n2), dsc(dov, tcfg.block_m2),
             lse, delta, dq, *dq.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale,
-            D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m2, BLOCK_N=tcfg.block_n2, **extra,
+            D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m2, BLOCK_N=tcfg.block_n2, **extra2,
         )
         return back(dq), back(dk), back(dv), ds
     common = dict(MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype), F32=interp and q.dtype == torch.bfloat16,
-                  BLOCK_D=BD, BLOCK_DV=BDV, **extra)
+                  BLOCK_D=BD, BLOCK_DV=BDV)
     _attn_bwd_dkdv_kernel[(cdiv(Sk, cfg.block_n1), Hk, B)](
         qv, kv, vv, m, dov, lse, delta, dk, dv,
         *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dk.stride(), *dv.stride(),
         H, Sq, Sk, H // Hk, scale * LOG2E, scale, D, DV,
-        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, **common,
+        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, **common, **extra,
     )
     _attn_bwd_dq_kernel[(cdiv(Sq, cfg.block_m2), H, B)](
         qv, kv, vv, m, dov, lse, delta, dq, ds,
         *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dq.stride(),
         H, Sq, Sk, H // Hk, scale * LOG2E, scale, D, DV,
-        STORE_DS=need_dmask, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, **common,
+        STORE_DS=need_dmask, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, **common, **extra2,
     )
     return back(dq), back(dk), back(dv), ds
 
