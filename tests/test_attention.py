@@ -618,6 +618,30 @@ def test_flash_tma_forward_path(attention, device, causal, layout, rope, ws):
         assert_close(g, w.double(), GRAD_TOL[torch.float16])
 
 
+def test_tma_eligibility(attention, monkeypatch):
+    """Which calls the tensor-descriptor kernels take on an sm90+ GPU (the device check faked): fp16/bf16 without a
+    mask, d = 64 or 128 with Dv = d, at least one query tile, 16-byte aligned strides."""
+    import sys
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    if flash.TensorDescriptor is None:
+        pytest.skip("this Triton has no tensor descriptors")
+    monkeypatch.setattr(flash, "_has_tma", lambda device: True)
+
+    def ok(B=1, H=2, S=256, D=128, DV=None, dtype=torch.bfloat16, mask=None, k_stride_pad=0):
+        q = torch.empty(B, H, S, D, dtype=dtype)
+        k = torch.empty(B, H, S, D + k_stride_pad, dtype=dtype)[..., :D]
+        v = torch.empty(B, H, S, DV or D, dtype=dtype)
+        return flash._tma_eligible(q, k, v, mask, False)
+
+    assert ok(D=128) and ok(D=64) and ok(D=64, dtype=torch.float16)
+    assert not ok(D=32) and not ok(D=256) and not ok(D=96) and not ok(D=128, DV=64)
+    assert not ok(dtype=torch.float32) and not ok(mask=torch.zeros(1)) and not ok(S=100)
+    assert ok(D=64, S=64) and not ok(D=64, S=63)  # d = 64 runs 64-query tiles
+    assert not ok(k_stride_pad=4)  # a row stride of 264 bytes is not a multiple of 16
+    assert not flash._tma_eligible(*(torch.empty(1, 2, 256, 128, dtype=torch.bfloat16),) * 3, None, True)  # interp
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_tma_backward_path(attention, device, causal):
     """The tensor-descriptor backward kernels (the default on sm90+ where they apply), forced on under the

@@ -677,16 +677,23 @@ def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-# TMA forward: used by default where it applies (see _tma_eligible); FORCE_TMA makes the tests run it
-# under the interpreter too.
+# The tensor-descriptor (TMA) kernels: used by default where they apply (see _tma_eligible: sm90+, fp16/bf16,
+# no mask, d = 64 or 128, aligned strides); FORCE_TMA makes the tests run them under the interpreter too.
 FORCE_TMA = False
-TMA_FWD = False  # opt-in: no faster than the pointer kernel on the H200 (501 vs 502 TFLOP/s), slower with RoPE
-TMA_CONFIG = FwdConfig(128, 128, 8, 3)
+# The TMA forward runs without the fused RoPE (measured slower with it on 2026-11-30), with tiles per head dim.
+# H200, bf16, session 20 (benchmarks/attention_tile_sweep.py, results/attention_tiles_2026-12-02.txt), TFLOP/s
+# against the pointer kernel's (128 x 128 tiles, 8 warps, 3 stages, the default for both head dims then):
+# d = 128: 509 / 452 / 512 / 506 / 482 against 491-503 / 429-433 / 505 / 492-496 / 458-472 at S = 4096,
+# 4096 causal, 16384, 16384 causal and Flux's 4608 x 24 heads; d = 64: 431 against 334 at SD3.5's 2 x 38 x 4429,
+# 383 against 309 at S = 4096 causal (the 64 x 64 tiles: 416 / 390).
+TMA_FWD = True
+TMA_CONFIGS = {128: FwdConfig(128, 128, 8, 3), 64: FwdConfig(64, 128, 4, 3)}
 TMA_WS = False  # warp-specialised main loop (tl.range(warp_specialize=True)) in the TMA forward
 TMA_REVERSE = True  # causal: longest query blocks first
 # the tensor-descriptor backward kernels where they apply (_tma_eligible, no mask gradient), with these tiles:
-# H200 (bf16, d = 128, session 20, benchmarks/attention_bwd_sweep.py) 421 / 362 / 420 / 375 TFLOP/s against the
-# pointer kernels' 386 / 319 / 386 / 349 at S = 4096 / 4096 causal / 16384 / 16384 causal
+# H200 (bf16, session 20, benchmarks/attention_tile_sweep.py) d = 128: 421 / 362 / 420 / 375 TFLOP/s against the
+# pointer kernels' 386 / 319 / 386 / 349 at S = 4096 / 4096 causal / 16384 / 16384 causal; d = 64: 353 / 294
+# against 260 / 250 at SD3.5's 2 x 38 x 4429 and S = 4096 causal
 TMA_BWD = True
 TMA_BWD_CONFIG = BwdConfig(64, 64, 64, 64, 4, 2)
 try:
@@ -716,7 +723,7 @@ def _tma_eligible(qv: Tensor, kv: Tensor, vv: Tensor, mask, interp: bool) -> boo
     if interp or not _has_tma(qv.device):
         return False
     D = qv.shape[3]
-    return (D == 128 and vv.shape[3] == D and qv.shape[2] >= TMA_CONFIG.block_m
+    return (D in TMA_CONFIGS and vv.shape[3] == D and qv.shape[2] >= TMA_CONFIGS[D].block_m
             and _tma_ok(qv) and _tma_ok(kv) and _tma_ok(vv))
 
 
@@ -761,8 +768,8 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
     else:
         cv = sv = qv
         cs = ss = (0, 0, 0, 0)
-    if default_cfg and (TMA_FWD or FORCE_TMA) and _tma_eligible(qv, kv, vv, mask, interp):
-        tma_cfg = FwdConfig(16, 16, 1, 1) if interp else TMA_CONFIG
+    if default_cfg and (FORCE_TMA or TMA_FWD and not rope) and _tma_eligible(qv, kv, vv, mask, interp):
+        tma_cfg = FwdConfig(16, 16, 1, 1) if interp else TMA_CONFIGS.get(D, TMA_CONFIGS[128])
         _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, tma_cfg, interp, cv, sv, cs, ss, rope)
         return (o.transpose(1, 2) if out_bshd else o), lse
     _attn_fwd_kernel[grid](
