@@ -115,6 +115,7 @@ class TeamPlan:
     num_warps: int
     maxnreg: int  # register cap per thread (NVIDIA launches only)
     fp_fusion: bool = False  # contract a * b + c everywhere in the kernel (where no result must round as eager)
+    affine: int = 0  # the norm forwards' AFFINE constexpr: where a member loads its weight / bias (see _wide)
 
     @property
     def grid(self) -> tuple:
@@ -147,7 +148,8 @@ def team_split(N: int, elem: int, rows: int, device: torch.device, tuned, on_cpu
     """The persistent teams for ``rows`` rows of ``N`` elements of ``elem`` bytes, or None (no team).
 
     ``tuned``: ``{"min_row_bytes", "chunk_bytes", "num_warps", "programs_per_sm", "maxnreg"}`` and optionally
-    ``"fp_fusion"`` (default False: the launch keeps eager rounding, ``_device.launch_options``), a list of such
+    ``"fp_fusion"`` (default False: the launch keeps eager rounding, ``_device.launch_options``) and ``"affine"``
+    (default 0: the norm forwards' ``AFFINE``), a list of such
     settings by row width (``tier_for``), or None (never); ``on_cpu``: teams on CPU tensors (the interpreter).
     Rows of at least ``min_row_bytes`` go to ceil(N / block_n) programs of ``block_n`` = chunk_bytes / elem (a
     power of 2) columns; None when not even one team fits the device at once.
@@ -163,4 +165,5 @@ def team_split(N: int, elem: int, rows: int, device: torch.device, tuned, on_cpu
     teams = min(rows, sm_count(device) * programs_per_sm(device, warps, tuned) // team)
     if teams < 1 or rows * team >= 2**31:
         return None
-    return TeamPlan(team, teams, block, warps, tuned["maxnreg"], bool(tuned.get("fp_fusion", False)))
+    return TeamPlan(team, teams, block, warps, tuned["maxnreg"], bool(tuned.get("fp_fusion", False)),
+                    int(tuned.get("affine", 0)))

@@ -204,14 +204,29 @@ def grad_rows(g: torch.Tensor, N: int) -> torch.Tensor:
 
 
 @triton.jit
-def load_affine(w_ptr, b_ptr, offs, mask):
-    """``(w, b)`` of one chunk in fp32; 0.0 for an absent one (its pointer None: never used)."""
+def load_affine(w_ptr, b_ptr, offs, mask, RAW: tl.constexpr = False):
+    """``(w, b)`` of one chunk in fp32 (``RAW``: as stored, for :func:`affine_f32` later); 0.0 for an absent one
+    (its pointer None: never used)."""
     w = 0.0
     b = 0.0
     if w_ptr is not None:
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+        if not RAW:
+            w = w.to(tl.float32)
     if b_ptr is not None:
-        b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + offs, mask=mask, other=0.0)
+        if not RAW:
+            b = b.to(tl.float32)
+    return w, b
+
+
+@triton.jit
+def affine_f32(w, b, w_ptr, b_ptr):
+    """``(w, b)`` from :func:`load_affine` with ``RAW`` in fp32 (absent ones stay 0.0)."""
+    if w_ptr is not None:
+        w = w.to(tl.float32)
+    if b_ptr is not None:
+        b = b.to(tl.float32)
     return w, b
 
 
@@ -241,9 +256,16 @@ def rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE: tl.c
 def ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE: tl.constexpr):
     """LayerNorm's output for one chunk: ``round((x - mean) * rstd * w + b)`` in fp32, rounded once; the
     one-program kernels and the team forward (``_wide``) share it."""
+    w, b = load_affine(w_ptr, b_ptr, offs, mask)
+    return ln_affine(x, mean, rstd, w, b, w_ptr, b_ptr, OUT_DTYPE)
+
+
+@triton.jit
+def ln_affine(x, mean, rstd, w, b, w_ptr, b_ptr, OUT_DTYPE: tl.constexpr):
+    """LayerNorm's output for one chunk from ``w`` / ``b`` already loaded (fp32, :func:`load_affine`)."""
     y = (x - mean) * rstd
     if w_ptr is not None:
-        y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = y * w
     if b_ptr is not None:
-        y = y + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = y + b
     return round_to(y, OUT_DTYPE)

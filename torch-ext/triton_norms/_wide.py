@@ -14,8 +14,8 @@ its teammates, so the loads of one row overlap the meeting of the previous one.
                mean = sum_k s_k / N,  var = sum_k (q_k + n_k (s_k / n_k - mean)^2) / N
                (Chan et al.'s pairwise combination: one meeting, no cancellation)
 
-The outputs use the rounding points of ``rms_norm`` / ``layer_norm`` (``_common.rms_apply`` /
-``ln_apply``, shared with their kernels); member 0 stores the row's statistics. DRAM bytes: read
+The outputs use the rounding points of ``rms_norm`` / ``layer_norm`` (``_common.rms_affine`` /
+``ln_affine``, shared with their kernels; a setting's ``affine`` picks where a member loads its w / b); member 0 stores the row's statistics. DRAM bytes: read
 N*x (+ N*residual), write N*y (+ N*h), once each. On an H200 (bf16, 2026-12-01) this moved
 4096x65536 at 3398 GB/s and 1024x262144 at 3124, against torch.compile's 2849 / 2009.
 
@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import input_of, ln_apply, rms_apply, round_to, store_dx
+from ._common import affine_f32, input_of, ln_affine, load_affine, rms_affine, round_to, store_dx
 from ._fastlaunch import launch
 from ._rounding import round_dtype
 from ._team import team_gather, team_phases, team_publish, team_split, team_start
@@ -109,10 +109,13 @@ def _rms_team_fwd_kernel(
     BLOCK_N: tl.constexpr,
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,  # 0: one launch; 1: publish only; 2: gather and write (interpreter)
+    AFFINE: tl.constexpr = 0,  # w / b loaded 0: after the team meets, 1: before waiting on it, 2: once for all rows
 ):
     member, row, offs, mask = team_start(TEAM, N, BLOCK_N)
     k = tl.arange(0, TEAM_P2)
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    if AFFINE == 2:  # a member's columns are the same on every row
+        w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True)
     xr, rr = _load_raw(x_ptr, res_ptr, row, M, N, stride_x_row, stride_res_row, offs)
     while row < M:
         x = input_of(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
@@ -121,12 +124,17 @@ def _rms_team_fwd_kernel(
         nxt = row + TEAMS
         xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
         if PHASE != 1:
+            if AFFINE == 1:
+                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True)
             ss = tl.sum(team_gather(ws_ptr + row * TEAM, k, TEAM, 0.0), axis=0)
             rstd = tl.math.rsqrt(ss / N + eps)
             if rstd_ptr is not None:
                 if member == 0:
                     tl.store(rstd_ptr + row, rstd)
-            y = rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE, OUT_DTYPE)
+            if AFFINE == 0:
+                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True)
+            w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
+            y = rms_affine(x, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
             tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
         row = nxt
 
@@ -141,9 +149,12 @@ def _ln_team_fwd_kernel(
     BLOCK_N: tl.constexpr,
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,  # as the RMSNorm kernel's
+    AFFINE: tl.constexpr = 0,  # as the RMSNorm kernel's
 ):
     member, row, offs, mask = team_start(TEAM, N, BLOCK_N)
     k = tl.arange(0, TEAM_P2)
+    if AFFINE == 2:
+        w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True)
     # columns each member holds (the last one may hold fewer)
     counts = tl.minimum(tl.maximum(N - k * BLOCK_N, 0), BLOCK_N).to(tl.float32)
     n_mine = tl.minimum(N - member * BLOCK_N, BLOCK_N).to(tl.float32)
@@ -160,6 +171,8 @@ def _ln_team_fwd_kernel(
         nxt = row + TEAMS
         xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
         if PHASE != 1:
+            if AFFINE == 1:
+                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True)
             sums = team_gather(slots, k, TEAM, 0.0)
             mean = tl.sum(sums, axis=0) / N
             dev = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
@@ -169,7 +182,10 @@ def _ln_team_fwd_kernel(
                 if member == 0:
                     tl.store(mean_ptr + row, mean)
                     tl.store(rstd_ptr + row, rstd)
-            y = ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE)
+            if AFFINE == 0:
+                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True)
+            w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
+            y = ln_affine(x, mean, rstd, w, b, w_ptr, b_ptr, OUT_DTYPE)
             tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
         row = nxt
 
@@ -296,7 +312,8 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
     args = (x2, r2, w, b, y, h, rstd, ws, stride_x, stride_r, M, N, eps, weight_offset, plan.team, plan.teams)
     for phase in team_phases(x2.device, plan.team):
         launch(_rms_team_fwd_kernel, plan.grid, args,
-               plan.meta(_rms_team_fwd_kernel, x2.device, phase, CAST_DTYPE=round_dtype(cast_dtype)), x2.device)
+               plan.meta(_rms_team_fwd_kernel, x2.device, phase, CAST_DTYPE=round_dtype(cast_dtype),
+                         AFFINE=plan.affine), x2.device)
     return True
 
 
@@ -308,7 +325,8 @@ def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, ep
     ws = torch.zeros(2 * M * plan.team, dtype=torch.int64, device=x2.device)
     args = (x2, r2, w, b, y, h, mean, rstd, ws, stride_x, stride_r, M, N, eps, plan.team, plan.teams)
     for phase in team_phases(x2.device, plan.team):
-        launch(_ln_team_fwd_kernel, plan.grid, args, plan.meta(_ln_team_fwd_kernel, x2.device, phase), x2.device)
+        launch(_ln_team_fwd_kernel, plan.grid, args, plan.meta(_ln_team_fwd_kernel, x2.device, phase,
+                                                                AFFINE=plan.affine), x2.device)
     return True
 
 
