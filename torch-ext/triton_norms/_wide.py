@@ -52,15 +52,18 @@ from ._team import team_gather, team_phases, team_publish, team_split, team_star
 # registers: 2938). The rms_norm forward without a residual (session 15, results/team_tiers_2026-12-02.txt,
 # M x N = 2^28): 64 elements per thread and 16 warps per SM, 4 KiB chunks up to 64 members, then 8 KiB:
 # 3720 / 3501 / 3295 GB/s at N = 65536 / 131072 / 262144 against 3616 / 3417 / 3250 on the 8 KiB, 4-warp,
-# 6-per-SM setting. With a residual (x, r, h, y counted): 4 KiB chunks over 2 warps, 12 per SM, up to 32
+# 6-per-SM setting. Session 20 (.gpu probe, results/norms_wide_affine_2026-12-02.txt, CUDA graphs): 168
+# registers and fewer programs per SM, w loaded before the meeting (4 KiB) or once per program (8 KiB):
+# 4096 x 65536 3761-3777 -> 3872-3874 GB/s, 1024 x 262144 3317-3331 -> 3492-3501 (without the weight at all:
+# 3935 at 65536, so the per-row w loads had cost 4%). With a residual (x, r, h, y counted): 4 KiB chunks over 2 warps, 12 per SM, up to 32
 # members, then that setting: 3740 / 3701 / 3576 (3605 at 65536 before). LayerNorm: 8 KiB / 4 warps / 5 per
 # SM up to 16 members, 4 KiB / 1 warp / 16 per SM up to 64, then 16 KiB / 4 warps / 4 per SM: 3053 / 3045 /
 # 2961 against 3050 / 2923 / 2648 on the first alone.
 WIDE_TUNED: dict = {
-    "rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 16,
-                  "maxnreg": 128, "max_team": 64},
-                 {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 2, "programs_per_sm": 8,
-                  "maxnreg": 128}],
+    "rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
+                  "maxnreg": 168, "max_team": 64, "affine": 1},
+                 {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 2, "programs_per_sm": 6,
+                  "maxnreg": 168, "affine": 2}],
     "add_rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 2, "programs_per_sm": 12,
                       "maxnreg": 80, "max_team": 32},
                      {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 6,
