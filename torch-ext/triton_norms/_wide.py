@@ -15,8 +15,9 @@ its teammates, so the loads of one row overlap the meeting of the previous one.
                (Chan et al.'s pairwise combination: one meeting, no cancellation)
 
 The outputs use the rounding points of ``rms_norm`` / ``layer_norm`` (``_common.rms_affine`` /
-``ln_affine``, shared with their kernels; a setting's ``affine`` picks where a member loads its w / b); member 0 stores the row's statistics. DRAM bytes: read
-N*x (+ N*residual), write N*y (+ N*h), once each. On an H200 (bf16, 2026-12-01) this moved
+``ln_affine``, shared with their kernels; a setting's ``affine`` picks where a member loads its w / b);
+member 0 stores the row's statistics. DRAM bytes: read N*x (+ N*residual), write N*y (+ N*h), once each.
+On an H200 (bf16, 2026-12-01) this moved
 4096x65536 at 3398 GB/s and 1024x262144 at 3124, against torch.compile's 2849 / 2009.
 
 The backward works the same way: a member holds its chunk of x (h) and dy, publishes its part of
@@ -52,11 +53,12 @@ from ._team import team_gather, team_phases, team_publish, team_split, team_star
 # registers: 2938). The rms_norm forward without a residual (session 15, results/team_tiers_2026-12-02.txt,
 # M x N = 2^28): 64 elements per thread and 16 warps per SM, 4 KiB chunks up to 64 members, then 8 KiB:
 # 3720 / 3501 / 3295 GB/s at N = 65536 / 131072 / 262144 against 3616 / 3417 / 3250 on the 8 KiB, 4-warp,
-# 6-per-SM setting. Session 20 (.gpu probe, results/norms_wide_affine_2026-12-02.txt, CUDA graphs): 168
-# registers and fewer programs per SM, w loaded before the meeting (4 KiB) or once per program (8 KiB):
-# 4096 x 65536 3761-3777 -> 3872-3874 GB/s, 1024 x 262144 3317-3331 -> 3492-3501 (without the weight at all:
-# 3935 at 65536, so the per-row w loads had cost 4%). With a residual (x, r, h, y counted): 4 KiB chunks over 2 warps, 12 per SM, up to 32
-# members, then that setting: 3740 / 3701 / 3576 (3605 at 65536 before). LayerNorm: 8 KiB / 4 warps / 5 per
+# 6-per-SM setting. Session 20 (benchmarks/norms_wide_affine_sweep.py, results/norms_wide_affine_2026-12-02.txt):
+# 168 registers and fewer programs per SM, w loaded before the meeting (4 KiB) or once per program (8 KiB):
+# 4096 x 65536 3756-3779 -> 3859-3877 GB/s, 2048 x 131072 3591-3600 -> 3674-3693, 1024 x 262144 3291-3314 ->
+# 3470-3481 (without the weight at all: 3935 at 65536, so the per-row w loads had cost 4%). With a residual
+# (x, r, h, y counted): 4 KiB chunks over 2 warps, 12 per SM, up to 32 members, then that setting:
+# 3740 / 3701 / 3576 (3605 at 65536 before). LayerNorm: 8 KiB / 4 warps / 5 per
 # SM up to 16 members, 4 KiB / 1 warp / 16 per SM up to 64, then 16 KiB / 4 warps / 4 per SM: 3053 / 3045 /
 # 2961 against 3050 / 2923 / 2648 on the first alone.
 WIDE_TUNED: dict = {

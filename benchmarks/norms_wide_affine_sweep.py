@@ -1,0 +1,97 @@
+"""Wide-row team forwards of rms_norm / layer_norm (issue 7): what the per-row weight and bias loads cost, and the
+team settings that load them elsewhere (``_wide``'s ``AFFINE``: 0 after the team meets, 1 before it waits, 2 once per
+program), with the register caps each needs. Session 20: results/norms_wide_affine_2026-12-02.txt.
+
+    python3 benchmarks/norms_wide_affine_sweep.py [--rounds 2] [--weights-only]      (GPU)
+
+``--weights-only``: rms_norm / layer_norm at 4096 x 65536 with and without their weight (and bias), shipped settings.
+Otherwise every setting below against ``shipped`` (the package's) and ``previous`` (session 15's tiers) at
+4096 x 65536, 2048 x 131072 and 1024 x 262144 (layer_norm: 4096 x 65536), settings interleaved per round.
+Timing: CUDA-graph medians (``triton_collection.bench.graph_median``, rep 100 ms); GB/s count x read and y written
+(4 bytes per bf16 element). Each output is compared bit for bit with the shipped setting's (``same`` / ``DIFFERENT``:
+another chunk size sums in another fp32 order, the free-order kernels' expected difference) and with fp64.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sweep_common import load_packages  # noqa: E402
+
+
+def setting(chunk, warps, per_sm, regs, affine, max_team=None):
+    s = {"min_row_bytes": 65537, "chunk_bytes": chunk, "num_warps": warps, "programs_per_sm": per_sm,
+         "maxnreg": regs, "affine": affine}
+    return s if max_team is None else dict(s, max_team=max_team)
+
+
+PREVIOUS_RMS = [setting(4096, 1, 16, 128, 0, 64), setting(8192, 2, 8, 128, 0)]
+RMS = {"previous": PREVIOUS_RMS,
+       "4K w1 16 r128 a1": [setting(4096, 1, 16, 128, 1)], "4K w1 16 r128 a2": [setting(4096, 1, 16, 128, 2)],
+       "4K w1 12 r168 a1": [setting(4096, 1, 12, 168, 1)], "4K w1 12 r168 a2": [setting(4096, 1, 12, 168, 2)],
+       "4K w2 8 r128 a1": [setting(4096, 2, 8, 128, 1)], "4K w2 8 r128 a2": [setting(4096, 2, 8, 128, 2)],
+       "8K w4 4 r128 a2": [setting(8192, 4, 4, 128, 2)], "2K w1 16 r128 a2": [setting(2048, 1, 16, 128, 2)],
+       "8K w2 8 r128 a1": [setting(8192, 2, 8, 128, 1)], "8K w2 6 r168 a2": [setting(8192, 2, 6, 168, 2)]}
+LN = {"8K w4 5 r96 a1": [setting(8192, 4, 5, 96, 1)], "8K w4 5 r96 a2": [setting(8192, 4, 5, 96, 2)],
+      "8K w4 4 r128 a1": [setting(8192, 4, 4, 128, 1)], "8K w4 4 r128 a2": [setting(8192, 4, 4, 128, 2)],
+      "4K w2 8 r128 a1": [setting(4096, 2, 8, 128, 1)], "4K w2 8 r128 a2": [setting(4096, 2, 8, 128, 2)],
+      "4K w1 16 r128 a1": [setting(4096, 1, 16, 128, 1)]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--weights-only", action="store_true")
+    args = ap.parse_args()
+    from triton_collection.bench import graph_median
+
+    (nm,) = load_packages(["triton-norms"], cpu=False)
+    wide = sys.modules[nm.__name__ + "._wide"]
+    shipped = {k: v for k, v in wide.WIDE_TUNED.items()}
+    print(torch.cuda.get_device_name(), torch.__version__, __import__("triton").__version__, flush=True)
+
+    def timed(label, fn, nbytes):
+        ms = graph_median(fn, rep=100)
+        print(f"{label} {ms * 1e3:8.1f} us {nbytes / ms / 1e6:6.0f} GB/s", end="", flush=True)
+
+    if args.weights_only:
+        M, N = 4096, 65536
+        x, w, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((M, N), (N,), (N,)))
+        cases = {"rms w": lambda: nm.rms_norm(x, w), "rms no w": lambda: nm.rms_norm(x, None),
+                 "ln w b": lambda: nm.layer_norm(x, w, b), "ln w": lambda: nm.layer_norm(x, w, None),
+                 "ln none": lambda: nm.layer_norm(x, None, None)}
+        for rnd in range(args.rounds):
+            for name, fn in cases.items():
+                fn()
+                timed(f"round {rnd} {name:10s}", fn, 4 * M * N)
+                print()
+        return
+    for rnd in range(args.rounds):
+        for M, N in ((4096, 65536), (2048, 131072), (1024, 262144)):
+            x, w, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((M, N), (N,), (N,)))
+            kinds = [("rms_norm", RMS, lambda: nm.rms_norm(x, w),
+                      x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double())]
+            if N == 65536:
+                kinds.append(("layer_norm", LN, lambda: nm.layer_norm(x, w, b),
+                              torch.nn.functional.layer_norm(x.double(), (N,), w.double(), b.double(), 1e-5)))
+            for kind, table, fn, ref in kinds:
+                want = None
+                for name, tiers in {"shipped": None, **table}.items():
+                    wide.WIDE_TUNED[kind] = shipped[kind] if tiers is None else tiers
+                    try:
+                        y = fn()
+                        want = y if want is None else want
+                        err = ((y.double() - ref).abs() / (ref.abs() + 1e-2)).max().item()
+                        timed(f"round {rnd} {kind:10s} {M}x{N:<7d} {name:18s}", fn, 4 * M * N)
+                        print(f" {'same' if torch.equal(y, want) else 'DIFFERENT'} err {err:.1e}", flush=True)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"round {rnd} {kind} {M}x{N} {name} ERR {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    finally:
+                        wide.WIDE_TUNED[kind] = shipped[kind]
+            del x
+
+
+if __name__ == "__main__":
+    main()
