@@ -498,9 +498,12 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
             ti2v) takes the block's own forward.
         attention_backend: ``"sdpa"`` (default: PyTorch's SDPA for the attention product; the processors still
             do RoPE in one Triton pass per tensor) or ``"triton"`` (triton-attention's ``flash_attention``). On
-            the H200, SDPA's cuDNN backend is faster than our kernel (~630 vs ~500 TFLOP/s), and one step with
-            every default swap and "sdpa" / "triton" against eager was SD3.5 1.31x / 1.26x, Flux 1.22x /
-            1.18x; Wan2.1-1.3B 1.21x with "sdpa" (benchmarks/results/diffusers_step_2026-12-01.md).
+            the H200, SDPA's cuDNN backend is faster than our kernel at d = 128 (Flux, Wan: ~610-650 vs ~470-510
+            TFLOP/s forward), and one step with every default swap and "sdpa" / "triton" against eager was SD3.5
+            1.31x / 1.26x, Flux 1.22x / 1.18x; Wan2.1-1.3B 1.21x with "sdpa"
+            (benchmarks/results/diffusers_step_2026-12-01.md). Since then our d = 64 forward moved to the TMA
+            kernel: 440 against cuDNN's 410 TFLOP/s at SD3.5's 2 x 38 x 4429
+            (benchmarks/results/attention_tiles_2026-12-02.txt); SD3.5's step with "triton" was not re-timed.
         device, org, version, trust_remote_code: where the packages come from, as in :mod:`.transformers`.
         kernel, norms_kernel, matmul_kernel: already loaded triton-attention / triton-norms / triton-matmul
             packages (else loaded by Hub name).
