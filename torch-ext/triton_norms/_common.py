@@ -255,14 +255,19 @@ def rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE: tl.c
 @triton.jit
 def ln_apply(x, mean, rstd, w_ptr, b_ptr, offs, mask, OUT_DTYPE: tl.constexpr):
     """LayerNorm's output for one chunk: ``round((x - mean) * rstd * w + b)`` in fp32, rounded once; the
-    one-program kernels and the team forward (``_wide``) share it."""
-    w, b = load_affine(w_ptr, b_ptr, offs, mask)
-    return ln_affine(x, mean, rstd, w, b, w_ptr, b_ptr, OUT_DTYPE)
+    one-program kernels share it (loads after the normalisation, as measured; the team forward: ln_affine)."""
+    y = (x - mean) * rstd
+    if w_ptr is not None:
+        y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if b_ptr is not None:
+        y = y + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return round_to(y, OUT_DTYPE)
 
 
 @triton.jit
 def ln_affine(x, mean, rstd, w, b, w_ptr, b_ptr, OUT_DTYPE: tl.constexpr):
-    """LayerNorm's output for one chunk from ``w`` / ``b`` already loaded (fp32, :func:`load_affine`)."""
+    """:func:`ln_apply`'s arithmetic with ``w`` / ``b`` already loaded (fp32, :func:`load_affine`): the team
+    forward (``_wide``) loads them where its setting says."""
     y = (x - mean) * rstd
     if w_ptr is not None:
         y = y * w
