@@ -561,7 +561,9 @@ def _attn_flops(shape, causal: bool, passes: float) -> int:
 
 
 ATTENTION = (
-    OpSpec("triton-attention", "flash_attention", "fwd", {"quick": ((4, 32, 4096, 128),), "full": ((4, 32, 4096, 128), (1, 32, 16384, 128))},
+    # full: also Flux's joint attention (24 heads, 4608 tokens) and SD3.5-large's (38 heads of 64, 4429 tokens)
+    OpSpec("triton-attention", "flash_attention", "fwd", {"quick": ((4, 32, 4096, 128),), "full": (
+               (4, 32, 4096, 128), (1, 32, 16384, 128), (1, 24, 4608, 128), (2, 38, 4429, 64))},
            "4*B*H*S*S*D FLOPs (two matmuls); shape is (B, H, S, D)", lambda s, e: _attn_flops(s, False, 1.0),
            _attention_builder(False), metric="TFLOP/s"),
     OpSpec("triton-attention", "flash_attention causal", "fwd", {"quick": (), "full": ((4, 32, 4096, 128), (1, 32, 16384, 128))},
