@@ -618,6 +618,31 @@ def test_flash_tma_forward_path(attention, device, causal, layout, rope, ws):
         assert_close(g, w.double(), GRAD_TOL[torch.float16])
 
 
+@pytest.mark.parametrize("Sq,Sk,causal", [(21, 53, True), (53, 21, True), (40, 67, False), (67, 40, False)])
+def test_flash_tma_kernels_other_key_lengths(attention, device, Sq, Sk, causal):
+    """The TMA forward and backward (the default on sm90+), forced on under the interpreter, with fewer or more keys
+    than queries (top-left causal alignment, key tails inside and past a block): equal to the pointer kernels."""
+    import sys
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    torch.manual_seed(21)
+    q, k, v = make_qkv(1, 4, 2, Sq, Sk, 32, torch.float16, device, "bhsd")
+    want_o, want_lse = flash._attn_fwd_launch(q, k, v, None, 0.3, causal, False, False)
+    do = rand(*want_o.shape, dtype=torch.float16, device=device)
+    want = flash._attn_bwd_launch(do, q, k, v, None, want_o, want_lse, 0.3, causal, False, False, False, tma_bwd=False)
+    flash.FORCE_TMA = True
+    try:
+        o, lse = flash._attn_fwd_launch(q, k, v, None, 0.3, causal, False, False)
+        got = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.3, causal, False, False, False, tma_bwd=True)
+    finally:
+        flash.FORCE_TMA = False
+    assert_close(o, want_o.double(), TOL[torch.float16], "o")
+    rows = torch.isfinite(want_lse)
+    assert torch.equal(rows, torch.isfinite(lse)) and torch.allclose(lse[rows], want_lse[rows], atol=1e-4)
+    for name, g, w in zip(("dq", "dk", "dv"), got[:3], want[:3]):
+        assert_close(g, w.double(), 2e-3, name)
+
+
 def test_tma_eligibility(attention, monkeypatch):
     """Which calls the tensor-descriptor kernels take on an sm90+ GPU (the device check faked): fp16/bf16 without a
     mask, d = 64 or 128 with Dv = d, at least one query tile, 16-byte aligned strides."""
