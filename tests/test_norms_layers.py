@@ -87,6 +87,33 @@ def test_case6_transformers_rms_norms_exact(norms, device, hf_name, layer, dtype
         assert_matches_module(_run_layer(getattr(norms.layers, layer), module, x), module(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("make, layer", [
+    (lambda n: _hf("LlamaRMSNorm")(n, eps=1e-6), "LlamaRMSNorm"),
+    (lambda n: _hf("Olmo2RMSNorm")(n, eps=1e-6), "Olmo2RMSNorm"),
+    (lambda n: nn.RMSNorm(n, eps=1e-6), "TorchRMSNorm"),
+])
+def test_rms_layers_keep_the_sign_of_zero_weights(norms, device, make, layer, dtype):
+    """A weight element of exactly -0.0 gives -0.0 outputs, as the module's ``weight * x`` does (a zero offset
+    added as +0.0 would turn it into +0.0): compared bit for bit through ``signbit``, inference and training."""
+    N = 96
+    module = _randomise(make(N)).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        module.weight[::3] = -0.0
+        module.weight[1::3] = 0.0
+    x = torch.randn(4, N, device=device).to(dtype)
+    want = module(x)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            got = _run_layer(getattr(norms.layers, layer), module, x.clone().requires_grad_(grad))
+        zeros = want == 0
+        assert zeros[:, ::3].all() and torch.equal(torch.signbit(got[zeros]), torch.signbit(want[zeros]))
+    # the functional form with an explicit zero offset, both signs of it
+    for offset in (0.0, -0.0):
+        y = norms.rms_norm(x, module.weight, eps=1e-6, weight_offset=offset)
+        assert torch.equal(torch.signbit(y[:, ::3]), ~torch.signbit(x[:, ::3]))  # x * (-0.0)
+
+
 @pytest.mark.parametrize("x_dtype, w_dtype", [
     (torch.bfloat16, torch.float32), (torch.float16, torch.float32), (torch.float32, torch.bfloat16),
     (torch.float16, torch.bfloat16),

@@ -73,14 +73,22 @@ def check_inputs(
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all tensors must be on one device")
 
 
+def offset_for_kernel(weight_offset: float) -> float:
+    """The weight offset the kernels add to the weight: a zero as -0.0, because ``w + (-0.0) == w`` for every w,
+    while ``w + 0.0`` turns a weight of -0.0 into +0.0 (a zero output's sign would then differ from the module's
+    ``weight * x``). Launch plans cached by the offset's value (0.0 == -0.0) call it too."""
+    return -0.0 if weight_offset == 0.0 else weight_offset
+
+
 def check_weight_offset(weight_offset) -> float:
-    """``weight_offset`` as a finite Python float (TypeError / ValueError naming it otherwise)."""
+    """``weight_offset`` as a finite Python float (TypeError / ValueError naming it otherwise), as
+    :func:`offset_for_kernel` passes it."""
     if isinstance(weight_offset, (torch.Tensor, bool)) or not isinstance(weight_offset, (int, float)):
         raise TypeError(f"weight_offset must be a Python float, got {type(weight_offset).__name__}")
     weight_offset = float(weight_offset)
     if not math.isfinite(weight_offset):
         raise ValueError(f"weight_offset must be a finite number, got {weight_offset}")
-    return weight_offset
+    return offset_for_kernel(weight_offset)
 
 
 def prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype):

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import round_to
+from ._common import offset_for_kernel, round_to
 from ._exact_stats import fused_ln_stats_vec, fused_rms_sumsq_vec, mean_sq_torch_order, rowwise_welford
 from ._device import cdiv, is_interpreter, launch_options, next_power_of_2
 from ._fastlaunch import Launch, meta_items
@@ -282,7 +282,7 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
                 ALIGNED=stats == STATS_MEAN and N % 4 == 0, UNROLL=unroll, SPLIT=split)
     return Launch(_rms_exact_fwd_kernel, (cdiv(M, R),),
                   meta_items(CAST_DTYPE=round_dtype(cast_dtype), **meta, **launch_options(_rms_exact_fwd_kernel)),
-                  (M, N, stride_row, eps, weight_offset, factor), device)
+                  (M, N, stride_row, eps, offset_for_kernel(weight_offset), factor), device)
 
 
 def rms_exact_forward(x2: torch.Tensor, M: int, stride_row: int, weight, bias, y, rstd, eps: float,

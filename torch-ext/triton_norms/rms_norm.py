@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ._common import (
     check_float_tensor, check_weight_offset, grad_rows, load_affine, load_grad_chunk, load_input_chunk, store_dx,
-    empty_rows, prepare_rms_args, rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
+    empty_rows, offset_for_kernel, prepare_rms_args, rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
 )
 from ._exact import rms_exact_forward, rms_exact_plan
 from ._launch import FWD_BYTES_PER_THREAD, MAX_FUSED_BYTES, backward_strides, partial_grid, pick_config
@@ -318,7 +318,8 @@ def _bwd_plan(M: int, N: int, elem: int, device: torch.device, strides: tuple, c
     P, rows_per_program = partial_grid(device, M)
     meta = meta_items(CAST_DTYPE=round_dtype(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
                       **launch_options(_rms_norm_bwd_kernel), **_bwd_register_cap(cfg, warp, device, more_state))
-    return P, Launch(_rms_norm_bwd_kernel, (P,), meta, (*strides, M, N, rows_per_program, weight_offset), device)
+    return P, Launch(_rms_norm_bwd_kernel, (P,), meta,
+                     (*strides, M, N, rows_per_program, offset_for_kernel(weight_offset)), device)
 
 
 def _bwd_register_cap(cfg, warp_size: int, device: torch.device, more_state: bool) -> dict:
