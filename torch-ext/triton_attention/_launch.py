@@ -72,6 +72,8 @@ def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element
         cfg = FwdConfig(64, 32, 4, 2) if head_dim <= 128 else FwdConfig(32, 32, 4, 1)
     elif masked:
         cfg = FwdConfig(128, 64, 8, 2) if head_dim <= 128 else FwdConfig(64, 32, 8, 2)
+    elif head_dim == 64:  # H200 (session 20, results/attention_tiles_2026-12-02.txt): 401 / 363 TFLOP/s at SD3.5's
+        cfg = FwdConfig(128, 64, 8, 3)  # 2 x 38 x 4429 / 4 x 32 x 4096 causal against 334 / 309 with 128 x 128
     elif head_dim <= 128:
         cfg = FwdConfig(128, 128, 8, 3)  # H200 d=128: 491-504 TFLOP/s, best of 5 (benchmarks/NOTES.md)
     else:
