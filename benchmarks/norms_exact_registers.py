@@ -9,9 +9,9 @@
 shipped schedule for the H200 (``_exact.rms_exact_plan`` / ``ln_exact_plan`` on a non-CUDA device take the H200's
 limits) is compiled for every ``--arch`` with the runtime's specialisation of a contiguous inference call
 (``--dtype``, bf16 by default; no bias for the RMS layers, no saved statistics; pointers 16-byte aligned, integers
-marked divisible by 16 where they are), and on NVIDIA targets ``cuobjdump -res-usage`` reads its registers and stack. On the H200 these counts equal
-what the runtime reports for the same launches (session 17's sweep: 59 / 86 / 86 / 57 / 255 + spills / 128 + spills
-for the mean order). Prints ``REGS`` and ``COMPILED`` lines; ``--max-regs``: a bound for every kind or per kind
+marked divisible by 16 where they are), and on NVIDIA targets ``cuobjdump -res-usage`` reads its registers and
+stack. On the H200 these counts equal what the runtime reports for the same launches (session 17's sweep:
+59 / 86 / 86 / 57 / 255 + spills / 128 + spills for the mean order). Prints ``REGS`` and ``COMPILED`` lines; ``--max-regs``: a bound for every kind or per kind
 (``mean=128,fused=128,ln=64``); exit status 1 when a kernel takes more registers or any stack.
 
 ``LlamaRMSNorm`` = the mean order, ``nn.RMSNorm`` = the fused order, ``nn.LayerNorm`` = ``ln``. Needs a build with

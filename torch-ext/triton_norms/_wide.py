@@ -41,6 +41,7 @@ import triton.language as tl
 
 from ._common import affine_f32, input_of, ln_affine, load_affine, rms_affine, round_to, store_dx
 from ._fastlaunch import launch
+from ._launch import backward_strides
 from ._rounding import round_dtype
 from ._team import team_gather, team_phases, team_publish, team_split, team_start
 
@@ -347,9 +348,7 @@ def wide_backward(kind: str, dy2, dh2, x2, w, stats, dx, dres, need_dw: bool, ne
     dw_part = torch.empty((plan.teams, N), dtype=torch.float32, device=device) if need_dw else None
     db_part = torch.empty((plan.teams, N), dtype=torch.float32, device=device) if need_db else None
     ws = torch.zeros(len(stats) * M * plan.team, dtype=torch.int64, device=device)
-    strides = (dy2.stride(0), dy2.stride(1), x2.stride(0), dh2.stride(0) if dh2 is not None else 0,
-               dh2.stride(1) if dh2 is not None else 0)
-    head = (dy2, x2, w, *stats, dh2, dx, dres, dw_part, db_part, ws, *strides, M, N)
+    head = (dy2, x2, w, *stats, dh2, dx, dres, dw_part, db_part, ws, *backward_strides(dy2, x2, dh2), M, N)
     if kind == "rms_norm":
         kernel, args = _rms_team_bwd_kernel, (*head, scalars["weight_offset"], plan.team, plan.teams)
         consts = {"CAST_DTYPE": round_dtype(scalars["cast_dtype"])}
