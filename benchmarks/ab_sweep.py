@@ -51,6 +51,17 @@ def add_rms(pk, M, N):
     return (lambda: pk.add_rms_norm(x, r, w, eps=1e-6)), 4 * M * N * 2 + N * 2
 
 
+def softmax(pk, M, N):
+    x = torch.randn(M, N, device=DEV, dtype=BF16) * 3
+    return (lambda: pk.softmax(x)), 2 * M * N * 2
+
+
+def cross_entropy(pk, M, V):
+    x = torch.randn(M, V, device=DEV, dtype=BF16).requires_grad_(True)
+    t = torch.randint(0, V, (M,), device=DEV)
+    return (lambda: pk.cross_entropy(x, t)), 2 * M * V * 2  # the forward writes the gradient (x read, g written)
+
+
 def gated(name):
     def make(pk, M, d):
         x = torch.randn(M, 2 * d, device=DEV, dtype=BF16)
@@ -71,6 +82,8 @@ CASES = {  # name: (package, builder, shapes)
                                        (1024, 262144)]),
     "layer_norm": ("triton-norms", ln, [(65536, 2048), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536)]),
     "add_rms_norm": ("triton-norms", add_rms, [(32768, 4096), (16384, 8192), (4096, 65536)]),
+    "softmax": ("triton-softmax", softmax, [(4096, 65536), (2048, 131072), (1024, 262144)]),
+    "cross_entropy": ("triton-softmax", cross_entropy, [(8192, 128256), (2048, 262144)]),
     "silu_and_mul": ("triton-activations", gated("silu_and_mul"), [(16384, 14336), (65536, 1536), (8192, 11008)]),
     "gelu_tanh_and_mul": ("triton-activations", gated("gelu_tanh_and_mul"), [(16384, 14336), (65536, 1536)]),
     "gelu_and_mul": ("triton-activations", gated("gelu_and_mul"), [(16384, 14336), (5, 96)]),
@@ -78,7 +91,7 @@ CASES = {  # name: (package, builder, shapes)
     "gelu": ("triton-activations", act("gelu"), [(16384, 14336), (256, 4096), (5, 96)]),
 }
 if not BIG:
-    CASES = {k: (p, b, [(5, 4096 if p == "triton-norms" else 640)]) for k, (p, b, _) in CASES.items()}
+    CASES = {k: (p, b, [(5, 4096 if p != "triton-activations" else 640)]) for k, (p, b, _) in CASES.items()}
 if args.cases:
     CASES = {k: CASES[k] for k in args.cases.split(",")}
 PKGS = sorted({pkg for pkg, _, _ in CASES.values()})

@@ -3,8 +3,11 @@ team settings that load them elsewhere (``_wide``'s ``AFFINE``: 0 after the team
 program), with the register caps each needs. Session 20: results/norms_wide_affine_2026-12-02.txt.
 
     python3 benchmarks/norms_wide_affine_sweep.py [--rounds 2] [--weights-only]      (GPU)
+    python3 benchmarks/norms_wide_affine_sweep.py --rms 4/1/12/168/1,4/1/10/184/0 [--widths 65536] [--no-ln]
 
 ``--weights-only``: rms_norm / layer_norm at 4096 x 65536 with and without their weight (and bias), shipped settings.
+``--rms``: rms_norm single-tier settings CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE instead of the table below
+(session 21's sweep around the shipped 4 KiB tier); ``--widths`` picks the row widths (M = 2^28 / N).
 Otherwise every setting below against ``shipped`` (the package's) and ``previous`` (session 15's tiers) at
 4096 x 65536, 2048 x 131072 and 1024 x 262144 (layer_norm: 4096 x 65536), settings interleaved per round.
 Timing: CUDA-graph medians (``triton_collection.bench.graph_median``, rep 100 ms); GB/s count x read and y written
@@ -44,7 +47,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--weights-only", action="store_true")
+    ap.add_argument("--rms", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE,... (replaces the RMS table)")
+    ap.add_argument("--widths", default="65536,131072,262144")
+    ap.add_argument("--no-ln", action="store_true", help="skip the layer_norm settings")
     args = ap.parse_args()
+    rms_table = RMS
+    if args.rms:
+        rms_table = {"previous": PREVIOUS_RMS}
+        for spec in args.rms.split(","):
+            kib, warps, per_sm, regs, affine = map(int, spec.split("/"))
+            rms_table[f"{kib}K w{warps} {per_sm} r{regs} a{affine}"] = [
+                setting(kib * 1024, warps, per_sm, regs, affine, 64 if kib == 4 else None)]
     from triton_collection.bench import graph_median
 
     (nm,) = load_packages(["triton-norms"], cpu=False)
@@ -69,11 +82,12 @@ def main():
                 print()
         return
     for rnd in range(args.rounds):
-        for M, N in ((4096, 65536), (2048, 131072), (1024, 262144)):
+        for N in map(int, args.widths.split(",")):
+            M = 2**28 // N
             x, w, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((M, N), (N,), (N,)))
-            kinds = [("rms_norm", RMS, lambda: nm.rms_norm(x, w),
+            kinds = [("rms_norm", rms_table, lambda: nm.rms_norm(x, w),
                       x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double())]
-            if N == 65536:
+            if N == 65536 and not args.no_ln:
                 kinds.append(("layer_norm", LN, lambda: nm.layer_norm(x, w, b),
                               torch.nn.functional.layer_norm(x.double(), (N,), w.double(), b.double(), 1e-5)))
             for kind, table, fn, ref in kinds:

@@ -64,6 +64,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kinds", default="softmax,rms_norm,layer_norm")
     ap.add_argument("--shipped-only", action="store_true", help="time the looped kernels and the shipped setting only")
+    ap.add_argument("--families", help="ELEMS_PER_THREAD/MAXNREG/WARPS_PER_SM,... for every kind (replaces its own)")
+    ap.add_argument("--chunks", default="4,8,16,32", help="chunk sizes in KiB")
     ap.add_argument("--widths", default="32768,65536,131072,262144", help="row widths N (M = 2^28 / N)")
     args = ap.parse_args()
     out = Path(args.out)
@@ -91,8 +93,10 @@ def main():
         settings = {"looped": None}
         if shipped:
             settings["shipped"] = shipped
+        if args.families:
+            families = [tuple(map(int, f.split("/"))) for f in args.families.split(",")]
         for e, r, wps in () if args.shipped_only else families:
-            for kib in (4, 8, 16, 32):
+            for kib in map(int, args.chunks.split(",")):
                 s = per_chunk(kib, e, elem, r, wps)
                 settings[f"{kib}K w{s['num_warps']} pps{s['programs_per_sm']} r{r}"] = {**s, "min_row_bytes": 32768}
         for N in map(int, args.widths.split(",")):
