@@ -56,6 +56,12 @@ def softmax(pk, M, N):
     return (lambda: pk.softmax(x)), 2 * M * N * 2
 
 
+def softmax_bwd(pk, M, N):
+    impl = sys.modules[pk.__name__ + ".softmax"]._softmax_bwd_impl
+    y, dy = pk.softmax(torch.randn(M, N, device=DEV, dtype=BF16) * 3), torch.randn(M, N, device=DEV, dtype=BF16)
+    return (lambda: impl(dy, y, 1, 1.0, False, False, BF16)), 3 * M * N * 2  # y, dy read, dx written
+
+
 def cross_entropy(pk, M, V):
     x = torch.randn(M, V, device=DEV, dtype=BF16).requires_grad_(True)
     t = torch.randint(0, V, (M,), device=DEV)
@@ -83,6 +89,7 @@ CASES = {  # name: (package, builder, shapes)
     "layer_norm": ("triton-norms", ln, [(65536, 2048), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536)]),
     "add_rms_norm": ("triton-norms", add_rms, [(32768, 4096), (16384, 8192), (4096, 65536)]),
     "softmax": ("triton-softmax", softmax, [(4096, 65536), (2048, 131072), (1024, 262144)]),
+    "softmax_bwd": ("triton-softmax", softmax_bwd, [(4096, 65536), (2048, 131072), (1024, 262144)]),
     "cross_entropy": ("triton-softmax", cross_entropy, [(8192, 128256), (2048, 262144)]),
     "silu_and_mul": ("triton-activations", gated("silu_and_mul"), [(16384, 14336), (65536, 1536), (8192, 11008)]),
     "gelu_tanh_and_mul": ("triton-activations", gated("gelu_tanh_and_mul"), [(16384, 14336), (65536, 1536)]),

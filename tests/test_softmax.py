@@ -563,6 +563,19 @@ def test_opcheck_every_op(softmax, device):
     torch.library.opcheck(_op(softmax, "softmax_bwd"), (dy, y.log(), 2, 0.5, True, True, torch.bfloat16))
 
 
+def test_ops_called_directly_take_negative_dims(softmax, device):
+    """The registered ops called directly (torch.ops, custom code) with dim = -1 (``softmax()`` passes it
+    normalised) compute the same as with dim = 1; an out-of-range dim raises IndexError (it once laid the rows
+    out over the wrong dim and wrote out of bounds)."""
+    x = rand((5, 333), torch.float32, device)
+    y, dy = torch.softmax(x, -1), rand((5, 333), torch.float32, device)
+    fwd, bwd = _op(softmax, "softmax_fwd"), _op(softmax, "softmax_bwd")
+    assert_close_ref(fwd(x, None, -1, 1.0, False, False, False), torch.softmax(x.double(), -1))
+    assert_close_ref(bwd(dy, y, -1, 1.0, False, False, torch.float32), bwd_ref(y, dy), rel_atol=1e-6)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        bwd(dy, y, 2, 1.0, False, False, torch.float32)
+
+
 def test_backward_op_with_unmergeable_strided_y(softmax, device):
     """The backward op called directly (as opcheck, custom code may) with y and dy of more than 3 unmergeable
     leading dims: both are copied once (y from the forward is contiguous, so only a direct call pays for it)."""

@@ -95,6 +95,8 @@ def row_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int) -> Optional[
 
 
 def _row_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int, shape: torch.Size) -> Optional[RowLayout]:
+    # the registered ops may be called directly with a negative or bad dim (IndexError); cached, so free per call
+    dim = normalize_dim(dim, len(shape))
     groups: List[Tuple[int, List[int]]] = []  # (size, stride per tensor)
     for d in range(len(shape)):
         if d == dim or shape[d] == 1:
