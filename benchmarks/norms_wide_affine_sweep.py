@@ -4,10 +4,12 @@ program), with the register caps each needs. Session 20: results/norms_wide_affi
 
     python3 benchmarks/norms_wide_affine_sweep.py [--rounds 2] [--weights-only]      (GPU)
     python3 benchmarks/norms_wide_affine_sweep.py --rms 4/1/12/168/1,4/1/10/184/0 [--widths 65536] [--no-ln]
+    python3 benchmarks/norms_wide_affine_sweep.py --ln 2/1/20/96/0,4/2/8/128/1 [--widths 65536,131072] [--no-rms]
 
 ``--weights-only``: rms_norm / layer_norm at 4096 x 65536 with and without their weight (and bias), shipped settings.
-``--rms``: rms_norm single-tier settings CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE instead of the table below
-(session 21's sweep around the shipped 4 KiB tier); ``--widths`` picks the row widths (M = 2^28 / N).
+``--rms`` / ``--ln``: rms_norm / layer_norm single-tier settings CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE instead of the
+tables below (session 21's sweep around the shipped 4 KiB tier); ``--widths`` picks the row widths (M = 2^28 / N;
+layer_norm runs at 65536 only unless ``--ln`` is given).
 Otherwise every setting below against ``shipped`` (the package's) and ``previous`` (session 15's tiers) at
 4096 x 65536, 2048 x 131072 and 1024 x 262144 (layer_norm: 4096 x 65536), settings interleaved per round.
 Timing: CUDA-graph medians (``triton_collection.bench.graph_median``, rep 100 ms); GB/s count x read and y written
@@ -49,15 +51,20 @@ def main():
     ap.add_argument("--weights-only", action="store_true")
     ap.add_argument("--rms", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE,... (replaces the RMS table)")
     ap.add_argument("--widths", default="65536,131072,262144")
+    ap.add_argument("--ln", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE,... (replaces the LN table)")
     ap.add_argument("--no-ln", action="store_true", help="skip the layer_norm settings")
+    ap.add_argument("--no-rms", action="store_true", help="skip the rms_norm settings")
     args = ap.parse_args()
-    rms_table = RMS
-    if args.rms:
-        rms_table = {"previous": PREVIOUS_RMS}
-        for spec in args.rms.split(","):
+
+    def table_of(specs):
+        table = {}
+        for spec in specs.split(","):
             kib, warps, per_sm, regs, affine = map(int, spec.split("/"))
-            rms_table[f"{kib}K w{warps} {per_sm} r{regs} a{affine}"] = [
-                setting(kib * 1024, warps, per_sm, regs, affine, 64 if kib == 4 else None)]
+            table[f"{kib}K w{warps} {per_sm} r{regs} a{affine}"] = [setting(kib * 1024, warps, per_sm, regs, affine)]
+        return table
+
+    rms_table = {"previous": PREVIOUS_RMS, **table_of(args.rms)} if args.rms else RMS
+    ln_table = table_of(args.ln) if args.ln else LN
     from triton_collection.bench import graph_median
 
     (nm,) = load_packages(["triton-norms"], cpu=False)
@@ -85,10 +92,11 @@ def main():
         for N in map(int, args.widths.split(",")):
             M = 2**28 // N
             x, w, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((M, N), (N,), (N,)))
-            kinds = [("rms_norm", rms_table, lambda: nm.rms_norm(x, w),
-                      x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double())]
-            if N == 65536 and not args.no_ln:
-                kinds.append(("layer_norm", LN, lambda: nm.layer_norm(x, w, b),
+            kinds = [] if args.no_rms else [
+                ("rms_norm", rms_table, lambda: nm.rms_norm(x, w),
+                 x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double())]
+            if (N == 65536 or args.ln) and not args.no_ln:
+                kinds.append(("layer_norm", ln_table, lambda: nm.layer_norm(x, w, b),
                               torch.nn.functional.layer_norm(x.double(), (N,), w.double(), b.double(), 1e-5)))
             for kind, table, fn, ref in kinds:
                 want = None
