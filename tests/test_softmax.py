@@ -571,6 +571,7 @@ def test_ops_called_directly_take_negative_dims(softmax, device):
     y, dy = torch.softmax(x, -1), rand((5, 333), torch.float32, device)
     fwd, bwd = _op(softmax, "softmax_fwd"), _op(softmax, "softmax_bwd")
     assert_close_ref(fwd(x, None, -1, 1.0, False, False, False), torch.softmax(x.double(), -1))
+    assert torch.equal(fwd(x, None, -1, 1.0, False, False, True), fwd(x, None, 1, 1.0, False, False, True))  # torch order
     assert_close_ref(bwd(dy, y, -1, 1.0, False, False, torch.float32), bwd_ref(y, dy), rel_atol=1e-6)
     with pytest.raises(IndexError, match="Dimension out of range"):
         bwd(dy, y, 2, 1.0, False, False, torch.float32)

@@ -574,6 +574,8 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
+    if dim < 0:  # a direct call of the registered op (softmax() passes it normalised)
+        dim += max(x.dim(), 1)
     if torch_order and math.prod(x.shape[dim + 1:]) == 1:  # torch's last-dim kernels (inner size 1)
         check_launch_device(x, _softmax_fwd_kernel)
         N = x.shape[dim] if x.dim() else 1
