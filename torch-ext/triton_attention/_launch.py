@@ -92,8 +92,7 @@ def pick_bwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element
         cfg = BwdConfig(64, 64, 64, 64, 4, 2)  # H200 d=128: 326-365 TFLOP/s, best of 4 (benchmarks/NOTES.md)
     else:
         cfg = BwdConfig(32, 64, 64, 32, 4, 2)
-    return replace(cfg, num_warps=clamp_warps(cfg.num_warps, warp_size),
-                   num_warps2=None if cfg.num_warps2 is None else clamp_warps(cfg.num_warps2, warp_size))
+    return replace(cfg, num_warps=clamp_warps(cfg.num_warps, warp_size))  # no config here sets num_warps2
 
 
 def fwd_config_for(t: torch.Tensor, head_dim: int, interpret: bool, masked: bool = False) -> FwdConfig:
