@@ -153,6 +153,7 @@ def load_input_chunk(
     offs,  # column offsets of this chunk
     mask,  # offs < N
     STORE_H: tl.constexpr,  # write the rounded sum to h_ptr
+    EVICT: tl.constexpr,  # L2 eviction hint of the loads: "" or "evict_last" (the one-chunk forwards, measured)
 ):
     """Loads one chunk of a row as fp32: x, or round(x + residual) to the residual's dtype.
 
@@ -160,10 +161,10 @@ def load_input_chunk(
     ``residual + hidden_states`` in the model dtype) and the norm uses that
     rounded value; STORE_H also stores it (exact: it is representable).
     """
-    x = tl.load(x_ptr + row * stride_x_row + offs, mask=mask, other=0.0)
+    x = tl.load(x_ptr + row * stride_x_row + offs, mask=mask, other=0.0, eviction_policy=EVICT)
     r = x
     if res_ptr is not None:
-        r = tl.load(res_ptr + row * stride_res_row + offs, mask=mask, other=0.0)
+        r = tl.load(res_ptr + row * stride_res_row + offs, mask=mask, other=0.0, eviction_policy=EVICT)
     return input_of(x, r, res_ptr, h_ptr, row, N, offs, mask, STORE_H)
 
 
@@ -212,17 +213,17 @@ def grad_rows(g: torch.Tensor, N: int) -> torch.Tensor:
 
 
 @triton.jit
-def load_affine(w_ptr, b_ptr, offs, mask, RAW: tl.constexpr = False):
+def load_affine(w_ptr, b_ptr, offs, mask, RAW: tl.constexpr, EVICT: tl.constexpr):
     """``(w, b)`` of one chunk in fp32 (``RAW``: as stored, for :func:`affine_f32` later); 0.0 for an absent one
-    (its pointer None: never used)."""
+    (its pointer None: never used). ``EVICT``: the loads' L2 eviction hint ("" or "evict_last")."""
     w = 0.0
     b = 0.0
     if w_ptr is not None:
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT)
         if not RAW:
             w = w.to(tl.float32)
     if b_ptr is not None:
-        b = tl.load(b_ptr + offs, mask=mask, other=0.0)
+        b = tl.load(b_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT)
         if not RAW:
             b = b.to(tl.float32)
     return w, b
@@ -256,7 +257,7 @@ def rms_affine(x, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE: tl.conste
 def rms_apply(x, rstd, w_ptr, b_ptr, offs, mask, weight_offset, CAST_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr):
     """:func:`rms_affine` with w/b loaded here (after the row's reduction, where the call stands); the
     one-program kernels and the team forward (``_wide``) share it."""
-    w, b = load_affine(w_ptr, b_ptr, offs, mask)
+    w, b = load_affine(w_ptr, b_ptr, offs, mask, False, "")
     return rms_affine(x, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
 
 

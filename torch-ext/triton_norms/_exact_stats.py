@@ -17,6 +17,9 @@ updates (``FULL``).
 Divisions use ``div_rn`` (IEEE, like nvcc without fast math; Triton's ``/`` is
 approximate) and the multiply-adds that nvcc contracts by default are explicit
 ``tl.fma`` calls, with ``enable_fp_fusion=False`` at launch for everything else.
+
+Every load of the rows here is ``evict_last``: the normalisation (``_exact``) reads the same rows again right
+after, ``evict_first``; on the H200 the pair made the exact forwards 3-17% faster (benchmarks/NOTES.md, session 22).
 """
 
 from __future__ import annotations
@@ -99,10 +102,10 @@ def _mean_chunk(acc, base, rm, c, it, head, nvec, inner, tid, N, T: tl.constexpr
     if VEC:
         q0 = it * T + c * NT
         m = rm & (q0 + tid < nvec)
-        v = tl.load(base + head + q0 * 4 + inner, mask=m, other=0.0).to(tl.float32)
+        v = tl.load(base + head + q0 * 4 + inner, mask=m, other=0.0, eviction_policy="evict_last").to(tl.float32)
     else:
         e = (4 * it + inner // NT) * T + c * NT + inner % NT
-        v = tl.load(base + e, mask=rm & (e < N), other=0.0).to(tl.float32)
+        v = tl.load(base + e, mask=rm & (e < N), other=0.0, eviction_policy="evict_last").to(tl.float32)
     return acc + v * v
 
 
@@ -141,7 +144,7 @@ def mean_sq_torch_order(
     for c in range(CTAS):
         if VEC and not ALIGNED:
             hm = rm & (c == 0) & (s > 0) & (lane == 0) & (tid >= s) & (tid < 4)
-            acc = tl.load(base + (tid - s), mask=hm, other=0.0).to(tl.float32)
+            acc = tl.load(base + (tid - s), mask=hm, other=0.0, eviction_policy="evict_last").to(tl.float32)
             acc = acc * acc
         else:
             acc = tl.zeros([ROWS, INNER], tl.float32)
@@ -158,7 +161,8 @@ def mean_sq_torch_order(
         if VEC:
             if not ALIGNED:
                 tm = rm & (c == 0) & (lane == 0) & (tid < (N - head) % 4)
-                v = tl.load(base + head + 4 * nvec + tid, mask=tm, other=0.0).to(tl.float32)
+                v = tl.load(base + head + 4 * nvec + tid, mask=tm, other=0.0,
+                            eviction_policy="evict_last").to(tl.float32)
                 acc = acc + v * v  # the row's tail, after the vectors (threads 0..2)
             a0, a1, a2, a3 = _lanes4(tl.reshape(acc, (ROWS, NT, 4)))
         else:
@@ -184,7 +188,7 @@ def mean_sq_torch_order(
 @triton.jit
 def _rms_vec_chunk(acc, base, rm, k, N, inner, ROWS: tl.constexpr):
     e = k * 512 + inner
-    v = tl.load(base + e, mask=rm & (e < N), other=0.0).to(tl.float32)
+    v = tl.load(base + e, mask=rm & (e < N), other=0.0, eviction_policy="evict_last").to(tl.float32)
     v0, v1, v2, v3 = _lanes4(tl.reshape(v, (ROWS, 128, 4)))
     acc = tl.fma(v0, v0, acc)
     acc = tl.fma(v1, v1, acc)
@@ -279,7 +283,7 @@ def _ln_update(m, s, c, v, ok, rcp):
 @triton.jit
 def _ln_chunk_full(m, s, base, rm, k, inner, r0, r1, r2, r3, ROWS: tl.constexpr):
     """:func:`_ln_chunk` when N % 512 == 0: every thread holds vector k, so no update is masked."""
-    v = tl.load(base + (k * 512 + inner), mask=rm, other=0.0).to(tl.float32)
+    v = tl.load(base + (k * 512 + inner), mask=rm, other=0.0, eviction_policy="evict_last").to(tl.float32)
     v0, v1, v2, v3 = _lanes4(tl.reshape(v, (ROWS, 128, 4)))
     m, s = _ln_update_full(m, s, v0, r0)
     m, s = _ln_update_full(m, s, v1, r1)
@@ -316,7 +320,7 @@ def _ln_chunk(m, s, c, base, rm, k, N, inner, t, r0, r1, r2, r3, ROWS: tl.conste
     """Vector k of every thread. ``r0..r3``: 1 / (4k + 1 .. 4k + 4), the reciprocal counts of its 4 updates (an
     element of vector k is a thread's (4k + j + 1)-th: the threads that hold vector k held vectors 0..k - 1)."""
     e = k * 512 + inner
-    v = tl.load(base + e, mask=rm & (e < N), other=0.0).to(tl.float32)
+    v = tl.load(base + e, mask=rm & (e < N), other=0.0, eviction_policy="evict_last").to(tl.float32)
     v0, v1, v2, v3 = _lanes4(tl.reshape(v, (ROWS, 128, 4)))
     ok = rm & (k * 128 + t < N // 4)
     m, s, c = _ln_update(m, s, c, v0, ok, r0)
@@ -434,7 +438,7 @@ def _wf_tree(m, q, n):
 def _wf_chunk(m, q, n, base, rm, k, N, j):
     e = k * 512 + j
     ok = rm & (e < N)
-    v = tl.load(base + e, mask=ok, other=0.0).to(tl.float32)
+    v = tl.load(base + e, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
     n1 = n + 1.0
     delta = v - m
     m1 = m + tl.math.div_rn(delta, n1)

@@ -121,7 +121,7 @@ def _rms_team_fwd_kernel(
     k = tl.arange(0, TEAM_P2)
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
     if AFFINE == 2:  # a member's columns are the same on every row
-        w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True)
+        w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
     xr, rr = _load_raw(x_ptr, res_ptr, row, M, N, stride_x_row, stride_res_row, offs)
     while row < M:
         x = input_of(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
@@ -131,14 +131,14 @@ def _rms_team_fwd_kernel(
         xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
         if PHASE != 1:
             if AFFINE == 1:
-                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True)
+                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
             ss = tl.sum(team_gather(ws_ptr + row * TEAM, k, TEAM, 0.0), axis=0)
             rstd = tl.math.rsqrt(ss / N + eps)
             if rstd_ptr is not None:
                 if member == 0:
                     tl.store(rstd_ptr + row, rstd)
             if AFFINE == 0:
-                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True)
+                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
             w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
             y = rms_affine(x, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
             tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
@@ -160,7 +160,7 @@ def _ln_team_fwd_kernel(
     member, row, offs, mask = team_start(TEAM, N, BLOCK_N)
     k = tl.arange(0, TEAM_P2)
     if AFFINE == 2:
-        w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True)
+        w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
     # columns each member holds (the last one may hold fewer)
     counts = tl.minimum(tl.maximum(N - k * BLOCK_N, 0), BLOCK_N).to(tl.float32)
     n_mine = tl.minimum(N - member * BLOCK_N, BLOCK_N).to(tl.float32)
@@ -178,7 +178,7 @@ def _ln_team_fwd_kernel(
         xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
         if PHASE != 1:
             if AFFINE == 1:
-                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True)
+                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
             sums = team_gather(slots, k, TEAM, 0.0)
             mean = tl.sum(sums, axis=0) / N
             dev = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
@@ -189,7 +189,7 @@ def _ln_team_fwd_kernel(
                     tl.store(mean_ptr + row, mean)
                     tl.store(rstd_ptr + row, rstd)
             if AFFINE == 0:
-                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True)
+                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
             w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
             y = ln_affine(x, mean, rstd, w, b, w_ptr, b_ptr, OUT_DTYPE)
             tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
