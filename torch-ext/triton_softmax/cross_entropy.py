@@ -265,7 +265,7 @@ def _cross_entropy_team_fwd_kernel(
     # DRAM: read V*x once, write V*g once. Member 0 writes the row's loss and logsumexp.
     member, row, offs, mask_n = team_start(TEAM, V, BLOCK_N)
     k = tl.arange(0, TEAM_P2)
-    xr, _ = _team_load(x_ptr, None, row, R1, R2, sx0, sx1, sx2, sxc, 0, 0, 0, 0, offs, V, M)
+    xr, _ = _team_load(x_ptr, None, row, R1, R2, sx0, sx1, sx2, sxc, 0, 0, 0, 0, offs, V, M, "")
     while row < M:
         x = tl.where(mask_n, xr.to(tl.float32), float("-inf"))
         m_own, e = _chunk_max_exp(x)
@@ -276,7 +276,7 @@ def _cross_entropy_team_fwd_kernel(
             if SMOOTH:
                 team_publish(slots + 2 * TEAM + member, tl.sum(tl.where(mask_n, x, 0.0), axis=0))
         nxt = row + TEAMS
-        xr, _ = _team_load(x_ptr, None, nxt, R1, R2, sx0, sx1, sx2, sxc, 0, 0, 0, 0, offs, V, M)
+        xr, _ = _team_load(x_ptr, None, nxt, R1, R2, sx0, sx1, sx2, sxc, 0, 0, 0, 0, offs, V, M, "")
         if PHASE != 1:
             x_row = row_start(row, R1, R2, sx0, sx1, sx2)
             t = tl.load(t_ptr + row_start(row, R1, R2, st0, st1, st2)).to(tl.int64)

@@ -130,7 +130,8 @@ def _softmax_fwd_kernel(
         q = (rows % Sq)[:, None]
         offs = tl.arange(0, BLOCK_N)[None, :]
         mask_n = (offs < N) & row_ok[:, None]
-        z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "", SCALED)
+        # evict_last: +2-4% at 4096-16384 columns on the H200 (benchmarks/NOTES.md, session 22)
+        z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "evict_last", SCALED)
         zm = z - tl.max(z, axis=1)[:, None]
         e = tl.exp(zm)
         s = tl.sum(e, axis=1)[:, None]
@@ -453,16 +454,20 @@ def _team_softmax_of(e, z, m_own, mx, s, LOG: tl.constexpr):
 
 
 @triton.jit
-def _team_load(a_ptr, b_ptr, row, R1, R2, sa0, sa1, sa2, sac, sb0, sb1, sb2, sbc, offs, N, M):
+def _team_load(a_ptr, b_ptr, row, R1, R2, sa0, sa1, sa2, sac, sb0, sb1, sb2, sbc, offs, N, M,
+               EVICT: tl.constexpr):
     """One chunk of ``row`` of a (and of b, if given) as stored, 0 past the row end and past the last row.
     The persistent team kernels load their next row with it before meeting on the current one: no
-    arithmetic on the values yet, so the loads stay in flight while the program waits."""
+    arithmetic on the values yet, so the loads stay in flight while the program waits. ``EVICT``: the loads'
+    L2 eviction hint ("" or "evict_last")."""
     live = offs < tl.where(row < M, N, 0)
     cols = offs.to(tl.int64)
-    a = tl.load(a_ptr + row_start(row, R1, R2, sa0, sa1, sa2) + cols * sac, mask=live, other=0.0)
+    a = tl.load(a_ptr + row_start(row, R1, R2, sa0, sa1, sa2) + cols * sac, mask=live, other=0.0,
+                eviction_policy=EVICT)
     b = a
     if b_ptr is not None:
-        b = tl.load(b_ptr + row_start(row, R1, R2, sb0, sb1, sb2) + cols * sbc, mask=live, other=0.0)
+        b = tl.load(b_ptr + row_start(row, R1, R2, sb0, sb1, sb2) + cols * sbc, mask=live, other=0.0,
+                    eviction_policy=EVICT)
     return a, b
 
 
@@ -497,12 +502,14 @@ def _softmax_team_fwd_kernel(
     # (max, sum of exp) and write y from registers. DRAM: read N*x, write N*y.
     member, row, offs, mask_n = team_start(TEAM, N, BLOCK_N)
     k = tl.arange(0, TEAM_P2)
-    xr, mr = _team_load(x_ptr, m_ptr, row, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M)
+    # evict_last: +4% / +2% / -1% at N = 65536 / 131072 / 262144 on the H200 (benchmarks/NOTES.md, session 22)
+    xr, mr = _team_load(x_ptr, m_ptr, row, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M, "evict_last")
     while row < M:
         z = _team_scores(xr, mr, m_ptr, offs, mask_n, row % Sq, scale, CAUSAL, SCALED)
         # the next row's loads go out before this row's two reductions (session 21: +3-5% from 256 KiB rows)
         nxt = row + TEAMS
-        xr, mr = _team_load(x_ptr, m_ptr, nxt, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M)
+        xr, mr = _team_load(x_ptr, m_ptr, nxt, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M,
+                            "evict_last")
         m_own, e = _chunk_max_exp(z)
         slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
@@ -534,7 +541,7 @@ def _softmax_team_bwd_kernel(
     # DRAM: read N*(y + dy), write N*dx, each once.
     member, row, offs, mask_n = team_start(TEAM, N, BLOCK_N)
     k = tl.arange(0, TEAM_P2)
-    yr, dyr = _team_load(y_ptr, dy_ptr, row, R1, R2, sy0, sy1, sy2, syc, sdy0, sdy1, sdy2, sdyc, offs, N, M)
+    yr, dyr = _team_load(y_ptr, dy_ptr, row, R1, R2, sy0, sy1, sy2, syc, sdy0, sdy1, sdy2, sdyc, offs, N, M, "")
     while row < M:
         p = yr.to(tl.float32)
         if LOG:
@@ -547,7 +554,7 @@ def _softmax_team_bwd_kernel(
             else:
                 team_publish(slots + member, tl.sum(p * dy, axis=0))
         nxt = row + TEAMS
-        yr, dyr = _team_load(y_ptr, dy_ptr, nxt, R1, R2, sy0, sy1, sy2, syc, sdy0, sdy1, sdy2, sdyc, offs, N, M)
+        yr, dyr = _team_load(y_ptr, dy_ptr, nxt, R1, R2, sy0, sy1, sy2, syc, sdy0, sdy1, sdy2, sdyc, offs, N, M, "")
         if PHASE != 1:
             red = tl.sum(team_gather(slots, k, TEAM, 0.0), axis=0)
             dz = _dz(p, dy, red, offs, row % Sq, CAUSAL, LOG)
