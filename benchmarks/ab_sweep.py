@@ -1,6 +1,6 @@
 """A/B of a kernel change in one process: the packages built from a base checkout against this checkout.
 
-python3 benchmarks/ab_sweep.py --base DIR --out DIR [--rounds 3] [--cases NAME,...] [--cpu]
+python3 benchmarks/ab_sweep.py --base DIR --out DIR [--rounds 3] [--cases NAME,...] [--shapes MxN,...] [--cpu]
 
 ``--base`` is a checkout of the base revision (e.g. ``git worktree add /tmp/base HEAD`` or
 ``git archive HEAD | tar -x -C /tmp/base``). Both builds load side by side (different module names). For each
@@ -23,6 +23,7 @@ ap.add_argument("--out", required=True)
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--budget", type=float, default=400)
 ap.add_argument("--cases", default="", help="comma list of case names (default: all)")
+ap.add_argument("--shapes", default="", help="comma list of MxN shapes to keep (default: each case's own)")
 ap.add_argument("--cpu", action="store_true", help="dry run under the interpreter with tiny shapes")
 args = ap.parse_args()
 OUT = prepare(args.out, args.cpu)
@@ -43,6 +44,20 @@ def ln(pk, M, N):
     x, w = torch.randn(M, N, device=DEV, dtype=BF16), torch.rand(N, device=DEV, dtype=BF16) + 0.5
     b = torch.randn(N, device=DEV, dtype=BF16)
     return (lambda: pk.layer_norm(x, w, b)), 2 * M * N * 2 + 2 * N * 2
+
+
+def rms_exact(order, cast=False):
+    def make(pk, M, N):  # the bit-exact layers' forward (torch_order; LlamaRMSNorm: "mean", bf16 cast)
+        x, w = torch.randn(M, N, device=DEV, dtype=BF16), torch.rand(N, device=DEV, dtype=BF16) + 0.5
+        cast_dtype = BF16 if cast else None
+        return (lambda: pk.rms_norm(x, w, eps=1e-6, cast_dtype=cast_dtype, torch_order=order)), 2 * M * N * 2 + N * 2
+    return make
+
+
+def ln_exact(pk, M, N):
+    x, w = torch.randn(M, N, device=DEV, dtype=BF16), torch.rand(N, device=DEV, dtype=BF16) + 0.5
+    b = torch.randn(N, device=DEV, dtype=BF16)
+    return (lambda: pk.layer_norm(x, w, b, torch_order="fused")), 2 * M * N * 2 + 2 * N * 2
 
 
 def add_rms(pk, M, N):
@@ -87,8 +102,13 @@ CASES = {  # name: (package, builder, shapes)
     "rms_norm": ("triton-norms", rms, [(65536, 2048), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536),
                                        (1024, 262144)]),
     "layer_norm": ("triton-norms", ln, [(65536, 2048), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536)]),
+    "rms_norm_exact_mean": ("triton-norms", rms_exact("mean", cast=True), [(32768, 4096), (16384, 8192),
+                                                                            (8192, 16384)]),
+    "rms_norm_exact_fused": ("triton-norms", rms_exact("fused"), [(32768, 4096), (16384, 8192), (8192, 16384)]),
+    "layer_norm_exact": ("triton-norms", ln_exact, [(32768, 4096), (16384, 8192), (8192, 16384)]),
     "add_rms_norm": ("triton-norms", add_rms, [(32768, 4096), (16384, 8192), (4096, 65536)]),
-    "softmax": ("triton-softmax", softmax, [(4096, 65536), (2048, 131072), (1024, 262144)]),
+    "softmax": ("triton-softmax", softmax, [(32768, 4096), (16384, 16384), (4096, 65536), (2048, 131072),
+                                            (1024, 262144), (256, 262144)]),
     "softmax_bwd": ("triton-softmax", softmax_bwd, [(4096, 65536), (2048, 131072), (1024, 262144)]),
     "cross_entropy": ("triton-softmax", cross_entropy, [(8192, 128256), (2048, 262144)]),
     "silu_and_mul": ("triton-activations", gated("silu_and_mul"), [(16384, 14336), (65536, 1536), (8192, 11008)]),
@@ -101,6 +121,9 @@ if not BIG:
     CASES = {k: (p, b, [(5, 4096 if p != "triton-activations" else 640)]) for k, (p, b, _) in CASES.items()}
 if args.cases:
     CASES = {k: CASES[k] for k in args.cases.split(",")}
+if args.shapes:
+    KEEP = {tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")}
+    CASES = {k: (p, b, [s for s in shapes if s in KEEP]) for k, (p, b, shapes) in CASES.items()}
 PKGS = sorted({pkg for pkg, _, _ in CASES.values()})
 NEW = dict(zip(PKGS, load_packages(PKGS, args.cpu)))
 BASE = dict(zip(PKGS, load_packages(PKGS, args.cpu, Path(args.base))))
