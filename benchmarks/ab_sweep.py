@@ -123,7 +123,10 @@ if args.cases:
     CASES = {k: CASES[k] for k in args.cases.split(",")}
 if args.shapes:
     KEEP = {tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")}
-    CASES = {k: (p, b, [s for s in shapes if s in KEEP]) for k, (p, b, shapes) in CASES.items()}
+    if BIG and not KEEP <= {s for _, _, shapes in CASES.values() for s in shapes}:
+        sys.exit(f"--shapes: no case has {sorted(KEEP - {s for _, _, sh in CASES.values() for s in sh})}")
+    CASES = {k: (p, b, [s for s in shapes if s in KEEP or not BIG]) for k, (p, b, shapes) in CASES.items()}
+    CASES = {k: v for k, v in CASES.items() if v[2]}
 PKGS = sorted({pkg for pkg, _, _ in CASES.values()})
 NEW = dict(zip(PKGS, load_packages(PKGS, args.cpu)))
 BASE = dict(zip(PKGS, load_packages(PKGS, args.cpu, Path(args.base))))

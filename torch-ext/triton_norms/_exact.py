@@ -61,6 +61,7 @@ def _rms_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, r, start, N, weight_
     offs = start + tl.arange(0, BLOCK_N)
     cm = offs < N
     m = rm & cm[None, :]
+    # the re-read of rows the statistics loaded evict_last (see _exact_stats' docstring): evict_first now
     x = tl.load(base + offs[None, :], mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
     y = round_to(x * r, CAST_DTYPE)
     if w_ptr is not None:
@@ -80,6 +81,7 @@ def _ln_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, mu, r, start, N, STAT
     offs = start + tl.arange(0, BLOCK_N)
     cm = offs < N
     m = rm & cm[None, :]
+    # the re-read of rows the statistics loaded evict_last (see _exact_stats' docstring): evict_first now
     d = tl.load(base + offs[None, :], mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32) - mu
     t = r * d
     if w_ptr is not None:

@@ -63,7 +63,7 @@ def _layer_norm_fwd_kernel(
     if not LOOP:
         offs = tl.arange(0, BLOCK_N)
         mask = offs < N
-        # evict_last on x (not on w, b): +2-4% at 2048-16384 columns on the H200 (benchmarks/NOTES.md, session 22)
+        # evict_last on x (not on w, b): +1.5-3.6% at 2048-16384 columns on the H200 (benchmarks/NOTES.md, session 22)
         x = load_input_chunk(x_ptr, res_ptr, h_ptr, row, stride_x_row, stride_res_row, N, offs, mask, True,
                              "evict_last")
         mean = tl.sum(x, axis=0) / N

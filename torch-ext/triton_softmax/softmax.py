@@ -130,7 +130,7 @@ def _softmax_fwd_kernel(
         q = (rows % Sq)[:, None]
         offs = tl.arange(0, BLOCK_N)[None, :]
         mask_n = (offs < N) & row_ok[:, None]
-        # evict_last: +2-4% at 4096-16384 columns on the H200 (benchmarks/NOTES.md, session 22)
+        # evict_last: +1-4% at 4096-16384 columns on the H200 (benchmarks/NOTES.md, session 22)
         z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "evict_last", SCALED)
         zm = z - tl.max(z, axis=1)[:, None]
         e = tl.exp(zm)
