@@ -63,6 +63,36 @@ def test_config_file_round_trip(matmul, tmp_path, monkeypatch):
         tune.write_config_file(tmp_path / "none.json", "x", [results[1]])
 
 
+def test_tune_records_the_stages_that_ran(matmul, monkeypatch, tmp_path):
+    """A candidate whose pipeline did not fit shared memory ran with fewer stages (the launcher's fallback):
+    measure() reports them and the config file records them, not the stages asked for."""
+    mod = sys.modules[matmul.__name__ + ".matmul"]
+    cfg = tune.default_candidates(256)[0]
+    ran_cfg = matmul.MatmulConfig.from_json(cfg)
+    asked = ran_cfg.num_stages
+    assert asked > 1
+
+    def fake_matmul(a, b, bias, act, config):  # what _launch_fitting leaves after falling back
+        mod._FITTING_STAGES[("fake", config, False, None, True, a.dtype, a.device)] = asked - 1
+        return a @ b
+
+    monkeypatch.setattr(matmul, "matmul", fake_matmul)
+    monkeypatch.setattr(mod, "_FITTING_STAGES", {})
+    monkeypatch.setattr(tune, "_bench", lambda fn, rep: (fn(), 1.0)[1])
+    a, b = torch.randn(5, 16), torch.randn(16, 7)
+    ref = (a @ b).double()
+    m = tune.measure(matmul, a, b, cfg, rep_ms=1, reference=ref)
+    assert m["stages_run"] == asked - 1 and m["max_rel_err"] < 1e-6
+    again = tune.measure(matmul, a, b, cfg, rep_ms=1, reference=ref)  # key met before: found by its config
+    assert again["stages_run"] == asked - 1
+    mod._FITTING_STAGES.clear()
+    monkeypatch.setattr(matmul, "matmul", lambda a, b, bias, act, config: a @ b)
+    assert "stages_run" not in tune.measure(matmul, a, b, cfg, rep_ms=1, reference=ref)
+    r = tune.BucketResult((256, 7, 16), {"ms": 1.0, "tflops": 1.0}, best=cfg, best_measure=m)
+    entry = tune.write_config_file(tmp_path / "x.json", "x", [r])["configs"][0]
+    assert entry["num_stages"] == asked - 1 and entry["BLOCK_M"] == cfg["BLOCK_M"]
+
+
 def test_shipped_files_load(matmul):
     # every shipped file parses, every config passes MatmulConfig.check (a typo fails here, not on a GPU)
     launch = _launch_module(matmul)

@@ -10,7 +10,8 @@ holding a list of config objects, or ``{"<M>": [...]}`` per bucket M) is run on 
 timed; the fastest correct one becomes the bucket's entry. The file is written in the format
 ``triton_matmul/_launch.py`` reads (``configs/<GPU name>.json``, spaces as ``_``), with
 ``"tuned": true`` and, per bucket, the measured TFLOP/s of the winner and of ``torch.matmul``
-(cuBLAS on NVIDIA) in the same process.
+(cuBLAS on NVIDIA) in the same process. A winner whose pipeline did not fit shared memory ran with fewer
+stages (the launcher's fallback, ``matmul._launch_fitting``): the entry records the stages that ran.
 
 Timing: ``triton.testing.do_bench_cudagraph`` (median of CUDA-graph replays, so Python launch cost is
 excluded for both sides; L2 is not flushed between replays, for both sides alike), else
@@ -132,16 +133,30 @@ def _bench(fn: Callable[[], object], rep_ms: float) -> float:
         return float(do_bench(fn, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median"))
 
 
+def _stages_run(fitting: dict, before: dict, cfg) -> Optional[int]:
+    """The pipeline depth the launcher ran ``cfg`` with (``matmul._FITTING_STAGES``: the stages that fitted
+    shared memory, per launch key) when that is fewer than ``cfg.num_stages``, else None. ``before``: the
+    table before the candidate's first call (its new or changed keys are its launches; a config met before
+    is found by its key's config)."""
+    ran = [v for k, v in fitting.items() if before.get(k) != v] or [v for k, v in fitting.items() if k[1] == cfg]
+    return min(ran) if ran and min(ran) < cfg.num_stages else None
+
+
 def measure(mm, a, b, config: Optional[dict], rep_ms: float = 30.0, reference=None, bias=None,
             epilogue: Optional[str] = None) -> dict:
     """Time ``mm.matmul(a, b, bias, epilogue, config=...)`` (``config`` None: :func:`torch_forward`, i.e.
     cuBLAS then the separate activation) and check it against ``reference``.
 
     Returns ``{"ms", "tflops", "max_rel_err"}`` (relative to ``reference``'s largest magnitude; TFLOP/s of the
-    GEMM, 2 * M * b's columns * K), or ``{"error": ...}`` when the config does not compile or run.
+    GEMM, 2 * M * b's columns * K), with ``"stages_run"`` when the config's pipeline did not fit shared memory
+    and ran with fewer stages (written to the config file instead of the stages asked for), or
+    ``{"error": ...}`` when the config does not compile or run.
     """
     M, K = a.shape
     N = b.shape[1]
+    fitting = getattr(sys.modules.get(getattr(mm, "__name__", "") + ".matmul"), "_FITTING_STAGES", {})
+    before = dict(fitting)
+    cfg = None
     if config is None:
         fn = lambda: torch_forward(a, b, bias, epilogue)  # noqa: E731
     else:
@@ -149,13 +164,15 @@ def measure(mm, a, b, config: Optional[dict], rep_ms: float = 30.0, reference=No
         fn = lambda: mm.matmul(a, b, bias, epilogue, config=cfg)  # noqa: E731
     try:
         y = fn()
+        stages = None if cfg is None else _stages_run(fitting, before, cfg)
         err = None
         if reference is not None:
             err = float((y.float() - reference).abs().max() / reference.abs().max().clamp_min(1e-30))
         ms = _bench(fn, rep_ms)
     except Exception as exc:  # noqa: BLE001 - a config that does not compile/run is reported, not fatal
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
-    return {"ms": ms, "tflops": 2.0 * M * N * K / (ms * 1e-3) / 1e12, "max_rel_err": err}
+    return {"ms": ms, "tflops": 2.0 * M * N * K / (ms * 1e-3) / 1e12, "max_rel_err": err,
+            **({"stages_run": stages} if stages is not None else {})}
 
 
 @dataclass
@@ -275,7 +292,8 @@ def write_config_file(path: Path, gpu: str, results: list[BucketResult], meta: O
             continue
         M, N, K = r.shape
         cub = r.cublas.get("tflops")
-        entry = {"M": M, "N": N, "K": K, **({"epilogue": r.epilogue} if r.epilogue else {}), **r.best,
+        ran = {"num_stages": r.best_measure["stages_run"]} if "stages_run" in r.best_measure else {}
+        entry = {"M": M, "N": N, "K": K, **({"epilogue": r.epilogue} if r.epilogue else {}), **r.best, **ran,
                  "tflops": round(r.best_measure["tflops"], 2), "cublas_tflops": round(cub, 2) if cub else None}
         entries.append(entry)
     if base is not None:
