@@ -60,6 +60,21 @@ def ln_exact(pk, M, N):
     return (lambda: pk.layer_norm(x, w, b, torch_order="fused")), 2 * M * N * 2 + 2 * N * 2
 
 
+def norm_bwd(kind):
+    def make(pk, M, N):  # the backward op alone: dy, x read, dx written (+ dw / db partials, not counted)
+        mod, order = sys.modules[f"{pk.__name__}.{kind}"], sys.modules[pk.__name__ + "._torch_order"].ORDER_FAST
+        x, w = torch.randn(M, N, device=DEV, dtype=BF16), torch.rand(N, device=DEV, dtype=BF16) + 0.5
+        dy = torch.randn(M, N, device=DEV, dtype=BF16)
+        if kind == "rms_norm":
+            rstd = mod._rms_norm_fwd_impl(x, None, w, None, 1e-6, 0.0, None, BF16, order)[2]
+            return (lambda: mod._rms_norm_bwd_impl(dy, None, x, w, rstd, 0.0, None, BF16, None, True, False)), \
+                3 * M * N * 2
+        b = torch.zeros(N, device=DEV, dtype=BF16)
+        _, _, mean, rstd = mod._layer_norm_fwd_impl(x, None, w, b, 1e-5, order)
+        return (lambda: mod._layer_norm_bwd_impl(dy, None, x, w, mean, rstd, BF16, None, True, True)), 3 * M * N * 2
+    return make
+
+
 def add_rms(pk, M, N):
     x, r = torch.randn(M, N, device=DEV, dtype=BF16), torch.randn(M, N, device=DEV, dtype=BF16)
     w = torch.rand(N, device=DEV, dtype=BF16) + 0.5
@@ -106,6 +121,8 @@ CASES = {  # name: (package, builder, shapes)
                                                                             (8192, 16384)]),
     "rms_norm_exact_fused": ("triton-norms", rms_exact("fused"), [(32768, 4096), (16384, 8192), (8192, 16384)]),
     "layer_norm_exact": ("triton-norms", ln_exact, [(32768, 4096), (16384, 8192), (8192, 16384)]),
+    "rms_norm_bwd": ("triton-norms", norm_bwd("rms_norm"), [(32768, 4096), (16384, 8192), (4096, 65536)]),
+    "layer_norm_bwd": ("triton-norms", norm_bwd("layer_norm"), [(32768, 4096), (16384, 8192), (4096, 65536)]),
     "add_rms_norm": ("triton-norms", add_rms, [(32768, 4096), (16384, 8192), (4096, 65536)]),
     "softmax": ("triton-softmax", softmax, [(32768, 4096), (16384, 16384), (4096, 65536), (2048, 131072),
                                             (1024, 262144), (256, 262144)]),
