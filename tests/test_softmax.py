@@ -575,6 +575,8 @@ def test_ops_called_directly_take_negative_dims(softmax, device):
     assert_close_ref(bwd(dy, y, -1, 1.0, False, False, torch.float32), bwd_ref(y, dy), rel_atol=1e-6)
     with pytest.raises(IndexError, match="Dimension out of range"):
         bwd(dy, y, 2, 1.0, False, False, torch.float32)
+    with pytest.raises(IndexError, match="Dimension out of range"):  # the torch-order path checks it too
+        fwd(x, None, 2, 1.0, False, False, True)
 
 
 def test_backward_op_with_unmergeable_strided_y(softmax, device):

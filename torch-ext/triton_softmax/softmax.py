@@ -581,13 +581,13 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
-    if dim < 0:  # a direct call of the registered op (softmax() passes it normalised)
-        dim += max(x.dim(), 1)
-    if torch_order and math.prod(x.shape[dim + 1:]) == 1:  # torch's last-dim kernels (inner size 1)
-        check_launch_device(x, _softmax_fwd_kernel)
-        N = x.shape[dim] if x.dim() else 1
-        softmax_torch_order(x.reshape(-1, N), y.view(-1, N))
-        return y
+    if torch_order:  # a direct call of the registered op may pass a negative dim (the plans' layout normalises it)
+        dim = normalize_dim(dim, x.dim())
+        if math.prod(x.shape[dim + 1:]) == 1:  # torch's last-dim kernels (inner size 1)
+            check_launch_device(x, _softmax_fwd_kernel)
+            N = x.shape[dim] if x.dim() else 1
+            softmax_torch_order(x.reshape(-1, N), y.view(-1, N))
+            return y
     key = (x.shape, x.stride(), x.dtype, x.device,
            mask if mask is None else (mask.shape, mask.stride(), mask.dtype), dim, scale, causal, log)
     plan = _FWD_PLANS.get(key)
