@@ -35,29 +35,19 @@ DEV = RUN.dev
 BF16 = torch.bfloat16
 
 
-def rms(pk, M, N):
-    x, w = torch.randn(M, N, device=DEV, dtype=BF16), torch.rand(N, device=DEV, dtype=BF16) + 0.5
-    return (lambda: pk.rms_norm(x, w, eps=1e-6)), 2 * M * N * 2 + N * 2
-
-
-def ln(pk, M, N):
-    x, w = torch.randn(M, N, device=DEV, dtype=BF16), torch.rand(N, device=DEV, dtype=BF16) + 0.5
-    b = torch.randn(N, device=DEV, dtype=BF16)
-    return (lambda: pk.layer_norm(x, w, b)), 2 * M * N * 2 + 2 * N * 2
-
-
-def rms_exact(order, cast=False):
-    def make(pk, M, N):  # the bit-exact layers' forward (torch_order; LlamaRMSNorm: "mean", bf16 cast)
+def rms(**kw):
+    def make(pk, M, N):  # kw: e.g. the bit-exact layers' torch_order (LlamaRMSNorm: "mean" with the bf16 cast)
         x, w = torch.randn(M, N, device=DEV, dtype=BF16), torch.rand(N, device=DEV, dtype=BF16) + 0.5
-        cast_dtype = BF16 if cast else None
-        return (lambda: pk.rms_norm(x, w, eps=1e-6, cast_dtype=cast_dtype, torch_order=order)), 2 * M * N * 2 + N * 2
+        return (lambda: pk.rms_norm(x, w, eps=1e-6, **kw)), 2 * M * N * 2 + N * 2
     return make
 
 
-def ln_exact(pk, M, N):
-    x, w = torch.randn(M, N, device=DEV, dtype=BF16), torch.rand(N, device=DEV, dtype=BF16) + 0.5
-    b = torch.randn(N, device=DEV, dtype=BF16)
-    return (lambda: pk.layer_norm(x, w, b, torch_order="fused")), 2 * M * N * 2 + 2 * N * 2
+def ln(**kw):
+    def make(pk, M, N):
+        x, w = torch.randn(M, N, device=DEV, dtype=BF16), torch.rand(N, device=DEV, dtype=BF16) + 0.5
+        b = torch.randn(N, device=DEV, dtype=BF16)
+        return (lambda: pk.layer_norm(x, w, b, **kw)), 2 * M * N * 2 + 2 * N * 2
+    return make
 
 
 def norm_bwd(kind):
@@ -114,13 +104,13 @@ def act(name):
 
 BIG = DEV == "cuda"
 CASES = {  # name: (package, builder, shapes)
-    "rms_norm": ("triton-norms", rms, [(65536, 2048), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536),
+    "rms_norm": ("triton-norms", rms(), [(65536, 2048), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536),
                                        (1024, 262144)]),
-    "layer_norm": ("triton-norms", ln, [(65536, 2048), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536)]),
-    "rms_norm_exact_mean": ("triton-norms", rms_exact("mean", cast=True), [(32768, 4096), (16384, 8192),
-                                                                            (8192, 16384)]),
-    "rms_norm_exact_fused": ("triton-norms", rms_exact("fused"), [(32768, 4096), (16384, 8192), (8192, 16384)]),
-    "layer_norm_exact": ("triton-norms", ln_exact, [(32768, 4096), (16384, 8192), (8192, 16384)]),
+    "layer_norm": ("triton-norms", ln(), [(65536, 2048), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536)]),
+    "rms_norm_exact_mean": ("triton-norms", rms(cast_dtype=BF16, torch_order="mean"),
+                            [(32768, 4096), (16384, 8192), (8192, 16384)]),
+    "rms_norm_exact_fused": ("triton-norms", rms(torch_order="fused"), [(32768, 4096), (16384, 8192), (8192, 16384)]),
+    "layer_norm_exact": ("triton-norms", ln(torch_order="fused"), [(32768, 4096), (16384, 8192), (8192, 16384)]),
     "rms_norm_bwd": ("triton-norms", norm_bwd("rms_norm"), [(32768, 4096), (16384, 8192), (4096, 65536)]),
     "layer_norm_bwd": ("triton-norms", norm_bwd("layer_norm"), [(32768, 4096), (16384, 8192), (4096, 65536)]),
     "add_rms_norm": ("triton-norms", add_rms, [(32768, 4096), (16384, 8192), (4096, 65536)]),
@@ -140,8 +130,9 @@ if args.cases:
     CASES = {k: CASES[k] for k in args.cases.split(",")}
 if args.shapes:
     KEEP = {tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")}
-    if BIG and not KEEP <= {s for _, _, shapes in CASES.values() for s in shapes}:
-        sys.exit(f"--shapes: no case has {sorted(KEEP - {s for _, _, sh in CASES.values() for s in sh})}")
+    unknown = KEEP - {s for _, _, shapes in CASES.values() for s in shapes}
+    if BIG and unknown:
+        sys.exit(f"--shapes: no case has {sorted(unknown)}")
     CASES = {k: (p, b, [s for s in shapes if s in KEEP or not BIG]) for k, (p, b, shapes) in CASES.items()}
     CASES = {k: v for k, v in CASES.items() if v[2]}
 PKGS = sorted({pkg for pkg, _, _ in CASES.values()})
