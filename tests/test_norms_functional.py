@@ -438,45 +438,46 @@ def test_case10_config_picker_respects_warp_size(norms, warp_size):
         norms.pick_config(0, 2, warp_size)
 
 
-def test_forwards_run_twice_the_warps_of_the_backward(norms):
-    """The one-program forwards aim at 32 bytes of a row per thread, the backward at 64 (H200: layer_norm over
-    8192 x 16384 bf16 ran 2357 GB/s with 16 warps and 3779 with 32); both stay within 1024 threads."""
+def test_one_block_kernels_aim_at_32_bytes_of_a_row_per_thread(norms):
+    """The one-program forwards and backwards aim at 32 bytes of a row per thread (H200: layer_norm forward over
+    8192 x 16384 bf16 2357 GB/s with 64 bytes, 3779 with 32; the backward with its next-row prefetch +19% / +25%
+    at 32768 x 4096 / 16384 x 8192), within 1024 threads; the backward keeps rows of at most 16 KiB in one block."""
     import sys
 
     launch = sys.modules[norms.__name__ + "._launch"]
     rms = sys.modules[norms.__name__ + ".rms_norm"]
-    assert launch.FWD_BYTES_PER_THREAD * 2 == launch.BYTES_PER_THREAD
-    assert norms.pick_config(4096, 2, 32).num_warps == 4
-    assert norms.pick_config(4096, 2, 32, launch.FWD_BYTES_PER_THREAD).num_warps == 8
-    assert norms.pick_config(16384, 2, 32, launch.FWD_BYTES_PER_THREAD).num_warps == 32
-    assert norms.pick_config(32768, 2, 32, launch.FWD_BYTES_PER_THREAD).num_warps == 32  # capped at 1024 threads
+    assert launch.BYTES_PER_THREAD == 32 and launch.BWD_MAX_FUSED_BYTES == 16384
+    assert norms.pick_config(4096, 2, 32).num_warps == 8
+    assert norms.pick_config(4096, 2, 32, 64).num_warps == 4
+    assert norms.pick_config(16384, 2, 32).num_warps == 32
+    assert norms.pick_config(32768, 2, 32).num_warps == 32  # capped at 1024 threads
     assert dict(rms._fwd_meta(4096, 2, torch.device("cuda", 0), None, False))["num_warps"] == 8
 
 
 def test_backward_register_cap_rule_and_same_bits(norms, device, monkeypatch):
-    """The one-chunk rms backward of 256 threads runs with 128 registers per thread on NVIDIA (two programs per
-    multiprocessor; H200 bf16 16384 x 8192: 293.6 -> 247.1 us), not with a bias gradient or dh, nor at other thread
-    counts, nor under the interpreter; the cap changes no bit of dx or dw (checked on an NVIDIA GPU; elsewhere both
-    runs are uncapped)."""
+    """The one-chunk rms backward of 256 threads (bf16 rows of 4096) runs with at most 128 registers per thread on
+    NVIDIA, not with a bias gradient or dh, nor at other thread counts, nor under the interpreter; the cap changes
+    no bit of dx or dw (checked on an NVIDIA GPU; elsewhere both runs are uncapped)."""
     import sys
 
     rms = sys.modules[norms.__name__ + ".rms_norm"]
     cuda = torch.device("cuda", 0)
-    cfg8k, cfg4k = norms.pick_config(8192, 2, 32), norms.pick_config(4096, 2, 32)
+    cfg4k, cfg2k, cfg8k = (norms.pick_config(n, 2, 32) for n in (4096, 2048, 8192))
     if os.environ.get("TRITON_INTERPRET") == "1":
-        assert rms._bwd_register_cap(cfg8k, 32, cuda, False) == {}
+        assert rms._bwd_register_cap(cfg4k, 32, cuda, False) == {}
     monkeypatch.setattr(rms, "is_interpreter", lambda kernel: False)
     nvidia = torch.version.hip is None
-    assert rms._bwd_register_cap(cfg8k, 32, cuda, False) == ({"maxnreg": 128} if nvidia else {})
-    assert rms._bwd_register_cap(cfg8k, 32, cuda, True) == {}
-    assert rms._bwd_register_cap(cfg4k, 32, cuda, False) == {}  # 128 threads: the cap cost 2% there
-    assert rms._bwd_register_cap(cfg8k, 32, torch.device("cpu"), False) == {}
+    assert rms._bwd_register_cap(cfg4k, 32, cuda, False) == ({"maxnreg": 128} if nvidia else {})
+    assert rms._bwd_register_cap(cfg4k, 32, cuda, True) == {}
+    assert rms._bwd_register_cap(cfg2k, 32, cuda, False) == {}  # 128 threads: the cap cost 2% there
+    assert rms._bwd_register_cap(cfg8k, 32, cuda, False) == {}  # 512 threads
+    assert rms._bwd_register_cap(cfg4k, 32, torch.device("cpu"), False) == {}
     monkeypatch.setattr(torch.version, "hip", "6.2")  # ROCm: no such launch option
-    assert rms._bwd_register_cap(cfg8k, 32, cuda, False) == {}
+    assert rms._bwd_register_cap(cfg4k, 32, cuda, False) == {}
     monkeypatch.undo()
 
-    x0, w0 = rand((64, 8192), torch.bfloat16, device), rand((8192,), torch.bfloat16, device)
-    dy = rand((64, 8192), torch.bfloat16, device)
+    x0, w0 = rand((64, 4096), torch.bfloat16, device), rand((4096,), torch.bfloat16, device)
+    dy = rand((64, 4096), torch.bfloat16, device)
 
     def grads():
         x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()

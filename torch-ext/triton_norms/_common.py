@@ -195,6 +195,17 @@ def load_grad_chunk(
 
 
 @triton.jit
+def load_grad_raw(dy_ptr, x_ptr, row, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs):
+    """One chunk of dy and of x (h) of ``row`` as stored, nothing past the row end or for ``row >= M``: the
+    backwards load the next row with it before reducing this one, so the loads stay in flight meanwhile
+    (no arithmetic on the values until the next iteration)."""
+    live = offs < tl.where(row < M, N, 0)
+    dy = tl.load(dy_ptr + row * stride_dy_row + offs.to(tl.int64) * stride_dy_col, mask=live, other=0.0)
+    x = tl.load(x_ptr + row * stride_x_row + offs, mask=live, other=0.0)
+    return dy, x
+
+
+@triton.jit
 def store_dx(dx, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N, offs, mask):
     """Adds the gradient of h (fused residual, any strides) to a chunk of dx and stores it (and a second
     copy, in the residual's dtype, for the residual): the backward kernels of both norms share it."""

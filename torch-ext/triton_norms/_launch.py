@@ -5,10 +5,11 @@ block of registers (``BLOCK_N = next_pow2(N)`` elements, at most
 ``MAX_FUSED_BYTES`` of input) each program loads the row once and keeps it in
 registers. Wider rows (N = 65537, 262144, ...) loop over the row in chunks of
 ``LOOP_BLOCK_BYTES``, reading it again for each pass (2 passes for RMSNorm, 3
-for LayerNorm), so no row is ever too wide.
+for LayerNorm), so no row is ever too wide. On a GPU, rows wider than one block (the backward's:
+wider than ``BWD_MAX_FUSED_BYTES``) go to persistent teams of programs (``_wide``) where they fit.
 
-Warps are derived from the block's size in bytes (about 64 bytes of input per
-thread, i.e. four 16-byte vector loads) and capped so that
+Warps are derived from the block's size in bytes (about 32 bytes of input per
+thread, i.e. two 16-byte vector loads) and capped so that
 ``num_warps * warp_size <= 1024`` threads per program, the hardware limit on
 both NVIDIA (32-lane warps) and AMD (64-lane wavefronts).
 """
@@ -24,13 +25,18 @@ from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, next_powe
 
 # Largest row (in bytes of input) kept in registers in one block.
 MAX_FUSED_BYTES = 65536
+# ... by the backward, which holds x, dy and two fp32 partial rows per thread: wider rows go to the persistent
+# teams (``_wide``) where they fit. H200, bf16, 8192 x 16384 (benchmarks/NOTES.md, session 23): one block
+# 565 GB/s (layer_norm, spilling) and 2909 (rms_norm), teams 2360 and 3244.
+BWD_MAX_FUSED_BYTES = 16384
 # Chunk size (in bytes of input) of the looped path for wider rows.
 LOOP_BLOCK_BYTES = 16384
-# Bytes of input per thread the warp count aims for: the backward's, and the one-program forwards' (twice the
-# warps; H200, kernel time, benchmarks/results/norms_fwd_warps_2026-12-01.md: layer_norm at 32 KiB rows 2357 ->
-# 3779 GB/s, the other widths +0.1..1.2%).
-BYTES_PER_THREAD = 64
-FWD_BYTES_PER_THREAD = 32
+# Bytes of input per thread the warp count aims for (H200, kernel time). The forwards: layer_norm at 32 KiB rows
+# 2357 -> 3779 GB/s against 64 bytes, the other widths +0.1..1.2% (benchmarks/results/norms_fwd_warps_2026-12-01.md).
+# The backwards, which load the next row before reducing this one: layer_norm 2800 / 2400 -> 3328 / 3006 GB/s,
+# rms_norm 3460 / 3264 -> 3632 / 3437 at 32768 x 4096 / 16384 x 8192 against 64 bytes without that prefetch
+# (benchmarks/NOTES.md, session 23).
+BYTES_PER_THREAD = 32
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32,
         N: row length (the normalised size), >= 1.
         element_size: bytes per input element (2 for fp16/bf16, 4 for fp32).
         warp_size: lanes per warp of the device (32 NVIDIA, 64 on AMD CDNA).
-        bytes_per_thread: bytes of a row per thread the warps aim for (``FWD_BYTES_PER_THREAD`` for the forwards).
+        bytes_per_thread: bytes of a row per thread the warps aim for.
 
     Raises:
         ValueError: for N < 1, element_size < 1 or a warp_size that is not a

@@ -24,7 +24,9 @@ The backward works the same way: a member holds its chunk of x (h) and dy, publi
 ``sum(g * xn)`` (LayerNorm: also ``sum(g)``), writes its chunk of dx, and sums dw (db) over its team's
 rows in registers (its columns are the same on every row), so that dw / db are ``teams`` partial rows
 summed by torch. The looped backward re-read each row and read-modified-wrote an fp32 partial row per
-row: 1199 GB/s at 4096x65536 against 2938 here (torch.compile 1756).
+row: 1199 GB/s at 4096x65536 against 2938 here (torch.compile 1756). The backward takes teams from
+rows of more than ``BWD_MAX_FUSED_BYTES`` (16 KiB), where one program's block of x, dy and the fp32 dw / db
+sums spills: 8192x16384 bf16 moved 2360 GB/s here against 565 in one block (layer_norm; rms_norm 3244 / 2909).
 
 ``rms_wide_forward`` / ``ln_wide_forward`` / ``wide_backward`` serve the free-order forwards and the
 backwards of ``rms_norm`` / ``layer_norm`` for rows of at least the ``min_row_bytes`` of ``WIDE_TUNED[kind]``
@@ -39,9 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import affine_f32, input_of, ln_affine, load_affine, rms_affine, round_to, store_dx
+from ._common import affine_f32, input_of, ln_affine, load_affine, load_grad_raw, rms_affine, round_to, store_dx
 from ._fastlaunch import launch
-from ._launch import backward_strides
+from ._launch import BWD_MAX_FUSED_BYTES, backward_strides
 from ._rounding import round_dtype
 from ._team import team_gather, team_phases, team_publish, team_split, team_start
 
@@ -61,7 +63,7 @@ from ._team import team_gather, team_phases, team_publish, team_split, team_star
 # (x, r, h, y counted): 4 KiB chunks over 2 warps, 12 per SM, up to 32 members, then that setting:
 # 3740 / 3701 / 3576 (3605 at 65536 before). LayerNorm: 8 KiB / 4 warps / 5 per
 # SM up to 16 members, 4 KiB / 1 warp / 16 per SM up to 64, then 16 KiB / 4 warps / 4 per SM: 3053 / 3045 /
-# 2961 against 3050 / 2923 / 2648 on the first alone.
+# 2961 against 3050 / 2923 / 2648 on the first alone. The backwards: rows over BWD_MAX_FUSED_BYTES (session 23).
 WIDE_TUNED: dict = {
     "rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
                   "maxnreg": 168, "max_team": 64, "affine": 1},
@@ -77,10 +79,10 @@ WIDE_TUNED: dict = {
                     "maxnreg": 128, "max_team": 64},
                    {"min_row_bytes": 65537, "chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4,
                     "maxnreg": 128}],
-    "rms_norm_bwd": {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 3,
-                     "maxnreg": 168},
-    "layer_norm_bwd": {"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 4, "programs_per_sm": 4,
-                       "maxnreg": 128},
+    "rms_norm_bwd": {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
+                     "programs_per_sm": 3, "maxnreg": 168},
+    "layer_norm_bwd": {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 4096, "num_warps": 4,
+                       "programs_per_sm": 4, "maxnreg": 128},
 }
 # Teams on CPU tensors (interpreter: one launch publishes, a second gathers and writes); off by default.
 WIDE_ON_CPU = False
@@ -197,15 +199,6 @@ def _ln_team_fwd_kernel(
 
 
 @triton.jit
-def _load_grad_raw(dy_ptr, x_ptr, row, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs):
-    """One chunk of dy and of x (h) for the row after this one, as stored (see ``_load_raw``)."""
-    live = offs < tl.where(row < M, N, 0)
-    dy = tl.load(dy_ptr + row * stride_dy_row + offs.to(tl.int64) * stride_dy_col, mask=live, other=0.0)
-    x = tl.load(x_ptr + row * stride_x_row + offs, mask=live, other=0.0)
-    return dy, x
-
-
-@triton.jit
 def _store_partials(dw_ptr, db_ptr, part, offs, mask, dw_acc, db_acc):
     """A team member's sums of dw / db over its team's rows into the team's partial row (where wanted)."""
     if dw_ptr is not None:
@@ -235,7 +228,7 @@ def _rms_team_bwd_kernel(
     k = tl.arange(0, TEAM_P2)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    dyr, xr = _load_grad_raw(dy_ptr, x_ptr, row, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
+    dyr, xr = load_grad_raw(dy_ptr, x_ptr, row, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
     while row < M:
         rstd = tl.load(rstd_ptr + row)
         dy = dyr.to(tl.float32)
@@ -247,7 +240,7 @@ def _rms_team_bwd_kernel(
         if PHASE != 2:
             team_publish(slots + member, tl.sum(g * xn, axis=0))
         nxt = row + TEAMS
-        dyr, xr = _load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
+        dyr, xr = load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
         if PHASE != 1:
             dot = tl.sum(team_gather(slots, k, TEAM, 0.0), axis=0) / N
             store_dx((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
@@ -279,7 +272,7 @@ def _ln_team_bwd_kernel(
     k = tl.arange(0, TEAM_P2)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    dyr, xr = _load_grad_raw(dy_ptr, x_ptr, row, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
+    dyr, xr = load_grad_raw(dy_ptr, x_ptr, row, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
     while row < M:
         mean = tl.load(mean_ptr + row)
         rstd = tl.load(rstd_ptr + row)
@@ -293,7 +286,7 @@ def _ln_team_bwd_kernel(
             team_publish(slots + member, tl.sum(g * xhat, axis=0))
             team_publish(slots + TEAM + member, tl.sum(g, axis=0))
         nxt = row + TEAMS
-        dyr, xr = _load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
+        dyr, xr = load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
         if PHASE != 1:
             c1 = tl.sum(team_gather(slots, k, TEAM, 0.0), axis=0) / N
             c2 = tl.sum(team_gather(slots + TEAM, k, TEAM, 0.0), axis=0) / N

@@ -25,11 +25,11 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    check_eps, check_float_tensor, check_inputs, grad_rows, empty_rows, ln_apply, load_grad_chunk, load_input_chunk,
-    round_to, rows_of, rows_view, store_dx, vector,
+    check_eps, check_float_tensor, check_inputs, grad_rows, empty_rows, ln_apply, load_grad_chunk, load_grad_raw,
+    load_input_chunk, rows_of, rows_view, store_dx, vector,
 )
 from ._exact import ln_exact_forward
-from ._launch import FWD_BYTES_PER_THREAD, MAX_FUSED_BYTES, backward_strides, partial_grid, pick_config
+from ._launch import BWD_MAX_FUSED_BYTES, MAX_FUSED_BYTES, backward_strides, partial_grid, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
@@ -139,15 +139,24 @@ def _layer_norm_bwd_kernel(
         mask = offs < N
         dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        # the next row's dy and x are loaded before this row's reductions (two rows in flight: +19% / +25% at
+        # 32768 x 4096 / 16384 x 8192 on the H200, benchmarks/NOTES.md, session 23)
+        dyr, xr = load_grad_raw(dy_ptr, x_ptr, row_start, row_end, N, stride_dy_row, stride_dy_col, stride_x_row,
+                                offs)
         for row in range(row_start, row_end):
             mean = tl.load(mean_ptr + row)
             rstd = tl.load(rstd_ptr + row)
-            dy, xhat, g = _ln_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row,
-                                       offs, mask, mean, rstd)
+            dy = dyr.to(tl.float32)
+            xhat = tl.where(mask, (xr.to(tl.float32) - mean) * rstd, 0.0)
+            dyr, xr = load_grad_raw(dy_ptr, x_ptr, row + 1, row_end, N, stride_dy_row, stride_dy_col,
+                                    stride_x_row, offs)
+            g = dy
+            if w_ptr is not None:
+                g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             c1 = tl.sum(g * xhat, axis=0) / N
             c2 = tl.sum(g, axis=0) / N
             store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row,
-                             stride_dh_col, N, offs, mask)
+                     stride_dh_col, N, offs, mask)
             if dw_ptr is not None:
                 dw_acc += dy * xhat
             if db_ptr is not None:
@@ -240,7 +249,7 @@ def _layer_norm_forward(x, residual, weight, bias, eps, order, save_stats):
 @functools.lru_cache(maxsize=1024)
 def _fwd_meta(N: int, elem: int, device: torch.device) -> tuple:
     """Constexprs and launch options of the free-order forward (a pure function, cached: host time)."""
-    cfg = pick_config(N, elem, device_warp_size(device), FWD_BYTES_PER_THREAD)
+    cfg = pick_config(N, elem, device_warp_size(device))
     return meta_items(BLOCK_N=cfg.block_n, LOOP=cfg.loop, num_warps=cfg.num_warps,
                       **launch_options(_layer_norm_fwd_kernel))
 
@@ -276,7 +285,7 @@ def _layer_norm_bwd_impl(
     M = x2.shape[0]
     parts = wide_backward("layer_norm", dy2, dh2, x2, vector(weight), (mean, rstd), dx,
                           dres if dres_dtype is not None else None, need_dw, need_db, M, N) \
-        if N * x.element_size() > MAX_FUSED_BYTES else None
+        if N * x.element_size() > BWD_MAX_FUSED_BYTES else None
     if parts is not None:  # wide rows: persistent teams, x and dy read once (_wide)
         dw_part, db_part = parts
         return dx, dres, (dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)), \

@@ -34,11 +34,12 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    check_float_tensor, check_weight_offset, grad_rows, load_affine, load_grad_chunk, load_input_chunk, store_dx,
-    empty_rows, offset_for_kernel, prepare_rms_args, rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
+    check_float_tensor, check_weight_offset, grad_rows, load_affine, load_grad_chunk, load_grad_raw, load_input_chunk,
+    store_dx, empty_rows, offset_for_kernel, prepare_rms_args, rms_affine, rms_apply, round_to, rows_of, rows_view,
+    vector,
 )
 from ._exact import rms_exact_forward, rms_exact_plan
-from ._launch import FWD_BYTES_PER_THREAD, MAX_FUSED_BYTES, backward_strides, partial_grid, pick_config
+from ._launch import BWD_MAX_FUSED_BYTES, MAX_FUSED_BYTES, backward_strides, partial_grid, pick_config
 from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd, inference
@@ -147,13 +148,22 @@ def _rms_norm_bwd_kernel(
         mask = offs < N
         dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        # the next row's dy and x are loaded before this row's reduction (two rows in flight: +5% at 32768 x 4096
+        # and 16384 x 8192 on the H200, benchmarks/NOTES.md, session 23)
+        dyr, xr = load_grad_raw(dy_ptr, x_ptr, row_start, row_end, N, stride_dy_row, stride_dy_col, stride_x_row,
+                                offs)
         for row in range(row_start, row_end):
             rstd = tl.load(rstd_ptr + row)
-            dy, xn, g = _rms_bwd_load(dy_ptr, x_ptr, w_ptr, row, stride_dy_row, stride_dy_col, stride_x_row,
-                                      offs, mask, rstd, weight_offset)
+            dy = dyr.to(tl.float32)
+            xn = xr.to(tl.float32) * rstd
+            dyr, xr = load_grad_raw(dy_ptr, x_ptr, row + 1, row_end, N, stride_dy_row, stride_dy_col,
+                                    stride_x_row, offs)
+            g = dy
+            if w_ptr is not None:
+                g = dy * (tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + weight_offset)
             dot = tl.sum(g * xn, axis=0) / N
             store_dx((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col,
-                              N, offs, mask)
+                     N, offs, mask)
             if dw_ptr is not None:
                 dw_acc += dy * round_to(xn, CAST_DTYPE)
             if db_ptr is not None:
@@ -243,7 +253,7 @@ def _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype,
 @functools.lru_cache(maxsize=1024)
 def _fwd_meta(N: int, elem: int, device: torch.device, cast_dtype: Optional[torch.dtype], residual: bool) -> tuple:
     """Constexprs and launch options of the free-order forward (a pure function, cached: host time)."""
-    cfg = pick_config(N, elem, device_warp_size(device), FWD_BYTES_PER_THREAD)
+    cfg = pick_config(N, elem, device_warp_size(device))
     return meta_items(CAST_DTYPE=round_dtype(cast_dtype), BLOCK_N=cfg.block_n, LOOP=cfg.loop,
                       W_FIRST=_w_first(N * elem, cfg.loop, residual), num_warps=cfg.num_warps,
                       **launch_options(_rms_norm_fwd_kernel))
@@ -291,7 +301,7 @@ def _rms_norm_bwd_impl(
     parts = wide_backward("rms_norm", dy2, dh2, x2, vector(weight), (rstd,), dx,
                           dres if dres_dtype is not None else None, need_dw, need_db, M, N,
                           weight_offset=weight_offset, cast_dtype=cast_dtype) \
-        if N * x.element_size() > MAX_FUSED_BYTES else None
+        if N * x.element_size() > BWD_MAX_FUSED_BYTES else None
     if parts is not None:  # wide rows: persistent teams, x and dy read once (_wide)
         dw_part, db_part = parts
         return dx, dres, (dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)), \
@@ -325,14 +335,14 @@ def _bwd_plan(M: int, N: int, elem: int, device: torch.device, strides: tuple, c
 
 
 def _bwd_register_cap(cfg, warp_size: int, device: torch.device, more_state: bool) -> dict:
-    """``{"maxnreg": 128}`` for the one-chunk backward of 256 threads on NVIDIA, else ``{}``. Uncapped, that kernel
-    takes ~170 registers per thread, so one program holds a multiprocessor and each row's loads wait for the
-    previous row's math; at 128 two programs fit (ptxas keeps 64 bytes per thread on the stack). H200 (bf16
-    16384 x 8192, CUDA graphs, 3 rounds, session 13): 293.6 -> 247.1 us (2742 -> 3259 GB/s). At 128 threads
-    (32768 x 4096) the cap cost 2%; with a bias gradient or an incoming dh (``more_state``: 176-208 bytes on the
-    stack) it was not measured, so those keep the compiler's choice. fp32 rows of 4096 (also 256 threads) fit 128
-    registers with nothing on the stack: 210.7 -> 210.5 us. Package A/B, same bits: bf16 16384 x 8192 292.1 ->
-    249.6 us (2757 -> 3226 GB/s)."""
+    """``{"maxnreg": 128}`` for the one-chunk backward of 256 threads on NVIDIA, else ``{}``. Measured when 256
+    threads served bf16 rows of 8192 (64 bytes per thread, no next-row prefetch): uncapped, that kernel took ~170
+    registers per thread, so one program held a multiprocessor; at 128 two fit. H200 (bf16 16384 x 8192, CUDA
+    graphs, session 13): 293.6 -> 247.1 us (2742 -> 3259 GB/s); at 128 threads the cap cost 2%. Since session 23
+    256 threads serve bf16 rows of 4096 (fp32 of 2048), which a CPU compile for sm_90 puts at ~103 registers with
+    the prefetch, under the cap: it bounds them, as measured in that session's A/B (3632 GB/s at 32768 x 4096).
+    With a bias gradient or an incoming dh (``more_state``) it was never measured, so those keep the compiler's
+    choice."""
     if (cfg.loop or more_state or cfg.num_warps * warp_size != 256 or device.type != "cuda"
             or torch.version.hip is not None or is_interpreter(_rms_norm_bwd_kernel)):
         return {}
