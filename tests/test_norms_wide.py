@@ -201,6 +201,28 @@ def test_team_backward_with_residual_against_looped(norms, device, wide, kind):
     assert [c[0] for c in wide.calls] == [5, 5, 5, 5]  # forward and backward teams of the two team calls
 
 
+
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+def test_backward_teams_from_16_kib_rows(norms, device, wide, kind):
+    """The backwards take teams for rows over BWD_MAX_FUSED_BYTES (16 KiB; one block spilled there on the H200),
+    the forwards only past one block (64 KiB): fp32 rows of 4099 (16396 bytes) run a one-block forward and a
+    backward team of 2 (16 KiB chunks), rows of 4096 no team at all; gradients against fp64."""
+    launch = sys.modules[norms.__name__ + "._launch"]
+    assert launch.BWD_MAX_FUSED_BYTES == 16384
+    for N, teams in ((4099, [2]), (4096, [])):
+        wide.calls.clear()
+        x = (torch.randn(6, N, device=device) * 2 + 1.0).requires_grad_()
+        w = torch.randn(N, device=device).requires_grad_()
+        dy = torch.randn(6, N, device=device)
+        fn = (lambda a, b: norms.rms_norm(a, b, eps=1e-6)) if kind == "rms" else (lambda a, b: norms.layer_norm(a, b))
+        ref = (lambda a, b: rms_ref(a, b, eps=1e-6)) if kind == "rms" else ln_ref
+        fn(x, w).backward(dy)
+        assert [c[0] for c in wide.calls] == teams
+        xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+        ref(xr, wr).backward(dy.double())
+        assert_close_ref(x.grad, xr.grad, rel_atol=1e-5)
+        assert_close_ref(w.grad, wr.grad, rel_atol=1e-5)
+
 def test_team_results_are_deterministic(norms, device, wide):
     x = torch.randn(4, 20011, device=device) * 3
     w = torch.randn(20011, device=device)
