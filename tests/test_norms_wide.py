@@ -208,7 +208,9 @@ def test_backward_teams_from_16_kib_rows(norms, device, wide, kind):
     the forwards only past one block (64 KiB): fp32 rows of 4099 (16396 bytes) run a one-block forward and a
     backward team of 2 (16 KiB chunks), rows of 4096 no team at all; gradients against fp64."""
     launch = sys.modules[norms.__name__ + "._launch"]
-    assert launch.BWD_MAX_FUSED_BYTES == 16384
+    if torch.version.hip is not None:
+        pytest.skip("ROCm keeps one block up to 64 KiB in the backward")
+    assert launch.bwd_max_fused_bytes(torch.device(device)) == 16384
     for N, teams in ((4099, [2]), (4096, [])):
         wide.calls.clear()
         x = (torch.randn(6, N, device=device) * 2 + 1.0).requires_grad_()
@@ -222,6 +224,62 @@ def test_backward_teams_from_16_kib_rows(norms, device, wide, kind):
         ref(xr, wr).backward(dy.double())
         assert_close_ref(x.grad, xr.grad, rel_atol=1e-5)
         assert_close_ref(w.grad, wr.grad, rel_atol=1e-5)
+
+
+def test_backward_one_block_limit_by_device(norms, monkeypatch):
+    """16 KiB rows of the backward on NVIDIA (and CPU tensors, whose teams are off unless asked for), 64 KiB on
+    XPU and ROCm, where the teams were never measured (one program per compute unit there)."""
+    launch = sys.modules[norms.__name__ + "._launch"]
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert launch.bwd_max_fused_bytes(torch.device("cuda", 0)) == launch.BWD_MAX_FUSED_BYTES == 16384
+    assert launch.bwd_max_fused_bytes(torch.device("cpu")) == 16384
+    assert launch.bwd_max_fused_bytes(torch.device("xpu", 0)) == launch.MAX_FUSED_BYTES == 65536
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert launch.bwd_max_fused_bytes(torch.device("cuda", 0)) == 65536
+
+
+@pytest.mark.gpu
+def test_backward_teams_on_gpu(norms, device, monkeypatch):
+    """The shipped backward teams on a GPU for rows of 16-64 KiB (bf16 12288 and 16384 columns, fp32 5000): dx and
+    dw of rms_norm and layer_norm against the one-block kernel (another fp32 summation order: equal but for rare
+    last-bit differences) and, in fp32, against fp64."""
+    if device != "cuda":
+        pytest.skip("the spinning path needs TEST_DEVICE=cuda")
+    mod = sys.modules[norms.__name__ + "._wide"]
+    calls = []
+    orig = mod.team_phases
+    monkeypatch.setattr(mod, "team_phases", lambda dev, team: calls.append(team) or orig(dev, team))
+    for M, N, dtype in [(512, 12288, torch.bfloat16), (64, 16384, torch.bfloat16), (100, 5000, torch.float32)]:
+        x = (torch.randn(M, N, device=device) * 2 + 0.5).to(dtype)
+        w = (torch.rand(N, device=device) + 0.5).to(dtype)
+        b = torch.randn(N, device=device).to(dtype)
+        dy = torch.randn(M, N, device=device).to(dtype)
+        for kind in ("rms", "ln"):
+            def grads():
+                xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+                (norms.rms_norm(xx, ww) if kind == "rms" else norms.layer_norm(xx, ww, b)).backward(dy)
+                return xx.grad, ww.grad
+            calls.clear()
+            team = grads()
+            assert len(calls) == 1  # the backward's team (the forward stays in one block)
+            saved = dict(mod.WIDE_TUNED)
+            mod.WIDE_TUNED.update(rms_norm_bwd=None, layer_norm_bwd=None)
+            try:
+                block = grads()
+            finally:
+                mod.WIDE_TUNED.update(saved)
+            assert len(calls) == 1
+            for a, c in zip(team, block):
+                if dtype != torch.float32:  # one rounding to 16 bits hides most fp32 last-bit differences
+                    assert (a == c).float().mean().item() > 0.99
+                torch.testing.assert_close(a.float(), c.float(), rtol=2 * torch.finfo(dtype).eps,
+                                           atol=1e-3 * c.float().abs().max().item())
+            if dtype == torch.float32:
+                xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
+                ref = rms_ref(xr, wr) if kind == "rms" else ln_ref(xr, wr, b)
+                ref.backward(dy.double())
+                assert_close_ref(team[0], xr.grad, rel_atol=1e-5)
+                assert_close_ref(team[1], wr.grad, rel_atol=1e-5)
 
 def test_team_results_are_deterministic(norms, device, wide):
     x = torch.randn(4, 20011, device=device) * 3

@@ -5,8 +5,8 @@ block of registers (``BLOCK_N = next_pow2(N)`` elements, at most
 ``MAX_FUSED_BYTES`` of input) each program loads the row once and keeps it in
 registers. Wider rows (N = 65537, 262144, ...) loop over the row in chunks of
 ``LOOP_BLOCK_BYTES``, reading it again for each pass (2 passes for RMSNorm, 3
-for LayerNorm), so no row is ever too wide. On a GPU, rows wider than one block (the backward's:
-wider than ``BWD_MAX_FUSED_BYTES``) go to persistent teams of programs (``_wide``) where they fit.
+for LayerNorm), so no row is ever too wide. On a GPU, rows wider than one block (the backward's
+on NVIDIA: wider than ``BWD_MAX_FUSED_BYTES``) go to persistent teams of programs (``_wide``) where they fit.
 
 Warps are derived from the block's size in bytes (about 32 bytes of input per
 thread, i.e. two 16-byte vector loads) and capped so that
@@ -25,9 +25,10 @@ from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, next_powe
 
 # Largest row (in bytes of input) kept in registers in one block.
 MAX_FUSED_BYTES = 65536
-# ... by the backward, which holds x, dy and two fp32 partial rows per thread: wider rows go to the persistent
-# teams (``_wide``) where they fit. H200, bf16, 8192 x 16384 (benchmarks/NOTES.md, session 23): one block
-# 565 GB/s (layer_norm, spilling) and 2909 (rms_norm), teams 2360 and 3244.
+# ... by the backward on NVIDIA GPUs (``bwd_max_fused_bytes``), which holds x, dy and two fp32 partial rows per
+# thread: wider rows go to the persistent teams (``_wide``) where they fit. H200, bf16, 8192 x 16384
+# (benchmarks/NOTES.md, session 23): one block 565 GB/s (layer_norm, spilling) and 2909 (rms_norm), teams 2360 and
+# 3244.
 BWD_MAX_FUSED_BYTES = 16384
 # Chunk size (in bytes of input) of the looped path for wider rows.
 LOOP_BLOCK_BYTES = 16384
@@ -72,6 +73,15 @@ def pick_config(N: int, element_size: int, warp_size: int = 32,
     num_warps = next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
     return LaunchConfig(block_n=block, num_warps=num_warps, loop=loop)
+
+
+def bwd_max_fused_bytes(device: torch.device) -> int:
+    """Widest row (bytes of input) a backward keeps in one block on ``device``; wider rows try the teams.
+    ``BWD_MAX_FUSED_BYTES`` (measured on the H200), except on ROCm and XPU, where teams run one program per
+    compute unit and nothing was measured: ``MAX_FUSED_BYTES`` there, as before session 23."""
+    if device.type == "xpu" or torch.version.hip is not None:
+        return MAX_FUSED_BYTES
+    return BWD_MAX_FUSED_BYTES
 
 
 @functools.lru_cache(maxsize=4096)

@@ -29,7 +29,7 @@ from ._common import (
     load_input_chunk, rows_of, rows_view, store_dx, vector,
 )
 from ._exact import ln_exact_forward
-from ._launch import BWD_MAX_FUSED_BYTES, MAX_FUSED_BYTES, backward_strides, partial_grid, pick_config
+from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
@@ -285,7 +285,7 @@ def _layer_norm_bwd_impl(
     M = x2.shape[0]
     parts = wide_backward("layer_norm", dy2, dh2, x2, vector(weight), (mean, rstd), dx,
                           dres if dres_dtype is not None else None, need_dw, need_db, M, N) \
-        if N * x.element_size() > BWD_MAX_FUSED_BYTES else None
+        if N * x.element_size() > bwd_max_fused_bytes(x.device) else None
     if parts is not None:  # wide rows: persistent teams, x and dy read once (_wide)
         dw_part, db_part = parts
         return dx, dres, (dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)), \
@@ -381,8 +381,9 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
             without TRITON_INTERPRET=1.
 
     Precision: mean and variance in fp32 (two passes, like PyTorch), one rounding
-    at the store. Performance: one program per row, x read once; a row above one block (64 KiB) over a
-    persistent team of programs on a GPU, still read once, forward and backward (``_wide``). Source: Ba et al. 2016, https://arxiv.org/abs/1607.06450.
+    at the store. Performance: one program per row, x read once; a row above one block (64 KiB; in
+    the backward on NVIDIA above 16 KiB) over a persistent team of programs on a GPU, still read once, forward and
+    backward (``_wide``). Source: Ba et al. 2016, https://arxiv.org/abs/1607.06450.
     """
     check_inputs(x, None, weight, bias)
     order = parse_order(torch_order)

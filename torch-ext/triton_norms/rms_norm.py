@@ -39,7 +39,7 @@ from ._common import (
     vector,
 )
 from ._exact import rms_exact_forward, rms_exact_plan
-from ._launch import BWD_MAX_FUSED_BYTES, MAX_FUSED_BYTES, backward_strides, partial_grid, pick_config
+from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
 from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd, inference
@@ -301,7 +301,7 @@ def _rms_norm_bwd_impl(
     parts = wide_backward("rms_norm", dy2, dh2, x2, vector(weight), (rstd,), dx,
                           dres if dres_dtype is not None else None, need_dw, need_db, M, N,
                           weight_offset=weight_offset, cast_dtype=cast_dtype) \
-        if N * x.element_size() > BWD_MAX_FUSED_BYTES else None
+        if N * x.element_size() > bwd_max_fused_bytes(x.device) else None
     if parts is not None:  # wide rows: persistent teams, x and dy read once (_wide)
         dw_part, db_part = parts
         return dx, dres, (dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)), \
@@ -436,8 +436,8 @@ def rms_norm(
 
     Precision: sum of squares, normalisation and affine in fp32; roundings only at
     the points above. Performance: one program per row reads x once and writes y once; a row
-    above one block (64 KiB) goes to a persistent team of programs on a GPU, still read once, forward
-    and backward (``_wide``). Source: Zhang & Sennrich 2019,
+    above one block (64 KiB; in the backward on NVIDIA above 16 KiB) goes to a persistent team of programs on a
+    GPU, still read once, forward and backward (``_wide``). Source: Zhang & Sennrich 2019,
     https://arxiv.org/abs/1910.07467; numerics of transformers' LlamaRMSNorm et al.
     """
     if type(eps) is float and type(weight_offset) is float and inference((x, weight, bias)):
