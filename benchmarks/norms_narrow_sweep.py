@@ -81,6 +81,7 @@ def set_bytes_per_thread(value):
     for name in ("rms_norm", "layer_norm"):
         mod = sys.modules[nm.__name__ + "." + name]
         mod._fwd_meta.cache_clear()
+        mod._bwd_plan.cache_clear()
         getattr(mod, "_INFER_PLANS", {}).clear()
 
 

@@ -438,7 +438,7 @@ def test_case10_config_picker_respects_warp_size(norms, warp_size):
         norms.pick_config(0, 2, warp_size)
 
 
-def test_one_block_kernels_aim_at_32_bytes_of_a_row_per_thread(norms):
+def test_one_block_kernels_aim_at_32_bytes_of_a_row_per_thread(norms, monkeypatch):
     """The one-program forwards and backwards aim at 32 bytes of a row per thread (H200: layer_norm forward over
     8192 x 16384 bf16 2357 GB/s with 64 bytes, 3779 with 32; the backward with its next-row prefetch +19% / +25%
     at 32768 x 4096 / 16384 x 8192), within 1024 threads; the backward keeps rows of at most 16 KiB in one block."""
@@ -452,6 +452,15 @@ def test_one_block_kernels_aim_at_32_bytes_of_a_row_per_thread(norms):
     assert norms.pick_config(16384, 2, 32).num_warps == 32
     assert norms.pick_config(32768, 2, 32).num_warps == 32  # capped at 1024 threads
     assert dict(rms._fwd_meta(4096, 2, torch.device("cuda", 0), None, False))["num_warps"] == 8
+    # the default is read at the call (benchmarks/norms_narrow_sweep.py sets it, then clears the cache)
+    monkeypatch.setattr(launch, "BYTES_PER_THREAD", 64)
+    launch.pick_config.cache_clear()
+    try:
+        assert norms.pick_config(4096, 2, 32).num_warps == 4
+    finally:
+        monkeypatch.undo()
+        launch.pick_config.cache_clear()
+    assert norms.pick_config(4096, 2, 32).num_warps == 8
 
 
 def test_backward_register_cap_rule_and_same_bits(norms, device, monkeypatch):

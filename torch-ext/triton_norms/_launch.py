@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -51,14 +52,15 @@ class LaunchConfig:
 
 @functools.lru_cache(maxsize=4096)
 def pick_config(N: int, element_size: int, warp_size: int = 32,
-                bytes_per_thread: int = BYTES_PER_THREAD) -> LaunchConfig:
+                bytes_per_thread: Optional[int] = None) -> LaunchConfig:
     """Picks (BLOCK_N, num_warps, loop) for rows of ``N`` elements.
 
     Args:
         N: row length (the normalised size), >= 1.
         element_size: bytes per input element (2 for fp16/bf16, 4 for fp32).
         warp_size: lanes per warp of the device (32 NVIDIA, 64 on AMD CDNA).
-        bytes_per_thread: bytes of a row per thread the warps aim for.
+        bytes_per_thread: bytes of a row per thread the warps aim for (None: ``BYTES_PER_THREAD``, read at
+            the call, so that a sweep can set it; cached, so call ``pick_config.cache_clear()`` after).
 
     Raises:
         ValueError: for N < 1, element_size < 1 or a warp_size that is not a
@@ -69,7 +71,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32,
     loop = block * element_size > MAX_FUSED_BYTES
     if loop:
         block = LOOP_BLOCK_BYTES // element_size
-    threads = max(block * element_size // bytes_per_thread, 1)
+    threads = max(block * element_size // (bytes_per_thread or BYTES_PER_THREAD), 1)
     num_warps = next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
     return LaunchConfig(block_n=block, num_warps=num_warps, loop=loop)
