@@ -71,9 +71,11 @@ def add_rms(pk, M, N):
     return (lambda: pk.add_rms_norm(x, r, w, eps=1e-6)), 4 * M * N * 2 + N * 2
 
 
-def softmax(pk, M, N):
-    x = torch.randn(M, N, device=DEV, dtype=BF16) * 3
-    return (lambda: pk.softmax(x)), 2 * M * N * 2
+def softmax(dtype):
+    def make(pk, M, N):
+        x = torch.randn(M, N, device=DEV, dtype=dtype) * 3
+        return (lambda: pk.softmax(x)), 2 * M * N * x.element_size()
+    return make
 
 
 def softmax_bwd(pk, M, N):
@@ -116,8 +118,10 @@ CASES = {  # name: (package, builder, shapes)
     "layer_norm_bwd": ("triton-norms", norm_bwd("layer_norm"), [(32768, 4096), (16384, 8192), (8192, 12288),
                                                                  (8192, 16384), (4096, 65536)]),
     "add_rms_norm": ("triton-norms", add_rms, [(32768, 4096), (16384, 8192), (4096, 65536)]),
-    "softmax": ("triton-softmax", softmax, [(32768, 4096), (16384, 16384), (4096, 32768), (4096, 65536),
+    "softmax": ("triton-softmax", softmax(BF16), [(32768, 4096), (16384, 16384), (4096, 32768), (4096, 65536),
                                             (2048, 131072), (1024, 262144), (256, 262144)]),
+    "softmax_fp32": ("triton-softmax", softmax(torch.float32), [(16384, 8192), (8192, 12007), (4096, 16384),
+                                                                (2048, 32768)]),
     "softmax_bwd": ("triton-softmax", softmax_bwd, [(4096, 65536), (2048, 131072), (1024, 262144)]),
     "cross_entropy": ("triton-softmax", cross_entropy, [(8192, 128256), (2048, 262144)]),
     "silu_and_mul": ("triton-activations", gated("silu_and_mul"), [(16384, 14336), (65536, 1536), (8192, 11008)]),

@@ -352,6 +352,44 @@ def test_team_config_rules(softmax, device, team_mode):
         assert launch.team_for(2048, x, 10, "softmax_bwd") is None
 
 
+def test_fp32_rows_of_32_to_64_kib_run_one_row_per_program(softmax, device, monkeypatch):
+    """fp32 rows of 8193-16384 elements take the shipped team-of-one tier (no meeting, no workspace; on the CPU with
+    TEAM_ON_CPU) and give the one-block kernel's bits (that kernel run at these rows by raising the softmax's
+    FWD_MAX_FUSED_BYTES): plain, scaled and masked, causal, log, and a fully masked row NaN; bf16 rows of the same
+    bytes stay off it."""
+    launch = sys.modules[softmax.__name__ + "._launch"]
+    smod = sys.modules[softmax.__name__ + ".softmax"]
+    teams = []
+    orig = smod._team_phases
+    monkeypatch.setattr(smod, "_team_phases", lambda dev, team: teams.append(team) or orig(dev, team))
+    monkeypatch.setattr(launch, "TEAM_ON_CPU", True)
+    monkeypatch.setattr(launch, "TEAM_ALIGNED_ROWS_ONLY", False)
+    launch.retuned()
+    N = 8209
+    x = rand((2, 3, N), torch.float32, device, scale=3.0)
+    x[1, 2] = float("-inf")
+    mask = rand((N,), torch.float32, device)
+    mask[::5] = float("-inf")
+    calls = [lambda: softmax.softmax(x), lambda: softmax.log_softmax(x, scale=0.5, mask=mask),
+             lambda: softmax.softmax(x, causal=True)]
+    try:
+        got = [f() for f in calls]
+        assert teams == [1, 1, 1]
+        softmax.softmax(x.to(torch.bfloat16)[..., :N // 2 * 2].repeat(1, 1, 2))  # 32 KiB+ bf16 rows: looped
+        assert teams == [1, 1, 1]
+        monkeypatch.setitem(launch.TEAM_TUNED, "softmax", None)
+        monkeypatch.setitem(launch.FWD_MAX_FUSED_BYTES, "softmax", launch.MAX_FUSED_BYTES)
+        launch.retuned()
+        want = [f() for f in calls]
+    finally:
+        launch.retuned()
+    for g, w in zip(got, want):
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
+    assert got[0][1, 2].isnan().all() and not got[0][[0, 1], [0, 1]].isnan().any()
+    assert_close_ref(got[0], sm_ref(x))
+    assert_close_ref(got[1], sm_ref(x, scale=0.5, mask=mask, log=True))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_team_spinning_path_on_gpu(softmax, device, log):
@@ -769,9 +807,12 @@ for arch in ("90", "gfx942"):
     team = {"BLOCK_N": 1024, "TEAM_P2": 64}
     for dtype in ("bf16", "fp32"):
         for kernel, consts in [
-            (smod._softmax_team_fwd_kernel, {"CAUSAL": True, "LOG": False, "SCALED": True, "PHASE": 0, **team}),
+            (smod._softmax_team_fwd_kernel, {"CAUSAL": True, "LOG": False, "SCALED": True, "PHASE": 0,
+                                             "ALONE": False, **team}),
             (smod._softmax_team_fwd_kernel, {"CAUSAL": False, "LOG": True, "SCALED": False, "PHASE": 1,
-                                             "m_ptr": None, **team}),
+                                             "ALONE": False, "m_ptr": None, **team}),
+            (smod._softmax_team_fwd_kernel, {"CAUSAL": False, "LOG": False, "SCALED": True, "PHASE": 0,
+                                             "ALONE": True, "ws_ptr": None, **team}),
             (smod._softmax_team_bwd_kernel, {"CAUSAL": True, "LOG": True, "PHASE": 0, **team}),
             (cmod._cross_entropy_team_fwd_kernel, {"SMOOTH": True, "PHASE": 0, "count_ptr": None, **team}),
             (cmod._cross_entropy_team_fwd_kernel, {"SMOOTH": False, "PHASE": 2, "g_ptr": None, "lse_ptr": None,
@@ -781,20 +822,24 @@ for arch in ("90", "gfx942"):
                             constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
             triton.compile(src, target=target, options={"num_warps": 8, "enable_fp_fusion": False})
             count += 1
-    # the shipped team tiers as launched (bf16): their warps, chunk, register cap and fp contraction
+    # the shipped team tiers as launched (bf16; fp32 for a tier of fp32 rows only, ``max_elems``): their warps, chunk,
+    # register cap and fp contraction, a team of one without its workspace
     launch = sys.modules[name + "._launch"]
     for kind, kernel, consts in [
         ("softmax", smod._softmax_team_fwd_kernel, {"CAUSAL": False, "LOG": False, "SCALED": False, "PHASE": 0,
-                                                    "m_ptr": None}),
+                                                    "m_ptr": None, "ALONE": False}),
         ("softmax_bwd", smod._softmax_team_bwd_kernel, {"CAUSAL": False, "LOG": False, "PHASE": 0}),
         ("cross_entropy", cmod._cross_entropy_team_fwd_kernel, {"SMOOTH": False, "PHASE": 0, "lse_ptr": None}),
     ]:
         for s in launch.TEAM_TUNED[kind]:
-            full = {**consts, "BLOCK_N": s["chunk_bytes"] // 2, "TEAM_P2": 32}
+            elem = 4 if s["chunk_bytes"] // 2 > s.get("max_elems", s["chunk_bytes"]) else 2
+            full = {**consts, "BLOCK_N": s["chunk_bytes"] // elem, "TEAM_P2": 32}
+            if s.get("max_team") == 1:
+                full.update(ALONE=True, ws_ptr=None)
             options = {"num_warps": s["num_warps"], "enable_fp_fusion": s.get("fp_fusion", False)}
             if arch == "90":
                 options["maxnreg"] = s["maxnreg"]
-            src = ASTSource(kernel, sig(kernel, "bf16", full, tp),
+            src = ASTSource(kernel, sig(kernel, "bf16" if elem == 2 else "fp32", full, tp),
                             constexprs={(kernel.arg_names.index(k),): v for k, v in full.items()})
             triton.compile(src, target=target, options=options)
             count += 1
@@ -823,4 +868,4 @@ def test_kernels_compile_for_sm90_and_gfx942(built):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(variant)], env=env, capture_output=True,
                          text=True, timeout=600)
-    assert "COMPILED 156" in res.stdout, res.stdout + res.stderr
+    assert "COMPILED 162" in res.stdout, res.stdout + res.stderr

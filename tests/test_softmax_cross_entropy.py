@@ -358,7 +358,7 @@ def test_team_tiers_by_width(softmax):
     for kind, min_bytes, fusion in (("cross_entropy", 65536, True), ("softmax", 131072, False)):
         chunk = {}
         for V in widths:
-            s = team.tier_for(launch.TEAM_TUNED[kind], 2 * V)
+            s = team.tier_for(launch.TEAM_TUNED[kind], 2 * V, V)
             if 2 * V < min_bytes:
                 assert 2 * V < s["min_row_bytes"]  # the looped kernels
                 continue
@@ -372,6 +372,12 @@ def test_team_tiers_by_width(softmax):
         assert (2 * V >= s["min_row_bytes"]) is (V >= 65536)
     assert bwd == {16384: 8, 32000: 8, 32768: 8, 65536: 4, 100000: 8, 128256: 8, 131072: 8, 151936: 8, 262144: 8,
                    524288: 8}
+    # fp32 rows of 32-64 KiB: one program per row (a team of one), not 16-bit rows of those bytes
+    for N, alone in ((8192, False), (8193, True), (12007, True), (16384, True), (16385, False)):
+        s = team.tier_for(launch.TEAM_TUNED["softmax"], 4 * N, N)
+        assert (4 * N >= s["min_row_bytes"] and s.get("max_team") == 1) is alone
+        s = team.tier_for(launch.TEAM_TUNED["softmax"], 2 * 2 * N, 2 * N)  # bf16, the same bytes
+        assert 4 * N < s["min_row_bytes"]
     assert team.tier_for(None, 1 << 20) is None
     assert team.tier_for({"chunk_bytes": 1}, 1 << 20) == {"chunk_bytes": 1}
 

@@ -68,6 +68,34 @@ def team_gather(slots_ptr, k, count, other):
     return tl.where(live, (words & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True), other)
 
 
+# Teams of at most this many members (``TEAM_P2``) poll their two statistics together (``team_gather_pair``);
+# larger ones poll them one after the other. On the H200 (bf16, session 24, results/session24_softmax_teams_2026-12-03.txt)
+# together: layer_norm forward 4096 x 65536 (16 members) +5.6%, its backward at 8192 x 12288 / 16384 (6 / 8 members)
+# +10 / +11%, but with 32 members the backward at 4096 x 65536 -5%, the softmax forward -4% to +0.5%, the
+# cross-entropy -3% (twice the polling traffic while a large team gathers).
+PAIR_MAX_TEAM: tl.constexpr = tl.constexpr(16)
+
+
+@triton.jit
+def team_gather_pair(slots_ptr, k, count, other_a, other_b):
+    """``team_gather`` of two statistics, member ``k``'s at ``slots_ptr[k]`` and ``slots_ptr[count + k]``: for a
+    team of at most ``PAIR_MAX_TEAM`` (``k``'s length) both loads go out in each poll, so that a row's meeting waits
+    one L2 round trip, not two in a row; one after the other for larger teams.
+    (Two vectors in ``k``'s layout, like ``team_gather``'s: a (member, statistic) tile polled as one tensor was
+    reduced across threads other than those holding the words used afterwards, and read stale words on the H200.)"""
+    if k.shape[0] > PAIR_MAX_TEAM:
+        return team_gather(slots_ptr, k, count, other_a), team_gather(slots_ptr + count, k, count, other_b)
+    live = k < count
+    wa = tl.load(slots_ptr + k, mask=live, other=4294967296, volatile=True)
+    wb = tl.load(slots_ptr + count + k, mask=live, other=4294967296, volatile=True)
+    while tl.min(tl.minimum(wa >> 32, wb >> 32).to(tl.int32), 0) == 0:
+        wa = tl.load(slots_ptr + k, mask=live, other=4294967296, volatile=True)
+        wb = tl.load(slots_ptr + count + k, mask=live, other=4294967296, volatile=True)
+    a = (wa & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+    b = (wb & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+    return tl.where(live, a, other_a), tl.where(live, b, other_b)
+
+
 @triton.jit
 def team_start(TEAM, N, BLOCK_N: tl.constexpr):
     """This program's ``(member, first row (int64), columns of its chunk, their mask < N)``."""
@@ -132,14 +160,16 @@ class TeamPlan:
                       TEAM_P2_MIN), "PHASE": phase, "num_warps": self.num_warps, **options}.items())
 
 
-def tier_for(tuned, row_bytes: int) -> Optional[dict]:
-    """The setting for rows of ``row_bytes`` bytes: ``tuned`` itself (a dict or None), or for a list of tiers the
-    first that the row reaches (``min_row_bytes``) and whose team, ceil(row_bytes / chunk_bytes) programs, has at
-    most its ``max_team`` members (no limit without one), else the last."""
+def tier_for(tuned, row_bytes: int, elems: int = 0) -> Optional[dict]:
+    """The setting for rows of ``row_bytes`` bytes (``elems`` elements): ``tuned`` itself (a dict or None), or for
+    a list of tiers the first that the row reaches (``min_row_bytes``) and whose team, ceil(row_bytes / chunk_bytes)
+    programs, has at most its ``max_team`` members, for rows of at most its ``max_elems`` elements (no limit
+    without one), else the last."""
     if not isinstance(tuned, (list, tuple)):
         return tuned
     for s in tuned:  # a plain loop: this runs on every call of the ops that may take teams
-        if row_bytes >= s["min_row_bytes"] and -(-row_bytes // s["chunk_bytes"]) <= s.get("max_team", math.inf):
+        if row_bytes >= s["min_row_bytes"] and -(-row_bytes // s["chunk_bytes"]) <= s.get("max_team", math.inf) \
+                and elems <= s.get("max_elems", math.inf):
             return s
     return tuned[-1]
 
@@ -156,7 +186,7 @@ def team_split(N: int, elem: int, rows: int, device: torch.device, tuned, on_cpu
     """
     if tuned is None or (device.type == "cpu" and not on_cpu):
         return None
-    tuned = tier_for(tuned, N * elem)
+    tuned = tier_for(tuned, N * elem, N)
     if N * elem < tuned["min_row_bytes"]:
         return None
     block = next_power_of_2(max(tuned["chunk_bytes"] // elem, 1))

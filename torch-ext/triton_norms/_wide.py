@@ -46,7 +46,7 @@ from ._common import affine_f32, input_of, ln_affine, load_affine, load_grad_raw
 from ._fastlaunch import launch
 from ._launch import BWD_MAX_FUSED_BYTES, backward_strides
 from ._rounding import round_dtype
-from ._team import team_gather, team_phases, team_publish, team_split, team_start
+from ._team import team_gather, team_gather_pair, team_phases, team_publish, team_split, team_start
 
 # Per kind: rows of at least min_row_bytes (input element size) go to teams of ceil(bytes / chunk_bytes)
 # programs of num_warps warps, programs_per_sm of them per SM with at most maxnreg registers per thread
@@ -182,10 +182,10 @@ def _ln_team_fwd_kernel(
         if PHASE != 1:
             if AFFINE == 1:
                 w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
-            sums = team_gather(slots, k, TEAM, 0.0)
+            sums, sq = team_gather_pair(slots, k, TEAM, 0.0, 0.0)
             mean = tl.sum(sums, axis=0) / N
             dev = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
-            var = tl.sum(team_gather(slots + TEAM, k, TEAM, 0.0) + counts * dev * dev, axis=0) / N
+            var = tl.sum(sq + counts * dev * dev, axis=0) / N
             rstd = tl.math.rsqrt(var + eps)
             if rstd_ptr is not None:
                 if member == 0:
@@ -289,8 +289,9 @@ def _ln_team_bwd_kernel(
         nxt = row + TEAMS
         dyr, xr = load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
         if PHASE != 1:
-            c1 = tl.sum(team_gather(slots, k, TEAM, 0.0), axis=0) / N
-            c2 = tl.sum(team_gather(slots + TEAM, k, TEAM, 0.0), axis=0) / N
+            gx, gs = team_gather_pair(slots, k, TEAM, 0.0, 0.0)
+            c1 = tl.sum(gx, axis=0) / N
+            c2 = tl.sum(gs, axis=0) / N
             store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
                         offs, mask)
             if dw_ptr is not None:

@@ -17,7 +17,9 @@ once. Wider rows on a GPU go to persistent *teams* of programs (``_team``, ``_la
 member keeps one chunk in registers, publishes its chunk's max and sum of exp (backward: its
 part of sum(dy * y)), waits for its teammates and combines the partials in member order
 (``s = sum_k s_k * exp(m_k - m)``), then writes its chunk (``exp(z - m_k) * exp(m_k - m) / s``: one exp
-per element): still one read and one write. Otherwise (CPU, or a row no team fits) a wide row runs an
+per element): still one read and one write. fp32 rows of 32-64 KiB go to "teams" of one, one persistent program
+per row that loads its next row while it reduces this one (no meeting, the one-block kernel's math and bits).
+Otherwise (CPU, or a row no team fits) a wide row runs an
 online max/sum over chunks (the running sum is rescaled by ``exp(m_old - m_new)`` when the
 maximum grows; chunks that are entirely -inf so far leave it at 0), then an output pass that
 reads the row again: 3 row transfers.
@@ -500,6 +502,8 @@ def _softmax_team_fwd_kernel(
     BLOCK_N: tl.constexpr,
     TEAM_P2: tl.constexpr,  # next power of 2 of TEAM (at least _team.TEAM_P2_MIN)
     PHASE: tl.constexpr,  # 0: publish, wait, write; 1: publish only; 2: wait and write only (interpreter)
+    ALONE: tl.constexpr,  # TEAM == 1: a whole row per program, no meeting, ws_ptr unused (the one-block math,
+    #                      persistent, the next row's loads in flight during this row's reductions)
 ):
     # Wide rows read once: the row's TEAM programs keep a chunk each in registers, exchange their
     # (max, sum of exp) and write y from registers. DRAM: read N*x, write N*y.
@@ -514,14 +518,22 @@ def _softmax_team_fwd_kernel(
         xr, mr = _team_load(x_ptr, m_ptr, nxt, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M,
                             "evict_last")
         m_own, e = _chunk_max_exp(z)
-        slots = ws_ptr + row * (2 * TEAM)
-        if PHASE != 2:
-            team_publish(slots + member, m_own)
-            team_publish(slots + TEAM + member, tl.sum(e, axis=0))
-        if PHASE != 1:
-            mx, s = _team_max_sumexp(slots, k, TEAM)
-            y = _team_softmax_of(e, z, m_own, mx, s, LOG)
+        if ALONE:  # the one-block kernel's rounding: y = e / s, or (z - m) - log(s)
+            s = tl.sum(e, axis=0)
+            if LOG:
+                y = (z - m_own) - tl.log(s)
+            else:
+                y = e / s
             store_rounded(y_ptr + row_start(row, R1, R2, sy0, sy1, sy2), offs.to(tl.int64) * syc, y, mask_n)
+        else:
+            slots = ws_ptr + row * (2 * TEAM)
+            if PHASE != 2:
+                team_publish(slots + member, m_own)
+                team_publish(slots + TEAM + member, tl.sum(e, axis=0))
+            if PHASE != 1:
+                mx, s = _team_max_sumexp(slots, k, TEAM)
+                y = _team_softmax_of(e, z, m_own, mx, s, LOG)
+                store_rounded(y_ptr + row_start(row, R1, R2, sy0, sy1, sy2), offs.to(tl.int64) * syc, y, mask_n)
         row = nxt
 
 
@@ -629,9 +641,11 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
     if team is not None:  # wide rows: persistent teams of programs, the row read once
         fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N,
                  sq, float(scale), team.team, team.teams)
-        return LaunchPlan(copy, (2 * layout.rows * team.team, torch.int64, True), tuple(
+        alone = team.team == 1  # no meeting, no workspace
+        return LaunchPlan(copy, None if alone else (2 * layout.rows * team.team, torch.int64, True), tuple(
             (Launch(_softmax_team_fwd_kernel, team.grid,
-                    team.meta(_softmax_team_fwd_kernel, device, phase, CAUSAL=causal, LOG=log, SCALED=scale != 1.0),
+                    team.meta(_softmax_team_fwd_kernel, device, phase, CAUSAL=causal, LOG=log, SCALED=scale != 1.0,
+                              ALONE=alone),
                     fixed, device), (0, 1, 2, 3))
             for phase in _team_phases(device, team.team)))
     cfg = config_for(N, big)
