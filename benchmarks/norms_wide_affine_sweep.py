@@ -5,6 +5,7 @@ program), with the register caps each needs. Session 20: results/norms_wide_affi
     python3 benchmarks/norms_wide_affine_sweep.py [--rounds 2] [--weights-only]      (GPU)
     python3 benchmarks/norms_wide_affine_sweep.py --rms 4/1/12/168/1,4/1/10/184/0 [--widths 65536] [--no-ln]
     python3 benchmarks/norms_wide_affine_sweep.py --ln 2/1/20/96/0,4/2/8/128/1 [--widths 65536,131072] [--no-rms]
+    python3 benchmarks/norms_wide_affine_sweep.py --ln-bwd 4/4/4/128,8/8/2/128 [--widths 16384,65536]
 
 ``--weights-only``: rms_norm / layer_norm at 4096 x 65536 with and without their weight (and bias), shipped settings.
 ``--rms`` / ``--ln``: rms_norm / layer_norm single-tier settings CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE instead of the
@@ -13,7 +14,9 @@ layer_norm runs at 65536 only unless ``--ln`` is given).
 Otherwise every setting below against ``shipped`` (the package's) and ``previous`` (session 15's tiers) at
 4096 x 65536, 2048 x 131072 and 1024 x 262144 (layer_norm: 4096 x 65536), settings interleaved per round.
 Timing: CUDA-graph medians (``triton_collection.bench.graph_median``, rep 100 ms); GB/s count x read and y written
-(4 bytes per bf16 element). Each output is compared bit for bit with the shipped setting's (``same`` / ``DIFFERENT``:
+(4 bytes per bf16 element). ``--ln-bwd``: the layer_norm backward op alone (dy, x read, dx written: 6 bytes per
+element; dw / db partials not counted) on team settings CHUNK_KiB/WARPS/PER_SM/MAXNREG (session 24), M = 2^28 / N.
+Each output is compared bit for bit with the shipped setting's (``same`` / ``DIFFERENT``:
 another chunk size sums in another fp32 order, the free-order kernels' expected difference) and with fp64.
 """
 import argparse
@@ -53,6 +56,7 @@ def main():
     ap.add_argument("--widths", default="65536,131072,262144")
     ap.add_argument("--ln", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE,... (replaces the LN table)")
     ap.add_argument("--no-ln", action="store_true", help="skip the layer_norm settings")
+    ap.add_argument("--ln-bwd", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG,... : time the layer_norm backward on these")
     ap.add_argument("--no-rms", action="store_true", help="skip the rms_norm settings")
     args = ap.parse_args()
 
@@ -76,6 +80,9 @@ def main():
         ms = graph_median(fn, rep=100)
         print(f"{label} {ms * 1e3:8.1f} us {nbytes / ms / 1e6:6.0f} GB/s", end="", flush=True)
 
+    if args.ln_bwd:
+        ln_bwd(nm, wide, args, timed)
+        return
     if args.weights_only:
         M, N = 4096, 65536
         x, w, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((M, N), (N,), (N,)))
@@ -113,6 +120,40 @@ def main():
                     finally:
                         wide.WIDE_TUNED[kind] = shipped[kind]
             del x
+
+
+def ln_bwd(nm, wide, args, timed):
+    """The layer_norm backward op alone on each ``--ln-bwd`` setting against the shipped one, rounds interleaved."""
+    mod = sys.modules[nm.__name__ + ".layer_norm"]
+    order = sys.modules[nm.__name__ + "._torch_order"].ORDER_FAST
+    shipped = wide.WIDE_TUNED["layer_norm_bwd"]
+    first = shipped[0] if isinstance(shipped, (list, tuple)) else shipped
+    table = {"shipped": shipped}
+    for spec in args.ln_bwd.split(","):
+        kib, warps, per_sm, regs = map(int, spec.split("/"))
+        table[f"{kib}K w{warps} {per_sm} r{regs}"] = {"min_row_bytes": first["min_row_bytes"], "chunk_bytes": kib * 1024,
+                                                      "num_warps": warps, "programs_per_sm": per_sm, "maxnreg": regs}
+    for rnd in range(args.rounds):
+        for N in map(int, args.widths.split(",")):
+            M = 2**28 // N
+            torch.manual_seed(0)
+            x, w, dy = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((M, N), (N,), (M, N)))
+            b = torch.zeros(N, device="cuda", dtype=torch.bfloat16)
+            _, _, mean, rstd = mod._layer_norm_fwd_impl(x, None, w, b, 1e-5, order)
+            want = None
+            for name, s in table.items():
+                wide.WIDE_TUNED["layer_norm_bwd"] = s
+                try:
+                    fn = lambda: mod._layer_norm_bwd_impl(dy, None, x, w, mean, rstd, torch.bfloat16, None, True, True)  # noqa: E731
+                    dx = fn()[0]
+                    want = dx if want is None else want
+                    timed(f"round {rnd} ln_bwd {M}x{N:<7d} {name:18s}", fn, 6 * M * N)
+                    print(f" {'same' if torch.equal(dx, want) else 'DIFFERENT'} dx max diff "
+                          f"{(dx.float() - want.float()).abs().max().item():.1e}", flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"round {rnd} ln_bwd {M}x{N} {name} ERR {type(e).__name__}: {str(e)[:200]}", flush=True)
+                finally:
+                    wide.WIDE_TUNED["layer_norm_bwd"] = shipped
 
 
 if __name__ == "__main__":

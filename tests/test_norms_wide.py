@@ -239,6 +239,29 @@ def test_backward_one_block_limit_by_device(norms, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_layer_norm_backward_tiers_on_gpu(norms, device, monkeypatch):
+    """The layer_norm backward's team tiers on a GPU (fp32 rows against fp64): 8 KiB chunks for rows of 128-256 KiB
+    (50000 columns: a team of 25), 4 KiB chunks beyond (70000 columns: 69)."""
+    if device != "cuda":
+        pytest.skip("the spinning path needs TEST_DEVICE=cuda")
+    mod = sys.modules[norms.__name__ + "._wide"]
+    calls = []
+    orig = mod.team_phases
+    monkeypatch.setattr(mod, "team_phases", lambda dev, team: calls.append(team) or orig(dev, team))
+    for N, team in ((50000, 25), (70000, 69)):
+        x = torch.randn(48, N, device=device) * 2 + 0.5
+        w, b, dy = torch.rand(N, device=device) + 0.5, torch.randn(N, device=device), torch.randn(48, N, device=device)
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        calls.clear()
+        norms.layer_norm(xx, ww, b).backward(dy)
+        assert calls[-1] == team  # the backward's team (the forward's comes first)
+        xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
+        ln_ref(xr, wr, b).backward(dy.double())
+        assert_close_ref(xx.grad, xr.grad, rel_atol=1e-5)
+        assert_close_ref(ww.grad, wr.grad, rel_atol=1e-5)
+
+
+@pytest.mark.gpu
 def test_backward_teams_on_gpu(norms, device, monkeypatch):
     """The shipped backward teams on a GPU for rows of 16-64 KiB (bf16 12288 and 16384 columns, fp32 5000): dx and
     dw of rms_norm and layer_norm against the one-block kernel (another fp32 summation order: equal but for rare
@@ -333,6 +356,11 @@ def test_shipped_team_tiers(norms):
             got.append((s["chunk_bytes"], s["num_warps"]))
         assert got == settings, kind
     assert team_mod.tier_for(mod.WIDE_TUNED["rms_norm"], 65536)["min_row_bytes"] > 65536  # 32768 bf16: looped
+    # the layer_norm backward: 4 KiB chunks, 8 KiB for rows of 128-256 KiB (teams of 17-32), 4 KiB again beyond
+    bwd = {N: team_mod.tier_for(mod.WIDE_TUNED["layer_norm_bwd"], 2 * N) for N in (8193, 65536, 65537, 131072, 131073)}
+    assert [(s["chunk_bytes"], s["num_warps"]) for s in bwd.values()] == [(4096, 4), (4096, 4), (8192, 8), (8192, 8),
+                                                                          (4096, 4)]
+    assert all(s["min_row_bytes"] == 16385 for s in bwd.values())
 
 
 @pytest.mark.gpu

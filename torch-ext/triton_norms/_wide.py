@@ -64,7 +64,10 @@ from ._team import team_gather, team_gather_pair, team_phases, team_publish, tea
 # (x, r, h, y counted): 4 KiB chunks over 2 warps, 12 per SM, up to 32 members, then that setting:
 # 3740 / 3701 / 3576 (3605 at 65536 before). LayerNorm: 8 KiB / 4 warps / 5 per
 # SM up to 16 members, 4 KiB / 1 warp / 16 per SM up to 64, then 16 KiB / 4 warps / 4 per SM: 3053 / 3045 /
-# 2961 against 3050 / 2923 / 2648 on the first alone. The backwards: rows over BWD_MAX_FUSED_BYTES (session 23).
+# 2961 against 3050 / 2923 / 2648 on the first alone. The backwards: rows over BWD_MAX_FUSED_BYTES (session 23);
+# layer_norm's rows of 128-256 KiB over 8 KiB chunks of 8 warps, 2 per SM (session 24, results/
+# session24_softmax_teams_2026-12-03.txt): 2048 x 131072 2124 -> 2253 GB/s (2122 -> 2267 in a second sweep), but
+# 1024 x 262144 2057 -> 1804, so wider rows keep the 4 KiB setting (the last tier).
 WIDE_TUNED: dict = {
     "rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
                   "maxnreg": 168, "max_team": 64, "affine": 1},
@@ -82,8 +85,12 @@ WIDE_TUNED: dict = {
                     "maxnreg": 128}],
     "rms_norm_bwd": {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
                      "programs_per_sm": 3, "maxnreg": 168},
-    "layer_norm_bwd": {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 4096, "num_warps": 4,
-                       "programs_per_sm": 4, "maxnreg": 128},
+    "layer_norm_bwd": [{"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 4096, "num_warps": 4,
+                        "programs_per_sm": 4, "maxnreg": 128, "max_team": 32},
+                       {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 8,
+                        "programs_per_sm": 2, "maxnreg": 128, "max_team": 32},
+                       {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 4096, "num_warps": 4,
+                        "programs_per_sm": 4, "maxnreg": 128}],
 }
 # Teams on CPU tensors (interpreter: one launch publishes, a second gathers and writes); off by default.
 WIDE_ON_CPU = False
