@@ -272,8 +272,8 @@ def test_team_path_values_and_gradients(softmax, device, team_mode, dtype, log):
 
 
 def test_team_of_one_and_partial_last_member(softmax, device, team_mode):
-    """K = 1 (one chunk holds the row: the spinning kernel waits only on itself, on the CPU too) and rows
-    whose last member holds a single column; bf16 outputs equal torch's own softmax."""
+    """K = 1 (one chunk holds the row: the kernel's ALONE path, no meeting, on the CPU too) and rows whose last
+    member holds a single column; bf16 outputs equal torch's own softmax."""
     team_mode.set_chunk(8192)
     x = rand((4, 4000), torch.bfloat16, device, scale=3.0)
     assert_torch_softmax(softmax.softmax(x), x)
