@@ -238,16 +238,23 @@ def test_backward_one_block_limit_by_device(norms, monkeypatch):
     assert launch.bwd_max_fused_bytes(torch.device("cuda", 0)) == 65536
 
 
-@pytest.mark.gpu
-def test_layer_norm_backward_tiers_on_gpu(norms, device, monkeypatch):
-    """The layer_norm backward's team tiers on a GPU (fp32 rows against fp64): 8 KiB chunks for rows of 128-256 KiB
-    (50000 columns: a team of 25), 4 KiB chunks beyond (70000 columns: 69)."""
+@pytest.fixture
+def gpu_team_calls(norms, device, monkeypatch):
+    """On a GPU only (the spinning path): the team size of every team launch of ``_wide``, in order."""
     if device != "cuda":
         pytest.skip("the spinning path needs TEST_DEVICE=cuda")
     mod = sys.modules[norms.__name__ + "._wide"]
     calls = []
     orig = mod.team_phases
     monkeypatch.setattr(mod, "team_phases", lambda dev, team: calls.append(team) or orig(dev, team))
+    return calls
+
+
+@pytest.mark.gpu
+def test_layer_norm_backward_tiers_on_gpu(norms, device, gpu_team_calls):
+    """The layer_norm backward's team tiers on a GPU (fp32 rows against fp64): 8 KiB chunks for rows of 128-256 KiB
+    (50000 columns: a team of 25), 4 KiB chunks beyond (70000 columns: 69)."""
+    calls = gpu_team_calls
     for N, team in ((50000, 25), (70000, 69)):
         x = torch.randn(48, N, device=device) * 2 + 0.5
         w, b, dy = torch.rand(N, device=device) + 0.5, torch.randn(N, device=device), torch.randn(48, N, device=device)
@@ -262,16 +269,12 @@ def test_layer_norm_backward_tiers_on_gpu(norms, device, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_backward_teams_on_gpu(norms, device, monkeypatch):
+def test_backward_teams_on_gpu(norms, device, gpu_team_calls):
     """The shipped backward teams on a GPU for rows of 16-64 KiB (bf16 12288 and 16384 columns, fp32 5000): dx and
     dw of rms_norm and layer_norm against the one-block kernel (another fp32 summation order: equal but for rare
     last-bit differences) and, in fp32, against fp64."""
-    if device != "cuda":
-        pytest.skip("the spinning path needs TEST_DEVICE=cuda")
     mod = sys.modules[norms.__name__ + "._wide"]
-    calls = []
-    orig = mod.team_phases
-    monkeypatch.setattr(mod, "team_phases", lambda dev, team: calls.append(team) or orig(dev, team))
+    calls = gpu_team_calls
     for M, N, dtype in [(512, 12288, torch.bfloat16), (64, 16384, torch.bfloat16), (100, 5000, torch.float32)]:
         x = (torch.randn(M, N, device=device) * 2 + 0.5).to(dtype)
         w = (torch.rand(N, device=device) + 0.5).to(dtype)
