@@ -203,8 +203,8 @@ def team_mode(softmax):
     """Forces the team path (``_team``) with small chunks, on the CPU too, and counts the team launches.
 
     On the CPU the interpreter runs a team of K > 1 as two launches (publish, then wait and write, so
-    it never spins) and a team of one in the spinning kernel itself (it only ever waits on itself);
-    on a GPU (TEST_DEVICE=cuda) every team spins in one launch."""
+    it never spins) and a team of one in one launch (the softmax forward's never meets, the backward's and the
+    cross-entropy's only ever wait on themselves); on a GPU (TEST_DEVICE=cuda) every team runs in one launch."""
     import sys
 
     launch = sys.modules[softmax.__name__ + "._launch"]
@@ -272,12 +272,19 @@ def test_team_path_values_and_gradients(softmax, device, team_mode, dtype, log):
 
 
 def test_team_of_one_and_partial_last_member(softmax, device, team_mode):
-    """K = 1 (one chunk holds the row: the kernel's ALONE path, no meeting, on the CPU too) and rows whose last
-    member holds a single column; bf16 outputs equal torch's own softmax."""
+    """K = 1 (one chunk holds the row: the kernel's ALONE path, no meeting, on the CPU too; taken with at least
+    SPLIT_BELOW_ROWS_PER_SM rows per SM, more rows than programs), the one-block kernel's bits; and rows whose last
+    member holds a single column, whose bf16 outputs equal torch's own softmax."""
     team_mode.set_chunk(8192)
-    x = rand((4, 4000), torch.bfloat16, device, scale=3.0)
-    assert_torch_softmax(softmax.softmax(x), x)
+    launch = team_mode.launch
+    x = rand((launch.SPLIT_BELOW_ROWS_PER_SM * launch._sm_count(torch.device(device)) + 1, 4000), torch.bfloat16,
+             device, scale=3.0)
+    y = softmax.softmax(x)
     assert team_mode.calls[-1] == (1, (0,))
+    assert_close_ref(y, sm_ref(x))
+    launch.TEAM_TUNED["softmax"] = None
+    launch.retuned()
+    assert torch.equal(y, softmax.softmax(x))
     team_mode.set_chunk(256)  # 128 bf16 per member: 897 columns -> 8 members, the last with one column
     x = rand((3, 897), torch.bfloat16, device, scale=3.0)
     y = softmax.softmax(x)
@@ -353,10 +360,10 @@ def test_team_config_rules(softmax, device, team_mode):
 
 
 def test_fp32_rows_of_32_to_64_kib_run_one_row_per_program(softmax, device, monkeypatch):
-    """fp32 rows of 8193-16384 elements take the shipped team-of-one tier (no meeting, no workspace; on the CPU with
-    TEAM_ON_CPU) and give the one-block kernel's bits (that kernel run at these rows by raising the softmax's
-    FWD_MAX_FUSED_BYTES): plain, scaled and masked, causal, log, and a fully masked row NaN; bf16 rows of the same
-    bytes stay off it."""
+    """fp32 rows of 8193-16384 elements, at least 4 per SM, take the shipped team-of-one tier (no meeting, no
+    workspace; on the CPU with TEAM_ON_CPU) and give the one-block kernel's bits (that kernel run at these rows by
+    raising the softmax's FWD_MAX_FUSED_BYTES): plain, scaled log, a fully masked row NaN, more rows than programs.
+    Masked or causal rows, fewer rows, and bf16 rows of the same bytes stay off it (not measured there)."""
     launch = sys.modules[softmax.__name__ + "._launch"]
     smod = sys.modules[softmax.__name__ + ".softmax"]
     teams = []
@@ -366,17 +373,20 @@ def test_fp32_rows_of_32_to_64_kib_run_one_row_per_program(softmax, device, monk
     monkeypatch.setattr(launch, "TEAM_ALIGNED_ROWS_ONLY", False)
     launch.retuned()
     N = 8209
-    x = rand((2, 3, N), torch.float32, device, scale=3.0)
-    x[1, 2] = float("-inf")
+    x = rand((launch.SPLIT_BELOW_ROWS_PER_SM * launch._sm_count(torch.device(device)) + 3, N), torch.float32, device,
+             scale=3.0)
+    x[5] = float("-inf")
     mask = rand((N,), torch.float32, device)
     mask[::5] = float("-inf")
-    calls = [lambda: softmax.softmax(x), lambda: softmax.log_softmax(x, scale=0.5, mask=mask),
-             lambda: softmax.softmax(x, causal=True)]
+    calls = [lambda: softmax.softmax(x), lambda: softmax.log_softmax(x, scale=0.5)]
     try:
         got = [f() for f in calls]
-        assert teams == [1, 1, 1]
-        softmax.softmax(x.to(torch.bfloat16)[..., :N // 2 * 2].repeat(1, 1, 2))  # 32 KiB+ bf16 rows: looped
-        assert teams == [1, 1, 1]
+        assert teams == [1, 1]
+        softmax.softmax(x, mask=mask)
+        softmax.softmax(x.view(1, *x.shape), causal=True)
+        softmax.softmax(x[:7])
+        softmax.softmax(x.to(torch.bfloat16)[..., :N // 2 * 2].repeat(1, 2))  # 32 KiB+ bf16 rows: looped
+        assert teams == [1, 1]
         monkeypatch.setitem(launch.TEAM_TUNED, "softmax", None)
         monkeypatch.setitem(launch.FWD_MAX_FUSED_BYTES, "softmax", launch.MAX_FUSED_BYTES)
         launch.retuned()
@@ -385,9 +395,9 @@ def test_fp32_rows_of_32_to_64_kib_run_one_row_per_program(softmax, device, monk
         launch.retuned()
     for g, w in zip(got, want):
         assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
-    assert got[0][1, 2].isnan().all() and not got[0][[0, 1], [0, 1]].isnan().any()
+    assert got[0][5].isnan().all() and not got[0][[0, -1]].isnan().any()
     assert_close_ref(got[0], sm_ref(x))
-    assert_close_ref(got[1], sm_ref(x, scale=0.5, mask=mask, log=True))
+    assert_close_ref(got[1], sm_ref(x, scale=0.5, log=True))
 
 
 @pytest.mark.gpu

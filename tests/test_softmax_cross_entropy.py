@@ -349,8 +349,9 @@ def test_team_path_all_targets_ignored(softmax, device, team_mode):
 def test_team_tiers_by_width(softmax):
     """The shipped teams of the cross-entropy and the softmax forward (``_launch.TEAM_TUNED``): rows of at least
     64 / 128 KiB, on the smallest chunk whose team has at most 32 members, the widest rows on the last tier; a * b + c
-    may contract in the cross-entropy only. The softmax backward: 4 KiB chunks from 128 KiB rows up to 32 members,
-    else 8 KiB chunks from 32 KiB rows."""
+    may contract in the cross-entropy only; the softmax forward's fp32 rows of 32-64 KiB on teams of one (not 16-bit
+    rows of those bytes). The softmax backward: 4 KiB chunks from 128 KiB rows up to 32 members, else 8 KiB chunks
+    from 32 KiB rows."""
     launch = sys.modules[softmax.__name__ + "._launch"]
     team = sys.modules[softmax.__name__ + "._team"]
     widths = (16384, 32000, 32768, 65536, 100000, 128256, 131072, 151936, 262144, 524288)
@@ -366,9 +367,9 @@ def test_team_tiers_by_width(softmax):
             assert s.get("fp_fusion", False) is fusion
             chunk[V] = s["chunk_bytes"] // 1024
         assert chunk == ({32768: 4, **want} if kind == "cross_entropy" else want)
-    bwd = {V: team.tier_for(launch.TEAM_TUNED["softmax_bwd"], 2 * V)["chunk_bytes"] // 1024 for V in widths}
+    bwd = {V: team.tier_for(launch.TEAM_TUNED["softmax_bwd"], 2 * V, V)["chunk_bytes"] // 1024 for V in widths}
     for V in widths:  # the backward's teams from 128 KiB rows only (looped below: faster on the H200, session 16)
-        s = team.tier_for(launch.TEAM_TUNED["softmax_bwd"], 2 * V)
+        s = team.tier_for(launch.TEAM_TUNED["softmax_bwd"], 2 * V, V)
         assert (2 * V >= s["min_row_bytes"]) is (V >= 65536)
     assert bwd == {16384: 8, 32000: 8, 32768: 8, 65536: 4, 100000: 8, 128256: 8, 131072: 8, 151936: 8, 262144: 8,
                    524288: 8}
@@ -377,9 +378,9 @@ def test_team_tiers_by_width(softmax):
         s = team.tier_for(launch.TEAM_TUNED["softmax"], 4 * N, N)
         assert (4 * N >= s["min_row_bytes"] and s.get("max_team") == 1) is alone
         s = team.tier_for(launch.TEAM_TUNED["softmax"], 2 * 2 * N, 2 * N)  # bf16, the same bytes
-        assert 4 * N < s["min_row_bytes"]
-    assert team.tier_for(None, 1 << 20) is None
-    assert team.tier_for({"chunk_bytes": 1}, 1 << 20) == {"chunk_bytes": 1}
+        assert s.get("max_team") != 1 and 4 * N < s["min_row_bytes"]
+    assert team.tier_for(None, 1 << 20, 1 << 19) is None
+    assert team.tier_for({"chunk_bytes": 1}, 1 << 20, 1 << 19) == {"chunk_bytes": 1}
 
 
 def test_team_plan_fp_fusion_option(softmax, monkeypatch):

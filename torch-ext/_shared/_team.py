@@ -16,7 +16,8 @@ Publishing. Each statistic of a row goes into its own int64 slot of a zeroed wor
 own flag, so no fence orders it behind the program's other stores. ``team_gather`` polls the K
 words of a statistic with ``volatile`` loads (from L2, never a stale L1 line) until all carry the
 flag. The workspace is ``torch.zeros`` made by the host per call: one memset, no host sync, fine in
-CUDA graphs and under torch.compile.
+CUDA graphs and under torch.compile (a kernel that never meets, such as the softmax forward's team of one,
+gets none).
 
 Forward progress: a waiting program only waits on its teammates, and all programs of the grid are
 resident at once, because the grid never exceeds the multiprocessor count times the programs one
@@ -73,7 +74,7 @@ def team_gather(slots_ptr, k, count, other):
 # together: layer_norm forward 4096 x 65536 (16 members) +5.6%, its backward at 8192 x 12288 / 16384 (6 / 8 members)
 # +10 / +11%, but with 32 members the backward at 4096 x 65536 -5%, the softmax forward -4% to +0.5%, the
 # cross-entropy -3% (twice the polling traffic while a large team gathers).
-PAIR_MAX_TEAM: tl.constexpr = tl.constexpr(16)
+PAIR_MAX_TEAM: tl.constexpr = tl.constexpr(16)  # >= TEAM_P2_MIN, or no team would pair
 
 
 @triton.jit
@@ -160,7 +161,7 @@ class TeamPlan:
                       TEAM_P2_MIN), "PHASE": phase, "num_warps": self.num_warps, **options}.items())
 
 
-def tier_for(tuned, row_bytes: int, elems: int = 0) -> Optional[dict]:
+def tier_for(tuned, row_bytes: int, elems: int) -> Optional[dict]:
     """The setting for rows of ``row_bytes`` bytes (``elems`` elements): ``tuned`` itself (a dict or None), or for
     a list of tiers the first that the row reaches (``min_row_bytes``) and whose team, ceil(row_bytes / chunk_bytes)
     programs, has at most its ``max_team`` members, for rows of at most its ``max_elems`` elements (no limit

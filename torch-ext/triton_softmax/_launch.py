@@ -165,13 +165,13 @@ def split_for(cfg: LaunchConfig, N: int, rows: int, device: torch.device) -> int
 # ``min_row_bytes`` of input go to teams of ceil(row bytes / chunk_bytes) programs of ``num_warps`` warps,
 # ``programs_per_sm`` of them per SM with at most ``maxnreg`` registers per thread (NVIDIA; one per
 # compute unit elsewhere); a list holds tiers by row width (``_team.tier_for``: the first whose team has at
-# most ``max_team`` members); None: never (the looped path). Measured on the H200 (bf16, 2026-12-01/02,
+# most ``max_team`` members, for rows of at most ``max_elems`` elements); None: never (the looped path). Measured on the H200 (bf16, 2026-12-01/02,
 # benchmarks/NOTES.md):
 # - the forward and the cross-entropy are fastest where a team has about 32 members, the chunk growing
 #   with the row at 16 warps and 64 elements per thread on each SM (session 15,
 #   results/team_tiers_2026-12-02.txt, results/cross_entropy_team_2026-12-02.txt): softmax forward at
 #   N = 65536 / 131072 / 262144 (M x N = 2^28) 3485 / 3445 / 3259 GB/s against 3097 / 2766 / 2577 looped (and
-#   3212 at 131072 on the single 16 KiB setting before); 64 KiB rows stay looped (3501 against 3437);
+#   3212 at 131072 on the single 16 KiB setting before); 64 KiB bf16 rows stay looped (3501 against 3437);
 #   cross-entropy at V = 65536 / 100000 / 128256 / 200064 / 262144: 3071 / 2907 / 3089 / 2909 / 2954 against
 #   2532 / 2441 / 2546 / 2446 / 2484 looped (at 100000 the 4 KiB tier, 49 members, was 1.4% faster than
 #   the 8 KiB one). The cross-entropy matches torch within tolerances, not bit for bit, so a * b + c may
@@ -189,7 +189,9 @@ _BY_WIDTH = ({"chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 16},
 #   one, the kernel's ALONE path: no meeting), persistent, each program loading its next row while it reduces this
 #   one (session 24, results/session24_softmax_teams_2026-12-03.txt): 4096 x 16384 3310 -> 3803 GB/s, 8192 x 12007
 #   3204 -> 3886. Not for 16-bit rows of those bytes (twice the elements: 4096 x 32768 bf16 3249 against 3529
-#   looped), nor for narrower rows (16384 x 8192 fp32 4095 against 4292 one block per program).
+#   looped), nor for narrower rows (16384 x 8192 fp32 4095 against 4292 one block per program). Measured without
+#   a mask, not causal, with thousands of rows: ``softmax._fwd_plan`` keeps masked, causal rows and fewer than
+#   SPLIT_BELOW_ROWS_PER_SM rows per SM (the split path's case) off it.
 _ALONE_FP32 = {"min_row_bytes": 32769, "chunk_bytes": 65536, "max_team": 1, "max_elems": 16384, "num_warps": 32,
                "programs_per_sm": 1, "maxnreg": 64}
 TEAM_TUNED: dict = {

@@ -17,8 +17,9 @@ once. Wider rows on a GPU go to persistent *teams* of programs (``_team``, ``_la
 member keeps one chunk in registers, publishes its chunk's max and sum of exp (backward: its
 part of sum(dy * y)), waits for its teammates and combines the partials in member order
 (``s = sum_k s_k * exp(m_k - m)``), then writes its chunk (``exp(z - m_k) * exp(m_k - m) / s``: one exp
-per element): still one read and one write. fp32 rows of 32-64 KiB go to "teams" of one, one persistent program
-per row that loads its next row while it reduces this one (no meeting, the one-block kernel's math and bits).
+per element): still one read and one write. fp32 rows of 32-64 KiB (without a mask or causal, at least
+``_launch.SPLIT_BELOW_ROWS_PER_SM`` rows per SM) go to "teams" of one, one persistent program per row that loads
+its next row while it reduces this one (no meeting, the one-block kernel's math and bits).
 Otherwise (CPU, or a row no team fits) a wide row runs an
 online max/sum over chunks (the running sum is rescaled by ``exp(m_old - m_new)`` when the
 maximum grows; chunks that are entirely -inf so far leave it at 0), then an output pass that
@@ -48,9 +49,9 @@ from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_dev
                       row_layout, row_start, run_plan, store_rounded)
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, meta_items
-from ._launch import PLAN_CACHES, config_for, split_for, team_for
+from ._launch import PLAN_CACHES, SPLIT_BELOW_ROWS_PER_SM, config_for, split_for, team_for
 from ._torch_order import softmax_torch_order
-from ._team import team_gather, team_phases, team_publish, team_start
+from ._team import sm_count, team_gather, team_phases, team_publish, team_start
 from ._device import cdiv, check_launch_device, launch_options, next_power_of_2
 from ._ops import add_op_namespace_prefix
 
@@ -638,6 +639,9 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
     sq = xs.shape[-2] if causal else 1
     team = team_for(N, big, layout.rows, "softmax")
     device = x.device
+    if team is not None and team.team == 1 and (mask is not None or causal
+                                                or layout.rows < SPLIT_BELOW_ROWS_PER_SM * sm_count(device)):
+        team = None  # a team of one was measured without a mask, unmasked, on >= 4 rows per SM (session 24)
     if team is not None:  # wide rows: persistent teams of programs, the row read once
         fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N,
                  sq, float(scale), team.team, team.teams)
@@ -838,7 +842,8 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
     Precision: scale, mask add, max, exp and sum in fp32; one rounding to x.dtype at the store.
     A fully masked row is NaN (as torch). Performance: x is read once; a row of 128 KiB or more
     (forward and backward) is split over a persistent team of programs on a GPU (the same bits on every
-    run); otherwise, and on the CPU, a row wider than one block is read twice (online max/sum, then output).
+    run), and the forward's fp32 rows of 32-64 KiB (no mask, not causal, many rows) go one row per persistent
+    program; otherwise, and on the CPU, a row wider than one block is read twice (online max/sum, then output).
     Source: matches ``torch.softmax(x * scale + mask, dim)``.
     """
     dim, scale = _prepare(x, dim, scale, mask, causal)
