@@ -641,7 +641,7 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
     device = x.device
     if team is not None and team.team == 1 and (mask is not None or causal
                                                 or layout.rows < SPLIT_BELOW_ROWS_PER_SM * sm_count(device)):
-        team = None  # a team of one was measured without a mask, unmasked, on >= 4 rows per SM (session 24)
+        team = None  # a team of one was measured only without a mask or causal, on >= 4 rows per SM (session 24)
     if team is not None:  # wide rows: persistent teams of programs, the row read once
         fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N,
                  sq, float(scale), team.team, team.teams)
