@@ -708,3 +708,94 @@ def test_rope_inference_plan_keeps_every_check(attention, device):
             attention.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=7)
         with pytest.raises(ValueError, match="even"):
             attention.rotary_embedding(q[..., :7], cos.unsqueeze(1)[..., :7], sin.unsqueeze(1)[..., :7])
+
+
+SM90_CASES = [  # (B, Hq, Hk, Sq, Sk, D, causal, layout): GQA/MQA, ragged and prime lengths, Sq != Sk
+    (1, 2, 2, 300, 300, 128, False, "bhsd"),
+    (1, 2, 2, 300, 300, 128, True, "bshd"),
+    (2, 4, 2, 257, 383, 128, False, "bshd"),
+    (2, 4, 1, 521, 521, 128, True, "bhsd"),
+    (1, 3, 3, 129, 77, 64, False, "bhsd"),
+    (1, 2, 2, 640, 640, 64, True, "bshd"),
+    (1, 2, 1, 200, 131, 128, True, "bhsd"),  # more queries than keys, causal
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", SM90_CASES)
+def test_flash_sm90_forward(attention, device, case, dtype):
+    """The warp-specialised Gluon forward (the default on compute capability 9.0 GPUs where it applies) against fp64,
+    with the log-sum-exp the backward reads (gradients against the fp64 reference too). GPU only: Gluon has no
+    interpreter."""
+    import sys
+
+    if device != "cuda" or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a compute capability 9.0 GPU")
+    sm90 = sys.modules[attention.__name__ + ".flash_sm90"]
+    if not sm90.AVAILABLE:
+        pytest.skip("this Triton has no usable Gluon")
+    B, Hq, Hk, Sq, Sk, D, causal, layout = case
+    torch.manual_seed(25)
+    q, k, v = make_qkv(B, Hq, Hk, Sq, Sk, D, dtype, device, layout, grad=True)
+    calls = []
+    original = sm90.forward
+    sm90.forward = lambda *a: calls.append(1) or original(*a)
+    try:
+        out = attention.flash_attention(q, k, v, causal=causal, layout=layout)
+    finally:
+        sm90.forward = original
+    assert calls, "the sm90 forward did not run"
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    want = ref_attention(q64, k64, v64, causal=causal, layout=layout)
+    assert_close(out, want.detach(), TOL[dtype], "o")
+    do = rand(*out.shape, dtype=dtype, device=device)
+    got_g = torch.autograd.grad(out, (q, k, v), do)
+    want_g = torch.autograd.grad(want, (q64, k64, v64), do.double())
+    for name, g, w in zip(("dq", "dk", "dv"), got_g, want_g):
+        assert_close(g, w, GRAD_TOL[dtype], name)
+
+
+def test_sm90_eligibility(attention, monkeypatch):
+    """Which calls take the Gluon forward on a compute capability 9.0 GPU (the device check faked): fp16/bf16
+    without a mask, d = 64 or 128 for q, k and v, at least 128 queries and one key, 16-byte aligned strides."""
+    import sys
+
+    sm90 = sys.modules[attention.__name__ + ".flash_sm90"]
+    if not sm90.AVAILABLE:
+        pytest.skip("this Triton has no usable Gluon")
+    monkeypatch.setattr(sm90, "_capability_90", lambda device: True)
+
+    def ok(Sq=256, Sk=256, D=128, DV=None, dtype=torch.bfloat16, mask=None, k_stride_pad=0):
+        q = torch.empty(1, 2, Sq, D, dtype=dtype)
+        k = torch.empty(1, 2, Sk, D + k_stride_pad, dtype=dtype)[..., :D]
+        v = torch.empty(1, 2, Sk, DV or D, dtype=dtype)
+        return sm90.eligible(q, k, v, torch.empty(1, 2, Sq, DV or D, dtype=dtype), mask)
+
+    assert ok() and ok(D=64) and ok(dtype=torch.float16) and ok(Sq=128, Sk=1)
+    assert not ok(D=32) and not ok(D=256) and not ok(D=96) and not ok(DV=64)
+    assert not ok(dtype=torch.float32) and not ok(mask=torch.zeros(1)) and not ok(Sq=127) and not ok(Sk=0)
+    assert not ok(k_stride_pad=4)  # a row stride of 264 bytes is not a multiple of 16
+    monkeypatch.setattr(sm90, "_capability_90", lambda device: False)
+    assert not ok()
+
+
+def test_sm90_forward_compiles_for_hopper(built):
+    """The Gluon forward lowers for sm_90 with this Triton: warpgroup MMA (HGMMA) in the SASS, register
+    reallocation between the partitions (setmaxnreg), shared memory within the H100/H200's 227 KiB."""
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "compile_attention_sm90.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, script, str(built["triton-attention"].variant("cuda"))],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    if "SKIPPED" in res.stdout:
+        pytest.skip(res.stdout.strip())
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("sm90 ")]
+    assert len(lines) == 4 and "COMPILED 4" in res.stdout, res.stdout
+    for ln in lines:
+        fields = dict(f.split("=") for f in ln.split()[1:])
+        assert int(fields["hgmma"]) > 0 and int(fields["setmaxnreg"]) > 0, ln
+        assert 0 < int(fields["shared"]) <= 232448, ln
