@@ -755,6 +755,49 @@ def test_flash_sm90_forward(attention, device, case, dtype):
         assert_close(g, w, GRAD_TOL[dtype], name)
 
 
+@pytest.mark.parametrize("interleaved,layout", [(True, "bshd"), (False, "bhsd")])
+def test_flash_sm90_rope(attention, device, interleaved, layout):
+    """flash_attention_rope on a compute capability 9.0 GPU: q rotated by one pass, then the Gluon forward; values
+    against fp64 attention of the rotated q and k, gradients against the ``tl`` kernels' (SM90_FWD off)."""
+    import sys
+
+    if device != "cuda" or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a compute capability 9.0 GPU")
+    sm90 = sys.modules[attention.__name__ + ".flash_sm90"]
+    flash = sys.modules[attention.__name__ + ".flash"]
+    if not sm90.AVAILABLE:
+        pytest.skip("this Triton has no usable Gluon")
+    torch.manual_seed(26)
+    B, H, S, D = 1, 3, 333, 128
+    q, k, v = make_qkv(B, H, H, S, S, D, torch.bfloat16, device, layout, grad=True)
+    ang = torch.rand(S, D // 2, device=device) * 6
+    rep = (lambda t: t.repeat_interleave(2, -1)) if interleaved else (lambda t: torch.cat([t, t], -1))
+    cos, sin = rep(ang.cos()), rep(ang.sin())
+    if layout == "bshd":
+        cos, sin = cos[:, None], sin[:, None]
+    calls = []
+    original = sm90.forward
+    sm90.forward = lambda *a: calls.append(1) or original(*a)
+    try:
+        out = attention.flash_attention_rope(q, k, v, cos, sin, interleaved=interleaved, layout=layout)
+    finally:
+        sm90.forward = original
+    assert calls, "the sm90 forward did not run"
+    qr, kr = (attention.rotary_embedding(t.detach(), cos, sin, interleaved=interleaved, fp32_math=True) for t in (q, k))
+    assert_close(out, ref_attention(qr, kr, v.detach(), layout=layout), TOL[torch.bfloat16], "o")
+    do = rand(*out.shape, dtype=torch.bfloat16, device=device)
+    got = torch.autograd.grad(out, (q, k, v), do)
+    flash.SM90_FWD = False
+    try:
+        ref = attention.flash_attention_rope(q, k, v, cos, sin, interleaved=interleaved, layout=layout)
+        want = torch.autograd.grad(ref, (q, k, v), do)
+    finally:
+        flash.SM90_FWD = True
+    assert_close(out, ref.double(), TOL[torch.bfloat16], "o against the tl forward")
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert_close(g, w.double(), GRAD_TOL[torch.bfloat16], name)
+
+
 def test_sm90_eligibility(attention, monkeypatch):
     """Which calls take the Gluon forward on a compute capability 9.0 GPU (the device check faked): fp16/bf16
     without a mask, d = 64 or 128 for q, k and v, at least 128 queries and one key, 16-byte aligned strides."""

@@ -688,9 +688,10 @@ FORCE_TMA = False
 # 4096 causal, 16384, 16384 causal and Flux's 4608 x 24 heads; d = 64: 431 against 334 at SD3.5's 2 x 38 x 4429,
 # 383 against 309 at S = 4096 causal (the 64 x 64 tiles: 416 / 390).
 TMA_FWD = True
-# The warp-specialised Gluon forward of flash_sm90.py where it applies (compute capability 9.0, no mask, no RoPE, d = 64
-# or 128): H200, bf16, session 25, TFLOP/s at d = 128 (B x 32 heads x S): 595-617 non-causal / 519-601 causal at
-# S = 4096-16384 against this file's TMA kernel's 478-506 / 434-498 and SDPA's (cuDNN) 595-605 / 531-554.
+# The warp-specialised Gluon forward of flash_sm90.py where it applies (compute capability 9.0, no mask, d = 64 or
+# 128; with the fused RoPE, q is rotated by one pass first). H200, bf16, session 25, TFLOP/s at d = 128 (B x 32 heads
+# x S = 4096-16384): 595-617 non-causal / 519-601 causal against this file's TMA kernel's 478-506 / 434-498 and
+# SDPA's (cuDNN) 595-605 / 531-554.
 SM90_FWD = True
 TMA_CONFIGS = {128: FwdConfig(128, 128, 8, 3), 64: FwdConfig(64, 128, 4, 3)}
 TMA_WS = False  # warp-specialised main loop (tl.range(warp_specialize=True)) in the TMA forward
@@ -773,8 +774,10 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
     else:
         cv = sv = qv
         cs = ss = (0, 0, 0, 0)
-    if default_cfg and SM90_FWD and not FORCE_TMA and not rope and not interp \
-            and flash_sm90.eligible(qv, kv, vv, o, mask):
+    if default_cfg and SM90_FWD and not FORCE_TMA and not interp and flash_sm90.eligible(qv, kv, vv, o, mask):
+        if rope:  # the Gluon kernel does not rotate on load: q is rotated by one pass, as k was
+            from .rotary import _rope_impl
+            qv = _bhsd(_rope_impl(q, cos, sin, rope == 2, True), bshd)
         flash_sm90.forward(qv, kv, vv, o, lse, scale * LOG2E, causal)
         return (o.transpose(1, 2) if out_bshd else o), lse
     if default_cfg and (FORCE_TMA or TMA_FWD and not rope) and _tma_eligible(qv, kv, vv, mask, interp):

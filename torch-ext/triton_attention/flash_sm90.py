@@ -17,9 +17,10 @@ and has no way to interleave two warpgroups, so the ``tl`` kernels of ``flash.py
 against SDPA's (cuDNN) ~600 (``benchmarks/NOTES.md``, sessions 17, 20 and 25).
 
 Used by ``flash._attn_fwd_launch`` where ``eligible`` holds: an NVIDIA GPU of compute capability 9.0 (wgmma exists
-only on sm_90a), fp16/bf16, no mask, no fused RoPE, head dim 64 or 128 for q, k and v, strides a TMA descriptor
+only on sm_90a), fp16/bf16, no mask, head dim 64 or 128 for q, k and v, strides a TMA descriptor
 accepts, at least 128 queries (shorter ones, such as decode steps, would leave most of a program idle), and a
-Triton whose Gluon has the pieces used here. Everything else keeps the ``tl`` kernels.
+Triton whose Gluon has the pieces used here. Everything else keeps the ``tl`` kernels. ``flash_attention_rope``
+takes this kernel too, with q rotated by one rotary pass first (this kernel does not rotate on load).
 """
 
 from __future__ import annotations
