@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from . import flash_sm90
+from .flash_sm90 import descriptor_ok
 from ._device import cdiv, check_launch_device, is_interpreter, next_power_of_2
 from ._dispatch import call_op
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
@@ -714,13 +715,6 @@ def _has_tma(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
-def _tma_ok(t: Tensor) -> bool:
-    """Unit last stride, 16-byte aligned base and strides (what a tensor descriptor needs)."""
-    e = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(st > 0 and (st * e) % 16 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
-
-
 def _tma_eligible(qv: Tensor, kv: Tensor, vv: Tensor, mask, interp: bool) -> bool:
     if TensorDescriptor is None or mask is not None or qv.dtype not in (torch.float16, torch.bfloat16):
         return False
@@ -730,7 +724,7 @@ def _tma_eligible(qv: Tensor, kv: Tensor, vv: Tensor, mask, interp: bool) -> boo
         return False
     D = qv.shape[3]
     return (D in TMA_CONFIGS and vv.shape[3] == D and qv.shape[2] >= TMA_CONFIGS[D].block_m
-            and _tma_ok(qv) and _tma_ok(kv) and _tma_ok(vv))
+            and descriptor_ok(qv) and descriptor_ok(kv) and descriptor_ok(vv))
 
 
 def _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, cfg, interp, cv, sv, cs, ss, rope, ws=None):
@@ -824,7 +818,7 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
         **({} if interp else {"num_warps": 4}),
     )
     if (TMA_BWD if tma_bwd is None else tma_bwd) and not need_dmask and _tma_eligible(qv, kv, vv, mask, interp) \
-            and _tma_ok(dov) and D == DV and D == BD:
+            and descriptor_ok(dov) and D == DV and D == BD:
         tcfg = BwdConfig(16, 16, 16, 16, 1, 1) if interp else TMA_BWD_CONFIG if default_cfg else cfg
         dsc = lambda t, bs: TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bs, D])  # noqa: E731
         _attn_bwd_dkdv_tma_kernel[(cdiv(Sk, tcfg.block_n1), Hk, B)](

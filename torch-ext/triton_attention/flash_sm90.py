@@ -246,7 +246,7 @@ def _capability_90(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device) == (9, 0))
 
 
-def _descriptor_ok(t: Tensor) -> bool:
+def descriptor_ok(t: Tensor) -> bool:
     """Unit last stride, 16-byte aligned base and strides (what a TMA descriptor needs)."""
     e = t.element_size()
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
@@ -259,7 +259,7 @@ def eligible(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, mask) -> bool:
     return (AVAILABLE and mask is None and qv.dtype in (torch.float16, torch.bfloat16) and D in CONFIGS
             and kv.shape[3] == D and vv.shape[3] == D and kv.shape[2] > 0 and qv.shape[2] >= 2 * BLOCK_M
             and _capability_90(qv.device)
-            and all(_descriptor_ok(t) for t in (qv, kv, vv, o)))
+            and all(descriptor_ok(t) for t in (qv, kv, vv, o)))
 
 
 def forward(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, lse: Tensor, qk_scale: float, causal: bool) -> None:
