@@ -721,19 +721,39 @@ SM90_CASES = [  # (B, Hq, Hk, Sq, Sk, D, causal, layout): GQA/MQA, ragged and pr
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("case", SM90_CASES)
-def test_flash_sm90_forward(attention, device, case, dtype):
-    """The warp-specialised Gluon forward (the default on compute capability 9.0 GPUs where it applies) against fp64,
-    with the log-sum-exp the backward reads (gradients against the fp64 reference too). GPU only: Gluon has no
-    interpreter."""
+def _sm90(attention):
+    """flash_sm90 and flash of the loaded package; skips off a compute capability 9.0 GPU or without Gluon."""
     import sys
 
-    if device != "cuda" or torch.cuda.get_device_capability() != (9, 0):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a compute capability 9.0 GPU")
     sm90 = sys.modules[attention.__name__ + ".flash_sm90"]
     if not sm90.AVAILABLE:
         pytest.skip("this Triton has no usable Gluon")
+    return sm90, sys.modules[attention.__name__ + ".flash"]
+
+
+def _assert_near(actual, expected, rel, what):
+    """max |actual - expected| <= rel * max |expected| (no floor: the outputs here are well below 1)."""
+    err = (actual.double() - expected.double()).abs().max().item()
+    bound = rel * expected.double().abs().max().item()
+    assert err <= bound, f"{what}: max error {err:.3g} > {bound:.3g}"
+
+
+# sm90 forward against the tl forward (same inputs, fp32 accumulation in another order, P rounded the same way):
+# a relative bound of a few ulps of the output dtype, and the base-2 lse to 1e-4
+SM90_REL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", SM90_CASES)
+def test_flash_sm90_forward(attention, device, case, dtype):
+    """The warp-specialised Gluon forward (the default on compute capability 9.0 GPUs where it applies): o against
+    fp64 and against the tl forward (SM90_FWD off), its base-2 log-sum-exp against the tl forward's, and the
+    gradients (the backward reads that lse) against fp64. GPU only: Gluon has no interpreter."""
+    if device != "cuda":
+        pytest.skip("GPU only")
+    sm90, flash = _sm90(attention)
     B, Hq, Hk, Sq, Sk, D, causal, layout = case
     torch.manual_seed(25)
     q, k, v = make_qkv(B, Hq, Hk, Sq, Sk, D, dtype, device, layout, grad=True)
@@ -742,12 +762,22 @@ def test_flash_sm90_forward(attention, device, case, dtype):
     sm90.forward = lambda *a: calls.append(1) or original(*a)
     try:
         out = attention.flash_attention(q, k, v, causal=causal, layout=layout)
+        o, lse = flash._attn_fwd_launch(q.detach(), k.detach(), v.detach(), None, 0.3, causal, layout == "bshd",
+                                        layout == "bshd")
     finally:
         sm90.forward = original
-    assert calls, "the sm90 forward did not run"
+    assert len(calls) == 2, "the sm90 forward did not run"
+    flash.SM90_FWD = False
+    try:
+        want_o, want_lse = flash._attn_fwd_launch(q.detach(), k.detach(), v.detach(), None, 0.3, causal,
+                                                  layout == "bshd", layout == "bshd")
+    finally:
+        flash.SM90_FWD = True
+    _assert_near(o, want_o, SM90_REL[dtype], "o (scale 0.3) against the tl forward")
+    assert torch.allclose(lse, want_lse, atol=1e-4, rtol=0), (lse - want_lse).abs().max()
     q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
     want = ref_attention(q64, k64, v64, causal=causal, layout=layout)
-    assert_close(out, want.detach(), TOL[dtype], "o")
+    _assert_near(out, want.detach(), SM90_REL[dtype], "o against fp64")
     do = rand(*out.shape, dtype=dtype, device=device)
     got_g = torch.autograd.grad(out, (q, k, v), do)
     want_g = torch.autograd.grad(want, (q64, k64, v64), do.double())
@@ -755,18 +785,38 @@ def test_flash_sm90_forward(attention, device, case, dtype):
         assert_close(g, w, GRAD_TOL[dtype], name)
 
 
+@pytest.mark.parametrize("cfg", [(128, 2, True, 232), (128, 3, False, 224), (64, 3, True, 232)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_sm90_other_settings(attention, device, cfg, causal):
+    """The settings the shipped CONFIGS do not use (ping-pong turns, 3 stages, 64-key blocks) on ragged lengths,
+    against the tl forward."""
+    if device != "cuda":
+        pytest.skip("GPU only")
+    sm90, flash = _sm90(attention)
+    torch.manual_seed(27)
+    q, k, v = make_qkv(2, 4, 2, 389, 389, 128, torch.float16, device, "bshd")
+    shipped = sm90.CONFIGS[128]
+    sm90.CONFIGS[128] = sm90.Sm90Config(*cfg)
+    try:
+        o, lse = flash._attn_fwd_launch(q, k, v, None, 0.09, causal, True, False)
+    finally:
+        sm90.CONFIGS[128] = shipped
+    flash.SM90_FWD = False
+    try:
+        want_o, want_lse = flash._attn_fwd_launch(q, k, v, None, 0.09, causal, True, False)
+    finally:
+        flash.SM90_FWD = True
+    _assert_near(o, want_o, SM90_REL[torch.float16], f"o {cfg}")
+    assert torch.allclose(lse, want_lse, atol=1e-4, rtol=0), (lse - want_lse).abs().max()
+
+
 @pytest.mark.parametrize("interleaved,layout", [(True, "bshd"), (False, "bhsd")])
 def test_flash_sm90_rope(attention, device, interleaved, layout):
     """flash_attention_rope on a compute capability 9.0 GPU: q rotated by one pass, then the Gluon forward; values
     against fp64 attention of the rotated q and k, gradients against the ``tl`` kernels' (SM90_FWD off)."""
-    import sys
-
-    if device != "cuda" or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs a compute capability 9.0 GPU")
-    sm90 = sys.modules[attention.__name__ + ".flash_sm90"]
-    flash = sys.modules[attention.__name__ + ".flash"]
-    if not sm90.AVAILABLE:
-        pytest.skip("this Triton has no usable Gluon")
+    if device != "cuda":
+        pytest.skip("GPU only")
+    sm90, flash = _sm90(attention)
     torch.manual_seed(26)
     B, H, S, D = 1, 3, 333, 128
     q, k, v = make_qkv(B, H, H, S, S, D, torch.bfloat16, device, layout, grad=True)
@@ -800,7 +850,8 @@ def test_flash_sm90_rope(attention, device, interleaved, layout):
 
 def test_sm90_eligibility(attention, monkeypatch):
     """Which calls take the Gluon forward on a compute capability 9.0 GPU (the device check faked): fp16/bf16
-    without a mask, d = 64 or 128 for q, k and v, at least 128 queries and one key, 16-byte aligned strides."""
+    without a mask, a positive scale, d = 64 or 128 for q, k and v, at least 128 queries and one key, 16-byte aligned
+    strides (those of size-1 dimensions too: the descriptor asserts them)."""
     import sys
 
     sm90 = sys.modules[attention.__name__ + ".flash_sm90"]
@@ -808,16 +859,19 @@ def test_sm90_eligibility(attention, monkeypatch):
         pytest.skip("this Triton has no usable Gluon")
     monkeypatch.setattr(sm90, "_capability_90", lambda device: True)
 
-    def ok(Sq=256, Sk=256, D=128, DV=None, dtype=torch.bfloat16, mask=None, k_stride_pad=0):
-        q = torch.empty(1, 2, Sq, D, dtype=dtype)
-        k = torch.empty(1, 2, Sk, D + k_stride_pad, dtype=dtype)[..., :D]
-        v = torch.empty(1, 2, Sk, DV or D, dtype=dtype)
-        return sm90.eligible(q, k, v, torch.empty(1, 2, Sq, DV or D, dtype=dtype), mask)
+    def ok(Sq=256, Sk=256, D=128, DV=None, dtype=torch.bfloat16, mask=None, k_stride_pad=0, scale=0.1, B=1):
+        q = torch.empty(B, 2, Sq, D, dtype=dtype)
+        k = torch.empty(B, 2, Sk, D + k_stride_pad, dtype=dtype)[..., :D]
+        v = torch.empty(B, 2, Sk, DV or D, dtype=dtype)
+        return sm90.eligible(q, k, v, torch.empty(B, 2, Sq, DV or D, dtype=dtype), mask, scale)
 
     assert ok() and ok(D=64) and ok(dtype=torch.float16) and ok(Sq=128, Sk=1)
     assert not ok(D=32) and not ok(D=256) and not ok(D=96) and not ok(DV=64)
     assert not ok(dtype=torch.float32) and not ok(mask=torch.zeros(1)) and not ok(Sq=127) and not ok(Sk=0)
+    assert not ok(scale=0.0) and not ok(scale=-0.1)
     assert not ok(k_stride_pad=4)  # a row stride of 264 bytes is not a multiple of 16
+    q = torch.empty(2, 256, 128, dtype=torch.bfloat16).as_strided((1, 2, 256, 128), (3, 256 * 128, 128, 1))
+    assert not sm90.descriptor_ok(q)  # the size-1 batch dimension's stride of 6 bytes
     monkeypatch.setattr(sm90, "_capability_90", lambda device: False)
     assert not ok()
 

@@ -768,13 +768,15 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
     else:
         cv = sv = qv
         cs = ss = (0, 0, 0, 0)
-    if default_cfg and SM90_FWD and not FORCE_TMA and not interp and flash_sm90.eligible(qv, kv, vv, o, mask):
+    if default_cfg and SM90_FWD and not FORCE_TMA and not interp and flash_sm90.eligible(qv, kv, vv, o, mask, scale):
         if rope:  # the Gluon kernel does not rotate on load: q is rotated by one pass, as k was
             from .rotary import _rope_impl
             qv = _bhsd(_rope_impl(q, cos, sin, rope == 2, True), bshd)
         flash_sm90.forward(qv, kv, vv, o, lse, scale * LOG2E, causal)
         return (o.transpose(1, 2) if out_bshd else o), lse
-    if default_cfg and (FORCE_TMA or TMA_FWD and not rope) and _tma_eligible(qv, kv, vv, mask, interp):
+    # scale > 0: the TMA forward masks before it scales (a scale of 0 would turn -inf into NaN)
+    if default_cfg and (FORCE_TMA or TMA_FWD and not rope) and scale > 0 \
+            and _tma_eligible(qv, kv, vv, mask, interp):
         # FORCE_TMA (the tests' switch) skips _tma_eligible's D check: other head dims run the d = 128 tiles
         tma_cfg = FwdConfig(16, 16, 1, 1) if interp else TMA_CONFIGS.get(D, TMA_CONFIGS[128])
         _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, tma_cfg, interp, cv, sv, cs, ss, rope)
@@ -1068,7 +1070,8 @@ def flash_attention_rope(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tens
 
     ``rope(x) = x * cos + rotate(x) * sin`` in fp32, rounded once to x's dtype (diffusers'
     ``apply_rotary_emb``; :func:`rotary_embedding` with ``fp32_math=True``). q is rotated inside the
-    attention kernel as it is loaded (no rotated copy of q is written); k, which every query block
+    attention kernel as it is loaded (no rotated copy of q is written), except where the forward runs the
+    sm90 Gluon kernel (``flash_sm90.py``), which reads a copy rotated by one pass; k, which every query block
     reads, is rotated once by one Triton pass. Backward: the rotation's transpose applied to dq and dk.
 
     Args:

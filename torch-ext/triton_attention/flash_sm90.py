@@ -9,8 +9,8 @@ for the backward), laid out as FlashAttention-3 does on Hopper (Shah et al., 202
 - each consumer multiplies with warpgroup MMA (``wgmma``) from shared memory and issues block j's ``q k^T`` before
   it waits for block j-1's ``p v``, so its softmax of block j runs while its ``p v`` is on the tensor cores
   (intra-warpgroup overlap);
-- with ``PINGPONG`` the two consumers take turns to issue their MMAs (two mbarriers), so one consumer's softmax runs
-  while the other's MMAs run.
+- the consumers are separate partitions, so they drift apart and one's softmax runs while the other's MMAs run; with
+  ``pingpong`` (off in the shipped ``CONFIGS``) two mbarriers make them take turns to issue their MMAs.
 
 Why Gluon: Triton's ``tl`` language makes a ``tl.dot`` asynchronous only when its result feeds an accumulator chain
 and has no way to interleave two warpgroups, so the ``tl`` kernels of ``flash.py`` stop at ~500 TFLOP/s on the H200
@@ -43,7 +43,10 @@ try:  # Gluon is experimental: missing or renamed pieces turn this path off, nev
     # Triton 3.9 renamed the TMA copies (the 3.6 names raise there); the positional arguments are the same
     _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
     _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
-    AVAILABLE = hasattr(gl, "warp_specialize")
+    import inspect
+    # the 3.6 forms: warp_specialize taking (function, args) pairs (3.5 took six arguments) and gl.num_warps
+    AVAILABLE = (hasattr(gl, "num_warps") and hasattr(gl, "warp_specialize")
+                 and "functions_and_args" in inspect.signature(gl.warp_specialize).parameters)
 except ImportError:
     AVAILABLE = False
 
@@ -247,16 +250,18 @@ def _capability_90(device: torch.device) -> bool:
 
 
 def descriptor_ok(t: Tensor) -> bool:
-    """Unit last stride, 16-byte aligned base and strides (what a TMA descriptor needs)."""
+    """Unit last stride, 16-byte aligned base and every other stride (what a TMA descriptor needs and asserts, for
+    dimensions of size 1 too)."""
     e = t.element_size()
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(st > 0 and (st * e) % 16 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
+            and all(st > 0 and (st * e) % 16 == 0 for st in t.stride()[:-1]))
 
 
-def eligible(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, mask) -> bool:
-    """Whether ``forward`` runs these [B, H, S, D] views (see the module docstring)."""
+def eligible(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, mask, scale: float) -> bool:
+    """Whether ``forward`` runs these [B, H, S, D] views (see the module docstring); ``scale`` > 0 (the kernel masks
+    before it scales, and takes the row maximum of the unscaled scores)."""
     D = qv.shape[3]
-    return (AVAILABLE and mask is None and qv.dtype in (torch.float16, torch.bfloat16) and D in CONFIGS
+    return (AVAILABLE and mask is None and scale > 0 and qv.dtype in (torch.float16, torch.bfloat16) and D in CONFIGS
             and kv.shape[3] == D and vv.shape[3] == D and kv.shape[2] > 0 and qv.shape[2] >= 2 * BLOCK_M
             and _capability_90(qv.device)
             and all(descriptor_ok(t) for t in (qv, kv, vv, o)))
