@@ -690,9 +690,9 @@ FORCE_TMA = False
 # 383 against 309 at S = 4096 causal (the 64 x 64 tiles: 416 / 390).
 TMA_FWD = True
 # The warp-specialised Gluon forward of flash_sm90.py where it applies (compute capability 9.0, no mask, d = 64 or
-# 128; with the fused RoPE, q is rotated by one pass first). H200, bf16, session 25, TFLOP/s at d = 128 (B x 32 heads
-# x S = 4096-16384): 595-617 non-causal / 519-601 causal against this file's TMA kernel's 478-506 / 434-498 and
-# SDPA's (cuDNN) 595-605 / 531-554.
+# 128; with the fused RoPE, q is rotated by one pass first). H200, bf16, session 25's two harness runs, TFLOP/s at
+# d = 128, S = 4096 / 16384: 584-640 / 613-632 non-causal and 531-532 / 597-610 causal against SDPA's (cuDNN)
+# 586-599 / 602-613 and 514-524 / 552-575; this file's TMA kernel 486-506 / 432-495 in the same runs.
 SM90_FWD = True
 TMA_CONFIGS = {128: FwdConfig(128, 128, 8, 3), 64: FwdConfig(64, 128, 4, 3)}
 TMA_WS = False  # warp-specialised main loop (tl.range(warp_specialize=True)) in the TMA forward
