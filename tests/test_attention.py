@@ -848,6 +848,67 @@ def test_flash_sm90_rope(attention, device, interleaved, layout):
         assert_close(g, w.double(), GRAD_TOL[torch.bfloat16], name)
 
 
+@pytest.mark.parametrize("rope,layout,out_layout", [(False, "bhsd", "bhsd"), (False, "bshd", "bhsd"),
+                                                    (True, "bshd", "bshd"), (True, "bhsd", "bhsd")])
+def test_sm90_dispatch(attention, monkeypatch, rope, layout, out_layout):
+    """The launcher's glue around the Gluon forward, on the CPU (the device and compile checks faked, the kernel
+    replaced by fp64 math on the [B, H, S, D] views it is given): it gets q rotated by one pass when RoPE is fused
+    (bit-equal to rotary_embedding), the scale x log2(e), the causal flag and an output view in the asked layout;
+    its o and base-2 lse feed the backward (gradients against fp64 attention of the rotated q and k)."""
+    import math
+    import sys
+
+    sm90 = sys.modules[attention.__name__ + ".flash_sm90"]
+    flash = sys.modules[attention.__name__ + ".flash"]
+    seen = []
+
+    def fake_forward(qv, kv, vv, o, lse, qk_scale, causal):
+        seen.append((qv.clone(), qk_scale, causal, o.stride()))
+        s = (qv.double() @ kv.double().transpose(-1, -2)) * (qk_scale / 1.4426950408889634)
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        o.copy_(torch.softmax(s, -1) @ vv.double())
+        lse.copy_(torch.logsumexp(s, -1) / math.log(2))
+
+    monkeypatch.setattr(flash, "is_interpreter", lambda kernel: False)
+    monkeypatch.setattr(sm90, "eligible", lambda *a: True)
+    monkeypatch.setattr(sm90, "forward", fake_forward)
+    torch.manual_seed(28)
+    B, H, S, D = 1, 2, 9, 8
+    q, k, v = make_qkv(B, H, H, S, S, D, torch.float32, "cpu", layout, grad=True)
+    ang = torch.rand(S, D // 2) * 6
+    cos, sin = ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1)
+    if layout == "bshd":
+        cos, sin = cos[:, None], sin[:, None]
+    if rope:
+        out = attention.flash_attention_rope(q, k, v, cos, sin, interleaved=True, causal=True, scale=0.3,
+                                             layout=layout, out_layout=out_layout)
+    else:
+        out = attention.flash_attention(q, k, v, causal=True, scale=0.3, layout=layout, out_layout=out_layout)
+    assert len(seen) == 1, "the sm90 branch did not run"
+    qv, qk_scale, causal, o_strides = seen[0]
+    q_rot = attention.rotary_embedding(q.detach(), cos, sin, interleaved=True, fp32_math=True) if rope else q
+    assert torch.equal(qv, q_rot.transpose(1, 2) if layout == "bshd" else q_rot)
+    assert math.isclose(qk_scale, 0.3 * 1.4426950408889634) and causal is True
+    assert (o_strides[1] == D) == (out_layout == "bshd")  # the kernel wrote the asked layout in place
+
+    def rot(t):  # interleaved pairs (x0, x1) -> x * cos + (-x1, x0) * sin, in fp64
+        if not rope:
+            return t
+        pairs = t.unflatten(-1, (-1, 2))
+        return t * cos.double() + torch.stack((-pairs[..., 1], pairs[..., 0]), -1).flatten(-2) * sin.double()
+
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    want = ref_attention(rot(q64), rot(k64), v64, causal=True, scale=0.3, layout=layout)
+    if out_layout != layout:
+        want = want.transpose(1, 2)
+    assert_close(out, want.detach(), 1e-5, "o")
+    do = rand(*out.shape)
+    for name, g, w in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), do),
+                          torch.autograd.grad(want, (q64, k64, v64), do.double())):
+        assert_close(g, w, GRAD_TOL[torch.float32], name)
+
+
 def test_sm90_eligibility(attention, monkeypatch):
     """Which calls take the Gluon forward on a compute capability 9.0 GPU (the device check faked): fp16/bf16
     without a mask, a positive scale, d = 64 or 128 for q, k and v, at least 128 queries and one key, 16-byte aligned
