@@ -2,7 +2,7 @@
 
     python tests/compile_attention_sm90.py <build variant folder>
 
-Compiles the shipped configurations (``CONFIGS``: d = 128 and 64, causal and not, bf16) and prints one line per kernel,
+Compiles the shipped configurations (d = 128 and 64, causal and not, bf16) and prints one line per kernel,
 ``sm90 d=<D> causal=<0|1> hgmma=<n> setmaxnreg=<n> shared=<bytes>``, then ``COMPILED <n>``; prints ``SKIPPED <why>``
 where this Triton's Gluon lacks what the kernel uses. ``hgmma`` counts HGMMA in the SASS (the cuobjdump Triton
 ships), or wgmma in the PTX where there is none. Must run without ``TRITON_INTERPRET=1``.
@@ -40,23 +40,24 @@ def main(variant: Path) -> int:
 
     fn = sm90._attn_fwd_sm90_kernel
     count = 0
-    for (D, causal), cfg in sorted(sm90.CONFIGS.items()):
-        bm, bn = sm90.BLOCK_M, cfg.block_n
-        q_layout = gl.NVMMASharedLayout.get_default_for([1, 1, bm, D], gl.bfloat16)
-        kv_layout = gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gl.bfloat16)
-        q_desc = f"tensordesc<bf16[1,1,{bm},{D}],{q_layout!r}>"
-        kv_desc = f"tensordesc<bf16[1,1,{bn},{D}],{kv_layout!r}>"
-        sig = {"desc_q": q_desc, "desc_k": kv_desc, "desc_v": kv_desc, "desc_o": q_desc, "LSE": "*fp32",
-               "Sq": "i32", "Sk": "i32", "GROUP": "i32", "qk_scale": "fp32"}
-        consts = {"D": D, "BM": bm, "BLOCK_N": bn, "STAGES": cfg.stages, "CAUSAL": causal,
-                  "PINGPONG": cfg.pingpong, "CONSUMER_REGS": cfg.consumer_regs}
-        sig.update({name: "constexpr" for name in consts})
-        src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-        c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": 4, "maxnreg": cfg.maxnreg})
-        print(f"sm90 d={D} causal={int(causal)} hgmma={_hgmma(c)} "
-              f"setmaxnreg={len(re.findall(r'setmaxnreg', c.asm['ptx']))} shared={c.metadata.shared}")
-        count += 1
+    for D, cfg in sorted(sm90.CONFIGS.items()):
+        for causal in (False, True):
+            bm, bn = sm90.BLOCK_M, cfg.block_n
+            q_layout = gl.NVMMASharedLayout.get_default_for([1, 1, bm, D], gl.bfloat16)
+            kv_layout = gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gl.bfloat16)
+            q_desc = f"tensordesc<bf16[1,1,{bm},{D}],{q_layout!r}>"
+            kv_desc = f"tensordesc<bf16[1,1,{bn},{D}],{kv_layout!r}>"
+            sig = {"desc_q": q_desc, "desc_k": kv_desc, "desc_v": kv_desc, "desc_o": q_desc, "LSE": "*fp32",
+                   "Sq": "i32", "Sk": "i32", "GROUP": "i32", "qk_scale": "fp32"}
+            consts = {"D": D, "BM": bm, "BLOCK_N": bn, "STAGES": cfg.stages, "CAUSAL": causal,
+                      "PINGPONG": cfg.pingpong, "CONSUMER_REGS": cfg.consumer_regs}
+            sig.update({name: "constexpr" for name in consts})
+            src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+            c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": 4, "maxnreg": cfg.maxnreg})
+            print(f"sm90 d={D} causal={int(causal)} hgmma={_hgmma(c)} "
+                  f"setmaxnreg={len(re.findall(r'setmaxnreg', c.asm['ptx']))} shared={c.metadata.shared}")
+            count += 1
     print(f"COMPILED {count}")
     return 0
 
