@@ -785,6 +785,79 @@ def test_flash_sm90_forward(attention, device, case, dtype):
         assert_close(g, w, GRAD_TOL[dtype], name)
 
 
+def _sm90_bwd_pair(attention, flash, q, k, v, do, causal, layout, dq_cfg=None, dkdv_cfg=None):
+    """(dq, dk, dv) of the Gluon backward (asserting it ran, with optional settings) and of the tl TMA backward,
+    both from the same forward's o and lse."""
+    import sys
+
+    bwd = sys.modules[attention.__name__ + ".flash_sm90_bwd"]
+    bshd = layout == "bshd"
+    o, lse = flash._attn_fwd_launch(q, k, v, None, 0.3, causal, bshd, bshd)
+    calls, original = [], bwd.backward
+    shipped = dict(bwd.DQ_CONFIGS), dict(bwd.DKDV_CONFIGS)
+    bwd.backward = lambda *a: calls.append(1) or original(*a)
+    D = q.shape[-1]
+    if dq_cfg:
+        bwd.DQ_CONFIGS[D] = bwd.Sm90BwdConfig(*dq_cfg)
+    if dkdv_cfg:
+        bwd.DKDV_CONFIGS[D] = bwd.Sm90BwdConfig(*dkdv_cfg)
+    try:
+        got = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.3, causal, bshd, bshd, False)[:3]
+    finally:
+        bwd.backward = original
+        bwd.DQ_CONFIGS.update(shipped[0])
+        bwd.DKDV_CONFIGS.update(shipped[1])
+    assert len(calls) == 1, "the sm90 backward did not run"
+    flash.SM90_BWD = False
+    try:
+        want = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.3, causal, bshd, bshd, False)[:3]
+    finally:
+        flash.SM90_BWD = True
+    return got, want
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", SM90_CASES)
+def test_flash_sm90_backward(attention, device, case, dtype):
+    """The warp-specialised Gluon backward (dQ and dK/dV kernels, the default on compute capability 9.0 GPUs where
+    they apply): dq, dk, dv against the tl TMA backward (SM90_BWD off; same p and ds roundings, fp32 sums in
+    another order) at a few ulps, and against fp64. GPU only."""
+    import sys
+
+    if device != "cuda":
+        pytest.skip("GPU only")
+    sm90, flash = _sm90(attention)
+    B, Hq, Hk, Sq, Sk, D, causal, layout = case
+    if D not in sys.modules[attention.__name__ + ".flash_sm90_bwd"].DQ_CONFIGS:
+        pytest.skip(f"d = {D} keeps the tl backward")
+    torch.manual_seed(26)
+    q, k, v = make_qkv(B, Hq, Hk, Sq, Sk, D, dtype, device, layout)
+    do = rand(*q.shape, dtype=dtype, device=device)
+    got, want = _sm90_bwd_pair(attention, flash, q, k, v, do, causal, layout)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        _assert_near(g, w, SM90_REL[dtype], f"{name} against the tl backward")
+    q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
+    ref = ref_attention(q64, k64, v64, causal=causal, scale=0.3, layout=layout)
+    for name, g, w in zip(("dq", "dk", "dv"), got, torch.autograd.grad(ref, (q64, k64, v64), do.double())):
+        assert_close(g, w, GRAD_TOL[dtype], name)
+
+
+@pytest.mark.parametrize("dq_cfg,dkdv_cfg", [((64, 3, 224), (64, 3, 232)), ((128, 2, 224), (64, 2, 224))])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_sm90_backward_other_settings(attention, device, dq_cfg, dkdv_cfg, causal):
+    """The backward settings the shipped configs do not use (ring depths, 128-key dQ blocks, register splits) on
+    ragged lengths with GQA, against the tl backward."""
+    if device != "cuda":
+        pytest.skip("GPU only")
+    sm90, flash = _sm90(attention)
+    torch.manual_seed(29)
+    q, k, v = make_qkv(2, 4, 2, 389, 389, 128, torch.float16, device, "bshd")
+    do = rand(*q.shape, dtype=torch.float16, device=device)
+    got, want = _sm90_bwd_pair(attention, flash, q, k, v, do, causal, "bshd", dq_cfg, dkdv_cfg)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        _assert_near(g, w, SM90_REL[torch.float16], f"{name} {dq_cfg} {dkdv_cfg}")
+
+
 @pytest.mark.parametrize("cfg", [(128, 2, True, 232), (128, 3, False, 224), (64, 3, True, 232)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_sm90_other_settings(attention, device, cfg, causal):
@@ -937,9 +1010,88 @@ def test_sm90_eligibility(attention, monkeypatch):
     assert not ok()
 
 
+@pytest.mark.parametrize("layout,causal", [("bhsd", True), ("bshd", False), ("bshd", True)])
+def test_sm90_backward_dispatch(attention, monkeypatch, layout, causal):
+    """The launcher's glue around the Gluon backward on the CPU (forward and backward kernels faked by fp64 math on
+    the arguments they get): the gradients of flash_attention equal fp64 ones only if the backward is handed the
+    forward's base-2 lse, delta = rowsum(do * o), the [B, H, S, D] views, the scale and causal flag, and its
+    in-place outputs are returned in the caller's layout."""
+    import math
+    import sys
+
+    sm90 = sys.modules[attention.__name__ + ".flash_sm90"]
+    bwd = sys.modules[attention.__name__ + ".flash_sm90_bwd"]
+    flash = sys.modules[attention.__name__ + ".flash"]
+    seen = []
+
+    def scores(qv, kv, scale):
+        s = (qv.double() @ kv.double().transpose(-1, -2)) * scale
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        return s
+
+    def fake_forward(qv, kv, vv, o, lse, qk_scale, causal_):
+        s = scores(qv, kv, qk_scale / 1.4426950408889634)
+        o.copy_(torch.softmax(s, -1) @ vv.double())
+        lse.copy_(torch.logsumexp(s, -1) / math.log(2))
+
+    def fake_backward(qv, kv, vv, dov, lse, delta, dq, dk, dv, scale, causal_):
+        seen.append((scale, causal_))
+        p = torch.exp2(scores(qv, kv, scale) * 1.4426950408889634 - lse.double()[..., None])
+        ds = p * (dov.double() @ vv.double().transpose(-1, -2) - delta.double()[..., None])
+        dq.copy_(ds @ kv.double() * scale)
+        dk.copy_(ds.transpose(-1, -2) @ qv.double() * scale)
+        dv.copy_(p.transpose(-1, -2) @ dov.double())
+
+    monkeypatch.setattr(flash, "is_interpreter", lambda kernel: False)
+    monkeypatch.setattr(flash, "_has_tma", lambda device: True)
+    monkeypatch.setattr(sm90, "eligible", lambda *a: True)
+    monkeypatch.setattr(sm90, "forward", fake_forward)
+    monkeypatch.setattr(bwd, "eligible", lambda *a: True)
+    monkeypatch.setattr(bwd, "backward", fake_backward)
+    torch.manual_seed(30)
+    B, H, S, D = 1, 2, 64, 64  # the smallest the tensor-descriptor branch takes (d = 64: 64-query tiles)
+    q, k, v = make_qkv(B, H, H, S, S, D, torch.float16, "cpu", layout, grad=True)
+    out = attention.flash_attention(q, k, v, causal=causal, scale=0.3, layout=layout)
+    do = rand(*out.shape, dtype=torch.float16)
+    got = torch.autograd.grad(out, (q, k, v), do)
+    assert seen == [(0.3, causal)], "the sm90 backward branch did not run"
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    want = ref_attention(q64, k64, v64, causal=causal, scale=0.3, layout=layout)
+    for name, g, w in zip(("dq", "dk", "dv"), got, torch.autograd.grad(want, (q64, k64, v64), do.double())):
+        assert_close(g, w, GRAD_TOL[torch.float16], name)
+
+
+def test_sm90_backward_eligibility(attention, monkeypatch):
+    """Which backward calls take the Gluon kernels on a compute capability 9.0 GPU (the device check faked):
+    fp16/bf16 without a mask, d = 128 for q, k and v, at least 128 queries and one key, 16-byte aligned strides for
+    the inputs, do and the gradients."""
+    import sys
+
+    bwd = sys.modules[attention.__name__ + ".flash_sm90_bwd"]
+    if not bwd.AVAILABLE:
+        pytest.skip("this Triton has no usable Gluon")
+    monkeypatch.setattr(bwd, "_capability_90", lambda device: True)
+
+    def ok(Sq=256, Sk=256, D=128, DV=None, dtype=torch.bfloat16, mask=None, dk_stride_pad=0):
+        q, do, dq = (torch.empty(1, 2, Sq, D, dtype=dtype) for _ in range(3))
+        k, v, dv = (torch.empty(1, 2, Sk, DV or D, dtype=dtype) for _ in range(3))
+        k = torch.empty(1, 2, Sk, D, dtype=dtype)
+        dk = torch.empty(1, 2, Sk, D + dk_stride_pad, dtype=dtype)[..., :D]
+        return bwd.eligible(q, k, v, do, (dq, dk, dv), mask)
+
+    assert ok() and ok(dtype=torch.float16) and ok(Sq=128, Sk=1)
+    assert not ok(D=64)  # measured slower than the tl backward there
+    assert not ok(D=32) and not ok(D=256) and not ok(DV=64) and not ok(dtype=torch.float32)
+    assert not ok(mask=torch.zeros(1)) and not ok(Sq=127) and not ok(Sk=0)
+    assert not ok(dk_stride_pad=4)  # the gradient's row stride of 264 bytes is not a multiple of 16
+    monkeypatch.setattr(bwd, "_capability_90", lambda device: False)
+    assert not ok()
+
+
 def test_sm90_forward_compiles_for_hopper(built):
-    """The Gluon forward lowers for sm_90 with this Triton: warpgroup MMA (HGMMA) in the SASS, register
-    reallocation between the partitions (setmaxnreg), shared memory within the H100/H200's 227 KiB."""
+    """The Gluon forward and backward kernels lower for sm_90 with this Triton: warpgroup MMA (HGMMA) in the SASS,
+    register reallocation between the partitions (setmaxnreg), shared memory within the H100/H200's 227 KiB."""
     import os
     import subprocess
     import sys
@@ -952,7 +1104,7 @@ def test_sm90_forward_compiles_for_hopper(built):
     if "SKIPPED" in res.stdout:
         pytest.skip(res.stdout.strip())
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("sm90 ")]
-    assert len(lines) == 4 and "COMPILED 4" in res.stdout, res.stdout
+    assert len(lines) == 8 and "COMPILED 8" in res.stdout, res.stdout
     for ln in lines:
         fields = dict(f.split("=") for f in ln.split()[1:])
         assert int(fields["hgmma"]) > 0 and int(fields["setmaxnreg"]) > 0, ln

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import flash_sm90
+from . import flash_sm90, flash_sm90_bwd
 from .flash_sm90 import descriptor_ok
 from ._device import cdiv, check_launch_device, is_interpreter, next_power_of_2
 from ._dispatch import call_op
@@ -703,6 +703,9 @@ TMA_REVERSE = True  # causal: longest query blocks first
 # against 260 / 250 at SD3.5's 2 x 38 x 4429 and S = 4096 causal
 TMA_BWD = True
 TMA_BWD_CONFIG = BwdConfig(64, 64, 64, 64, 4, 2)
+# The warp-specialised Gluon dQ and dK/dV kernels of flash_sm90_bwd.py where they apply (compute capability 9.0, no
+# mask, d = 64 or 128): see that file for their measurements against the tensor-descriptor kernels above.
+SM90_BWD = True
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # older Triton: the pointer kernel everywhere
@@ -821,6 +824,10 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
     )
     if (TMA_BWD if tma_bwd is None else tma_bwd) and not need_dmask and _tma_eligible(qv, kv, vv, mask, interp) \
             and descriptor_ok(dov) and D == DV and D == BD:
+        if default_cfg and SM90_BWD and not FORCE_TMA and not interp \
+                and flash_sm90_bwd.eligible(qv, kv, vv, dov, (dq, dk, dv), mask):
+            flash_sm90_bwd.backward(qv, kv, vv, dov, lse, delta, dq, dk, dv, scale, causal)
+            return back(dq), back(dk), back(dv), ds
         tcfg = BwdConfig(16, 16, 16, 16, 1, 1) if interp else TMA_BWD_CONFIG if default_cfg else cfg
         dsc = lambda t, bs: TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bs, D])  # noqa: E731
         _attn_bwd_dkdv_tma_kernel[(cdiv(Sk, tcfg.block_n1), Hk, B)](
