@@ -718,6 +718,8 @@ SM90_CASES = [  # (B, Hq, Hk, Sq, Sk, D, causal, layout): GQA/MQA, ragged and pr
     (1, 3, 3, 129, 77, 64, False, "bhsd"),
     (1, 2, 2, 640, 640, 64, True, "bshd"),
     (1, 2, 1, 200, 131, 128, True, "bhsd"),  # more queries than keys, causal
+    (1, 2, 1, 130, 700, 128, True, "bshd"),  # causal, keys no query sees (dK/dV programs with no query tile)
+    (1, 2, 2, 128, 1, 128, False, "bhsd"),  # one key
 ]
 
 
@@ -1089,6 +1091,8 @@ def test_sm90_backward_eligibility(attention, monkeypatch):
         return bwd.eligible(q, k, v, do, (dq, dk, dv), mask)
 
     assert ok() and ok(dtype=torch.float16) and ok(Sq=128, Sk=1)
+    q, k = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16), torch.empty(1, 2, 256, 128, dtype=torch.bfloat16)
+    assert not bwd.eligible(q, k, k, q.float(), (q, k, k), None)  # do in another dtype
     assert not ok(D=64)  # measured slower than the tl backward there
     assert not ok(D=32) and not ok(D=256) and not ok(DV=64) and not ok(dtype=torch.float32)
     assert not ok(mask=torch.zeros(1)) and not ok(Sq=127) and not ok(Sk=0)

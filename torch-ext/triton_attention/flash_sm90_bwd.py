@@ -184,6 +184,7 @@ if AVAILABLE:
     def _attn_bwd_dq_sm90_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE, DELTA, Sq, Sk, GROUP, qk_scale,
                                  scale, D: gl.constexpr, BM: gl.constexpr, BLOCK_N: gl.constexpr,
                                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+        gl.static_assert(STAGES >= 2, "k is released a block late: one ring slot would deadlock")
         if CAUSAL:  # the longest query blocks first
             pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
         else:
@@ -347,10 +348,11 @@ if AVAILABLE:
 
 def eligible(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, grads, mask) -> bool:
     """Whether ``backward`` runs these [B, H, S, D] views: an NVIDIA GPU of compute capability 9.0, fp16/bf16, no
-    mask, one head dim in ``DQ_CONFIGS`` (128) for q, k and v, at least 128 queries and one key, and strides a TMA
-    descriptor accepts for q, k, v, do and the gradients ``grads`` (dq, dk, dv)."""
+    mask, one dtype and one head dim in ``DQ_CONFIGS`` (128) for q, k, v and do, at least 128 queries and one key,
+    and strides a TMA descriptor accepts for q, k, v, do and the gradients ``grads`` (dq, dk, dv)."""
     D = qv.shape[3]
     return (AVAILABLE and mask is None and qv.dtype in (torch.float16, torch.bfloat16) and D in DQ_CONFIGS
+            and all(t.dtype == qv.dtype for t in (kv, vv, dov)) and dov.shape[3] == D
             and kv.shape[3] == D and vv.shape[3] == D and kv.shape[2] > 0 and qv.shape[2] >= 2 * BLOCK_M
             and _capability_90(qv.device) and all(descriptor_ok(t) for t in (qv, kv, vv, dov, *grads)))
 
