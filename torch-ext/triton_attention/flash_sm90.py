@@ -199,10 +199,9 @@ if AVAILABLE:
             _tma_load(desc_v, [b, hk, j * BLOCK_N, 0], full_v.index(st), v_smem.index(st))
 
     @gluon.jit
-    def _attn_fwd_sm90_kernel(desc_q, desc_k, desc_v, desc_o, LSE, Sq, Sk, GROUP, qk_scale,
-                              D: gl.constexpr, BM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                              CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-        # causal: the longest query blocks first, so the short ones fill the tail
+    def _query_program(GROUP, BM: gl.constexpr, CAUSAL: gl.constexpr):
+        """(b, h, hk, H, m0) of a program over the 2 BM query rows from m0 of head h (kv head hk) of batch b; causal
+        programs run in reverse, the longest query blocks first, so the short ones fill the tail."""
         if CAUSAL:
             pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
         else:
@@ -212,22 +211,36 @@ if AVAILABLE:
         H = gl.num_programs(1)
         hk = h // GROUP
         m0 = pid_m * (2 * BM)
+        return b, h, hk, H, m0
+
+    @gluon.jit
+    def _kv_ring(STAGES: gl.constexpr):
+        """The mbarriers of a k and a v ring of STAGES slots, initialised: (full_k, full_v, empty_k, empty_v); a
+        full one takes the producer's arrival (its expect; the TMA bytes complete it), an empty one both consumers'."""
+        full_k = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        full_v = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty_k = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty_v = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(full_k.index(i), count=1)
+            mbarrier.init(full_v.index(i), count=1)
+            mbarrier.init(empty_k.index(i), count=2)
+            mbarrier.init(empty_v.index(i), count=2)
+        return full_k, full_v, empty_k, empty_v
+
+    @gluon.jit
+    def _attn_fwd_sm90_kernel(desc_q, desc_k, desc_v, desc_o, LSE, Sq, Sk, GROUP, qk_scale,
+                              D: gl.constexpr, BM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                              CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+        b, h, hk, H, m0 = _query_program(GROUP, BM, CAUSAL)
         dtype: gl.constexpr = desc_q.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BM, D], desc_q.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_v.layout)
         bar_q = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        full_k = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        full_v = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty_k = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty_v = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(bar_q, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(full_k.index(i), count=1)
-            mbarrier.init(full_v.index(i), count=1)
-            mbarrier.init(empty_k.index(i), count=2)  # both consumers release a slot
-            mbarrier.init(empty_v.index(i), count=2)
+        full_k, full_v, empty_k, empty_v = _kv_ring(STAGES)
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
         fence_async_shared()

@@ -39,7 +39,7 @@ if AVAILABLE:
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .flash_sm90 import _tma_load, _tma_store
+    from .flash_sm90 import _kv_ring, _query_program, _tma_load, _tma_store
 
 
 class Sm90BwdConfig(NamedTuple):
@@ -185,31 +185,15 @@ if AVAILABLE:
                                  scale, D: gl.constexpr, BM: gl.constexpr, BLOCK_N: gl.constexpr,
                                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
         gl.static_assert(STAGES >= 2, "k is released a block late: one ring slot would deadlock")
-        if CAUSAL:  # the longest query blocks first
-            pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-        else:
-            pid_m = gl.program_id(0)
-        h = gl.program_id(1)
-        b = gl.program_id(2)
-        H = gl.num_programs(1)
-        hk = h // GROUP
-        m0 = pid_m * (2 * BM)
+        b, h, hk, H, m0 = _query_program(GROUP, BM, CAUSAL)
         dtype: gl.constexpr = desc_q.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BM, D], desc_q.layout)
         do_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BM, D], desc_do.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_v.layout)
         bar_q = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        full_k = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        full_v = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty_k = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty_v = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(bar_q, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(full_k.index(i), count=1)
-            mbarrier.init(full_v.index(i), count=1)
-            mbarrier.init(empty_k.index(i), count=2)  # both consumers release a slot
-            mbarrier.init(empty_v.index(i), count=2)
+        full_k, full_v, empty_k, empty_v = _kv_ring(STAGES)
         fence_async_shared()
         hi = Sk
         if CAUSAL:
