@@ -3,8 +3,8 @@
     python tests/compile_attention_sm90.py <build variant folder>
 
 Compiles the shipped configurations of the forward (d = 128 and 64) and of the backward's dQ and dK/dV kernels
-and the dK/dV kernel with dq fused in (d = 128), causal and not, bf16, and prints one line per kernel,
-``sm90 kernel=<fwd|dq|dkdv|fused> d=<D> causal=<0|1> hgmma=<n> setmaxnreg=<n> shared=<bytes>``, then ``COMPILED <n>``;
+(d = 128), causal and not, bf16, and prints one line per kernel,
+``sm90 kernel=<fwd|dq|dkdv> d=<D> causal=<0|1> hgmma=<n> setmaxnreg=<n> shared=<bytes>``, then ``COMPILED <n>``;
 prints ``SKIPPED <why>`` where this Triton's Gluon lacks what the kernel uses. ``hgmma`` counts HGMMA in the SASS
 (the cuobjdump Triton ships), or wgmma in the PTX where there is none. Must run without ``TRITON_INTERPRET=1``.
 """
@@ -37,13 +37,12 @@ def _report(kind: str, D: int, causal: bool, compiled) -> None:
 
 
 def _backward(bwd, gl, GluonASTSource) -> int:
-    """The shipped dQ, dK/dV and fused kernels of flash_sm90_bwd.py (each head dim of their configs), causal and not."""
+    """The shipped dQ and dK/dV kernels of flash_sm90_bwd.py (each head dim of their configs), causal and not."""
     count = 0
     for D in sorted(bwd.DQ_CONFIGS):
         for causal in (False, True):
             for kind, fn, cfg in (("dq", bwd._attn_bwd_dq_sm90_kernel, bwd.DQ_CONFIGS[D]),
-                                  ("dkdv", bwd._attn_bwd_dkdv_sm90_kernel, bwd.DKDV_CONFIGS[D]),
-                                  ("fused", bwd._attn_bwd_dkdv_sm90_kernel, bwd.FUSED_CONFIGS[D])):
+                                  ("dkdv", bwd._attn_bwd_dkdv_sm90_kernel, bwd.DKDV_CONFIGS[D])):
                 def desc(rows):
                     layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)
                     return f"tensordesc<bf16[1,1,{rows},{D}],{layout!r}>"
@@ -56,11 +55,7 @@ def _backward(bwd, gl, GluonASTSource) -> int:
                     consts.update(BM=bwd.BLOCK_M, BLOCK_N=cfg.block_n)
                 else:
                     sig.update(desc_dk=kv, desc_dv=kv)
-                    consts.update(BM=bwd.BLOCK_M, BK=cfg.block_n, FUSED_DQ=kind == "fused")
-                    if kind == "fused":
-                        sig["DQ_ACC"] = "*fp32"
-                    else:
-                        consts["DQ_ACC"] = None
+                    consts.update(BM=bwd.BLOCK_M, BK=cfg.block_n)
                 sig = {name: sig[name] for name in fn.arg_names if name not in consts}
                 sig.update({name: "constexpr" for name in consts})
                 src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})

@@ -787,32 +787,28 @@ def test_flash_sm90_forward(attention, device, case, dtype):
         assert_close(g, w, GRAD_TOL[dtype], name)
 
 
-def _sm90_bwd_pair(attention, flash, q, k, v, do, causal, layout, dq_cfg=None, dkdv_cfg=None, fused=True,
-                   fused_cfg=None):
-    """(dq, dk, dv) of the Gluon backward (asserting it ran, with optional settings; ``fused``: the dK/dV kernel
-    with dq fused in, else the dQ and dK/dV pair) and of the tl TMA backward, both from the same forward's o and
-    lse."""
+def _sm90_bwd_pair(attention, flash, q, k, v, do, causal, layout, dq_cfg=None, dkdv_cfg=None):
+    """(dq, dk, dv) of the Gluon backward (asserting it ran, with optional settings) and of the tl TMA backward,
+    both from the same forward's o and lse."""
     import sys
 
     bwd = sys.modules[attention.__name__ + ".flash_sm90_bwd"]
     bshd = layout == "bshd"
     o, lse = flash._attn_fwd_launch(q, k, v, None, 0.3, causal, bshd, bshd)
     calls, original = [], bwd.backward
-    shipped = dict(bwd.DQ_CONFIGS), dict(bwd.DKDV_CONFIGS), dict(bwd.FUSED_CONFIGS), bwd.FUSED_DQ
+    shipped = dict(bwd.DQ_CONFIGS), dict(bwd.DKDV_CONFIGS)
     bwd.backward = lambda *a: calls.append(1) or original(*a)
     D = q.shape[-1]
-    for table, cfg in ((bwd.DQ_CONFIGS, dq_cfg), (bwd.DKDV_CONFIGS, dkdv_cfg), (bwd.FUSED_CONFIGS, fused_cfg)):
-        if cfg:
-            table[D] = bwd.Sm90BwdConfig(*cfg)
-    bwd.FUSED_DQ = fused
+    if dq_cfg:
+        bwd.DQ_CONFIGS[D] = bwd.Sm90BwdConfig(*dq_cfg)
+    if dkdv_cfg:
+        bwd.DKDV_CONFIGS[D] = bwd.Sm90BwdConfig(*dkdv_cfg)
     try:
         got = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.3, causal, bshd, bshd, False)[:3]
     finally:
         bwd.backward = original
         bwd.DQ_CONFIGS.update(shipped[0])
         bwd.DKDV_CONFIGS.update(shipped[1])
-        bwd.FUSED_CONFIGS.update(shipped[2])
-        bwd.FUSED_DQ = shipped[3]
     assert len(calls) == 1, "the sm90 backward did not run"
     flash.SM90_BWD = False
     try:
@@ -822,14 +818,12 @@ def _sm90_bwd_pair(attention, flash, q, k, v, do, causal, layout, dq_cfg=None, d
     return got, want
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "pair"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", SM90_CASES)
-def test_flash_sm90_backward(attention, device, case, dtype, fused):
-    """The warp-specialised Gluon backward (the default on compute capability 9.0 GPUs where it applies; fused: the
-    dK/dV kernel with dq added into an fp32 buffer, pair: the dQ and dK/dV kernels that
-    torch.use_deterministic_algorithms selects): dq, dk, dv against the tl TMA backward (SM90_BWD off; same p and ds
-    roundings, fp32 sums in another order) at a few ulps, and against fp64. GPU only."""
+def test_flash_sm90_backward(attention, device, case, dtype):
+    """The warp-specialised Gluon backward (dQ and dK/dV kernels, the default on compute capability 9.0 GPUs where
+    they apply): dq, dk, dv against the tl TMA backward (SM90_BWD off; same p and ds roundings, fp32 sums in
+    another order) at a few ulps, and against fp64. GPU only."""
     import sys
 
     if device != "cuda":
@@ -841,7 +835,7 @@ def test_flash_sm90_backward(attention, device, case, dtype, fused):
     torch.manual_seed(26)
     q, k, v = make_qkv(B, Hq, Hk, Sq, Sk, D, dtype, device, layout)
     do = rand(*q.shape, dtype=dtype, device=device)
-    got, want = _sm90_bwd_pair(attention, flash, q, k, v, do, causal, layout, fused=fused)
+    got, want = _sm90_bwd_pair(attention, flash, q, k, v, do, causal, layout)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         _assert_near(g, w, SM90_REL[dtype], f"{name} against the tl backward")
     q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
@@ -850,11 +844,9 @@ def test_flash_sm90_backward(attention, device, case, dtype, fused):
         assert_close(g, w, GRAD_TOL[dtype], name)
 
 
-@pytest.mark.parametrize("dq_cfg,dkdv_cfg,fused_cfg", [((64, 3, 224), (64, 3, 232), None),
-                                                       ((128, 2, 224), (64, 2, 224), None),
-                                                       (None, None, (64, 3, 232))])
+@pytest.mark.parametrize("dq_cfg,dkdv_cfg", [((64, 3, 224), (64, 3, 232)), ((128, 2, 224), (64, 2, 224))])
 @pytest.mark.parametrize("causal", [False, True])
-def test_flash_sm90_backward_other_settings(attention, device, dq_cfg, dkdv_cfg, fused_cfg, causal):
+def test_flash_sm90_backward_other_settings(attention, device, dq_cfg, dkdv_cfg, causal):
     """The backward settings the shipped configs do not use (ring depths, 128-key dQ blocks, register splits) on
     ragged lengths with GQA, against the tl backward."""
     if device != "cuda":
@@ -863,42 +855,9 @@ def test_flash_sm90_backward_other_settings(attention, device, dq_cfg, dkdv_cfg,
     torch.manual_seed(29)
     q, k, v = make_qkv(2, 4, 2, 389, 389, 128, torch.float16, device, "bshd")
     do = rand(*q.shape, dtype=torch.float16, device=device)
-    got, want = _sm90_bwd_pair(attention, flash, q, k, v, do, causal, "bshd", dq_cfg, dkdv_cfg,
-                               fused=fused_cfg is not None, fused_cfg=fused_cfg)
+    got, want = _sm90_bwd_pair(attention, flash, q, k, v, do, causal, "bshd", dq_cfg, dkdv_cfg)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        _assert_near(g, w, SM90_REL[torch.float16], f"{name} {dq_cfg} {dkdv_cfg} {fused_cfg}")
-
-
-def test_flash_sm90_backward_deterministic(attention, device):
-    """Under torch.use_deterministic_algorithms the sm90 backward runs the dQ and dK/dV pair (the fused kernel's dq
-    adds land in any order): the gradients equal the pair's bit for bit, twice."""
-    import sys
-
-    if device != "cuda":
-        pytest.skip("GPU only")
-    sm90, flash = _sm90(attention)
-    bwd = sys.modules[attention.__name__ + ".flash_sm90_bwd"]
-    torch.manual_seed(31)
-    q, k, v = make_qkv(1, 4, 2, 389, 389, 128, torch.bfloat16, device, "bhsd")
-    do = rand(*q.shape, dtype=torch.bfloat16, device=device)
-    o, lse = flash._attn_fwd_launch(q, k, v, None, 0.3, True, False, False)
-    run = lambda: flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.3, True, False, False, False)[:3]  # noqa
-    shipped = bwd.FUSED_DQ
-    bwd.FUSED_DQ = False
-    try:
-        pair = run()
-    finally:
-        bwd.FUSED_DQ = True
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        runs = [run(), run()]
-    finally:
-        torch.use_deterministic_algorithms(was)
-        bwd.FUSED_DQ = shipped
-    for got in runs:
-        for name, g, w in zip(("dq", "dk", "dv"), got, pair):
-            assert torch.equal(g, w), name
+        _assert_near(g, w, SM90_REL[torch.float16], f"{name} {dq_cfg} {dkdv_cfg}")
 
 
 @pytest.mark.parametrize("cfg", [(128, 2, True, 232), (128, 3, False, 224), (64, 3, True, 232)])
@@ -1113,70 +1072,6 @@ def test_sm90_backward_dispatch(attention, monkeypatch, layout, causal):
         assert_close(g, w, GRAD_TOL[torch.float16], name)
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["fused", "pair"])
-def test_sm90_backward_glue(attention, monkeypatch, deterministic):
-    """flash_sm90_bwd.backward's host side on the CPU, its kernels faked by fp64 math on the tensors behind the
-    descriptors they get: the fused form's zeroed fp32 dq buffer, scaled and rounded into a strided dq ([B, S, H, D]
-    memory), and the pair that torch.use_deterministic_algorithms selects. The gradients equal fp64 ones only if
-    each kernel gets the right tensors, scale and GQA group."""
-    import math
-    import sys
-
-    bwd = sys.modules[attention.__name__ + ".flash_sm90_bwd"]
-    if not bwd.AVAILABLE:
-        pytest.skip("this Triton has no usable Gluon")
-    B, H, Hk, Sq, Sk, D, scale = 1, 4, 2, 131, 97, 128, 0.3
-    torch.manual_seed(32)
-    q, do = (torch.randn(B, Sq, H, D).bfloat16().transpose(1, 2) for _ in range(2))
-    k, v = (torch.randn(B, Sk, Hk, D).bfloat16().transpose(1, 2) for _ in range(2))
-    s64 = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) * scale
-    p = torch.softmax(s64, -1)
-    o = p @ v.double().repeat_interleave(2, 1)
-    lse = (torch.logsumexp(s64, -1) / math.log(2)).float()
-    delta = (o * do.double()).sum(-1).float()
-    launched = []
-
-    def grads(descs, LSE, DELTA, GROUP, qk_scale):  # fp64 dq (unscaled), dk, dv from the descriptors' tensors
-        qv, kv, vv, dov = (d.base.double() for d in descs)
-        kr, vr = kv.repeat_interleave(GROUP, 1), vv.repeat_interleave(GROUP, 1)
-        pp = torch.exp2(qv @ kr.transpose(-1, -2) * qk_scale - LSE.double()[..., None])
-        ds = pp * (dov @ vr.transpose(-1, -2) - DELTA.double()[..., None])
-        fold = lambda t: t.unflatten(1, (-1, GROUP)).sum(2)  # noqa: E731
-        return ds @ kr, fold(ds.transpose(-1, -2) @ qv), fold(pp.transpose(-1, -2) @ dov)
-
-    def fake_dkdv(*args, FUSED_DQ, **kw):
-        desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, dq_acc, LSE, DELTA, H_, Sq_, Sk_, GROUP, qk, sc = args
-        launched.append("fused" if FUSED_DQ else "dkdv")
-        assert (H_, Sq_, Sk_, GROUP) == (H, Sq, Sk, H // Hk)
-        g_dq, g_dk, g_dv = grads((desc_q, desc_k, desc_v, desc_do), LSE, DELTA, GROUP, qk)
-        if FUSED_DQ:
-            assert dq_acc.dtype == torch.float32 and dq_acc.is_contiguous() and not dq_acc.any()
-            dq_acc += g_dq.float()
-        desc_dk.base.copy_(g_dk * sc)
-        desc_dv.base.copy_(g_dv)
-
-    def fake_dq(*args, **kw):
-        desc_q, desc_k, desc_v, desc_do, desc_dq, LSE, DELTA, Sq_, Sk_, GROUP, qk, sc = args
-        launched.append("dq")
-        desc_dq.base.copy_(grads((desc_q, desc_k, desc_v, desc_do), LSE, DELTA, GROUP, qk)[0] * sc)
-
-    monkeypatch.setattr(bwd, "FUSED_DQ", True)
-    monkeypatch.setattr(bwd, "_attn_bwd_dkdv_sm90_kernel", {grid: fake_dkdv for grid in [(1, Hk, B)]})
-    monkeypatch.setattr(bwd, "_attn_bwd_dq_sm90_kernel", {grid: fake_dq for grid in [(2, H, B)]})
-    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))  # [B, S, H, D] memory, as the inputs
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(deterministic)
-    try:
-        bwd.backward(q, k, v, do, lse, delta, dq, dk, dv, scale, False)
-    finally:
-        torch.use_deterministic_algorithms(was)
-    assert launched == (["dq", "dkdv"] if deterministic else ["fused"])
-    q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
-    ref = ref_attention(q64, k64, v64, causal=False, scale=scale, layout="bhsd")
-    for name, g, w in zip(("dq", "dk", "dv"), (dq, dk, dv), torch.autograd.grad(ref, (q64, k64, v64), do.double())):
-        assert_close(g, w, GRAD_TOL[torch.bfloat16], name)
-
-
 def test_sm90_backward_eligibility(attention, monkeypatch):
     """Which backward calls take the Gluon kernels on a compute capability 9.0 GPU (the device check faked):
     fp16/bf16 without a mask, d = 128 for q, k and v, at least 128 queries and one key, 16-byte aligned strides for
@@ -1221,7 +1116,7 @@ def test_sm90_forward_compiles_for_hopper(built):
     if "SKIPPED" in res.stdout:
         pytest.skip(res.stdout.strip())
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("sm90 ")]
-    assert len(lines) == 10 and "COMPILED 10" in res.stdout, res.stdout
+    assert len(lines) == 8 and "COMPILED 8" in res.stdout, res.stdout
     for ln in lines:
         fields = dict(f.split("=") for f in ln.split()[1:])
         assert int(fields["hgmma"]) > 0 and int(fields["setmaxnreg"]) > 0, ln

@@ -1,5 +1,4 @@
-"""Flash attention backward for Hopper (sm_90), warp-specialised, in Gluon: the dQ and the dK/dV kernels, and the
-dK/dV kernel with dq fused in.
+"""Flash attention backward for Hopper (sm_90), warp-specialised, in Gluon: the dQ and the dK/dV kernels.
 
 The math of ``flash.py``'s backward (FlashAttention-2, Dao 2023, arXiv:2307.08691, algorithm 2, with p recomputed
 from the forward's base-2 lse and ``delta = rowsum(do * o)``), in two kernels laid out as ``flash_sm90.py``'s
@@ -14,12 +13,10 @@ two consumer warpgroups that multiply with ``wgmma``):
   k and v tiles and walks the query tiles of every query head of the group (GQA): ``s^T = k q^T``,
   ``p^T``, ``dv += p^T do``, ``dp^T = v do^T``, ``ds^T``, ``dk += ds^T q``. ``dk * scale`` and ``dv`` leave through the
   consumer's k and v tiles.
-- **fused** (the dK/dV kernel with ``FUSED_DQ``): FlashAttention-3's plan, each step's ``dq = ds k``
-  added into an fp32 buffer. Both consumers put their ``ds^T`` into one shared [128 keys, 64 queries] tile; consumer
-  C multiplies it with half C of the head dim of both k tiles (K = 128 keys) and adds that [64, D/2] block with
-  relaxed atomics (measured as fast as TMA reduce-adds, which Gluon in Triton 3.6 does not expose): one add per
-  query tile and program. The caller zeroes the buffer and scales it into dq. The adds land in any order, so under
-  ``torch.use_deterministic_algorithms`` the dQ and dK/dV pair runs instead; the pair is deterministic.
+
+dq is not fused into the dK/dV kernel (FlashAttention-3 adds each step's ds k into an fp32 buffer with TMA
+reduce-adds, which Gluon in Triton 3.6 does not expose); the `tl` form of that fusion measured slower than two
+kernels (``benchmarks/NOTES.md``, session 26). Both kernels are deterministic.
 
 Used by ``flash._attn_bwd_launch`` where ``eligible`` holds; everything else keeps the ``tl`` kernels.
 """
@@ -64,10 +61,6 @@ BLOCK_M = 64  # query rows per dQ consumer; query rows per dK/dV step
 # 2 x 38 x 4429) the same settings gave 337 against the TMA pair's 345, so d = 64 keeps those.
 DQ_CONFIGS = {128: Sm90BwdConfig(64, 4, 224)}
 DKDV_CONFIGS = {128: Sm90BwdConfig(64, 2, 240)}
-# The dK/dV kernel with dq fused in (FUSED_DQ), used unless torch.use_deterministic_algorithms is on: its dq adds
-# land in any order. Off until it has run on the GPU.
-FUSED_DQ = False
-FUSED_CONFIGS = {128: Sm90BwdConfig(64, 2, 240)}
 
 
 if AVAILABLE:
@@ -215,27 +208,20 @@ if AVAILABLE:
 
     @gluon.jit
     def _dkdv_consumer(desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, bars, b, hk, n0, lo, n_q, H,
-                       Sq, Sk, GROUP, qk_scale, scale, causal, C: gl.constexpr, FUSED: gl.constexpr, DQ_ACC,
-                       ds_smem, ds_full, ds_empty):
+                       Sq, GROUP, qk_scale, scale, causal, C: gl.constexpr):
         """Consumer warpgroup C: dk and dv of keys n0 + 64 C ... of (b, hk) over n_q query tiles of each of the
-        GROUP query heads. FUSED: also each step's dq, added into DQ_ACC (fp32 [B, H, Sq, D]): both consumers put
-        their ds^T into one [128 keys, 64 queries] tile of ds_smem (two buffers, ds_full / ds_empty), then consumer
-        C multiplies it with half C of the head dim of both k tiles (K = 128 keys) and adds that [64, D / 2] block
-        with relaxed atomics: one add per query tile and program, not one per consumer."""
+        GROUP query heads."""
         bar_kv, full, empty = bars
         STAGES: gl.constexpr = q_smem.shape[0]
         BM: gl.constexpr = q_smem.shape[3]
         BK: gl.constexpr = k_smem.shape[3]
         D: gl.constexpr = q_smem.shape[4]
-        DH: gl.constexpr = D // 2
         NW: gl.constexpr = gl.num_warps()
         dtype: gl.constexpr = desc_dk.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                            instr_shape=[16, BM, 16])
         a_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                            instr_shape=[16, D, 16])
-        q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                           instr_shape=[16, DH, 16])
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=a_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -258,47 +244,18 @@ if AVAILABLE:
             lse = gl.load(LSE + row_base + offs_m, mask=offs_m < Sq, other=float("inf"))  # rows >= Sq: p = 0
             s = warpgroup_mma_wait(0, deps=[s_tok])
             p = gl.exp2(s * qk_scale - lse[None, :])
-            keep = (offs_m[None, :] >= offs_n[:, None]) | (causal == 0)  # causal: keys after the query row
-            if FUSED:  # keys >= Sk (zero-filled tiles) would reach dq; otherwise only rows the store clips
-                keep = keep & (offs_n < Sk)[:, None]
-            p = gl.where(keep, p, 0.0)
+            # causal: keys after the query row; keys >= Sk only reach rows of dk and dv that the store clips
+            p = gl.where((offs_m[None, :] >= offs_n[:, None]) | (causal == 0), p, 0.0)
             p16 = gl.convert_layout(p.to(dtype), op_layout)
             dp_tok = warpgroup_mma(v2, do2.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             dv_tok = warpgroup_mma(p16, do2, dv, is_async=True)
             delta = gl.load(DELTA + row_base + offs_m, mask=offs_m < Sq, other=0.0)
             dp = warpgroup_mma_wait(1, deps=[dp_tok])
-            ds = (p * (dp - delta[None, :])).to(dtype)
-            ds16 = gl.convert_layout(ds, op_layout)
+            ds16 = gl.convert_layout((p * (dp - delta[None, :])).to(dtype), op_layout)
             dk_tok = warpgroup_mma(ds16, q2, dk, is_async=True)
-            if FUSED:  # ds^T into this consumer's rows of the shared tile once both are done with step i - 2's
-                db = i % 2
-                ds_buf = ds_smem.index(db)
-                # implied by step i - 1's ds_full wait with two buffers (a helper's schedule simulator); a guard
-                mbarrier.wait(ds_empty.index(db), ((i // 2) & 1) ^ 1)
-                ds_buf.slice(C * BK, BK, dim=0).store(ds)
-                fence_async_shared()
-                mbarrier.arrive(ds_full.index(db), count=1)
             dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p16, ds16])
             mbarrier.arrive(empty.index(st), count=1)
-            if FUSED:  # dq[:, C D/2 : (C + 1) D/2] of this query tile = ds (64 x 128 keys) k[keys, half C]
-                mbarrier.wait(ds_full.index(db), (i // 2) & 1)
-                dq_tok = warpgroup_mma(ds_buf.slice(0, BK, dim=0).permute((1, 0)),
-                                       k_smem.index(0).reshape([BK, D]).slice(C * DH, DH, dim=1),
-                                       gl.zeros([BM, DH], gl.float32, q_layout), use_acc=False, is_async=True)
-                dq_tok = warpgroup_mma(ds_buf.slice(BK, BK, dim=0).permute((1, 0)),
-                                       k_smem.index(1).reshape([BK, D]).slice(C * DH, DH, dim=1), dq_tok,
-                                       is_async=True)
-                dq = warpgroup_mma_wait(0, deps=[dq_tok])
-                mbarrier.arrive(ds_empty.index(db), count=1)
-                rows = start + gl.arange(0, BM, layout=gl.SliceLayout(1, q_layout))
-                cols = C * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, q_layout))
-                gl.atomic_add(DQ_ACC + (row_base + rows[:, None]) * D + cols[None, :], dq,
-                              mask=(rows < Sq)[:, None], sem="relaxed")
-        if FUSED:  # the other consumer's last dq MMA read this consumer's k tile too: both arrive after theirs
-            last = GROUP * n_q - 1
-            if last >= 0:
-                mbarrier.wait(ds_empty.index(last % 2), (last // 2) & 1)
-        # dk and dv leave through this consumer's k and v tiles (the MMAs are done with them); rows >= Sk are clipped
+        # dk and dv leave through this consumer's k and v tiles (its MMAs are done with them); rows >= Sk are clipped
         k2.store((dk * scale).to(dtype))
         v2.store(dv.to(dtype))
         fence_async_shared()
@@ -308,19 +265,19 @@ if AVAILABLE:
 
     @gluon.jit
     def _dkdv_first(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem,
-                    bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal):
+                    bars, b, hk, n0, lo, n_q, H, Sq, GROUP, qk_scale, scale, causal):
         _dkdv_consumer(desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, bars, b, hk, n0, lo, n_q, H,
-                       Sq, Sk, GROUP, qk_scale, scale, causal, 0, False, None, None, None, None)
+                       Sq, GROUP, qk_scale, scale, causal, 0)
 
     @gluon.jit
     def _dkdv_second(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem,
-                     bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal):
+                     bars, b, hk, n0, lo, n_q, H, Sq, GROUP, qk_scale, scale, causal):
         _dkdv_consumer(desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, bars, b, hk, n0, lo, n_q, H,
-                       Sq, Sk, GROUP, qk_scale, scale, causal, 1, False, None, None, None, None)
+                       Sq, GROUP, qk_scale, scale, causal, 1)
 
     @gluon.jit
     def _dkdv_producer(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem,
-                       do_smem, bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal):
+                       do_smem, bars, b, hk, n0, lo, n_q, H, Sq, GROUP, qk_scale, scale, causal):
         """One warp: both consumers' k and v tiles, then q_i and do_i into ring slot i % STAGES as both free it."""
         bar_kv, full, empty = bars
         STAGES: gl.constexpr = q_smem.shape[0]
@@ -341,35 +298,10 @@ if AVAILABLE:
             _tma_load(desc_q, [b, h, start, 0], full.index(st), q_smem.index(st))  # rows >= Sq: zeros
             _tma_load(desc_do, [b, h, start, 0], full.index(st), do_smem.index(st))
 
-    # The fused form's partitions (warp_specialize hands every partition the same arguments, the dq extras too).
     @gluon.jit
-    def _fused_first(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem,
-                     bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal, DQ_ACC, ds_smem, ds_full,
-                     ds_empty):
-        _dkdv_consumer(desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, bars, b, hk, n0, lo, n_q, H,
-                       Sq, Sk, GROUP, qk_scale, scale, causal, 0, True, DQ_ACC, ds_smem, ds_full, ds_empty)
-
-    @gluon.jit
-    def _fused_second(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem,
-                      do_smem, bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal, DQ_ACC, ds_smem,
-                      ds_full, ds_empty):
-        _dkdv_consumer(desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, bars, b, hk, n0, lo, n_q, H,
-                       Sq, Sk, GROUP, qk_scale, scale, causal, 1, True, DQ_ACC, ds_smem, ds_full, ds_empty)
-
-    @gluon.jit
-    def _fused_producer(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem,
-                        do_smem, bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal, DQ_ACC,
-                        ds_smem, ds_full, ds_empty):
-        _dkdv_producer(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem,
-                       do_smem, bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal)
-
-    @gluon.jit
-    def _attn_bwd_dkdv_sm90_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, DQ_ACC, LSE, DELTA, H, Sq, Sk,
-                                   GROUP, qk_scale, scale, D: gl.constexpr, CAUSAL: gl.constexpr, BM: gl.constexpr,
-                                   BK: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                   FUSED_DQ: gl.constexpr):
-        """dk and dv; FUSED_DQ: dq as well, added unscaled into DQ_ACC (fp32 [B, H, Sq, D], zeroed by the caller).
-        Without FUSED_DQ, DQ_ACC is not read."""
+    def _attn_bwd_dkdv_sm90_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, H, Sq, GROUP,
+                                   qk_scale, scale, D: gl.constexpr, CAUSAL: gl.constexpr, BM: gl.constexpr,
+                                   BK: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
         n0 = gl.program_id(0) * (2 * BK)
         hk = gl.program_id(1)
         b = gl.program_id(2)
@@ -389,26 +321,13 @@ if AVAILABLE:
         for i in gl.static_range(STAGES):
             mbarrier.init(full.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
+        fence_async_shared()
         causal = CAUSAL
         bars = (bar_kv, full, empty)
         args = (desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, bars,
-                b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal)
-        if FUSED_DQ:
-            ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BK, BM],
-                                                gl.NVMMASharedLayout.get_default_for([2 * BK, BM], dtype))
-            ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(2):
-                mbarrier.init(ds_full.index(i), count=2)
-                mbarrier.init(ds_empty.index(i), count=2)
-            fence_async_shared()
-            extra = (DQ_ACC, ds_smem, ds_full, ds_empty)
-            gl.warp_specialize([(_fused_first, args + extra), (_fused_second, args + extra),
-                                (_fused_producer, args + extra)], [4, 1], [CONSUMER_REGS, 24])
-        else:
-            fence_async_shared()
-            gl.warp_specialize([(_dkdv_first, args), (_dkdv_second, args), (_dkdv_producer, args)], [4, 1],
-                               [CONSUMER_REGS, 24])
+                b, hk, n0, lo, n_q, H, Sq, GROUP, qk_scale, scale, causal)
+        gl.warp_specialize([(_dkdv_first, args), (_dkdv_second, args), (_dkdv_producer, args)], [4, 1],
+                           [CONSUMER_REGS, 24])
 
 
 def eligible(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, grads, mask) -> bool:
@@ -441,18 +360,6 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
                                                  gl.NVMMASharedLayout.get_default_for(block, gdt))
         return made[id(t), rows]
 
-    if FUSED_DQ and not torch.are_deterministic_algorithms_enabled():
-        cfg = FUSED_CONFIGS[D]
-        bk = cfg.block_n
-        dq_acc = torch.zeros(B, H, Sq, D, dtype=torch.float32, device=qv.device)
-        _attn_bwd_dkdv_sm90_kernel[(cdiv(Sk, 2 * bk), Hk, B)](
-            desc(qv, BLOCK_M), desc(kv, bk), desc(vv, bk), desc(dov, BLOCK_M), desc(dk, bk), desc(dv, bk), dq_acc,
-            lse, delta, H, Sq, Sk, H // Hk, qk_scale, scale,
-            D=D, CAUSAL=causal, BM=BLOCK_M, BK=bk, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-            FUSED_DQ=True, num_warps=4, maxnreg=cfg.maxnreg,
-        )
-        torch.mul(dq_acc, scale, out=dq)  # fp32 product, one rounding to dq's dtype, as the dQ kernel's store
-        return
     cfg = DQ_CONFIGS[D]
     _attn_bwd_dq_sm90_kernel[(cdiv(Sq, 2 * BLOCK_M), H, B)](
         desc(qv, BLOCK_M), desc(kv, cfg.block_n), desc(vv, cfg.block_n), desc(dov, BLOCK_M), desc(dq, BLOCK_M),
@@ -463,8 +370,8 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
     cfg = DKDV_CONFIGS[D]
     bk = cfg.block_n
     _attn_bwd_dkdv_sm90_kernel[(cdiv(Sk, 2 * bk), Hk, B)](
-        desc(qv, BLOCK_M), desc(kv, bk), desc(vv, bk), desc(dov, BLOCK_M), desc(dk, bk), desc(dv, bk), None,
-        lse, delta, H, Sq, Sk, H // Hk, qk_scale, scale,
+        desc(qv, BLOCK_M), desc(kv, bk), desc(vv, bk), desc(dov, BLOCK_M), desc(dk, bk), desc(dv, bk),
+        lse, delta, H, Sq, H // Hk, qk_scale, scale,
         D=D, CAUSAL=causal, BM=BLOCK_M, BK=bk, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        FUSED_DQ=False, num_warps=4, maxnreg=cfg.maxnreg,
+        num_warps=4, maxnreg=cfg.maxnreg,
     )
