@@ -36,7 +36,7 @@ def _report(kind: str, D: int, causal: bool, compiled) -> None:
           f"setmaxnreg={len(re.findall(r'setmaxnreg', compiled.asm['ptx']))} shared={compiled.metadata.shared}")
 
 
-def _backward(bwd, gl, GluonASTSource) -> int:
+def _backward(bwd, sm90, gl, GluonASTSource) -> int:
     """The shipped dQ and dK/dV kernels of flash_sm90_bwd.py (each head dim of their configs), causal and not."""
     count = 0
     for D in sorted(bwd.DQ_CONFIGS):
@@ -49,7 +49,8 @@ def _backward(bwd, gl, GluonASTSource) -> int:
                 q, kv = desc(bwd.BLOCK_M), desc(cfg.block_n)
                 sig = {"desc_q": q, "desc_k": kv, "desc_v": kv, "desc_do": q, "LSE": "*fp32", "DELTA": "*fp32",
                        "GROUP": "i32", "qk_scale": "fp32", "scale": "fp32", "Sq": "i32", "Sk": "i32", "H": "i32"}
-                consts = {"D": D, "CAUSAL": causal, "STAGES": cfg.stages, "CONSUMER_REGS": cfg.consumer_regs}
+                consts = {"D": D, "CAUSAL": causal, "STAGES": cfg.stages, "CONSUMER_REGS": cfg.consumer_regs,
+                          "HEAD_GROUP": sm90.CAUSAL_HEAD_GROUP if causal else 1}
                 if kind == "dq":
                     sig["desc_dq"] = q
                     consts.update(BM=bwd.BLOCK_M, BLOCK_N=cfg.block_n)
@@ -86,14 +87,15 @@ def main(variant: Path) -> int:
             sig = {"desc_q": q_desc, "desc_k": kv_desc, "desc_v": kv_desc, "desc_o": q_desc, "LSE": "*fp32",
                    "Sq": "i32", "Sk": "i32", "GROUP": "i32", "qk_scale": "fp32"}
             consts = {"D": D, "BM": bm, "BLOCK_N": bn, "STAGES": cfg.stages, "CAUSAL": causal,
-                      "PINGPONG": cfg.pingpong, "CONSUMER_REGS": cfg.consumer_regs}
+                      "PINGPONG": cfg.pingpong, "CONSUMER_REGS": cfg.consumer_regs,
+                      "HEAD_GROUP": sm90.CAUSAL_HEAD_GROUP if causal else 1}
             sig.update({name: "constexpr" for name in consts})
             src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
             c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": 4, "maxnreg": cfg.maxnreg})
             _report("fwd", D, causal, c)
             count += 1
-    count += _backward(sys.modules[sm90.__name__ + "_bwd"], gl, GluonASTSource)
+    count += _backward(sys.modules[sm90.__name__ + "_bwd"], sm90, gl, GluonASTSource)
     print(f"COMPILED {count}")
     return 0
 

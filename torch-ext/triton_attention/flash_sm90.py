@@ -69,6 +69,12 @@ class Sm90Config(NamedTuple):
 # 1.06-1.11): differences of the size of the run-to-run spread, so one setting for both until measured apart.
 CONFIGS = {128: Sm90Config(128, 2, False, 224), 64: Sm90Config(128, 2, False, 224)}
 BLOCK_M = 64  # query rows per consumer warpgroup; a program covers 2 * BLOCK_M
+# Causal grids (here and in flash_sm90_bwd.py) run in groups of this many (batch, head) pairs, longest blocks first
+# within each group (_heavy_first); 1: one head after another. H200, bf16, d = 128, session 27 (medians of 3
+# interleaved rounds, results/attention_causal_order_session27_2026-12-03.txt), forward / backward TFLOP/s for 1 ->
+# 4: 4 x 32 x 4096 526 -> 538 / 384 -> 390, GQA 2 x 32 (8 kv) x 4096 519 -> 560 / 359 -> 400, 1 x 24 x 4608
+# 514 -> 540 / 358 -> 385, 1 x 32 x 16384 610 -> 605 / 428 -> 425 (8: no better). Outputs are bit-equal.
+CAUSAL_HEAD_GROUP = 4
 
 
 if AVAILABLE:
@@ -199,16 +205,33 @@ if AVAILABLE:
             _tma_load(desc_v, [b, hk, j * BLOCK_N, 0], full_v.index(st), v_smem.index(st))
 
     @gluon.jit
-    def _query_program(GROUP, BM: gl.constexpr, CAUSAL: gl.constexpr):
+    def _heavy_first(HEAD_GROUP: gl.constexpr):
+        """(rank, bh) of this program of a causal grid (blocks, heads, batches): the flattened (batch, head) index bh
+        and the rank of its block, 0 for the block with the most work. Programs run in groups of HEAD_GROUP
+        (batch, head) pairs, and within a group by rank, then pair, so each group's long blocks start before its
+        short ones; HEAD_GROUP = 1 is the launch order of one head after another."""
+        nb = gl.num_programs(0)
+        BH = gl.num_programs(1) * gl.num_programs(2)
+        lin = gl.program_id(0) + nb * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
+        g = lin // (nb * HEAD_GROUP)
+        size = gl.minimum(BH - g * HEAD_GROUP, HEAD_GROUP)  # the last group may hold fewer pairs
+        r = lin - g * nb * HEAD_GROUP
+        return r // size, g * HEAD_GROUP + r % size
+
+    @gluon.jit
+    def _query_program(GROUP, BM: gl.constexpr, CAUSAL: gl.constexpr, HEAD_GROUP: gl.constexpr):
         """(b, h, hk, H, m0) of a program over the 2 BM query rows from m0 of head h (kv head hk) of batch b; causal
-        programs run in reverse, the longest query blocks first, so the short ones fill the tail."""
+        programs run the longest query blocks first (``_heavy_first``), so the short ones fill the tail."""
+        H = gl.num_programs(1)
         if CAUSAL:
-            pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+            rank, bh = _heavy_first(HEAD_GROUP)
+            pid_m = gl.num_programs(0) - 1 - rank
+            h = bh % H
+            b = bh // H
         else:
             pid_m = gl.program_id(0)
-        h = gl.program_id(1)
-        b = gl.program_id(2)
-        H = gl.num_programs(1)
+            h = gl.program_id(1)
+            b = gl.program_id(2)
         hk = h // GROUP
         m0 = pid_m * (2 * BM)
         return b, h, hk, H, m0
@@ -231,8 +254,9 @@ if AVAILABLE:
     @gluon.jit
     def _attn_fwd_sm90_kernel(desc_q, desc_k, desc_v, desc_o, LSE, Sq, Sk, GROUP, qk_scale,
                               D: gl.constexpr, BM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                              CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-        b, h, hk, H, m0 = _query_program(GROUP, BM, CAUSAL)
+                              CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                              HEAD_GROUP: gl.constexpr):
+        b, h, hk, H, m0 = _query_program(GROUP, BM, CAUSAL, HEAD_GROUP)
         dtype: gl.constexpr = desc_q.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BM, D], desc_q.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
@@ -297,5 +321,6 @@ def forward(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, lse: Tensor, qk_scale
     _attn_fwd_sm90_kernel[(cdiv(Sq, 2 * BLOCK_M), H, B)](
         *descs, lse, Sq, Sk, H // Hk, qk_scale,
         D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal, PINGPONG=cfg.pingpong,
-        CONSUMER_REGS=cfg.consumer_regs, num_warps=4, maxnreg=cfg.maxnreg,
+        CONSUMER_REGS=cfg.consumer_regs, HEAD_GROUP=CAUSAL_HEAD_GROUP if causal else 1, num_warps=4,
+        maxnreg=cfg.maxnreg,
     )

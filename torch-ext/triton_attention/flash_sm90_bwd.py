@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 
 from ._device import cdiv
+from . import flash_sm90
 from .flash_sm90 import AVAILABLE, _capability_90, descriptor_ok
 
 Tensor = torch.Tensor
@@ -39,7 +40,7 @@ if AVAILABLE:
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .flash_sm90 import _kv_ring, _query_program, _tma_load, _tma_store
+    from .flash_sm90 import _heavy_first, _kv_ring, _query_program, _tma_load, _tma_store
 
 
 class Sm90BwdConfig(NamedTuple):
@@ -183,9 +184,10 @@ if AVAILABLE:
     @gluon.jit
     def _attn_bwd_dq_sm90_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE, DELTA, Sq, Sk, GROUP, qk_scale,
                                  scale, D: gl.constexpr, BM: gl.constexpr, BLOCK_N: gl.constexpr,
-                                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                 HEAD_GROUP: gl.constexpr):
         gl.static_assert(STAGES >= 2, "k is released a block late: one ring slot would deadlock")
-        b, h, hk, H, m0 = _query_program(GROUP, BM, CAUSAL)
+        b, h, hk, H, m0 = _query_program(GROUP, BM, CAUSAL, HEAD_GROUP)
         dtype: gl.constexpr = desc_q.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BM, D], desc_q.layout)
         do_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BM, D], desc_do.layout)
@@ -301,13 +303,19 @@ if AVAILABLE:
     @gluon.jit
     def _attn_bwd_dkdv_sm90_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, H, Sq, GROUP,
                                    qk_scale, scale, D: gl.constexpr, CAUSAL: gl.constexpr, BM: gl.constexpr,
-                                   BK: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-        n0 = gl.program_id(0) * (2 * BK)
-        hk = gl.program_id(1)
-        b = gl.program_id(2)
+                                   BK: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                   HEAD_GROUP: gl.constexpr):
         lo = 0
-        if CAUSAL:
+        if CAUSAL:  # the first key blocks have the most query tiles: _heavy_first's rank is the block
+            rank, bh = _heavy_first(HEAD_GROUP)
+            n0 = rank * (2 * BK)
+            hk = bh % gl.num_programs(1)
+            b = bh // gl.num_programs(1)
             lo = (n0 // BM) * BM  # query tiles before the block's first key see none of it
+        else:
+            n0 = gl.program_id(0) * (2 * BK)
+            hk = gl.program_id(1)
+            b = gl.program_id(2)
         n_q = gl.cdiv(Sq - lo, BM)  # <= 0 where no query sees these keys: dk = dv = 0
         dtype: gl.constexpr = desc_q.dtype
         k_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BK, D], desc_k.layout)
@@ -351,6 +359,7 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
     qk_scale = scale * 1.4426950408889634
     gdt = gl.bfloat16 if qv.dtype == torch.bfloat16 else gl.float16
 
+    head_group = flash_sm90.CAUSAL_HEAD_GROUP if causal else 1
     made = {}
 
     def desc(t, rows):  # each (tensor, tile rows) once: both kernels read q, k, v and do
@@ -365,7 +374,7 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
         desc(qv, BLOCK_M), desc(kv, cfg.block_n), desc(vv, cfg.block_n), desc(dov, BLOCK_M), desc(dq, BLOCK_M),
         lse, delta, Sq, Sk, H // Hk, qk_scale, scale,
         D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs,
-        num_warps=4, maxnreg=cfg.maxnreg,
+        HEAD_GROUP=head_group, num_warps=4, maxnreg=cfg.maxnreg,
     )
     cfg = DKDV_CONFIGS[D]
     bk = cfg.block_n
@@ -373,5 +382,5 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
         desc(qv, BLOCK_M), desc(kv, bk), desc(vv, bk), desc(dov, BLOCK_M), desc(dk, bk), desc(dv, bk),
         lse, delta, H, Sq, H // Hk, qk_scale, scale,
         D=D, CAUSAL=causal, BM=BLOCK_M, BK=bk, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        num_warps=4, maxnreg=cfg.maxnreg,
+        HEAD_GROUP=head_group, num_warps=4, maxnreg=cfg.maxnreg,
     )
