@@ -15,8 +15,9 @@ two consumer warpgroups that multiply with ``wgmma``):
   consumer's k and v tiles.
 
 dq is not fused into the dK/dV kernel (FlashAttention-3 adds each step's ds k into an fp32 buffer with TMA
-reduce-adds, which Gluon in Triton 3.6 does not expose); the `tl` form of that fusion measured slower than two
-kernels (``benchmarks/NOTES.md``, session 26). Both kernels are deterministic.
+reduce-adds, which Gluon in Triton 3.6 does not expose): the `tl` form of that fusion (session 26) and a Gluon form
+with relaxed atomics (session 27) measured slower than these two kernels (``benchmarks/NOTES.md``). Both kernels are
+deterministic. Causal grids run their longest blocks first (``flash_sm90._heavy_first``).
 
 Used by ``flash._attn_bwd_launch`` where ``eligible`` holds; everything else keeps the ``tl`` kernels.
 """
