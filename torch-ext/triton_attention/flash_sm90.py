@@ -305,16 +305,22 @@ def eligible(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, mask, scale: float) 
             and all(descriptor_ok(t) for t in (qv, kv, vv, o)))
 
 
+@functools.lru_cache(maxsize=None)
+def tile_layout(rows: int, D: int, dtype: torch.dtype):
+    """The shared-memory layout of a [1, 1, rows, D] tile of ``dtype`` (fp16/bf16) for a tensor descriptor. Cached:
+    building one costs several µs of Python per descriptor, on every call."""
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16 if dtype == torch.bfloat16
+                                                else gl.float16)
+
+
 def forward(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, lse: Tensor, qk_scale: float, causal: bool) -> None:
     """Writes ``o`` ([B, H, Sq, D], any strides ``eligible`` accepts) and ``lse`` ([B, H, Sq] fp32, base 2) for
     q, k, v as [B, H, S, D] views (kv heads Hk dividing H); ``qk_scale`` = softmax scale x log2(e)."""
     B, H, Sq, D = qv.shape
     Hk, Sk = kv.shape[1], kv.shape[2]
     cfg = CONFIGS[D]
-    gdt = gl.bfloat16 if qv.dtype == torch.bfloat16 else gl.float16
     q_block, kv_block = [1, 1, BLOCK_M, D], [1, 1, cfg.block_n, D]
-    q_layout = gl.NVMMASharedLayout.get_default_for(q_block, gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for(kv_block, gdt)
+    q_layout, kv_layout = tile_layout(BLOCK_M, D, qv.dtype), tile_layout(cfg.block_n, D, qv.dtype)
     descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
              for t, block, layout in ((qv, q_block, q_layout), (kv, kv_block, kv_layout), (vv, kv_block, kv_layout),
                                       (o, q_block, q_layout))]

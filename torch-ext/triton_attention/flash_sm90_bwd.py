@@ -358,8 +358,6 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
     B, H, Sq, D = qv.shape
     Hk, Sk = kv.shape[1], kv.shape[2]
     qk_scale = scale * 1.4426950408889634
-    gdt = gl.bfloat16 if qv.dtype == torch.bfloat16 else gl.float16
-
     head_group = flash_sm90.CAUSAL_HEAD_GROUP if causal else 1
     made = {}
 
@@ -367,7 +365,7 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
         if (id(t), rows) not in made:
             block = [1, 1, rows, D]
             made[id(t), rows] = TensorDescriptor(t, list(t.shape), list(t.stride()), block,
-                                                 gl.NVMMASharedLayout.get_default_for(block, gdt))
+                                                 flash_sm90.tile_layout(rows, D, qv.dtype))
         return made[id(t), rows]
 
     cfg = DQ_CONFIGS[D]
