@@ -50,7 +50,7 @@ def _backward(bwd, sm90, gl, GluonASTSource) -> int:
                 sig = {"desc_q": q, "desc_k": kv, "desc_v": kv, "desc_do": q, "LSE": "*fp32", "DELTA": "*fp32",
                        "GROUP": "i32", "qk_scale": "fp32", "scale": "fp32", "Sq": "i32", "Sk": "i32", "H": "i32"}
                 consts = {"D": D, "CAUSAL": causal, "STAGES": cfg.stages, "CONSUMER_REGS": cfg.consumer_regs,
-                          "HEAD_GROUP": sm90.CAUSAL_HEAD_GROUP if causal else 1}
+                          "HEAD_GROUP": sm90.CAUSAL_HEAD_GROUP}
                 if kind == "dq":
                     sig["desc_dq"] = q
                     consts.update(BM=bwd.BLOCK_M, BLOCK_N=cfg.block_n)
@@ -88,7 +88,7 @@ def main(variant: Path) -> int:
                    "Sq": "i32", "Sk": "i32", "GROUP": "i32", "qk_scale": "fp32"}
             consts = {"D": D, "BM": bm, "BLOCK_N": bn, "STAGES": cfg.stages, "CAUSAL": causal,
                       "PINGPONG": cfg.pingpong, "CONSUMER_REGS": cfg.consumer_regs,
-                      "HEAD_GROUP": sm90.CAUSAL_HEAD_GROUP if causal else 1}
+                      "HEAD_GROUP": sm90.CAUSAL_HEAD_GROUP}
             sig.update({name: "constexpr" for name in consts})
             src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
             c = triton.compile(src, target=GPUTarget("cuda", 90, 32),

@@ -358,7 +358,6 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
     B, H, Sq, D = qv.shape
     Hk, Sk = kv.shape[1], kv.shape[2]
     qk_scale = scale * 1.4426950408889634
-    head_group = flash_sm90.CAUSAL_HEAD_GROUP if causal else 1
     made = {}
 
     def desc(t, rows):  # each (tensor, tile rows) once: both kernels read q, k, v and do
@@ -373,7 +372,7 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
         desc(qv, BLOCK_M), desc(kv, cfg.block_n), desc(vv, cfg.block_n), desc(dov, BLOCK_M), desc(dq, BLOCK_M),
         lse, delta, Sq, Sk, H // Hk, qk_scale, scale,
         D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs,
-        HEAD_GROUP=head_group, num_warps=4, maxnreg=cfg.maxnreg,
+        HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4, maxnreg=cfg.maxnreg,
     )
     cfg = DKDV_CONFIGS[D]
     bk = cfg.block_n
@@ -381,5 +380,5 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
         desc(qv, BLOCK_M), desc(kv, bk), desc(vv, bk), desc(dov, BLOCK_M), desc(dk, bk), desc(dv, bk),
         lse, delta, H, Sq, H // Hk, qk_scale, scale,
         D=D, CAUSAL=causal, BM=BLOCK_M, BK=bk, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        HEAD_GROUP=head_group, num_warps=4, maxnreg=cfg.maxnreg,
+        HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4, maxnreg=cfg.maxnreg,
     )
