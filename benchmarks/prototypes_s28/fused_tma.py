@@ -1,0 +1,600 @@
+"""Flash attention backward for Hopper (sm_90), warp-specialised, in Gluon: the dQ and the dK/dV kernels, and the
+dK/dV kernel with dq fused in.
+
+The math of ``flash.py``'s backward (FlashAttention-2, Dao 2023, arXiv:2307.08691, algorithm 2, with p recomputed
+from the forward's base-2 lse and ``delta = rowsum(do * o)``), in two kernels laid out as ``flash_sm90.py``'s
+forward (FlashAttention-3, Shah et al. 2024, arXiv:2407.08608: a one-warp TMA producer feeding a ring of tiles to
+two consumer warpgroups that multiply with ``wgmma``):
+
+- **dQ** (``_attn_bwd_dq_sm90_kernel``): a program per 128 query rows; each consumer keeps 64 rows' q and do tiles
+  and walks the key blocks: ``s = q k^T`` and ``dp = do v^T`` issued together, ``p = exp2(s * qk_scale - lse)``,
+  ``ds = p (dp - delta)``, ``dq += ds k``; block j-1's ``ds k`` is still on the tensor cores when block j's products
+  are issued. ``dq * scale`` leaves through the consumer's q tile and the TMA unit.
+- **dK/dV** (``_attn_bwd_dkdv_sm90_kernel``): a program per 128 keys of one kv head; each consumer keeps 64 keys'
+  k and v tiles and walks the query tiles of every query head of the group (GQA): ``s^T = k q^T``,
+  ``p^T``, ``dv += p^T do``, ``dp^T = v do^T``, ``ds^T``, ``dk += ds^T q``. ``dk * scale`` and ``dv`` leave through the
+  consumer's k and v tiles.
+- **fused** (the dK/dV kernel with ``FUSED_DQ``): FlashAttention-3's plan, each step's ``dq = ds k``
+  added into an fp32 buffer. Both consumers put their ``ds^T`` into one shared [128 keys, 64 queries] tile; consumer
+  C multiplies it with half C of the head dim of both k tiles (K = 128 keys) and adds that [64, D/2] block with
+  relaxed atomics (measured as fast as TMA reduce-adds, which Gluon in Triton 3.6 does not expose): one add per
+  query tile and program. The caller zeroes the buffer and scales it into dq. The adds land in any order, so under
+  ``torch.use_deterministic_algorithms`` the dQ and dK/dV pair runs instead; the pair is deterministic.
+
+Used by ``flash._attn_bwd_launch`` where ``eligible`` holds; everything else keeps the ``tl`` kernels.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._device import cdiv
+from .flash_sm90 import AVAILABLE, _capability_90, descriptor_ok
+
+Tensor = torch.Tensor
+
+if AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_init, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .flash_sm90 import _kv_ring, _query_program, _tma_load, _tma_store
+    if hasattr(tma, "async_atomic_add"):  # Triton 3.9
+        _tma_add = tma.async_atomic_add
+    else:  # Triton 3.6: the builder has the op, the language no wrapper
+        from triton.experimental.gluon.language._core import builtin as _builtin
+        from triton._C.libtriton import ir as _ir
+
+        @_builtin
+        def _tma_add(tensor_desc, coord, src, _semantic=None):
+            coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+            _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                      src.handle)
+
+
+class Sm90BwdConfig(NamedTuple):
+    """One sm_90 backward kernel's setting: ``block_n`` keys per step (dQ) or per consumer (dK/dV), a ring of
+    ``stages`` tiles (k/v for dQ, q/do for dK/dV), ``consumer_regs`` registers per thread of the second consumer (the
+    first gets what is left of ``maxnreg`` x 12 warps after it and the producer's 24)."""
+    block_n: int
+    stages: int
+    consumer_regs: int
+    maxnreg: int = 168
+
+
+BLOCK_M = 64  # query rows per dQ consumer; query rows per dK/dV step
+# H200, bf16, session 26 (results/attention_sm90_bwd_session26_2026-12-03.txt). Each kernel alone, TFLOP/s of its
+# own matmuls at d = 128, 4 x 32 x 4096 non-causal / causal and 1 x 32 x 16384 non-causal, against flash.py's TMA
+# kernels: dQ 660 / 659 / 678 (64-key blocks, 4 stages; 3 stages 630 / 650 / 647) against 607 / 542 / 614; dK/dV
+# 601 / 506 / 601 (240 registers, 2 stages; 232 and 3 stages 581 / 526 / 580) against 569 / 468 / 556. The whole
+# backward (2.5x the forward's FLOPs): 400-458 against the TMA pair's 352-425. Keyed by head dim: at d = 64 (SD3.5's
+# 2 x 38 x 4429) the same settings gave 337 against the TMA pair's 345, so d = 64 keeps those.
+DQ_CONFIGS = {128: Sm90BwdConfig(64, 4, 224)}
+DKDV_CONFIGS = {128: Sm90BwdConfig(64, 2, 240)}
+# The dK/dV kernel with dq fused in (FUSED_DQ), used unless torch.use_deterministic_algorithms is on: its dq adds
+# land in any order. Off until it has run on the GPU.
+FUSED_DQ = False
+FUSED_CONFIGS = {128: Sm90BwdConfig(64, 2, 240)}
+DQ_MODE = gl.constexpr(0) if AVAILABLE else 0
+
+
+if AVAILABLE:
+
+    @gluon.jit
+    def _dq_p(s, lse, start, mc, Sk, qk_scale, causal, row_s: gl.constexpr, col_s: gl.constexpr, BM: gl.constexpr,
+              BLOCK_N: gl.constexpr):
+        """p = exp2(s * qk_scale - lse) of one key block, 0 for keys >= Sk (their zero-filled tiles would give
+        exp2(-lse)) and, causal, for keys after the query row; masks only in the blocks that hold such keys."""
+        p = gl.exp2(s * qk_scale - lse[:, None])
+        if (start + BLOCK_N > Sk) | ((causal != 0) & (start + BLOCK_N > mc + 1)):
+            offs_n = start + gl.arange(0, BLOCK_N, layout=col_s)
+            offs_m = mc + gl.arange(0, BM, layout=row_s)
+            keep = (offs_n < Sk)[None, :] & ((offs_n[None, :] <= offs_m[:, None]) | (causal == 0))
+            p = gl.where(keep, p, 0.0)
+        return p
+
+    @gluon.jit
+    def _dq_consumer(desc_dq, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, bars, b, h, m0, n, Sq, Sk, H, qk_scale,
+                     scale, causal, C: gl.constexpr):
+        """Consumer warpgroup C: dq of query rows m0 + 64 C ... of (b, h) over the n key blocks."""
+        bar_q, full_k, full_v, empty_k, empty_v = bars
+        STAGES: gl.constexpr = k_smem.shape[0]
+        BLOCK_N: gl.constexpr = k_smem.shape[3]
+        D: gl.constexpr = k_smem.shape[4]
+        BM: gl.constexpr = q_smem.shape[3]
+        NW: gl.constexpr = gl.num_warps()
+        dtype: gl.constexpr = desc_dq.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        a_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                           instr_shape=[16, D, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=a_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        mc = m0 + C * BM
+        q_buf = q_smem.index(C)
+        q2 = q_buf.reshape([BM, D])
+        do2 = do_smem.index(C).reshape([BM, D])
+        zero_s = gl.zeros([BM, BLOCK_N], gl.float32, s_layout)
+        dq = gl.zeros([BM, D], gl.float32, a_layout)
+        offs_m = mc + gl.arange(0, BM, layout=row_s)
+        row_base = (b.to(gl.int64) * H + h) * Sq
+        lse = gl.load(LSE + row_base + offs_m, mask=offs_m < Sq, other=float("inf"))  # rows >= Sq: p = 0
+        delta = gl.load(DELTA + row_base + offs_m, mask=offs_m < Sq, other=0.0)
+        mbarrier.wait(bar_q, 0)
+        mbarrier.wait(full_k.index(0), 0)
+        s_tok = warpgroup_mma(q2, k_smem.index(0).reshape([BLOCK_N, D]).permute((1, 0)), zero_s, use_acc=False,
+                              is_async=True)
+        mbarrier.wait(full_v.index(0), 0)
+        dp_tok = warpgroup_mma(do2, v_smem.index(0).reshape([BLOCK_N, D]).permute((1, 0)), zero_s, use_acc=False,
+                               is_async=True)
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        p = _dq_p(s, lse, 0, mc, Sk, qk_scale, causal, row_s, col_s, BM, BLOCK_N)
+        dp = warpgroup_mma_wait(0, deps=[dp_tok])
+        mbarrier.arrive(empty_v.index(0), count=1)
+        ds16 = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), op_layout)
+        dq_tok = warpgroup_mma(ds16, k_smem.index(0).reshape([BLOCK_N, D]), dq, is_async=True)
+        for j in range(1, n):
+            st = j % STAGES
+            stp = (j - 1) % STAGES
+            mbarrier.wait(full_k.index(st), (j // STAGES) & 1)
+            s_tok = warpgroup_mma(q2, k_smem.index(st).reshape([BLOCK_N, D]).permute((1, 0)), zero_s,
+                                  use_acc=False, is_async=True)
+            mbarrier.wait(full_v.index(st), (j // STAGES) & 1)
+            dp_tok = warpgroup_mma(do2, v_smem.index(st).reshape([BLOCK_N, D]).permute((1, 0)), zero_s,
+                                   use_acc=False, is_async=True)
+            dq, ds16 = warpgroup_mma_wait(2, deps=[dq_tok, ds16])  # block j-1's ds k is done with k_{j-1}
+            mbarrier.arrive(empty_k.index(stp), count=1)
+            s = warpgroup_mma_wait(1, deps=[s_tok])
+            p = _dq_p(s, lse, j * BLOCK_N, mc, Sk, qk_scale, causal, row_s, col_s, BM, BLOCK_N)
+            dp = warpgroup_mma_wait(0, deps=[dp_tok])
+            mbarrier.arrive(empty_v.index(st), count=1)
+            ds16 = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), op_layout)
+            dq_tok = warpgroup_mma(ds16, k_smem.index(st).reshape([BLOCK_N, D]), dq, is_async=True)
+        dq, ds16 = warpgroup_mma_wait(0, deps=[dq_tok, ds16])
+        mbarrier.arrive(empty_k.index((n - 1) % STAGES), count=1)
+        q2.store((dq * scale).to(dtype))  # rows >= Sq are clipped by the store
+        fence_async_shared()
+        _tma_store(desc_dq, [b, h, mc, 0], q_buf)
+        tma.store_wait(0)
+
+    @gluon.jit
+    def _dq_first(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, bars, b, h,
+                  hk, m0, n, Sq, Sk, H, qk_scale, scale, causal):
+        _dq_consumer(desc_dq, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, bars, b, h, m0, n, Sq, Sk, H, qk_scale,
+                     scale, causal, 0)
+
+    @gluon.jit
+    def _dq_second(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, bars, b,
+                   h, hk, m0, n, Sq, Sk, H, qk_scale, scale, causal):
+        _dq_consumer(desc_dq, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, bars, b, h, m0, n, Sq, Sk, H, qk_scale,
+                     scale, causal, 1)
+
+    @gluon.jit
+    def _dq_producer(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, bars, b,
+                     h, hk, m0, n, Sq, Sk, H, qk_scale, scale, causal):
+        """One warp: both q and do tiles, then v_j and k_j into ring slot j % STAGES as the consumers free it (v is
+        freed first: k also feeds block j's ds k)."""
+        bar_q, full_k, full_v, empty_k, empty_v = bars
+        STAGES: gl.constexpr = k_smem.shape[0]
+        BLOCK_N: gl.constexpr = k_smem.shape[3]
+        D: gl.constexpr = k_smem.shape[4]
+        BM: gl.constexpr = q_smem.shape[3]
+        mbarrier.expect(bar_q, 4 * BM * D * 2)
+        _tma_load(desc_q, [b, h, m0, 0], bar_q, q_smem.index(0))  # rows >= Sq arrive as zeros
+        _tma_load(desc_q, [b, h, m0 + BM, 0], bar_q, q_smem.index(1))
+        _tma_load(desc_do, [b, h, m0, 0], bar_q, do_smem.index(0))
+        _tma_load(desc_do, [b, h, m0 + BM, 0], bar_q, do_smem.index(1))
+        for j in range(n):
+            st = j % STAGES
+            phase = ((j // STAGES) & 1) ^ 1  # the first pass over the ring finds every slot free
+            mbarrier.wait(empty_v.index(st), phase)
+            mbarrier.expect(full_v.index(st), BLOCK_N * D * 2)
+            _tma_load(desc_v, [b, hk, j * BLOCK_N, 0], full_v.index(st), v_smem.index(st))  # keys >= Sk: zeros
+            mbarrier.wait(empty_k.index(st), phase)
+            mbarrier.expect(full_k.index(st), BLOCK_N * D * 2)
+            _tma_load(desc_k, [b, hk, j * BLOCK_N, 0], full_k.index(st), k_smem.index(st))
+
+    @gluon.jit
+    def _attn_bwd_dq_sm90_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE, DELTA, Sq, Sk, GROUP, qk_scale,
+                                 scale, D: gl.constexpr, BM: gl.constexpr, BLOCK_N: gl.constexpr,
+                                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+        gl.static_assert(STAGES >= 2, "k is released a block late: one ring slot would deadlock")
+        b, h, hk, H, m0 = _query_program(GROUP, BM, CAUSAL)
+        dtype: gl.constexpr = desc_q.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BM, D], desc_q.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BM, D], desc_do.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_v.layout)
+        bar_q = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar_q, count=1)
+        full_k, full_v, empty_k, empty_v = _kv_ring(STAGES)
+        fence_async_shared()
+        hi = Sk
+        if CAUSAL:
+            hi = gl.minimum(Sk, m0 + 2 * BM)
+        n = gl.cdiv(hi, BLOCK_N)  # >= 1: Sk >= 1, and causal row 0 sees key 0
+        causal = CAUSAL  # a run-time value (warp_specialize's arguments cannot carry constexprs in Triton 3.6)
+        bars = (bar_q, full_k, full_v, empty_k, empty_v)
+        args = (desc_q, desc_k, desc_v, desc_do, desc_dq, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, bars, b, h,
+                hk, m0, n, Sq, Sk, H, qk_scale, scale, causal)
+        gl.warp_specialize([(_dq_first, args), (_dq_second, args), (_dq_producer, args)], [4, 1],
+                           [CONSUMER_REGS, 24])
+
+    @gluon.jit
+    def _dkdv_consumer(desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, bars, b, hk, n0, lo, n_q, H,
+                       Sq, Sk, GROUP, qk_scale, scale, causal, C: gl.constexpr, FUSED: gl.constexpr, desc_dqa,
+                       ds_smem, ds_full, ds_empty, dq_smem):
+        """Consumer warpgroup C: dk and dv of keys n0 + 64 C ... of (b, hk) over n_q query tiles of each of the
+        GROUP query heads. FUSED: also each step's dq, added into DQ_ACC (fp32 [B, H, Sq, D]): both consumers put
+        their ds^T into one [128 keys, 64 queries] tile of ds_smem (two buffers, ds_full / ds_empty), then consumer
+        C multiplies it with half C of the head dim of both k tiles (K = 128 keys) and adds that [64, D / 2] block
+        with relaxed atomics: one add per query tile and program, not one per consumer."""
+        bar_kv, full, empty = bars
+        STAGES: gl.constexpr = q_smem.shape[0]
+        BM: gl.constexpr = q_smem.shape[3]
+        BK: gl.constexpr = k_smem.shape[3]
+        D: gl.constexpr = q_smem.shape[4]
+        DH: gl.constexpr = D // 2
+        NW: gl.constexpr = gl.num_warps()
+        dtype: gl.constexpr = desc_dk.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                           instr_shape=[16, BM, 16])
+        a_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                           instr_shape=[16, D, 16])
+        q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                           instr_shape=[16, DH, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=a_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        k2 = k_smem.index(C).reshape([BK, D])
+        v2 = v_smem.index(C).reshape([BK, D])
+        offs_n = n0 + C * BK + gl.arange(0, BK, layout=row_s)
+        zero_s = gl.zeros([BK, BM], gl.float32, s_layout)
+        dk = gl.zeros([BK, D], gl.float32, a_layout)
+        dv = gl.zeros([BK, D], gl.float32, a_layout)
+        dq_tok = warpgroup_mma_init(gl.zeros([BM, D // 2], gl.float32, q_layout))
+        mbarrier.wait(bar_kv, 0)
+        for i in range(GROUP * n_q):
+            st = i % STAGES
+            start = lo + (i % n_q) * BM
+            row_base = (b.to(gl.int64) * H + hk * GROUP + i // n_q) * Sq
+            mbarrier.wait(full.index(st), (i // STAGES) & 1)
+            q2 = q_smem.index(st).reshape([BM, D])
+            do2 = do_smem.index(st).reshape([BM, D])
+            s_tok = warpgroup_mma(k2, q2.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if FUSED and DQ_MODE == 4:  # step i - 1's dq block, its MMA issued before this step's s^T
+                if i > 0:
+                    dq = warpgroup_mma_wait(1, deps=[dq_tok])
+                    pi = i - 1
+                    mbarrier.arrive(ds_empty.index(pi % 2), count=1)
+                    stage = dq_smem.index(C)
+                    tma.store_wait(0)
+                    stage.reshape([BM, DH]).store(dq)
+                    fence_async_shared()
+                    _tma_add(desc_dqa, [b, hk * GROUP + pi // n_q, lo + (pi % n_q) * BM, C * DH], stage)
+            offs_m = start + gl.arange(0, BM, layout=col_s)
+            lse = gl.load(LSE + row_base + offs_m, mask=offs_m < Sq, other=float("inf"))  # rows >= Sq: p = 0
+            s = warpgroup_mma_wait(0, deps=[s_tok])
+            p = gl.exp2(s * qk_scale - lse[None, :])
+            keep = (offs_m[None, :] >= offs_n[:, None]) | (causal == 0)  # causal: keys after the query row
+            if FUSED:  # keys >= Sk (zero-filled tiles) would reach dq; otherwise only rows the store clips
+                keep = keep & (offs_n < Sk)[:, None]
+            p = gl.where(keep, p, 0.0)
+            p16 = gl.convert_layout(p.to(dtype), op_layout)
+            dp_tok = warpgroup_mma(v2, do2.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            dv_tok = warpgroup_mma(p16, do2, dv, is_async=True)
+            delta = gl.load(DELTA + row_base + offs_m, mask=offs_m < Sq, other=0.0)
+            dp = warpgroup_mma_wait(1, deps=[dp_tok])
+            ds = (p * (dp - delta[None, :])).to(dtype)
+            ds16 = gl.convert_layout(ds, op_layout)
+            dk_tok = warpgroup_mma(ds16, q2, dk, is_async=True)
+            if FUSED:  # ds^T into this consumer's rows of the shared tile once both are done with step i - 2's
+                db = i % 2
+                ds_buf = ds_smem.index(db)
+                # implied by step i - 1's ds_full wait with two buffers (a helper's schedule simulator); a guard
+                mbarrier.wait(ds_empty.index(db), ((i // 2) & 1) ^ 1)
+                ds_buf.slice(C * BK, BK, dim=0).store(ds)
+                fence_async_shared()
+                mbarrier.arrive(ds_full.index(db), count=1)
+            dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p16, ds16])
+            mbarrier.arrive(empty.index(st), count=1)
+            if FUSED and DQ_MODE == 4:  # issued, waited next step
+                mbarrier.wait(ds_full.index(db), (i // 2) & 1)
+                dq_tok = warpgroup_mma(ds_buf.slice(0, BK, dim=0).permute((1, 0)),
+                                       k_smem.index(0).reshape([BK, D]).slice(C * DH, DH, dim=1),
+                                       gl.zeros([BM, DH], gl.float32, q_layout), use_acc=False, is_async=True)
+                dq_tok = warpgroup_mma(ds_buf.slice(BK, BK, dim=0).permute((1, 0)),
+                                       k_smem.index(1).reshape([BK, D]).slice(C * DH, DH, dim=1), dq_tok,
+                                       is_async=True)
+            elif FUSED:  # dq[:, C D/2 : (C + 1) D/2] of this query tile = ds (64 x 128 keys) k[keys, half C]
+                mbarrier.wait(ds_full.index(db), (i // 2) & 1)
+                dq_tok = warpgroup_mma(ds_buf.slice(0, BK, dim=0).permute((1, 0)),
+                                       k_smem.index(0).reshape([BK, D]).slice(C * DH, DH, dim=1),
+                                       gl.zeros([BM, DH], gl.float32, q_layout), use_acc=False, is_async=True)
+                dq_tok = warpgroup_mma(ds_buf.slice(BK, BK, dim=0).permute((1, 0)),
+                                       k_smem.index(1).reshape([BK, D]).slice(C * DH, DH, dim=1), dq_tok,
+                                       is_async=True)
+                dq = warpgroup_mma_wait(0, deps=[dq_tok])
+                mbarrier.arrive(ds_empty.index(db), count=1)
+                if DQ_MODE == 5:  # to the producer warp, which adds it with atomics
+                    dq_buf, dq_full, dq_empty = dq_smem
+                    mbarrier.wait(dq_empty.index(C), (i & 1) ^ 1)
+                    dq_buf.index(C).store(dq)
+                    mbarrier.arrive(dq_full.index(C), count=1)
+                elif DQ_MODE == 1:  # double-buffered staging
+                    stage = dq_smem.index(2 * (i % 2) + C)
+                    tma.store_wait(1)
+                else:
+                    stage = dq_smem.index(C)
+                    tma.store_wait(0)  # the previous step's add has read the staging tile
+                if DQ_MODE != 5:
+                    stage.reshape([BM, DH]).store(dq)
+                    fence_async_shared()
+                    if DQ_MODE == 2:
+                        pass
+                    elif DQ_MODE == 3:
+                        _tma_store(desc_dqa, [b, hk * GROUP + i // n_q, start, C * DH], stage)
+                    else:
+                        _tma_add(desc_dqa, [b, hk * GROUP + i // n_q, start, C * DH], stage)  # rows >= Sq: clipped
+        if FUSED and DQ_MODE == 4:
+            last = GROUP * n_q - 1
+            if last >= 0:
+                dq = warpgroup_mma_wait(0, deps=[dq_tok])
+                mbarrier.arrive(ds_empty.index(last % 2), count=1)
+                stage = dq_smem.index(C)
+                tma.store_wait(0)
+                stage.reshape([BM, DH]).store(dq)
+                fence_async_shared()
+                _tma_add(desc_dqa, [b, hk * GROUP + last // n_q, lo + (last % n_q) * BM, C * DH], stage)
+        if FUSED:  # the other consumer's last dq MMA read this consumer's k tile too: both arrive after theirs
+            last = GROUP * n_q - 1
+            if last >= 0:
+                mbarrier.wait(ds_empty.index(last % 2), (last // 2) & 1)
+        # dk and dv leave through this consumer's k and v tiles (the MMAs are done with them); rows >= Sk are clipped
+        k2.store((dk * scale).to(dtype))
+        v2.store(dv.to(dtype))
+        fence_async_shared()
+        _tma_store(desc_dk, [b, hk, n0 + C * BK, 0], k_smem.index(C))
+        _tma_store(desc_dv, [b, hk, n0 + C * BK, 0], v_smem.index(C))
+        tma.store_wait(0)
+
+    @gluon.jit
+    def _dkdv_first(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem,
+                    bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal):
+        _dkdv_consumer(desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, bars, b, hk, n0, lo, n_q, H,
+                       Sq, Sk, GROUP, qk_scale, scale, causal, 0, False, None, None, None, None, None)
+
+    @gluon.jit
+    def _dkdv_second(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem,
+                     bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal):
+        _dkdv_consumer(desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, bars, b, hk, n0, lo, n_q, H,
+                       Sq, Sk, GROUP, qk_scale, scale, causal, 1, False, None, None, None, None, None)
+
+    @gluon.jit
+    def _dkdv_producer(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem,
+                       do_smem, bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal):
+        """One warp: both consumers' k and v tiles, then q_i and do_i into ring slot i % STAGES as both free it."""
+        bar_kv, full, empty = bars
+        STAGES: gl.constexpr = q_smem.shape[0]
+        BM: gl.constexpr = q_smem.shape[3]
+        BK: gl.constexpr = k_smem.shape[3]
+        D: gl.constexpr = q_smem.shape[4]
+        mbarrier.expect(bar_kv, 4 * BK * D * 2)
+        _tma_load(desc_k, [b, hk, n0, 0], bar_kv, k_smem.index(0))  # keys >= Sk arrive as zeros
+        _tma_load(desc_k, [b, hk, n0 + BK, 0], bar_kv, k_smem.index(1))
+        _tma_load(desc_v, [b, hk, n0, 0], bar_kv, v_smem.index(0))
+        _tma_load(desc_v, [b, hk, n0 + BK, 0], bar_kv, v_smem.index(1))
+        for i in range(GROUP * n_q):
+            st = i % STAGES
+            h = hk * GROUP + i // n_q
+            start = lo + (i % n_q) * BM
+            mbarrier.wait(empty.index(st), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(full.index(st), 2 * BM * D * 2)
+            _tma_load(desc_q, [b, h, start, 0], full.index(st), q_smem.index(st))  # rows >= Sq: zeros
+            _tma_load(desc_do, [b, h, start, 0], full.index(st), do_smem.index(st))
+
+    @gluon.jit
+    def _add_block(DQ_ACC, dq_buf, dq_full, dq_empty, b, hk, GROUP, lo, n_q, Sq, H, j):
+        """The producer warp adds step j's two [BM, D/2] dq blocks (one per consumer) into DQ_ACC with atomics."""
+        BM: gl.constexpr = dq_buf.shape[1]
+        DH: gl.constexpr = dq_buf.shape[2]
+        RS: gl.constexpr = 8  # the 128-byte swizzle repeats every 8 rows of 32 fp32: slices of 8 x 32
+        CS: gl.constexpr = 32
+        lay: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [1, 1], [1, 0])
+        h = hk * GROUP + j // n_q
+        start = lo + (j % n_q) * BM
+        base = DQ_ACC + ((b.to(gl.int64) * H + h) * Sq + start) * (2 * DH)
+        rr = gl.arange(0, RS, layout=gl.SliceLayout(1, lay))
+        cc = gl.arange(0, CS, layout=gl.SliceLayout(0, lay))
+        offs = rr[:, None] * (2 * DH) + cc[None, :]
+        for C in gl.static_range(2):
+            mbarrier.wait(dq_full.index(C), j & 1)
+            for r in gl.static_range(0, BM, RS):
+                for c0 in gl.static_range(0, DH, CS):
+                    vals = dq_buf.index(C).slice(r, RS, dim=0).slice(c0, CS, dim=1).load(lay)
+                    gl.atomic_add(base + (r * (2 * DH) + C * DH + c0) + offs, vals,
+                                  mask=(start + r + rr < Sq)[:, None], sem="relaxed")
+            mbarrier.arrive(dq_empty.index(C), count=1)
+
+    @gluon.jit
+    def _dkdv_producer_adder(desc_q, desc_k, desc_v, desc_do, k_smem, v_smem, q_smem, do_smem, bars, b, hk, n0, lo,
+                             n_q, H, Sq, GROUP, DQ_ACC, dq_smem):
+        """_dkdv_producer's loads, and after step i's loads the adds of step i - 1's dq blocks."""
+        bar_kv, full, empty = bars
+        dq_buf, dq_full, dq_empty = dq_smem
+        STAGES: gl.constexpr = q_smem.shape[0]
+        BM: gl.constexpr = q_smem.shape[3]
+        BK: gl.constexpr = k_smem.shape[3]
+        D: gl.constexpr = q_smem.shape[4]
+        mbarrier.expect(bar_kv, 4 * BK * D * 2)
+        _tma_load(desc_k, [b, hk, n0, 0], bar_kv, k_smem.index(0))
+        _tma_load(desc_k, [b, hk, n0 + BK, 0], bar_kv, k_smem.index(1))
+        _tma_load(desc_v, [b, hk, n0, 0], bar_kv, v_smem.index(0))
+        _tma_load(desc_v, [b, hk, n0 + BK, 0], bar_kv, v_smem.index(1))
+        T = GROUP * n_q
+        for i in range(T):
+            st = i % STAGES
+            h = hk * GROUP + i // n_q
+            start = lo + (i % n_q) * BM
+            mbarrier.wait(empty.index(st), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(full.index(st), 2 * BM * D * 2)
+            _tma_load(desc_q, [b, h, start, 0], full.index(st), q_smem.index(st))
+            _tma_load(desc_do, [b, h, start, 0], full.index(st), do_smem.index(st))
+            if i > 0:
+                _add_block(DQ_ACC, dq_buf, dq_full, dq_empty, b, hk, GROUP, lo, n_q, Sq, H, i - 1)
+        if T > 0:
+            _add_block(DQ_ACC, dq_buf, dq_full, dq_empty, b, hk, GROUP, lo, n_q, Sq, H, T - 1)
+
+    # The fused form's partitions (warp_specialize hands every partition the same arguments, the dq extras too).
+    @gluon.jit
+    def _fused_first(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem,
+                     bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal, desc_dqa, ds_smem, ds_full,
+                     ds_empty, dq_smem):
+        _dkdv_consumer(desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, bars, b, hk, n0, lo, n_q, H,
+                       Sq, Sk, GROUP, qk_scale, scale, causal, 0, True, desc_dqa, ds_smem, ds_full, ds_empty, dq_smem)
+
+    @gluon.jit
+    def _fused_second(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem,
+                      do_smem, bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal, desc_dqa, ds_smem,
+                      ds_full, ds_empty, dq_smem):
+        _dkdv_consumer(desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, bars, b, hk, n0, lo, n_q, H,
+                       Sq, Sk, GROUP, qk_scale, scale, causal, 1, True, desc_dqa, ds_smem, ds_full, ds_empty, dq_smem)
+
+    @gluon.jit
+    def _fused_producer(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem,
+                        do_smem, bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal, desc_dqa,
+                        ds_smem, ds_full, ds_empty, dq_smem):
+        if DQ_MODE == 5:
+            _dkdv_producer_adder(desc_q, desc_k, desc_v, desc_do, k_smem, v_smem, q_smem, do_smem, bars, b, hk, n0,
+                                 lo, n_q, H, Sq, GROUP, desc_dqa, dq_smem)
+        else:
+            _dkdv_producer(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem,
+                           do_smem, bars, b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal)
+
+    @gluon.jit
+    def _attn_bwd_dkdv_sm90_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dqa, LSE, DELTA, H, Sq, Sk,
+                                   GROUP, qk_scale, scale, D: gl.constexpr, CAUSAL: gl.constexpr, BM: gl.constexpr,
+                                   BK: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                   FUSED_DQ: gl.constexpr):
+        """dk and dv; FUSED_DQ: dq as well, added unscaled into DQ_ACC (fp32 [B, H, Sq, D], zeroed by the caller).
+        Without FUSED_DQ, DQ_ACC is not read."""
+        n0 = gl.program_id(0) * (2 * BK)
+        hk = gl.program_id(1)
+        b = gl.program_id(2)
+        lo = 0
+        if CAUSAL:
+            lo = (n0 // BM) * BM  # query tiles before the block's first key see none of it
+        n_q = gl.cdiv(Sq - lo, BM)  # <= 0 where no query sees these keys: dk = dv = 0
+        dtype: gl.constexpr = desc_q.dtype
+        k_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BK, D], desc_k.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BK, D], desc_v.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BM, D], desc_q.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BM, D], desc_do.layout)
+        bar_kv = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar_kv, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(full.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        causal = CAUSAL
+        bars = (bar_kv, full, empty)
+        args = (desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, k_smem, v_smem, q_smem, do_smem, bars,
+                b, hk, n0, lo, n_q, H, Sq, Sk, GROUP, qk_scale, scale, causal)
+        if FUSED_DQ:
+            ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BK, BM],
+                                                gl.NVMMASharedLayout.get_default_for([2 * BK, BM], dtype))
+            ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(2):
+                mbarrier.init(ds_full.index(i), count=2)
+                mbarrier.init(ds_empty.index(i), count=2)
+            fence_async_shared()
+            if DQ_MODE == 5:
+                dq_buf = gl.allocate_shared_memory(gl.float32, [2, BM, D // 2],
+                                                   gl.NVMMASharedLayout.get_default_for([BM, D // 2], gl.float32))
+                dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+                dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+                for i in gl.static_range(2):
+                    mbarrier.init(dq_full.index(i), count=1)
+                    mbarrier.init(dq_empty.index(i), count=1)
+                fence_async_shared()
+                dq_smem = (dq_buf, dq_full, dq_empty)
+            else:
+                dq_smem = gl.allocate_shared_memory(gl.float32, [2 + 2 * (DQ_MODE == 1), 1, 1, BM, D // 2],
+                                                    desc_dqa.layout)
+            extra = (desc_dqa, ds_smem, ds_full, ds_empty, dq_smem)
+            gl.warp_specialize([(_fused_first, args + extra), (_fused_second, args + extra),
+                                (_fused_producer, args + extra)], [4, 1], [CONSUMER_REGS, 24 + 16 * (DQ_MODE == 5)])
+        else:
+            fence_async_shared()
+            gl.warp_specialize([(_dkdv_first, args), (_dkdv_second, args), (_dkdv_producer, args)], [4, 1],
+                               [CONSUMER_REGS, 24])
+
+
+def eligible(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, grads, mask) -> bool:
+    """Whether ``backward`` runs these [B, H, S, D] views: an NVIDIA GPU of compute capability 9.0, fp16/bf16, no
+    mask, one dtype and one head dim in ``DQ_CONFIGS`` (128) for q, k, v and do, at least 128 queries and one key,
+    and strides a TMA descriptor accepts for q, k, v, do and the gradients ``grads`` (dq, dk, dv)."""
+    D = qv.shape[3]
+    return (AVAILABLE and mask is None and qv.dtype in (torch.float16, torch.bfloat16) and D in DQ_CONFIGS
+            and all(t.dtype == qv.dtype for t in (kv, vv, dov)) and dov.shape[3] == D
+            and kv.shape[3] == D and vv.shape[3] == D and kv.shape[2] > 0 and qv.shape[2] >= 2 * BLOCK_M
+            and _capability_90(qv.device) and all(descriptor_ok(t) for t in (qv, kv, vv, dov, *grads)))
+
+
+def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta: Tensor, dq: Tensor, dk: Tensor,
+             dv: Tensor, scale: float, causal: bool) -> None:
+    """Writes dq ([B, H, Sq, D]), dk and dv ([B, Hk, Sk, D], summed over each kv head's query heads) for q, k, v and
+    do as [B, H, S, D] views (any strides ``eligible`` accepts), ``lse`` ([B, H, Sq] fp32, base 2, from the forward)
+    and ``delta`` ([B, H, Sq] fp32, rowsum(do * o))."""
+    B, H, Sq, D = qv.shape
+    Hk, Sk = kv.shape[1], kv.shape[2]
+    qk_scale = scale * 1.4426950408889634
+    gdt = gl.bfloat16 if qv.dtype == torch.bfloat16 else gl.float16
+
+    made = {}
+
+    def desc(t, rows):  # each (tensor, tile rows) once: both kernels read q, k, v and do
+        if (id(t), rows) not in made:
+            block = [1, 1, rows, D]
+            made[id(t), rows] = TensorDescriptor(t, list(t.shape), list(t.stride()), block,
+                                                 gl.NVMMASharedLayout.get_default_for(block, gdt))
+        return made[id(t), rows]
+
+    if FUSED_DQ and not torch.are_deterministic_algorithms_enabled():
+        cfg = FUSED_CONFIGS[D]
+        bk = cfg.block_n
+        dq_acc = torch.zeros(B, H, Sq, D, dtype=torch.float32, device=qv.device)
+        dqa_block = [1, 1, BLOCK_M, D // 2]
+        desc_dqa = (dq_acc if DQ_MODE == 5 else
+                    TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), dqa_block,
+                                     gl.NVMMASharedLayout.get_default_for(dqa_block, gl.float32)))
+        _attn_bwd_dkdv_sm90_kernel[(cdiv(Sk, 2 * bk), Hk, B)](
+            desc(qv, BLOCK_M), desc(kv, bk), desc(vv, bk), desc(dov, BLOCK_M), desc(dk, bk), desc(dv, bk), desc_dqa,
+            lse, delta, H, Sq, Sk, H // Hk, qk_scale, scale,
+            D=D, CAUSAL=causal, BM=BLOCK_M, BK=bk, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+            FUSED_DQ=True, num_warps=4, maxnreg=cfg.maxnreg,
+        )
+        torch.mul(dq_acc, scale, out=dq)  # fp32 product, one rounding to dq's dtype, as the dQ kernel's store
+        return
+    cfg = DQ_CONFIGS[D]
+    _attn_bwd_dq_sm90_kernel[(cdiv(Sq, 2 * BLOCK_M), H, B)](
+        desc(qv, BLOCK_M), desc(kv, cfg.block_n), desc(vv, cfg.block_n), desc(dov, BLOCK_M), desc(dq, BLOCK_M),
+        lse, delta, Sq, Sk, H // Hk, qk_scale, scale,
+        D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs,
+        num_warps=4, maxnreg=cfg.maxnreg,
+    )
+    cfg = DKDV_CONFIGS[D]
+    bk = cfg.block_n
+    _attn_bwd_dkdv_sm90_kernel[(cdiv(Sk, 2 * bk), Hk, B)](
+        desc(qv, BLOCK_M), desc(kv, bk), desc(vv, bk), desc(dov, BLOCK_M), desc(dk, bk), desc(dv, bk), None,
+        lse, delta, H, Sq, Sk, H // Hk, qk_scale, scale,
+        D=D, CAUSAL=causal, BM=BLOCK_M, BK=bk, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+        FUSED_DQ=False, num_warps=4, maxnreg=cfg.maxnreg,
+    )
