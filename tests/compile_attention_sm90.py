@@ -61,7 +61,7 @@ def _backward(bwd, sm90, gl, GluonASTSource) -> int:
                 sig.update({name: "constexpr" for name in consts})
                 src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
                 c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                   options={"num_warps": 4, "maxnreg": cfg.maxnreg})
+                                   options={"num_warps": 4, "maxnreg": cfg.maxnreg, "enable_fp_fusion": True})
                 _report(kind, D, causal, c)
                 count += 1
     return count
@@ -92,7 +92,7 @@ def main(variant: Path) -> int:
             sig.update({name: "constexpr" for name in consts})
             src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
             c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": 4, "maxnreg": cfg.maxnreg})
+                               options={"num_warps": 4, "maxnreg": cfg.maxnreg, "enable_fp_fusion": True})
             _report("fwd", D, causal, c)
             count += 1
     count += _backward(sys.modules[sm90.__name__ + "_bwd"], sm90, gl, GluonASTSource)

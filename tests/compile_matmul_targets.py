@@ -38,7 +38,8 @@ def _compile(kernel, sig: dict, consts: dict, target, warps: int, stages: int):
     for name in consts:
         sig[name] = "constexpr"
     src = ASTSource(kernel, sig, constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
-    return triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})
+    return triton.compile(src, target=target,
+                          options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": True})
 
 
 def main(variant: Path, arch: str) -> int:

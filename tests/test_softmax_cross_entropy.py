@@ -392,10 +392,10 @@ def test_team_plan_fp_fusion_option(softmax, monkeypatch):
     assert team.team_split(2048, 2, 4, cpu, setting, True).fp_fusion is False
     plan = team.team_split(2048, 2, 4, cpu, {**setting, "fp_fusion": True}, True)
     assert plan.fp_fusion is True and plan.team == 4
-    monkeypatch.setattr(team, "launch_options", lambda kernel: {"enable_fp_fusion": False})  # as on a GPU
+    monkeypatch.setattr(team, "launch_options", lambda kernel, fp_fusion=False: {"enable_fp_fusion": fp_fusion})  # GPU
     assert dict(plan.meta(None, cpu, 0))["enable_fp_fusion"] is True
     assert dict(dataclasses.replace(plan, fp_fusion=False).meta(None, cpu, 0))["enable_fp_fusion"] is False
-    monkeypatch.setattr(team, "launch_options", lambda kernel: {})  # the interpreter takes no options
+    monkeypatch.setattr(team, "launch_options", lambda kernel, fp_fusion=False: {})  # the interpreter: no options
     assert "enable_fp_fusion" not in dict(plan.meta(None, cpu, 0))
 
 

@@ -76,11 +76,12 @@ def check_launch_device(x: torch.Tensor, kernel) -> None:
         raise RuntimeError(f"{package} got a CPU tensor, but CPU tensors only run under the Triton interpreter: {why}.")
 
 
-def launch_options(kernel) -> dict:
-    """Keyword options for a kernel launch.
+def launch_options(kernel, fp_fusion: bool = False) -> dict:
+    """Keyword options for a kernel launch: ``enable_fp_fusion``, always named (the interpreter takes no such option).
 
-    ``enable_fp_fusion=False`` keeps ``a * b + c`` as two rounded operations, as PyTorch's
-    eager elementwise ops compute it, instead of one fused multiply-add: needed wherever a
-    kernel must match eager rounding bit for bit (the interpreter takes no such option).
+    ``fp_fusion=False`` keeps ``a * b + c`` as two rounded operations, as PyTorch's eager elementwise ops compute
+    it, instead of one fused multiply-add: needed wherever a kernel must match eager rounding bit for bit.
+    ``fp_fusion=True`` lets the compiler contract them (kernels checked against tolerances: attention, matmul,
+    modulate). Named rather than left to Triton's default, which is on up to Triton 3.9 and off from 3.10.
     """
-    return {} if is_interpreter(kernel) else {"enable_fp_fusion": False}
+    return {} if is_interpreter(kernel) else {"enable_fp_fusion": fp_fusion}

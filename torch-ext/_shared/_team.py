@@ -152,9 +152,7 @@ class TeamPlan:
 
     def meta(self, kernel, device: torch.device, phase: int, **constexprs) -> tuple:
         """Constexprs and launch options of one launch of ``kernel`` (``meta_items`` pairs)."""
-        options = launch_options(kernel)  # enable_fp_fusion=False; nothing under the interpreter
-        if self.fp_fusion and options:
-            options["enable_fp_fusion"] = True  # named, not left to Triton's default (which Triton 3.10 changes)
+        options = launch_options(kernel, self.fp_fusion)  # nothing under the interpreter
         if _nvidia(device):
             options["maxnreg"] = self.maxnreg
         return tuple({**constexprs, "BLOCK_N": self.block_n, "TEAM_P2": max(next_power_of_2(self.team),

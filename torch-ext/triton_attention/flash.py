@@ -48,7 +48,7 @@ import triton.language as tl
 
 from . import flash_sm90, flash_sm90_bwd
 from .flash_sm90 import descriptor_ok
-from ._device import cdiv, check_launch_device, is_interpreter, next_power_of_2
+from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
 from ._dispatch import call_op
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
 from ._ops import add_op_namespace_prefix
@@ -736,7 +736,8 @@ def _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, cfg, interp, cv, sv, cs, ss
     BM, BN = cfg.block_m, cfg.block_n
     descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bs, D])
              for t, bs in ((qv, BM), (kv, BN), (vv, BN), (o, BM))]
-    extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                               **launch_options(_attn_fwd_tma_kernel, fp_fusion=True)}
     _attn_fwd_tma_kernel[(cdiv(Sq, BM), H, B)](
         *descs, lse, qv, cv, sv, *qv.stride(), *cs, *ss, Sq, Sk, H // Hk, scale * LOG2E,
         D=D, CAUSAL=causal, ROPE=rope, BLOCK_M=BM, BLOCK_N=BN,
@@ -764,7 +765,8 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
             cfg = FwdConfig(max(16, next_power_of_2(Sq)), cfg.block_n, min(cfg.num_warps, 4), cfg.num_stages)
     m, ms, kind = _mask_view(mask, B, H, Sq, Sk, qv)
     grid = (cdiv(Sq, cfg.block_m), H, B)
-    extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                               **launch_options(_attn_fwd_kernel, fp_fusion=True)}
     if rope:
         cv, sv = _bhsd(_as4(cos).expand(q.shape), bshd), _bhsd(_as4(sin).expand(q.shape), bshd)
         cs, ss = _bcast_strides(cv), _bcast_strides(sv)
@@ -814,13 +816,14 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
     default_cfg = cfg is None
     cfg = cfg or bwd_config_for(q, max(BD, BDV), interp)
     m, ms, kind = _mask_view(mask, B, H, Sq, Sk, qv)
-    extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    extra2 = {} if interp else cfg.dq_launch
+    extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                               **launch_options(_attn_bwd_dkdv_kernel, fp_fusion=True)}
+    extra2 = {} if interp else {**cfg.dq_launch, **launch_options(_attn_bwd_dq_kernel, fp_fusion=True)}
     delta = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     block_delta = 16 if interp else 64
     _bwd_delta_kernel[(cdiv(Sq, block_delta), H, B)](
         ov, dov, delta, *ov.stride(), *dov.stride(), Sq, DV, BLOCK_M=block_delta, BLOCK_DV=BDV,
-        **({} if interp else {"num_warps": 4}),
+        **({} if interp else {"num_warps": 4, **launch_options(_bwd_delta_kernel, fp_fusion=True)}),
     )
     if (TMA_BWD if tma_bwd is None else tma_bwd) and not need_dmask and _tma_eligible(qv, kv, vv, mask, interp) \
             and descriptor_ok(dov) and D == DV and D == BD:

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._device import cdiv
+from ._device import cdiv, launch_options
 
 Tensor = torch.Tensor
 
@@ -328,5 +328,5 @@ def forward(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, lse: Tensor, qk_scale
         *descs, lse, Sq, Sk, H // Hk, qk_scale,
         D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal, PINGPONG=cfg.pingpong,
         CONSUMER_REGS=cfg.consumer_regs, HEAD_GROUP=CAUSAL_HEAD_GROUP, num_warps=4,
-        maxnreg=cfg.maxnreg,
+        maxnreg=cfg.maxnreg, **launch_options(_attn_fwd_sm90_kernel, fp_fusion=True),
     )

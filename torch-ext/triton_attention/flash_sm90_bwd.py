@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._device import cdiv
+from ._device import cdiv, launch_options
 from . import flash_sm90
 from .flash_sm90 import AVAILABLE, _capability_90, descriptor_ok
 
@@ -373,6 +373,7 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
         lse, delta, Sq, Sk, H // Hk, qk_scale, scale,
         D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs,
         HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4, maxnreg=cfg.maxnreg,
+        **launch_options(_attn_bwd_dq_sm90_kernel, fp_fusion=True),
     )
     cfg = DKDV_CONFIGS[D]
     bk = cfg.block_n
@@ -381,4 +382,5 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
         lse, delta, H, Sq, H // Hk, qk_scale, scale,
         D=D, CAUSAL=causal, BM=BLOCK_M, BK=bk, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
         HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4, maxnreg=cfg.maxnreg,
+        **launch_options(_attn_bwd_dkdv_sm90_kernel, fp_fusion=True),
     )

@@ -64,7 +64,7 @@ import triton.language as tl
 
 from ._dispatch import call_op
 from ._launch import MatmulConfig, config_for, tma_capable
-from ._device import cdiv, check_launch_device, is_interpreter, next_power_of_2
+from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
 from ._libm import ex2_approx_ftz, rcp_approx_ftz
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
@@ -586,6 +586,7 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
                     SUB_N=sub_n)
     _launch_fitting(lambda stages: kernel[(progs,)](
         *operands, work, arrivals, M, N, K, h.stride(0) if h is not None else 0, progs, **meta, num_stages=stages,
+        **launch_options(kernel, fp_fusion=True),
     ), (name, cfg, gated, act, b_nk, a.dtype, a.device), cfg)
 
 
@@ -609,6 +610,7 @@ def _launch_gemv(a, b, bias, y, h, M, N, K, gated, act, cfg) -> None:
         M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0), h.stride(0) if h is not None else 0,
         GATED=gated, ACT=act, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
         FAST_MATH=_fast_math(a, is_interpreter(_gemv_kernel)), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_options(_gemv_kernel, fp_fusion=True),
     )
 
 
@@ -673,7 +675,7 @@ def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: O
         GATED=gated, ACT=act, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         UPCAST=is_interpreter(_matmul_fwd_kernel) and a.dtype == torch.bfloat16,
         FAST_MATH=_fast_math(a, is_interpreter(_matmul_fwd_kernel)), num_warps=cfg.num_warps,
-        num_stages=stages,
+        num_stages=stages, **launch_options(_matmul_fwd_kernel, fp_fusion=True),
     ), ("ptr", cfg, gated, act, a.dtype, a.device), cfg)
     return y, h
 
