@@ -70,10 +70,11 @@ class Sm90Config(NamedTuple):
 CONFIGS = {128: Sm90Config(128, 2, False, 224), 64: Sm90Config(128, 2, False, 224)}
 BLOCK_M = 64  # query rows per consumer warpgroup; a program covers 2 * BLOCK_M
 # Causal grids (here and in flash_sm90_bwd.py) run in groups of this many (batch, head) pairs, longest blocks first
-# within each group (_heavy_first; the grids of other calls ignore it); 1: one head after another. H200, bf16, d = 128, session 27 (medians of 3
-# interleaved rounds, results/attention_causal_order_session27_2026-12-03.txt), forward / backward TFLOP/s for 1 ->
-# 4: 4 x 32 x 4096 526 -> 538 / 384 -> 390, GQA 2 x 32 (8 kv) x 4096 519 -> 560 / 359 -> 400, 1 x 24 x 4608
-# 514 -> 540 / 358 -> 385, 1 x 32 x 16384 610 -> 605 / 428 -> 425 (8: no better). Outputs are bit-equal.
+# within each group (_heavy_first; the grids of other calls ignore it); 1: one head after another. H200, bf16,
+# d = 128, session 27 (medians of 3 interleaved rounds, results/attention_causal_order_session27_2026-12-03.txt),
+# forward / backward TFLOP/s for 1 -> 4: 4 x 32 x 4096 526 -> 538 / 384 -> 390, GQA 2 x 32 (8 kv) x 4096
+# 519 -> 560 / 359 -> 400, 1 x 24 x 4608 514 -> 540 / 358 -> 385, 1 x 32 x 16384 610 -> 605 / 428 -> 425 (8: no
+# better). Outputs are bit-equal.
 CAUSAL_HEAD_GROUP = 4
 
 
