@@ -345,12 +345,69 @@ def test_team_rules(norms, device, wide):
     assert wide.calls == []
 
 
+_PAIR_KERNELS = """
+import sys
+import triton
+import triton.language as tl
+T = sys.modules[{name!r}]
+
+
+@triton.jit
+def publish(a_ptr, b_ptr, ws_ptr):
+    i = tl.program_id(0)
+    T.team_publish_pair(ws_ptr + i, tl.load(a_ptr + i), tl.load(b_ptr + i))
+
+
+@triton.jit
+def gather(ws_ptr, out_a_ptr, out_b_ptr, count, P2: tl.constexpr):
+    k = tl.arange(0, P2)
+    a, b = T.team_gather_pair(ws_ptr, k, count, -7.0, 9.0)
+    tl.store(out_a_ptr + k, a)
+    tl.store(out_b_ptr + k, b)
+"""
+
+
+def test_team_pair_words_round_trip(norms, device, tmp_path):
+    """``team_publish_pair`` / ``team_gather_pair`` (the layer_norm, softmax and cross-entropy meetings): any two
+    fp32 values, bit for bit (signed zeros, infinities, NaNs, subnormals), in one non-zero word per member, so
+    that a published pair never reads as an empty slot; the b whose bits would make a zero word (0xFFFFFFFF) comes
+    back as another NaN; lanes past the count give ``other``."""
+    import importlib.util
+
+    path = tmp_path / "pair_kernels.py"
+    path.write_text(_PAIR_KERNELS.format(name=norms.__name__ + "._team"))
+    spec = importlib.util.spec_from_file_location("pair_kernels_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    special = [0, 0x80000000, 0x7F800000, 0xFF800000, 0xFFFFFFFF, 0x7FFFFFFF, 0x7FC00000, 1, 0x807FFFFF,
+               0x3F800000, 0xBF800000, 0x00800000]
+    rng = torch.Generator().manual_seed(1)
+    bits_a = [0] + special + torch.randint(0, 2**32, (16,), generator=rng).tolist()  # (+0, +0) first
+    bits_b = [0] + list(reversed(special)) + torch.randint(0, 2**32, (16,), generator=rng).tolist()
+    n, p2 = len(bits_a), 32
+
+    def as_f32(bits):
+        return torch.tensor([b - 2**32 if b >= 2**31 else b for b in bits], dtype=torch.int32).view(torch.float32)
+
+    a, b = as_f32(bits_a).to(device), as_f32(bits_b).to(device)
+    ws = torch.zeros(p2, dtype=torch.int64, device=device)
+    mod.publish[(n,)](a, b, ws)
+    assert (ws[:n] != 0).all() and (ws[n:] == 0).all()
+    out_a, out_b = (torch.full((p2,), float("nan"), device=device) for _ in range(2))
+    mod.gather[(1,)](ws, out_a, out_b, n, P2=p2)
+    got_a = out_a.cpu().view(torch.int32).tolist()
+    got_b = out_b.cpu().view(torch.int32).tolist()
+    assert [v & 0xFFFFFFFF for v in got_a[:n]] == bits_a
+    assert [v & 0xFFFFFFFF for v in got_b[:n]] == [0x7FFFFFFF if v == 0xFFFFFFFF else v for v in bits_b]
+    assert out_a[n:].eq(-7.0).all() and out_b[n:].eq(9.0).all()
+
+
 def test_shipped_team_tiers(norms):
     """The shipped forward teams by row width (bf16 rows of 65536, 131072, 262144): chunk bytes and warps."""
     mod = sys.modules[norms.__name__ + "._wide"]
     team_mod = sys.modules[norms.__name__ + "._team"]
     want = {"rms_norm": [(4096, 1), (4096, 1), (8192, 2)], "add_rms_norm": [(4096, 2), (8192, 4), (8192, 4)],
-            "layer_norm": [(8192, 4), (4096, 1), (16384, 4)]}
+            "layer_norm": [(4096, 1), (4096, 1), (16384, 4)]}
     for kind, settings in want.items():
         got = []
         for N in (65536, 131072, 262144):
@@ -409,7 +466,7 @@ for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
             (W._ln_team_fwd_kernel, dict(res_ptr=None, h_ptr=None, PHASE=0, AFFINE=1)),
             (W._rms_team_bwd_kernel, dict(dh_ptr=None, dres_ptr=None, db_ptr=None, CAST_DTYPE=tl.bfloat16, PHASE=0)),
             (W._ln_team_bwd_kernel, dict(PHASE=0)),
-            # teams of at most _team.PAIR_MAX_TEAM poll their two statistics together
+            # the smallest gather (TEAM_P2 16)
             (W._ln_team_fwd_kernel, dict(res_ptr=None, h_ptr=None, PHASE=0, TEAM_P2=16)),
             (W._ln_team_bwd_kernel, dict(PHASE=0, TEAM_P2=16))]:
         consts.update(BLOCK_N=8192, TEAM_P2=consts.get("TEAM_P2", 64))
@@ -418,8 +475,7 @@ for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
         src = ASTSource(k, sig(k, consts), constexprs={(k.arg_names.index(m),): v for m, v in consts.items()})
         triton.compile(src, target=target, options={"num_warps": 8})
         count += 1
-    # the shipped tiers as launched (bf16): their warps, chunk, register cap and largest team (TEAM_P2 16: the
-    # layer_norm kernels' paired polling)
+    # the shipped tiers as launched (bf16): their warps, chunk, register cap and largest team
     for kind, k, consts in [("rms_norm", W._rms_team_fwd_kernel, dict(res_ptr=None, h_ptr=None, b_ptr=None)),
                             ("add_rms_norm", W._rms_team_fwd_kernel, dict(b_ptr=None)),
                             ("layer_norm", W._ln_team_fwd_kernel, dict(res_ptr=None, h_ptr=None)),
@@ -453,4 +509,4 @@ def test_team_kernels_compile_for_sm90_and_gfx942(built):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(variant)], env=env, capture_output=True,
                          text=True, timeout=600)
-    assert "COMPILED 42" in res.stdout, res.stdout + res.stderr
+    assert "COMPILED 40" in res.stdout, res.stdout + res.stderr

@@ -15,9 +15,11 @@ Publishing. Each statistic of a row goes into its own int64 slot of a zeroed wor
 ``1 << 32 | fp32 bits``, written with a relaxed atomic exchange (``team_publish``): the word is its
 own flag, so no fence orders it behind the program's other stores. ``team_gather`` polls the K
 words of a statistic with ``volatile`` loads (from L2, never a stale L1 line) until all carry the
-flag. The workspace is ``torch.zeros`` made by the host per call: one memset, no host sync, fine in
-CUDA graphs and under torch.compile (a kernel that never meets, such as the softmax forward's team of one,
-gets none).
+flag. Two statistics of a member (layer_norm's sum and squared deviations, softmax's max and sum of exp) share
+one word (``team_publish_pair``: the first's bits above the complement of the second's, never 0), so such a meeting
+polls one word per member, not two (session 29). The workspace is ``torch.zeros`` made by the host per call: one
+memset, no host sync, fine in CUDA graphs and under torch.compile (a kernel that never meets, such as the softmax
+forward's team of one, gets none).
 
 Forward progress: a waiting program only waits on its teammates, and all programs of the grid are
 resident at once, because the grid never exceeds the multiprocessor count times the programs one
@@ -69,31 +71,28 @@ def team_gather(slots_ptr, k, count, other):
     return tl.where(live, (words & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True), other)
 
 
-# Teams of at most this many members (``TEAM_P2``) poll their two statistics together (``team_gather_pair``);
-# larger ones poll them one after the other. On the H200 (bf16, session 24, results/session24_softmax_teams_2026-12-03.txt)
-# together: layer_norm forward 4096 x 65536 (16 members) +5.6%, its backward at 8192 x 12288 / 16384 (6 / 8 members)
-# +10 / +11%, but with 32 members the backward at 4096 x 65536 -5%, the softmax forward -4% to +0.5%, the
-# cross-entropy -3% (twice the polling traffic while a large team gathers).
-PAIR_MAX_TEAM: tl.constexpr = tl.constexpr(16)  # >= TEAM_P2_MIN, or no team would pair
+@triton.jit
+def team_publish_pair(slot_ptr, a, b):
+    """Publishes the fp32 scalars ``a`` and ``b`` together into the zeroed int64 slot ``slot_ptr``: one word,
+    ``a``'s bits above the complement of ``b``'s. No pair reads as the zero of an empty slot: that needs ``b``'s bits
+    0xFFFFFFFF, a NaN, published as the NaN 0x7FFFFFFF instead (the combine gives NaN either way)."""
+    lo = b.to(tl.uint32, bitcast=True)
+    lo = tl.where(lo == 0xFFFFFFFF, 0x7FFFFFFF, lo) ^ 0xFFFFFFFF
+    hi = a.to(tl.uint32, bitcast=True).to(tl.int64)
+    tl.atomic_xchg(slot_ptr, (hi << 32) | lo.to(tl.int64), sem="relaxed")
 
 
 @triton.jit
 def team_gather_pair(slots_ptr, k, count, other_a, other_b):
-    """``team_gather`` of two statistics, member ``k``'s at ``slots_ptr[k]`` and ``slots_ptr[count + k]``: for a
-    team of at most ``PAIR_MAX_TEAM`` (``k``'s length) both loads go out in each poll, so that a row's meeting waits
-    one L2 round trip, not two in a row; one after the other for larger teams.
-    (Two vectors in ``k``'s layout, like ``team_gather``'s: a (member, statistic) tile polled as one tensor was
-    reduced across threads other than those holding the words used afterwards, and read stale words on the H200.)"""
-    if k.shape[0] > PAIR_MAX_TEAM:
-        return team_gather(slots_ptr, k, count, other_a), team_gather(slots_ptr + count, k, count, other_b)
+    """The two fp32 statistics that ``team_publish_pair`` put in ``slots_ptr[k]`` for the first ``count``
+    members, once every one is published (``other_a`` / ``other_b`` beyond ``count``): one word per member, so a
+    row's meeting polls as many words as for one statistic and waits one L2 round trip."""
     live = k < count
-    wa = tl.load(slots_ptr + k, mask=live, other=4294967296, volatile=True)
-    wb = tl.load(slots_ptr + count + k, mask=live, other=4294967296, volatile=True)
-    while tl.min(tl.minimum(wa >> 32, wb >> 32).to(tl.int32), 0) == 0:
-        wa = tl.load(slots_ptr + k, mask=live, other=4294967296, volatile=True)
-        wb = tl.load(slots_ptr + count + k, mask=live, other=4294967296, volatile=True)
-    a = (wa & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
-    b = (wb & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+    words = tl.load(slots_ptr + k, mask=live, other=-1, volatile=True)
+    while tl.min((words != 0).to(tl.int32), 0) == 0:
+        words = tl.load(slots_ptr + k, mask=live, other=-1, volatile=True)
+    a = (words >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    b = (words.to(tl.int32) ^ -1).to(tl.float32, bitcast=True)
     return tl.where(live, a, other_a), tl.where(live, b, other_b)
 
 

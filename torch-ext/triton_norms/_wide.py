@@ -46,7 +46,8 @@ from ._common import affine_f32, input_of, ln_affine, load_affine, load_grad_raw
 from ._fastlaunch import launch
 from ._launch import BWD_MAX_FUSED_BYTES, backward_strides
 from ._rounding import round_dtype
-from ._team import team_gather, team_gather_pair, team_phases, team_publish, team_split, team_start
+from ._team import (team_gather, team_gather_pair, team_phases, team_publish, team_publish_pair, team_split,
+                    team_start)
 
 # Per kind: rows of at least min_row_bytes (input element size) go to teams of ceil(bytes / chunk_bytes)
 # programs of num_warps warps, programs_per_sm of them per SM with at most maxnreg registers per thread
@@ -77,10 +78,8 @@ WIDE_TUNED: dict = {
                       "maxnreg": 80, "max_team": 32},
                      {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 6,
                       "maxnreg": 80}],
-    "layer_norm": [{"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 5,
-                    "maxnreg": 96, "max_team": 16},
-                   {"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 16,
-                    "maxnreg": 128, "max_team": 64},
+    "layer_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
+                    "maxnreg": 168, "max_team": 64},
                    {"min_row_bytes": 65537, "chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4,
                     "maxnreg": 128}],
     "rms_norm_bwd": {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
@@ -158,7 +157,7 @@ def _rms_team_fwd_kernel(
 @triton.jit
 def _ln_team_fwd_kernel(
     x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr,  # as layer_norm._layer_norm_fwd_kernel
-    ws_ptr,  # int64 (rows, 2, TEAM) zeros: each member's published sum, then its squared deviations
+    ws_ptr,  # int64 (rows, TEAM) zeros: each member's published pair (sum, squared deviations)
     stride_x_row, stride_res_row,
     M, N, eps,
     TEAM, TEAMS,
@@ -178,12 +177,11 @@ def _ln_team_fwd_kernel(
     xr, rr = _load_raw(x_ptr, res_ptr, row, M, N, stride_x_row, stride_res_row, offs)
     while row < M:
         x = input_of(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
-        slots = ws_ptr + row * (2 * TEAM)
+        slots = ws_ptr + row * TEAM
         if PHASE != 2:
             s = tl.sum(x, axis=0)
             d = tl.where(mask, x - s / n_mine, 0.0)
-            team_publish(slots + member, s)
-            team_publish(slots + TEAM + member, tl.sum(d * d, axis=0))
+            team_publish_pair(slots + member, s, tl.sum(d * d, axis=0))
         nxt = row + TEAMS
         xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
         if PHASE != 1:
@@ -266,7 +264,7 @@ def _rms_team_bwd_kernel(
 def _ln_team_bwd_kernel(
     dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dh_ptr, dx_ptr, dres_ptr,  # as layer_norm._layer_norm_bwd_kernel
     dw_ptr, db_ptr,  # (TEAMS, N) fp32 partials, or None
-    ws_ptr,  # int64 (rows, 2, TEAM) zeros: each member's published sum of g * xhat, then of g
+    ws_ptr,  # int64 (rows, TEAM) zeros: each member's published pair (sum of g * xhat, sum of g)
     stride_dy_row, stride_dy_col, stride_x_row, stride_dh_row, stride_dh_col,
     M, N,
     TEAM, TEAMS,
@@ -289,10 +287,9 @@ def _ln_team_bwd_kernel(
         g = dy
         if w_ptr is not None:
             g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        slots = ws_ptr + row * (2 * TEAM)
+        slots = ws_ptr + row * TEAM
         if PHASE != 2:
-            team_publish(slots + member, tl.sum(g * xhat, axis=0))
-            team_publish(slots + TEAM + member, tl.sum(g, axis=0))
+            team_publish_pair(slots + member, tl.sum(g * xhat, axis=0), tl.sum(g, axis=0))
         nxt = row + TEAMS
         dyr, xr = load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
         if PHASE != 1:
@@ -330,7 +327,7 @@ def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, ep
     plan = team_for("layer_norm", N, elem, M, x2.device)
     if plan is None:
         return False
-    ws = torch.zeros(2 * M * plan.team, dtype=torch.int64, device=x2.device)
+    ws = torch.zeros(M * plan.team, dtype=torch.int64, device=x2.device)
     args = (x2, r2, w, b, y, h, mean, rstd, ws, stride_x, stride_r, M, N, eps, plan.team, plan.teams)
     for phase in team_phases(x2.device, plan.team):
         launch(_ln_team_fwd_kernel, plan.grid, args, plan.meta(_ln_team_fwd_kernel, x2.device, phase,
@@ -349,7 +346,7 @@ def wide_backward(kind: str, dy2, dh2, x2, w, stats, dx, dres, need_dw: bool, ne
     device = x2.device
     dw_part = torch.empty((plan.teams, N), dtype=torch.float32, device=device) if need_dw else None
     db_part = torch.empty((plan.teams, N), dtype=torch.float32, device=device) if need_db else None
-    ws = torch.zeros(len(stats) * M * plan.team, dtype=torch.int64, device=device)
+    ws = torch.zeros(M * plan.team, dtype=torch.int64, device=device)  # one word per member and row
     head = (dy2, x2, w, *stats, dh2, dx, dres, dw_part, db_part, ws, *backward_strides(dy2, x2, dh2), M, N)
     if kind == "rms_norm":
         kernel, args = _rms_team_bwd_kernel, (*head, scalars["weight_offset"], plan.team, plan.teams)

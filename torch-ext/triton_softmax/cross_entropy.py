@@ -62,7 +62,7 @@ import triton.language as tl
 
 from ._cross_entropy_torch_order import cross_entropy_torch_order
 from .softmax import _chunk_max_exp, _chunk_start, _team_load, _team_max_sumexp, _team_phases
-from ._team import team_gather, team_publish, team_start
+from ._team import team_gather, team_publish, team_publish_pair, team_start
 from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, meta_like, row_layout,
                       row_start, rows_aligned, run_plan, store_rounded)
 from ._dispatch import call_op, eager_autograd
@@ -246,7 +246,7 @@ def _cross_entropy_fwd_kernel(
 @triton.jit
 def _cross_entropy_team_fwd_kernel(
     x_ptr, t_ptr, loss_ptr, g_ptr, lse_ptr, count_ptr, applied_ptr,  # as _cross_entropy_fwd_kernel
-    ws_ptr,  # int64 (rows, 3, TEAM) zeros: each member's published max, sum of exp, sum of logits (SMOOTH)
+    ws_ptr,  # int64 (rows, 2, TEAM) zeros: each member's published pair (max, sum of exp), its sum of logits (SMOOTH)
     M,  # number of rows
     R1, R2,
     sx0, sx1, sx2, sxc,
@@ -269,12 +269,11 @@ def _cross_entropy_team_fwd_kernel(
     while row < M:
         x = tl.where(mask_n, xr.to(tl.float32), float("-inf"))
         m_own, e = _chunk_max_exp(x)
-        slots = ws_ptr + row * (3 * TEAM)
+        slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
-            team_publish(slots + member, m_own)
-            team_publish(slots + TEAM + member, tl.sum(e, axis=0))
+            team_publish_pair(slots + member, m_own, tl.sum(e, axis=0))
             if SMOOTH:
-                team_publish(slots + 2 * TEAM + member, tl.sum(tl.where(mask_n, x, 0.0), axis=0))
+                team_publish(slots + TEAM + member, tl.sum(tl.where(mask_n, x, 0.0), axis=0))
         nxt = row + TEAMS
         xr, _ = _team_load(x_ptr, None, nxt, R1, R2, sx0, sx1, sx2, sxc, 0, 0, 0, 0, offs, V, M, "")
         if PHASE != 1:
@@ -289,7 +288,7 @@ def _cross_entropy_team_fwd_kernel(
                               other=0.0).to(tl.float32)
                 sum_x = 0.0
                 if SMOOTH:
-                    sum_x = tl.sum(team_gather(slots + 2 * TEAM, k, TEAM, 0.0), axis=0)
+                    sum_x = tl.sum(team_gather(slots + TEAM, k, TEAM, 0.0), axis=0)
                 _store_loss(loss_ptr, lse_ptr, applied_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid,
                             in_range, SMOOTH)
             if g_ptr is not None:
@@ -484,7 +483,7 @@ def _fwd_plan(logits, target, g, class_dim, ignore_index, label_smoothing, z_los
                     lambda: not copy and rows_aligned(layout, [logits, None, gs]))
     workspace = None
     if team is not None:  # wide rows: persistent teams of programs, the logits read once
-        workspace = (3 * layout.rows * team.team, torch.int64, True)
+        workspace = (2 * layout.rows * team.team, torch.int64, True)
         fixed = (layout.rows, layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1)[:3], *layout.args(2),
                  *rest, team.team, team.teams)
         for phase in _team_phases(device, team.team):

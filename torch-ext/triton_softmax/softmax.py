@@ -51,7 +51,7 @@ from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, meta_items
 from ._launch import PLAN_CACHES, SPLIT_BELOW_ROWS_PER_SM, config_for, split_for, team_for
 from ._torch_order import softmax_torch_order
-from ._team import sm_count, team_gather, team_phases, team_publish, team_start
+from ._team import sm_count, team_gather, team_gather_pair, team_phases, team_publish, team_publish_pair, team_start
 from ._device import cdiv, check_launch_device, launch_options, next_power_of_2
 from ._ops import add_op_namespace_prefix
 
@@ -441,10 +441,9 @@ def _chunk_max_exp(z):
 
 @triton.jit
 def _team_max_sumexp(slots, k, TEAM):
-    """(max, sum of exp(z - max)) of a whole row from its ``TEAM`` members' published maxima (``slots[k]``)
-    and sums of exp (``slots[TEAM + k]``), combined in member order: the same bits in every member and run."""
-    mi = team_gather(slots, k, TEAM, float("-inf"))
-    si = team_gather(slots + TEAM, k, TEAM, 0.0)
+    """(max, sum of exp(z - max)) of a whole row from its ``TEAM`` members' published pairs (max, sum of exp) in
+    ``slots[k]`` (``_team.team_publish_pair``), combined in member order: the same bits in every member and run."""
+    mi, si = team_gather_pair(slots, k, TEAM, float("-inf"), 0.0)
     mx = tl.max(mi, axis=0)
     return mx, tl.sum(si * tl.exp(mi - tl.where(mx == float("-inf"), 0.0, mx)), axis=0)
 
@@ -489,7 +488,7 @@ def _team_scores(x, m, m_ptr, offs, mask_n, q, scale, CAUSAL: tl.constexpr, SCAL
 @triton.jit
 def _softmax_team_fwd_kernel(
     x_ptr, m_ptr, y_ptr,
-    ws_ptr,  # int64 (rows, 2, TEAM) zeros: each member's published max, then its sum of exp (see _team)
+    ws_ptr,  # int64 (rows, TEAM) zeros: each member's published pair (max, sum of exp) (see _team)
     R1, R2,
     sx0, sx1, sx2, sxc,
     sm0, sm1, sm2, smc,
@@ -527,10 +526,9 @@ def _softmax_team_fwd_kernel(
                 y = e / s
             store_rounded(y_ptr + row_start(row, R1, R2, sy0, sy1, sy2), offs.to(tl.int64) * syc, y, mask_n)
         else:
-            slots = ws_ptr + row * (2 * TEAM)
+            slots = ws_ptr + row * TEAM
             if PHASE != 2:
-                team_publish(slots + member, m_own)
-                team_publish(slots + TEAM + member, tl.sum(e, axis=0))
+                team_publish_pair(slots + member, m_own, tl.sum(e, axis=0))
             if PHASE != 1:
                 mx, s = _team_max_sumexp(slots, k, TEAM)
                 y = _team_softmax_of(e, z, m_own, mx, s, LOG)
@@ -646,7 +644,7 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
         fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N,
                  sq, float(scale), team.team, team.teams)
         alone = team.team == 1  # no meeting, no workspace
-        return LaunchPlan(copy, None if alone else (2 * layout.rows * team.team, torch.int64, True), tuple(
+        return LaunchPlan(copy, None if alone else (layout.rows * team.team, torch.int64, True), tuple(
             (Launch(_softmax_team_fwd_kernel, team.grid,
                     team.meta(_softmax_team_fwd_kernel, device, phase, CAUSAL=causal, LOG=log, SCALED=scale != 1.0,
                               ALONE=alone),
