@@ -108,7 +108,8 @@ BIG = DEV == "cuda"
 CASES = {  # name: (package, builder, shapes)
     "rms_norm": ("triton-norms", rms(), [(65536, 2048), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536),
                                        (1024, 262144)]),
-    "layer_norm": ("triton-norms", ln(), [(65536, 2048), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536)]),
+    "layer_norm": ("triton-norms", ln(), [(65536, 2048), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536),
+                                       (2048, 131072), (1024, 262144)]),
     "rms_norm_exact_mean": ("triton-norms", rms(cast_dtype=BF16, torch_order="mean"),
                             [(32768, 4096), (16384, 8192), (8192, 16384)]),
     "rms_norm_exact_fused": ("triton-norms", rms(torch_order="fused"), [(32768, 4096), (16384, 8192), (8192, 16384)]),

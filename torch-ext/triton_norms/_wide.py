@@ -63,12 +63,18 @@ from ._team import (team_gather, team_gather_pair, team_phases, team_publish, te
 # 4096 x 65536 3756-3779 -> 3859-3877 GB/s, 2048 x 131072 3591-3600 -> 3674-3693, 1024 x 262144 3291-3314 ->
 # 3470-3481 (without the weight at all: 3935 at 65536, so the per-row w loads had cost 4%). With a residual
 # (x, r, h, y counted): 4 KiB chunks over 2 warps, 12 per SM, up to 32 members, then that setting:
-# 3740 / 3701 / 3576 (3605 at 65536 before). LayerNorm: 8 KiB / 4 warps / 5 per
-# SM up to 16 members, 4 KiB / 1 warp / 16 per SM up to 64, then 16 KiB / 4 warps / 4 per SM: 3053 / 3045 /
-# 2961 against 3050 / 2923 / 2648 on the first alone. The backwards: rows over BWD_MAX_FUSED_BYTES (session 23);
-# layer_norm's rows of 128-256 KiB over 8 KiB chunks of 8 warps, 2 per SM (session 24, results/
-# session24_softmax_teams_2026-12-03.txt): 2048 x 131072 2124 -> 2253 GB/s (2122 -> 2267 in a second sweep), but
-# 1024 x 262144 2057 -> 1804, so wider rows keep the 4 KiB setting (the last tier).
+# 3740 / 3701 / 3576 (3605 at 65536 before). LayerNorm, since its two statistics meet in one word (session 29,
+# results/session29_2026-12-03.txt, w and b loaded after the meeting): 4 KiB / 1 warp / 12 per SM / 168 registers
+# up to 32 members, 8 KiB / 2 warps / 6 per SM up to 32, then 16 KiB / 4 warps / 4 per SM: 4096 x 65536
+# 3348-3386 GB/s and 2048 x 131072 3315-3327 against 3048-3201 and 3042-3129 on session 24's tiers (8 KiB /
+# 4 warps / 5 per SM up to 16 members, 4 KiB / 1 warp / 16 per SM up to 64). ``pair_max_team``: teams of more
+# members meet on two words, gathered one after the other, as before session 29; there the pair word lost: the
+# forward at 1024 x 262144 (32 members of 4 warps) 3.6%, the backward 1.5 / 6.1 / 3.7% at 4096 x 65536 / 2048 x
+# 131072 / 1024 x 262144 (32, 32 and 128 members), while it won 1.5-2.5% at 8192 x 12288 (6 members).
+# The backwards: rows over BWD_MAX_FUSED_BYTES (session 23); layer_norm's rows of 128-256 KiB over 8 KiB chunks
+# of 8 warps, 2 per SM (session 24, results/session24_softmax_teams_2026-12-03.txt): 2048 x 131072 2124 -> 2253
+# GB/s (2122 -> 2267 in a second sweep), but 1024 x 262144 2057 -> 1804, so wider rows keep the 4 KiB setting
+# (the last tier).
 WIDE_TUNED: dict = {
     "rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
                   "maxnreg": 168, "max_team": 64, "affine": 1},
@@ -79,17 +85,19 @@ WIDE_TUNED: dict = {
                      {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 6,
                       "maxnreg": 80}],
     "layer_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
-                    "maxnreg": 168, "max_team": 64},
+                    "maxnreg": 168, "max_team": 32},
+                   {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 2, "programs_per_sm": 6,
+                    "maxnreg": 168, "max_team": 32},
                    {"min_row_bytes": 65537, "chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4,
-                    "maxnreg": 128}],
+                    "maxnreg": 128, "pair_max_team": 16}],
     "rms_norm_bwd": {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
                      "programs_per_sm": 3, "maxnreg": 168},
     "layer_norm_bwd": [{"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 4096, "num_warps": 4,
-                        "programs_per_sm": 4, "maxnreg": 128, "max_team": 32},
+                        "programs_per_sm": 4, "maxnreg": 128, "max_team": 32, "pair_max_team": 16},
                        {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 8,
-                        "programs_per_sm": 2, "maxnreg": 128, "max_team": 32},
+                        "programs_per_sm": 2, "maxnreg": 128, "max_team": 32, "pair_max_team": 16},
                        {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 4096, "num_warps": 4,
-                        "programs_per_sm": 4, "maxnreg": 128}],
+                        "programs_per_sm": 4, "maxnreg": 128, "pair_max_team": 16}],
 }
 # Teams on CPU tensors (interpreter: one launch publishes, a second gathers and writes); off by default.
 WIDE_ON_CPU = False
@@ -155,9 +163,31 @@ def _rms_team_fwd_kernel(
 
 
 @triton.jit
+def _publish_two(slots, member, TEAM, a, b, PAIR_WORD: tl.constexpr):
+    """A member's two statistics: one word at ``slots[member]`` or two, at ``slots[member]`` and ``slots[TEAM +
+    member]`` (the layer_norm kernels; which is faster depends on the tier, see ``pair_max_team`` above)."""
+    if PAIR_WORD:
+        team_publish_pair(slots + member, a, b)
+    else:
+        team_publish(slots + member, a)
+        team_publish(slots + TEAM + member, b)
+
+
+@triton.jit
+def _gather_two(slots, k, TEAM, PAIR_WORD: tl.constexpr):
+    """The team's two statistics as ``_publish_two`` put them (two words: the second gathered after the first)."""
+    if PAIR_WORD:
+        a, b = team_gather_pair(slots, k, TEAM, 0.0, 0.0)
+    else:
+        a = team_gather(slots, k, TEAM, 0.0)
+        b = team_gather(slots + TEAM, k, TEAM, 0.0)
+    return a, b
+
+
+@triton.jit
 def _ln_team_fwd_kernel(
     x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr,  # as layer_norm._layer_norm_fwd_kernel
-    ws_ptr,  # int64 (rows, TEAM) zeros: each member's published pair (sum, squared deviations)
+    ws_ptr,  # int64 (rows, 2, TEAM) zeros: each member's sum and squared deviations (PAIR_WORD: one word)
     stride_x_row, stride_res_row,
     M, N, eps,
     TEAM, TEAMS,
@@ -165,6 +195,7 @@ def _ln_team_fwd_kernel(
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,  # as the RMSNorm kernel's
     AFFINE: tl.constexpr = 0,  # as the RMSNorm kernel's
+    PAIR_WORD: tl.constexpr = 1,  # the two statistics meet in one word (1) or in two, gathered one after the other
 ):
     member, row, offs, mask = team_start(TEAM, N, BLOCK_N)
     k = tl.arange(0, TEAM_P2)
@@ -177,17 +208,17 @@ def _ln_team_fwd_kernel(
     xr, rr = _load_raw(x_ptr, res_ptr, row, M, N, stride_x_row, stride_res_row, offs)
     while row < M:
         x = input_of(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
-        slots = ws_ptr + row * TEAM
+        slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
             s = tl.sum(x, axis=0)
             d = tl.where(mask, x - s / n_mine, 0.0)
-            team_publish_pair(slots + member, s, tl.sum(d * d, axis=0))
+            _publish_two(slots, member, TEAM, s, tl.sum(d * d, axis=0), PAIR_WORD)
         nxt = row + TEAMS
         xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
         if PHASE != 1:
             if AFFINE == 1:
                 w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
-            sums, sq = team_gather_pair(slots, k, TEAM, 0.0, 0.0)
+            sums, sq = _gather_two(slots, k, TEAM, PAIR_WORD)
             mean = tl.sum(sums, axis=0) / N
             dev = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
             var = tl.sum(sq + counts * dev * dev, axis=0) / N
@@ -264,13 +295,14 @@ def _rms_team_bwd_kernel(
 def _ln_team_bwd_kernel(
     dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dh_ptr, dx_ptr, dres_ptr,  # as layer_norm._layer_norm_bwd_kernel
     dw_ptr, db_ptr,  # (TEAMS, N) fp32 partials, or None
-    ws_ptr,  # int64 (rows, TEAM) zeros: each member's published pair (sum of g * xhat, sum of g)
+    ws_ptr,  # int64 (rows, 2, TEAM) zeros: each member's sum of g * xhat and sum of g (PAIR_WORD: one word)
     stride_dy_row, stride_dy_col, stride_x_row, stride_dh_row, stride_dh_col,
     M, N,
     TEAM, TEAMS,
     BLOCK_N: tl.constexpr,
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,
+    PAIR_WORD: tl.constexpr = 1,  # as the forward's
 ):
     # dx = rstd * (g - sum(g) / N - xhat * sum(g * xhat) / N), g = dy * w; dw, db summed in registers per team.
     member, row, offs, mask = team_start(TEAM, N, BLOCK_N)
@@ -287,13 +319,13 @@ def _ln_team_bwd_kernel(
         g = dy
         if w_ptr is not None:
             g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        slots = ws_ptr + row * TEAM
+        slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
-            team_publish_pair(slots + member, tl.sum(g * xhat, axis=0), tl.sum(g, axis=0))
+            _publish_two(slots, member, TEAM, tl.sum(g * xhat, axis=0), tl.sum(g, axis=0), PAIR_WORD)
         nxt = row + TEAMS
         dyr, xr = load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
         if PHASE != 1:
-            gx, gs = team_gather_pair(slots, k, TEAM, 0.0, 0.0)
+            gx, gs = _gather_two(slots, k, TEAM, PAIR_WORD)
             c1 = tl.sum(gx, axis=0) / N
             c2 = tl.sum(gs, axis=0) / N
             store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
@@ -327,11 +359,12 @@ def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, ep
     plan = team_for("layer_norm", N, elem, M, x2.device)
     if plan is None:
         return False
-    ws = torch.zeros(M * plan.team, dtype=torch.int64, device=x2.device)
+    ws = torch.zeros(2 * M * plan.team, dtype=torch.int64, device=x2.device)
     args = (x2, r2, w, b, y, h, mean, rstd, ws, stride_x, stride_r, M, N, eps, plan.team, plan.teams)
     for phase in team_phases(x2.device, plan.team):
         launch(_ln_team_fwd_kernel, plan.grid, args, plan.meta(_ln_team_fwd_kernel, x2.device, phase,
-                                                                AFFINE=plan.affine), x2.device)
+                                                                AFFINE=plan.affine, PAIR_WORD=int(plan.pair_word)),
+               x2.device)
     return True
 
 
@@ -346,13 +379,13 @@ def wide_backward(kind: str, dy2, dh2, x2, w, stats, dx, dres, need_dw: bool, ne
     device = x2.device
     dw_part = torch.empty((plan.teams, N), dtype=torch.float32, device=device) if need_dw else None
     db_part = torch.empty((plan.teams, N), dtype=torch.float32, device=device) if need_db else None
-    ws = torch.zeros(M * plan.team, dtype=torch.int64, device=device)  # one word per member and row
+    ws = torch.zeros(len(stats) * M * plan.team, dtype=torch.int64, device=device)
     head = (dy2, x2, w, *stats, dh2, dx, dres, dw_part, db_part, ws, *backward_strides(dy2, x2, dh2), M, N)
     if kind == "rms_norm":
         kernel, args = _rms_team_bwd_kernel, (*head, scalars["weight_offset"], plan.team, plan.teams)
         consts = {"CAST_DTYPE": round_dtype(scalars["cast_dtype"])}
     else:
-        kernel, args, consts = _ln_team_bwd_kernel, (*head, plan.team, plan.teams), {}
+        kernel, args, consts = _ln_team_bwd_kernel, (*head, plan.team, plan.teams), {"PAIR_WORD": int(plan.pair_word)}
     for phase in team_phases(device, plan.team):
         launch(kernel, plan.grid, args, plan.meta(kernel, device, phase, **consts), device)
     return dw_part, db_part
