@@ -8,7 +8,8 @@ program), with the register caps each needs. Session 20: results/norms_wide_affi
     python3 benchmarks/norms_wide_affine_sweep.py --ln-bwd 4/4/4/128,8/8/2/128 [--widths 16384,65536]
 
 ``--weights-only``: rms_norm / layer_norm at 4096 x 65536 with and without their weight (and bias), shipped settings.
-``--rms`` / ``--ln``: rms_norm / layer_norm single-tier settings CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE instead of the
+``--rms`` / ``--ln``: rms_norm / layer_norm single-tier settings CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION] (1:
+contract a * b + c, ``_team.TeamPlan.fp_fusion``) instead of the
 tables below (session 21's sweep around the shipped 4 KiB tier); ``--widths`` picks the row widths (M = 2^28 / N;
 layer_norm runs at 65536 only unless ``--ln`` is given).
 Otherwise every setting below against ``shipped`` (the package's) and ``previous`` (session 15's tiers) at
@@ -29,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sweep_common import load_packages  # noqa: E402
 
 
-def setting(chunk, warps, per_sm, regs, affine, max_team=None):
+def setting(chunk, warps, per_sm, regs, affine, max_team=None, fp_fusion=0):
     s = {"min_row_bytes": 65537, "chunk_bytes": chunk, "num_warps": warps, "programs_per_sm": per_sm,
-         "maxnreg": regs, "affine": affine}
+         "maxnreg": regs, "affine": affine, "fp_fusion": bool(fp_fusion)}
     return s if max_team is None else dict(s, max_team=max_team)
 
 
@@ -52,9 +53,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--weights-only", action="store_true")
-    ap.add_argument("--rms", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE,... (replaces the RMS table)")
+    ap.add_argument("--rms", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION],... (replaces the RMS table)")
     ap.add_argument("--widths", default="65536,131072,262144")
-    ap.add_argument("--ln", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE,... (replaces the LN table)")
+    ap.add_argument("--ln", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION],... (replaces the LN table)")
     ap.add_argument("--no-ln", action="store_true", help="skip the layer_norm settings")
     ap.add_argument("--ln-bwd", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG,... : time the layer_norm backward on these")
     ap.add_argument("--no-rms", action="store_true", help="skip the rms_norm settings")
@@ -63,8 +64,10 @@ def main():
     def table_of(specs):
         table = {}
         for spec in specs.split(","):
-            kib, warps, per_sm, regs, affine = map(int, spec.split("/"))
-            table[f"{kib}K w{warps} {per_sm} r{regs} a{affine}"] = [setting(kib * 1024, warps, per_sm, regs, affine)]
+            kib, warps, per_sm, regs, affine, *fuse = map(int, spec.split("/"))
+            fuse = fuse[0] if fuse else 0
+            table[f"{kib}K w{warps} {per_sm} r{regs} a{affine}{' f' if fuse else ''}"] = [
+                setting(kib * 1024, warps, per_sm, regs, affine, fp_fusion=fuse)]
         return table
 
     rms_table = {"previous": PREVIOUS_RMS, **table_of(args.rms)} if args.rms else RMS

@@ -1,0 +1,67 @@
+"""SASS of the norm team forwards for sm_90 on a machine without a GPU (issue 7): registers, spills, instructions.
+
+    PYTHONPATH=src python benchmarks/team_sass_counts.py BUILD_DIR [--fp-fusion]
+
+``BUILD_DIR``: ``triton-collection build --package triton-norms --out BUILD_DIR``. Each kernel is compiled as the
+shipped 4 KiB / 1-warp tier launches it for bf16 rows of 65536 (2048 elements per program, 168 registers, pointers
+and N divisible by 16 as the launcher specialises them), then ptxas -v and cuobjdump from Triton's own NVIDIA
+backend. Session 29 (Triton 3.6): rms_norm 952 instructions, layer_norm 1312 (20.5 per element against 15: the
+extra subtractions, the masked deviations' FSELs, the bias' conversions), 888 / 1184 with ``--fp-fusion``.
+"""
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import kernels
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+ap = argparse.ArgumentParser()
+ap.add_argument("build")
+ap.add_argument("--fp-fusion", action="store_true", help="contract a * b + c (the tiers' fp_fusion)")
+args = ap.parse_args()
+W = sys.modules[kernels.get_local_kernel(Path(args.build) / "triton-norms/build/torch-cuda").__name__ + "._wide"]
+BIN = Path(triton.__file__).parent / "backends/nvidia/bin"
+
+
+def sig(k, consts):
+    return {n: "constexpr" if n in consts else "*i64" if n == "ws_ptr" else
+            "*fp32" if n in ("rstd_ptr", "mean_ptr") else "*bf16" if n.endswith("_ptr") else
+            "fp32" if n in ("eps", "weight_offset") else "i32" for n in k.arg_names}
+
+
+NONE = dict(res_ptr=None, h_ptr=None, rstd_ptr=None)
+CASES = {
+    "rms_norm AFFINE 1": (W._rms_team_fwd_kernel, dict(NONE, b_ptr=None, CAST_DTYPE=None, AFFINE=1)),
+    "layer_norm pair word": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, AFFINE=0, PAIR_WORD=1)),
+    "layer_norm two words": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, AFFINE=0, PAIR_WORD=0)),
+    "layer_norm no bias": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, b_ptr=None, AFFINE=0, PAIR_WORD=1)),
+}
+tmp = Path(tempfile.mkdtemp())
+for name, (k, consts) in CASES.items():
+    consts = dict(consts, BLOCK_N=2048, TEAM_P2=32, PHASE=0)
+    sg = sig(k, consts)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names)
+             if sg[n] != "constexpr" and (sg[n].startswith("*") or n in ("N", "stride_x_row", "stride_res_row"))}
+    src = ASTSource(k, sg, constexprs={(k.arg_names.index(m),): v for m, v in consts.items()}, attrs=attrs)
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 1, "maxnreg": 168, "enable_fp_fusion": args.fp_fusion})
+    (tmp / "k.ptx").write_text(c.asm["ptx"])
+    (tmp / "k.cubin").write_bytes(c.asm["cubin"])
+    v = subprocess.run([str(BIN / "ptxas"), "-arch=sm_90a", "-v", "--maxrregcount", "168", str(tmp / "k.ptx"), "-o",
+                        str(tmp / "o.cubin")], capture_output=True, text=True).stderr
+    sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", str(tmp / "k.cubin")], capture_output=True,
+                          text=True).stdout
+    ops = {}
+    for line in sass.splitlines():
+        if re.match(r"\s+/\*[0-9a-f]{4}\*/", line):
+            words = line.split("*/")[1].strip().split()
+            op = (words[1] if words[0].startswith("@") else words[0]).split(".")[0].rstrip(";")
+            ops[op] = ops.get(op, 0) + 1
+    top = " ".join(f"{a}:{b}" for a, b in sorted(ops.items(), key=lambda kv: -kv[1])[:12])
+    regs = " ".join(re.findall(r"Used \d+ registers|\d+ bytes spill stores", v))
+    print(f"{name:22s} {regs}; {sum(ops.values())} instructions: {top}")
