@@ -9,7 +9,8 @@ program), with the register caps each needs. Session 20: results/norms_wide_affi
 
 ``--weights-only``: rms_norm / layer_norm at 4096 x 65536 with and without their weight (and bias), shipped settings.
 ``--rms`` / ``--ln``: rms_norm / layer_norm single-tier settings CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION] (1:
-contract a * b + c, ``_team.TeamPlan.fp_fusion``) instead of the
+contract a * b + c, ``_team.TeamPlan.fp_fusion``; the layer_norm teams of a swept setting meet on one pair word at
+every size, the shipped tiers only up to their ``pair_max_team``) instead of the
 tables below (session 21's sweep around the shipped 4 KiB tier); ``--widths`` picks the row widths (M = 2^28 / N;
 layer_norm runs at 65536 only unless ``--ln`` is given).
 Otherwise every setting below against ``shipped`` (the package's) and ``previous`` (session 15's tiers) at

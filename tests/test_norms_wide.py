@@ -152,8 +152,10 @@ def test_team_statistics_feed_the_backward(norms, device, wide, kind, chunk_byte
     "device" counts 64 multiprocessors here, so that a team of 33 fits it)."""
     if device == "cpu":
         monkeypatch.setattr(sys.modules[norms.__name__ + "._team"], "sm_count", lambda dev: 64)
-    wide.mod.WIDE_TUNED.update({k: dict(v, min_row_bytes=1, chunk_bytes=chunk_bytes)
+    wide.mod.WIDE_TUNED.update({k: dict(v, min_row_bytes=1, chunk_bytes=chunk_bytes, pair_max_team=16)
                                 for k, v in wide.mod.WIDE_TUNED.items()})
+    plans, team_for = [], wide.mod.team_for
+    monkeypatch.setattr(wide.mod, "team_for", lambda *a: plans.append(team_for(*a)) or plans[-1])
     x = (torch.randn(3, 16411, device=device) * 2 + 1.0).requires_grad_()  # fp32: 4096 or 512 per member
     w = torch.randn(16411, device=device).requires_grad_()
     dy = torch.randn(3, 16411, device=device)
@@ -170,6 +172,7 @@ def test_team_statistics_feed_the_backward(norms, device, wide, kind, chunk_byte
     assert_close_ref(x.grad, xr.grad, rel_atol=1e-5)
     assert_close_ref(w.grad, wr.grad, rel_atol=1e-5)
     assert [c[0] for c in wide.calls] == [team, team]  # the forward's team, then the backward's
+    assert [p.pair_word for p in plans] == [team <= 16] * 2  # the layer_norm kernels' PAIR_WORD
 
 
 @pytest.mark.parametrize("kind", ["rms", "ln"])
@@ -388,8 +391,9 @@ def test_team_pair_words_round_trip(norms, device, tmp_path):
     special = [0, 0x80000000, 0x7F800000, 0xFF800000, 0xFFFFFFFF, 0x7FFFFFFF, 0x7FC00000, 1, 0x807FFFFF,
                0x3F800000, 0xBF800000, 0x00800000]
     rng = torch.Generator().manual_seed(1)
-    bits_a = [0] + special + torch.randint(0, 2**32, (16,), generator=rng).tolist()  # (+0, +0) first
-    bits_b = [0] + list(reversed(special)) + torch.randint(0, 2**32, (16,), generator=rng).tolist()
+    # (+0, +0) and (+0, 0xFFFFFFFF) first: the pairs whose words could be 0
+    bits_a = [0, 0] + special + torch.randint(0, 2**32, (15,), generator=rng).tolist()
+    bits_b = [0, 0xFFFFFFFF] + list(reversed(special)) + torch.randint(0, 2**32, (15,), generator=rng).tolist()
     n, p2 = len(bits_a), 32
 
     def as_f32(bits):
@@ -408,8 +412,9 @@ def test_team_pair_words_round_trip(norms, device, tmp_path):
     assert out_a[n:].eq(-7.0).all() and out_b[n:].eq(9.0).all()
 
 
-def test_shipped_team_tiers(norms):
-    """The shipped forward teams by row width (bf16 rows of 65536, 131072, 262144): chunk bytes and warps."""
+def test_shipped_team_tiers(norms, monkeypatch):
+    """The shipped forward teams by row width (bf16 rows of 65536, 131072, 262144): chunk bytes and warps; where the
+    layer_norm teams meet on one pair word."""
     mod = sys.modules[norms.__name__ + "._wide"]
     team_mod = sys.modules[norms.__name__ + "._team"]
     want = {"rms_norm": [(4096, 1), (4096, 1), (8192, 2)], "add_rms_norm": [(4096, 2), (8192, 4), (8192, 4)],
@@ -427,6 +432,13 @@ def test_shipped_team_tiers(norms):
     assert [(s["chunk_bytes"], s["num_warps"]) for s in bwd.values()] == [(4096, 4), (4096, 4), (8192, 8), (8192, 8),
                                                                           (4096, 4)]
     assert all(s["min_row_bytes"] == 16385 for s in bwd.values())
+    # one pair word per member where it was measured faster (layer_norm forward up to 131072 columns, teams of at
+    # most 16 members elsewhere); two words, gathered one after the other, in the larger teams of the others
+    monkeypatch.setattr(team_mod, "sm_count", lambda dev: 132)  # an H200's, with or without a GPU here
+    pairs = {(kind, N): mod.team_for(kind, N, 2, 4096, torch.device("cuda")).pair_word for kind, N in [
+        ("layer_norm", 65536), ("layer_norm", 131072), ("layer_norm", 262144), ("layer_norm_bwd", 12288),
+        ("layer_norm_bwd", 65536), ("layer_norm_bwd", 131072), ("layer_norm_bwd", 262144)]}
+    assert list(pairs.values()) == [True, True, False, True, False, False, False], pairs
 
 
 @pytest.mark.gpu
@@ -492,6 +504,8 @@ for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
         for s in tiers if isinstance(tiers, list) else [tiers]:
             full = dict(consts, BLOCK_N=s["chunk_bytes"] // 2, TEAM_P2=min(max(s.get("max_team", 64), 16), 64), PHASE=0,
                         **({"AFFINE": s.get("affine", 0)} if "AFFINE" in k.arg_names else {}),
+                        **({"PAIR_WORD": int(s.get("max_team", 64) <= s.get("pair_max_team", 64))}
+                           if "PAIR_WORD" in k.arg_names else {}),
                         **({"CAST_DTYPE": None} if "CAST_DTYPE" in k.arg_names else {}))
             options = {"num_warps": s["num_warps"], "enable_fp_fusion": False}
             if target.backend == "cuda":

@@ -15,9 +15,9 @@ Publishing. Each statistic of a row goes into its own int64 slot of a zeroed wor
 ``1 << 32 | fp32 bits``, written with a relaxed atomic exchange (``team_publish``): the word is its
 own flag, so no fence orders it behind the program's other stores. ``team_gather`` polls the K
 words of a statistic with ``volatile`` loads (from L2, never a stale L1 line) until all carry the
-flag. Two statistics of a member (layer_norm's sum and squared deviations, softmax's max and sum of exp) share
-one word (``team_publish_pair``: the first's bits above the complement of the second's, never 0), so such a meeting
-polls one word per member, not two (session 29). The workspace is ``torch.zeros`` made by the host per call: one
+flag. Two statistics of a member (softmax's and the cross-entropy's max and sum of exp; layer_norm's two sums in
+the tiers that choose it, ``TeamPlan.pair_word``) may share one word (``team_publish_pair``: the first's bits above
+the complement of the second's, never 0), so such a meeting polls one word per member, not two (session 29). The workspace is ``torch.zeros`` made by the host per call: one
 memset, no host sync, fine in CUDA graphs and under torch.compile (a kernel that never meets, such as the softmax
 forward's team of one, gets none).
 
