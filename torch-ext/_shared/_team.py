@@ -17,9 +17,9 @@ own flag, so no fence orders it behind the program's other stores. ``team_gather
 words of a statistic with ``volatile`` loads (from L2, never a stale L1 line) until all carry the
 flag. Two statistics of a member (softmax's and the cross-entropy's max and sum of exp; layer_norm's two sums in
 the tiers that choose it, ``TeamPlan.pair_word``) may share one word (``team_publish_pair``: the first's bits above
-the complement of the second's, never 0), so such a meeting polls one word per member, not two (session 29). The workspace is ``torch.zeros`` made by the host per call: one
-memset, no host sync, fine in CUDA graphs and under torch.compile (a kernel that never meets, such as the softmax
-forward's team of one, gets none).
+the complement of the second's, never 0), so such a meeting polls one word per member, not two (session 29). The
+workspace is ``torch.zeros`` made by the host per call: one memset, no host sync, fine in CUDA graphs and under
+torch.compile (a kernel that never meets, such as the softmax forward's team of one, gets none).
 
 Forward progress: a waiting program only waits on its teammates, and all programs of the grid are
 resident at once, because the grid never exceeds the multiprocessor count times the programs one
