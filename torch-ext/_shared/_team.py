@@ -97,6 +97,29 @@ def team_gather_pair(slots_ptr, k, count, other_a, other_b):
 
 
 @triton.jit
+def team_publish_two(slots_ptr, member, count, a, b, PAIR_WORD: tl.constexpr):
+    """A member's two statistics: one pair word at ``slots_ptr[member]`` (``team_publish_pair``), or two words, at
+    ``slots_ptr[member]`` and ``slots_ptr[count + member]`` (``team_publish``); for kernels whose tiers choose
+    (``TeamPlan.pair_word``: the layer_norm teams)."""
+    if PAIR_WORD:
+        team_publish_pair(slots_ptr + member, a, b)
+    else:
+        team_publish(slots_ptr + member, a)
+        team_publish(slots_ptr + count + member, b)
+
+
+@triton.jit
+def team_gather_two(slots_ptr, k, count, other_a, other_b, PAIR_WORD: tl.constexpr):
+    """The team's two statistics as ``team_publish_two`` put them (two words: the second gathered after the first)."""
+    if PAIR_WORD:
+        a, b = team_gather_pair(slots_ptr, k, count, other_a, other_b)
+    else:
+        a = team_gather(slots_ptr, k, count, other_a)
+        b = team_gather(slots_ptr + count, k, count, other_b)
+    return a, b
+
+
+@triton.jit
 def team_start(TEAM, N, BLOCK_N: tl.constexpr):
     """This program's ``(member, first row (int64), columns of its chunk, their mask < N)``."""
     pid = tl.program_id(0)

@@ -46,7 +46,7 @@ from ._common import affine_f32, input_of, ln_affine, load_affine, load_grad_raw
 from ._fastlaunch import launch
 from ._launch import BWD_MAX_FUSED_BYTES, backward_strides
 from ._rounding import round_dtype
-from ._team import (team_gather, team_gather_pair, team_phases, team_publish, team_publish_pair, team_split,
+from ._team import (team_gather, team_gather_two, team_phases, team_publish, team_publish_two, team_split,
                     team_start)
 
 # Per kind: rows of at least min_row_bytes (input element size) go to teams of ceil(bytes / chunk_bytes)
@@ -163,28 +163,6 @@ def _rms_team_fwd_kernel(
 
 
 @triton.jit
-def _publish_two(slots, member, TEAM, a, b, PAIR_WORD: tl.constexpr):
-    """A member's two statistics: one word at ``slots[member]`` or two, at ``slots[member]`` and ``slots[TEAM +
-    member]`` (the layer_norm kernels; which is faster depends on the tier, see ``pair_max_team`` above)."""
-    if PAIR_WORD:
-        team_publish_pair(slots + member, a, b)
-    else:
-        team_publish(slots + member, a)
-        team_publish(slots + TEAM + member, b)
-
-
-@triton.jit
-def _gather_two(slots, k, TEAM, PAIR_WORD: tl.constexpr):
-    """The team's two statistics as ``_publish_two`` put them (two words: the second gathered after the first)."""
-    if PAIR_WORD:
-        a, b = team_gather_pair(slots, k, TEAM, 0.0, 0.0)
-    else:
-        a = team_gather(slots, k, TEAM, 0.0)
-        b = team_gather(slots + TEAM, k, TEAM, 0.0)
-    return a, b
-
-
-@triton.jit
 def _ln_team_fwd_kernel(
     x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr,  # as layer_norm._layer_norm_fwd_kernel
     ws_ptr,  # int64 (rows, 2, TEAM) zeros: each member's sum and squared deviations (PAIR_WORD: one word)
@@ -212,13 +190,13 @@ def _ln_team_fwd_kernel(
         if PHASE != 2:
             s = tl.sum(x, axis=0)
             d = tl.where(mask, x - s / n_mine, 0.0)
-            _publish_two(slots, member, TEAM, s, tl.sum(d * d, axis=0), PAIR_WORD)
+            team_publish_two(slots, member, TEAM, s, tl.sum(d * d, axis=0), PAIR_WORD)
         nxt = row + TEAMS
         xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
         if PHASE != 1:
             if AFFINE == 1:
                 w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
-            sums, sq = _gather_two(slots, k, TEAM, PAIR_WORD)
+            sums, sq = team_gather_two(slots, k, TEAM, 0.0, 0.0, PAIR_WORD)
             mean = tl.sum(sums, axis=0) / N
             dev = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
             var = tl.sum(sq + counts * dev * dev, axis=0) / N
@@ -321,11 +299,11 @@ def _ln_team_bwd_kernel(
             g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
-            _publish_two(slots, member, TEAM, tl.sum(g * xhat, axis=0), tl.sum(g, axis=0), PAIR_WORD)
+            team_publish_two(slots, member, TEAM, tl.sum(g * xhat, axis=0), tl.sum(g, axis=0), PAIR_WORD)
         nxt = row + TEAMS
         dyr, xr = load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
         if PHASE != 1:
-            gx, gs = _gather_two(slots, k, TEAM, PAIR_WORD)
+            gx, gs = team_gather_two(slots, k, TEAM, 0.0, 0.0, PAIR_WORD)
             c1 = tl.sum(gx, axis=0) / N
             c2 = tl.sum(gs, axis=0) / N
             store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
