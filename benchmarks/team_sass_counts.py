@@ -1,12 +1,13 @@
-"""SASS of the norm team forwards for sm_90 on a machine without a GPU (issue 7): registers, spills, instructions.
+"""SASS of the team forwards for sm_90 on a machine without a GPU (issues 4, 7): registers, spills, instructions.
 
     PYTHONPATH=src python benchmarks/team_sass_counts.py BUILD_DIR [--fp-fusion]
 
-``BUILD_DIR``: ``triton-collection build --package triton-norms --out BUILD_DIR``. Each kernel is compiled as the
-shipped 4 KiB / 1-warp tier launches it for bf16 rows of 65536 (2048 elements per program, 168 registers, pointers
-and N divisible by 16 as the launcher specialises them), then ptxas -v and cuobjdump from Triton's own NVIDIA
-backend. Session 29 (Triton 3.6): rms_norm 952 instructions, layer_norm 1312 (20.5 per element against 15: the
-extra subtractions, the masked deviations' FSELs, the bias' conversions), 888 / 1184 with ``--fp-fusion``.
+``BUILD_DIR``: ``triton-collection build --out BUILD_DIR`` (triton-norms and triton-softmax at least). Each kernel
+is compiled as a 1-warp tier launches it for bf16 rows of 65536 (2048 elements per program, 168 registers,
+pointers and N divisible by 16 as the launcher specialises them), then ptxas -v and cuobjdump from Triton's own
+NVIDIA backend. Session 29 (Triton 3.6): rms_norm 952 instructions, layer_norm 1312 (20.5 per element against 15:
+the extra subtractions, the masked deviations' FSELs, the bias' conversions), 888 / 1184 with ``--fp-fusion``.
+Session 30: softmax FTZ 0 / 1 and cross-entropy FTZ 0 / 1 (the exp's ``ex2.approx`` with or without ``.ftz``).
 """
 import argparse
 import re
@@ -24,36 +25,55 @@ ap = argparse.ArgumentParser()
 ap.add_argument("build")
 ap.add_argument("--fp-fusion", action="store_true", help="contract a * b + c (the tiers' fp_fusion)")
 args = ap.parse_args()
-W = sys.modules[kernels.get_local_kernel(Path(args.build) / "triton-norms/build/torch-cuda").__name__ + "._wide"]
+
+
+def module(package, name):
+    return sys.modules[kernels.get_local_kernel(Path(args.build) / package / "build/torch-cuda").__name__ + name]
+
+
+W = module("triton-norms", "._wide")
+S = module("triton-softmax", ".softmax")
+CE = module("triton-softmax", ".cross_entropy")
 BIN = Path(triton.__file__).parent / "backends/nvidia/bin"
+FP32_PTRS = ("rstd_ptr", "mean_ptr", "loss_ptr", "lse_ptr", "applied_ptr")
 
 
 def sig(k, consts):
-    return {n: "constexpr" if n in consts else "*i64" if n == "ws_ptr" else
-            "*fp32" if n in ("rstd_ptr", "mean_ptr") else "*bf16" if n.endswith("_ptr") else
-            "fp32" if n in ("eps", "weight_offset") else "i32" for n in k.arg_names}
+    return {n: "constexpr" if n in consts else "*i64" if n in ("ws_ptr", "t_ptr", "count_ptr") else
+            "*fp32" if n in FP32_PTRS else "*bf16" if n.endswith("_ptr") else
+            "fp32" if n in ("eps", "weight_offset", "scale", "smoothing", "z_loss") else "i32" for n in k.arg_names}
 
 
 NONE = dict(res_ptr=None, h_ptr=None, rstd_ptr=None)
+SOFTMAX = dict(m_ptr=None, sxc=1, syc=1, CAUSAL=0, LOG=0, SCALED=0, ALONE=0)
+CE_NONE = dict(lse_ptr=None, count_ptr=None, sxc=1, sgc=1, SMOOTH=0)
+NORMS, TEAMS = dict(maxnreg=168), dict(maxnreg=128)  # the tiers' register caps (the cross-entropy's: fp_fusion)
 CASES = {
-    "rms_norm AFFINE 1": (W._rms_team_fwd_kernel, dict(NONE, b_ptr=None, CAST_DTYPE=None, AFFINE=1)),
-    "layer_norm pair word": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, AFFINE=0, PAIR_WORD=1)),
-    "layer_norm two words": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, AFFINE=0, PAIR_WORD=0)),
-    "layer_norm no bias": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, b_ptr=None, AFFINE=0, PAIR_WORD=1)),
+    "rms_norm AFFINE 1": (W._rms_team_fwd_kernel, dict(NONE, b_ptr=None, CAST_DTYPE=None, AFFINE=1), NORMS),
+    "layer_norm pair word": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, AFFINE=0, PAIR_WORD=1), NORMS),
+    "layer_norm two words": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, AFFINE=0, PAIR_WORD=0), NORMS),
+    "layer_norm no bias": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, b_ptr=None, AFFINE=0, PAIR_WORD=1),
+                           NORMS),
+    "softmax FTZ 0": (S._softmax_team_fwd_kernel, dict(SOFTMAX, FTZ=0), TEAMS),
+    "softmax FTZ 1": (S._softmax_team_fwd_kernel, dict(SOFTMAX, FTZ=1), TEAMS),
+    "cross_entropy FTZ 0": (CE._cross_entropy_team_fwd_kernel, dict(CE_NONE, FTZ=0), dict(TEAMS, fp_fusion=1)),
+    "cross_entropy FTZ 1": (CE._cross_entropy_team_fwd_kernel, dict(CE_NONE, FTZ=1), dict(TEAMS, fp_fusion=1)),
 }
 tmp = Path(tempfile.mkdtemp())
-for name, (k, consts) in CASES.items():
+for name, (k, consts, tier) in CASES.items():
     consts = dict(consts, BLOCK_N=2048, TEAM_P2=32, PHASE=0)
     sg = sig(k, consts)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names)
-             if sg[n] != "constexpr" and (sg[n].startswith("*") or n in ("N", "stride_x_row", "stride_res_row"))}
+             if sg[n] != "constexpr" and (sg[n].startswith("*") or n in ("N", "V", "stride_x_row", "stride_res_row")
+                                       or re.fullmatch(r"s[a-z]+[0-2]", n))}
     src = ASTSource(k, sg, constexprs={(k.arg_names.index(m),): v for m, v in consts.items()}, attrs=attrs)
     c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 1, "maxnreg": 168, "enable_fp_fusion": args.fp_fusion})
+                       options={"num_warps": 1, "maxnreg": tier["maxnreg"],
+                                "enable_fp_fusion": args.fp_fusion or tier.get("fp_fusion", False)})
     (tmp / "k.ptx").write_text(c.asm["ptx"])
     (tmp / "k.cubin").write_bytes(c.asm["cubin"])
-    v = subprocess.run([str(BIN / "ptxas"), "-arch=sm_90a", "-v", "--maxrregcount", "168", str(tmp / "k.ptx"), "-o",
-                        str(tmp / "o.cubin")], capture_output=True, text=True).stderr
+    v = subprocess.run([str(BIN / "ptxas"), "-arch=sm_90a", "-v", "--maxrregcount", str(tier["maxnreg"]),
+                        str(tmp / "k.ptx"), "-o", str(tmp / "o.cubin")], capture_output=True, text=True).stderr
     sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", str(tmp / "k.cubin")], capture_output=True,
                           text=True).stdout
     ops = {}

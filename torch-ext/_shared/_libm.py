@@ -15,7 +15,8 @@ from triton.language.extra import libdevice
 
 from ._device import is_interpreter
 
-__all__ = ["erf_f32", "erf_nv", "ex2_approx_ftz", "exp_f32", "log_f32", "rcp_approx", "rcp_approx_ftz", "use_libdevice"]
+__all__ = ["erf_f32", "erf_nv", "ex2_approx_ftz", "exp_approx", "exp_f32", "log_f32", "nvidia_approx", "rcp_approx",
+           "rcp_approx_ftz", "use_libdevice"]
 
 
 @triton.jit
@@ -92,6 +93,17 @@ def ex2_approx_ftz(x):
 
 
 @triton.jit
+def exp_approx(x, FTZ: tl.constexpr):
+    """exp of fp32 x as ``tl.exp`` computes it on NVIDIA (x * log2(e), then ``ex2.approx``). ``FTZ`` (see
+    :func:`nvidia_approx`): ``ex2.approx.ftz``, one sm_90 instruction instead of ``ex2.approx``'s four (its
+    subnormal-result scaling); results below 2^-126 (x < -87.3) flush to 0, subnormal x counts as 0."""
+    if FTZ:
+        return ex2_approx_ftz(x * 1.4426950408889634)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
 def rcp_approx(x):
     """1 / x in fp32: one ``rcp.approx.f32`` (max error 1 ulp; subnormal inputs and results kept)."""
     return tl.inline_asm_elementwise("rcp.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
@@ -102,6 +114,12 @@ def rcp_approx_ftz(x):
     """1 / x in fp32: one ``rcp.approx.ftz.f32`` (max error 1 ulp; subnormals flush to 0)."""
     return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
                                      pack=1)
+
+
+def nvidia_approx(device: torch.device, kernel) -> bool:
+    """Whether ``kernel`` launched on ``device`` may use the inline-PTX approximations above: NVIDIA GPUs, not
+    ROCm, not the interpreter (which cannot run inline PTX)."""
+    return device.type == "cuda" and torch.version.hip is None and not is_interpreter(kernel)
 
 
 def use_libdevice(device: torch.device, kernel) -> int:

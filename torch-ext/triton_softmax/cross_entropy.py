@@ -68,6 +68,7 @@ from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_dev
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._launch import PLAN_CACHES, config_for, team_for
+from ._libm import exp_approx, nvidia_approx
 from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
 
@@ -259,6 +260,7 @@ def _cross_entropy_team_fwd_kernel(
     BLOCK_N: tl.constexpr,
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,  # 0: publish, wait, write; 1: publish only; 2: wait and write only (interpreter)
+    FTZ: tl.constexpr = False,  # NVIDIA (_libm.nvidia_approx): exp(x - m_own) flushes results below 2^-126 to 0
 ):
     # A wide row over TEAM programs, each with its chunk of logits in registers: they exchange
     # (max, sum of exp, sum of x) and each writes its chunk of the gradient from registers.
@@ -268,7 +270,7 @@ def _cross_entropy_team_fwd_kernel(
     xr, _ = _team_load(x_ptr, None, row, R1, R2, sx0, sx1, sx2, sxc, 0, 0, 0, 0, offs, V, M, "")
     while row < M:
         x = tl.where(mask_n, xr.to(tl.float32), float("-inf"))
-        m_own, e = _chunk_max_exp(x)
+        m_own, e = _chunk_max_exp(x, FTZ)
         slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
             team_publish_pair(slots + member, m_own, tl.sum(e, axis=0))
@@ -301,7 +303,7 @@ def _cross_entropy_team_fwd_kernel(
                     # chunk's store came from another thread), e_t * a - bt with e_t as _chunk_max_exp computes it
                     tl.debug_barrier()
                     x_t = tl.load(x_ptr + x_row + t * sxc).to(tl.float32)
-                    e_t = tl.exp(x_t - tl.where(m_own == float("-inf"), 0.0, m_own))
+                    e_t = exp_approx(x_t - tl.where(m_own == float("-inf"), 0.0, m_own), FTZ)
                     store_rounded(g_ptr + g_row, t * sgc, e_t * a - bt, True)
         row = nxt
 
@@ -489,7 +491,9 @@ def _fwd_plan(logits, target, g, class_dim, ignore_index, label_smoothing, z_los
         for phase in _team_phases(device, team.team):
             launches.append((Launch(_cross_entropy_team_fwd_kernel, team.grid,
                                     team.meta(_cross_entropy_team_fwd_kernel, device, phase,
-                                              SMOOTH=label_smoothing > 0.0), fixed, device), (*ptrs, _WS)))
+                                              SMOOTH=label_smoothing > 0.0,
+                                              FTZ=nvidia_approx(device, _cross_entropy_team_fwd_kernel)),
+                                    fixed, device), (*ptrs, _WS)))
     else:  # one program per row (one block, or looped over chunks with a re-read)
         # the training modes (gradient stored, or logsumexp kept for the recompute backward) chunk rows alike, so
         # that both see the same logsumexp bits; inference ("cross_entropy") takes its own setting

@@ -49,6 +49,7 @@ from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_dev
                       row_layout, row_start, run_plan, store_rounded)
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, meta_items
+from ._libm import exp_approx, nvidia_approx
 from ._launch import PLAN_CACHES, SPLIT_BELOW_ROWS_PER_SM, config_for, split_for, team_for
 from ._torch_order import softmax_torch_order
 from ._team import sm_count, team_gather, team_gather_pair, team_phases, team_publish, team_publish_pair, team_start
@@ -433,10 +434,11 @@ def _softmax_bwd_split_out_kernel(
 
 
 @triton.jit
-def _chunk_max_exp(z):
-    """A team member's chunk ``z`` (fp32, -inf where masked): its max and exp(z - max) (0 for an all -inf chunk)."""
+def _chunk_max_exp(z, FTZ: tl.constexpr):
+    """A team member's chunk ``z`` (fp32, -inf where masked): its max and exp(z - max) (0 for an all -inf chunk).
+    ``FTZ``: the exp flushes results below 2^-126 to 0 (``_libm.exp_approx``), terms of a sum that is >= 1."""
     m_own = tl.max(z, axis=0)
-    return m_own, tl.exp(z - tl.where(m_own == float("-inf"), 0.0, m_own))
+    return m_own, exp_approx(z - tl.where(m_own == float("-inf"), 0.0, m_own), FTZ)
 
 
 @triton.jit
@@ -504,6 +506,7 @@ def _softmax_team_fwd_kernel(
     PHASE: tl.constexpr,  # 0: publish, wait, write; 1: publish only; 2: wait and write only (interpreter)
     ALONE: tl.constexpr,  # TEAM == 1: a whole row per program, no meeting, ws_ptr unused (the one-block math,
     #                      persistent, the next row's loads in flight during this row's reductions)
+    FTZ: tl.constexpr = False,  # NVIDIA (_libm.nvidia_approx): exp(z - m_own) flushes results below 2^-126 to 0
 ):
     # Wide rows read once: the row's TEAM programs keep a chunk each in registers, exchange their
     # (max, sum of exp) and write y from registers. DRAM: read N*x, write N*y.
@@ -517,7 +520,7 @@ def _softmax_team_fwd_kernel(
         nxt = row + TEAMS
         xr, mr = _team_load(x_ptr, m_ptr, nxt, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M,
                             "evict_last")
-        m_own, e = _chunk_max_exp(z)
+        m_own, e = _chunk_max_exp(z, FTZ and not ALONE)
         if ALONE:  # the one-block kernel's rounding: y = e / s, or (z - m) - log(s)
             s = tl.sum(e, axis=0)
             if LOG:
@@ -647,7 +650,7 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
         return LaunchPlan(copy, None if alone else (layout.rows * team.team, torch.int64, True), tuple(
             (Launch(_softmax_team_fwd_kernel, team.grid,
                     team.meta(_softmax_team_fwd_kernel, device, phase, CAUSAL=causal, LOG=log, SCALED=scale != 1.0,
-                              ALONE=alone),
+                              ALONE=alone, FTZ=nvidia_approx(device, _softmax_team_fwd_kernel)),
                     fixed, device), (0, 1, 2, 3))
             for phase in _team_phases(device, team.team)))
     cfg = config_for(N, big)
