@@ -46,8 +46,8 @@ from ._common import affine_f32, input_of, ln_affine, load_affine, load_grad_raw
 from ._fastlaunch import launch
 from ._launch import BWD_MAX_FUSED_BYTES, backward_strides
 from ._rounding import round_dtype
-from ._team import (team_gather, team_gather_two, team_phases, team_publish, team_publish_two, team_split,
-                    team_start)
+from ._team import (team_gather, team_gather_two, team_phases, team_publish, team_publish_first,
+                    team_publish_second, team_split, team_start)
 
 # Per kind: rows of at least min_row_bytes (input element size) go to teams of ceil(bytes / chunk_bytes)
 # programs of num_warps warps, programs_per_sm of them per SM with at most maxnreg registers per thread
@@ -85,9 +85,9 @@ WIDE_TUNED: dict = {
                      {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 6,
                       "maxnreg": 80}],
     "layer_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
-                    "maxnreg": 168, "max_team": 32},
+                    "maxnreg": 168, "max_team": 32, "fp_fusion": True},
                    {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 2, "programs_per_sm": 6,
-                    "maxnreg": 168, "max_team": 32},
+                    "maxnreg": 168, "max_team": 64, "fp_fusion": True},
                    {"min_row_bytes": 65537, "chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4,
                     "maxnreg": 128, "pair_max_team": 16}],
     "rms_norm_bwd": {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
@@ -189,8 +189,9 @@ def _ln_team_fwd_kernel(
         slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
             s = tl.sum(x, axis=0)
+            team_publish_first(slots, member, s, PAIR_WORD)
             d = tl.where(mask, x - s / n_mine, 0.0)
-            team_publish_two(slots, member, TEAM, s, tl.sum(d * d, axis=0), PAIR_WORD)
+            team_publish_second(slots, member, TEAM, s, tl.sum(d * d, axis=0), PAIR_WORD)
         nxt = row + TEAMS
         xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
         if PHASE != 1:
@@ -299,7 +300,9 @@ def _ln_team_bwd_kernel(
             g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
-            team_publish_two(slots, member, TEAM, tl.sum(g * xhat, axis=0), tl.sum(g, axis=0), PAIR_WORD)
+            gx_own = tl.sum(g * xhat, axis=0)
+            team_publish_first(slots, member, gx_own, PAIR_WORD)
+            team_publish_second(slots, member, TEAM, gx_own, tl.sum(g, axis=0), PAIR_WORD)
         nxt = row + TEAMS
         dyr, xr = load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
         if PHASE != 1:
