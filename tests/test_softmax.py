@@ -129,6 +129,20 @@ def test_properties_rows_sum_to_one_and_shift_invariance(softmax, device):
     torch.testing.assert_close(softmax.log_softmax(x).exp(), y, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("N", [1021, 20011])
+def test_tiny_probabilities_within_the_smallest_normal(softmax, device, N):
+    """Rows whose z - max spans -200 .. 0 (one block at 1021 fp32 columns; at 20011 a row split over programs on
+    few rows, looped on many; on NVIDIA the exps flush results below 2^-126 to 0): every probability within 2^-126 absolutely plus, relatively, the exp's error
+    (2^-22 for ex2.approx and the division, 2^-23 per unit of |log p| for rounding (z - m) * log2(e)), so the tiny
+    ones are 0 or right and the rest keep fp32 accuracy; log_softmax within 8 ulps."""
+    x = -torch.rand(2, N, device=device) * 200.0
+    x[:, N // 3] = 0.0
+    ref = torch.softmax(x.double(), -1)
+    err = (softmax.softmax(x).double() - ref).abs()
+    assert (err <= (2.0**-22 + 2.0**-23 * ref.log().abs()) * ref + 2.0**-126).all(), err.max()
+    assert_close_ref(softmax.log_softmax(x), torch.log_softmax(x.double(), -1), ulps=8, rel_atol=1e-8)
+
+
 # ----------------------------------------------------------------------------- case 1: wide rows
 
 
@@ -772,6 +786,8 @@ from triton.compiler import ASTSource
 name = kernels.get_local_kernel(Path(sys.argv[1])).__name__
 smod, cmod = sys.modules[name + ".softmax"], sys.modules[name + ".cross_entropy"]
 def sig(kernel, dtype, consts, ptr_types):
+    if "FTZ" in kernel.arg_names:  # the NVIDIA-only exps (inline PTX) on sm_90, tl.exp on gfx942
+        consts.setdefault("FTZ", arch == "90")
     return {n: "constexpr" if n in consts else ("*" + ptr_types.get(n, dtype)) if n.endswith("_ptr")
             else "fp32" if n in ("scale", "smoothing", "z_loss") else "i64" for n in kernel.arg_names}
 count = 0

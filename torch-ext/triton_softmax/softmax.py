@@ -9,7 +9,9 @@ Math, per row of N elements along ``dim`` (all in fp32):
     softmax:      y = exp(z - m) / s
     log_softmax:  y = (z - m) - log(s)
 
-A fully masked row (every z = -inf) gives NaN, as torch does (-inf - -inf).
+A fully masked row (every z = -inf) gives NaN, as torch does (-inf - -inf). On NVIDIA GPUs the forward's exps are
+one ``ex2.approx.ftz`` each (``_libm.exp_approx``): ``tl.exp``'s values, except that exp(z - m) below 2^-126 (z - m <
+-87.3) flushes to 0, a term of a sum that is at least 1 and an output below the smallest normal fp32 / bf16.
 
 Rows that fit in one block (``_launch.MAX_FUSED_BYTES``) are read once and written
 once. Wider rows on a GPU go to persistent *teams* of programs (``_team``, ``_launch.team_for``, where
@@ -121,6 +123,7 @@ def _softmax_fwd_kernel(
     EVICT1: tl.constexpr,  # looped: eviction hint of the first pass's loads ("evict_last": keep for the re-read)
     EVICT2: tl.constexpr,  # looped: eviction hint of the output pass's re-read ("evict_first")
     PREFETCH: tl.constexpr,  # looped: load chunk i+1 before working on chunk i
+    FTZ: tl.constexpr = False,  # NVIDIA (_libm.nvidia_approx): the exps flush results below 2^-126 to 0
 ):
     # DRAM bytes: read N*x (+ N*mask), write N*y; a looped row is read twice, the second time
     # right after the first and newest chunks first, so mostly from L2.
@@ -137,7 +140,7 @@ def _softmax_fwd_kernel(
         # evict_last: +1-4% at 4096-16384 columns on the H200 (benchmarks/NOTES.md, session 22)
         z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, "evict_last", SCALED)
         zm = z - tl.max(z, axis=1)[:, None]
-        e = tl.exp(zm)
+        e = exp_approx(zm, FTZ)
         s = tl.sum(e, axis=1)[:, None]
         if LOG:
             y = zm - tl.log(s)
@@ -163,13 +166,13 @@ def _softmax_fwd_kernel(
                 z = z_next
                 offs = (i + 1) * BLOCK_N + tl.arange(0, BLOCK_N)
                 z_next = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, offs < N, scale, q, CAUSAL,
-                                      EVICT1)
+                                      EVICT1, SCALED)
             else:
                 offs = i * BLOCK_N + tl.arange(0, BLOCK_N)
                 z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, offs < N, scale, q, CAUSAL, EVICT1, SCALED)
             new = tl.maximum(mx, tl.max(z, axis=0))
             base = tl.where(new == float("-inf"), 0.0, new)  # all -inf so far: s stays 0, no NaN
-            s = s * tl.exp(mx - base) + tl.sum(tl.exp(z - base), axis=0)
+            s = s * tl.exp(mx - base) + tl.sum(exp_approx(z - base, FTZ), axis=0)
             mx = new
         # pass 2: read the row again and write y (mx = -inf, s = 0 for a fully masked row: NaN as torch); y is
         # exp(z - mx) times 1 / s, one division per row (+4-5% at 4096 x 32768 on the H200 against a division per
@@ -185,14 +188,14 @@ def _softmax_fwd_kernel(
                 z = z_next
                 offs_next = _chunk_start(i + 1, n_chunks, BLOCK_N, REVERSE) + tl.arange(0, BLOCK_N)
                 z_next = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs_next,
-                                      (offs_next >= 0) & (offs_next < N), scale, q, CAUSAL, EVICT2)
+                                      (offs_next >= 0) & (offs_next < N), scale, q, CAUSAL, EVICT2, SCALED)
             else:
                 z = _load_scores(x_ptr, m_ptr, x_row, m_row, sxc, smc, offs, mask_n, scale, q, CAUSAL, EVICT2, SCALED)
             zm = z - mx
             if LOG:
                 y = zm - tl.log(s)
             else:
-                y = tl.exp(zm) * inv_s
+                y = exp_approx(zm, FTZ) * inv_s
             store_rounded(y_ptr + y_row, offs.to(tl.int64) * syc, y, mask_n)
 
 
@@ -507,6 +510,7 @@ def _softmax_team_fwd_kernel(
     ALONE: tl.constexpr,  # TEAM == 1: a whole row per program, no meeting, ws_ptr unused (the one-block math,
     #                      persistent, the next row's loads in flight during this row's reductions)
     FTZ: tl.constexpr = False,  # NVIDIA (_libm.nvidia_approx): exp(z - m_own) flushes results below 2^-126 to 0
+    #                            (as the one-block kernel's, so that ALONE keeps its bits)
 ):
     # Wide rows read once: the row's TEAM programs keep a chunk each in registers, exchange their
     # (max, sum of exp) and write y from registers. DRAM: read N*x, write N*y.
@@ -520,7 +524,7 @@ def _softmax_team_fwd_kernel(
         nxt = row + TEAMS
         xr, mr = _team_load(x_ptr, m_ptr, nxt, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M,
                             "evict_last")
-        m_own, e = _chunk_max_exp(z, FTZ and not ALONE)
+        m_own, e = _chunk_max_exp(z, FTZ)
         if ALONE:  # the one-block kernel's rounding: y = e / s, or (z - m) - log(s)
             s = tl.sum(e, axis=0)
             if LOG:
@@ -672,7 +676,7 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
                                                                                    (out, (0, 1, 2, 3))))
     meta = meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=cfg.block_n, LOOP=cfg.loop,
                       ROWS=cfg.rows, **cfg.loop_options, num_warps=cfg.num_warps,
-                      **launch_options(_softmax_fwd_kernel))
+                      FTZ=nvidia_approx(device, _softmax_fwd_kernel), **launch_options(_softmax_fwd_kernel))
     fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N, sq,
              float(scale))
     return LaunchPlan(copy, None, ((Launch(_softmax_fwd_kernel, (cdiv(layout.rows, cfg.rows),), meta, fixed, device),
