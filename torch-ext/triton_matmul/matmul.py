@@ -65,7 +65,7 @@ import triton.language as tl
 from ._dispatch import call_op
 from ._launch import MatmulConfig, config_for, tma_capable
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
-from ._libm import ex2_approx_ftz, rcp_approx_ftz
+from ._libm import ex2_approx_ftz, nvidia_approx, rcp_approx_ftz
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
 
@@ -526,12 +526,6 @@ def _matmul_streamk_kernel(
         it = tile_start + k1
 
 
-def _fast_math(a: Tensor, interp: bool) -> bool:
-    """True where the activation may use NVIDIA's single-instruction exp2 / reciprocal (CUDA, not ROCm, not the
-    interpreter, which cannot run inline PTX)."""
-    return a.device.type == "cuda" and torch.version.hip is None and not interp
-
-
 def _tma_layout(a: Tensor, b: Tensor, N: int) -> Optional[bool]:
     """None when the TMA kernel cannot read these operands, else B_NK (b read as the (N, K) matrix b.T).
 
@@ -567,8 +561,8 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
     tiles = cdiv(M, bm) * cdiv(N, sub_n * bn)
     operands = (a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h)
     meta = dict(GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
-                EPILOGUE_SUBTILE=subtile, UPCAST=interp and a.dtype == torch.bfloat16, FAST_MATH=_fast_math(a, interp),
-                num_warps=cfg.num_warps)
+                EPILOGUE_SUBTILE=subtile, UPCAST=interp and a.dtype == torch.bfloat16,
+                FAST_MATH=nvidia_approx(a.device, _matmul_tma_kernel), num_warps=cfg.num_warps)
     if cfg.stream_k:
         kernel, name = _matmul_streamk_kernel, "streamk"
         progs = min(max(1, cfg.persistent) * num_sms, tiles * cdiv(K, bk))
@@ -609,7 +603,7 @@ def _launch_gemv(a, b, bias, y, h, M, N, K, gated, act, cfg) -> None:
         a, b, bias.contiguous() if bias is not None else None, y, h,
         M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0), h.stride(0) if h is not None else 0,
         GATED=gated, ACT=act, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
-        FAST_MATH=_fast_math(a, is_interpreter(_gemv_kernel)), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        FAST_MATH=nvidia_approx(a.device, _gemv_kernel), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch_options(_gemv_kernel, fp_fusion=True),
     )
 
@@ -674,7 +668,7 @@ def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: O
         M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0), h.stride(0) if save_h else 0,
         GATED=gated, ACT=act, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         UPCAST=is_interpreter(_matmul_fwd_kernel) and a.dtype == torch.bfloat16,
-        FAST_MATH=_fast_math(a, is_interpreter(_matmul_fwd_kernel)), num_warps=cfg.num_warps,
+        FAST_MATH=nvidia_approx(a.device, _matmul_fwd_kernel), num_warps=cfg.num_warps,
         num_stages=stages, **launch_options(_matmul_fwd_kernel, fp_fusion=True),
     ), ("ptr", cfg, gated, act, a.dtype, a.device), cfg)
     return y, h
