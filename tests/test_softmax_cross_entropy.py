@@ -348,7 +348,7 @@ def test_team_path_all_targets_ignored(softmax, device, team_mode):
 
 def test_team_tiers_by_width(softmax):
     """The shipped teams of the cross-entropy and the softmax forward (``_launch.TEAM_TUNED``): rows of at least
-    64 / 128 KiB, on the smallest chunk whose team has at most 32 members, the widest rows on the last tier; a * b + c
+    64 KiB, on the smallest chunk whose team has at most 32 members, the widest rows on the last tier; a * b + c
     may contract in the cross-entropy only; the softmax forward's fp32 rows of 32-64 KiB on teams of one (not 16-bit
     rows of those bytes). The softmax backward: 4 KiB chunks from 128 KiB rows up to 32 members, else 8 KiB chunks
     from 32 KiB rows."""
@@ -356,7 +356,7 @@ def test_team_tiers_by_width(softmax):
     team = sys.modules[softmax.__name__ + "._team"]
     widths = (16384, 32000, 32768, 65536, 100000, 128256, 131072, 151936, 262144, 524288)
     want = {65536: 4, 100000: 8, 128256: 8, 131072: 8, 151936: 16, 262144: 16, 524288: 16}
-    for kind, min_bytes, fusion in (("cross_entropy", 65536, True), ("softmax", 131072, False)):
+    for kind, min_bytes, fusion in (("cross_entropy", 65536, True), ("softmax", 65536, False)):
         chunk = {}
         for V in widths:
             s = team.tier_for(launch.TEAM_TUNED[kind], 2 * V, V)
@@ -366,19 +366,20 @@ def test_team_tiers_by_width(softmax):
             assert s["num_warps"] * s["programs_per_sm"] == 16 and s["min_row_bytes"] == min_bytes
             assert s.get("fp_fusion", False) is fusion
             chunk[V] = s["chunk_bytes"] // 1024
-        assert chunk == ({32768: 4, **want} if kind == "cross_entropy" else want)
+        assert chunk == {32768: 4, **want}
     bwd = {V: team.tier_for(launch.TEAM_TUNED["softmax_bwd"], 2 * V, V)["chunk_bytes"] // 1024 for V in widths}
     for V in widths:  # the backward's teams from 128 KiB rows only (looped below: faster on the H200, session 16)
         s = team.tier_for(launch.TEAM_TUNED["softmax_bwd"], 2 * V, V)
         assert (2 * V >= s["min_row_bytes"]) is (V >= 65536)
     assert bwd == {16384: 8, 32000: 8, 32768: 8, 65536: 4, 100000: 8, 128256: 8, 131072: 8, 151936: 8, 262144: 8,
                    524288: 8}
-    # fp32 rows of 32-64 KiB: one program per row (a team of one), not 16-bit rows of those bytes
+    # fp32 rows of 32-64 KiB: one program per row (a team of one); 16-bit rows of those bytes: looped below 64 KiB,
+    # teams from 64 KiB
     for N, alone in ((8192, False), (8193, True), (12007, True), (16384, True), (16385, False)):
         s = team.tier_for(launch.TEAM_TUNED["softmax"], 4 * N, N)
         assert (4 * N >= s["min_row_bytes"] and s.get("max_team") == 1) is alone
         s = team.tier_for(launch.TEAM_TUNED["softmax"], 2 * 2 * N, 2 * N)  # bf16, the same bytes
-        assert s.get("max_team") != 1 and 4 * N < s["min_row_bytes"]
+        assert s.get("max_team") != 1 and (4 * N >= s["min_row_bytes"]) is (N >= 16384)
     assert team.tier_for(None, 1 << 20, 1 << 19) is None
     assert team.tier_for({"chunk_bytes": 1}, 1 << 20, 1 << 19) == {"chunk_bytes": 1}
 

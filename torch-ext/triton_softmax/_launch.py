@@ -185,6 +185,9 @@ def split_for(cfg: LaunchConfig, N: int, rows: int, device: torch.device) -> int
 _BY_WIDTH = ({"chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 16},
              {"chunk_bytes": 8192, "num_warps": 2, "programs_per_sm": 8},
              {"chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4})
+# - since the exps are one ex2.approx.ftz each (session 30, results/session30_2026-12-03.txt), 64 KiB rows too: 4096 x
+#   32768 bf16 3643 -> 3856 GB/s on a team of 16 (A/B against the looped kernel, both with the ftz exps, 5 rounds;
+#   session 29 had measured a tie, 3631 against 3625, before). fp32 rows of 64-128 KiB follow unmeasured;
 # - fp32 rows of 32-64 KiB (8193-16384 elements), looped before, go one row per program of 32 warps ("teams" of
 #   one, the kernel's ALONE path: no meeting), persistent, each program loading its next row while it reduces this
 #   one (session 24, results/session24_softmax_teams_2026-12-03.txt): 4096 x 16384 3310 -> 3803 GB/s, 8192 x 12007
@@ -195,7 +198,7 @@ _BY_WIDTH = ({"chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 16},
 _ALONE_FP32 = {"min_row_bytes": 32769, "chunk_bytes": 65536, "max_team": 1, "max_elems": 16384, "num_warps": 32,
                "programs_per_sm": 1, "maxnreg": 64}
 TEAM_TUNED: dict = {
-    "softmax": [_ALONE_FP32, *({"min_row_bytes": 131072, "maxnreg": 128, "max_team": 32, **s} for s in _BY_WIDTH)],
+    "softmax": [_ALONE_FP32, *({"min_row_bytes": 65536, "maxnreg": 128, "max_team": 32, **s} for s in _BY_WIDTH)],
     "softmax_bwd": [{"min_row_bytes": 131072, "chunk_bytes": 4096, "num_warps": 2, "programs_per_sm": 8,
                      "maxnreg": 128, "max_team": 32},
                     {"min_row_bytes": 131072, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 4,

@@ -15,7 +15,7 @@ one ``ex2.approx.ftz`` each (``_libm.exp_approx``): ``tl.exp``'s values, except 
 
 Rows that fit in one block (``_launch.MAX_FUSED_BYTES``) are read once and written
 once. Wider rows on a GPU go to persistent *teams* of programs (``_team``, ``_launch.team_for``, where
-``_launch.TEAM_TUNED`` enables them: the forward and the backward from 128 KiB rows): each
+``_launch.TEAM_TUNED`` enables them: the forward from 64 KiB rows, the backward from 128 KiB): each
 member keeps one chunk in registers, publishes its chunk's max and sum of exp (backward: its
 part of sum(dy * y)), waits for its teammates and combines the partials in member order
 (``s = sum_k s_k * exp(m_k - m)``), then writes its chunk (``exp(z - m_k) * exp(m_k - m) / s``: one exp
@@ -845,9 +845,8 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
         IndexError: dim out of range. RuntimeError: CPU tensor without TRITON_INTERPRET=1.
 
     Precision: scale, mask add, max, exp and sum in fp32; one rounding to x.dtype at the store.
-    A fully masked row is NaN (as torch). Performance: x is read once; a row of 128 KiB or more
-    (forward and backward) is split over a persistent team of programs on a GPU (the same bits on every
-    run), and the forward's fp32 rows of 32-64 KiB (no mask, not causal, many rows) go one row per persistent
+    A fully masked row is NaN (as torch). Performance: x is read once; a row of 64 KiB or more (backward: 128
+    KiB) is split over a persistent team of programs on a GPU (the same bits on every run), and the forward's fp32 rows of 32-64 KiB (no mask, not causal, many rows) go one row per persistent
     program; otherwise, and on the CPU, a row wider than one block is read twice (online max/sum, then output).
     Source: matches ``torch.softmax(x * scale + mask, dim)``.
     """
