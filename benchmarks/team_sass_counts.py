@@ -69,8 +69,8 @@ for name, (k, consts, tier) in CASES.items():
     consts = dict(consts, BLOCK_N=2048, TEAM_P2=32, PHASE=0)
     sg = sig(k, consts)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names)
-             if sg[n] != "constexpr" and (sg[n].startswith("*") or n in ("N", "V", "stride_x_row", "stride_res_row", "stride_dy_row")
-                                       or re.fullmatch(r"s[a-z]+[0-2]", n))}
+             if sg[n] != "constexpr" and (sg[n].startswith("*") or re.fullmatch(r"s[a-z]+[0-2]", n)
+                                          or n in ("N", "V", "stride_x_row", "stride_res_row", "stride_dy_row"))}
     src = ASTSource(k, sg, constexprs={(k.arg_names.index(m),): v for m, v in consts.items()}, attrs=attrs)
     c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": tier.get("num_warps", 1), "maxnreg": tier["maxnreg"],

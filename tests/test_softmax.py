@@ -132,9 +132,10 @@ def test_properties_rows_sum_to_one_and_shift_invariance(softmax, device):
 @pytest.mark.parametrize("N", [1021, 20011])
 def test_tiny_probabilities_within_the_smallest_normal(softmax, device, N):
     """Rows whose z - max spans -200 .. 0 (one block at 1021 fp32 columns; at 20011 a row split over programs on
-    few rows, looped on many; on NVIDIA the exps flush results below 2^-126 to 0): every probability within 2^-126 absolutely plus, relatively, the exp's error
-    (2^-22 for ex2.approx and the division, 2^-23 per unit of |log p| for rounding (z - m) * log2(e)), so the tiny
-    ones are 0 or right and the rest keep fp32 accuracy; log_softmax within 8 ulps."""
+    few rows, looped on many; on NVIDIA the exps flush results below 2^-126 to 0): every probability within 2^-126
+    absolutely plus, relatively, the exp's error (2^-22 for ex2.approx and the division, 2^-23 per unit of |log p|
+    for rounding (z - m) * log2(e)), so the tiny ones are 0 or right and the rest keep fp32 accuracy; log_softmax
+    within 8 ulps."""
     x = -torch.rand(2, N, device=device) * 200.0
     x[:, N // 3] = 0.0
     ref = torch.softmax(x.double(), -1)

@@ -846,8 +846,10 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
 
     Precision: scale, mask add, max, exp and sum in fp32; one rounding to x.dtype at the store.
     A fully masked row is NaN (as torch). Performance: x is read once; a row of 64 KiB or more (backward: 128
-    KiB) is split over a persistent team of programs on a GPU (the same bits on every run), and the forward's fp32 rows of 32-64 KiB (no mask, not causal, many rows) go one row per persistent
-    program; otherwise, and on the CPU, a row wider than one block is read twice (online max/sum, then output).
+    KiB) is split over a persistent team of programs on a GPU (the same bits on every run), and the forward's
+    fp32 rows of 32-64 KiB (no mask, not causal, many rows) go one row per persistent program; otherwise, and on
+    the CPU, a row wider than one block is read twice (online max/sum, then output). On NVIDIA the exps flush
+    results below 2^-126 to 0 (``ex2.approx.ftz``, see the module docstring).
     Source: matches ``torch.softmax(x * scale + mask, dim)``.
     """
     dim, scale = _prepare(x, dim, scale, mask, causal)
