@@ -738,7 +738,9 @@ def cross_entropy(
     Precision: logsumexp, loss and gradient in fp32; per-row losses summed in fp32 by one program (a fixed
     order: the same bits on every run; torch's sum may differ in the last fp32 bits); one rounding
     of the loss to logits' dtype, one of the gradient at the store and, in eager mode, one more where the
-    upstream gradient is not 1. An out-of-range target gives NaN (torch raises; that needs a sync).
+    upstream gradient is not 1. An out-of-range target gives NaN (torch raises; that needs a sync). Rows of
+    64 KiB or more on NVIDIA (persistent teams): probabilities below 2^-126 in the gradient flush to 0
+    (``ex2.approx.ftz``).
     Performance: the forward reads the logits once (a row wider than 16 KiB twice, the second time
     partly from L2) and writes the gradient; with an upstream gradient of 1 the backward touches no
     logits-sized tensor. No
