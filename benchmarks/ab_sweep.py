@@ -123,7 +123,7 @@ CASES = {  # name: (package, builder, shapes)
     "softmax": ("triton-softmax", softmax(BF16), [(32768, 4096), (16384, 16384), (4096, 32768), (4096, 65536),
                                             (2048, 131072), (1024, 262144), (256, 262144)]),
     "softmax_fp32": ("triton-softmax", softmax(torch.float32), [(16384, 8192), (8192, 12007), (4096, 16384),
-                                                                (2048, 32768)]),
+                                                                (8192, 20011), (4096, 24000), (2048, 32768)]),
     "softmax_bwd": ("triton-softmax", softmax_bwd, [(4096, 65536), (2048, 131072), (1024, 262144)]),
     "cross_entropy": ("triton-softmax", cross_entropy, [(8192, 128256), (2048, 262144)]),
     "silu_and_mul": ("triton-activations", gated("silu_and_mul"), [(16384, 14336), (65536, 1536), (8192, 11008)]),
