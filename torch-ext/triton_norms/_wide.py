@@ -46,8 +46,8 @@ from ._common import affine_f32, input_of, ln_affine, load_affine, load_grad_raw
 from ._fastlaunch import launch
 from ._launch import BWD_MAX_FUSED_BYTES, backward_strides
 from ._rounding import round_dtype
-from ._team import (team_gather, team_gather_two, team_phases, team_publish, team_publish_first,
-                    team_publish_second, team_split, team_start)
+from ._team import (add_pair, team_gather, team_gather_two, team_phases, team_publish, team_publish_first,
+                    team_publish_second, team_publish_sums, team_split, team_start)
 
 # Per kind: rows of at least min_row_bytes (input element size) go to teams of ceil(bytes / chunk_bytes)
 # programs of num_warps warps, programs_per_sm of them per SM with at most maxnreg registers per thread
@@ -300,15 +300,14 @@ def _ln_team_bwd_kernel(
             g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
-            gx_own = tl.sum(g * xhat, axis=0)
-            team_publish_first(slots, member, gx_own, PAIR_WORD)
-            team_publish_second(slots, member, TEAM, gx_own, tl.sum(g, axis=0), PAIR_WORD)
+            team_publish_sums(slots, member, TEAM, g * xhat, g, PAIR_WORD)
         nxt = row + TEAMS
         dyr, xr = load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
         if PHASE != 1:
             gx, gs = team_gather_two(slots, k, TEAM, 0.0, 0.0, PAIR_WORD)
-            c1 = tl.sum(gx, axis=0) / N
-            c2 = tl.sum(gs, axis=0) / N
+            c1, c2 = tl.reduce((gx, gs), 0, add_pair)  # one pass of barriers for both sums
+            c1 = c1 / N
+            c2 = c2 / N
             store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
                         offs, mask)
             if dw_ptr is not None:
