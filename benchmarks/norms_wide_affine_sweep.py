@@ -17,7 +17,8 @@ Otherwise every setting below against ``shipped`` (the package's) and ``previous
 4096 x 65536, 2048 x 131072 and 1024 x 262144 (layer_norm: 4096 x 65536), settings interleaved per round.
 Timing: CUDA-graph medians (``triton_collection.bench.graph_median``, rep 100 ms); GB/s count x read and y written
 (4 bytes per bf16 element). ``--ln-bwd``: the layer_norm backward op alone (dy, x read, dx written: 6 bytes per
-element; dw / db partials not counted) on team settings CHUNK_KiB/WARPS/PER_SM/MAXNREG (session 24), M = 2^28 / N.
+element; dw / db partials not counted) on team settings CHUNK_KiB/WARPS/PER_SM/MAXNREG[/PAIR_MAX_TEAM] (session 24;
+the pair-word limit since session 31), M = 2^28 / N.
 Each output is compared bit for bit with the shipped setting's (``same`` / ``DIFFERENT``:
 another chunk size sums in another fp32 order, the free-order kernels' expected difference) and with fp64.
 """
@@ -58,7 +59,8 @@ def main():
     ap.add_argument("--widths", default="65536,131072,262144")
     ap.add_argument("--ln", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION],... (replaces the LN table)")
     ap.add_argument("--no-ln", action="store_true", help="skip the layer_norm settings")
-    ap.add_argument("--ln-bwd", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG,... : time the layer_norm backward on these")
+    ap.add_argument("--ln-bwd", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG[/PAIR_MAX_TEAM],... : time the layer_norm "
+                    "backward on these (teams of more than PAIR_MAX_TEAM members meet on two words; default: one)")
     ap.add_argument("--no-rms", action="store_true", help="skip the rms_norm settings")
     args = ap.parse_args()
 
@@ -134,9 +136,11 @@ def ln_bwd(nm, wide, args, timed):
     first = shipped[0] if isinstance(shipped, (list, tuple)) else shipped
     table = {"shipped": shipped}
     for spec in args.ln_bwd.split(","):
-        kib, warps, per_sm, regs = map(int, spec.split("/"))
-        table[f"{kib}K w{warps} {per_sm} r{regs}"] = {"min_row_bytes": first["min_row_bytes"], "chunk_bytes": kib * 1024,
-                                                      "num_warps": warps, "programs_per_sm": per_sm, "maxnreg": regs}
+        kib, warps, per_sm, regs, *pair = map(int, spec.split("/"))
+        s = {"min_row_bytes": first["min_row_bytes"], "chunk_bytes": kib * 1024, "num_warps": warps,
+             "programs_per_sm": per_sm, "maxnreg": regs}
+        table[f"{kib}K w{warps} {per_sm} r{regs}{f' p{pair[0]}' if pair else ''}"] = (
+            dict(s, pair_max_team=pair[0]) if pair else s)
     for rnd in range(args.rounds):
         for N in map(int, args.widths.split(",")):
             M = 2**28 // N
