@@ -427,14 +427,14 @@ def test_shipped_team_tiers(norms, monkeypatch):
             got.append((s["chunk_bytes"], s["num_warps"]))
         assert got == settings, kind
     assert team_mod.tier_for(mod.WIDE_TUNED["rms_norm"], 65536, 32768)["min_row_bytes"] > 65536  # 32768 bf16: looped
-    # the layer_norm backward: 4 KiB chunks, 8 KiB for rows of 128-256 KiB (teams of 17-32), 4 KiB again beyond
-    bwd = {N: team_mod.tier_for(mod.WIDE_TUNED["layer_norm_bwd"], 2 * N, N) for N in (8193, 65536, 65537, 131072, 131073)}
+    # the layer_norm backward: 4 KiB chunks up to 64 KiB rows, 8 KiB for rows of 64-256 KiB (teams of 9-32), 4 KiB
+    # again beyond
+    bwd = {N: team_mod.tier_for(mod.WIDE_TUNED["layer_norm_bwd"], 2 * N, N) for N in (8193, 32768, 32769, 131072, 131073)}
     assert [(s["chunk_bytes"], s["num_warps"]) for s in bwd.values()] == [(4096, 4), (4096, 4), (8192, 8), (8192, 8),
                                                                           (4096, 4)]
     assert all(s["min_row_bytes"] == 16385 for s in bwd.values())
-    # one pair word per member where it was measured faster (layer_norm forward up to 262144 columns, the backward's
-    # 4 KiB teams up to 32 members); two words, gathered one after the other, in the backward's 8 KiB teams (rows of
-    # 128-256 KiB) and its teams of more than 32
+    # one pair word per member where it was measured faster (layer_norm forward up to 262144 columns, teams of at
+    # most 16 members elsewhere); two words, gathered one after the other, in the larger teams of the others
     monkeypatch.setattr(team_mod, "sm_count", lambda dev: 132)  # an H200's, with or without a GPU here
     pairs = {(kind, N): mod.team_for(kind, N, 2, 4096, torch.device("cuda")).pair_word for kind, N in [
         ("layer_norm", 65536), ("layer_norm", 131072), ("layer_norm", 262144), ("layer_norm_bwd", 12288),

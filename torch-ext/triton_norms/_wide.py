@@ -74,10 +74,11 @@ from ._team import (add_pair, team_gather, team_gather_two, team_phases, team_pu
 # The backwards: rows over BWD_MAX_FUSED_BYTES (session 23); layer_norm's rows of 128-256 KiB over 8 KiB chunks
 # of 8 warps, 2 per SM (session 24, results/session24_softmax_teams_2026-12-03.txt): 2048 x 131072 2124 -> 2253
 # GB/s (2122 -> 2267 in a second sweep), but 1024 x 262144 2057 -> 1804, so wider rows keep the 4 KiB setting
-# (the last tier). Session 31 (results/session31_2026-12-03.txt): with both backward sums in one joint reduction
-# on a pair word (``_team.team_publish_sums``), the 4 KiB tier's 32-member teams meet on a pair word too: 4096 x
-# 65536 2483 -> 2578 GB/s with the per-row mean / rstd loaded alongside the row (+2.4% without); the 8 KiB tier's
-# lost 1.8-2.4% at 2048 x 131072, so it keeps two words there.
+# (the last tier). Session 31 (results/session31_2026-12-03.txt), with both backward sums in one joint reduction
+# on a pair word (``_team.team_publish_sums``) and the row's mean / rstd loaded with it: rows of 64-128 KiB take
+# the 8 KiB tier (teams of 9-16 on a pair word), 4096 x 65536 2578-2606 -> 2648-2678 GB/s against 4 KiB teams of
+# 32 on a pair word (2465-2473 on two words); 16384 x 16384 stays on 4 KiB (2940 against 2890); at 131072 and
+# 262144 the alternatives (pair words, the other chunk) were within 1%.
 WIDE_TUNED: dict = {
     "rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
                   "maxnreg": 168, "max_team": 64, "affine": 1},
@@ -96,7 +97,7 @@ WIDE_TUNED: dict = {
     "rms_norm_bwd": {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
                      "programs_per_sm": 3, "maxnreg": 168},
     "layer_norm_bwd": [{"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 4096, "num_warps": 4,
-                        "programs_per_sm": 4, "maxnreg": 128, "max_team": 32, "pair_max_team": 32},
+                        "programs_per_sm": 4, "maxnreg": 128, "max_team": 16},
                        {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 8,
                         "programs_per_sm": 2, "maxnreg": 128, "max_team": 32, "pair_max_team": 16},
                        {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 4096, "num_warps": 4,
@@ -248,9 +249,8 @@ def _rms_team_bwd_kernel(
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     dyr, xr = load_grad_raw(dy_ptr, x_ptr, row, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
-    rstd_n = tl.load(rstd_ptr + row, mask=row < M, other=1.0)  # the row's rstd, loaded with its dy and x
     while row < M:
-        rstd = rstd_n
+        rstd = tl.load(rstd_ptr + row)
         dy = dyr.to(tl.float32)
         xn = xr.to(tl.float32) * rstd
         g = dy
@@ -261,7 +261,6 @@ def _rms_team_bwd_kernel(
             team_publish(slots + member, tl.sum(g * xn, axis=0))
         nxt = row + TEAMS
         dyr, xr = load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
-        rstd_n = tl.load(rstd_ptr + nxt, mask=nxt < M, other=1.0)
         if PHASE != 1:
             dot = tl.sum(team_gather(slots, k, TEAM, 0.0), axis=0) / N
             store_dx((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
