@@ -74,7 +74,7 @@ for name, (k, consts, tier) in CASES.items():
     src = ASTSource(k, sg, constexprs={(k.arg_names.index(m),): v for m, v in consts.items()}, attrs=attrs)
     c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": tier.get("num_warps", 1), "maxnreg": tier["maxnreg"],
-                                "enable_fp_fusion": args.fp_fusion or tier.get("fp_fusion", False)})
+                                "enable_fp_fusion": bool(args.fp_fusion or tier.get("fp_fusion", False))})
     (tmp / "k.ptx").write_text(c.asm["ptx"])
     (tmp / "k.cubin").write_bytes(c.asm["cubin"])
     v = subprocess.run([str(BIN / "ptxas"), "-arch=sm_90a", "-v", "--maxrregcount", str(tier["maxnreg"]),
