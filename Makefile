@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast build install-local gpu-check gpu-test port-check bench clean
+.PHONY: setup demo test test-fast build install-local gpu-check gpu-test port-check bench device-wheels clean
 
 setup: $(STAMP)
 
@@ -60,6 +60,13 @@ GPU_HYPOTHESIS_SCALE ?= 0.25
 GPU_TEST_TIMEOUT ?= 1500
 gpu-test:
 	python3 tests/run_gpu_half.py --out $(GPU_TEST_OUT) --procs $(GPU_TEST_PROCS) --scale $(GPU_HYPOTHESIS_SCALE) --timeout $(GPU_TEST_TIMEOUT)
+
+# For a GPU machine with no network: wheels of what its image may lack (the Hub loader and its metadata, tomlkit,
+# and Liger for the peer columns of `make bench`), downloaded here into .whl/; there:
+# python3 -m pip install --no-index --no-deps --target DIR .whl/*.whl and PYTHONPATH=DIR:src.
+DEVICE_WHEELS ?= kernels==0.17.2 kernels-data==0.16.2 tomlkit liger-kernel==0.8.5
+device-wheels:
+	python3 -m pip download -q --no-deps --dest .whl $(DEVICE_WHEELS)
 
 clean:
 	rm -rf dist .pytest_cache
