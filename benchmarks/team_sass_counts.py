@@ -9,6 +9,7 @@ NVIDIA backend. Session 29 (Triton 3.6): rms_norm 952 instructions, layer_norm 1
 the extra subtractions, the masked deviations' FSELs, the bias' conversions), 888 / 1184 with ``--fp-fusion``.
 Session 30: softmax FTZ 0 / 1 and cross-entropy FTZ 0 / 1 (the exp's ``ex2.approx`` with or without ``.ftz``): 1552 /
 1360 and 1800 / 1600; the layer_norm backward's 4 KiB tier (4 warps, 16 elements per thread): 760, 712 contracted.
+Session 31 (Triton 3.9): that backward on one pair word (both sums in one reduction) 736, on two words 760.
 """
 import argparse
 import re
@@ -60,9 +61,11 @@ CASES = {
     "softmax FTZ 1": (S._softmax_team_fwd_kernel, dict(SOFTMAX, FTZ=1), TEAMS),
     "cross_entropy FTZ 0": (CE._cross_entropy_team_fwd_kernel, dict(CE_NONE, FTZ=0), dict(TEAMS, fp_fusion=1)),
     "cross_entropy FTZ 1": (CE._cross_entropy_team_fwd_kernel, dict(CE_NONE, FTZ=1), dict(TEAMS, fp_fusion=1)),
-    # the layer_norm backward's 4 KiB tier: 4 warps, 16 elements per thread, two words (teams of 17-32)
+    # the layer_norm backward's 4 KiB / 4-warp teams (16 elements per thread): on two words (the last tier's teams
+    # of more than 64) and on one pair word (the first tier's, up to 16: both sums in one reduction)
     "layer_norm bwd": (W._ln_team_bwd_kernel, LN_BWD_NONE, LN_BWD),
     "layer_norm bwd fused": (W._ln_team_bwd_kernel, LN_BWD_NONE, dict(LN_BWD, fp_fusion=1)),
+    "layer_norm bwd pair word": (W._ln_team_bwd_kernel, dict(LN_BWD_NONE, PAIR_WORD=1), LN_BWD),
 }
 tmp = Path(tempfile.mkdtemp())
 for name, (k, consts, tier) in CASES.items():

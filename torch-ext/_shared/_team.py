@@ -110,7 +110,7 @@ def team_publish_first(slots_ptr, member, a, PAIR_WORD: tl.constexpr):
 def team_publish_second(slots_ptr, member, count, a, b, PAIR_WORD: tl.constexpr):
     """The second statistic ``b``: one pair word ``(a, b)`` at ``slots_ptr[member]`` (``team_publish_pair``), or
     ``b`` alone at ``slots_ptr[count + member]`` after ``team_publish_first`` sent ``a``; for kernels whose tiers
-    choose (``TeamPlan.pair_word``: the layer_norm teams)."""
+    choose (``TeamPlan.pair_word``: the layer_norm forward, whose second statistic needs the first)."""
     if PAIR_WORD:
         team_publish_pair(slots_ptr + member, a, b)
     else:
@@ -141,8 +141,8 @@ def team_publish_sums(slots_ptr, member, count, va, vb, PAIR_WORD: tl.constexpr)
 
 @triton.jit
 def team_gather_two(slots_ptr, k, count, other_a, other_b, PAIR_WORD: tl.constexpr):
-    """The team's two statistics as ``team_publish_first`` / ``team_publish_second`` put them (two words: the second
-    gathered after the first)."""
+    """The team's two statistics as ``team_publish_first`` / ``team_publish_second`` or ``team_publish_sums`` put
+    them (two words: the second gathered after the first)."""
     if PAIR_WORD:
         a, b = team_gather_pair(slots_ptr, k, count, other_a, other_b)
     else:
