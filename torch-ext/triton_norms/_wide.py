@@ -43,10 +43,11 @@ import triton
 import triton.language as tl
 
 from ._common import affine_f32, input_of, ln_affine, load_affine, load_grad_raw, rms_affine, round_to, store_dx
+from ._device import is_interpreter
 from ._fastlaunch import launch
 from ._launch import BWD_MAX_FUSED_BYTES, backward_strides
 from ._rounding import round_dtype
-from ._team import (add_pair, team_gather, team_gather_two, team_phases, team_publish, team_publish_first,
+from ._team import (sum_pair, team_gather, team_gather_two, team_phases, team_publish, team_publish_first,
                     team_publish_second, team_publish_sums, team_split, team_start)
 
 # Per kind: rows of at least min_row_bytes (input element size) go to teams of ceil(bytes / chunk_bytes)
@@ -286,6 +287,7 @@ def _ln_team_bwd_kernel(
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,
     PAIR_WORD: tl.constexpr = 1,  # as the forward's
+    JOINT: tl.constexpr = 1,  # both sums in one reduction (_team.sum_pair; 0 under the interpreter)
 ):
     # dx = rstd * (g - sum(g) / N - xhat * sum(g * xhat) / N), g = dy * w; dw, db summed in registers per team.
     member, row, offs, mask = team_start(TEAM, N, BLOCK_N)
@@ -306,14 +308,14 @@ def _ln_team_bwd_kernel(
             g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
-            team_publish_sums(slots, member, TEAM, g * xhat, g, PAIR_WORD)
+            team_publish_sums(slots, member, TEAM, g * xhat, g, PAIR_WORD, JOINT)
         nxt = row + TEAMS
         dyr, xr = load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
         mean_n = tl.load(mean_ptr + nxt, mask=nxt < M, other=0.0)
         rstd_n = tl.load(rstd_ptr + nxt, mask=nxt < M, other=1.0)
         if PHASE != 1:
             gx, gs = team_gather_two(slots, k, TEAM, 0.0, 0.0, PAIR_WORD)
-            c1, c2 = tl.reduce((gx, gs), 0, add_pair)  # one pass of barriers for both sums
+            c1, c2 = sum_pair(gx, gs, JOINT)
             c1 = c1 / N
             c2 = c2 / N
             store_dx((g - c2 - xhat * c1) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
@@ -373,7 +375,8 @@ def wide_backward(kind: str, dy2, dh2, x2, w, stats, dx, dres, need_dw: bool, ne
         kernel, args = _rms_team_bwd_kernel, (*head, scalars["weight_offset"], plan.team, plan.teams)
         consts = {"CAST_DTYPE": round_dtype(scalars["cast_dtype"])}
     else:
-        kernel, args, consts = _ln_team_bwd_kernel, (*head, plan.team, plan.teams), {"PAIR_WORD": int(plan.pair_word)}
+        kernel, args = _ln_team_bwd_kernel, (*head, plan.team, plan.teams)
+        consts = {"PAIR_WORD": int(plan.pair_word), "JOINT": int(not is_interpreter(kernel))}
     for phase in team_phases(device, plan.team):
         launch(kernel, plan.grid, args, plan.meta(kernel, device, phase, **consts), device)
     return dw_part, db_part
