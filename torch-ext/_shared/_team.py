@@ -144,12 +144,13 @@ def team_publish_sums(slots_ptr, member, count, va, vb, PAIR_WORD: tl.constexpr,
     ``bar.sync`` per row instead of 14 in the layer_norm backward's 4-warp tier): +4.3 / +4.9% on its teams of 6 / 8
     members (H200, session 31); the same joint reduction in the two-word form delays the first word and lost 3.6-5.4%
     on teams of 32-128 members. ``JOINT``: as ``sum_pair``'s."""
-    if PAIR_WORD == 0:
-        team_publish(slots_ptr + member, tl.sum(va, axis=0))
-        team_publish(slots_ptr + count + member, tl.sum(vb, axis=0))
-    else:
+    if PAIR_WORD:
         a, b = sum_pair(va, vb, JOINT)
-        team_publish_pair(slots_ptr + member, a, b)
+    else:
+        a = tl.sum(va, axis=0)
+        team_publish_first(slots_ptr, member, a, PAIR_WORD)
+        b = tl.sum(vb, axis=0)
+    team_publish_second(slots_ptr, member, count, a, b, PAIR_WORD)
 
 
 @triton.jit
