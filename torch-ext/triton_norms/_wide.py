@@ -179,6 +179,7 @@ def _ln_team_fwd_kernel(
     PHASE: tl.constexpr,  # as the RMSNorm kernel's
     AFFINE: tl.constexpr = 0,  # as the RMSNorm kernel's
     PAIR_WORD: tl.constexpr = 1,  # the two statistics meet in one word (1) or in two, gathered one after the other
+    EVEN: tl.constexpr = 0,  # N is a multiple of BLOCK_N: every member holds a full chunk (no masked deviations)
 ):
     member, row, offs, mask = team_start(TEAM, N, BLOCK_N)
     k = tl.arange(0, TEAM_P2)
@@ -195,7 +196,10 @@ def _ln_team_fwd_kernel(
         if PHASE != 2:
             s = tl.sum(x, axis=0)
             team_publish_first(slots, member, s, PAIR_WORD)
-            d = tl.where(mask, x - s / n_mine, 0.0)
+            if EVEN:
+                d = x - s / BLOCK_N
+            else:
+                d = tl.where(mask, x - s / n_mine, 0.0)
             team_publish_second(slots, member, TEAM, s, tl.sum(d * d, axis=0), PAIR_WORD)
         nxt = row + TEAMS
         xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
@@ -353,7 +357,8 @@ def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, ep
     args = (x2, r2, w, b, y, h, mean, rstd, ws, stride_x, stride_r, M, N, eps, plan.team, plan.teams)
     for phase in team_phases(x2.device, plan.team):
         launch(_ln_team_fwd_kernel, plan.grid, args, plan.meta(_ln_team_fwd_kernel, x2.device, phase,
-                                                                AFFINE=plan.affine, PAIR_WORD=int(plan.pair_word)),
+                                                                AFFINE=plan.affine, PAIR_WORD=int(plan.pair_word),
+                                                                EVEN=int(N % plan.block_n == 0)),
                x2.device)
     return True
 
