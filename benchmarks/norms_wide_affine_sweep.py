@@ -1,6 +1,7 @@
 """Wide-row team forwards of rms_norm / layer_norm (issue 7): what the per-row weight and bias loads cost, and the
 team settings that load them elsewhere (``_wide``'s ``AFFINE``: 0 after the team meets, 1 before it waits, 2 once per
-program), with the register caps each needs. Session 20: results/norms_wide_affine_2026-12-02.txt.
+program, 3 (layer_norm) before it waits with x held in its storage dtype meanwhile), with the register caps each needs
+(the registers and spill bytes of each new binary follow its first row, in brackets). Session 20: results/norms_wide_affine_2026-12-02.txt.
 
     python3 benchmarks/norms_wide_affine_sweep.py [--rounds 2] [--weights-only]      (GPU)
     python3 benchmarks/norms_wide_affine_sweep.py --rms 4/1/12/168/1,4/1/10/184/0 [--widths 65536] [--no-ln]
@@ -82,6 +83,21 @@ def main():
     shipped = {k: v for k, v in wide.WIDE_TUNED.items()}
     print(torch.cuda.get_device_name(), torch.__version__, __import__("triton").__version__, flush=True)
 
+    seen = set()
+
+    def new_compiles(kernel) -> str:
+        """Registers and spill bytes of the ``kernel`` binaries compiled since the last call (Triton's cache)."""
+        out = []
+        try:
+            for cache in kernel.device_caches.values():
+                for key, c in cache[0].items():
+                    if key not in seen:
+                        seen.add(key)
+                        out.append(f"r{getattr(c, 'n_regs', '?')}/spill{getattr(c, 'n_spills', '?')}")
+        except (AttributeError, IndexError, TypeError):  # another Triton's cache layout: no report
+            return ""
+        return f" [{' '.join(out)}]" if out else ""
+
     def timed(label, fn, nbytes):
         ms = graph_median(fn, rep=100)
         print(f"{label} {ms * 1e3:8.1f} us {nbytes / ms / 1e6:6.0f} GB/s", end="", flush=True)
@@ -120,7 +136,8 @@ def main():
                         want = y if want is None else want
                         err = ((y.double() - ref).abs() / (ref.abs() + 1e-2)).max().item()
                         timed(f"round {rnd} {kind:10s} {M}x{N:<7d} {name:18s}", fn, 4 * M * N)
-                        print(f" {'same' if torch.equal(y, want) else 'DIFFERENT'} err {err:.1e}", flush=True)
+                        compiled = new_compiles(wide._rms_team_fwd_kernel if kind == "rms_norm" else wide._ln_team_fwd_kernel)
+                        print(f" {'same' if torch.equal(y, want) else 'DIFFERENT'} err {err:.1e}{compiled}", flush=True)
                     except Exception as e:  # noqa: BLE001
                         print(f"round {rnd} {kind} {M}x{N} {name} ERR {type(e).__name__}: {str(e)[:200]}", flush=True)
                     finally:

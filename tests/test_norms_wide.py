@@ -130,22 +130,32 @@ def test_layer_norm_team_values_one_meeting(norms, device, wide, n):
     assert wide.calls == [(5, expected), (5, expected)]
 
 
-@pytest.mark.parametrize("affine", [1, 2])
+@pytest.mark.parametrize("affine", [1, 2, 3])
 def test_team_affine_load_points_change_no_bit(norms, device, wide, affine):
     """Where a member loads its weight and bias (``affine``: after the meeting, before it, once for every row of
-    the persistent grid) changes nothing: rms_norm (weight, Gemma offset, bias) and layer_norm, bit for bit."""
+    the persistent grid; 3, layer_norm only: before it, x held in bf16 meanwhile) changes nothing: rms_norm (weight,
+    Gemma offset, bias) and layer_norm (with a residual, fp32 w / b: 3 falls back to 0 there), bit for bit."""
     x = (torch.randn(5, N_WIDE, device=device) * 2 + 0.5).to(torch.bfloat16)
+    r = torch.randn(5, N_WIDE, device=device).to(torch.bfloat16)
     w = torch.randn(N_WIDE, device=device).to(torch.bfloat16)
     b = torch.randn(N_WIDE, device=device).to(torch.bfloat16)
-    calls = [lambda: norms.rms_norm(x, w, eps=1e-6), lambda: norms.rms_norm(x, w, b, weight_offset=1.0),
-             lambda: norms.layer_norm(x, w, b), lambda: norms.layer_norm(x, None, b)]
+    rms = [lambda: norms.rms_norm(x, w, eps=1e-6), lambda: norms.rms_norm(x, w, b, weight_offset=1.0)]
+    ln = [lambda: norms.layer_norm(x, w, b), lambda: norms.layer_norm(x, None, b),
+          lambda: norms.add_layer_norm(x, r, w, b), lambda: norms.layer_norm(x, w.float(), b.float())]
+    calls = (rms if affine != 3 else []) + ln
     want = [f() for f in calls]
-    wide.mod.WIDE_TUNED.update({k: dict(v, affine=affine) for k, v in wide.mod.WIDE_TUNED.items()})
+    kinds = ("layer_norm",) if affine == 3 else tuple(wide.mod.WIDE_TUNED)
+    wide.mod.WIDE_TUNED.update({k: dict(wide.mod.WIDE_TUNED[k], affine=affine) for k in kinds})
     for f, y in zip(calls, want):
-        assert torch.equal(f(), y)
-    assert_close_ref(want[0], rms_ref(x, w, eps=1e-6))
-    assert_close_ref(want[2], ln_ref(x, w, b))
-    assert len(wide.calls) == 8
+        assert all(torch.equal(a, b) for a, b in zip(*((o,) if torch.is_tensor(o) else o for o in (f(), y))))
+    assert_close_ref(norms.rms_norm(x, w, eps=1e-6), rms_ref(x, w, eps=1e-6))
+    assert_close_ref(want[-4], ln_ref(x, w, b))
+    assert len(wide.calls) == 2 * len(calls) + 1
+    if affine == 3:
+        point = wide.mod.ln_affine_point
+        assert point(3, torch.bfloat16, w, b) == 3 and point(3, torch.bfloat16, None, b) == 3
+        assert point(3, torch.bfloat16, w.float(), b) == 0 and point(3, torch.float16, w, b) == 0
+        assert point(1, torch.float32, w, b) == 1
 
 
 @pytest.mark.parametrize("kind", ["rms", "ln"])
@@ -422,7 +432,7 @@ def test_shipped_team_tiers(norms, monkeypatch):
     mod = sys.modules[norms.__name__ + "._wide"]
     team_mod = sys.modules[norms.__name__ + "._team"]
     want = {"rms_norm": [(4096, 1), (4096, 1), (8192, 2)], "add_rms_norm": [(4096, 2), (8192, 4), (8192, 4)],
-            "layer_norm": [(4096, 1), (8192, 2), (8192, 2)]}
+            "layer_norm": [(4096, 1), (4096, 1), (8192, 2)]}
     for kind, settings in want.items():
         got = []
         for N in (65536, 131072, 262144):
@@ -430,6 +440,9 @@ def test_shipped_team_tiers(norms, monkeypatch):
             assert s["min_row_bytes"] == 65537 and s["num_warps"] * 32 * s["maxnreg"] * s["programs_per_sm"] <= 65536
             got.append((s["chunk_bytes"], s["num_warps"]))
         assert got == settings, kind
+    # the layer_norm forward's teams up to 512 KiB rows load w / b before they wait (AFFINE 3), wider rows after
+    assert [team_mod.tier_for(mod.WIDE_TUNED["layer_norm"], 2 * N, N).get("affine", 0)
+            for N in (65536, 262144, 262145)] == [3, 3, 0]
     assert team_mod.tier_for(mod.WIDE_TUNED["rms_norm"], 65536, 32768)["min_row_bytes"] > 65536  # 32768 bf16: looped
     # the layer_norm backward: 4 KiB chunks up to 64 KiB rows, 8 KiB for rows of 64-256 KiB (teams of 9-32), 4 KiB
     # again beyond
@@ -487,6 +500,7 @@ for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
             (W._ln_team_fwd_kernel, dict(mean_ptr=None, rstd_ptr=None, PHASE=2)),
             (W._rms_team_fwd_kernel, dict(res_ptr=None, h_ptr=None, CAST_DTYPE=None, PHASE=0, AFFINE=2)),
             (W._ln_team_fwd_kernel, dict(res_ptr=None, h_ptr=None, PHASE=0, AFFINE=1)),
+            (W._ln_team_fwd_kernel, dict(PHASE=0, AFFINE=3)),  # x held as h (bf16) while it waits
             (W._rms_team_bwd_kernel, dict(dh_ptr=None, dres_ptr=None, db_ptr=None, CAST_DTYPE=tl.bfloat16, PHASE=0)),
             (W._ln_team_bwd_kernel, dict(PHASE=0)),
             # two statistics in two words (tiers with pair_max_team), the smallest gather (TEAM_P2 16)
@@ -534,4 +548,4 @@ def test_team_kernels_compile_for_sm90_and_gfx942(built):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(variant)], env=env, capture_output=True,
                          text=True, timeout=600)
-    assert "COMPILED 42" in res.stdout, res.stdout + res.stderr
+    assert "COMPILED 44" in res.stdout, res.stdout + res.stderr

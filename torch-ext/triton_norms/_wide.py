@@ -79,7 +79,11 @@ from ._team import (sum_pair, team_gather, team_gather_two, team_phases, team_pu
 # on a pair word (``_team.team_publish_sums``) and the row's mean / rstd loaded with it: rows of 64-128 KiB take
 # the 8 KiB tier (teams of 9-16 on a pair word), 4096 x 65536 2578-2606 -> 2648-2678 GB/s against 4 KiB teams of
 # 32 on a pair word (2465-2473 on two words); 16384 x 16384 stays on 4 KiB (2940 against 2890); at 131072 and
-# 262144 the alternatives (pair words, the other chunk) were within 1%.
+# 262144 the alternatives (pair words, the other chunk) were within 1%. Session 32 (results/session32_2026-12-04.txt):
+# the layer_norm forward's per-row w / b loads after the meeting cost 7-14% (without them: 3393 -> 3857 GB/s at
+# 4096 x 65536); loaded before the wait (AFFINE 1) they spilled at 168 registers (10-18 bytes, -3 to -17%), but with x
+# held in bf16 meanwhile (AFFINE 3, 0 spills) 4096 x 65536 went 3405-3448 -> 3620-3643, 2048 x 131072 3296 (8 KiB)
+# -> 3398-3427 (4 KiB, 64 members) and 1024 x 262144 3069-3073 (16 KiB) -> 3218-3224 (8 KiB, 64 members).
 WIDE_TUNED: dict = {
     "rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
                   "maxnreg": 168, "max_team": 64, "affine": 1},
@@ -90,9 +94,9 @@ WIDE_TUNED: dict = {
                      {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 6,
                       "maxnreg": 80}],
     "layer_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
-                    "maxnreg": 168, "max_team": 32, "fp_fusion": True},
+                    "maxnreg": 168, "max_team": 64, "fp_fusion": True, "affine": 3},
                    {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 2, "programs_per_sm": 6,
-                    "maxnreg": 168, "max_team": 64, "fp_fusion": True},
+                    "maxnreg": 168, "max_team": 64, "fp_fusion": True, "affine": 3},
                    {"min_row_bytes": 65537, "chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4,
                     "maxnreg": 128, "pair_max_team": 16}],
     "rms_norm_bwd": {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
@@ -123,6 +127,15 @@ def _load_raw(x_ptr, res_ptr, row, M, N, stride_x_row, stride_res_row, offs):
     if res_ptr is not None:
         r = tl.load(res_ptr + row * stride_res_row + offs, mask=live, other=0.0)
     return x, r
+
+
+@triton.jit
+def widen(v):
+    """``v`` (bf16, fp16 or fp32) as fp32; bf16 by its bits, an operation the compiler does not merge with an
+    earlier ``.to(tl.float32)`` of the same value (so that fp32 copy need not stay in registers meanwhile)."""
+    if v.dtype == tl.bfloat16:
+        return (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return v.to(tl.float32)
 
 
 @triton.jit
@@ -177,7 +190,7 @@ def _ln_team_fwd_kernel(
     BLOCK_N: tl.constexpr,
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,  # as the RMSNorm kernel's
-    AFFINE: tl.constexpr = 0,  # as the RMSNorm kernel's
+    AFFINE: tl.constexpr = 0,  # as the RMSNorm kernel's; 3: as 1, x held in its storage dtype while it waits
     PAIR_WORD: tl.constexpr = 1,  # the two statistics meet in one word (1) or in two, gathered one after the other
     EVEN: tl.constexpr = 0,  # N is a multiple of BLOCK_N: every member holds a full chunk (no masked deviations)
 ):
@@ -189,9 +202,12 @@ def _ln_team_fwd_kernel(
     counts = tl.minimum(tl.maximum(N - k * BLOCK_N, 0), BLOCK_N).to(tl.float32)
     n_mine = tl.minimum(N - member * BLOCK_N, BLOCK_N).to(tl.float32)
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    STORE_DTYPE: tl.constexpr = x_ptr.dtype.element_ty if res_ptr is None else h_ptr.dtype.element_ty
     xr, rr = _load_raw(x_ptr, res_ptr, row, M, N, stride_x_row, stride_res_row, offs)
     while row < M:
         x = input_of(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
+        if AFFINE == 3:
+            xs = x.to(STORE_DTYPE)  # exact: x is a value of that dtype
         slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
             s = tl.sum(x, axis=0)
@@ -204,7 +220,7 @@ def _ln_team_fwd_kernel(
         nxt = row + TEAMS
         xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
         if PHASE != 1:
-            if AFFINE == 1:
+            if AFFINE == 1 or AFFINE == 3:
                 w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
             sums, sq = team_gather_two(slots, k, TEAM, 0.0, 0.0, PAIR_WORD)
             mean = tl.sum(sums, axis=0) / N
@@ -218,6 +234,8 @@ def _ln_team_fwd_kernel(
             if AFFINE == 0:
                 w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
             w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
+            if AFFINE == 3:
+                x = widen(xs)
             y = ln_affine(x, mean, rstd, w, b, w_ptr, b_ptr, OUT_DTYPE)
             tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
         row = nxt
@@ -348,16 +366,27 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
     return True
 
 
+def ln_affine_point(plan_affine: int, stored: torch.dtype, w, b) -> int:
+    """The layer_norm team forward's AFFINE for a tier's ``plan_affine``: 3 (w / b loaded before the wait, x held in
+    its storage dtype ``stored``) only where that frees registers, bf16 x (or h) and 16-bit w / b; else 0 (after the
+    meeting), where fp32 w / b or an fp32 copy of x would not fit the tier's registers."""
+    if plan_affine != 3:
+        return plan_affine
+    small = all(t is None or t.element_size() == 2 for t in (w, b))
+    return 3 if stored == torch.bfloat16 and small else 0
+
+
 def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, eps, elem) -> bool:
     """Launches the team forward of LayerNorm when the rows are wide enough; False: nothing launched."""
     plan = team_for("layer_norm", N, elem, M, x2.device)
     if plan is None:
         return False
+    affine = ln_affine_point(plan.affine, x2.dtype if h is None else h.dtype, w, b)
     ws = torch.zeros(2 * M * plan.team, dtype=torch.int64, device=x2.device)
     args = (x2, r2, w, b, y, h, mean, rstd, ws, stride_x, stride_r, M, N, eps, plan.team, plan.teams)
     for phase in team_phases(x2.device, plan.team):
         launch(_ln_team_fwd_kernel, plan.grid, args, plan.meta(_ln_team_fwd_kernel, x2.device, phase,
-                                                                AFFINE=plan.affine, PAIR_WORD=int(plan.pair_word),
+                                                                AFFINE=affine, PAIR_WORD=int(plan.pair_word),
                                                                 EVEN=int(N % plan.block_n == 0)),
                x2.device)
     return True
