@@ -1,7 +1,7 @@
 """Wide-row team forwards of rms_norm / layer_norm (issue 7): what the per-row weight and bias loads cost, and the
 team settings that load them elsewhere (``_wide``'s ``AFFINE``: 0 after the team meets, 1 before it waits, 2 once per
-program, 3 (layer_norm) before it waits with x held in its storage dtype meanwhile), with the register caps each needs
-(the registers and spill bytes of each new binary follow its first row, in brackets). Session 20: results/norms_wide_affine_2026-12-02.txt.
+program; ``HOLD``: x waits for the meeting in bf16), with the register caps each needs (the registers and spill bytes
+of each new binary follow its first row, in brackets). Session 32: results/session32_2026-12-04.txt. Session 20: results/norms_wide_affine_2026-12-02.txt.
 
     python3 benchmarks/norms_wide_affine_sweep.py [--rounds 2] [--weights-only]      (GPU)
     python3 benchmarks/norms_wide_affine_sweep.py --rms 4/1/12/168/1,4/1/10/184/0 [--widths 65536] [--no-ln]
@@ -9,8 +9,8 @@ program, 3 (layer_norm) before it waits with x held in its storage dtype meanwhi
     python3 benchmarks/norms_wide_affine_sweep.py --ln-bwd 4/4/4/128,8/8/2/128 [--widths 16384,65536]
 
 ``--weights-only``: rms_norm / layer_norm at 4096 x 65536 with and without their weight (and bias), shipped settings.
-``--rms`` / ``--ln``: rms_norm / layer_norm single-tier settings CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION] (1:
-contract a * b + c, ``_team.TeamPlan.fp_fusion``; the layer_norm teams of a swept setting meet on one pair word at
+``--rms`` / ``--ln``: rms_norm / layer_norm single-tier settings CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION[/HOLD]]
+(FP_FUSION 1: contract a * b + c, ``_team.TeamPlan.fp_fusion``; HOLD 1: x held in bf16 while the team meets; the layer_norm teams of a swept setting meet on one pair word at
 every size, the shipped tiers only up to their ``pair_max_team``) instead of the
 tables below (session 21's sweep around the shipped 4 KiB tier); ``--widths`` picks the row widths (M = 2^28 / N;
 layer_norm runs at 65536 only unless ``--ln`` is given).
@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sweep_common import load_packages  # noqa: E402
 
 
-def setting(chunk, warps, per_sm, regs, affine, max_team=None, fp_fusion=0):
+def setting(chunk, warps, per_sm, regs, affine, max_team=None, fp_fusion=0, hold=0):
     s = {"min_row_bytes": 65537, "chunk_bytes": chunk, "num_warps": warps, "programs_per_sm": per_sm,
-         "maxnreg": regs, "affine": affine, "fp_fusion": bool(fp_fusion)}
+         "maxnreg": regs, "affine": affine, "fp_fusion": bool(fp_fusion), "hold": bool(hold)}
     return s if max_team is None else dict(s, max_team=max_team)
 
 
@@ -56,9 +56,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--weights-only", action="store_true")
-    ap.add_argument("--rms", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION],... (replaces the RMS table)")
+    ap.add_argument("--rms", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION[/HOLD]],... (replaces the RMS table)")
     ap.add_argument("--widths", default="65536,131072,262144")
-    ap.add_argument("--ln", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION],... (replaces the LN table)")
+    ap.add_argument("--ln", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION[/HOLD]],... (replaces the LN table)")
     ap.add_argument("--no-ln", action="store_true", help="skip the layer_norm settings")
     ap.add_argument("--ln-bwd", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG[/PAIR_MAX_TEAM],... : time the layer_norm "
                     "backward on these (teams of more than PAIR_MAX_TEAM members meet on two words; default: one)")
@@ -68,10 +68,10 @@ def main():
     def table_of(specs):
         table = {}
         for spec in specs.split(","):
-            kib, warps, per_sm, regs, affine, *fuse = map(int, spec.split("/"))
-            fuse = fuse[0] if fuse else 0
-            table[f"{kib}K w{warps} {per_sm} r{regs} a{affine}{' f' if fuse else ''}"] = [
-                setting(kib * 1024, warps, per_sm, regs, affine, fp_fusion=fuse)]
+            kib, warps, per_sm, regs, affine, *rest = map(int, spec.split("/"))
+            fuse, hold = (rest + [0, 0])[:2]
+            table[f"{kib}K w{warps} {per_sm} r{regs} a{affine}{' f' if fuse else ''}{' h' if hold else ''}"] = [
+                setting(kib * 1024, warps, per_sm, regs, affine, fp_fusion=fuse, hold=hold)]
         return table
 
     rms_table = {"previous": PREVIOUS_RMS, **table_of(args.rms)} if args.rms else RMS

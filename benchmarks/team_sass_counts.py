@@ -46,16 +46,16 @@ def sig(k, consts):
             "fp32" if n in ("eps", "weight_offset", "scale", "smoothing", "z_loss") else "i32" for n in k.arg_names}
 
 
-NONE = dict(res_ptr=None, h_ptr=None, rstd_ptr=None)
+NONE = dict(res_ptr=None, h_ptr=None, rstd_ptr=None, HOLD=0)
 SOFTMAX = dict(m_ptr=None, sxc=1, syc=1, CAUSAL=0, LOG=0, SCALED=0, ALONE=0)
 CE_NONE = dict(lse_ptr=None, count_ptr=None, sxc=1, sgc=1, SMOOTH=0)
 NORMS, TEAMS = dict(maxnreg=168), dict(maxnreg=128)  # the tiers' register caps (the cross-entropy's: fp_fusion)
 LN_BWD, LN_BWD_NONE = dict(maxnreg=128, num_warps=4), dict(dh_ptr=None, dres_ptr=None, stride_dy_col=1, PAIR_WORD=0)
 CASES = {
     "rms_norm AFFINE 1": (W._rms_team_fwd_kernel, dict(NONE, b_ptr=None, CAST_DTYPE=None, AFFINE=1), NORMS),
-    "layer_norm pair word": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, AFFINE=0, PAIR_WORD=1), NORMS),
-    "layer_norm two words": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, AFFINE=0, PAIR_WORD=0), NORMS),
-    "layer_norm no bias": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, b_ptr=None, AFFINE=0, PAIR_WORD=1),
+    "layer_norm pair word": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, AFFINE=0, EVEN=0, PAIR_WORD=1), NORMS),
+    "layer_norm two words": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, AFFINE=0, EVEN=0, PAIR_WORD=0), NORMS),
+    "layer_norm no bias": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, b_ptr=None, AFFINE=0, EVEN=0, PAIR_WORD=1),
                            NORMS),
     "softmax FTZ 0": (S._softmax_team_fwd_kernel, dict(SOFTMAX, FTZ=0), TEAMS),
     "softmax FTZ 1": (S._softmax_team_fwd_kernel, dict(SOFTMAX, FTZ=1), TEAMS),

@@ -130,11 +130,11 @@ def test_layer_norm_team_values_one_meeting(norms, device, wide, n):
     assert wide.calls == [(5, expected), (5, expected)]
 
 
-@pytest.mark.parametrize("affine", [1, 2, 3])
-def test_team_affine_load_points_change_no_bit(norms, device, wide, affine):
+@pytest.mark.parametrize("affine, hold", [(1, False), (2, False), (1, True), (2, True)])
+def test_team_affine_load_points_change_no_bit(norms, device, wide, affine, hold):
     """Where a member loads its weight and bias (``affine``: after the meeting, before it, once for every row of
-    the persistent grid; 3, layer_norm only: before it, x held in bf16 meanwhile) changes nothing: rms_norm (weight,
-    Gemma offset, bias) and layer_norm (with a residual, fp32 w / b: 3 falls back to 0 there), bit for bit."""
+    the persistent grid) and whether x waits for the meeting in bf16 (``hold``) change nothing: rms_norm (weight,
+    Gemma offset, bias) and layer_norm (with a residual; fp32 w / b, which never hold), bit for bit."""
     x = (torch.randn(5, N_WIDE, device=device) * 2 + 0.5).to(torch.bfloat16)
     r = torch.randn(5, N_WIDE, device=device).to(torch.bfloat16)
     w = torch.randn(N_WIDE, device=device).to(torch.bfloat16)
@@ -142,20 +142,17 @@ def test_team_affine_load_points_change_no_bit(norms, device, wide, affine):
     rms = [lambda: norms.rms_norm(x, w, eps=1e-6), lambda: norms.rms_norm(x, w, b, weight_offset=1.0)]
     ln = [lambda: norms.layer_norm(x, w, b), lambda: norms.layer_norm(x, None, b),
           lambda: norms.add_layer_norm(x, r, w, b), lambda: norms.layer_norm(x, w.float(), b.float())]
-    calls = (rms if affine != 3 else []) + ln
+    calls = rms + ln
     want = [f() for f in calls]
-    kinds = ("layer_norm",) if affine == 3 else tuple(wide.mod.WIDE_TUNED)
-    wide.mod.WIDE_TUNED.update({k: dict(wide.mod.WIDE_TUNED[k], affine=affine) for k in kinds})
+    wide.mod.WIDE_TUNED.update({k: dict(v, affine=affine, hold=hold) for k, v in wide.mod.WIDE_TUNED.items()})
     for f, y in zip(calls, want):
         assert all(torch.equal(a, b) for a, b in zip(*((o,) if torch.is_tensor(o) else o for o in (f(), y))))
     assert_close_ref(norms.rms_norm(x, w, eps=1e-6), rms_ref(x, w, eps=1e-6))
     assert_close_ref(want[-4], ln_ref(x, w, b))
     assert len(wide.calls) == 2 * len(calls) + 1
-    if affine == 3:
-        point = wide.mod.ln_affine_point
-        assert point(3, torch.bfloat16, w, b) == 3 and point(3, torch.bfloat16, None, b) == 3
-        assert point(3, torch.bfloat16, w.float(), b) == 0 and point(3, torch.float16, w, b) == 0
-        assert point(1, torch.float32, w, b) == 1
+    can_hold = wide.mod.can_hold
+    assert can_hold(torch.bfloat16, w, b) and can_hold(torch.bfloat16, None, b) and can_hold(torch.bfloat16)
+    assert not can_hold(torch.bfloat16, w.float(), b) and not can_hold(torch.float16, w) and not can_hold(torch.float32)
 
 
 @pytest.mark.parametrize("kind", ["rms", "ln"])
@@ -431,7 +428,7 @@ def test_shipped_team_tiers(norms, monkeypatch):
     layer_norm teams meet on one pair word."""
     mod = sys.modules[norms.__name__ + "._wide"]
     team_mod = sys.modules[norms.__name__ + "._team"]
-    want = {"rms_norm": [(4096, 1), (4096, 1), (8192, 2)], "add_rms_norm": [(4096, 2), (8192, 4), (8192, 4)],
+    want = {"rms_norm": [(4096, 1), (8192, 2), (8192, 2)], "add_rms_norm": [(4096, 2), (8192, 4), (8192, 4)],
             "layer_norm": [(4096, 1), (4096, 1), (8192, 2)]}
     for kind, settings in want.items():
         got = []
@@ -440,9 +437,12 @@ def test_shipped_team_tiers(norms, monkeypatch):
             assert s["min_row_bytes"] == 65537 and s["num_warps"] * 32 * s["maxnreg"] * s["programs_per_sm"] <= 65536
             got.append((s["chunk_bytes"], s["num_warps"]))
         assert got == settings, kind
-    # the layer_norm forward's teams up to 512 KiB rows load w / b before they wait (AFFINE 3), wider rows after
-    assert [team_mod.tier_for(mod.WIDE_TUNED["layer_norm"], 2 * N, N).get("affine", 0)
-            for N in (65536, 262144, 262145)] == [3, 3, 0]
+    # the layer_norm forward's teams up to 512 KiB rows load w / b before they wait, x held in bf16 meanwhile; wider
+    # rows after the meeting; rms_norm holds x on its 8 KiB tier (w once per program)
+    ln_tiers = [team_mod.tier_for(mod.WIDE_TUNED["layer_norm"], 2 * N, N) for N in (65536, 262144, 262145)]
+    assert [(s.get("affine", 0), s.get("hold", False)) for s in ln_tiers] == [(1, True), (1, True), (0, False)]
+    rms_tiers = [team_mod.tier_for(mod.WIDE_TUNED["rms_norm"], 2 * N, N) for N in (65536, 131072)]
+    assert [(s.get("affine", 0), s.get("hold", False)) for s in rms_tiers] == [(1, False), (2, True)]
     assert team_mod.tier_for(mod.WIDE_TUNED["rms_norm"], 65536, 32768)["min_row_bytes"] > 65536  # 32768 bf16: looped
     # the layer_norm backward: 4 KiB chunks up to 64 KiB rows, 8 KiB for rows of 64-256 KiB (teams of 9-32), 4 KiB
     # again beyond
@@ -500,7 +500,8 @@ for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
             (W._ln_team_fwd_kernel, dict(mean_ptr=None, rstd_ptr=None, PHASE=2)),
             (W._rms_team_fwd_kernel, dict(res_ptr=None, h_ptr=None, CAST_DTYPE=None, PHASE=0, AFFINE=2)),
             (W._ln_team_fwd_kernel, dict(res_ptr=None, h_ptr=None, PHASE=0, AFFINE=1)),
-            (W._ln_team_fwd_kernel, dict(PHASE=0, AFFINE=3)),  # x held as h (bf16) while it waits
+            (W._ln_team_fwd_kernel, dict(PHASE=0, AFFINE=1, HOLD=1)),  # x held as h (bf16) while it waits
+            (W._rms_team_fwd_kernel, dict(CAST_DTYPE=None, PHASE=0, AFFINE=2, HOLD=1)),
             (W._rms_team_bwd_kernel, dict(dh_ptr=None, dres_ptr=None, db_ptr=None, CAST_DTYPE=tl.bfloat16, PHASE=0)),
             (W._ln_team_bwd_kernel, dict(PHASE=0)),
             # two statistics in two words (tiers with pair_max_team), the smallest gather (TEAM_P2 16)
@@ -509,6 +510,9 @@ for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
         consts.update(BLOCK_N=8192, TEAM_P2=consts.get("TEAM_P2", 64))
         if "AFFINE" in k.arg_names:
             consts.setdefault("AFFINE", 0)
+            consts.setdefault("HOLD", 0)
+        if "EVEN" in k.arg_names:
+            consts.setdefault("EVEN", 0)
         src = ASTSource(k, sig(k, consts), constexprs={(k.arg_names.index(m),): v for m, v in consts.items()})
         triton.compile(src, target=target, options={"num_warps": 8})
         count += 1
@@ -522,7 +526,8 @@ for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
         tiers = W.WIDE_TUNED[kind]
         for s in tiers if isinstance(tiers, list) else [tiers]:
             full = dict(consts, BLOCK_N=s["chunk_bytes"] // 2, TEAM_P2=min(max(s.get("max_team", 64), 16), 64), PHASE=0,
-                        **({"AFFINE": s.get("affine", 0)} if "AFFINE" in k.arg_names else {}),
+                        **({"AFFINE": s.get("affine", 0), "HOLD": int(s.get("hold", False))}
+                           if "AFFINE" in k.arg_names else {}),
                         **({"PAIR_WORD": int(s.get("max_team", 64) <= s.get("pair_max_team", 64))}
                            if "PAIR_WORD" in k.arg_names else {}),
                         **({"CAST_DTYPE": None} if "CAST_DTYPE" in k.arg_names else {}))
@@ -548,4 +553,4 @@ def test_team_kernels_compile_for_sm90_and_gfx942(built):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(variant)], env=env, capture_output=True,
                          text=True, timeout=600)
-    assert "COMPILED 44" in res.stdout, res.stdout + res.stderr
+    assert "COMPILED 46" in res.stdout, res.stdout + res.stderr

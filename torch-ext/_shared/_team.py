@@ -213,6 +213,7 @@ class TeamPlan:
     maxnreg: int  # register cap per thread (NVIDIA launches only)
     fp_fusion: bool = False  # contract a * b + c everywhere in the kernel (where no result must round as eager)
     affine: int = 0  # the norm forwards' AFFINE constexpr: where a member loads its weight / bias (see _wide)
+    hold: bool = False  # the norm forwards' HOLD: x kept in its storage dtype while the team meets (see _wide)
     pair_word: bool = True  # kernels that choose: two statistics meet in one word (team_publish_pair), else two
 
     @property
@@ -247,7 +248,7 @@ def team_split(N: int, elem: int, rows: int, device: torch.device, tuned, on_cpu
 
     ``tuned``: ``{"min_row_bytes", "chunk_bytes", "num_warps", "programs_per_sm", "maxnreg"}`` and optionally
     ``"fp_fusion"`` (default False: the launch keeps eager rounding, ``_device.launch_options``), ``"affine"``
-    (default 0: the norm forwards' ``AFFINE``) and ``"pair_max_team"`` (``pair_word`` for teams of at most this many
+    (default 0: the norm forwards' ``AFFINE``), ``"hold"`` (default False: their ``HOLD``) and ``"pair_max_team"`` (``pair_word`` for teams of at most this many
     members; default: every team), a list of such
     settings by row width (``tier_for``), or None (never); ``on_cpu``: teams on CPU tensors (the interpreter).
     Rows of at least ``min_row_bytes`` go to ceil(N / block_n) programs of ``block_n`` = chunk_bytes / elem (a
@@ -265,4 +266,5 @@ def team_split(N: int, elem: int, rows: int, device: torch.device, tuned, on_cpu
     if teams < 1 or rows * team >= 2**31:
         return None
     return TeamPlan(team, teams, block, warps, tuned["maxnreg"], bool(tuned.get("fp_fusion", False)),
-                    int(tuned.get("affine", 0)), team <= tuned.get("pair_max_team", team))
+                    int(tuned.get("affine", 0)), bool(tuned.get("hold", False)),
+                    team <= tuned.get("pair_max_team", team))

@@ -15,7 +15,8 @@ its teammates, so the loads of one row overlap the meeting of the previous one.
                (Chan et al.'s pairwise combination: one meeting, no cancellation)
 
 The outputs use the rounding points of ``rms_norm`` / ``layer_norm`` (``_common.rms_affine`` /
-``ln_affine``, shared with their kernels; a setting's ``affine`` picks where a member loads its w / b);
+``ln_affine``, shared with their kernels; a setting's ``affine`` picks where a member loads its w / b, its ``hold``
+whether x waits for the meeting in bf16 rather than fp32);
 member 0 stores the row's statistics. DRAM bytes: read N*x (+ N*residual), write N*y (+ N*h), once each.
 On an H200 (bf16, 2026-12-01) this moved
 4096x65536 at 3398 GB/s and 1024x262144 at 3124, against torch.compile's 2849 / 2009.
@@ -82,21 +83,24 @@ from ._team import (sum_pair, team_gather, team_gather_two, team_phases, team_pu
 # 262144 the alternatives (pair words, the other chunk) were within 1%. Session 32 (results/session32_2026-12-04.txt):
 # the layer_norm forward's per-row w / b loads after the meeting cost 7-14% (without them: 3393 -> 3857 GB/s at
 # 4096 x 65536); loaded before the wait (AFFINE 1) they spilled at 168 registers (10-18 bytes, -3 to -17%), but with x
-# held in bf16 meanwhile (AFFINE 3, 0 spills) 4096 x 65536 went 3405-3448 -> 3620-3643, 2048 x 131072 3296 (8 KiB)
-# -> 3398-3427 (4 KiB, 64 members) and 1024 x 262144 3069-3073 (16 KiB) -> 3218-3224 (8 KiB, 64 members).
+# held in bf16 meanwhile (``hold``, the kernels' HOLD; 0 spills) 4096 x 65536 went 3405-3448 -> 3620-3643, 2048 x
+# 131072 3296 (8 KiB) -> 3398-3427 (4 KiB, 64 members) and 1024 x 262144 3069-3073 (16 KiB) -> 3218-3224 (8 KiB, 64
+# members). The rms_norm 8 KiB tier (w once per program) spilled 14 bytes at 262144 columns; holding x removes that:
+# 2048 x 131072 3711-3713 (4 KiB, 64 members) -> 3843-3851 (8 KiB, 32) and 1024 x 262144 3491-3496 -> 3571-3584,
+# while 4096 x 65536 stays on 4 KiB teams (3907-3912 against 3769-3797 on 8 KiB).
 WIDE_TUNED: dict = {
     "rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
-                  "maxnreg": 168, "max_team": 64, "affine": 1},
+                  "maxnreg": 168, "max_team": 32, "affine": 1},
                  {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 2, "programs_per_sm": 6,
-                  "maxnreg": 168, "affine": 2}],
+                  "maxnreg": 168, "affine": 2, "hold": True}],
     "add_rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 2, "programs_per_sm": 12,
                       "maxnreg": 80, "max_team": 32},
                      {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 4, "programs_per_sm": 6,
                       "maxnreg": 80}],
     "layer_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
-                    "maxnreg": 168, "max_team": 64, "fp_fusion": True, "affine": 3},
+                    "maxnreg": 168, "max_team": 64, "fp_fusion": True, "affine": 1, "hold": True},
                    {"min_row_bytes": 65537, "chunk_bytes": 8192, "num_warps": 2, "programs_per_sm": 6,
-                    "maxnreg": 168, "max_team": 64, "fp_fusion": True, "affine": 3},
+                    "maxnreg": 168, "max_team": 64, "fp_fusion": True, "affine": 1, "hold": True},
                    {"min_row_bytes": 65537, "chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4,
                     "maxnreg": 128, "pair_max_team": 16}],
     "rms_norm_bwd": {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
@@ -151,15 +155,19 @@ def _rms_team_fwd_kernel(
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,  # 0: one launch; 1: publish only; 2: gather and write (interpreter)
     AFFINE: tl.constexpr = 0,  # w / b loaded 0: after the team meets, 1: before waiting on it, 2: once for all rows
+    HOLD: tl.constexpr = 0,  # x kept in its storage dtype (bf16) while the team meets, widened again after: registers
 ):
     member, row, offs, mask = team_start(TEAM, N, BLOCK_N)
     k = tl.arange(0, TEAM_P2)
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    STORE_DTYPE: tl.constexpr = x_ptr.dtype.element_ty if res_ptr is None else h_ptr.dtype.element_ty
     if AFFINE == 2:  # a member's columns are the same on every row
         w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
     xr, rr = _load_raw(x_ptr, res_ptr, row, M, N, stride_x_row, stride_res_row, offs)
     while row < M:
         x = input_of(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
+        if HOLD:
+            xs = x.to(STORE_DTYPE)  # exact: x is a value of that dtype
         if PHASE != 2:
             team_publish(ws_ptr + row * TEAM + member, tl.sum(x * x, axis=0))
         nxt = row + TEAMS
@@ -175,6 +183,8 @@ def _rms_team_fwd_kernel(
             if AFFINE == 0:
                 w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
             w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
+            if HOLD:
+                x = widen(xs)
             y = rms_affine(x, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
             tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
         row = nxt
@@ -190,7 +200,8 @@ def _ln_team_fwd_kernel(
     BLOCK_N: tl.constexpr,
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,  # as the RMSNorm kernel's
-    AFFINE: tl.constexpr = 0,  # as the RMSNorm kernel's; 3: as 1, x held in its storage dtype while it waits
+    AFFINE: tl.constexpr = 0,  # as the RMSNorm kernel's
+    HOLD: tl.constexpr = 0,  # as the RMSNorm kernel's
     PAIR_WORD: tl.constexpr = 1,  # the two statistics meet in one word (1) or in two, gathered one after the other
     EVEN: tl.constexpr = 0,  # N is a multiple of BLOCK_N: every member holds a full chunk (no masked deviations)
 ):
@@ -206,7 +217,7 @@ def _ln_team_fwd_kernel(
     xr, rr = _load_raw(x_ptr, res_ptr, row, M, N, stride_x_row, stride_res_row, offs)
     while row < M:
         x = input_of(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
-        if AFFINE == 3:
+        if HOLD:
             xs = x.to(STORE_DTYPE)  # exact: x is a value of that dtype
         slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
@@ -220,7 +231,7 @@ def _ln_team_fwd_kernel(
         nxt = row + TEAMS
         xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
         if PHASE != 1:
-            if AFFINE == 1 or AFFINE == 3:
+            if AFFINE == 1:
                 w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
             sums, sq = team_gather_two(slots, k, TEAM, 0.0, 0.0, PAIR_WORD)
             mean = tl.sum(sums, axis=0) / N
@@ -234,7 +245,7 @@ def _ln_team_fwd_kernel(
             if AFFINE == 0:
                 w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
             w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
-            if AFFINE == 3:
+            if HOLD:
                 x = widen(xs)
             y = ln_affine(x, mean, rstd, w, b, w_ptr, b_ptr, OUT_DTYPE)
             tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
@@ -357,23 +368,21 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
     plan = team_for("rms_norm" if r2 is None else "add_rms_norm", N, elem, M, x2.device)
     if plan is None:
         return False
+    hold = plan.hold and can_hold(x2.dtype if h is None else h.dtype, w, b)
     ws = torch.zeros(M * plan.team, dtype=torch.int64, device=x2.device)
     args = (x2, r2, w, b, y, h, rstd, ws, stride_x, stride_r, M, N, eps, weight_offset, plan.team, plan.teams)
     for phase in team_phases(x2.device, plan.team):
         launch(_rms_team_fwd_kernel, plan.grid, args,
                plan.meta(_rms_team_fwd_kernel, x2.device, phase, CAST_DTYPE=round_dtype(cast_dtype),
-                         AFFINE=plan.affine), x2.device)
+                         AFFINE=plan.affine, HOLD=int(hold)), x2.device)
     return True
 
 
-def ln_affine_point(plan_affine: int, stored: torch.dtype, w, b) -> int:
-    """The layer_norm team forward's AFFINE for a tier's ``plan_affine``: 3 (w / b loaded before the wait, x held in
-    its storage dtype ``stored``) only where that frees registers, bf16 x (or h) and 16-bit w / b; else 0 (after the
-    meeting), where fp32 w / b or an fp32 copy of x would not fit the tier's registers."""
-    if plan_affine != 3:
-        return plan_affine
-    small = all(t is None or t.element_size() == 2 for t in (w, b))
-    return 3 if stored == torch.bfloat16 and small else 0
+def can_hold(stored: torch.dtype, *weights) -> bool:
+    """Whether a team forward may keep x in its storage dtype ``stored`` while it waits (``HOLD``): where that frees
+    registers, bf16 x (or h) with 16-bit (or absent) weights; fp32 weights or an fp32 x would not fit the tiers that
+    hold, and an fp16 x is widened by a conversion the compiler may merge with the first one."""
+    return stored == torch.bfloat16 and all(t is None or t.element_size() == 2 for t in weights)
 
 
 def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, eps, elem) -> bool:
@@ -381,12 +390,14 @@ def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, ep
     plan = team_for("layer_norm", N, elem, M, x2.device)
     if plan is None:
         return False
-    affine = ln_affine_point(plan.affine, x2.dtype if h is None else h.dtype, w, b)
+    hold = plan.hold and can_hold(x2.dtype if h is None else h.dtype, w, b)
+    # w / b before the wait fit the registers only with x held: else after the meeting
+    affine = 0 if plan.hold and not hold and plan.affine == 1 else plan.affine
     ws = torch.zeros(2 * M * plan.team, dtype=torch.int64, device=x2.device)
     args = (x2, r2, w, b, y, h, mean, rstd, ws, stride_x, stride_r, M, N, eps, plan.team, plan.teams)
     for phase in team_phases(x2.device, plan.team):
         launch(_ln_team_fwd_kernel, plan.grid, args, plan.meta(_ln_team_fwd_kernel, x2.device, phase,
-                                                                AFFINE=affine, PAIR_WORD=int(plan.pair_word),
+                                                                AFFINE=affine, HOLD=int(hold), PAIR_WORD=int(plan.pair_word),
                                                                 EVEN=int(N % plan.block_n == 0)),
                x2.device)
     return True
