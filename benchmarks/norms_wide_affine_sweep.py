@@ -136,7 +136,8 @@ def main():
                         want = y if want is None else want
                         err = ((y.double() - ref).abs() / (ref.abs() + 1e-2)).max().item()
                         timed(f"round {rnd} {kind:10s} {M}x{N:<7d} {name:18s}", fn, 4 * M * N)
-                        compiled = new_compiles(wide._rms_team_fwd_kernel if kind == "rms_norm" else wide._ln_team_fwd_kernel)
+                        kernel = wide._rms_team_fwd_kernel if kind == "rms_norm" else wide._ln_team_fwd_kernel
+                        compiled = new_compiles(kernel)
                         print(f" {'same' if torch.equal(y, want) else 'DIFFERENT'} err {err:.1e}{compiled}", flush=True)
                     except Exception as e:  # noqa: BLE001
                         print(f"round {rnd} {kind} {M}x{N} {name} ERR {type(e).__name__}: {str(e)[:200]}", flush=True)

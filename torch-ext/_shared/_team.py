@@ -248,8 +248,8 @@ def team_split(N: int, elem: int, rows: int, device: torch.device, tuned, on_cpu
 
     ``tuned``: ``{"min_row_bytes", "chunk_bytes", "num_warps", "programs_per_sm", "maxnreg"}`` and optionally
     ``"fp_fusion"`` (default False: the launch keeps eager rounding, ``_device.launch_options``), ``"affine"``
-    (default 0: the norm forwards' ``AFFINE``), ``"hold"`` (default False: their ``HOLD``) and ``"pair_max_team"`` (``pair_word`` for teams of at most this many
-    members; default: every team), a list of such
+    (default 0: the norm forwards' ``AFFINE``), ``"hold"`` (default False: their ``HOLD``) and ``"pair_max_team"``
+    (``pair_word`` for teams of at most this many members; default: every team), a list of such
     settings by row width (``tier_for``), or None (never); ``on_cpu``: teams on CPU tensors (the interpreter).
     Rows of at least ``min_row_bytes`` go to ceil(N / block_n) programs of ``block_n`` = chunk_bytes / elem (a
     power of 2) columns; None when not even one team fits the device at once.

@@ -368,7 +368,7 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
     plan = team_for("rms_norm" if r2 is None else "add_rms_norm", N, elem, M, x2.device)
     if plan is None:
         return False
-    hold = plan.hold and can_hold(x2.dtype if h is None else h.dtype, w, b)
+    hold = _holds(plan, x2, h, w, b)
     ws = torch.zeros(M * plan.team, dtype=torch.int64, device=x2.device)
     args = (x2, r2, w, b, y, h, rstd, ws, stride_x, stride_r, M, N, eps, weight_offset, plan.team, plan.teams)
     for phase in team_phases(x2.device, plan.team):
@@ -385,20 +385,25 @@ def can_hold(stored: torch.dtype, *weights) -> bool:
     return stored == torch.bfloat16 and all(t is None or t.element_size() == 2 for t in weights)
 
 
+def _holds(plan, x2, h, w, b) -> bool:
+    """``HOLD`` for a launch of ``plan``: its tier holds and :func:`can_hold` allows it (x is stored as h with a
+    residual)."""
+    return plan.hold and can_hold(x2.dtype if h is None else h.dtype, w, b)
+
+
 def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, eps, elem) -> bool:
     """Launches the team forward of LayerNorm when the rows are wide enough; False: nothing launched."""
     plan = team_for("layer_norm", N, elem, M, x2.device)
     if plan is None:
         return False
-    hold = plan.hold and can_hold(x2.dtype if h is None else h.dtype, w, b)
+    hold = _holds(plan, x2, h, w, b)
     # w / b before the wait fit the registers only with x held: else after the meeting
     affine = 0 if plan.hold and not hold and plan.affine == 1 else plan.affine
     ws = torch.zeros(2 * M * plan.team, dtype=torch.int64, device=x2.device)
     args = (x2, r2, w, b, y, h, mean, rstd, ws, stride_x, stride_r, M, N, eps, plan.team, plan.teams)
+    consts = {"AFFINE": affine, "HOLD": int(hold), "PAIR_WORD": int(plan.pair_word), "EVEN": int(N % plan.block_n == 0)}
     for phase in team_phases(x2.device, plan.team):
-        launch(_ln_team_fwd_kernel, plan.grid, args, plan.meta(_ln_team_fwd_kernel, x2.device, phase,
-                                                                AFFINE=affine, HOLD=int(hold), PAIR_WORD=int(plan.pair_word),
-                                                                EVEN=int(N % plan.block_n == 0)),
+        launch(_ln_team_fwd_kernel, plan.grid, args, plan.meta(_ln_team_fwd_kernel, x2.device, phase, **consts),
                x2.device)
     return True
 
