@@ -286,6 +286,27 @@ def test_team_path_values_and_gradients(softmax, device, team_mode, dtype, log):
     assert all(c[1] == expected for c in team_mode.calls)
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_team_chunks_that_tile_the_row(softmax, device, team_mode, dtype, log):
+    """Rows that the team's chunks tile exactly (the forward's EVEN form: no masked columns): 2048 bf16 / 1024 fp32
+    in 1024-byte chunks, 4 full members. Against fp64, and bit for bit against the same rows with 16 more columns of
+    -inf (a fifth member holding only those, which adds 0 to the row's sum; both read from rows of the same stride,
+    so that the GPU kernels' vector widths, and so their summation orders, agree): plain, masked and scaled,
+    causal."""
+    N = 2048 if dtype == torch.bfloat16 else 1024
+    mask = rand((N + 16,), dtype, device)
+    mask[::5] = float("-inf")
+    for kw in [{}, dict(scale=0.5, mask=mask), dict(causal=True)]:
+        x = rand((2, 3, N + 16), dtype, device, scale=3.0)
+        x[..., N:] = float("-inf")
+        even_kw = dict(kw, mask=mask[:N]) if "mask" in kw else kw
+        y = fn(softmax, log)(x[..., :N], **even_kw)
+        assert_close_ref(y, sm_ref(x[..., :N], log=log, **even_kw))
+        assert torch.equal(y, fn(softmax, log)(x, **kw)[..., :N])
+    assert [c[0] for c in team_mode.calls] == [4, 5] * 3
+
+
 def test_team_of_one_and_partial_last_member(softmax, device, team_mode):
     """K = 1 (one chunk holds the row: the kernel's ALONE path, no meeting, on the CPU too; taken with at least
     SPLIT_BELOW_ROWS_PER_SM rows per SM, more rows than programs), the one-block kernel's bits; and rows whose last
@@ -789,6 +810,8 @@ smod, cmod = sys.modules[name + ".softmax"], sys.modules[name + ".cross_entropy"
 def sig(kernel, dtype, consts, ptr_types):
     if "FTZ" in kernel.arg_names:  # the NVIDIA-only exps (inline PTX) on sm_90, tl.exp on gfx942
         consts.setdefault("FTZ", arch == "90")
+    if "EVEN" in kernel.arg_names:  # the team forward's chunks tiling the row
+        consts.setdefault("EVEN", 0)
     return {n: "constexpr" if n in consts else ("*" + ptr_types.get(n, dtype)) if n.endswith("_ptr")
             else "fp32" if n in ("scale", "smoothing", "z_loss") else "i64" for n in kernel.arg_names}
 count = 0
@@ -835,7 +858,7 @@ for arch in ("90", "gfx942"):
     for dtype in ("bf16", "fp32"):
         for kernel, consts in [
             (smod._softmax_team_fwd_kernel, {"CAUSAL": True, "LOG": False, "SCALED": True, "PHASE": 0,
-                                             "ALONE": False, **team}),
+                                             "ALONE": False, "EVEN": 1, **team}),
             (smod._softmax_team_fwd_kernel, {"CAUSAL": False, "LOG": True, "SCALED": False, "PHASE": 1,
                                              "ALONE": False, "m_ptr": None, **team}),
             (smod._softmax_team_fwd_kernel, {"CAUSAL": False, "LOG": False, "SCALED": True, "PHASE": 0,
@@ -854,7 +877,7 @@ for arch in ("90", "gfx942"):
     launch = sys.modules[name + "._launch"]
     for kind, kernel, consts in [
         ("softmax", smod._softmax_team_fwd_kernel, {"CAUSAL": False, "LOG": False, "SCALED": False, "PHASE": 0,
-                                                    "m_ptr": None, "ALONE": False}),
+                                                    "m_ptr": None, "ALONE": False, "EVEN": 1}),
         ("softmax_bwd", smod._softmax_team_bwd_kernel, {"CAUSAL": False, "LOG": False, "PHASE": 0}),
         ("cross_entropy", cmod._cross_entropy_team_fwd_kernel, {"SMOOTH": False, "PHASE": 0, "lse_ptr": None}),
     ]:

@@ -82,13 +82,16 @@ def _load_scores(x_ptr, m_ptr, x_row, m_row, stride_x_col, stride_m_col, offs, m
 
 @triton.jit
 def _scores_of(x, m, m_ptr, keep, scale, SCALED: tl.constexpr):
-    """z = x * scale + m in fp32 from a chunk as loaded (``m`` ignored without a mask), -inf where not ``keep``."""
+    """z = x * scale + m in fp32 from a chunk as loaded (``m`` ignored without a mask), -inf where not ``keep``
+    (None: everywhere kept)."""
     z = x.to(tl.float32)
     if SCALED:
         z = z * scale
     if m_ptr is not None:
         z = z + m.to(tl.float32)
-    return tl.where(keep, z, float("-inf"))
+    if keep is not None:
+        z = tl.where(keep, z, float("-inf"))
+    return z
 
 
 @triton.jit
@@ -465,29 +468,38 @@ def _team_softmax_of(e, z, m_own, mx, s, LOG: tl.constexpr):
 
 @triton.jit
 def _team_load(a_ptr, b_ptr, row, R1, R2, sa0, sa1, sa2, sac, sb0, sb1, sb2, sbc, offs, N, M,
-               EVICT: tl.constexpr):
+               EVICT: tl.constexpr, EVEN: tl.constexpr = 0):
     """One chunk of ``row`` of a (and of b, if given) as stored, 0 past the row end and past the last row.
     The persistent team kernels load their next row with it before meeting on the current one: no
     arithmetic on the values yet, so the loads stay in flight while the program waits. ``EVICT``: the loads'
-    L2 eviction hint ("" or "evict_last")."""
+    L2 eviction hint ("" or "evict_last"); ``EVEN``: the team's chunks tile N (no column past the row end): the
+    masked loads are only those past the last row, whose values nothing reads (no ``other``)."""
     live = offs < tl.where(row < M, N, 0)
     cols = offs.to(tl.int64)
-    a = tl.load(a_ptr + row_start(row, R1, R2, sa0, sa1, sa2) + cols * sac, mask=live, other=0.0,
+    other = None if EVEN else 0.0
+    a = tl.load(a_ptr + row_start(row, R1, R2, sa0, sa1, sa2) + cols * sac, mask=live, other=other,
                 eviction_policy=EVICT)
     b = a
     if b_ptr is not None:
-        b = tl.load(b_ptr + row_start(row, R1, R2, sb0, sb1, sb2) + cols * sbc, mask=live, other=0.0,
+        b = tl.load(b_ptr + row_start(row, R1, R2, sb0, sb1, sb2) + cols * sbc, mask=live, other=other,
                     eviction_policy=EVICT)
     return a, b
 
 
 @triton.jit
-def _team_scores(x, m, m_ptr, offs, mask_n, q, scale, CAUSAL: tl.constexpr, SCALED: tl.constexpr):
-    """z = x * scale + mask from a chunk loaded by ``_team_load`` (as ``_load_scores``)."""
-    keep = mask_n
+def _team_scores(x, m, m_ptr, offs, mask_n, q, scale, CAUSAL: tl.constexpr, SCALED: tl.constexpr,
+                 EVEN: tl.constexpr = 0):
+    """z = x * scale + mask from a chunk loaded by ``_team_load`` (as ``_load_scores``); ``EVEN``: no column past
+    the row end."""
     if CAUSAL:
-        keep = keep & (offs <= q)
-    return _scores_of(x, m, m_ptr, keep, scale, SCALED)
+        keep = offs <= q
+        if not EVEN:
+            keep = keep & mask_n
+        return _scores_of(x, m, m_ptr, keep, scale, SCALED)
+    elif EVEN:
+        return _scores_of(x, m, m_ptr, None, scale, SCALED)
+    else:
+        return _scores_of(x, m, m_ptr, mask_n, scale, SCALED)
 
 
 @triton.jit
@@ -511,19 +523,23 @@ def _softmax_team_fwd_kernel(
     #                      persistent, the next row's loads in flight during this row's reductions)
     FTZ: tl.constexpr = False,  # NVIDIA (_libm.nvidia_approx): exp(z - m_own) flushes results below 2^-126 to 0
     #                            (as the one-block kernel's, so that ALONE keeps its bits)
+    EVEN: tl.constexpr = 0,  # N % BLOCK_N == 0: no column past the row end (no masked columns, no -inf padding)
 ):
     # Wide rows read once: the row's TEAM programs keep a chunk each in registers, exchange their
     # (max, sum of exp) and write y from registers. DRAM: read N*x, write N*y.
     member, row, offs, mask_n = team_start(TEAM, N, BLOCK_N)
+    if EVEN:
+        mask_n = None  # (the stores' mask)
     k = tl.arange(0, TEAM_P2)
     # evict_last: +4% / +2% / -1% at N = 65536 / 131072 / 262144 on the H200 (benchmarks/NOTES.md, session 22)
-    xr, mr = _team_load(x_ptr, m_ptr, row, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M, "evict_last")
+    xr, mr = _team_load(x_ptr, m_ptr, row, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M, "evict_last",
+                        EVEN)
     while row < M:
-        z = _team_scores(xr, mr, m_ptr, offs, mask_n, row % Sq, scale, CAUSAL, SCALED)
+        z = _team_scores(xr, mr, m_ptr, offs, mask_n, row % Sq, scale, CAUSAL, SCALED, EVEN)
         # the next row's loads go out before this row's two reductions (session 21: +3-5% from 256 KiB rows)
         nxt = row + TEAMS
         xr, mr = _team_load(x_ptr, m_ptr, nxt, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M,
-                            "evict_last")
+                            "evict_last", EVEN)
         m_own, e = _chunk_max_exp(z, FTZ)
         if ALONE:  # the one-block kernel's rounding: y = e / s, or (z - m) - log(s)
             s = tl.sum(e, axis=0)
@@ -654,7 +670,8 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
         return LaunchPlan(copy, None if alone else (layout.rows * team.team, torch.int64, True), tuple(
             (Launch(_softmax_team_fwd_kernel, team.grid,
                     team.meta(_softmax_team_fwd_kernel, device, phase, CAUSAL=causal, LOG=log, SCALED=scale != 1.0,
-                              ALONE=alone, FTZ=nvidia_approx(device, _softmax_team_fwd_kernel)),
+                              ALONE=alone, FTZ=nvidia_approx(device, _softmax_team_fwd_kernel),
+                              EVEN=int(N % team.block_n == 0)),
                     fixed, device), (0, 1, 2, 3))
             for phase in _team_phases(device, team.team)))
     cfg = config_for(N, big)
