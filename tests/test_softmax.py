@@ -810,9 +810,8 @@ smod, cmod = sys.modules[name + ".softmax"], sys.modules[name + ".cross_entropy"
 def sig(kernel, dtype, consts, ptr_types):
     if "FTZ" in kernel.arg_names:  # the NVIDIA-only exps (inline PTX) on sm_90, tl.exp on gfx942
         consts.setdefault("FTZ", arch == "90")
-    if "EVEN" in kernel.arg_names:  # the team forward's chunks tiling the row, its exps' FFMA
+    if "EVEN" in kernel.arg_names:  # the team forward's chunks tiling the row
         consts.setdefault("EVEN", 0)
-        consts.setdefault("FMA", 0)
     return {n: "constexpr" if n in consts else ("*" + ptr_types.get(n, dtype)) if n.endswith("_ptr")
             else "fp32" if n in ("scale", "smoothing", "z_loss") else "i64" for n in kernel.arg_names}
 count = 0
@@ -887,8 +886,6 @@ for arch in ("90", "gfx942"):
             full = {**consts, "BLOCK_N": s["chunk_bytes"] // elem, "TEAM_P2": 32}
             if s.get("max_team") == 1:
                 full.update(ALONE=True, ws_ptr=None)
-            elif kind == "softmax" and elem == 2:  # bf16 y on a team: the exps' argument in one FFMA on NVIDIA
-                full.update(FMA=int(arch == "90"))
             options = {"num_warps": s["num_warps"], "enable_fp_fusion": s.get("fp_fusion", False)}
             if arch == "90":
                 options["maxnreg"] = s["maxnreg"]

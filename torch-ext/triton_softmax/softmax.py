@@ -51,7 +51,7 @@ from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_dev
                       row_layout, row_start, run_plan, store_rounded)
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, meta_items
-from ._libm import ex2_approx_ftz, exp_approx, nvidia_approx
+from ._libm import exp_approx, nvidia_approx
 from ._launch import PLAN_CACHES, SPLIT_BELOW_ROWS_PER_SM, config_for, split_for, team_for
 from ._torch_order import softmax_torch_order
 from ._team import sm_count, team_gather, team_gather_pair, team_phases, team_publish, team_publish_pair, team_start
@@ -440,18 +440,11 @@ def _softmax_bwd_split_out_kernel(
 
 
 @triton.jit
-def _chunk_max_exp(z, FTZ: tl.constexpr, FMA: tl.constexpr = 0):
+def _chunk_max_exp(z, FTZ: tl.constexpr):
     """A team member's chunk ``z`` (fp32, -inf where masked): its max and exp(z - max) (0 for an all -inf chunk).
-    ``FTZ``: the exp flushes results below 2^-126 to 0 (``_libm.exp_approx``), terms of a sum that is >= 1.
-    ``FMA`` (with ``FTZ``): 2^(z * log2(e) - max * log2(e)), one fused multiply-add per element where
-    ``exp_approx(z - max)`` takes a subtraction and a multiplication; the argument's error grows to about
-    |max| * 2^-24, a relative error of the exp far below a 16-bit output's half ulp (2^-9)."""
+    ``FTZ``: the exp flushes results below 2^-126 to 0 (``_libm.exp_approx``), terms of a sum that is >= 1."""
     m_own = tl.max(z, axis=0)
-    m = tl.where(m_own == float("-inf"), 0.0, m_own)
-    if FMA:
-        return m_own, ex2_approx_ftz(tl.fma(z, 1.4426950408889634, -(m * 1.4426950408889634)))
-    else:
-        return m_own, exp_approx(z - m, FTZ)
+    return m_own, exp_approx(z - tl.where(m_own == float("-inf"), 0.0, m_own), FTZ)
 
 
 @triton.jit
@@ -531,7 +524,6 @@ def _softmax_team_fwd_kernel(
     FTZ: tl.constexpr = False,  # NVIDIA (_libm.nvidia_approx): exp(z - m_own) flushes results below 2^-126 to 0
     #                            (as the one-block kernel's, so that ALONE keeps its bits)
     EVEN: tl.constexpr = 0,  # N % BLOCK_N == 0: no column past the row end (no masked columns, no -inf padding)
-    FMA: tl.constexpr = 0,  # with FTZ, not ALONE, a 16-bit y: the exps' argument in one multiply-add (_chunk_max_exp)
 ):
     # Wide rows read once: the row's TEAM programs keep a chunk each in registers, exchange their
     # (max, sum of exp) and write y from registers. DRAM: read N*x, write N*y.
@@ -548,7 +540,7 @@ def _softmax_team_fwd_kernel(
         nxt = row + TEAMS
         xr, mr = _team_load(x_ptr, m_ptr, nxt, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs, N, M,
                             "evict_last", EVEN)
-        m_own, e = _chunk_max_exp(z, FTZ, FMA)
+        m_own, e = _chunk_max_exp(z, FTZ)
         if ALONE:  # the one-block kernel's rounding: y = e / s, or (z - m) - log(s)
             s = tl.sum(e, axis=0)
             if LOG:
@@ -675,12 +667,11 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
         fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N,
                  sq, float(scale), team.team, team.teams)
         alone = team.team == 1  # no meeting, no workspace
-        ftz = nvidia_approx(device, _softmax_team_fwd_kernel)
         return LaunchPlan(copy, None if alone else (layout.rows * team.team, torch.int64, True), tuple(
             (Launch(_softmax_team_fwd_kernel, team.grid,
                     team.meta(_softmax_team_fwd_kernel, device, phase, CAUSAL=causal, LOG=log, SCALED=scale != 1.0,
-                              ALONE=alone, FTZ=ftz, EVEN=int(N % team.block_n == 0),
-                              FMA=int(ftz and not alone and y.element_size() == 2)),
+                              ALONE=alone, FTZ=nvidia_approx(device, _softmax_team_fwd_kernel),
+                              EVEN=int(N % team.block_n == 0)),
                     fixed, device), (0, 1, 2, 3))
             for phase in _team_phases(device, team.team)))
     cfg = config_for(N, big)
