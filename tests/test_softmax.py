@@ -307,6 +307,23 @@ def test_team_chunks_that_tile_the_row(softmax, device, team_mode, dtype, log):
     assert [c[0] for c in team_mode.calls] == [4, 5] * 3
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_team_rows_far_from_zero_keep_their_ulps(softmax, device, team_mode, log):
+    """bf16 rows around -300 (5 members) whose largest element leads the next by 8 (in another member) and the rest
+    by about 60, so that log_softmax's largest output is -log(1 + e^-8) ~ -3.4e-4: every output within 2 ulps of
+    fp64, with no allowance relative to the row's largest value. The exps take z - max exactly; an exp of
+    z * log2(e) - round(max * log2(e)) (one FFMA, tried in session 33) is off by up to |max| * 2^-24 even at
+    z = max, which the log of a sum near 1 turns into several ulps (21-328 on the H200 over wider rows)."""
+    rows = torch.arange(8, dtype=torch.float32)
+    x = -360.0 - 2 * rows[:, None] + torch.randn(8, 2053)
+    x[:, 100] = -300.0 - 2 * rows  # the maximum (member 0) ...
+    x[:, 1700] = -308.0 - 2 * rows  # ... 8 above the runner-up (member 3)
+    x = x.to(device=device, dtype=torch.bfloat16)
+    y = fn(softmax, log)(x)
+    assert_close_ref(y, sm_ref(x, log=log), ulps=2, rel_atol=0.0)
+    assert [c[0] for c in team_mode.calls] == [5]
+
+
 def test_team_of_one_and_partial_last_member(softmax, device, team_mode):
     """K = 1 (one chunk holds the row: the kernel's ALONE path, no meeting, on the CPU too; taken with at least
     SPLIT_BELOW_ROWS_PER_SM rows per SM, more rows than programs), the one-block kernel's bits; and rows whose last
