@@ -3,6 +3,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist), a test file each at a time (`--dist loadfile`: a file's fixtures and the
+# reliability module's case count stay in one process). CI machines have 2 cores.
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-fast build install-local gpu-check gpu-test port-check bench device-wheels clean
 
@@ -21,10 +24,10 @@ demo: setup
 	$(VENV)/bin/triton-collection demo $(DEMO_ARGS)
 
 test: setup
-	$(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not gpu and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not gpu and not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 build: setup
 	$(VENV)/bin/triton-collection build

@@ -94,22 +94,32 @@ def test_ignore_index_everywhere(softmax, device, ignore_index):
                   z_loss=1e-2)
 
 
-def test_reductions_span_several_blocks(softmax, device):
-    """More rows than one step of the one-program count and sum (REDUCE_BLOCK = 1024), over a plain and a
-    (N, C, d) layout, with targets ignored at random; one row counted of 2053; the same bits twice."""
+def test_reductions_span_several_blocks(softmax, device, monkeypatch):
+    """More rows than one step of the one-program count and sum (``REDUCE_BLOCK``, 1024; 64 here, so that the
+    interpreter runs 131 rows instead of thousands), over a plain and a (N, C, d) layout, with targets ignored at
+    random; one row counted of 131; the same bits twice."""
     import sys
 
-    assert sys.modules[softmax.__name__ + ".cross_entropy"].REDUCE_BLOCK < 2053
-    x = rand((2053, 5), torch.float32, device, scale=2.0)
-    t = targets((2053,), 5, device, ignore_frac=0.4)
-    for reduction in ("mean", "sum"):
-        check(softmax, x, t, torch.float32, reduction=reduction)
-    x3 = rand((3, 4, 701), torch.float32, device)  # classes in dim 1: rows strided by 1 within a sample
-    check(softmax, x3, targets((3, 701), 4, device), torch.float32)
-    one = torch.full((2053,), -100, device=device)
-    one[2052] = 2
-    check(softmax, x, one, torch.float32)
-    assert torch.equal(softmax.cross_entropy(x, t), softmax.cross_entropy(x, t))
+    ce = sys.modules[softmax.__name__ + ".cross_entropy"]
+    retuned = sys.modules[softmax.__name__ + "._launch"].retuned
+    monkeypatch.setattr(ce, "REDUCE_BLOCK", 64)
+    ce._reduce_meta.cache_clear()
+    retuned()
+    try:
+        x = rand((131, 5), torch.float32, device, scale=2.0)
+        t = targets((131,), 5, device, ignore_frac=0.4)
+        for reduction in ("mean", "sum"):
+            check(softmax, x, t, torch.float32, reduction=reduction)
+        x3 = rand((3, 4, 47), torch.float32, device)  # classes in dim 1: rows strided by 1 within a sample
+        check(softmax, x3, targets((3, 47), 4, device), torch.float32)
+        one = torch.full((131,), -100, device=device)
+        one[130] = 2
+        check(softmax, x, one, torch.float32)
+        assert torch.equal(softmax.cross_entropy(x, t), softmax.cross_entropy(x, t))
+    finally:
+        monkeypatch.undo()
+        ce._reduce_meta.cache_clear()
+        retuned()
 
 
 def test_all_targets_ignored_and_out_of_range(softmax, device):
