@@ -6,16 +6,19 @@ its host time (issue 7's fwd+bwd >= 3500 GB/s: at 32768 x 4096 the kernels alone
 ``ROOT``: checkouts to build triton-norms from (default: this one); with several, the package cases run for each
 (an A/B in one process, e.g. ``git worktree add /tmp/old <commit>``), the profiles for the first.
 
-Per case: the harness's host time (``triton_collection.bench.host_us_per_call``: the median wall time of one call
-started on an idle GPU), the time per call of 100 back-to-back calls with one sync at the end (``wall_us_per_call``,
-median of 3), and do_bench's median (L2 flushed).
+Per case: the host time (the median wall time of one call started on an idle GPU, as the harness's
+``host_us_per_call``, over 200 calls), the time per call of 100 back-to-back calls with one sync at the end (median of
+5), and do_bench's median (L2 flushed; median of 5). With several ROOTs the builds of one case are measured in
+turn, call after call, so that the host's drift (up to 1.5x between runs on the H200's host) falls on each alike.
 Then a cProfile of our backward's implementation called on the main thread, and a torch.profiler table of
 ``torch.autograd.grad`` (the autograd engine runs the backward on its device thread, which cProfile cannot see).
 """
 import cProfile
 import io
 import pstats
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -24,7 +27,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, "benchmarks")
 from sweep_common import load_packages  # noqa: E402
-from triton_collection.bench import host_us_per_call, wall_us_per_call  # noqa: E402
+from triton_collection.bench import wall_us_per_call  # noqa: E402
 
 ROOTS = sys.argv[1:] or ["."]
 PKGS = [load_packages(["triton-norms"], cpu=False, root=Path(r))[0] for r in ROOTS]
@@ -63,7 +66,7 @@ def package_cases(nm):
     return {
         "rms bwd ours": bwd(ours_rms, (x, w)),
         "rms bwd ours impl (main thread)": lambda: rn._rms_norm_bwd_impl(
-            dy, None, xd, wd, rstd, 0.0, torch.bfloat16, torch.bfloat16, None, True, False),
+            dy, None, xd, wd, rstd, 0.0, torch.bfloat16, torch.bfloat16, None, True, None),  # no db (old: need_db)
         "rms bwd ours, no dw": bwd(ours_rms, (x,)),
         "rms fwd ours (grad)": lambda: ours_rms(x),
         "rms fwd+bwd ours": fwd_bwd(ours_rms),
@@ -72,21 +75,49 @@ def package_cases(nm):
     }
 
 
-cases = {}
-for root, nm in zip(ROOTS, PKGS):
-    cases.update({(f"{k} [{root}]" if len(ROOTS) > 1 else k): v for k, v in package_cases(nm).items()})
-cases.update({
+def interleaved_host_us(fns, rounds=200):
+    """Median host µs per call (a sync before each) of each of ``fns``, called in turn round after round, so that
+    the host's drift (this machine's host times move by up to 1.5x between runs) falls on all of them alike."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, t in zip(fns, times):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            t.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return [statistics.median(t) for t in times]
+
+
+def interleaved(fns, measure, rounds):
+    """Median over ``rounds`` of ``measure(fn)`` for each of ``fns``, taken in turn."""
+    values = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, v in zip(fns, values):
+            v.append(measure(fn))
+    return [statistics.median(v) for v in values]
+
+
+by_root = [package_cases(nm) for nm in PKGS]
+groups = [[(f"{k} [{root}]" if len(ROOTS) > 1 else k, cases[k]) for root, cases in zip(ROOTS, by_root)]
+          for k in by_root[0]]
+groups += [[(k, v)] for k, v in {
     "rms bwd F": bwd(F_rms, (x, w)),
     "rms fwd+bwd F": fwd_bwd(F_rms),
     "ln bwd F": bwd(F_ln, (x, w, b)),
     "ln fwd+bwd F": fwd_bwd(F_ln),
     "empty (M, N)": lambda: torch.empty(M, N, device=dev, dtype=torch.bfloat16),
     "grad of x * 2": bwd(lambda t: t * 2, (x,)),
-})
-for name, fn in cases.items():
-    ms = do_bench(fn, rep=100)
-    host, pipelined = host_us_per_call(fn, samples=30), wall_us_per_call(fn, calls=100, repeats=3)
-    print(f"{name:44s} host {host:7.1f} us  pipelined {pipelined:7.1f} us/call  do_bench {ms * 1e3:7.1f} us", flush=True)
+}.items()]
+for group in groups:
+    names, fns = zip(*group)
+    host = interleaved_host_us(fns)
+    pipelined = interleaved(fns, lambda fn: wall_us_per_call(fn, calls=100, repeats=1), 5)
+    bench = interleaved(fns, lambda fn: do_bench(fn, rep=50) * 1e3, 5)
+    for name, h, p, d in zip(names, host, pipelined, bench):
+        print(f"{name:44s} host {h:7.1f} us  pipelined {p:7.1f} us/call  do_bench {d:7.1f} us", flush=True)
 
 first = package_cases(PKGS[0])
 pr = cProfile.Profile()
@@ -99,7 +130,7 @@ pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(20)
 print("=== cProfile: rms bwd ours impl (main thread), 40 calls"); print(s.getvalue()[-5000:])
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-for name, fn in (("rms bwd ours", first["rms bwd ours"]), ("rms bwd F", cases["rms bwd F"])):
+for name, fn in (("rms bwd ours", first["rms bwd ours"]), ("rms bwd F", bwd(F_rms, (x, w)))):
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(10):
             torch.cuda.synchronize(); fn()

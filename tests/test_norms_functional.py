@@ -240,6 +240,26 @@ def test_weight_gradients_are_deterministic(norms, device, which):
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
+@pytest.mark.parametrize("parts", ["dw and db", "dw", "db"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_weight_gradient_partials_sum_in_one_launch(norms, device, parts, dtype):
+    """The backwards' dw / db: column sums of (P, N) fp32 partials rounded once to the parameter's dtype. P = 131
+    (several 64-row steps and a masked one), N = 67 (a masked column block), against fp64 sums."""
+    column_sums = sys.modules[norms.__name__ + "._partials"].column_sums
+    dw_part = rand((131, 67), torch.float32, device, scale=3.0) if "dw" in parts else None
+    db_part = rand((131, 67), torch.float32, device) if "db" in parts else None
+    dw, db = column_sums(dw_part, db_part, dtype if dw_part is not None else None,
+                         torch.float32 if db_part is not None else None)
+    for out, part, want in ((dw, dw_part, dtype), (db, db_part, torch.float32)):
+        if part is None:
+            assert out is None
+            continue
+        assert out.shape == (67,) and out.dtype == want
+        ref = part.double().sum(0)
+        # fp32 accumulation of 131 terms: within 1 ulp of the rounded sum plus the sum's relative error
+        assert_close_ref(out, ref, ulps=1, rel_atol=1e-6 * 131)
+
+
 def test_case12_layer_norm_backward_3d(norms, device):
     """(2, 8, 64) normalised over the last dim only (not 2 rows of 512)."""
     x, w, b = rand((2, 8, 64), torch.float32, device), rand(64, torch.float32, device), rand(64, torch.float32, device)

@@ -24,8 +24,8 @@ On an H200 (bf16, 2026-12-01) this moved
 The backward works the same way: a member holds its chunk of x (h) and dy, publishes its part of
 ``sum(g * xn)`` (LayerNorm: also ``sum(g)``), writes its chunk of dx, and sums dw (db) over its team's
 rows in registers (its columns are the same on every row), so that dw / db are ``teams`` partial rows
-summed by torch. The looped backward re-read each row and read-modified-wrote an fp32 partial row per
-row: 1199 GB/s at 4096x65536 against 2938 here (torch.compile 1756). On NVIDIA the backward takes teams
+summed afterwards (``_partials``). The looped backward re-read each row and read-modified-wrote an fp32 partial
+row per row: 1199 GB/s at 4096x65536 against 2938 here (torch.compile 1756). On NVIDIA the backward takes teams
 from rows of more than ``BWD_MAX_FUSED_BYTES`` (16 KiB, ``_launch.bwd_max_fused_bytes``), where one program's
 block of x, dy and the fp32 dw / db sums spills: 8192x16384 bf16 moved 2360 GB/s here against 565 in one block
 (layer_norm; rms_norm 3244 / 2909).

@@ -12,7 +12,7 @@ Backward, with xhat = (h - mean) * rstd and g = dy * w:
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (+ dh for add_layer_norm)
     dw = sum_rows(dy * xhat), db = sum_rows(dy)
 
-dw/db: fp32 partials per program, summed afterwards (deterministic, no atomics).
+dw/db: fp32 partials per program, summed afterwards in one launch (``_partials``: deterministic, no atomics).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, launch, meta_items
 from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order
+from ._partials import column_sums
 from ._wide import ln_wide_forward, wide_backward
 
 Tensor = torch.Tensor
@@ -266,38 +267,45 @@ def _(x, residual, weight, bias, eps, order):
             stat, torch.empty_like(stat))
 
 
-def _layer_norm_bwd_impl(
+def _layer_norm_bwd_grads(
     dy: Tensor, dh: Optional[Tensor], x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd: Tensor,
-    dx_dtype: torch.dtype, dres_dtype: Optional[torch.dtype], need_dw: bool, need_db: bool,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Returns (dx, dres, dw, db_fp32); dres/dw/db are empty when not requested."""
+    dx_dtype: torch.dtype, dres_dtype: Optional[torch.dtype], need_dw: bool, db_dtype: Optional[torch.dtype],
+) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """``(dx, dres, dw, db)``; dres / dw / db None when not requested (dres_dtype / need_dw / db_dtype); dw in
+    weight's dtype, db in db_dtype. Plain eager backwards call this directly (no placeholders: host time)."""
     N = x.shape[-1]
-    dx = torch.empty(x.shape, dtype=dx_dtype, device=x.device)
-    dres = torch.empty(x.shape if dres_dtype is not None else (0,), dtype=dres_dtype or dx_dtype, device=x.device)
+    dx = torch.empty_like(x, dtype=dx_dtype, memory_format=torch.contiguous_format)
+    dres = torch.empty_like(x, dtype=dres_dtype, memory_format=torch.contiguous_format) \
+        if dres_dtype is not None else None
     if x.numel() == 0:
-        dw = x.new_zeros((N,), dtype=weight.dtype) if need_dw else x.new_empty(0)
-        db = x.new_zeros((N,), dtype=torch.float32) if need_db else x.new_empty(0)
-        return dx, dres, dw, db
+        return (dx, dres, x.new_zeros((N,), dtype=weight.dtype) if need_dw else None,
+                x.new_zeros((N,), dtype=db_dtype) if db_dtype is not None else None)
     check_launch_device(x, _layer_norm_bwd_kernel)
     x2 = rows_view(x)
     dy2 = grad_rows(dy, N)
     dh2 = grad_rows(dh, N) if dh is not None else None
     M = x2.shape[0]
-    parts = wide_backward("layer_norm", dy2, dh2, x2, vector(weight), (mean, rstd), dx,
-                          dres if dres_dtype is not None else None, need_dw, need_db, M, N) \
-        if N * x.element_size() > bwd_max_fused_bytes(x.device) else None
+    need_db = db_dtype is not None
+    parts = wide_backward("layer_norm", dy2, dh2, x2, vector(weight), (mean, rstd), dx, dres, need_dw, need_db,
+                          M, N) if N * x.element_size() > bwd_max_fused_bytes(x.device) else None
     if parts is not None:  # wide rows: persistent teams, x and dy read once (_wide)
         dw_part, db_part = parts
-        return dx, dres, (dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)), \
-            (db_part.sum(0) if need_db else x.new_empty(0))
-    strides = backward_strides(dy2, x2, dh2)
-    P, run = _bwd_plan(M, N, x.element_size(), x.device, strides)
-    dw_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_dw else None
-    db_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_db else None
-    run((dy2, x2, vector(weight), mean, rstd, dh2, dx, dres if dres_dtype is not None else None, dw_part, db_part))
-    dw = dw_part.sum(0).to(weight.dtype) if need_dw else x.new_empty(0)
-    db = db_part.sum(0) if need_db else x.new_empty(0)
-    return dx, dres, dw, db
+    else:
+        P, run = _bwd_plan(M, N, x.element_size(), x.device, backward_strides(dy2, x2, dh2))
+        dw_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_dw else None
+        db_part = torch.empty((P, N), dtype=torch.float32, device=x.device) if need_db else None
+        run((dy2, x2, vector(weight), mean, rstd, dh2, dx, dres, dw_part, db_part))
+    return (dx, dres, *column_sums(dw_part, db_part, weight.dtype if need_dw else None, db_dtype))
+
+
+def _layer_norm_bwd_impl(
+    dy: Tensor, dh: Optional[Tensor], x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd: Tensor,
+    dx_dtype: torch.dtype, dres_dtype: Optional[torch.dtype], need_dw: bool, db_dtype: Optional[torch.dtype],
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The registered op: :func:`_layer_norm_bwd_grads` with an empty tensor for each output not requested."""
+    dx, dres, dw, db = _layer_norm_bwd_grads(dy, dh, x, weight, mean, rstd, dx_dtype, dres_dtype, need_dw, db_dtype)
+    return (dx, dres if dres is not None else x.new_empty(0, dtype=dx_dtype), dw if dw is not None else x.new_empty(0),
+            db if db is not None else x.new_empty(0))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -318,11 +326,11 @@ _layer_norm_bwd = torch.library.custom_op(add_op_namespace_prefix("layer_norm_bw
 
 
 @_layer_norm_bwd.register_fake
-def _(dy, dh, x, weight, mean, rstd, dx_dtype, dres_dtype, need_dw, need_db):
+def _(dy, dh, x, weight, mean, rstd, dx_dtype, dres_dtype, need_dw, db_dtype):
     N = x.shape[-1]
     dres = x.new_empty(x.shape, dtype=dres_dtype) if dres_dtype is not None else x.new_empty(0, dtype=dx_dtype)
     dw = x.new_empty((N,), dtype=weight.dtype) if need_dw else x.new_empty(0)
-    db = x.new_empty((N,), dtype=torch.float32) if need_db else x.new_empty(0)
+    db = x.new_empty((N,), dtype=db_dtype) if db_dtype is not None else x.new_empty(0)
     return x.new_empty(x.shape, dtype=dx_dtype), dres, dw, db
 
 
@@ -347,11 +355,11 @@ def _backward(ctx, dy, dh, dmean, drstd):
     need_dw = weight is not None and need[2]
     need_db = ctx.bias_dtype is not None and need[3]
     dx, dres, dw, db = call_op(
-        _layer_norm_bwd, _layer_norm_bwd_impl, dy, dh if ctx.res_dtype is not None else None, xs, weight, mean, rstd, ctx.x_dtype, ctx.res_dtype,
-        need_dw, need_db,
+        _layer_norm_bwd, _layer_norm_bwd_impl, dy, dh if ctx.res_dtype is not None else None, xs, weight, mean, rstd,
+        ctx.x_dtype, ctx.res_dtype, need_dw, ctx.bias_dtype if need_db else None, infer=_layer_norm_bwd_grads,
     )
-    return (dx, dres if ctx.res_dtype is not None else None, dw if need_dw else None,
-            db.to(ctx.bias_dtype) if need_db else None, None, None)
+    return (dx, dres if ctx.res_dtype is not None else None, dw if need_dw else None, db if need_db else None,
+            None, None)
 
 
 _layer_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
