@@ -11,6 +11,7 @@ kernel must move, once). Records: DIR/ab.jsonl; the table: stdout.
 """
 
 import argparse
+import inspect
 import statistics
 import sys
 from pathlib import Path
@@ -57,11 +58,13 @@ def norm_bwd(kind):
         dy = torch.randn(M, N, device=DEV, dtype=BF16)
         if kind == "rms_norm":
             rstd = mod._rms_norm_fwd_impl(x, None, w, None, 1e-6, 0.0, None, BF16, order)[2]
-            return (lambda: mod._rms_norm_bwd_impl(dy, None, x, w, rstd, 0.0, None, BF16, None, True, False)), \
+            return (lambda: mod._rms_norm_bwd_impl(dy, None, x, w, rstd, 0.0, None, BF16, None, True, None)), \
                 3 * M * N * 2
         b = torch.zeros(N, device=DEV, dtype=BF16)
         _, _, mean, rstd = mod._layer_norm_fwd_impl(x, None, w, b, 1e-5, order)
-        return (lambda: mod._layer_norm_bwd_impl(dy, None, x, w, mean, rstd, BF16, None, True, True)), 3 * M * N * 2
+        # db in b's dtype (since session 34; before, a flag for an fp32 db)
+        db = BF16 if "db_dtype" in inspect.signature(mod._layer_norm_bwd_impl).parameters else True
+        return (lambda: mod._layer_norm_bwd_impl(dy, None, x, w, mean, rstd, BF16, None, True, db)), 3 * M * N * 2
     return make
 
 
@@ -161,7 +164,9 @@ for name, (pkg, build, shapes) in CASES.items():
         f_new, nbytes = build(NEW[pkg], *shape)
         torch.manual_seed(0)
         f_base, _ = build(BASE[pkg], *shape)
-        same = all(torch.equal(a, b) for a, b in zip(*(o if isinstance(o, tuple) else (o,) for o in (f_new(), f_base()))))
+        differ = [i for i, (a, b) in enumerate(zip(*(o if isinstance(o, tuple) else (o,) for o in (f_new(), f_base()))))
+                  if not torch.equal(a, b)]
+        same = not differ
         times = {"base": [], "new": []}
         for r in range(args.rounds):
             for side, fn in (("base", f_base), ("new", f_new)) if r % 2 == 0 else (("new", f_new), ("base", f_base)):
@@ -174,5 +179,5 @@ for name, (pkg, build, shapes) in CASES.items():
                    samples={k: [t * 1e3 for t in v] for k, v in times.items()})
         RUN.log(f"{name:20s} {label:14s} base {med['base'] * 1e3:8.1f} us {gb['base']:6.0f} GB/s  new "
                 f"{med['new'] * 1e3:8.1f} us {gb['new']:6.0f} GB/s  new/base speed {med['base'] / med['new']:.3f}"
-                f"{'' if same else '  OUTPUTS DIFFER'}")
+                f"{'' if same else f'  OUTPUTS DIFFER (outputs {differ})'}")
 RUN.log("done")

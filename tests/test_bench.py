@@ -133,7 +133,7 @@ def test_every_provider_matches_the_reference(spec, packages, device):
     shape = SMALL[spec.package]
     rows = bench.run_case(spec, shape, packages[spec.package], torch.float32, device, peers=("eager", "aten"),
                           ceilings={"copy_gbps": 1000.0, "matmul_tflops": 500.0}, timer=_fake_timer(0.5),
-                          latency_timer=lambda fn: 7.5, host_timer=lambda fn: 420.0)
+                          latency_timer=lambda fns: [7.5] * len(fns), host_timer=lambda fn: 420.0)
     measured = [r for r in rows if "value" in r]
     assert {r["provider"] for r in measured} >= {"ours"}
     assert len(measured) >= 2, rows  # ours and at least one peer
@@ -165,6 +165,25 @@ def test_a_wrong_result_is_flagged_and_an_exception_is_a_row(device):
     failing = dataclasses.replace(spec, build_fn=lambda *a: 1 / 0)
     (row,) = bench.run_case(failing, (9, 31), None, torch.float32, device)
     assert row["error"].startswith("build: ZeroDivisionError")
+
+
+def test_latency_providers_are_timed_in_turn():
+    """wall_us_interleaved: one value per function, in order, each a per-call time; rounds alternate the
+    functions (the call log shows the turns) so that the host's drift falls on each alike."""
+    log = []
+
+    def quick():
+        log.append("quick")
+
+    def slow():
+        log.append("slow")
+        end = time.perf_counter() + 200e-6
+        while time.perf_counter() < end:
+            pass
+
+    fast_us, slow_us = bench.wall_us_interleaved([quick, slow], calls=3, rounds=4)
+    assert slow_us >= 200 > fast_us
+    assert log == ["quick", "slow"] + (["quick"] * 3 + ["slow"] * 3) * 4
 
 
 def _fake_result():

@@ -12,7 +12,8 @@ before every call; the sweep's tensors are several times the H200's 60 MB L2). M
 report GB/s (bytes a perfect kernel moves, see ``bench_ops``) and the fraction of the device copy
 bandwidth measured in the same run (``b.copy_(a)`` on 2 GiB); matmuls report TFLOP/s and the
 fraction of ``torch.matmul`` at 8192³ in the same dtype; ``latency`` rows are wall time per call
-from Python (a loop, one sync). Results: ``bench_<date>.json``, ``.md`` and ``.png`` in ``--out``.
+from Python (a loop, one sync; the providers timed in turn, 15 rounds, median). Results:
+``bench_<date>.json``, ``.md`` and ``.png`` in ``--out``.
 
 Every timed row also gets ``host_us``: the wall time of one call on an idle GPU, i.e. what the host
 spends in Python, allocations and launches before the call returns. do_bench's events bracket that
@@ -138,6 +139,25 @@ def wall_us_per_call(fn: Callable[[], Any], *, calls: int = 200, repeats: int = 
     return statistics.median(samples)
 
 
+def wall_us_interleaved(fns: list, *, calls: int = 200, rounds: int = 15) -> list[float]:
+    """For each of ``fns``, the median over ``rounds`` of its wall time per call (µs) of ``calls`` back-to-back
+    calls with one sync at the end, the functions taken in turn round after round: the host's drift during the
+    measurement (on the H200's host the same call read 10-31 µs across one run) falls on every provider alike, so
+    that the latency rows compare the providers rather than the moments each was timed."""
+    for fn in fns:
+        fn()
+    _sync()
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, times in zip(fns, samples):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            _sync()
+            times.append((time.perf_counter() - start) / calls * 1e6)
+    return [statistics.median(times) for times in samples]
+
+
 def host_us_per_call(fn: Callable[[], Any], *, samples: int = 15) -> float:
     """Median wall time (µs) of one call of ``fn`` started on an idle GPU (a sync before each): the host's
     part of the call (Python, allocations, launches), which do_bench's events bracket as well."""
@@ -210,12 +230,14 @@ def _rate(spec: OpSpec, work, ms: float, ceilings: dict) -> tuple[float, float |
 
 
 def run_case(spec: OpSpec, shape, kernel, dtype, device: str, *, peers=PEERS, ceilings: dict | None = None,
-             timer=do_bench_median, latency_timer=wall_us_per_call, host_timer=host_us_per_call, graph_timer=None,
+             timer=do_bench_median, latency_timer=wall_us_interleaved, host_timer=host_us_per_call, graph_timer=None,
              warmup: int = 25, rep: int = 100) -> list[dict]:
     """Check and time every provider of one (spec, shape); one row per provider (errors are rows too).
 
     ``graph_timer(fn, rep=...)`` (e.g. :func:`graph_median`; None: not measured) adds ``graph_ms`` and
-    ``graph_value`` to each timed row, or ``graph_error`` where the provider cannot be replayed."""
+    ``graph_value`` to each timed row, or ``graph_error`` where the provider cannot be replayed.
+    ``latency_timer(fns)`` gives the latency rows' µs per call of all the checked providers at once
+    (:func:`wall_us_interleaved`)."""
     import torch
 
     elem = torch.empty((), dtype=dtype).element_size()
@@ -233,6 +255,7 @@ def run_case(spec: OpSpec, shape, kernel, dtype, device: str, *, peers=PEERS, ce
         log.warning("bench: reference for %s %s failed: %s", spec.name, shape, exc)
     work = spec.work(tuple(shape), elem)
     ceilings = ceilings or {}
+    latency: list = []
     for name, fn in wl.providers.items():
         row = dict(base, provider=name)
         try:
@@ -241,7 +264,7 @@ def run_case(spec: OpSpec, shape, kernel, dtype, device: str, *, peers=PEERS, ce
                 row["ok"], row["max_err"] = _compare(wl.pick(out), ref, wl.rtol, wl.atol)
             del out
             if spec.mode == "latency":
-                row["value"] = latency_timer(fn)
+                latency.append((row, fn))  # timed below, all providers in turn
             else:
                 ms = timer(fn, warmup=warmup, rep=rep)
                 row["ms"] = ms
@@ -261,12 +284,19 @@ def run_case(spec: OpSpec, shape, kernel, dtype, device: str, *, peers=PEERS, ce
             except Exception as exc:  # noqa: BLE001 - e.g. a peer that syncs with the host cannot be captured
                 row["graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         rows.append(row)
+    if latency:
+        try:
+            for (row, _), value in zip(latency, latency_timer([fn for _, fn in latency])):
+                row["value"] = value
+        except Exception as exc:  # noqa: BLE001 - a provider failing only when timed
+            for row, _ in latency:
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return rows
 
 
 def run_bench(packages: list[str], *, shapes: str = "quick", dtype: str = "bf16", peers=PEERS, kernels_by_name=None,
               device: str = "cuda", ceilings: dict | None = None, progress: bool = True, warmup: int = 25, rep: int = 100,
-              timer=do_bench_median, latency_timer=wall_us_per_call, host_timer=host_us_per_call, graph_timer=None,
+              timer=do_bench_median, latency_timer=wall_us_interleaved, host_timer=host_us_per_call, graph_timer=None,
               on_case: Callable[[dict], Any] | None = None,
               cases: list[tuple[OpSpec, tuple]] | None = None) -> dict:
     """Run the sweep; returns ``{"env", "ceilings", "rows", "summary", "case_seconds"}`` (see :func:`write_report`).
