@@ -409,10 +409,13 @@ def test_opcheck_every_op(norms, device):
     torch.library.opcheck(ln, (x, None, w, b, 1e-5, 2))
     dy = rand((3, N), torch.float32, device)
     rstd = torch.rand(3, device=device) + 0.5
+    # the backwards' last argument: the bias gradient's dtype (None: not wanted)
     torch.library.opcheck(_op(norms, "rms_norm_bwd"),
-                          (dy, dy, x.detach(), w.detach(), rstd, 0.0, None, torch.float32, torch.bfloat16, True, False))
+                          (dy, dy, x.detach(), w.detach(), rstd, 0.0, None, torch.float32, torch.bfloat16, True, None))
+    torch.library.opcheck(_op(norms, "rms_norm_bwd"),
+                          (dy, None, x.detach(), None, rstd, 0.0, None, torch.float32, None, False, torch.bfloat16))
     torch.library.opcheck(_op(norms, "layer_norm_bwd"),
-                          (dy, None, x.detach(), w.detach(), rstd - 0.5, rstd, torch.float32, None, True, True))
+                          (dy, None, x.detach(), w.detach(), rstd - 0.5, rstd, torch.float32, None, True, torch.bfloat16))
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
