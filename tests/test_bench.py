@@ -168,8 +168,9 @@ def test_a_wrong_result_is_flagged_and_an_exception_is_a_row(device):
 
 
 def test_latency_providers_are_timed_in_turn():
-    """wall_us_interleaved: one value per function, in order, each a per-call time; rounds alternate the
-    functions (the call log shows the turns) so that the host's drift falls on each alike."""
+    """wall_us_interleaved: one value per function, in order, each a per-call time; every round times each
+    function in turn (the call log shows the turns) so that the host's drift falls on each alike. In run_case a
+    provider that fails only while timed errs alone; the others keep their values."""
     log = []
 
     def quick():
@@ -184,6 +185,23 @@ def test_latency_providers_are_timed_in_turn():
     fast_us, slow_us = bench.wall_us_interleaved([quick, slow], calls=3, rounds=4)
     assert slow_us >= 200 > fast_us
     assert log == ["quick", "slow"] + (["quick"] * 3 + ["slow"] * 3) * 4
+
+    x = torch.randn(3, 5)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) > 2:
+            raise RuntimeError("broke while timed")
+        return x * 1.0
+
+    wl = Workload({"ours": lambda: x * 1.0, "flaky": flaky}, lambda: x.double())
+    spec = OpSpec("triton-norms", "fake", "latency", {"quick": (), "full": ((3, 5),)}, "x", None, lambda *a: wl,
+                  metric="us/call")
+    rows = {r["provider"]: r for r in bench.run_case(
+        spec, (3, 5), None, torch.float32, "cpu", latency_timer=lambda fns: bench.wall_us_interleaved(fns, calls=2, rounds=2))}
+    assert rows["ours"]["value"] > 0 and "error" not in rows["ours"]
+    assert "broke while timed" in rows["flaky"]["error"] and "value" not in rows["flaky"]
 
 
 def _fake_result():

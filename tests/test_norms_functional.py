@@ -416,6 +416,12 @@ def test_opcheck_every_op(norms, device):
                           (dy, None, x.detach(), None, rstd, 0.0, None, torch.float32, None, False, torch.bfloat16))
     torch.library.opcheck(_op(norms, "layer_norm_bwd"),
                           (dy, None, x.detach(), w.detach(), rstd - 0.5, rstd, torch.float32, None, True, torch.bfloat16))
+    for flag in (True, False):  # the bool this argument replaced reaches the op as an integer dtype: refused
+        with pytest.raises(TypeError, match="db_dtype"):
+            _op(norms, "layer_norm_bwd")(dy, None, x.detach(), w.detach(), rstd - 0.5, rstd, torch.float32, None, True,
+                                         flag)
+        with pytest.raises(TypeError, match="db_dtype"):
+            _op(norms, "rms_norm_bwd")(dy, None, x.detach(), None, rstd, 0.0, None, torch.float32, None, False, flag)
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

@@ -236,8 +236,9 @@ def run_case(spec: OpSpec, shape, kernel, dtype, device: str, *, peers=PEERS, ce
 
     ``graph_timer(fn, rep=...)`` (e.g. :func:`graph_median`; None: not measured) adds ``graph_ms`` and
     ``graph_value`` to each timed row, or ``graph_error`` where the provider cannot be replayed.
-    ``latency_timer(fns)`` gives the latency rows' µs per call of all the checked providers at once
-    (:func:`wall_us_interleaved`)."""
+    ``latency_timer(fns)`` gives the latency rows' µs per call of all the checked providers at once, a list
+    in the order of ``fns`` (:func:`wall_us_interleaved`); where it raises, each provider is timed alone and
+    only the one that fails gets an ``error``."""
     import torch
 
     elem = torch.empty((), dtype=dtype).element_size()
@@ -286,10 +287,13 @@ def run_case(spec: OpSpec, shape, kernel, dtype, device: str, *, peers=PEERS, ce
         rows.append(row)
     if latency:
         try:
-            for (row, _), value in zip(latency, latency_timer([fn for _, fn in latency])):
-                row["value"] = value
-        except Exception as exc:  # noqa: BLE001 - a provider failing only when timed
-            for row, _ in latency:
+            values = latency_timer([fn for _, fn in latency])
+        except Exception:  # noqa: BLE001 - a provider failing only when timed: each alone, so only it errs
+            values = None
+        for i, (row, fn) in enumerate(latency):
+            try:
+                row["value"] = values[i] if values is not None else latency_timer([fn])[0]
+            except Exception as exc:  # noqa: BLE001
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return rows
 

@@ -79,8 +79,9 @@ def eager_autograd(impl, setup_context, backward) -> type:
 
 def call_op(op, impl, *args, autograd=None, infer=None):
     """``impl(*args)`` in plain eager inference (``infer(*args)`` when given: an implementation
-    that skips what only backward needs, e.g. saved statistics), ``autograd.apply(*args)`` in
-    plain eager training (when given), else ``op(*args)``; the same results every way."""
+    that skips what only backward needs, e.g. saved statistics, or returns None for an output
+    the op fills with an empty tensor), ``autograd.apply(*args)`` in plain eager training (when
+    given), else ``op(*args)``; the same values every way (a caller of ``infer`` takes either form)."""
     route = _route(args)
     if route == IMPL:
         return (infer or impl)(*args)

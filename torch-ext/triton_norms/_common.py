@@ -32,6 +32,13 @@ def check_dtype_arg(name: str, dtype: Optional[torch.dtype]) -> None:
         raise TypeError(f"{name} must be None or {_DTYPE_NAMES}, got {dtype}")
 
 
+def check_db_dtype(db_dtype) -> None:
+    """The norm backward ops' bias-gradient dtype: None (not wanted) or a floating dtype; a bool (the flag this
+    argument replaced) reaches an op as an integer dtype, so it is refused by name here."""
+    if db_dtype is not None and not (isinstance(db_dtype, torch.dtype) and db_dtype.is_floating_point):
+        raise TypeError(f"db_dtype must be None or a floating dtype, got {db_dtype!r}")
+
+
 def check_eps(eps: float) -> float:
     if isinstance(eps, torch.Tensor) or not isinstance(eps, (int, float)):
         raise TypeError(f"eps must be a Python float, got {type(eps).__name__}")

@@ -7,9 +7,9 @@ and rounds once to the parameter's dtype. Both gradients come from one kernel la
 ``part.sum(0).to(dtype)`` took two launches each: on the H200's host a launch through ATen costs
 18-30 us, which the backward of a 32768 x 4096 bf16 norm (~220 us of kernels) could not hide.
 
-Order of the sums (fixed, so the bits depend only on P and N): program column c of a block of
-``BLOCK_P`` accumulators adds rows c, c + BLOCK_P, c + 2 BLOCK_P, ... in sequence; the accumulators
-then meet in Triton's tree reduction.
+Order of the sums (fixed, so the bits depend only on P and N): in each program, accumulator row r of
+the (BLOCK_P, BLOCK_N) tile adds partial rows r, r + BLOCK_P, r + 2 BLOCK_P, ... in sequence; the
+BLOCK_P accumulator rows then meet in Triton's tree reduction.
 """
 
 from __future__ import annotations
@@ -68,10 +68,19 @@ def column_sums(dw_part: Optional[torch.Tensor], db_part: Optional[torch.Tensor]
                 db_dtype: Optional[torch.dtype]) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """``(dw, db)``: the column sums of the contiguous fp32 (P, N) partials ``dw_part`` / ``db_part``, each (N,)
     rounded once to ``dw_dtype`` / ``db_dtype``; None where that partial is None. Accumulates in fp32 (see the
-    module docstring for the order); one kernel launch for both."""
+    module docstring for the order); one kernel launch for both.
+
+    Raises:
+        ValueError: a partial that is not a contiguous fp32 (P, N) matrix, two partials of different shapes, or a
+            partial without its output dtype."""
     part = dw_part if dw_part is not None else db_part
     if part is None:
         return None, None
+    for t, dtype in ((dw_part, dw_dtype), (db_part, db_dtype)):
+        if t is not None and (t.dtype != torch.float32 or t.dim() != 2 or not t.is_contiguous()
+                              or t.shape != part.shape or dtype is None):
+            raise ValueError("column_sums: partials must be contiguous fp32 (P, N) matrices of one shape, each with "
+                             f"an output dtype; got {tuple(t.shape)} {t.dtype} (output dtype {dtype})")
     P, N = part.shape
     dw = torch.empty((N,), dtype=dw_dtype, device=part.device) if dw_part is not None else None
     db = torch.empty((N,), dtype=db_dtype, device=part.device) if db_part is not None else None
