@@ -5,7 +5,8 @@
 ``arch``: ``90`` (Hopper: the TMA, stream-K and GEMV kernels (NVIDIA fast-math activation: inline PTX)
 in their main configurations, 192-wide ``SUB_N`` tiles included, + the pointer kernel, with
 integer arguments equal to 1 specialized to constants as the launcher does; the
-SASS, disassembled with the ``cuobjdump`` Triton ships, must hold ``HGMMA``), or an AMD target
+SASS, disassembled with the ``cuobjdump`` Triton ships, must hold ``HGMMA``; and the Gluon kernel of
+``matmul_sm90`` in ``GLUON_VARIANTS``: ``gluon`` lines), or an AMD target
 such as ``gfx942`` (the pointer kernel). Must run without ``TRITON_INTERPRET=1``. Prints one
 line per kernel (``<name> hgmma=<n> shared=<bytes>``) and ``COMPILED <n>``.
 """
@@ -22,15 +23,20 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 
-def _sass_hgmma(cubin: bytes) -> int:
+def _sass(cubin: bytes) -> str:
+    """The SASS of ``cubin`` ("" where this Triton ships no cuobjdump)."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not tool.is_file():
-        return -1
+        return ""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, timeout=120).stdout
-    return len(re.findall(r"\bHGMMA\b", sass))
+        return subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, timeout=120).stdout
+
+
+def _sass_hgmma(cubin: bytes) -> int:
+    sass = _sass(cubin)
+    return len(re.findall(r"\bHGMMA\b", sass)) if sass else -1
 
 
 def _compile(kernel, sig: dict, consts: dict, target, warps: int, stages: int):
@@ -40,6 +46,42 @@ def _compile(kernel, sig: dict, consts: dict, target, warps: int, stages: int):
     src = ASTSource(kernel, sig, constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=target,
                           options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": True})
+
+
+# (gluon, BLOCK_M, BLOCK_N, BLOCK_K, stages): cooperative 128 x 128 and 128 x 256 tiles, ping-pong 64 x 128 and
+# 128 x 64 with deep rings (the shapes of the shipped H200 entries)
+GLUON_VARIANTS = [(1, 128, 128, 64, 4), (1, 128, 256, 64, 3), (2, 64, 128, 64, 8), (2, 128, 64, 64, 8)]
+
+
+def _gluon(sm90, target) -> int:
+    """The sm_90 Gluon kernel (matmul_sm90) in GLUON_VARIANTS, bf16 with bias and GELU; ``gluon`` lines report
+    HGMMA, local-memory (spill) instructions and shared bytes. 0 kernels where this Triton's Gluon lacks a piece."""
+    if not sm90.AVAILABLE:
+        print("gluon SKIPPED: this Triton has no usable Gluon")
+        return 0
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = sm90._matmul_sm90_kernel
+    count = 0
+    for gluon, bm, bn, bk, stages in GLUON_VARIANTS:
+        rows = bm // 2 if gluon == 1 else bm
+
+        def desc(r, c):
+            return f"tensordesc<bf16[{r},{c}],{gl.NVMMASharedLayout.get_default_for([r, c], gl.bfloat16)!r}>"
+        sig = {"a_desc": desc(bm, bk), "b_desc": desc(bn, bk), "c_desc": desc(rows, bn), "bias": "*bf16",
+               "M": "i32", "N": "i32", "K": "i32", "group_m": "i32"}
+        consts = {"ACT": 1, "HAS_BIAS": True, "STAGES": stages, "CONSUMER_REGS": sm90.CONSUMER_REGS}
+        sig.update({name: "constexpr" for name in consts})
+        src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+        c = triton.compile(src, target=target, options={"num_warps": 4, "maxnreg": sm90.MAXNREG,
+                                                        "enable_fp_fusion": True})
+        sass = _sass(c.asm["cubin"])
+        hgmma = len(re.findall(r"\bHGMMA\b", sass)) if sass else c.asm["ptx"].count("wgmma.mma_async")
+        local = len(re.findall(r"\b(?:STL|LDL)\b", sass))
+        print(f"gluon {gluon} {bm}x{bn}x{bk} s{stages} hgmma={hgmma} local={local} shared={c.metadata.shared}")
+        count += 1
+    return count
 
 
 def main(variant: Path, arch: str) -> int:
@@ -112,6 +154,7 @@ def main(variant: Path, arch: str) -> int:
                   f"gated={gated} b_nk={b_nk} hgmma={_sass_hgmma(c.asm['cubin'])} wgmma_ptx={c.asm['ptx'].count('wgmma.mma_async')} "
                   f"shared={c.metadata.shared}")
             count += 1
+        count += _gluon(sys.modules[kernels.get_local_kernel(variant).__name__ + ".matmul_sm90"], target)
     print("COMPILED", count)
     return 0
 

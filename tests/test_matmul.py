@@ -220,6 +220,59 @@ def test_tma_kernel_sub_n(matmul, activation, b_layout):
         assert_matmul_close(y, a, b, None, act)
 
 
+GLUON_CASES = [  # (M, N, K) with N and K multiples of 8 (16-byte TMA strides) but of no tile; M prime
+    (37, 88, 72), (257, 136, 200), (1, 24, 8)]
+
+
+@pytest.mark.parametrize("gluon,bm,bn,bk,stages", [(1, 128, 64, 64, 4), (2, 64, 128, 64, 8), (2, 128, 32, 32, 3),
+                                                   (1, 256, 16, 16, 2)])
+@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "silu", "relu"])
+def test_gluon_configs(matmul, gluon, bm, bn, bk, stages, activation):
+    # configs asking for the sm_90 Gluon kernel (cooperative 1 / ping-pong 2): on an sm_90 GPU that kernel runs
+    # (asserted), elsewhere the other kernels do; either way the fp64 result, with and without bias, on shapes whose
+    # every tile edge is partial and, on the GPU, on one with several tiles per persistent program (each ping-pong
+    # consumer takes turns over many tiles). bf16 and fp16; gated calls and saved pre-activations never take it.
+    import sys
+
+    sm90 = sys.modules[matmul.__name__ + ".matmul_sm90"]
+    torch.manual_seed(15)
+    cfg = matmul.MatmulConfig(bm, bn, bk, 2, 4, stages, tma=1, gluon=gluon)
+    cases = GLUON_CASES + ([(1031, 4104, 520)] if DEVICE == "cuda" else [])
+    for i, ((M, N, K), dt) in enumerate(zip(cases, [torch.bfloat16, torch.float16, torch.bfloat16, torch.bfloat16])):
+        a = rand(M, K, dtype=dt)
+        w = rand(N, K, dtype=dt, scale=K ** -0.5)
+        bias = rand(N, dtype=dt) if i % 2 == 0 else None
+        y = matmul.matmul(a, w.t(), bias, activation, config=cfg)
+        assert_matmul_close(y, a, w.t(), bias, activation)
+        on_sm90 = DEVICE == "cuda" and torch.cuda.get_device_capability() == (9, 0) and sm90.AVAILABLE
+        assert sm90.eligible(a, w.t(), y, activation, cfg) == on_sm90
+        assert not sm90.eligible(a, w.t(), y, "geglu", cfg)
+
+
+def test_config_gluon(matmul):
+    # GLUON: JSON key (absent: 0), list round trip, check(); the lookup keeps it for plain calls and drops it for
+    # gated ones (the Gluon kernel has no gated epilogue); shared-memory fitting lowers the ring, never below 2
+    import sys
+
+    launch = sys.modules[matmul.__name__ + "._launch"]
+    sm90 = sys.modules[matmul.__name__ + ".matmul_sm90"]
+    C = matmul.MatmulConfig
+    entry = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 8, "TMA": 1}
+    assert C.from_json(entry).gluon == 0
+    cfg = C.from_json({**entry, "GLUON": 2})
+    assert cfg.gluon == 2 and cfg.to_json()["GLUON"] == 2 and C.from_json(cfg.to_json()) == cfg
+    assert C.from_list(cfg.as_list()) == cfg
+    with pytest.raises(ValueError, match="gluon must be 0, 1"):
+        C.from_json({**entry, "GLUON": 3}).check()
+    buckets = (launch.Bucket((256, 3072, 3072), cfg),)
+    assert launch.lookup(buckets, 256, 3072, 3072, activation="gelu").gluon == 2
+    assert launch.lookup(buckets, 256, 3072, 3072, activation="swiglu").gluon == 0
+    # 8 stages of (64 + 128) x 64 bf16 (24 KiB) and two 64 x 128 output tiles (32 KiB) fit in 227 KiB
+    assert sm90.fitting_stages(cfg) == 8
+    assert sm90.fitting_stages(C(128, 256, 64, 8, 4, 9, gluon=1)) == 3  # 48 KiB a stage, 64 KiB of output tiles
+    assert sm90.fitting_stages(C(256, 256, 128, 8, 4, 4, gluon=2)) == 0  # not even two stages
+
+
 def test_config_sub_n(matmul):
     # SUB_N: JSON key (absent: 1), list round trip, check(); the lookup keeps it for plain calls, lowers it to the
     # sub-tiles N needs, and drops it for gated calls (two accumulators instead)

@@ -166,8 +166,8 @@ def test_benchmark_workloads(matmul, device):
 
 @pytest.mark.parametrize("backend,arch", [pytest.param("cuda", "90", marks=pytest.mark.slow), ("rocm", "gfx942")])
 def test_kernels_compile_for_gpu_targets(built, backend, arch):
-    """The compiled path lowers for an H100/H200 (TMA kernel, 192-wide SUB_N tiles included, and stream-K kernel:
-    HGMMA in the SASS; GEMV) and an MI300
+    """The compiled path lowers for an H100/H200 (TMA kernel, 192-wide SUB_N tiles included, stream-K kernel and the
+    Gluon kernel: HGMMA in the SASS, the Gluon one without spills; GEMV) and an MI300
     (pointer and GEMV kernels)."""
     import os
     import subprocess
@@ -178,7 +178,14 @@ def test_kernels_compile_for_gpu_targets(built, backend, arch):
                          env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     if arch == "90":
-        assert "COMPILED 12" in res.stdout, res.stdout
+        gluon = [ln for ln in res.stdout.splitlines() if ln.startswith("gluon ") and "SKIPPED" not in ln]
+        assert f"COMPILED {12 + len(gluon)}" in res.stdout, res.stdout
+        # the sm_90 Gluon kernel (where this Triton's Gluon has what it uses): warpgroup MMA, no spills, <= 227 KiB
+        assert len(gluon) in (0, 4), res.stdout
+        for ln in gluon:
+            fields = dict(f.split("=") for f in ln.split()[4:])
+            assert int(fields["hgmma"]) > 0 and int(fields["local"]) == 0, ln
+            assert 0 < int(fields["shared"]) <= 232448, ln
         tma = [ln for ln in res.stdout.splitlines() if ln.startswith(("tma ", "streamk "))]
         # SASS HGMMA count (PTX wgmma count where this Triton ships no cuobjdump)
         hgmma = {ln.split(" hgmma=")[0]: int(ln.split("hgmma=")[1].split()[0]) for ln in tma}

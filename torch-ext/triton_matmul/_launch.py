@@ -11,7 +11,9 @@ the Hopper kernel's options, see ``matmul``; ``GEMV``: calls with at most ``GEMV
 CUDA-core GEMV kernel, ``BLOCK_N`` (any power of two >= 1) output columns per program; ``STREAM_K``: the
 stream-K kernel, k iterations shared equally by ``max(1, PERSISTENT)`` programs per SM; ``SUB_N`` (default 1; 1, 2
 or 3): the TMA kernel's tiles are ``SUB_N * BLOCK_N`` columns wide, one accumulator per ``BLOCK_N`` columns, so a
-tile width that is not a power of two, e.g. 192 = 3 x 64, fills the SMs in fewer waves).
+tile width that is not a power of two, e.g. 192 = 3 x 64, fills the SMs in fewer waves; ``GLUON`` (0, 1 or 2): on
+sm_90, the warp-specialised Gluon kernel of ``matmul_sm90``, cooperative (1) or ping-pong (2) consumers, where it is
+eligible (see ``MatmulConfig.gluon``)).
 ``"tuned": false`` marks files written by hand; ``triton-collection
 tune`` writes ``"tuned": true`` files with the measured TFLOP/s per bucket. A GPU without a file, and the Triton interpreter (CPU tensors), use
 ``configs/default.json``: small tiles and 3 stages that fit every supported GPU.
@@ -85,11 +87,16 @@ class MatmulConfig:
     # 1, 2, 3: the TMA kernel's tiles are sub_n * block_n columns wide, one fp32 accumulator (and one b block per
     # k step, one epilogue) per block_n columns; plain epilogues, not stream-K (elsewhere tiles are block_n wide)
     sub_n: int = 1
+    # 1 / 2: the sm_90 warp-specialised Gluon kernel (``matmul_sm90``; NVIDIA capability 9.0, plain epilogues, no
+    # saved pre-activation, b = w.T of a K-major w) with block_m x block_n tiles, block_k steps, a ring of num_stages,
+    # two consumer warpgroups cooperating on each tile (1; block_m 128 or 256) or taking turns over tiles (2, "ping-
+    # pong"; block_m 64 or 128); the other options are then ignored. Elsewhere the config's other kernels run.
+    gluon: int = 0
 
     def as_list(self) -> list:
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.num_warps, self.num_stages,
                 self.tma, self.persistent, self.warp_specialize, self.epilogue_subtile, self.split_k, self.gemv,
-                self.stream_k, self.sub_n]
+                self.stream_k, self.sub_n, self.gluon]
 
     @classmethod
     def from_list(cls, values) -> "MatmulConfig":
@@ -102,7 +109,7 @@ class MatmulConfig:
                    int(entry["num_warps"]), int(entry["num_stages"]), int(entry.get("TMA", 0)),
                    int(entry.get("PERSISTENT", 0)), int(entry.get("WARP_SPECIALIZE", 0)),
                    int(entry.get("EPILOGUE_SUBTILE", 0)), int(entry.get("SPLIT_K", 1)), int(entry.get("GEMV", 0)),
-                   int(entry.get("STREAM_K", 0)), int(entry.get("SUB_N", 1)))
+                   int(entry.get("STREAM_K", 0)), int(entry.get("SUB_N", 1)), int(entry.get("GLUON", 0)))
 
     def to_json(self) -> dict:
         """The JSON keys of this config (inverse of :meth:`from_json`)."""
@@ -110,7 +117,7 @@ class MatmulConfig:
                 "num_warps": self.num_warps, "num_stages": self.num_stages, "TMA": self.tma,
                 "PERSISTENT": self.persistent, "WARP_SPECIALIZE": self.warp_specialize,
                 "EPILOGUE_SUBTILE": self.epilogue_subtile, "SPLIT_K": self.split_k, "GEMV": self.gemv,
-                "STREAM_K": self.stream_k, "SUB_N": self.sub_n}
+                "STREAM_K": self.stream_k, "SUB_N": self.sub_n, "GLUON": self.gluon}
 
     def check(self) -> None:
         """Raises ValueError for block sizes that are not powers of two >= 16 (GEMV configs: block_n >= 1),
@@ -134,6 +141,8 @@ class MatmulConfig:
             raise ValueError(f"persistent must be 0, 1 or 2 (programs per SM), got {self.persistent}")
         if self.split_k < 1:
             raise ValueError(f"split_k must be >= 1, got {self.split_k}")
+        if self.gluon not in (0, 1, 2):
+            raise ValueError(f"gluon must be 0, 1 (cooperative) or 2 (ping-pong), got {self.gluon}")
         if self.sub_n not in (1, 2, 3):
             raise ValueError(f"sub_n must be 1, 2 or 3 (accumulators of block_n columns per tile), got {self.sub_n}")
 
@@ -224,6 +233,7 @@ def lookup(buckets: Tuple[Bucket, ...], M: int, N: int, K: int, gated: bool = Fa
         stream_k=cfg.stream_k,
         # gated calls run two accumulators per tile instead (see the module docstring)
         sub_n=1 if gated or EPILOGUES.get(activation, False) else min(cfg.sub_n, cdiv(max(N, 1), block_n)),
+        gluon=0 if derive or gated else cfg.gluon,
     )
 
 

@@ -39,6 +39,10 @@ busy; a tile cut between programs is summed from fp32 partials in program order 
 Any other case, the Triton interpreter included unless a config asks for TMA, runs the pointer
 kernel above: the result never depends on which kernel or config ran beyond fp32 summation order.
 
+On exactly sm_90 a config with ``gluon`` 1 or 2 runs ``matmul_sm90`` instead (plain epilogues with nn.Linear's
+K-major weight, when no pre-activation is saved): a persistent kernel in Gluon with a TMA producer warp and two
+consumer warpgroups, cooperative or ping-pong; see that module.
+
 Few rows (``_gemv_kernel``, configs with ``gemv=1``, M <= ``GEMV_MAX_M``): one program per
 BLOCK_N output columns streams its (BLOCK_N, K) slab of b once with wide loads (contiguous along k
 for ``W.t()``), multiplies it by all M rows of a on CUDA cores in fp32 and reduces over k once
@@ -62,6 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import matmul_sm90
 from ._dispatch import call_op
 from ._launch import MatmulConfig, config_for, tma_capable
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
@@ -655,6 +660,9 @@ def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: O
             return y, h
         # too many rows for the GEMV kernel: the tensor-core kernels with tiles no smaller than tl.dot allows
         cfg = dataclasses.replace(cfg, gemv=0, block_m=max(16, cfg.block_m), block_n=max(16, cfg.block_n))
+    if cfg.gluon and not gated and not save_h and matmul_sm90.eligible(a, b, y, activation, cfg):
+        matmul_sm90.forward(a, b, bias, activation, y, cfg)
+        return y, h
     if cfg.tma and K > 0:
         interp = is_interpreter(_matmul_tma_kernel)
         capable, num_sms = (True, 4) if interp else tma_capable(a.device)

@@ -1,0 +1,305 @@
+"""Matmul for Hopper (sm_90), warp-specialised and persistent, written in Gluon (Triton's explicit-layout dialect).
+
+y = act(a @ w.T + bias) for a (M, K) and an ``nn.Linear`` weight w (N, K) (``b`` of ``matmul`` given as ``w.T``),
+fp16/bf16 with fp32 accumulation; the epilogue math is ``matmul._activation``'s (its NVIDIA fast-math form).
+
+Layout (the warp-specialised Hopper GEMM of CUTLASS 3 and FlashAttention-3, Shah et al., 2024, arXiv:2407.08608):
+
+- one persistent program per SM walks the output tiles ``pid, pid + P, ...`` (``GROUP_M`` row tiles per group, so
+  programs running at the same time share w's column tiles in L2);
+- one **producer** warp moves a and w tiles into a ``STAGES``-deep shared-memory ring with the TMA unit
+  (mbarriers "full" and "empty"); it runs ahead over tile boundaries, so the next tile's first loads overlap the
+  current tile's epilogue;
+- two **consumer** warpgroups multiply with warpgroup MMA (``wgmma``), keeping one MMA in flight. ``cooperative``:
+  both take every tile, 64 or 128 rows each; ``pingpong`` (``rows == block_m``): they take alternate tiles, so one's
+  epilogue (bias, activation, the store through shared memory and TMA) runs while the other's MMAs do.
+
+Why Gluon: Triton's ``tl`` kernels (``matmul._matmul_tma_kernel``) cannot overlap one tile's epilogue with another
+tile's MMAs in a warpgroup of their own, and cannot give the producer its own warp with few registers.
+
+Used by ``matmul._matmul_fwd_impl`` for configs with ``gluon`` 1 (cooperative) or 2 (ping-pong) where ``eligible``
+holds (capability 9.0 exactly, fp16/bf16, b read as a K-major (N, K) matrix, TMA-aligned strides, a non-gated
+activation) and no pre-activation is saved for a backward; every other call keeps the ``tl`` kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from ._device import launch_options
+
+Tensor = torch.Tensor
+
+try:  # Gluon is experimental: missing or renamed pieces turn this path off, never the package
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+    import inspect
+    AVAILABLE = (hasattr(gl, "num_warps") and hasattr(gl, "warp_specialize")
+                 and "functions_and_args" in inspect.signature(gl.warp_specialize).parameters)
+except ImportError:
+    AVAILABLE = False
+
+
+# registers per thread: the second consumer warpgroup gets CONSUMER_REGS, the producer warp 24, the first consumer
+# what is left of MAXNREG x 12 warps (248); no spills in the sm_90 compile of any tile below 128 x 256 per consumer
+CONSUMER_REGS = 232
+MAXNREG = 168
+# shared memory of one program on sm_90 (227 KiB) less room for the mbarriers and the flags
+SHARED_BYTES = 232448 - 1024
+
+
+# activation name -> id of the epilogue (matmul.ACTIVATIONS' non-gated ids)
+ACTIVATION_IDS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "relu": 4}
+
+
+if AVAILABLE:
+
+    @gluon.jit
+    def _ex2(x):
+        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                         pack=1)
+
+    @gluon.jit
+    def _rcp(x):
+        return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                         pack=1)
+
+    @gluon.jit
+    def _activation(x, ACT: gl.constexpr):
+        """``matmul._activation`` with FAST_MATH: 0 identity, 1 gelu (erf), 2 gelu_tanh, 3 silu, 4 relu."""
+        if ACT == 1:
+            z = gl.abs(x) * 0.7071067811865476
+            t = _rcp(1.0 + 0.3275911 * z)
+            e = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+            e = e * _ex2(x * x * -0.7213475204444817)
+            x = x * gl.where(x >= 0.0, 1.0 - 0.5 * e, 0.5 * e)
+        elif ACT == 2:
+            x = x * _rcp(1.0 + _ex2(x * (-2.302208198144325 - 0.1029432395800235 * x * x)))
+        elif ACT == 3:
+            x = x * _rcp(1.0 + _ex2(x * -1.4426950408889634))
+        elif ACT == 4:
+            x = gl.where(x < 0.0, 0.0, x)
+        return x
+
+    @gluon.constexpr_function
+    def _tag_activation(tag):
+        """The activation id that ``_flags`` wrote into the tag buffer's shape."""
+        s = tag.shape
+        return (s[0] - 1) + 2 * (s[1] - 1) + 4 * (s[2] - 1)
+
+    @gluon.jit
+    def _tile(t, num_m, num_n, group_m):
+        """(pid_m, pid_n) of tile t: groups of group_m row tiles, rows fastest within a group."""
+        width = group_m * num_n
+        first_m = (t // width) * group_m
+        size_m = gl.minimum(num_m - first_m, group_m)
+        r = t % width
+        return first_m + r % size_m, r // size_m
+
+    @gluon.jit
+    def _consumer(a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
+                  group_m, C: gl.constexpr):
+        """Consumer warpgroup C (0 or 1). Cooperative (c_smem rows < block_m): rows C * rows ... of every tile of
+        this program; ping-pong: all rows of the program's tiles C, C + 2, ..."""
+        ACT: gl.constexpr = _tag_activation(tag)
+        HAS_BIAS: gl.constexpr = tag.shape[3] == 2
+        STAGES: gl.constexpr = a_smem.shape[0]
+        BM: gl.constexpr = a_smem.shape[1]
+        BK: gl.constexpr = a_smem.shape[2]
+        BN: gl.constexpr = b_smem.shape[1]
+        ROWS: gl.constexpr = c_smem.shape[1]
+        PING: gl.constexpr = ROWS == BM
+        STEP: gl.constexpr = 2 if PING else 1
+        FIRST: gl.constexpr = C if PING else 0
+        ROW0: gl.constexpr = 0 if PING else C * ROWS
+        NW: gl.constexpr = gl.num_warps()
+        dtype: gl.constexpr = c_desc.dtype
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                             instr_shape=[16, BN, 16])
+        col: gl.constexpr = gl.SliceLayout(0, acc_layout)
+        num_m = gl.cdiv(M, BM)
+        num_n = gl.cdiv(N, BN)
+        k_tiles = gl.cdiv(K, BK)
+        pid = gl.program_id(0)
+        P = gl.num_programs(0)
+        mine = gl.cdiv(num_m * num_n - pid, P)  # tiles of this program
+        c_buf = c_smem.index(C)
+        for i in range(FIRST, mine, STEP):
+            pid_m, pid_n = _tile(pid + i * P, num_m, num_n, group_m)
+            base = i * k_tiles
+            acc = gl.zeros([ROWS, BN], gl.float32, acc_layout)
+            if PING:  # take turns: a full-mbarrier wait may be at most one ring pass ahead of the producer
+                j = i // 2  # this consumer's j-th tile; consumer 0 goes first (a fresh mbarrier passes parity 1)
+                mbarrier.wait(turn.index(C), (j & 1) ^ (1 - C))
+            for kk in range(k_tiles):
+                it = base + kk
+                s = it % STAGES
+                mbarrier.wait(full.index(s), (it // STAGES) & 1)
+                a_tile = a_smem.index(s)
+                if not PING:
+                    a_tile = a_tile.slice(ROW0, ROWS, dim=0)
+                acc = warpgroup_mma(a_tile, b_smem.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(1, deps=[acc])  # the previous step's MMA is done: its slot is free
+                if kk > 0:
+                    mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
+            if PING:
+                mbarrier.arrive(turn.index(1 - C), count=1)
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), count=1)
+            off_n = pid_n * BN
+            if HAS_BIAS:
+                offs_n = off_n + gl.arange(0, BN, layout=col)
+                acc += gl.load(bias + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)[None, :]
+            acc = _activation(acc, ACT)
+            tma.store_wait(0)  # the previous tile's store has left c_buf
+            c_buf.store(acc.to(dtype))
+            fence_async_shared()
+            _tma_store(c_desc, [pid_m * BM + ROW0, off_n], c_buf)  # rows >= M and columns >= N are clipped
+        tma.store_wait(0)
+
+    @gluon.jit
+    def _first_consumer(a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
+                        group_m):
+        _consumer(a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
+                  group_m, 0)
+
+    @gluon.jit
+    def _second_consumer(a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
+                         group_m):
+        _consumer(a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
+                  group_m, 1)
+
+    @gluon.jit
+    def _producer(a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
+                  group_m):
+        """One warp: the a and w tiles of every k step of this program's tiles, in order, into ring slot
+        step % STAGES once its consumers released it (k >= K and rows >= M arrive as zeros)."""
+        STAGES: gl.constexpr = a_smem.shape[0]
+        BM: gl.constexpr = a_smem.shape[1]
+        BK: gl.constexpr = a_smem.shape[2]
+        BN: gl.constexpr = b_smem.shape[1]
+        BYTES: gl.constexpr = (BM + BN) * BK * 2
+        num_m = gl.cdiv(M, BM)
+        num_n = gl.cdiv(N, BN)
+        k_tiles = gl.cdiv(K, BK)
+        pid = gl.program_id(0)
+        P = gl.num_programs(0)
+        mine = gl.cdiv(num_m * num_n - pid, P)
+        it = 0
+        for i in range(mine):
+            pid_m, pid_n = _tile(pid + i * P, num_m, num_n, group_m)
+            for kk in range(k_tiles):
+                s = it % STAGES
+                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # the first pass finds every slot free
+                mbarrier.expect(full.index(s), BYTES)
+                _tma_load(a_desc, [pid_m * BM, kk * BK], full.index(s), a_smem.index(s))
+                _tma_load(b_desc, [pid_n * BN, kk * BK], full.index(s), b_smem.index(s))
+                it += 1
+
+    @gluon.jit
+    def _matmul_sm90_kernel(a_desc, b_desc, c_desc, bias, M, N, K, group_m, ACT: gl.constexpr,
+                            HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        ROWS: gl.constexpr = c_desc.block_type.shape[0]
+        dtype: gl.constexpr = a_desc.dtype
+        a_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
+        b_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], b_desc.layout)
+        c_smem = gl.allocate_shared_memory(dtype, [2, ROWS, BN], c_desc.layout)
+        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(full.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1 if ROWS == BM else 2)
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        # warp_specialize's arguments cannot carry constexprs in Triton 3.6 (they arrive as tensors), and a run-time
+        # activation branch made the consumers spill (143 bytes at 128 x 128 ping-pong tiles): the activation id
+        # (3 bits) and HAS_BIAS travel as the shape of a 1-16 byte buffer instead, each dimension 1 or 2
+        tag = gl.allocate_shared_memory(gl.int8, [1 + (ACT & 1), 1 + ((ACT >> 1) & 1), 1 + ((ACT >> 2) & 1),
+                                                  1 + HAS_BIAS], gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
+        fence_async_shared()
+        args = (a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K, group_m)
+        gl.warp_specialize([(_first_consumer, args), (_second_consumer, args), (_producer, args)], [4, 1],
+                           [CONSUMER_REGS, 24])
+
+
+@functools.lru_cache(maxsize=16)
+def _capability_90(device: torch.device) -> bool:
+    return (device.type == "cuda" and torch.version.hip is None and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device) == (9, 0))
+
+
+@functools.lru_cache(maxsize=16)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def tile_layout(rows: int, cols: int, dtype: torch.dtype):
+    """The shared-memory layout of a [rows, cols] tile of ``dtype`` (fp16/bf16) for a tensor descriptor (cached:
+    building one costs several µs of Python)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16 if dtype == torch.bfloat16
+                                                else gl.float16)
+
+
+def _aligned(t: Tensor) -> bool:
+    e = t.element_size()
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * e) % 16 == 0
+
+
+def _rows(cfg) -> int:
+    """Output rows per consumer warpgroup: half a tile (cooperative, ``gluon`` 1) or all of it (ping-pong, 2)."""
+    return cfg.block_m // 2 if cfg.gluon == 1 else cfg.block_m
+
+
+def fitting_stages(cfg, itemsize: int = 2) -> int:
+    """The ring depth that runs: ``cfg.num_stages``, fewer where that many a / w tiles and the two consumers'
+    output tiles do not fit in shared memory (0 when not even two stages do)."""
+    out = 2 * _rows(cfg) * cfg.block_n * itemsize
+    stage = (cfg.block_m + cfg.block_n) * cfg.block_k * itemsize
+    stages = min(cfg.num_stages, (SHARED_BYTES - out) // stage)
+    return stages if stages >= 2 else 0
+
+
+def eligible(a: Tensor, b: Tensor, y: Tensor, activation: Optional[str], cfg) -> bool:
+    """Whether ``forward`` runs y = act(a @ b + bias) with ``cfg`` (a ``MatmulConfig`` with ``gluon`` 1 or 2):
+    Gluon available, capability 9.0 exactly (wgmma), fp16/bf16, b = w.T with w (N, K) K-major, TMA-aligned a, w and
+    y, a non-gated activation, and tiles this kernel takes (64 or 128 rows per consumer, block_n a power of two in
+    16 ... 256, block_k >= 16, at least two stages in shared memory)."""
+    rows = _rows(cfg)
+    return (AVAILABLE and cfg.gluon in (1, 2) and activation in ACTIVATION_IDS
+            and a.dtype in (torch.float16, torch.bfloat16) and b.dtype == a.dtype and y.dtype == a.dtype
+            and rows in (64, 128) and 16 <= cfg.block_n <= 256 and cfg.block_k >= 16
+            and fitting_stages(cfg, a.element_size()) >= 2 and a.shape[1] > 0 and _capability_90(a.device)
+            and _aligned(a) and _aligned(b.t()) and _aligned(y))
+
+
+def forward(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], y: Tensor, cfg) -> None:
+    """Writes ``y`` (M, N) = act(a @ b + bias) for a (M, K), b (K, N) = w.T and bias (N,) or None, with the tiles
+    of ``cfg`` (see ``eligible``, which must hold)."""
+    M, K = a.shape
+    N = b.shape[1]
+    w = b.t()
+    bm, bn, bk, rows = cfg.block_m, cfg.block_n, cfg.block_k, _rows(cfg)
+    a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [bm, bk], tile_layout(bm, bk, a.dtype))
+    b_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [bn, bk], tile_layout(bn, bk, a.dtype))
+    c_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [rows, bn], tile_layout(rows, bn, a.dtype))
+    tiles = -(-M // bm) * -(-N // bn)
+    grid = (min(tiles, _num_sms(a.device)),)
+    _matmul_sm90_kernel[grid](
+        a_desc, b_desc, c_desc, bias.contiguous() if bias is not None else y, M, N, K, cfg.group_m,
+        ACT=ACTIVATION_IDS[activation], HAS_BIAS=bias is not None, STAGES=fitting_stages(cfg, a.element_size()),
+        CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAXNREG,
+        **launch_options(_matmul_sm90_kernel, fp_fusion=True),
+    )
