@@ -106,7 +106,7 @@ def test_candidates_and_shapes(tmp_path):
     for M in (1, 16, 64, 256, 1024, 4096, 16384):
         for c in tune.default_candidates(M):
             cfg_keys = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "TMA", "PERSISTENT",
-                        "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "SPLIT_K", "GEMV", "STREAM_K", "SUB_N"}
+                        "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "SPLIT_K", "GEMV", "STREAM_K", "SUB_N", "GLUON"}
             assert set(c) == cfg_keys and c["num_warps"] * 32 <= 1024
             # GEMV configs: BLOCK_N is the number of output columns per program (any power of two)
             lows = {"BLOCK_M": 16, "BLOCK_N": 1 if c["GEMV"] else 16, "BLOCK_K": 16}

@@ -63,10 +63,10 @@ DEFAULT_BUCKETS = [(m, n, k) for (n, k) in BUCKET_NK for m in BUCKET_M]
 
 def default_candidates(M: int) -> list[dict]:
     """Candidate configs (JSON dicts, ``_launch`` keys) for buckets with M rows, TMA kernel first."""
-    def c(bm, bn, bk, g, w, s, tma=1, pers=0, ws=0, sub=0, split=1, gemv=0, sk=0, sub_n=1):
+    def c(bm, bn, bk, g, w, s, tma=1, pers=0, ws=0, sub=0, split=1, gemv=0, sk=0, sub_n=1, gluon=0):
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "num_warps": w, "num_stages": s,
                 "TMA": tma, "PERSISTENT": pers, "WARP_SPECIALIZE": ws, "EPILOGUE_SUBTILE": sub, "SPLIT_K": split,
-                "GEMV": gemv, "STREAM_K": sk, "SUB_N": sub_n}
+                "GEMV": gemv, "STREAM_K": sk, "SUB_N": sub_n, "GLUON": gluon}
     # chosen from the H200 sweeps (2026-11-30): earlier winners plus the GEMV kernel for one token, split-K and
     # stream-K for tile counts that fill the 132 SMs unevenly, two programs per SM (PERSISTENT 2), and 192-wide
     # tiles (SUB_N 3 x 64 columns: N = 3072 at M = 1024 makes 128 tiles of 128 x 192 where 128 x 256 makes 96)
@@ -77,13 +77,17 @@ def default_candidates(M: int) -> list[dict]:
     if M <= 16:
         return [c(16, 32, 256, 1, 4, 4), c(16, 64, 256, 1, 4, 4), c(16, 128, 128, 1, 4, 4, split=4),
                 c(16, 32, 128, 1, 4, 6)]
+    # and (session 35) the sm_90 Gluon kernel at M = 64 / 256, ping-pong (GLUON 2) with deep rings: where the GPU is
+    # not sm_90 these run as the TMA kernel with the same tiles, and lose
     if M <= 64:
         return [c(64, 32, 128, 8, 4, 6), c(64, 64, 128, 8, 4, 4), c(64, 128, 64, 8, 4, 4, split=2),
-                c(64, 128, 64, 8, 4, 4, pers=2, sk=1), c(64, 64, 64, 8, 4, 4, split=2)]
+                c(64, 128, 64, 8, 4, 4, pers=2, sk=1), c(64, 64, 64, 8, 4, 4, split=2),
+                c(64, 64, 128, 8, 4, 6, gluon=2), c(64, 128, 64, 8, 4, 6, gluon=2)]
     if M <= 256:
         return [c(64, 128, 64, 8, 4, 5), c(64, 128, 64, 8, 4, 4), c(64, 64, 64, 8, 4, 4), c(128, 128, 64, 8, 8, 3),
                 c(128, 128, 64, 8, 8, 4, pers=1, sk=1), c(64, 128, 64, 8, 4, 4, pers=2, sk=1),
-                c(128, 256, 64, 8, 8, 4, pers=1, sub=1)]
+                c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(64, 128, 64, 8, 4, 8, gluon=2),
+                c(128, 64, 64, 8, 4, 8, gluon=2), c(128, 128, 64, 8, 4, 6, gluon=1)]
     if M <= 1024:
         return [c(128, 256, 64, 8, 8, 4, pers=1, sub=1), c(128, 128, 64, 8, 8, 3, pers=2, sub=1),
                 c(128, 256, 64, 8, 8, 4, pers=1, sub=1, sk=1), c(64, 128, 64, 8, 4, 4), c(128, 128, 64, 8, 8, 3),
