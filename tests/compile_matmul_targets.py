@@ -48,10 +48,9 @@ def _compile(kernel, sig: dict, consts: dict, target, warps: int, stages: int):
                           options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": True})
 
 
-# (gluon, BLOCK_M, BLOCK_N, BLOCK_K, stages, direct): cooperative 128 x 128 and 128 x 256 tiles, ping-pong 64 x 128
-# and 128 x 64 with deep rings (the shapes of the shipped H200 entries); direct: stores from registers
-GLUON_VARIANTS = [(1, 128, 128, 64, 4, False), (1, 128, 128, 64, 7, True), (2, 64, 128, 64, 8, False),
-                  (2, 128, 64, 64, 8, False), (2, 64, 128, 64, 9, True)]
+# (gluon, BLOCK_M, BLOCK_N, BLOCK_K, stages): cooperative 128 x 128 and 128 x 256 tiles, ping-pong 64 x 128 and
+# 128 x 64 with deep rings (the shapes of the shipped H200 entries)
+GLUON_VARIANTS = [(1, 128, 128, 64, 4), (1, 128, 256, 64, 3), (2, 64, 128, 64, 8), (2, 128, 64, 64, 8)]
 
 
 def _gluon(sm90, target) -> int:
@@ -65,15 +64,14 @@ def _gluon(sm90, target) -> int:
 
     fn = sm90._matmul_sm90_kernel
     count = 0
-    for gluon, bm, bn, bk, stages, direct in GLUON_VARIANTS:
+    for gluon, bm, bn, bk, stages in GLUON_VARIANTS:
         rows = bm // 2 if gluon == 1 else bm
 
         def desc(r, c):
             return f"tensordesc<bf16[{r},{c}],{gl.NVMMASharedLayout.get_default_for([r, c], gl.bfloat16)!r}>"
         sig = {"a_desc": desc(bm, bk), "b_desc": desc(bn, bk), "c_desc": desc(rows, bn), "bias": "*bf16",
-               "y": "*bf16", "stride_ym": "i32", "M": "i32", "N": "i32", "K": "i32", "group_m": "i32"}
-        consts = {"ACT": 1, "HAS_BIAS": True, "DIRECT": direct, "STAGES": stages,
-                  "CONSUMER_REGS": sm90.CONSUMER_REGS}
+               "M": "i32", "N": "i32", "K": "i32", "group_m": "i32"}
+        consts = {"ACT": 1, "HAS_BIAS": True, "STAGES": stages, "CONSUMER_REGS": sm90.CONSUMER_REGS}
         sig.update({name: "constexpr" for name in consts})
         src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
         c = triton.compile(src, target=target, options={"num_warps": 4, "maxnreg": sm90.MAXNREG,
@@ -81,8 +79,7 @@ def _gluon(sm90, target) -> int:
         sass = _sass(c.asm["cubin"])
         hgmma = len(re.findall(r"\bHGMMA\b", sass)) if sass else c.asm["ptx"].count("wgmma.mma_async")
         local = len(re.findall(r"\b(?:STL|LDL)\b", sass))
-        print(f"gluon {gluon} {bm}x{bn}x{bk} s{stages} direct={int(direct)} hgmma={hgmma} local={local} "
-              f"shared={c.metadata.shared}")
+        print(f"gluon {gluon} {bm}x{bn}x{bk} s{stages} hgmma={hgmma} local={local} shared={c.metadata.shared}")
         count += 1
     return count
 

@@ -105,18 +105,17 @@ if AVAILABLE:
         return first_m + r % size_m, r // size_m
 
     @gluon.jit
-    def _consumer(a_desc, b_desc, c_desc, bias, y, stride_ym, a_smem, b_smem, c_smem, tag, full, empty, turn,
-                  M, N, K,                  group_m, C: gl.constexpr):
-        """Consumer warpgroup C (0 or 1). Cooperative (c_desc's block rows < block_m): rows C * rows ... of every
-        tile of this program; ping-pong: all rows of the program's tiles C, C + 2, ..."""
+    def _consumer(a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
+                  group_m, C: gl.constexpr):
+        """Consumer warpgroup C (0 or 1). Cooperative (c_smem rows < block_m): rows C * rows ... of every tile of
+        this program; ping-pong: all rows of the program's tiles C, C + 2, ..."""
         ACT: gl.constexpr = _tag_activation(tag)
         HAS_BIAS: gl.constexpr = tag.shape[3] == 2
-        DIRECT: gl.constexpr = tag.shape[4] == 2
         STAGES: gl.constexpr = a_smem.shape[0]
         BM: gl.constexpr = a_smem.shape[1]
         BK: gl.constexpr = a_smem.shape[2]
         BN: gl.constexpr = b_smem.shape[1]
-        ROWS: gl.constexpr = c_desc.block_type.shape[0]
+        ROWS: gl.constexpr = c_smem.shape[1]
         PING: gl.constexpr = ROWS == BM
         STEP: gl.constexpr = 2 if PING else 1
         FIRST: gl.constexpr = C if PING else 0
@@ -126,13 +125,13 @@ if AVAILABLE:
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                              instr_shape=[16, BN, 16])
         col: gl.constexpr = gl.SliceLayout(0, acc_layout)
-        row: gl.constexpr = gl.SliceLayout(1, acc_layout)
         num_m = gl.cdiv(M, BM)
         num_n = gl.cdiv(N, BN)
         k_tiles = gl.cdiv(K, BK)
         pid = gl.program_id(0)
         P = gl.num_programs(0)
         mine = gl.cdiv(num_m * num_n - pid, P)  # tiles of this program
+        c_buf = c_smem.index(C)
         for i in range(FIRST, mine, STEP):
             pid_m, pid_n = _tile(pid + i * P, num_m, num_n, group_m)
             base = i * k_tiles
@@ -160,35 +159,27 @@ if AVAILABLE:
                 offs_n = off_n + gl.arange(0, BN, layout=col)
                 acc += gl.load(bias + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)[None, :]
             acc = _activation(acc, ACT)
-            if DIRECT:  # from registers: no shared memory for the output, so a deeper ring fits
-                offs_m = pid_m * BM + ROW0 + gl.arange(0, ROWS, layout=row)
-                offs_n = off_n + gl.arange(0, BN, layout=col)
-                ptrs = y + offs_m.to(gl.int64)[:, None] * stride_ym + offs_n[None, :]
-                gl.store(ptrs, acc.to(dtype), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
-            else:
-                c_buf = c_smem.index(C)
-                tma.store_wait(0)  # the previous tile's store has left c_buf
-                c_buf.store(acc.to(dtype))
-                fence_async_shared()
-                _tma_store(c_desc, [pid_m * BM + ROW0, off_n], c_buf)  # rows >= M and columns >= N are clipped
-        if not DIRECT:
-            tma.store_wait(0)
+            tma.store_wait(0)  # the previous tile's store has left c_buf
+            c_buf.store(acc.to(dtype))
+            fence_async_shared()
+            _tma_store(c_desc, [pid_m * BM + ROW0, off_n], c_buf)  # rows >= M and columns >= N are clipped
+        tma.store_wait(0)
 
     @gluon.jit
-    def _first_consumer(a_desc, b_desc, c_desc, bias, y, stride_ym, a_smem, b_smem, c_smem, tag, full, empty, turn,
-                        M, N, K, group_m):
-        _consumer(a_desc, b_desc, c_desc, bias, y, stride_ym, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N,
-                  K, group_m, 0)
+    def _first_consumer(a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
+                        group_m):
+        _consumer(a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
+                  group_m, 0)
 
     @gluon.jit
-    def _second_consumer(a_desc, b_desc, c_desc, bias, y, stride_ym, a_smem, b_smem, c_smem, tag, full, empty, turn,
-                         M, N, K, group_m):
-        _consumer(a_desc, b_desc, c_desc, bias, y, stride_ym, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N,
-                  K, group_m, 1)
+    def _second_consumer(a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
+                         group_m):
+        _consumer(a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
+                  group_m, 1)
 
     @gluon.jit
-    def _producer(a_desc, b_desc, c_desc, bias, y, stride_ym, a_smem, b_smem, c_smem, tag, full, empty, turn,
-                  M, N, K, group_m):
+    def _producer(a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
+                  group_m):
         """One warp: the a and w tiles of every k step of this program's tiles, in order, into ring slot
         step % STAGES once its consumers released it (k >= K and rows >= M arrive as zeros)."""
         STAGES: gl.constexpr = a_smem.shape[0]
@@ -214,9 +205,8 @@ if AVAILABLE:
                 it += 1
 
     @gluon.jit
-    def _matmul_sm90_kernel(a_desc, b_desc, c_desc, bias, y, stride_ym, M, N, K, group_m, ACT: gl.constexpr,
-                            HAS_BIAS: gl.constexpr, DIRECT: gl.constexpr, STAGES: gl.constexpr,
-                            CONSUMER_REGS: gl.constexpr):
+    def _matmul_sm90_kernel(a_desc, b_desc, c_desc, bias, M, N, K, group_m, ACT: gl.constexpr,
+                            HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -224,6 +214,7 @@ if AVAILABLE:
         dtype: gl.constexpr = a_desc.dtype
         a_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
         b_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], b_desc.layout)
+        c_smem = gl.allocate_shared_memory(dtype, [2, ROWS, BN], c_desc.layout)
         full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
@@ -234,17 +225,11 @@ if AVAILABLE:
             mbarrier.init(turn.index(i), count=1)
         # warp_specialize's arguments cannot carry constexprs in Triton 3.6 (they arrive as tensors), and a run-time
         # activation branch made the consumers spill (143 bytes at 128 x 128 ping-pong tiles): the activation id
-        # (3 bits), HAS_BIAS and DIRECT travel as the shape of a 1-32 byte buffer instead, each dimension 1 or 2
+        # (3 bits) and HAS_BIAS travel as the shape of a 1-16 byte buffer instead, each dimension 1 or 2
         tag = gl.allocate_shared_memory(gl.int8, [1 + (ACT & 1), 1 + ((ACT >> 1) & 1), 1 + ((ACT >> 2) & 1),
-                                                  1 + HAS_BIAS, 1 + DIRECT],
-                                        gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
-        if DIRECT:
-            c_smem = tag  # not read (the consumers store from registers)
-        else:
-            c_smem = gl.allocate_shared_memory(dtype, [2, ROWS, BN], c_desc.layout)
+                                                  1 + HAS_BIAS], gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
         fence_async_shared()
-        args = (a_desc, b_desc, c_desc, bias, y, stride_ym, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K,
-                group_m)
+        args = (a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K, group_m)
         gl.warp_specialize([(_first_consumer, args), (_second_consumer, args), (_producer, args)], [4, 1],
                            [CONSUMER_REGS, 24])
 
@@ -278,11 +263,10 @@ def _rows(cfg) -> int:
     return cfg.block_m // 2 if cfg.gluon == 1 else cfg.block_m
 
 
-def fitting_stages(cfg, itemsize: int = 2, direct: bool = False) -> int:
+def fitting_stages(cfg, itemsize: int = 2) -> int:
     """The ring depth that runs: ``cfg.num_stages``, fewer where that many a / w tiles and the two consumers'
-    output tiles (none when ``direct``: stores from registers) do not fit in shared memory (0 when not even two
-    stages do)."""
-    out = 0 if direct else 2 * _rows(cfg) * cfg.block_n * itemsize
+    output tiles do not fit in shared memory (0 when not even two stages do)."""
+    out = 2 * _rows(cfg) * cfg.block_n * itemsize
     stage = (cfg.block_m + cfg.block_n) * cfg.block_k * itemsize
     stages = min(cfg.num_stages, (SHARED_BYTES - out) // stage)
     return stages if stages >= 2 else 0
@@ -301,8 +285,7 @@ def eligible(a: Tensor, b: Tensor, y: Tensor, activation: Optional[str], cfg) ->
             and _aligned(a) and _aligned(b.t()) and _aligned(y))
 
 
-def forward(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], y: Tensor, cfg,
-            direct: bool = False) -> None:
+def forward(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], y: Tensor, cfg) -> None:
     """Writes ``y`` (M, N) = act(a @ b + bias) for a (M, K), b (K, N) = w.T and bias (N,) or None, with the tiles
     of ``cfg`` (see ``eligible``, which must hold)."""
     M, K = a.shape
@@ -315,9 +298,8 @@ def forward(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[s
     tiles = -(-M // bm) * -(-N // bn)
     grid = (min(tiles, _num_sms(a.device)),)
     _matmul_sm90_kernel[grid](
-        a_desc, b_desc, c_desc, bias.contiguous() if bias is not None else y, y, y.stride(0), M, N, K, cfg.group_m,
-        ACT=ACTIVATION_IDS[activation], HAS_BIAS=bias is not None, DIRECT=direct,
-        STAGES=fitting_stages(cfg, a.element_size(), direct),
+        a_desc, b_desc, c_desc, bias.contiguous() if bias is not None else y, M, N, K, cfg.group_m,
+        ACT=ACTIVATION_IDS[activation], HAS_BIAS=bias is not None, STAGES=fitting_stages(cfg, a.element_size()),
         CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAXNREG,
         **launch_options(_matmul_sm90_kernel, fp_fusion=True),
     )
