@@ -39,6 +39,29 @@ def check_db_dtype(db_dtype) -> None:
         raise TypeError(f"db_dtype must be None or a floating dtype, got {db_dtype!r}")
 
 
+def bwd_op_outputs(grads: tuple, x: torch.Tensor, dx_dtype: torch.dtype) -> tuple:
+    """What a norm backward op returns for ``grads`` = (dx, dres, dw, db) of its grads function: an empty tensor in
+    place of each gradient not requested (None there; a custom op cannot return None)."""
+    dx, dres, dw, db = grads
+    return (dx, dres if dres is not None else x.new_empty(0, dtype=dx_dtype), dw if dw is not None else x.new_empty(0),
+            db if db is not None else x.new_empty(0))
+
+
+def bwd_op_fake(x: torch.Tensor, weight: Optional[torch.Tensor], dx_dtype: torch.dtype,
+                dres_dtype: Optional[torch.dtype], need_dw: bool, db_dtype: Optional[torch.dtype]) -> tuple:
+    """The fake (meta) outputs of a norm backward op, shaped as :func:`bwd_op_outputs` gives them.
+
+    Raises:
+        TypeError: ``db_dtype`` neither None nor a floating dtype (see :func:`check_db_dtype`).
+    """
+    check_db_dtype(db_dtype)
+    N = x.shape[-1]
+    dres = x.new_empty(x.shape, dtype=dres_dtype) if dres_dtype is not None else x.new_empty(0, dtype=dx_dtype)
+    dw = x.new_empty((N,), dtype=weight.dtype) if need_dw else x.new_empty(0)
+    db = x.new_empty((N,), dtype=db_dtype) if db_dtype is not None else x.new_empty(0)
+    return x.new_empty(x.shape, dtype=dx_dtype), dres, dw, db
+
+
 def check_eps(eps: float) -> float:
     if isinstance(eps, torch.Tensor) or not isinstance(eps, (int, float)):
         raise TypeError(f"eps must be a Python float, got {type(eps).__name__}")

@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    check_db_dtype, check_eps, check_float_tensor, check_inputs, grad_rows, empty_rows, ln_apply, load_grad_chunk,
-    load_grad_raw, load_input_chunk, rows_of, rows_view, store_dx, vector,
+    bwd_op_fake, bwd_op_outputs, check_db_dtype, check_eps, check_float_tensor, check_inputs, grad_rows, empty_rows,
+    ln_apply, load_grad_chunk, load_grad_raw, load_input_chunk, rows_of, rows_view, store_dx, vector,
 )
 from ._exact import ln_exact_forward
 from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
@@ -308,9 +308,8 @@ def _layer_norm_bwd_impl(
         TypeError: ``db_dtype`` neither None nor a floating dtype (e.g. the bool flag this argument replaced).
     """
     check_db_dtype(db_dtype)
-    dx, dres, dw, db = _layer_norm_bwd_grads(dy, dh, x, weight, mean, rstd, dx_dtype, dres_dtype, need_dw, db_dtype)
-    return (dx, dres if dres is not None else x.new_empty(0, dtype=dx_dtype), dw if dw is not None else x.new_empty(0),
-            db if db is not None else x.new_empty(0))
+    return bwd_op_outputs(_layer_norm_bwd_grads(dy, dh, x, weight, mean, rstd, dx_dtype, dres_dtype, need_dw,
+                                                db_dtype), x, dx_dtype)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -332,12 +331,7 @@ _layer_norm_bwd = torch.library.custom_op(add_op_namespace_prefix("layer_norm_bw
 
 @_layer_norm_bwd.register_fake
 def _(dy, dh, x, weight, mean, rstd, dx_dtype, dres_dtype, need_dw, db_dtype):
-    check_db_dtype(db_dtype)
-    N = x.shape[-1]
-    dres = x.new_empty(x.shape, dtype=dres_dtype) if dres_dtype is not None else x.new_empty(0, dtype=dx_dtype)
-    dw = x.new_empty((N,), dtype=weight.dtype) if need_dw else x.new_empty(0)
-    db = x.new_empty((N,), dtype=db_dtype) if db_dtype is not None else x.new_empty(0)
-    return x.new_empty(x.shape, dtype=dx_dtype), dres, dw, db
+    return bwd_op_fake(x, weight, dx_dtype, dres_dtype, need_dw, db_dtype)
 
 
 def _setup_context(ctx, inputs, output):

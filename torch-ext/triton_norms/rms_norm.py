@@ -34,9 +34,9 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    check_db_dtype, check_float_tensor, check_weight_offset, grad_rows, load_affine, load_grad_chunk, load_grad_raw,
-    load_input_chunk, store_dx, empty_rows, offset_for_kernel, prepare_rms_args, rms_affine, rms_apply, round_to, rows_of, rows_view,
-    vector,
+    bwd_op_fake, bwd_op_outputs, check_db_dtype, check_float_tensor, check_weight_offset, grad_rows, load_affine,
+    load_grad_chunk, load_grad_raw, load_input_chunk, store_dx, empty_rows, offset_for_kernel, prepare_rms_args,
+    rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
 )
 from ._exact import rms_exact_forward, rms_exact_plan
 from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
@@ -326,10 +326,8 @@ def _rms_norm_bwd_impl(
         TypeError: ``db_dtype`` neither None nor a floating dtype (e.g. the bool flag this argument replaced).
     """
     check_db_dtype(db_dtype)
-    dx, dres, dw, db = _rms_norm_bwd_grads(dy, dh, x, weight, rstd, weight_offset, cast_dtype, dx_dtype, dres_dtype,
-                                           need_dw, db_dtype)
-    return (dx, dres if dres is not None else x.new_empty(0, dtype=dx_dtype), dw if dw is not None else x.new_empty(0),
-            db if db is not None else x.new_empty(0))
+    return bwd_op_outputs(_rms_norm_bwd_grads(dy, dh, x, weight, rstd, weight_offset, cast_dtype, dx_dtype,
+                                              dres_dtype, need_dw, db_dtype), x, dx_dtype)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -369,12 +367,7 @@ _rms_norm_bwd = torch.library.custom_op(add_op_namespace_prefix("rms_norm_bwd"),
 
 @_rms_norm_bwd.register_fake
 def _(dy, dh, x, weight, rstd, weight_offset, cast_dtype, dx_dtype, dres_dtype, need_dw, db_dtype):
-    check_db_dtype(db_dtype)
-    N = x.shape[-1]
-    dres = x.new_empty(x.shape, dtype=dres_dtype) if dres_dtype is not None else x.new_empty(0, dtype=dx_dtype)
-    dw = x.new_empty((N,), dtype=weight.dtype) if need_dw else x.new_empty(0)
-    db = x.new_empty((N,), dtype=db_dtype) if db_dtype is not None else x.new_empty(0)
-    return x.new_empty(x.shape, dtype=dx_dtype), dres, dw, db
+    return bwd_op_fake(x, weight, dx_dtype, dres_dtype, need_dw, db_dtype)
 
 
 def _setup_context(ctx, inputs, output):
