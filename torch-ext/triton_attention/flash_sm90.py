@@ -34,21 +34,11 @@ from ._device import cdiv, launch_options
 
 Tensor = torch.Tensor
 
-try:  # Gluon is experimental: missing or renamed pieces turn this path off, never the package
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                  warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    # Triton 3.9 renamed the TMA copies (the 3.6 names raise there); the positional arguments are the same
-    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-    _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
-    import inspect
-    # the 3.6 forms: warp_specialize taking (function, args) pairs (3.5 took six arguments) and gl.num_warps
-    AVAILABLE = (hasattr(gl, "num_warps") and hasattr(gl, "warp_specialize")
-                 and "functions_and_args" in inspect.signature(gl.warp_specialize).parameters)
-except ImportError:
-    AVAILABLE = False
+from ._gluon import AVAILABLE, capability_90 as _capability_90
+
+if AVAILABLE:
+    from ._gluon import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store
+    from ._gluon import warpgroup_mma, warpgroup_mma_wait
 
 
 class Sm90Config(NamedTuple):
@@ -168,7 +158,7 @@ if AVAILABLE:
         gl.store(LSE + (b.to(gl.int64) * H + h) * Sq + offs_m, lse, mask=offs_m < Sq)
         q2.store(o.to(dtype))  # the output leaves through this consumer's q tile (rows >= Sq are clipped)
         fence_async_shared()
-        _tma_store(desc_o, [b, h, mc, 0], q_buf)
+        tma_store(desc_o, [b, h, mc, 0], q_buf)
         tma.store_wait(0)
 
     @gluon.jit
@@ -193,17 +183,17 @@ if AVAILABLE:
         Q_BYTES: gl.constexpr = BM * D * 2
         KV_BYTES: gl.constexpr = BLOCK_N * D * 2
         mbarrier.expect(bar_q, 2 * Q_BYTES)
-        _tma_load(desc_q, [b, h, m0, 0], bar_q, q_smem.index(0))  # rows >= Sq arrive as zeros
-        _tma_load(desc_q, [b, h, m0 + BM, 0], bar_q, q_smem.index(1))
+        tma_load(desc_q, [b, h, m0, 0], bar_q, q_smem.index(0))  # rows >= Sq arrive as zeros
+        tma_load(desc_q, [b, h, m0 + BM, 0], bar_q, q_smem.index(1))
         for j in range(n):
             st = j % STAGES
             phase = ((j // STAGES) & 1) ^ 1  # the first pass over the ring finds every slot free
             mbarrier.wait(empty_k.index(st), phase)
             mbarrier.expect(full_k.index(st), KV_BYTES)
-            _tma_load(desc_k, [b, hk, j * BLOCK_N, 0], full_k.index(st), k_smem.index(st))  # keys >= Sk: zeros
+            tma_load(desc_k, [b, hk, j * BLOCK_N, 0], full_k.index(st), k_smem.index(st))  # keys >= Sk: zeros
             mbarrier.wait(empty_v.index(st), phase)
             mbarrier.expect(full_v.index(st), KV_BYTES)
-            _tma_load(desc_v, [b, hk, j * BLOCK_N, 0], full_v.index(st), v_smem.index(st))
+            tma_load(desc_v, [b, hk, j * BLOCK_N, 0], full_v.index(st), v_smem.index(st))
 
     @gluon.jit
     def _heavy_first(HEAD_GROUP: gl.constexpr):
@@ -280,12 +270,6 @@ if AVAILABLE:
                 qk_scale, causal, pingpong)
         gl.warp_specialize([(_first_consumer, args), (_second_consumer, args), (_producer, args)], [4, 1],
                            [CONSUMER_REGS, 24])
-
-
-@functools.lru_cache(maxsize=16)
-def _capability_90(device: torch.device) -> bool:
-    return (device.type == "cuda" and torch.version.hip is None and torch.cuda.is_available()
-            and torch.cuda.get_device_capability(device) == (9, 0))
 
 
 def descriptor_ok(t: Tensor) -> bool:

@@ -35,13 +35,9 @@ from .flash_sm90 import AVAILABLE, _capability_90, descriptor_ok
 Tensor = torch.Tensor
 
 if AVAILABLE:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                  warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from .flash_sm90 import _heavy_first, _kv_ring, _query_program, _tma_load, _tma_store
+    from ._gluon import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store
+    from ._gluon import warpgroup_mma, warpgroup_mma_wait
+    from .flash_sm90 import _heavy_first, _kv_ring, _query_program
 
 
 class Sm90BwdConfig(NamedTuple):
@@ -142,7 +138,7 @@ if AVAILABLE:
         mbarrier.arrive(empty_k.index((n - 1) % STAGES), count=1)
         q2.store((dq * scale).to(dtype))  # rows >= Sq are clipped by the store
         fence_async_shared()
-        _tma_store(desc_dq, [b, h, mc, 0], q_buf)
+        tma_store(desc_dq, [b, h, mc, 0], q_buf)
         tma.store_wait(0)
 
     @gluon.jit
@@ -168,19 +164,19 @@ if AVAILABLE:
         D: gl.constexpr = k_smem.shape[4]
         BM: gl.constexpr = q_smem.shape[3]
         mbarrier.expect(bar_q, 4 * BM * D * 2)
-        _tma_load(desc_q, [b, h, m0, 0], bar_q, q_smem.index(0))  # rows >= Sq arrive as zeros
-        _tma_load(desc_q, [b, h, m0 + BM, 0], bar_q, q_smem.index(1))
-        _tma_load(desc_do, [b, h, m0, 0], bar_q, do_smem.index(0))
-        _tma_load(desc_do, [b, h, m0 + BM, 0], bar_q, do_smem.index(1))
+        tma_load(desc_q, [b, h, m0, 0], bar_q, q_smem.index(0))  # rows >= Sq arrive as zeros
+        tma_load(desc_q, [b, h, m0 + BM, 0], bar_q, q_smem.index(1))
+        tma_load(desc_do, [b, h, m0, 0], bar_q, do_smem.index(0))
+        tma_load(desc_do, [b, h, m0 + BM, 0], bar_q, do_smem.index(1))
         for j in range(n):
             st = j % STAGES
             phase = ((j // STAGES) & 1) ^ 1  # the first pass over the ring finds every slot free
             mbarrier.wait(empty_v.index(st), phase)
             mbarrier.expect(full_v.index(st), BLOCK_N * D * 2)
-            _tma_load(desc_v, [b, hk, j * BLOCK_N, 0], full_v.index(st), v_smem.index(st))  # keys >= Sk: zeros
+            tma_load(desc_v, [b, hk, j * BLOCK_N, 0], full_v.index(st), v_smem.index(st))  # keys >= Sk: zeros
             mbarrier.wait(empty_k.index(st), phase)
             mbarrier.expect(full_k.index(st), BLOCK_N * D * 2)
-            _tma_load(desc_k, [b, hk, j * BLOCK_N, 0], full_k.index(st), k_smem.index(st))
+            tma_load(desc_k, [b, hk, j * BLOCK_N, 0], full_k.index(st), k_smem.index(st))
 
     @gluon.jit
     def _attn_bwd_dq_sm90_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE, DELTA, Sq, Sk, GROUP, qk_scale,
@@ -262,8 +258,8 @@ if AVAILABLE:
         k2.store((dk * scale).to(dtype))
         v2.store(dv.to(dtype))
         fence_async_shared()
-        _tma_store(desc_dk, [b, hk, n0 + C * BK, 0], k_smem.index(C))
-        _tma_store(desc_dv, [b, hk, n0 + C * BK, 0], v_smem.index(C))
+        tma_store(desc_dk, [b, hk, n0 + C * BK, 0], k_smem.index(C))
+        tma_store(desc_dv, [b, hk, n0 + C * BK, 0], v_smem.index(C))
         tma.store_wait(0)
 
     @gluon.jit
@@ -288,18 +284,18 @@ if AVAILABLE:
         BK: gl.constexpr = k_smem.shape[3]
         D: gl.constexpr = q_smem.shape[4]
         mbarrier.expect(bar_kv, 4 * BK * D * 2)
-        _tma_load(desc_k, [b, hk, n0, 0], bar_kv, k_smem.index(0))  # keys >= Sk arrive as zeros
-        _tma_load(desc_k, [b, hk, n0 + BK, 0], bar_kv, k_smem.index(1))
-        _tma_load(desc_v, [b, hk, n0, 0], bar_kv, v_smem.index(0))
-        _tma_load(desc_v, [b, hk, n0 + BK, 0], bar_kv, v_smem.index(1))
+        tma_load(desc_k, [b, hk, n0, 0], bar_kv, k_smem.index(0))  # keys >= Sk arrive as zeros
+        tma_load(desc_k, [b, hk, n0 + BK, 0], bar_kv, k_smem.index(1))
+        tma_load(desc_v, [b, hk, n0, 0], bar_kv, v_smem.index(0))
+        tma_load(desc_v, [b, hk, n0 + BK, 0], bar_kv, v_smem.index(1))
         for i in range(GROUP * n_q):
             st = i % STAGES
             h = hk * GROUP + i // n_q
             start = lo + (i % n_q) * BM
             mbarrier.wait(empty.index(st), ((i // STAGES) & 1) ^ 1)
             mbarrier.expect(full.index(st), 2 * BM * D * 2)
-            _tma_load(desc_q, [b, h, start, 0], full.index(st), q_smem.index(st))  # rows >= Sq: zeros
-            _tma_load(desc_do, [b, h, start, 0], full.index(st), do_smem.index(st))
+            tma_load(desc_q, [b, h, start, 0], full.index(st), q_smem.index(st))  # rows >= Sq: zeros
+            tma_load(desc_do, [b, h, start, 0], full.index(st), do_smem.index(st))
 
     @gluon.jit
     def _attn_bwd_dkdv_sm90_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, H, Sq, GROUP,

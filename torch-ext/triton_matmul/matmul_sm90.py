@@ -30,22 +30,13 @@ from typing import Optional
 import torch
 
 from ._device import launch_options
+from ._gluon import AVAILABLE, capability_90
 
 Tensor = torch.Tensor
 
-try:  # Gluon is experimental: missing or renamed pieces turn this path off, never the package
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                  warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-    _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
-    import inspect
-    AVAILABLE = (hasattr(gl, "num_warps") and hasattr(gl, "warp_specialize")
-                 and "functions_and_args" in inspect.signature(gl.warp_specialize).parameters)
-except ImportError:
-    AVAILABLE = False
+if AVAILABLE:
+    from ._gluon import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store
+    from ._gluon import warpgroup_mma, warpgroup_mma_wait
 
 
 # registers per thread: the second consumer warpgroup gets CONSUMER_REGS, the producer warp 24, the first consumer
@@ -162,7 +153,7 @@ if AVAILABLE:
             tma.store_wait(0)  # the previous tile's store has left c_buf
             c_buf.store(acc.to(dtype))
             fence_async_shared()
-            _tma_store(c_desc, [pid_m * BM + ROW0, off_n], c_buf)  # rows >= M and columns >= N are clipped
+            tma_store(c_desc, [pid_m * BM + ROW0, off_n], c_buf)  # rows >= M and columns >= N are clipped
         tma.store_wait(0)
 
     @gluon.jit
@@ -200,8 +191,8 @@ if AVAILABLE:
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # the first pass finds every slot free
                 mbarrier.expect(full.index(s), BYTES)
-                _tma_load(a_desc, [pid_m * BM, kk * BK], full.index(s), a_smem.index(s))
-                _tma_load(b_desc, [pid_n * BN, kk * BK], full.index(s), b_smem.index(s))
+                tma_load(a_desc, [pid_m * BM, kk * BK], full.index(s), a_smem.index(s))
+                tma_load(b_desc, [pid_n * BN, kk * BK], full.index(s), b_smem.index(s))
                 it += 1
 
     @gluon.jit
@@ -232,12 +223,6 @@ if AVAILABLE:
         args = (a_desc, b_desc, c_desc, bias, a_smem, b_smem, c_smem, tag, full, empty, turn, M, N, K, group_m)
         gl.warp_specialize([(_first_consumer, args), (_second_consumer, args), (_producer, args)], [4, 1],
                            [CONSUMER_REGS, 24])
-
-
-@functools.lru_cache(maxsize=16)
-def _capability_90(device: torch.device) -> bool:
-    return (device.type == "cuda" and torch.version.hip is None and torch.cuda.is_available()
-            and torch.cuda.get_device_capability(device) == (9, 0))
 
 
 @functools.lru_cache(maxsize=16)
@@ -281,7 +266,7 @@ def eligible(a: Tensor, b: Tensor, y: Tensor, activation: Optional[str], cfg) ->
     return (AVAILABLE and cfg.gluon in (1, 2) and activation in ACTIVATION_IDS
             and a.dtype in (torch.float16, torch.bfloat16) and b.dtype == a.dtype and y.dtype == a.dtype
             and rows in (64, 128) and 16 <= cfg.block_n <= 256 and cfg.block_k >= 16
-            and fitting_stages(cfg, a.element_size()) >= 2 and a.shape[1] > 0 and _capability_90(a.device)
+            and fitting_stages(cfg, a.element_size()) >= 2 and a.shape[1] > 0 and capability_90(a.device)
             and _aligned(a) and _aligned(b.t()) and _aligned(y))
 
 
