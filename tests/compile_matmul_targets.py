@@ -48,16 +48,17 @@ def _compile(kernel, sig: dict, consts: dict, target, warps: int, stages: int):
                           options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": True})
 
 
-# (gluon, BLOCK_M, BLOCK_N, BLOCK_K, stages): cooperative 128 x 128 and 128 x 256 tiles, ping-pong 64 x 128 and
-# 128 x 64 with deep rings (the shapes of the shipped H200 entries)
-GLUON_VARIANTS = [(1, 128, 128, 64, 4), (1, 128, 256, 64, 3), (2, 64, 128, 64, 8), (2, 128, 64, 64, 8)]
+# (gluon, BLOCK_M, BLOCK_N, BLOCK_K, stages): cooperative 128 x 128 and 128 x 256 tiles, ping-pong 64 x 128,
+# 128 x 64 and 64 x 64 x 128 with deep rings (the last three: the tiles of the shipped H200 entries)
+GLUON_VARIANTS = [(1, 128, 128, 64, 4), (1, 128, 256, 64, 3), (2, 64, 128, 64, 8), (2, 128, 64, 64, 8),
+                  (2, 64, 64, 128, 6)]
 
 
 def _gluon(sm90, target) -> int:
     """The sm_90 Gluon kernel (matmul_sm90) in GLUON_VARIANTS, bf16 with bias and GELU; ``gluon`` lines report
     HGMMA, local-memory (spill) instructions and shared bytes. 0 kernels where this Triton's Gluon lacks a piece."""
     if not sm90.AVAILABLE:
-        print("gluon SKIPPED: this Triton has no usable Gluon")
+        print(f"gluon SKIPPED: Triton {triton.__version__} has no usable Gluon")
         return 0
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -78,7 +79,7 @@ def _gluon(sm90, target) -> int:
                                                         "enable_fp_fusion": True})
         sass = _sass(c.asm["cubin"])
         hgmma = len(re.findall(r"\bHGMMA\b", sass)) if sass else c.asm["ptx"].count("wgmma.mma_async")
-        local = len(re.findall(r"\b(?:STL|LDL)\b", sass))
+        local = len(re.findall(r"\b(?:STL|LDL)\b", sass)) if sass else -1  # -1: no SASS to count in
         print(f"gluon {gluon} {bm}x{bn}x{bk} s{stages} hgmma={hgmma} local={local} shared={c.metadata.shared}")
         count += 1
     return count

@@ -222,31 +222,69 @@ def test_tma_kernel_sub_n(matmul, activation, b_layout):
 
 GLUON_CASES = [  # (M, N, K) with N and K multiples of 8 (16-byte TMA strides) but of no tile; M prime
     (37, 88, 72), (257, 136, 200), (1, 24, 8)]
+# on the GPU also: several tiles per persistent program (each ping-pong consumer takes turns over many tiles), with
+# K over several ring passes per tile, and with K <= BLOCK_K (the ring wraps across tile boundaries within one pass)
+GLUON_CASES_CUDA = [(1031, 4104, 520), (1031, 4104, 64)]
+
+
+def _count_gluon_calls(matmul, monkeypatch):
+    """A list that gets one entry per call of matmul_sm90.forward (the Gluon kernel's launch)."""
+    import sys
+
+    sm90 = sys.modules[matmul.__name__ + ".matmul_sm90"]
+    calls, forward = [], sm90.forward
+    monkeypatch.setattr(sm90, "forward", lambda *args, **kw: (calls.append(1), forward(*args, **kw))[1])
+    return sm90, calls
 
 
 @pytest.mark.parametrize("gluon,bm,bn,bk,stages", [(1, 128, 64, 64, 4), (2, 64, 128, 64, 8), (2, 128, 32, 32, 3),
                                                    (1, 256, 16, 16, 2)])
 @pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "silu", "relu"])
-def test_gluon_configs(matmul, gluon, bm, bn, bk, stages, activation):
-    # configs asking for the sm_90 Gluon kernel (cooperative 1 / ping-pong 2): on an sm_90 GPU that kernel runs
-    # (asserted), elsewhere the other kernels do; either way the fp64 result, with and without bias, on shapes whose
-    # every tile edge is partial and, on the GPU, on one with several tiles per persistent program (each ping-pong
-    # consumer takes turns over many tiles). bf16 and fp16; gated calls and saved pre-activations never take it.
-    import sys
-
-    sm90 = sys.modules[matmul.__name__ + ".matmul_sm90"]
+def test_gluon_configs(matmul, monkeypatch, gluon, bm, bn, bk, stages, activation):
+    # configs asking for the sm_90 Gluon kernel (cooperative 1 / ping-pong 2): on an sm_90 GPU that kernel runs (its
+    # launches counted), elsewhere the other kernels do; either way the fp64 result, with and without bias, on shapes
+    # whose every tile edge is partial; bf16 and fp16
+    sm90, calls = _count_gluon_calls(matmul, monkeypatch)
     torch.manual_seed(15)
     cfg = matmul.MatmulConfig(bm, bn, bk, 2, 4, stages, tma=1, gluon=gluon)
-    cases = GLUON_CASES + ([(1031, 4104, 520)] if DEVICE == "cuda" else [])
-    for i, ((M, N, K), dt) in enumerate(zip(cases, [torch.bfloat16, torch.float16, torch.bfloat16, torch.bfloat16])):
+    cases = GLUON_CASES + (GLUON_CASES_CUDA if DEVICE == "cuda" else [])
+    dtypes = [torch.bfloat16, torch.float16] * len(cases)
+    for i, ((M, N, K), dt) in enumerate(zip(cases, dtypes)):
         a = rand(M, K, dtype=dt)
         w = rand(N, K, dtype=dt, scale=K ** -0.5)
         bias = rand(N, dtype=dt) if i % 2 == 0 else None
         y = matmul.matmul(a, w.t(), bias, activation, config=cfg)
         assert_matmul_close(y, a, w.t(), bias, activation)
-        on_sm90 = DEVICE == "cuda" and torch.cuda.get_device_capability() == (9, 0) and sm90.AVAILABLE
-        assert sm90.eligible(a, w.t(), y, activation, cfg) == on_sm90
-        assert not sm90.eligible(a, w.t(), y, "geglu", cfg)
+    on_sm90 = DEVICE == "cuda" and torch.cuda.get_device_capability() == (9, 0) and sm90.AVAILABLE
+    assert len(calls) == (len(cases) if on_sm90 else 0)
+
+
+def test_gluon_fallbacks(matmul, monkeypatch):
+    # calls a Gluon config must not take to the Gluon kernel (it has neither a gated epilogue, nor a saved
+    # pre-activation, nor a (K, N) row-major b, nor 8-byte row strides): the other kernels, right values; a plain
+    # call with gradients takes it (nothing to save) and its gradients are right
+    sm90, calls = _count_gluon_calls(matmul, monkeypatch)
+    torch.manual_seed(16)
+    dt = torch.bfloat16
+    cfg = matmul.MatmulConfig(64, 64, 64, 2, 4, 4, tma=1, gluon=2)
+    M, N, K = 67, 96, 136
+    a, w, bias = rand(M, K, dtype=dt), rand(2 * N, K, dtype=dt, scale=K ** -0.5), rand(2 * N, dtype=dt)
+    assert_matmul_close(matmul.matmul(a, w.t(), bias, "swiglu", config=cfg), a, w.t(), bias, "swiglu")
+    kn = w[:N].t().contiguous()  # (K, N) row-major
+    assert_matmul_close(matmul.matmul(a, kn, bias[:N], "gelu", config=cfg), a, kn, bias[:N], "gelu")
+    narrow = rand(M, 4, dtype=dt)  # rows of 8 bytes: no TMA descriptor
+    assert_matmul_close(matmul.matmul(narrow, w[:N, :4].t(), None, None, config=cfg), narrow, w[:N, :4].t(), None,
+                        None)
+    a_grad = a.clone().requires_grad_()
+    y = matmul.matmul(a_grad, w[:N].t(), bias[:N], "gelu", config=cfg)  # saves h for the backward
+    assert_matmul_close(y, a, w[:N].t(), bias[:N], "gelu")
+    assert calls == []
+    on_sm90 = DEVICE == "cuda" and torch.cuda.get_device_capability() == (9, 0) and sm90.AVAILABLE
+    b = w[:N].clone().requires_grad_().t()
+    y = matmul.matmul(a_grad, b, None, None, config=cfg)
+    assert_matmul_close(y, a, w[:N].t(), None, None)
+    assert len(calls) == int(on_sm90)
+    assert_grads_fp64(y, a_grad, b, None, None, 2e-2)
 
 
 def test_config_gluon(matmul):
@@ -271,6 +309,31 @@ def test_config_gluon(matmul):
     assert sm90.fitting_stages(cfg) == 8
     assert sm90.fitting_stages(C(128, 256, 64, 8, 4, 9, gluon=1)) == 3  # 48 KiB a stage, 64 KiB of output tiles
     assert sm90.fitting_stages(C(256, 256, 128, 8, 4, 4, gluon=2)) == 0  # not even two stages
+
+
+def test_gluon_eligibility(matmul, monkeypatch):
+    # the tiles and operands the Gluon kernel takes, with the device check patched (CPU tensors): 64 or 128 rows per
+    # consumer, power-of-two block_n / block_k, at most 128 x 128 accumulators per consumer; TMA-aligned a, w, y
+    import sys
+
+    sm90 = sys.modules[matmul.__name__ + ".matmul_sm90"]
+    if not sm90.AVAILABLE:
+        pytest.skip("this Triton has no usable Gluon")
+    monkeypatch.setattr(sm90, "capability_90", lambda device: True)
+    C = matmul.MatmulConfig
+    a, w = torch.zeros(256, 64, dtype=torch.bfloat16), torch.zeros(128, 64, dtype=torch.bfloat16)
+    y = torch.empty(256, 128, dtype=torch.bfloat16)
+    for cfg, ok in ((C(64, 128, 64, 8, 4, 8, gluon=2), True), (C(128, 256, 64, 8, 4, 3, gluon=1), True),
+                    (C(128, 256, 64, 8, 4, 3, gluon=2), False), (C(64, 128, 64, 8, 4, 8, gluon=1), False),
+                    (C(128, 96, 64, 8, 4, 4, gluon=1), False), (C(128, 128, 48, 8, 4, 4, gluon=1), False),
+                    (C(64, 128, 64, 8, 4, 8, gluon=0), False)):
+        assert sm90.eligible(a, w.t(), y, "gelu", cfg) == ok, cfg
+    cfg = C(64, 128, 64, 8, 4, 8, gluon=2)
+    assert not sm90.eligible(a, w.t(), y, "swiglu", cfg)  # gated
+    assert not sm90.eligible(a.float(), w.t().float(), y.float(), None, cfg)  # fp32
+    assert not sm90.eligible(a, w.t().contiguous(), y, None, cfg)  # (K, N) row-major b
+    assert not sm90.eligible(a[:1].expand(256, 64), w.t(), y, None, cfg)  # a broadcast row: stride 0
+    assert not sm90.eligible(a[:, 4:], w[:, 4:].t(), y, None, cfg)  # 8-byte aligned bases
 
 
 def test_config_sub_n(matmul):

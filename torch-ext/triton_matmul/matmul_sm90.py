@@ -239,8 +239,10 @@ def tile_layout(rows: int, cols: int, dtype: torch.dtype):
 
 
 def _aligned(t: Tensor) -> bool:
+    """A 2-d operand a TMA descriptor takes: unit column stride, a positive row stride of 16-byte multiples (a
+    broadcast row, stride 0, is not one), a 16-byte aligned base."""
     e = t.element_size()
-    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * e) % 16 == 0
+    return t.stride(-1) == 1 and t.stride(0) > 0 and (t.stride(0) * e) % 16 == 0 and t.data_ptr() % 16 == 0
 
 
 def _rows(cfg) -> int:
@@ -260,12 +262,14 @@ def fitting_stages(cfg, itemsize: int = 2) -> int:
 def eligible(a: Tensor, b: Tensor, y: Tensor, activation: Optional[str], cfg) -> bool:
     """Whether ``forward`` runs y = act(a @ b + bias) with ``cfg`` (a ``MatmulConfig`` with ``gluon`` 1 or 2):
     Gluon available, capability 9.0 exactly (wgmma), fp16/bf16, b = w.T with w (N, K) K-major, TMA-aligned a, w and
-    y, a non-gated activation, and tiles this kernel takes (64 or 128 rows per consumer, block_n a power of two in
-    16 ... 256, block_k >= 16, at least two stages in shared memory)."""
-    rows = _rows(cfg)
+    y, a non-gated activation, and tiles this kernel takes (64 or 128 rows per consumer, block_n and block_k powers
+    of two in 16 ... 256 and >= 16, at most 128 x 128 accumulators per consumer: a 128 x 256 one spills thousands of
+    registers, at least two stages in shared memory)."""
+    rows, bn, bk = _rows(cfg), cfg.block_n, cfg.block_k
     return (AVAILABLE and cfg.gluon in (1, 2) and activation in ACTIVATION_IDS
             and a.dtype in (torch.float16, torch.bfloat16) and b.dtype == a.dtype and y.dtype == a.dtype
-            and rows in (64, 128) and 16 <= cfg.block_n <= 256 and cfg.block_k >= 16
+            and rows in (64, 128) and 16 <= bn <= 256 and not bn & (bn - 1) and bk >= 16 and not bk & (bk - 1)
+            and rows * bn <= 128 * 128
             and fitting_stages(cfg, a.element_size()) >= 2 and a.shape[1] > 0 and capability_90(a.device)
             and _aligned(a) and _aligned(b.t()) and _aligned(y))
 
