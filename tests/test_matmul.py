@@ -445,6 +445,24 @@ def test_tma_kernel_grad_and_fallback(matmul):
         assert_grads_fp64(y, a, b, None, "geglu", 4 * 2.0 ** -10)
 
 
+def test_broadcast_operands(matmul):
+    # stride-0 operands (x.expand: one row repeated; a broadcast weight column) never reach a TMA descriptor; the
+    # pointer kernel reads them through their strides: fp64 values with a config asking for TMA
+    import sys
+
+    mod = sys.modules[matmul.__name__ + ".matmul"]
+    torch.manual_seed(17)
+    dt = torch.bfloat16
+    a_row, w = rand(1, 40, dtype=dt), rand(24, 40, dtype=dt, scale=0.3)
+    a = a_row.expand(19, 40)
+    assert mod._tma_layout(a, w.t(), 24) is None and mod._tma_layout(a_row, w.t(), 24) is True  # (N, K) w
+    b = rand(40, 1, dtype=dt).expand(40, 24)  # every output column the same
+    assert mod._tma_layout(a_row.expand(1, 40), b, 24) is None
+    cfg = matmul.MatmulConfig(16, 16, 16, 1, 4, 2, tma=1)
+    for x, y in ((a, w.t()), (rand(19, 40, dtype=dt), b)):
+        assert_matmul_close(matmul.matmul(x, y, None, "gelu", config=cfg), x, y, None, "gelu")
+
+
 def test_config_lookup(matmul):
     pick = matmul.pick_config
     # unknown GPU -> default.json; tiny problems clamp blocks to 16

@@ -535,18 +535,20 @@ def _tma_layout(a: Tensor, b: Tensor, N: int) -> Optional[bool]:
     """None when the TMA kernel cannot read these operands, else B_NK (b read as the (N, K) matrix b.T).
 
     TMA needs a unit stride in the last dimension of each descriptor and 16-byte aligned base
-    pointers and other strides; y (allocated contiguous here) needs N * itemsize % 16 == 0.
+    pointers and other strides; y (allocated contiguous here) needs N * itemsize % 16 == 0. A broadcast
+    operand (stride 0 along a dimension of more than one element, e.g. ``x.expand``) goes to the pointer
+    kernel, which reads it through its strides (whether a TMA descriptor may repeat rows is not checked).
     """
     e = a.element_size()
     if a.dtype not in (torch.float16, torch.bfloat16) or (N * e) % 16:
         return None
     if a.data_ptr() % 16 or b.data_ptr() % 16:
         return None
-    if not (a.stride(1) == 1 or a.shape[1] == 1) or (a.stride(0) * e) % 16:
+    if not (a.stride(1) == 1 or a.shape[1] == 1) or (a.stride(0) * e) % 16 or (a.stride(0) == 0 and a.shape[0] > 1):
         return None
-    if b.stride(1) == 1 and (b.stride(0) * e) % 16 == 0:
+    if b.stride(1) == 1 and (b.stride(0) * e) % 16 == 0 and (b.stride(0) > 0 or b.shape[0] == 1):
         return False
-    if b.stride(0) == 1 and (b.stride(1) * e) % 16 == 0:
+    if b.stride(0) == 1 and (b.stride(1) * e) % 16 == 0 and (b.stride(1) > 0 or b.shape[1] == 1):
         return True
     return None
 
