@@ -70,7 +70,8 @@ from . import matmul_sm90
 from ._dispatch import call_op
 from ._launch import MatmulConfig, config_for, tma_capable
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
-from ._libm import ex2_approx_ftz, nvidia_approx, rcp_approx_ftz
+from ._epilogue_math import apply_activation
+from ._libm import nvidia_approx
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
 
@@ -91,54 +92,6 @@ def _store(ptr, value, mask):
 
 
 @triton.jit
-def _exp2(x, FAST_MATH: tl.constexpr):
-    """2^x in fp32; FAST_MATH (NVIDIA): one ``ex2.approx.ftz`` (2 ulp; results below 2^-126 flush to 0)."""
-    if FAST_MATH:
-        return ex2_approx_ftz(x)
-    else:
-        return tl.exp2(x)
-
-
-@triton.jit
-def _rcp(x, FAST_MATH: tl.constexpr):
-    """1 / x in fp32; FAST_MATH (NVIDIA): one ``rcp.approx.ftz`` (1 ulp)."""
-    if FAST_MATH:
-        return rcp_approx_ftz(x)
-    else:
-        return 1.0 / x
-
-
-@triton.jit
-def _activation(x, ACT: tl.constexpr, FAST_MATH: tl.constexpr):
-    """fp32 epilogue activation: 0 identity, 1 gelu (erf), 2 gelu_tanh, 3 silu, 4 relu.
-
-    Cheap forms of the same functions (the epilogue runs while the tensor cores wait, so its
-    instruction count is GEMM time): gelu = x * Phi(x) with erfc from Abramowitz & Stegun 7.1.26
-    (|error| <= 1.5e-7, one exp and one reciprocal; below 0 Phi comes from erfc directly, so the
-    tail keeps its relative accuracy better than ``1 + erf``); gelu_tanh = x * sigmoid(2 u) (equal to
-    0.5 x (1 + tanh u)); silu = x * sigmoid(x). Measured against fp64 in bf16 ulps: < 0.01 ulp for
-    |x| < 3, and never worse than the erf / tanh formulas in fp32 (tests and the GPU check).
-    ``FAST_MATH``: the exp2 / reciprocal as single NVIDIA approximate instructions (see ``_exp2``);
-    elsewhere (AMD, Intel, the interpreter) ``tl.exp2`` and a division.
-    """
-    if ACT == 1:
-        z = tl.abs(x) * 0.7071067811865476
-        t = _rcp(1.0 + 0.3275911 * z, FAST_MATH)
-        e = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-        e = e * _exp2(x * x * -0.7213475204444817, FAST_MATH)  # erfc(|x| / sqrt 2) = poly(t) * exp(-x^2 / 2)
-        return x * tl.where(x >= 0.0, 1.0 - 0.5 * e, 0.5 * e)  # (+inf -> +inf, NaN -> NaN)
-    elif ACT == 2:
-        # 0.5 x (1 + tanh u) = x / (1 + exp(-2 u)), u = sqrt(2 / pi) (x + 0.044715 x^3); exp via exp2
-        return x * _rcp(1.0 + _exp2(x * (-2.302208198144325 - 0.1029432395800235 * x * x), FAST_MATH), FAST_MATH)
-    elif ACT == 3:
-        return x * _rcp(1.0 + _exp2(x * -1.4426950408889634, FAST_MATH), FAST_MATH)
-    elif ACT == 4:
-        return tl.where(x < 0.0, 0.0, x)  # NaN stays NaN, as torch.relu (tl.maximum would drop it)
-    else:
-        return x
-
-
-@triton.jit
 def _epilogue(acc, acc_g, bias_ptr, h_ptr, offs_m, offs_n, M, N, stride_hm,
               GATED: tl.constexpr, ACT: tl.constexpr, FAST_MATH: tl.constexpr):
     """The fp32 epilogue of a tile shared by every kernel: bias added, h saved (``h_ptr`` given; rounded to its
@@ -155,9 +108,9 @@ def _epilogue(acc, acc_g, bias_ptr, h_ptr, offs_m, offs_n, M, N, stride_hm,
         if GATED:
             _store(h_ptr + rows * stride_hm + N + offs_n[None, :], acc_g, mask)
     if GATED:
-        y = acc * _activation(acc_g, ACT, FAST_MATH)
+        y = acc * apply_activation(acc_g, ACT, FAST_MATH)
     else:
-        y = _activation(acc, ACT, FAST_MATH)
+        y = apply_activation(acc, ACT, FAST_MATH)
     return y
 
 

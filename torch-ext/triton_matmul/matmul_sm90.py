@@ -1,7 +1,8 @@
 """Matmul for Hopper (sm_90), warp-specialised and persistent, written in Gluon (Triton's explicit-layout dialect).
 
 y = act(a @ w.T + bias) for a (M, K) and an ``nn.Linear`` weight w (N, K) (``b`` of ``matmul`` given as ``w.T``),
-fp16/bf16 with fp32 accumulation; the epilogue math is ``matmul._activation``'s (its NVIDIA fast-math form).
+fp16/bf16 with fp32 accumulation; the epilogue math is ``_epilogue_math.apply_activation`` (its NVIDIA fast-math
+form), as in the ``tl`` kernels.
 
 Layout (the warp-specialised Hopper GEMM of CUTLASS 3 and FlashAttention-3, Shah et al., 2024, arXiv:2407.08608):
 
@@ -30,7 +31,9 @@ from typing import Optional
 import torch
 
 from ._device import launch_options
+from ._epilogue_math import apply_activation
 from ._gluon import AVAILABLE, capability_90
+from ._launch import tma_capable
 
 Tensor = torch.Tensor
 
@@ -53,36 +56,9 @@ ACTIVATION_IDS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "relu": 4}
 
 if AVAILABLE:
 
-    @gluon.jit
-    def _ex2(x):
-        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
-                                         pack=1)
-
-    @gluon.jit
-    def _rcp(x):
-        return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
-                                         pack=1)
-
-    @gluon.jit
-    def _activation(x, ACT: gl.constexpr):
-        """``matmul._activation`` with FAST_MATH: 0 identity, 1 gelu (erf), 2 gelu_tanh, 3 silu, 4 relu."""
-        if ACT == 1:
-            z = gl.abs(x) * 0.7071067811865476
-            t = _rcp(1.0 + 0.3275911 * z)
-            e = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-            e = e * _ex2(x * x * -0.7213475204444817)
-            x = x * gl.where(x >= 0.0, 1.0 - 0.5 * e, 0.5 * e)
-        elif ACT == 2:
-            x = x * _rcp(1.0 + _ex2(x * (-2.302208198144325 - 0.1029432395800235 * x * x)))
-        elif ACT == 3:
-            x = x * _rcp(1.0 + _ex2(x * -1.4426950408889634))
-        elif ACT == 4:
-            x = gl.where(x < 0.0, 0.0, x)
-        return x
-
     @gluon.constexpr_function
     def _tag_activation(tag):
-        """The activation id that ``_flags`` wrote into the tag buffer's shape."""
+        """The activation id that ``_matmul_sm90_kernel`` wrote into the tag buffer's shape."""
         s = tag.shape
         return (s[0] - 1) + 2 * (s[1] - 1) + 4 * (s[2] - 1)
 
@@ -149,7 +125,7 @@ if AVAILABLE:
             if HAS_BIAS:
                 offs_n = off_n + gl.arange(0, BN, layout=col)
                 acc += gl.load(bias + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)[None, :]
-            acc = _activation(acc, ACT)
+            acc = apply_activation(acc, ACT, True)  # the NVIDIA fast-math forms
             tma.store_wait(0)  # the previous tile's store has left c_buf
             c_buf.store(acc.to(dtype))
             fence_async_shared()
@@ -225,11 +201,6 @@ if AVAILABLE:
                            [CONSUMER_REGS, 24])
 
 
-@functools.lru_cache(maxsize=16)
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 @functools.lru_cache(maxsize=None)
 def tile_layout(rows: int, cols: int, dtype: torch.dtype):
     """The shared-memory layout of a [rows, cols] tile of ``dtype`` (fp16/bf16) for a tensor descriptor (cached:
@@ -259,19 +230,25 @@ def fitting_stages(cfg, itemsize: int = 2) -> int:
     return stages if stages >= 2 else 0
 
 
+@functools.lru_cache(maxsize=1024)
+def _stages(cfg, itemsize: int) -> int:
+    """The ring depth ``forward`` runs ``cfg`` with (``fitting_stages``), 0 for tiles this kernel does not take: 64
+    or 128 rows per consumer, block_n and block_k powers of two in 16 ... 256 and >= 16, at most 128 x 128
+    accumulators per consumer (a 128 x 256 one spills thousands of registers), at least two stages. Cached: it runs
+    on every call."""
+    rows, bn, bk = _rows(cfg), cfg.block_n, cfg.block_k
+    ok = (cfg.gluon in (1, 2) and rows in (64, 128) and 16 <= bn <= 256 and not bn & (bn - 1) and bk >= 16
+          and not bk & (bk - 1) and rows * bn <= 128 * 128)
+    return fitting_stages(cfg, itemsize) if ok else 0
+
+
 def eligible(a: Tensor, b: Tensor, y: Tensor, activation: Optional[str], cfg) -> bool:
     """Whether ``forward`` runs y = act(a @ b + bias) with ``cfg`` (a ``MatmulConfig`` with ``gluon`` 1 or 2):
     Gluon available, capability 9.0 exactly (wgmma), fp16/bf16, b = w.T with w (N, K) K-major, TMA-aligned a, w and
-    y, a non-gated activation, and tiles this kernel takes (64 or 128 rows per consumer, block_n and block_k powers
-    of two in 16 ... 256 and >= 16, at most 128 x 128 accumulators per consumer: a 128 x 256 one spills thousands of
-    registers, at least two stages in shared memory)."""
-    rows, bn, bk = _rows(cfg), cfg.block_n, cfg.block_k
-    return (AVAILABLE and cfg.gluon in (1, 2) and activation in ACTIVATION_IDS
-            and a.dtype in (torch.float16, torch.bfloat16) and b.dtype == a.dtype and y.dtype == a.dtype
-            and rows in (64, 128) and 16 <= bn <= 256 and not bn & (bn - 1) and bk >= 16 and not bk & (bk - 1)
-            and rows * bn <= 128 * 128
-            and fitting_stages(cfg, a.element_size()) >= 2 and a.shape[1] > 0 and capability_90(a.device)
-            and _aligned(a) and _aligned(b.t()) and _aligned(y))
+    y, a non-gated activation, and tiles this kernel takes (``_stages``)."""
+    return (AVAILABLE and activation in ACTIVATION_IDS and a.dtype in (torch.float16, torch.bfloat16)
+            and b.dtype == a.dtype and y.dtype == a.dtype and _stages(cfg, a.element_size()) >= 2 and a.shape[1] > 0
+            and capability_90(a.device) and _aligned(a) and _aligned(b.t()) and _aligned(y))
 
 
 def forward(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], y: Tensor, cfg) -> None:
@@ -285,10 +262,10 @@ def forward(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[s
     b_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [bn, bk], tile_layout(bn, bk, a.dtype))
     c_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [rows, bn], tile_layout(rows, bn, a.dtype))
     tiles = -(-M // bm) * -(-N // bn)
-    grid = (min(tiles, _num_sms(a.device)),)
+    grid = (min(tiles, tma_capable(a.device)[1]),)  # one program per SM at most
     _matmul_sm90_kernel[grid](
         a_desc, b_desc, c_desc, bias.contiguous() if bias is not None else y, M, N, K, cfg.group_m,
-        ACT=ACTIVATION_IDS[activation], HAS_BIAS=bias is not None, STAGES=fitting_stages(cfg, a.element_size()),
+        ACT=ACTIVATION_IDS[activation], HAS_BIAS=bias is not None, STAGES=_stages(cfg, a.element_size()),
         CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAXNREG,
         **launch_options(_matmul_sm90_kernel, fp_fusion=True),
     )
