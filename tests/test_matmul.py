@@ -228,12 +228,20 @@ GLUON_CASES_CUDA = [(1031, 4104, 520), (1031, 4104, 64)]
 
 
 def _count_gluon_calls(matmul, monkeypatch):
-    """A list that gets one entry per call of matmul_sm90.forward (the Gluon kernel's launch)."""
+    """A list that gets one entry per launch of the Gluon kernel (by the plans of matmul_sm90.plan; the test starts
+    with no plans, so that none built before escapes the count)."""
     import sys
 
     sm90 = sys.modules[matmul.__name__ + ".matmul_sm90"]
-    calls, forward = [], sm90.forward
-    monkeypatch.setattr(sm90, "forward", lambda *args, **kw: (calls.append(1), forward(*args, **kw))[1])
+    mod = sys.modules[matmul.__name__ + ".matmul"]
+    calls, plan = [], sm90.plan
+
+    def counted(*args, **kw):
+        launch, make_args = plan(*args, **kw)
+        return (lambda kernel_args: (calls.append(1), launch(kernel_args))[1]), make_args
+
+    monkeypatch.setattr(sm90, "plan", counted)
+    monkeypatch.setattr(mod, "_PLANS", type(mod._PLANS)())
     return sm90, calls
 
 
@@ -463,6 +471,93 @@ def test_broadcast_operands(matmul):
         assert_matmul_close(matmul.matmul(x, y, None, "gelu", config=cfg), x, y, None, "gelu")
 
 
+def test_call_plans(matmul, monkeypatch):
+    # a call signature picks its kernel once (_new_plan) and later calls launch from its plan with their own data:
+    # fresh operands give their own fp64 values (TMA descriptors rebased on each call's tensors, split-K scratch
+    # made per call); an operand that no longer starts on 16 bytes, another dtype, bias or none, and another config
+    # are other signatures; a plan keeps none of its first call's tensors
+    import sys
+    import weakref
+
+    mod = sys.modules[matmul.__name__ + ".matmul"]
+    monkeypatch.setattr(mod, "_PLANS", type(mod._PLANS)())
+    built, new_plan = [], mod._new_plan
+    monkeypatch.setattr(mod, "_new_plan", lambda *args: (built.append(1), new_plan(*args))[1])
+    torch.manual_seed(18)
+    dt = torch.bfloat16
+    M, N, K = 37, 48, 80
+    for cfg in (matmul.MatmulConfig(16, 16, 16, 1, 4, 2, tma=1), matmul.MatmulConfig(16, 16, 16, 1, 4, 2),
+                matmul.MatmulConfig(16, 16, 16, 1, 4, 2, tma=1, split_k=3)):
+        before = len(built)
+        for _ in range(3):
+            a, w, bias = rand(M, K, dtype=dt), rand(N, K, dtype=dt, scale=K ** -0.5), rand(N, dtype=dt)
+            assert_matmul_close(matmul.matmul(a, w.t(), bias, "gelu", config=cfg), a, w.t(), bias, "gelu")
+        assert len(built) == before + 1
+    store = rand(M * K + 8, dtype=dt)
+    shifted = store[1:M * K + 1].view(M, K)  # 2 bytes past a 16-byte boundary: no TMA descriptor
+    cfg = matmul.MatmulConfig(16, 16, 16, 1, 4, 2, tma=1)
+    aligned = store[8:M * K + 8].view(M, K)
+    for x, bias in ((shifted, None), (aligned, None), (aligned, rand(N, dtype=dt))):
+        before = len(built)
+        for _ in range(2):
+            assert_matmul_close(matmul.matmul(x, w.t(), bias, None, config=cfg), x, w.t(), bias, None)
+        assert len(built) == before + 1
+    a = rand(M, K, dtype=dt)
+    seen = weakref.ref(a)
+    matmul.matmul(a, w.t(), None, "relu", config=cfg)  # a new signature: its plan is built on a
+    del a
+    assert seen() is None
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu", "relu", "geglu", "swiglu"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_epilogue_grad(matmul, activation, dtype):
+    # the backward's dh kernel against fp64 formulas on the same h: a prime width (partial blocks), dy transposed
+    # and broadcast (stride 0, as from y.sum()), h a column slice (strided rows); one rounding of dh (1 ulp) plus
+    # the fp32 math (the gelu's erfc approximation: 1.5e-7 absolute); NaN in h where fp64 autograd has it
+    import sys
+
+    grad = sys.modules[matmul.__name__ + ".epilogue_grad"].epilogue_grad
+    torch.manual_seed(19)
+    M, N = 5, 1031
+    width = 2 * N if activation in GATED else N
+    h = (rand(M, width + 6, dtype=torch.float32) * 3).to(dtype)[:, 3:width + 3]  # values to |h| ~ 10
+    h[0, 0] = float("nan")
+    base = GATED.get(activation, activation)
+    h64 = h.double().requires_grad_()
+    for dy in (rand(N, M, dtype=dtype).t(), rand(1, 1, dtype=dtype).expand(M, N)):
+        if activation in GATED:
+            p, g = h64.chunk(2, dim=-1)
+            out = p * act_ref(g, base)
+        else:
+            out = act_ref(h64, base)
+        (expected,) = torch.autograd.grad(out, h64, dy.double())
+        dh = grad(dy, h, activation)
+        assert dh.shape == h.shape and dh.dtype == dtype and dh.is_contiguous()
+        nan = torch.isnan(expected)
+        assert torch.equal(torch.isnan(dh), nan), "NaN where fp64 has NaN, nowhere else"
+        rounded = expected.nan_to_num().to(dtype).double()
+        scale = (dy.double().abs().max() * h.double().nan_to_num().abs().max()).item()
+        tol = ULPS[dtype] * ulp(rounded, dtype) + (2e-6 if dtype == torch.float32 else 1e-6) * scale
+        diff = (dh.double().nan_to_num() - rounded).abs()
+        assert (diff <= tol).all(), f"worst {diff.max().item():.3g}"
+
+
+def test_weight_grad_layout(matmul):
+    # the gradient of an nn.Linear weight read as b = W.t() comes out in W's own layout (contiguous), as F.linear's:
+    # no transposing copy by autograd; a row-major (K, N) b gets a row-major gradient; values as fp64
+    torch.manual_seed(20)
+    dt = torch.bfloat16
+    x = rand(23, 40, dtype=dt).requires_grad_()
+    for w, b_of in ((rand(24, 40, dtype=dt, scale=0.3), lambda w: w.t()), (rand(40, 24, dtype=dt, scale=0.3),
+                                                                         lambda w: w)):
+        b = b_of(w.requires_grad_())
+        y = matmul.matmul(x, b, None, "silu")
+        dx, dw = torch.autograd.grad(y, (x, w), torch.ones_like(y))  # as computed (AccumulateGrad would copy)
+        assert dw.is_contiguous() and dx.is_contiguous()
+        assert_grads_fp64(matmul.matmul(x, b, None, "silu"), x, b, None, "silu", 4 * 2.0 ** -7)
+
+
 def test_config_lookup(matmul):
     pick = matmul.pick_config
     # unknown GPU -> default.json; tiny problems clamp blocks to 16
@@ -567,6 +662,14 @@ def test_opcheck(matmul, activation):
     b = rand(31, 22, dtype=torch.float16).requires_grad_()
     bias = rand(22, dtype=torch.float16).requires_grad_()
     torch.library.opcheck(op, (a, b, bias, activation, activation is not None, None))
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_opcheck_epilogue_grad(matmul, activation):
+    op = next(getattr(getattr(torch.ops, ns), "matmul_epilogue_grad") for ns in dir(torch.ops)
+              if ns.startswith("_triton_matmul") and hasattr(getattr(torch.ops, ns), "matmul_epilogue_grad"))
+    width = 22 if activation == "swiglu" else 11
+    torch.library.opcheck(op, (rand(17, 11, dtype=torch.float16), rand(17, width, dtype=torch.float16), activation))
 
 
 def test_compile_fullgraph(matmul):

@@ -799,6 +799,43 @@ def test_launch_plan_direct_and_address_paths(norms, monkeypatch):
     assert len(firsts) == 2 and not plan.at((x.data_ptr(), None, y.data_ptr()))
 
 
+def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
+    """A FixedLaunch (its caller's key fixes the specialisation) compiles through Triton on its first direct call,
+    then calls the launcher with the stream, the bound head, the arguments as given (a tensor descriptor passes
+    through untouched) and the constexpr tail; off the current device it takes Triton's path. ``rebase`` copies a
+    descriptor onto another tensor without touching the original."""
+    from types import SimpleNamespace
+
+    from triton.runtime import driver
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    fl = norms._fastlaunch
+    calls, firsts, triton_path = [], [], []
+    compiled = SimpleNamespace(run=lambda *args: calls.append(args), function="fn", packed_metadata="md")
+    monkeypatch.setattr(fl, "_first_launch", lambda k, grid, args, meta: firsts.append(args) or (compiled, ("tail",)))
+    monkeypatch.setattr(fl, "_triton_launch", lambda k, grid, args, meta: triton_path.append(args))
+    monkeypatch.setattr(fl, "_hooks_off", lambda: True)
+    monkeypatch.setattr(fl, "_knobs", object())
+    monkeypatch.setattr(driver, "_active", SimpleNamespace(get_current_stream=lambda index: 77))
+    plan = fl.FixedLaunch(SimpleNamespace(device_caches={}), (5,), (("BLOCK", 8),), torch.device("cuda", 0))
+    current = [0]
+    plan._current = lambda: current[0]
+
+    x, y = torch.zeros(32, 16, dtype=torch.bfloat16), torch.zeros(32, 16, dtype=torch.bfloat16)
+    template = TensorDescriptor(x, [32, 16], [16, 1], [16, 16])
+    template.base = None
+    desc = fl.rebase(template, y)
+    assert desc.base is y and template.base is None and type(desc) is TensorDescriptor
+    assert (desc.shape, desc.strides, desc.block_shape) == (template.shape, template.strides, template.block_shape)
+    plan((desc, 3))
+    assert len(firsts) == 1 and not calls
+    plan((desc, 3))
+    assert calls[-1] == (5, 1, 1, 77, "fn", "md", None, None, None, desc, 3, "tail") and calls[-1][9] is desc
+    current[0] = 1  # another current device: Triton's own path
+    plan((desc, 4))
+    assert triton_path == [(desc, 4)] and len(calls) == 1
+
+
 @pytest.mark.gpu
 def test_fast_launch_equals_triton_launch_across_alignments(norms, device):
     """Alternate aligned / unaligned inputs and widths so cached launches meet every key; each result

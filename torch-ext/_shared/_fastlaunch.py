@@ -25,7 +25,10 @@ would pass (a small rms_norm call on the H200 machine: 12.5 -> 11.2 us, A/B in o
 :class:`Launch` is the same for a caller that keeps its launch plans (device, grid, meta-parameters
 and scalar arguments fixed per shape): each plan keeps its own compiled launchers, keyed by the
 pointer arguments' dtypes and alignment only, so a call neither hashes the meta-parameters nor
-specialises the scalars again.
+specialises the scalars again. :class:`FixedLaunch` is a plan whose caller's key fixes all of that
+(pointer dtypes and alignment included): one compiled launcher and no per-call key, for arguments
+that :func:`spec` does not read, such as host tensor descriptors (:func:`rebase` makes a plan's
+descriptor per call).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ try:  # where launch hooks live (Triton >= 3.4); older versions always take Trit
 except ImportError:
     _knobs = None
 
-__all__ = ["Launch", "PlanCache", "launch", "meta_items", "spec"]
+__all__ = ["FixedLaunch", "Launch", "PlanCache", "launch", "meta_items", "rebase", "spec"]
 
 _DIRECT_OK = [True]  # cleared once if this Triton's launcher cannot be called directly
 _ADDRESSES_OK = [True]  # cleared once if this Triton's launcher takes no integer addresses for pointers
@@ -130,6 +133,28 @@ def _first_launch(kernel, grid, args: tuple, meta: tuple):
     return compiled, tuple(given[n] if n in given else defaults[n] for n in kernel.arg_names[len(args):])
 
 
+def _compile(kernel, grid, args: tuple, meta: tuple, fixed: tuple = ()):
+    """Launches through Triton; returns a plan's entry ``(launch, head (_bind), stream getter, fixed + the
+    constexpr values, compiled kernel)``, or None. The compiled kernel is kept: the loaded function lives as long
+    as it does."""
+    first = _first_launch(kernel, grid, args, meta)
+    if first is None:
+        return None
+    from triton.runtime import driver
+
+    compiled, tail = first
+    return (*_bind(compiled), driver.active.get_current_stream, (*fixed, *tail), compiled)
+
+
+def _current_getter(kernel, device: torch.device):
+    """The function a plan on ``device`` asks for the current device's index, or None where it never launches
+    directly (the interpreter, CPU tensors, a Triton without launch hooks)."""
+    kind = device.type
+    if kind == "cpu" or not hasattr(kernel, "device_caches") or _knobs is None:
+        return None
+    return _cuda_current_device if kind == "cuda" else lambda: _current_index(kind)
+
+
 def _fall_back(kernel, grid, args: tuple, meta: tuple) -> None:
     """A launcher with another calling convention: Triton's path for every launch from now on."""
     _DIRECT_OK[0] = False
@@ -159,14 +184,11 @@ def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device, 
     key = (id(kernel), index, meta, spec(args), fixed_spec)
     entry = _CACHE.get(key)
     if entry is None:
-        first = _first_launch(kernel, grid, (*args, *fixed), meta)
-        if first is not None and len(_CACHE) < 65536:
-            from triton.runtime import driver
-
-            # the compiled kernel is kept too: the loaded function lives as long as it does
-            _CACHE[key] = (*_bind(first[0]), first[1], driver.active.get_current_stream, kernel, first[0])
+        entry = _compile(kernel, grid, (*args, *fixed), meta)
+        if entry is not None and len(_CACHE) < 65536:
+            _CACHE[key] = (*entry, kernel)  # the kernel too: the key holds its id
         return
-    run, head, tail, get_stream, _, _ = entry
+    run, head, get_stream, tail, _, _ = entry
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
     try:
@@ -201,11 +223,7 @@ class Launch:
     def __init__(self, kernel, grid: tuple, meta: tuple, fixed: tuple, device: torch.device):
         self.kernel, self.grid, self.meta, self.fixed, self.device = kernel, tuple(grid), meta, tuple(fixed), device
         self._index = device.index
-        # the current device's index (None: never launched directly: the interpreter, or a Triton without hooks)
-        self._current = None
-        kind = device.type
-        if kind != "cpu" and hasattr(kernel, "device_caches") and _knobs is not None:
-            self._current = _cuda_current_device if kind == "cuda" else lambda: _current_index(kind)
+        self._current = _current_getter(kernel, device)
         self._grid3 = (*self.grid, 1, 1)[:3]
         self._compiled: dict = {}  # pointer specs -> (launch, head (_bind), stream getter, scalars + tail, compiled)
         self._by_address: dict = {}  # the same entries keyed by 16-byte alignment alone, for at()
@@ -220,13 +238,9 @@ class Launch:
         key = tuple([None if a is None else (a.dtype, not a.data_ptr() & 15) for a in ptrs])
         entry = self._compiled.get(key)
         if entry is None:
-            first = _first_launch(self.kernel, self.grid, (*ptrs, *self.fixed), self.meta)
-            if first is not None and len(self._compiled) < 256:
-                from triton.runtime import driver
-
-                compiled, tail = first
-                entry = self._compiled[key] = (*_bind(compiled), driver.active.get_current_stream,
-                                               (*self.fixed, *tail), compiled)  # compiled: keeps the function
+            entry = _compile(self.kernel, self.grid, (*ptrs, *self.fixed), self.meta, self.fixed)
+            if entry is not None and len(self._compiled) < 256:
+                self._compiled[key] = entry
                 dtypes = tuple([None if a is None else a.dtype for a in ptrs])
                 self._dtypes = dtypes if self._dtypes in (None, dtypes) else False
                 self._by_address[tuple([None if k is None else k[1] for k in key])] = entry
@@ -258,6 +272,60 @@ class Launch:
             _ADDRESSES_OK[0] = False
             return False
         return True
+
+
+class FixedLaunch:
+    """One launch plan whose every argument's specialisation the caller's plan key fixes:
+    ``kernel[grid](*args, **dict(meta))`` on ``device``, all arguments given per call.
+
+    The caller keys its plans on everything Triton specialises ``args`` on (pointer dtypes and 16-byte
+    alignment, the scalars' values, tensor descriptors' dtype, block shape and layout), so the kernel the
+    first call compiles serves every call: no key is built or looked up per call, and arguments that
+    :func:`spec` does not read, such as host tensor descriptors, are passed through to the launcher.
+
+    Args:
+        kernel: a ``@triton.jit`` (or Gluon) function whose parameters are ``args`` followed by the
+            constexprs named in ``meta``.
+        grid: 1 to 3 ints.
+        meta: constexprs and launch options as ``(name, value)`` pairs (:func:`meta_items`).
+        device: the device of the tensors.
+    """
+
+    __slots__ = ("kernel", "grid", "meta", "_index", "_current", "_grid3", "_entry")
+
+    def __init__(self, kernel, grid: tuple, meta: tuple, device: torch.device):
+        self.kernel, self.grid, self.meta = kernel, tuple(grid), meta
+        self._index = device.index
+        self._current = _current_getter(kernel, device)
+        self._grid3 = (*self.grid, 1, 1)[:3]
+        self._entry = None  # _compile's entry after the first direct-capable call
+
+    def __call__(self, args: tuple) -> None:
+        """Launches with ``args``, the kernel's runtime arguments in order."""
+        current = self._current
+        if current is None or not _DIRECT_OK[0] or not _hooks_off() or self._index != current():
+            _triton_launch(self.kernel, self.grid, args, self.meta)
+            return
+        entry = self._entry
+        if entry is None:
+            self._entry = _compile(self.kernel, self.grid, args, self.meta)
+            return
+        run, head, get_stream, tail, _ = entry
+        g0, g1, g2 = self._grid3
+        try:
+            run(g0, g1, g2, get_stream(self._index), *head, *args, *tail)
+        except TypeError:
+            _fall_back(self.kernel, self.grid, args, self.meta)
+
+
+def rebase(desc, base):
+    """A copy of the host tensor descriptor ``desc`` (Triton's or Gluon's ``TensorDescriptor``) on ``base``, a
+    tensor of desc's dtype, 16-byte aligned, that the same shape, strides and block shape fit: the constructor's
+    checks, which ran on ``desc``, are not repeated (several microseconds of host time per descriptor)."""
+    out = object.__new__(type(desc))
+    out.__dict__.update(desc.__dict__)
+    out.base = base
+    return out
 
 
 class PlanCache(dict):

@@ -51,9 +51,9 @@ the many small programs that keep every SM's loads in flight matter more than te
 
 Backward: the forward writes h (rounded to a's dtype, as eager ``F.gelu(F.linear(x))``
 saves it) when a gradient is needed. ``dh`` = dy * act'(h) (gated: ``dp = dy * act(g)``,
-``dg = dy * p * act'(g)``) is computed in fp32 by PyTorch elementwise ops and rounded to a's
-dtype; then ``da = dh @ b.T``, ``db = a.T @ dh`` run as ``torch.matmul`` (cuBLAS on GPU) and
-``dbias = dh.sum(0)`` in fp32.
+``dg = dy * p * act'(g)``) is computed in fp32 by one elementwise kernel (``epilogue_grad``) and
+rounded to a's dtype; then ``da = dh @ b.T``, ``db = a.T @ dh`` run as ``torch.matmul`` (cuBLAS on
+GPU) and ``dbias = dh.sum(0)`` in fp32.
 """
 
 from __future__ import annotations
@@ -67,10 +67,12 @@ import triton
 import triton.language as tl
 
 from . import matmul_sm90
-from ._dispatch import call_op
+from ._dispatch import call_op, eager_autograd
+from ._fastlaunch import FixedLaunch, PlanCache, meta_items, rebase
 from ._launch import MatmulConfig, config_for, tma_capable
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
 from ._epilogue_math import apply_activation
+from .epilogue_grad import epilogue_grad
 from ._libm import nvidia_approx
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
@@ -506,7 +508,8 @@ def _tma_layout(a: Tensor, b: Tensor, N: int) -> Optional[bool]:
     return None
 
 
-def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, interp) -> None:
+def _tma_plan(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, interp):
+    """``(make, args, fitting key)`` of the TMA kernels (see ``_new_plan``)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -517,41 +520,57 @@ def _launch_tma(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, inter
     else:
         b_desc = TensorDescriptor(b, [K, b.shape[1]], [b.stride(0), 1], [bk, bn])
     y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn // 2 if subtile else bn])
+    for desc in (a_desc, b_desc, y_desc):
+        desc.base = None  # each call's descriptors are these on its own tensors (rebase)
     sub_n = 1 if gated or cfg.stream_k else cfg.sub_n  # the TMA kernel's tiles: sub_n * bn columns
     tiles = cdiv(M, bm) * cdiv(N, sub_n * bn)
-    operands = (a_desc, b_desc, bias.contiguous() if bias is not None else None, y_desc, h)
+    device, n_total = a.device, b.shape[1]
     meta = dict(GATED=gated, ACT=act, B_NK=b_nk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
                 EPILOGUE_SUBTILE=subtile, UPCAST=interp and a.dtype == torch.bfloat16,
-                FAST_MATH=nvidia_approx(a.device, _matmul_tma_kernel), num_warps=cfg.num_warps)
+                FAST_MATH=nvidia_approx(device, _matmul_tma_kernel), num_warps=cfg.num_warps)
     if cfg.stream_k:
         kernel, name = _matmul_streamk_kernel, "streamk"
         progs = min(max(1, cfg.persistent) * num_sms, tiles * cdiv(K, bk))
         nt = 2 * bn if gated else bn
-        work = torch.empty((progs, 2, bm, nt), dtype=torch.float32, device=a.device)
-        arrivals = torch.zeros((tiles,), dtype=torch.int32, device=a.device)
+
+        def scratch():  # per-program fp32 partials, per-tile arrival counts
+            return (torch.empty((progs, 2, bm, nt), dtype=torch.float32, device=device),
+                    torch.zeros((tiles,), dtype=torch.int32, device=device))
     else:
         kernel, name = _matmul_tma_kernel, "tma"
         split = 1 if cfg.persistent else max(1, min(cfg.split_k, cdiv(K, bk)))
         progs = min(cfg.persistent * num_sms, tiles) if cfg.persistent else tiles * split
         ws = bool(cfg.warp_specialize) and not interp
-        work = torch.empty((split, M, b.shape[1]), dtype=torch.float32, device=a.device) if split > 1 else None
-        arrivals = torch.zeros((tiles,), dtype=torch.int32, device=a.device) if split > 1 else None
         meta.update(WARP_SPECIALIZE=ws, FLATTEN=bool(cfg.persistent) and not ws and not interp, SPLIT_K=split,
                     SUB_N=sub_n)
-    _launch_fitting(lambda stages: kernel[(progs,)](
-        *operands, work, arrivals, M, N, K, h.stride(0) if h is not None else 0, progs, **meta, num_stages=stages,
-        **launch_options(kernel, fp_fusion=True),
-    ), (name, cfg, gated, act, b_nk, a.dtype, a.device), cfg)
+
+        def scratch():  # split-K: fp32 partials, per-tile arrival counts
+            if split == 1:
+                return None, None
+            return (torch.empty((split, M, n_total), dtype=torch.float32, device=device),
+                    torch.zeros((tiles,), dtype=torch.int32, device=device))
+    scalars = (M, N, K, h.stride(0) if h is not None else 0, progs)
+
+    def args(a, b, bias, y, h):
+        return (rebase(a_desc, a), rebase(b_desc, b), bias.contiguous() if bias is not None else None,
+                rebase(y_desc, y), h, *scratch(), *scalars)
+
+    def make(stages):
+        return FixedLaunch(kernel, (progs,), meta_items(**meta, num_stages=stages,
+                                                        **launch_options(kernel, fp_fusion=True)), device)
+
+    return make, args, (name, cfg, gated, act, b_nk, a.dtype, device)
 
 
 # The GEMV kernel holds every row of a in one program (BLOCK_M >= M): few rows only.
 GEMV_MAX_M = 8
 
 
-def _launch_gemv(a, b, bias, y, h, M, N, K, gated, act, cfg) -> None:
-    """GEMV kernel launch: one program per BLOCK_N output columns; the config's block_n / block_k apply when b's
-    k stride is the unit one (``W.t()``); for a row-major (K, N) b, columns are the contiguous direction, so the
-    program takes 64 columns and 32-deep k chunks instead (wide loads either way)."""
+def _gemv_plan(a, b, bias, y, h, M, N, K, gated, act, cfg):
+    """``(make, args, None)`` of the GEMV kernel (see ``_new_plan``): one program per BLOCK_N output columns; the
+    config's block_n / block_k apply when b's k stride is the unit one (``W.t()``); for a row-major (K, N) b,
+    columns are the contiguous direction, so the program takes 64 columns and 32-deep k chunks instead (wide loads
+    either way)."""
     bn, bk = cfg.block_n, cfg.block_k
     if b.stride(1) == 1 and b.stride(0) != 1 and N > 1:  # (K, N) row-major: contiguous along n
         bn, bk = 64, 32
@@ -559,13 +578,37 @@ def _launch_gemv(a, b, bias, y, h, M, N, K, gated, act, cfg) -> None:
     bk = max(16, min(bk, next_power_of_2(K)))
     bm = next_power_of_2(M)
     grid = (cdiv(N, bn), cdiv(M, bm))
-    _gemv_kernel[grid](
-        a, b, bias.contiguous() if bias is not None else None, y, h,
-        M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0), h.stride(0) if h is not None else 0,
-        GATED=gated, ACT=act, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
-        FAST_MATH=nvidia_approx(a.device, _gemv_kernel), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **launch_options(_gemv_kernel, fp_fusion=True),
-    )
+    meta = meta_items(GATED=gated, ACT=act, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
+                      FAST_MATH=nvidia_approx(a.device, _gemv_kernel), num_warps=cfg.num_warps,
+                      num_stages=cfg.num_stages, **launch_options(_gemv_kernel, fp_fusion=True))
+    scalars = (M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0),
+               h.stride(0) if h is not None else 0)
+    launch = FixedLaunch(_gemv_kernel, grid, meta, a.device)
+
+    def args(a, b, bias, y, h):
+        return (a, b, bias.contiguous() if bias is not None else None, y, h, *scalars)
+
+    return (lambda stages: launch), args, None
+
+
+def _pointer_plan(a, b, bias, y, h, M, N, K, gated, act, cfg):
+    """``(make, args, fitting key)`` of the pointer kernel (see ``_new_plan``)."""
+    grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
+    meta = dict(GATED=gated, ACT=act, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                GROUP_M=cfg.group_m, UPCAST=is_interpreter(_matmul_fwd_kernel) and a.dtype == torch.bfloat16,
+                FAST_MATH=nvidia_approx(a.device, _matmul_fwd_kernel), num_warps=cfg.num_warps,
+                **launch_options(_matmul_fwd_kernel, fp_fusion=True))
+    scalars = (M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0),
+               h.stride(0) if h is not None else 0)
+    device = a.device
+
+    def args(a, b, bias, y, h):
+        return (a, b, bias.contiguous() if bias is not None else None, y, h, *scalars)
+
+    def make(stages):
+        return FixedLaunch(_matmul_fwd_kernel, grid, meta_items(**meta, num_stages=stages), device)
+
+    return make, args, ("ptr", cfg, gated, act, a.dtype, device)
 
 
 # (kernel, config, epilogue, dtype, device) -> num_stages that fit in shared memory
@@ -595,46 +638,97 @@ def _launch_fitting(launch, key, cfg: MatmulConfig) -> None:
         return
 
 
-def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], save_h: bool,
-                     config: Optional[List[int]]) -> Tuple[Tensor, Tensor]:
-    """(y, h): y (M, N_out) contiguous in a's dtype; h (M, N_total) when ``save_h`` else an empty (0,) tensor."""
+def _new_plan(a, b, bias, activation, save_h, config, y, h):
+    """Picks the kernel and config of this call signature, launches the call and returns the signature's plan: a
+    function of ``(a, b, bias, y, h or None)`` that launches a call the same way. A path's builder gives
+    ``(make, args, fitting key)``: ``make(num_stages)`` is the launch (a ``FixedLaunch``), ``args(a, b, bias, y, h)``
+    a call's kernel arguments (its own tensor descriptors and scratch buffers); with a fitting key, the first launch
+    lowers the stages until the pipeline fits shared memory (``_launch_fitting``)."""
     act, gated = ACTIVATIONS[activation]
     M, K = a.shape
-    n_total = b.shape[1]
-    N = n_total // 2 if gated else n_total
-    y = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    h = torch.empty((M, n_total) if save_h else (0,), dtype=a.dtype, device=a.device)
-    if M == 0 or N == 0:
-        return y, h
+    N = y.shape[1]
     check_launch_device(a, _matmul_fwd_kernel)
     cfg = (MatmulConfig.from_list(config) if config
            else config_for(M, N, K, a.device, gated, a.element_size(), activation))
+    h = h if save_h else None
+    built = None
     if cfg.gemv:
         if M <= GEMV_MAX_M and K > 0:
-            _launch_gemv(a, b, bias, y, h if save_h else None, M, N, K, gated, act, cfg)
-            return y, h
-        # too many rows for the GEMV kernel: the tensor-core kernels with tiles no smaller than tl.dot allows
-        cfg = dataclasses.replace(cfg, gemv=0, block_m=max(16, cfg.block_m), block_n=max(16, cfg.block_n))
-    if cfg.gluon and not gated and not save_h and matmul_sm90.eligible(a, b, y, activation, cfg):
-        matmul_sm90.forward(a, b, bias, activation, y, cfg)
-        return y, h
-    if cfg.tma and K > 0:
+            built = _gemv_plan(a, b, bias, y, h, M, N, K, gated, act, cfg)
+        else:  # too many rows for the GEMV kernel: the tensor-core kernels with tiles no smaller than tl.dot allows
+            cfg = dataclasses.replace(cfg, gemv=0, block_m=max(16, cfg.block_m), block_n=max(16, cfg.block_n))
+    if built is None and cfg.gluon and not gated and h is None and matmul_sm90.eligible(a, b, y, activation, cfg):
+        launch, gluon_args = matmul_sm90.plan(a, b, bias, activation, y, cfg)
+        built = (lambda stages: launch), (lambda a, b, bias, y, h: gluon_args(a, b, bias, y)), None
+    if built is None and cfg.tma and K > 0:
         interp = is_interpreter(_matmul_tma_kernel)
         capable, num_sms = (True, 4) if interp else tma_capable(a.device)
         b_nk = _tma_layout(a, b, N) if capable else None
         if b_nk is not None:
-            _launch_tma(a, b, bias, y, h if save_h else None, M, N, K, gated, act, b_nk, cfg, num_sms, interp)
-            return y, h
-    grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
-    _launch_fitting(lambda stages: _matmul_fwd_kernel[grid](
-        a, b, bias.contiguous() if bias is not None else None, y, h if save_h else None,
-        M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0), h.stride(0) if save_h else 0,
-        GATED=gated, ACT=act, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        UPCAST=is_interpreter(_matmul_fwd_kernel) and a.dtype == torch.bfloat16,
-        FAST_MATH=nvidia_approx(a.device, _matmul_fwd_kernel), num_warps=cfg.num_warps,
-        num_stages=stages, **launch_options(_matmul_fwd_kernel, fp_fusion=True),
-    ), ("ptr", cfg, gated, act, a.dtype, a.device), cfg)
+            built = _tma_plan(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, interp)
+    if built is None:
+        built = _pointer_plan(a, b, bias, y, h, M, N, K, gated, act, cfg)
+    make, args, fit_key = built
+    fitted = []
+
+    def first(stages):
+        launch = make(stages)
+        launch(args(a, b, bias, y, h))
+        fitted.append(launch)
+
+    if fit_key is None:
+        first(cfg.num_stages)
+    else:
+        _launch_fitting(first, fit_key, cfg)
+    launch = fitted[-1]
+    return lambda a, b, bias, y, h: launch(args(a, b, bias, y, h))
+
+
+# a call signature (every property of the arguments but their data: see ``_plan_key``) -> its plan (``_new_plan``)
+_PLANS = PlanCache()
+
+
+def _plan_key(a: Tensor, b: Tensor, bias: Optional[Tensor], activation, save_h: bool, config) -> tuple:
+    """What the kernel, config and launch of a call depend on: shapes, strides, dtypes, device, whether a, b and
+    bias start on 16 bytes (TMA, and Triton's pointer specialisation), activation, save_h, config. y and h are
+    new allocations, which start on 16 bytes on every device's allocator."""
+    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, not a.data_ptr() & 15,
+            not b.data_ptr() & 15,
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device, not bias.data_ptr() & 15),
+            activation, save_h, None if config is None else tuple(config))
+
+
+def _matmul_forward(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], save_h: bool,
+                    config: Optional[List[int]], placeholder: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """(y, h): y (M, N_out) contiguous in a's dtype; h (M, N_total) when ``save_h``, else an empty (0,) tensor
+    (``placeholder``: the op's output) or None. Each call signature picks its kernel and config once
+    (``_new_plan``); its later calls launch from the plan."""
+    gated = ACTIVATIONS[activation][1]
+    M = a.shape[0]
+    n_total = b.shape[1]
+    N = n_total // 2 if gated else n_total
+    y = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    h = torch.empty((M, n_total) if save_h else (0,), dtype=a.dtype, device=a.device) if save_h or placeholder else None
+    if M == 0 or N == 0:
+        return y, h
+    key = _plan_key(a, b, bias, activation, save_h, config)
+    plan = _PLANS.get(key)
+    if plan is None:
+        _PLANS.add(key, _new_plan(a, b, bias, activation, save_h, config, y, h))
+    else:
+        plan(a, b, bias, y, h if save_h else None)
     return y, h
+
+
+def _matmul_fwd_impl(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], save_h: bool,
+                     config: Optional[List[int]]) -> Tuple[Tensor, Tensor]:
+    """The op: (y, h), h an empty (0,) tensor unless ``save_h`` (see ``_matmul_forward``)."""
+    return _matmul_forward(a, b, bias, activation, save_h, config, True)
+
+
+def _matmul_infer(a, b, bias, activation, save_h, config) -> Tuple[Tensor, Optional[Tensor]]:
+    """Plain eager inference (``call_op``'s ``infer``): no placeholder h is allocated."""
+    return _matmul_forward(a, b, bias, activation, save_h, config, False)
 
 
 _matmul_fwd = torch.library.custom_op(add_op_namespace_prefix("matmul_fwd"), _matmul_fwd_impl, mutates_args=())
@@ -649,38 +743,6 @@ def _(a, b, bias, activation, save_h, config):
     return y, h
 
 
-def _act_and_grad(x: Tensor, activation: str) -> Tuple[Tensor, Tensor]:
-    """(act(x), act'(x)) in fp32 for the base activation of ``activation``."""
-    if activation in ("gelu", "geglu"):
-        cdf = 0.5 * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
-        return x * cdf, cdf + x * torch.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
-    if activation == "gelu_tanh":
-        k0, k1 = math.sqrt(2.0 / math.pi), 0.044715
-        t = torch.tanh(k0 * (x + k1 * x * x * x))
-        return 0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k0 * (1.0 + 3.0 * k1 * x * x)
-    if activation in ("silu", "swiglu"):
-        s = torch.sigmoid(x)
-        return x * s, s * (1.0 + x * (1.0 - s))
-    if activation == "relu":
-        return x.clamp_min(0.0), (x > 0).to(x.dtype)
-    raise AssertionError(activation)
-
-
-def _epilogue_grad(dy: Tensor, h: Tensor, activation: Optional[str]) -> Tensor:
-    """dL/dh from dL/dy (fp32 math, rounded to h's dtype)."""
-    if activation is None:
-        return dy
-    gated = ACTIVATIONS[activation][1]
-    dyf, hf = dy.float(), h.float()
-    if gated:
-        p, g = hf.chunk(2, dim=-1)
-        act, dact = _act_and_grad(g, activation)
-        dh = torch.cat([dyf * act, dyf * p * dact], dim=-1)
-    else:
-        dh = dyf * _act_and_grad(hf, activation)[1]
-    return dh.to(h.dtype)
-
-
 def _setup_context(ctx, inputs, output):
     a, b, bias, activation, save_h, config = inputs
     _, h = output
@@ -689,18 +751,28 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(a, b, h if activation is not None else None)
 
 
+def _product_like(operand: Tensor, left: Tensor, right: Tensor) -> Tensor:
+    """``left @ right``, the gradient of ``operand``, laid out as ``operand`` is: column-major for a transposed
+    operand such as b = W.t(), so that W's gradient comes out contiguous (autograd's AccumulateGrad would otherwise
+    copy it into the parameter's layout: a transposing copy of the whole weight, slower than the GEMM itself)."""
+    if operand.stride(0) == 1 and operand.stride(1) != 1:
+        return (right.t() @ left.t()).t()
+    return left @ right
+
+
 def _backward(ctx, dy, _dh_unused):
     a, b, h = ctx.saved_tensors
     if ctx.activation is not None and h.dim() != 2:
         raise RuntimeError("matmul: the pre-activation was not saved (the forward ran without grad mode)")
-    dh = _epilogue_grad(dy, h, ctx.activation).to(a.dtype)
-    da = dh @ b.t() if ctx.needs_input_grad[0] else None
-    db = a.t() @ dh if ctx.needs_input_grad[1] else None
-    dbias = dh.float().sum(0).to(a.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    dh = dy.to(a.dtype) if ctx.activation is None else epilogue_grad(dy.to(a.dtype), h, ctx.activation)
+    da = _product_like(a, dh, b.t()) if ctx.needs_input_grad[0] else None
+    db = _product_like(b, a.t(), dh) if ctx.needs_input_grad[1] else None
+    dbias = dh.sum(0, dtype=torch.float32).to(a.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
     return da, db, dbias, None, None, None
 
 
 _matmul_fwd.register_autograd(_backward, setup_context=_setup_context)
+_MATMUL_AUTOGRAD = eager_autograd(_matmul_fwd_impl, _setup_context, _backward)
 
 
 def _check(a, b, bias, activation) -> None:
@@ -774,7 +846,7 @@ def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, activation: Opti
     Performance: one launch (plus a small zeroing one for split-K and stream-K configs); on NVIDIA sm_90+
     with aligned fp16/bf16 operands the TMA kernel (see the module docstring), elsewhere the pointer kernel
     with grid = ceil(M / BLOCK_M) * ceil(N_out / BLOCK_N); few-row calls with a GEMV config the GEMV kernel
-    with ceil(N_out / BLOCK_N) programs. Backward: one elementwise pass for dh plus two
+    with ceil(N_out / BLOCK_N) programs. Backward: one elementwise kernel for dh (with an activation) plus two
     ``torch.matmul`` calls (dgrad, wgrad).
     """
     _check(a, b, bias, activation)
@@ -782,11 +854,10 @@ def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, activation: Opti
         if not isinstance(config, MatmulConfig):
             raise TypeError(f"config must be a MatmulConfig or None, got {type(config).__name__}")
         config.check()
-    K = a.shape[-1]
-    lead = a.shape[:-1]
-    a2 = a.reshape(math.prod(lead), K)
+    flat = a.dim() == 2
+    a2 = a if flat else a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias))
     save_h = activation is not None and grad
     y, _ = call_op(_matmul_fwd, _matmul_fwd_impl, a2, b, bias, activation, save_h,
-                   config.as_list() if config is not None else None)
-    return y.reshape(*lead, y.shape[-1])
+                   config.as_list() if config is not None else None, autograd=_MATMUL_AUTOGRAD, infer=_matmul_infer)
+    return y if flat else y.reshape(*a.shape[:-1], y.shape[-1])

@@ -18,9 +18,10 @@ Layout (the warp-specialised Hopper GEMM of CUTLASS 3 and FlashAttention-3, Shah
 Why Gluon: Triton's ``tl`` kernels (``matmul._matmul_tma_kernel``) cannot overlap one tile's epilogue with another
 tile's MMAs in a warpgroup of their own, and cannot give the producer its own warp with few registers.
 
-Used by ``matmul._matmul_fwd_impl`` for configs with ``gluon`` 1 (cooperative) or 2 (ping-pong) where ``eligible``
-holds (capability 9.0 exactly, fp16/bf16, b read as a K-major (N, K) matrix, TMA-aligned strides, a non-gated
-activation) and no pre-activation is saved for a backward; every other call keeps the ``tl`` kernels.
+Used by ``matmul._matmul_forward`` (a ``plan`` per call signature) for configs with ``gluon`` 1 (cooperative) or 2
+(ping-pong) where ``eligible`` holds (capability 9.0 exactly, fp16/bf16, b read as a K-major (N, K) matrix,
+TMA-aligned strides, a non-gated activation) and no pre-activation is saved for a backward; every other call keeps
+the ``tl`` kernels.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 
 from ._device import launch_options
 from ._epilogue_math import apply_activation
+from ._fastlaunch import FixedLaunch, meta_items, rebase
 from ._gluon import AVAILABLE, capability_90
 from ._launch import tma_capable
 
@@ -230,12 +232,10 @@ def fitting_stages(cfg, itemsize: int = 2) -> int:
     return stages if stages >= 2 else 0
 
 
-@functools.lru_cache(maxsize=1024)
 def _stages(cfg, itemsize: int) -> int:
-    """The ring depth ``forward`` runs ``cfg`` with (``fitting_stages``), 0 for tiles this kernel does not take: 64
+    """The ring depth ``plan`` runs ``cfg`` with (``fitting_stages``), 0 for tiles this kernel does not take: 64
     or 128 rows per consumer, block_n and block_k powers of two in 16 ... 256 and >= 16, at most 128 x 128
-    accumulators per consumer (a 128 x 256 one spills thousands of registers), at least two stages. Cached: it runs
-    on every call."""
+    accumulators per consumer (a 128 x 256 one spills thousands of registers), at least two stages."""
     rows, bn, bk = _rows(cfg), cfg.block_n, cfg.block_k
     ok = (cfg.gluon in (1, 2) and rows in (64, 128) and 16 <= bn <= 256 and not bn & (bn - 1) and bk >= 16
           and not bk & (bk - 1) and rows * bn <= 128 * 128)
@@ -243,7 +243,7 @@ def _stages(cfg, itemsize: int) -> int:
 
 
 def eligible(a: Tensor, b: Tensor, y: Tensor, activation: Optional[str], cfg) -> bool:
-    """Whether ``forward`` runs y = act(a @ b + bias) with ``cfg`` (a ``MatmulConfig`` with ``gluon`` 1 or 2):
+    """Whether a ``plan`` runs y = act(a @ b + bias) with ``cfg`` (a ``MatmulConfig`` with ``gluon`` 1 or 2):
     Gluon available, capability 9.0 exactly (wgmma), fp16/bf16, b = w.T with w (N, K) K-major, TMA-aligned a, w and
     y, a non-gated activation, and tiles this kernel takes (``_stages``)."""
     return (AVAILABLE and activation in ACTIVATION_IDS and a.dtype in (torch.float16, torch.bfloat16)
@@ -251,9 +251,11 @@ def eligible(a: Tensor, b: Tensor, y: Tensor, activation: Optional[str], cfg) ->
             and capability_90(a.device) and _aligned(a) and _aligned(b.t()) and _aligned(y))
 
 
-def forward(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], y: Tensor, cfg) -> None:
-    """Writes ``y`` (M, N) = act(a @ b + bias) for a (M, K), b (K, N) = w.T and bias (N,) or None, with the tiles
-    of ``cfg`` (see ``eligible``, which must hold)."""
+def plan(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], y: Tensor, cfg):
+    """The launch of y = act(a @ b + bias) for a (M, K), b (K, N) = w.T and bias (N,) or None with the tiles of
+    ``cfg`` (see ``eligible``, which must hold), for every call of this signature (shapes, strides, dtypes, device,
+    16-byte alignment, bias or none): ``(launch, args)``, where ``launch(args(a, b, bias, y))`` runs one call.
+    The plan keeps no tensor of this call."""
     M, K = a.shape
     N = b.shape[1]
     w = b.t()
@@ -261,11 +263,18 @@ def forward(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[s
     a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [bm, bk], tile_layout(bm, bk, a.dtype))
     b_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [bn, bk], tile_layout(bn, bk, a.dtype))
     c_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [rows, bn], tile_layout(rows, bn, a.dtype))
+    for desc in (a_desc, b_desc, c_desc):
+        desc.base = None  # each call's descriptors are these on its own tensors (rebase)
     tiles = -(-M // bm) * -(-N // bn)
     grid = (min(tiles, tma_capable(a.device)[1]),)  # one program per SM at most
-    _matmul_sm90_kernel[grid](
-        a_desc, b_desc, c_desc, bias.contiguous() if bias is not None else y, M, N, K, cfg.group_m,
-        ACT=ACTIVATION_IDS[activation], HAS_BIAS=bias is not None, STAGES=_stages(cfg, a.element_size()),
-        CONSUMER_REGS=CONSUMER_REGS, num_warps=4, maxnreg=MAXNREG,
-        **launch_options(_matmul_sm90_kernel, fp_fusion=True),
-    )
+    meta = meta_items(ACT=ACTIVATION_IDS[activation], HAS_BIAS=bias is not None,
+                      STAGES=_stages(cfg, a.element_size()), CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
+                      maxnreg=MAXNREG, **launch_options(_matmul_sm90_kernel, fp_fusion=True))
+    group_m = cfg.group_m
+
+    def args(a, b, bias, y):
+        # no bias: y stands in for the pointer the kernel never reads
+        return (rebase(a_desc, a), rebase(b_desc, b.t()), rebase(c_desc, y),
+                y if bias is None else bias.contiguous(), M, N, K, group_m)
+
+    return FixedLaunch(_matmul_sm90_kernel, grid, meta, a.device), args
