@@ -596,8 +596,7 @@ def _pointer_plan(a, b, bias, y, h, M, N, K, gated, act, cfg):
     grid = (cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n),)
     meta = dict(GATED=gated, ACT=act, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                 GROUP_M=cfg.group_m, UPCAST=is_interpreter(_matmul_fwd_kernel) and a.dtype == torch.bfloat16,
-                FAST_MATH=nvidia_approx(a.device, _matmul_fwd_kernel), num_warps=cfg.num_warps,
-                **launch_options(_matmul_fwd_kernel, fp_fusion=True))
+                FAST_MATH=nvidia_approx(a.device, _matmul_fwd_kernel), num_warps=cfg.num_warps)
     scalars = (M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), y.stride(0),
                h.stride(0) if h is not None else 0)
     device = a.device
@@ -606,7 +605,9 @@ def _pointer_plan(a, b, bias, y, h, M, N, K, gated, act, cfg):
         return (a, b, bias.contiguous() if bias is not None else None, y, h, *scalars)
 
     def make(stages):
-        return FixedLaunch(_matmul_fwd_kernel, grid, meta_items(**meta, num_stages=stages), device)
+        return FixedLaunch(_matmul_fwd_kernel, grid, meta_items(**meta, num_stages=stages,
+                                                                **launch_options(_matmul_fwd_kernel, fp_fusion=True)),
+                           device)
 
     return make, args, ("ptr", cfg, gated, act, a.dtype, device)
 
