@@ -146,6 +146,17 @@ def _compile(kernel, grid, args: tuple, meta: tuple, fixed: tuple = ()):
     return (*_bind(compiled), driver.active.get_current_stream, (*fixed, *tail), compiled)
 
 
+def _direct_run(entry, grid3: tuple, index, args: tuple) -> bool:
+    """Launches ``args`` with a plan's entry (``_compile``) on the current stream of device ``index``; False,
+    launching nothing, where the launcher rejects the call (another calling convention: the caller falls back)."""
+    run, head, get_stream, tail, _ = entry
+    try:
+        run(*grid3, get_stream(index), *head, *args, *tail)
+    except TypeError:
+        return False
+    return True
+
+
 def _current_getter(kernel, device: torch.device):
     """The function a plan on ``device`` asks for the current device's index, or None where it never launches
     directly (the interpreter, CPU tensors, a Triton without launch hooks)."""
@@ -245,11 +256,7 @@ class Launch:
                 self._dtypes = dtypes if self._dtypes in (None, dtypes) else False
                 self._by_address[tuple([None if k is None else k[1] for k in key])] = entry
             return
-        run, head, get_stream, rest, _ = entry
-        g0, g1, g2 = self._grid3
-        try:
-            run(g0, g1, g2, get_stream(self._index), *head, *ptrs, *rest)
-        except TypeError:
+        if not _direct_run(entry, self._grid3, self._index, ptrs):
             _fall_back(self.kernel, self.grid, (*ptrs, *self.fixed), self.meta)
 
     def at(self, addrs: tuple) -> bool:
@@ -264,11 +271,7 @@ class Launch:
         entry = self._by_address.get(tuple([None if a is None else not a & 15 for a in addrs]))
         if entry is None:
             return False
-        run, head, get_stream, rest, _ = entry
-        g0, g1, g2 = self._grid3
-        try:
-            run(g0, g1, g2, get_stream(self._index), *head, *addrs, *rest)
-        except TypeError:  # a launcher that takes only tensors: tensors from now on
+        if not _direct_run(entry, self._grid3, self._index, addrs):  # a launcher that takes only tensors
             _ADDRESSES_OK[0] = False
             return False
         return True
@@ -310,11 +313,7 @@ class FixedLaunch:
         if entry is None:
             self._entry = _compile(self.kernel, self.grid, args, self.meta)
             return
-        run, head, get_stream, tail, _ = entry
-        g0, g1, g2 = self._grid3
-        try:
-            run(g0, g1, g2, get_stream(self._index), *head, *args, *tail)
-        except TypeError:
+        if not _direct_run(entry, self._grid3, self._index, args):
             _fall_back(self.kernel, self.grid, args, self.meta)
 
 

@@ -8,8 +8,22 @@ import triton
 import triton.language as tl
 
 from ._libm import ex2_approx_ftz, rcp_approx_ftz
+from ._rounding import round_to
 
-__all__ = ["activation_and_grad", "apply_activation"]
+__all__ = ["ACTIVATIONS", "activation_and_grad", "apply_activation", "store_rounded"]
+
+# ``matmul``'s activation name -> (ACT id of the functions below, gated)
+ACTIVATIONS = {
+    None: (0, False), "gelu": (1, False), "gelu_tanh": (2, False), "silu": (3, False), "relu": (4, False),
+    "geglu": (1, True), "swiglu": (3, True),
+}
+
+
+@triton.jit
+def store_rounded(ptr, value, mask):
+    """Stores fp32 ``value`` at ``ptr`` rounded once (nearest even) to the pointer's dtype."""
+    DTYPE: tl.constexpr = ptr.dtype.element_ty
+    tl.store(ptr, round_to(value, DTYPE).to(DTYPE), mask=mask)
 
 
 @triton.jit

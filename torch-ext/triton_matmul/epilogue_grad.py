@@ -21,26 +21,16 @@ import triton.language as tl
 
 from ._device import check_launch_device, launch_options, next_power_of_2
 from ._dispatch import call_op
-from ._epilogue_math import activation_and_grad
+from ._epilogue_math import ACTIVATIONS, activation_and_grad, store_rounded
 from ._fastlaunch import launch, meta_items
 from ._libm import nvidia_approx
 from ._ops import add_op_namespace_prefix
-from ._rounding import round_to
 
 Tensor = torch.Tensor
 
 __all__ = ["epilogue_grad"]
 
-# activation name -> (ACT id of activation_and_grad, gated)
-_ACTS = {"gelu": (1, False), "gelu_tanh": (2, False), "silu": (3, False), "relu": (4, False),
-         "geglu": (1, True), "swiglu": (3, True)}
 BLOCK_MAX = 1024
-
-
-@triton.jit
-def _store(ptr, value, mask):
-    DTYPE: tl.constexpr = ptr.dtype.element_ty
-    tl.store(ptr, round_to(value, DTYPE).to(DTYPE), mask=mask)
 
 
 @triton.jit
@@ -60,11 +50,11 @@ def _epilogue_grad_kernel(dy_ptr, h_ptr, dh_ptr, N, blocks_n, stride_dym, stride
         p = tl.load(h_cols, mask=mask, other=0.0).to(tl.float32)
         g = tl.load(h_cols + N * stride_hn, mask=mask, other=0.0).to(tl.float32)
         act, dact = activation_and_grad(g, ACT, FAST_MATH)
-        _store(dh_row + cols, dy * act, mask)
-        _store(dh_row + N + cols, dy * p * dact, mask)
+        store_rounded(dh_row + cols, dy * act, mask)
+        store_rounded(dh_row + N + cols, dy * p * dact, mask)
     else:
         _, dact = activation_and_grad(tl.load(h_cols, mask=mask, other=0.0).to(tl.float32), ACT, FAST_MATH)
-        _store(dh_row + cols, dy * dact, mask)
+        store_rounded(dh_row + cols, dy * dact, mask)
 
 
 def _epilogue_grad_impl(dy: Tensor, h: Tensor, activation: str) -> Tensor:
@@ -73,7 +63,7 @@ def _epilogue_grad_impl(dy: Tensor, h: Tensor, activation: str) -> Tensor:
     if dh.numel() == 0:
         return dh
     check_launch_device(h, _epilogue_grad_kernel)
-    act, gated = _ACTS[activation]
+    act, gated = ACTIVATIONS[activation]
     block = min(BLOCK_MAX, next_power_of_2(N))
     blocks = -(-N // block)
     meta = meta_items(GATED=gated, ACT=act, BLOCK_N=block, FAST_MATH=nvidia_approx(h.device, _epilogue_grad_kernel),

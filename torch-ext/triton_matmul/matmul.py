@@ -71,7 +71,7 @@ from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import FixedLaunch, PlanCache, meta_items, rebase
 from ._launch import MatmulConfig, config_for, tma_capable
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
-from ._epilogue_math import apply_activation
+from ._epilogue_math import ACTIVATIONS, apply_activation, store_rounded
 from .epilogue_grad import epilogue_grad
 from ._libm import nvidia_approx
 from ._ops import add_op_namespace_prefix
@@ -80,17 +80,6 @@ from ._rounding import round_to
 Tensor = torch.Tensor
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# activation name -> (ACT id of the kernel, gated)
-ACTIVATIONS = {
-    None: (0, False), "gelu": (1, False), "gelu_tanh": (2, False), "silu": (3, False), "relu": (4, False),
-    "geglu": (1, True), "swiglu": (3, True),
-}
-
-
-@triton.jit
-def _store(ptr, value, mask):
-    DTYPE: tl.constexpr = ptr.dtype.element_ty
-    tl.store(ptr, round_to(value, DTYPE).to(DTYPE), mask=mask)
 
 
 @triton.jit
@@ -106,9 +95,9 @@ def _epilogue(acc, acc_g, bias_ptr, h_ptr, offs_m, offs_n, M, N, stride_hm,
     if h_ptr is not None:
         rows = offs_m[:, None].to(tl.int64)
         mask = (offs_m < M)[:, None] & mask_n[None, :]
-        _store(h_ptr + rows * stride_hm + offs_n[None, :], acc, mask)
+        store_rounded(h_ptr + rows * stride_hm + offs_n[None, :], acc, mask)
         if GATED:
-            _store(h_ptr + rows * stride_hm + N + offs_n[None, :], acc_g, mask)
+            store_rounded(h_ptr + rows * stride_hm + N + offs_n[None, :], acc_g, mask)
     if GATED:
         y = acc * apply_activation(acc_g, ACT, FAST_MATH)
     else:
@@ -181,7 +170,7 @@ def _matmul_fwd_kernel(
 
     # epilogue, all fp32: bias, (save h), activation, one rounding on the store
     y = _epilogue(acc, acc_g, bias_ptr, h_ptr, offs_m, offs_n, M, N, stride_hm, GATED, ACT, FAST_MATH)
-    _store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask_m[:, None] & mask_n[None, :])
+    store_rounded(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask_m[:, None] & mask_n[None, :])
 
 
 @triton.jit
@@ -227,7 +216,7 @@ def _gemv_kernel(
         b_ptrs += BLOCK_K * stride_bk
     y = _epilogue(tl.sum(acc, axis=2), tl.sum(acc_g, axis=2), bias_ptr, h_ptr, offs_m, offs_n, M, N, stride_hm,
                   GATED, ACT, FAST_MATH)
-    _store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask_m[:, None] & mask_n[None, :])
+    store_rounded(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask_m[:, None] & mask_n[None, :])
 
 
 @triton.jit
