@@ -543,6 +543,31 @@ def test_epilogue_grad(matmul, activation, dtype):
         assert (diff <= tol).all(), f"worst {diff.max().item():.3g}"
 
 
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu", "relu", "geglu", "swiglu"])
+def test_double_backward(matmul, activation):
+    # create_graph=True through an activated matmul (a gradient penalty): the second-order gradients of a, b and
+    # bias, through the dh kernel's own autograd formula, against fp64 autograd through the reference
+    torch.manual_seed(21)
+    width = 20 if activation in GATED else 10
+    a, b, bias = rand(7, 13, dtype=torch.float32), rand(13, width, dtype=torch.float32, scale=0.5), rand(
+        width, dtype=torch.float32)
+    dy, v = rand(7, 10, dtype=torch.float32), rand(7, 13, dtype=torch.float32)
+
+    def second_order(fn, tensors):
+        ins = [t.detach().clone().requires_grad_() for t in tensors]
+        (ga,) = torch.autograd.grad(fn(*ins), ins[0], dy.to(ins[0].dtype), create_graph=True)
+        return torch.autograd.grad((ga * v.to(ga.dtype)).sum(), ins, allow_unused=True)
+
+    got = second_order(lambda a, b, bias: matmul.matmul(a, b, bias, activation), (a, b, bias))
+    want = second_order(lambda a, b, bias: ref(a, b, bias, activation), (a.double(), b.double(), bias.double()))
+    rtol = 1e-4 if DEVICE == "cpu" else 5e-3
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None or not g.any()
+            continue
+        torch.testing.assert_close(g.double(), w, rtol=rtol, atol=rtol * w.abs().max().item())
+
+
 def test_weight_grad_layout(matmul):
     # the gradient of an nn.Linear weight read as b = W.t() comes out in W's own layout (contiguous), as F.linear's:
     # no transposing copy by autograd; a row-major (K, N) b gets a row-major gradient; values as fp64

@@ -10,10 +10,14 @@ computes the same from its own rounded h (``F.gelu``'s backward, ``silu_backward
 
 Kernel: one program per ``BLOCK_N`` columns of one row: reads dy once (any strides, a broadcast dy included) and h
 once, writes dh once: 2 + 2 (+ 2 gated) bytes per output in bf16, where the same chain of PyTorch elementwise ops
-made about ten passes over fp32 copies.
+made about ten passes over fp32 copies. A double backward (``create_graph=True``) differentiates the same math
+written as PyTorch ops (``_double_backward``).
 """
 
 from __future__ import annotations
+
+import math
+from typing import Tuple
 
 import torch
 import triton
@@ -80,6 +84,47 @@ _epilogue_grad_op = torch.library.custom_op(add_op_namespace_prefix("matmul_epil
 @_epilogue_grad_op.register_fake
 def _(dy, h, activation):
     return torch.empty_like(h, memory_format=torch.contiguous_format)
+
+
+def _act_and_grad(x: Tensor, activation: str) -> Tuple[Tensor, Tensor]:
+    """(act(x), act'(x)) for the base activation of ``activation`` as differentiable PyTorch ops."""
+    if activation in ("gelu", "geglu"):
+        cdf = 0.5 * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+        return x * cdf, cdf + x * torch.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+    if activation == "gelu_tanh":
+        k0, k1 = math.sqrt(2.0 / math.pi), 0.044715
+        t = torch.tanh(k0 * (x + k1 * x * x * x))
+        return 0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k0 * (1.0 + 3.0 * k1 * x * x)
+    if activation in ("silu", "swiglu"):
+        s = torch.sigmoid(x)
+        return x * s, s * (1.0 + x * (1.0 - s))
+    return x.clamp_min(0.0), (x > 0).to(x.dtype)  # relu: its second derivative is 0 wherever it exists
+
+
+def _setup_context(ctx, inputs, output):
+    dy, h, activation = inputs
+    ctx.activation = activation
+    ctx.save_for_backward(dy, h)
+
+
+def _double_backward(ctx, ddh):
+    """The gradients of dh with respect to dy and h (a double backward through ``matmul``), from the same math in
+    fp32 PyTorch ops differentiated by autograd (not itself differentiable again)."""
+    dy, h = ctx.saved_tensors
+    with torch.enable_grad():
+        dyf, hf = dy.detach().float().requires_grad_(), h.detach().float().requires_grad_()
+        if ACTIVATIONS[ctx.activation][1]:
+            p, g = hf.chunk(2, dim=-1)
+            act, dact = _act_and_grad(g, ctx.activation)
+            dh = torch.cat([dyf * act, dyf * p * dact], dim=-1)
+        else:
+            dh = dyf * _act_and_grad(hf, ctx.activation)[1]
+        ddy, dh_of_h = torch.autograd.grad(dh, (dyf, hf), ddh.float(), allow_unused=True)
+    zeros = torch.zeros_like
+    return (zeros(dy) if ddy is None else ddy.to(dy.dtype)), (zeros(h) if dh_of_h is None else dh_of_h.to(h.dtype)), None
+
+
+_epilogue_grad_op.register_autograd(_double_backward, setup_context=_setup_context)
 
 
 def epilogue_grad(dy: Tensor, h: Tensor, activation: str) -> Tensor:

@@ -739,6 +739,7 @@ def _setup_context(ctx, inputs, output):
     ctx.activation = activation
     ctx.has_bias = bias is not None
     ctx.save_for_backward(a, b, h if activation is not None else None)
+    ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not as a tensor of zeros
 
 
 def _product_like(operand: Tensor, left: Tensor, right: Tensor) -> Tensor:
@@ -750,11 +751,20 @@ def _product_like(operand: Tensor, left: Tensor, right: Tensor) -> Tensor:
     return left @ right
 
 
-def _backward(ctx, dy, _dh_unused):
+def _backward(ctx, dy, dh_out):
+    """Gradients of a, b and bias from those of y (``dy``) and of the saved pre-activation output h (``dh_out``:
+    None in a plain backward, which never uses h; a double backward differentiates through h): both reach the
+    pre-activation, dh = dy * act'(h) + dh_out."""
     a, b, h = ctx.saved_tensors
     if ctx.activation is not None and h.dim() != 2:
         raise RuntimeError("matmul: the pre-activation was not saved (the forward ran without grad mode)")
-    dh = dy.to(a.dtype) if ctx.activation is None else epilogue_grad(dy.to(a.dtype), h, ctx.activation)
+    dh = None
+    if dy is not None:
+        dh = dy.to(a.dtype) if ctx.activation is None else epilogue_grad(dy.to(a.dtype), h, ctx.activation)
+    if dh_out is not None and ctx.activation is not None:
+        dh = dh_out.to(a.dtype) if dh is None else dh + dh_out
+    if dh is None:
+        return None, None, None, None, None, None
     da = _product_like(a, dh, b.t()) if ctx.needs_input_grad[0] else None
     db = _product_like(b, a.t(), dh) if ctx.needs_input_grad[1] else None
     dbias = dh.sum(0, dtype=torch.float32).to(a.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
