@@ -692,6 +692,23 @@ def test_fast_launch_key_follows_triton_specialisation(norms):
     assert norms._fastlaunch.spec((base, 3, None)) == key(base) + key(3) + key(None)
 
 
+def test_fast_launch_key_of_tensor_descriptors(norms):
+    """A host tensor descriptor is keyed as Triton specialises it: its dtype and block shape (Gluon's: and its shared
+    layout), not its base, shape or strides, which reach the kernel as run-time values."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    fl = norms._fastlaunch
+    x = torch.zeros(64, 32, dtype=torch.bfloat16)
+
+    def key(t, shape, block):
+        return fl.spec((TensorDescriptor(t, shape, [32, 1], block),))
+
+    assert key(x, [64, 32], [16, 32]) == key(x[8:], [56, 32], [16, 32]) == key(x.clone(), [17, 32], [16, 32])
+    assert key(x, [64, 32], [16, 32]) != key(x, [64, 32], [32, 32])
+    assert key(x, [64, 32], [16, 32]) != key(x.half(), [64, 32], [16, 32])
+    hash(key(x, [64, 32], [16, 32]))
+
+
 def test_fast_launch_only_without_launch_hooks(norms, monkeypatch):
     """Profilers hook kernel launches; the direct launch bypasses hooks, so it is used only when none is set."""
     from triton import knobs

@@ -12,6 +12,9 @@ only reused where Triton itself would reuse it:
 * tensors: dtype and whether ``data_ptr()`` is a multiple of 16 bytes;
 * integers: equal to 1, a multiple of 16, and the integer type (i32, i64, u64);
 * floats are always fp32, ``None`` and booleans by value;
+* host tensor descriptors (Triton's and Gluon's ``TensorDescriptor``): the type string Triton itself gives them
+  (``mangle_type``: dtype, block shape, shared layout), not their shape or strides, which reach the kernel
+  as run-time values;
 * the meta-parameters (constexprs, ``num_warps``, ...) by value, the device by index.
 
 Anything else (the Triton interpreter, launch hooks set by a profiler, a launcher whose
@@ -40,6 +43,26 @@ try:  # where launch hooks live (Triton >= 3.4); older versions always take Trit
 except ImportError:
     _knobs = None
 
+
+def _descriptor_types() -> tuple:
+    """The host tensor-descriptor classes of this Triton (none where it has no ``mangle_type``: a descriptor is then
+    keyed as itself, which is unhashable, and :func:`launch` takes Triton's own path)."""
+    try:
+        from triton.runtime.jit import mangle_type  # noqa: F401
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return ()
+    try:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    except ImportError:
+        return (TensorDescriptor,)
+    return TensorDescriptor, GluonDescriptor
+
+
+_DESCRIPTORS = _descriptor_types()
+if _DESCRIPTORS:
+    from triton.runtime.jit import mangle_type as _mangle_type
+
 __all__ = ["FixedLaunch", "Launch", "PlanCache", "launch", "meta_items", "rebase", "spec"]
 
 _DIRECT_OK = [True]  # cleared once if this Triton's launcher cannot be called directly
@@ -56,6 +79,7 @@ def spec(args) -> tuple:
         else (a == 1, not a & 15, 0 if _I32_MIN <= a < _I32_END else (1 if a < _U64_START else 2)) if type(a) is int
         else float if type(a) is float
         else (type(a), a) if a is None or type(a) is bool
+        else _mangle_type(a, True) if isinstance(a, _DESCRIPTORS)
         else a
         for a in args])
 
@@ -193,7 +217,11 @@ def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device, 
         return
     index = device.index
     key = (id(kernel), index, meta, spec(args), fixed_spec)
-    entry = _CACHE.get(key)
+    try:
+        entry = _CACHE.get(key)
+    except TypeError:  # an argument spec() cannot key (unhashable): Triton's path
+        _triton_launch(kernel, grid, (*args, *fixed), meta)
+        return
     if entry is None:
         entry = _compile(kernel, grid, (*args, *fixed), meta)
         if entry is not None and len(_CACHE) < 65536:

@@ -50,6 +50,7 @@ from . import flash_sm90, flash_sm90_bwd
 from .flash_sm90 import descriptor_ok
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
 from ._dispatch import call_op
+from ._fastlaunch import launch, meta_items
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
@@ -738,11 +739,10 @@ def _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, cfg, interp, cv, sv, cs, ss
              for t, bs in ((qv, BM), (kv, BN), (vv, BN), (o, BM))]
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
                                **launch_options(_attn_fwd_tma_kernel, fp_fusion=True)}
-    _attn_fwd_tma_kernel[(cdiv(Sq, BM), H, B)](
-        *descs, lse, qv, cv, sv, *qv.stride(), *cs, *ss, Sq, Sk, H // Hk, scale * LOG2E,
-        D=D, CAUSAL=causal, ROPE=rope, BLOCK_M=BM, BLOCK_N=BN,
-        WS=bool(TMA_WS if ws is None else ws), REVERSE=TMA_REVERSE and causal, **extra,
-    )
+    launch(_attn_fwd_tma_kernel, (cdiv(Sq, BM), H, B),
+           (*descs, lse, qv, cv, sv, *qv.stride(), *cs, *ss, Sq, Sk, H // Hk, scale * LOG2E),
+           meta_items(D=D, CAUSAL=causal, ROPE=rope, BLOCK_M=BM, BLOCK_N=BN, WS=bool(TMA_WS if ws is None else ws),
+                      REVERSE=TMA_REVERSE and causal, **extra), qv.device)
 
 
 def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, causal: bool,
@@ -786,13 +786,12 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
         tma_cfg = FwdConfig(16, 16, 1, 1) if interp else TMA_CONFIGS.get(D, TMA_CONFIGS[128])
         _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, tma_cfg, interp, cv, sv, cs, ss, rope)
         return (o.transpose(1, 2) if out_bshd else o), lse
-    _attn_fwd_kernel[grid](
-        qv, kv, vv, m, o, lse, cv, sv,
-        *qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(), *cs, *ss,
-        Sq, Sk, H // Hk, scale * LOG2E, D, DV,
-        MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype), F32=interp and q.dtype == torch.bfloat16, ROPE=rope,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=BD, BLOCK_DV=BDV, **extra,
-    )
+    launch(_attn_fwd_kernel, grid,
+           (qv, kv, vv, m, o, lse, cv, sv, *qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(), *cs, *ss,
+            Sq, Sk, H // Hk, scale * LOG2E),
+           meta_items(D=D, DV=DV, MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype),
+                      F32=interp and q.dtype == torch.bfloat16, ROPE=rope, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                      BLOCK_D=BD, BLOCK_DV=BDV, **extra), q.device)
     return (o.transpose(1, 2) if out_bshd else o), lse
 
 
@@ -821,10 +820,10 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
     extra2 = {} if interp else {**cfg.dq_launch, **launch_options(_attn_bwd_dq_kernel, fp_fusion=True)}
     delta = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     block_delta = 16 if interp else 64
-    _bwd_delta_kernel[(cdiv(Sq, block_delta), H, B)](
-        ov, dov, delta, *ov.stride(), *dov.stride(), Sq, DV, BLOCK_M=block_delta, BLOCK_DV=BDV,
-        **({} if interp else {"num_warps": 4, **launch_options(_bwd_delta_kernel, fp_fusion=True)}),
-    )
+    launch(_bwd_delta_kernel, (cdiv(Sq, block_delta), H, B), (ov, dov, delta, *ov.stride(), *dov.stride(), Sq, DV),
+           meta_items(BLOCK_M=block_delta, BLOCK_DV=BDV,
+                      **({} if interp else {"num_warps": 4, **launch_options(_bwd_delta_kernel, fp_fusion=True)})),
+           q.device)
     if (TMA_BWD if tma_bwd is None else tma_bwd) and not need_dmask and _tma_eligible(qv, kv, vv, mask, interp) \
             and descriptor_ok(dov) and D == DV and D == BD:
         if default_cfg and SM90_BWD and not FORCE_TMA and not interp \
@@ -833,31 +832,27 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
             return back(dq), back(dk), back(dv), ds
         tcfg = BwdConfig(16, 16, 16, 16, 1, 1) if interp else TMA_BWD_CONFIG if default_cfg else cfg
         dsc = lambda t, bs: TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bs, D])  # noqa: E731
-        _attn_bwd_dkdv_tma_kernel[(cdiv(Sk, tcfg.block_n1), Hk, B)](
-            dsc(qv, tcfg.block_m1), dsc(kv, tcfg.block_n1), dsc(vv, tcfg.block_n1), dsc(dov, tcfg.block_m1),
-            lse, delta, dk, dv, *dk.stride(), *dv.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale,
-            D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m1, BLOCK_N=tcfg.block_n1, **extra,
-        )
-        _attn_bwd_dq_tma_kernel[(cdiv(Sq, tcfg.block_m2), H, B)](
-            dsc(qv, tcfg.block_m2), dsc(kv, tcfg.block_n2), dsc(vv, tcfg.block_n2), dsc(dov, tcfg.block_m2),
-            lse, delta, dq, *dq.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale,
-            D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m2, BLOCK_N=tcfg.block_n2, **extra2,
-        )
+        launch(_attn_bwd_dkdv_tma_kernel, (cdiv(Sk, tcfg.block_n1), Hk, B),
+               (dsc(qv, tcfg.block_m1), dsc(kv, tcfg.block_n1), dsc(vv, tcfg.block_n1), dsc(dov, tcfg.block_m1),
+                lse, delta, dk, dv, *dk.stride(), *dv.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale),
+               meta_items(D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m1, BLOCK_N=tcfg.block_n1, **extra), q.device)
+        launch(_attn_bwd_dq_tma_kernel, (cdiv(Sq, tcfg.block_m2), H, B),
+               (dsc(qv, tcfg.block_m2), dsc(kv, tcfg.block_n2), dsc(vv, tcfg.block_n2), dsc(dov, tcfg.block_m2),
+                lse, delta, dq, *dq.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale),
+               meta_items(D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m2, BLOCK_N=tcfg.block_n2, **extra2), q.device)
         return back(dq), back(dk), back(dv), ds
-    common = dict(MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype), F32=interp and q.dtype == torch.bfloat16,
-                  BLOCK_D=BD, BLOCK_DV=BDV)
-    _attn_bwd_dkdv_kernel[(cdiv(Sk, cfg.block_n1), Hk, B)](
-        qv, kv, vv, m, dov, lse, delta, dk, dv,
-        *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dk.stride(), *dv.stride(),
-        H, Sq, Sk, H // Hk, scale * LOG2E, scale, D, DV,
-        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, **common, **extra,
-    )
-    _attn_bwd_dq_kernel[(cdiv(Sq, cfg.block_m2), H, B)](
-        qv, kv, vv, m, dov, lse, delta, dq, ds,
-        *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dq.stride(),
-        H, Sq, Sk, H // Hk, scale * LOG2E, scale, D, DV,
-        STORE_DS=need_dmask, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, **common, **extra2,
-    )
+    common = dict(D=D, DV=DV, MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype),
+                  F32=interp and q.dtype == torch.bfloat16, BLOCK_D=BD, BLOCK_DV=BDV)
+    launch(_attn_bwd_dkdv_kernel, (cdiv(Sk, cfg.block_n1), Hk, B),
+           (qv, kv, vv, m, dov, lse, delta, dk, dv,
+            *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dk.stride(), *dv.stride(),
+            H, Sq, Sk, H // Hk, scale * LOG2E, scale),
+           meta_items(BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, **common, **extra), q.device)
+    launch(_attn_bwd_dq_kernel, (cdiv(Sq, cfg.block_m2), H, B),
+           (qv, kv, vv, m, dov, lse, delta, dq, ds,
+            *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dq.stride(),
+            H, Sq, Sk, H // Hk, scale * LOG2E, scale),
+           meta_items(STORE_DS=need_dmask, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, **common, **extra2), q.device)
     return back(dq), back(dk), back(dv), ds
 
 

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 
 from ._device import cdiv, launch_options
+from ._fastlaunch import launch, meta_items
 
 Tensor = torch.Tensor
 
@@ -309,9 +310,7 @@ def forward(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, lse: Tensor, qk_scale
     descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
              for t, block, layout in ((qv, q_block, q_layout), (kv, kv_block, kv_layout), (vv, kv_block, kv_layout),
                                       (o, q_block, q_layout))]
-    _attn_fwd_sm90_kernel[(cdiv(Sq, 2 * BLOCK_M), H, B)](
-        *descs, lse, Sq, Sk, H // Hk, qk_scale,
-        D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal, PINGPONG=cfg.pingpong,
-        CONSUMER_REGS=cfg.consumer_regs, HEAD_GROUP=CAUSAL_HEAD_GROUP, num_warps=4,
-        maxnreg=cfg.maxnreg, **launch_options(_attn_fwd_sm90_kernel, fp_fusion=True),
-    )
+    launch(_attn_fwd_sm90_kernel, (cdiv(Sq, 2 * BLOCK_M), H, B), (*descs, lse, Sq, Sk, H // Hk, qk_scale),
+           meta_items(D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal, PINGPONG=cfg.pingpong,
+                      CONSUMER_REGS=cfg.consumer_regs, HEAD_GROUP=CAUSAL_HEAD_GROUP, num_warps=4,
+                      maxnreg=cfg.maxnreg, **launch_options(_attn_fwd_sm90_kernel, fp_fusion=True)), qv.device)

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from ._device import cdiv, launch_options
+from ._fastlaunch import launch, meta_items
 from . import flash_sm90
 from .flash_sm90 import AVAILABLE, _capability_90, descriptor_ok
 
@@ -364,19 +365,17 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
         return made[id(t), rows]
 
     cfg = DQ_CONFIGS[D]
-    _attn_bwd_dq_sm90_kernel[(cdiv(Sq, 2 * BLOCK_M), H, B)](
-        desc(qv, BLOCK_M), desc(kv, cfg.block_n), desc(vv, cfg.block_n), desc(dov, BLOCK_M), desc(dq, BLOCK_M),
-        lse, delta, Sq, Sk, H // Hk, qk_scale, scale,
-        D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs,
-        HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4, maxnreg=cfg.maxnreg,
-        **launch_options(_attn_bwd_dq_sm90_kernel, fp_fusion=True),
-    )
+    launch(_attn_bwd_dq_sm90_kernel, (cdiv(Sq, 2 * BLOCK_M), H, B),
+           (desc(qv, BLOCK_M), desc(kv, cfg.block_n), desc(vv, cfg.block_n), desc(dov, BLOCK_M), desc(dq, BLOCK_M),
+            lse, delta, Sq, Sk, H // Hk, qk_scale, scale),
+           meta_items(D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
+                      CONSUMER_REGS=cfg.consumer_regs, HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4,
+                      maxnreg=cfg.maxnreg, **launch_options(_attn_bwd_dq_sm90_kernel, fp_fusion=True)), qv.device)
     cfg = DKDV_CONFIGS[D]
     bk = cfg.block_n
-    _attn_bwd_dkdv_sm90_kernel[(cdiv(Sk, 2 * bk), Hk, B)](
-        desc(qv, BLOCK_M), desc(kv, bk), desc(vv, bk), desc(dov, BLOCK_M), desc(dk, bk), desc(dv, bk),
-        lse, delta, H, Sq, H // Hk, qk_scale, scale,
-        D=D, CAUSAL=causal, BM=BLOCK_M, BK=bk, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-        HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4, maxnreg=cfg.maxnreg,
-        **launch_options(_attn_bwd_dkdv_sm90_kernel, fp_fusion=True),
-    )
+    launch(_attn_bwd_dkdv_sm90_kernel, (cdiv(Sk, 2 * bk), Hk, B),
+           (desc(qv, BLOCK_M), desc(kv, bk), desc(vv, bk), desc(dov, BLOCK_M), desc(dk, bk), desc(dv, bk),
+            lse, delta, H, Sq, H // Hk, qk_scale, scale),
+           meta_items(D=D, CAUSAL=causal, BM=BLOCK_M, BK=bk, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+                      HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4, maxnreg=cfg.maxnreg,
+                      **launch_options(_attn_bwd_dkdv_sm90_kernel, fp_fusion=True)), qv.device)
