@@ -680,14 +680,14 @@ def test_flash_tma_backward_path(attention, device, causal):
     do = rand(*o.shape, dtype=torch.float16, device=device)
     want = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.2, causal, True, True, False, tma_bwd=False)
     made = []
-    original = flash.TensorDescriptor
+    original = flash.tensor_descriptor
     flash.FORCE_TMA = True
-    flash.TensorDescriptor = lambda *a: made.append(1) or original(*a)
+    flash.tensor_descriptor = lambda *a: made.append(1) or original(*a)
     try:
         got = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.2, causal, True, True, False, tma_bwd=True)
     finally:
         flash.FORCE_TMA = False
-        flash.TensorDescriptor = original
+        flash.tensor_descriptor = original
     assert len(made) == 8, "the descriptor backward did not run"
     for name, g, w in zip(("dq", "dk", "dv"), got[:3], want[:3]):
         assert_close(g, w.double(), 2e-3, name)

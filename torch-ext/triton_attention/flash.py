@@ -50,7 +50,7 @@ from . import flash_sm90, flash_sm90_bwd
 from .flash_sm90 import descriptor_ok
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
 from ._dispatch import call_op
-from ._fastlaunch import launch, meta_items
+from ._fastlaunch import launch, meta_items, tensor_descriptor
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
@@ -735,7 +735,7 @@ def _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, cfg, interp, cv, sv, cs, ss
     B, H, Sq, D = qv.shape
     Hk, Sk = kv.shape[1], kv.shape[2]
     BM, BN = cfg.block_m, cfg.block_n
-    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bs, D])
+    descs = [tensor_descriptor(TensorDescriptor, t, [1, 1, bs, D])
              for t, bs in ((qv, BM), (kv, BN), (vv, BN), (o, BM))]
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
                                **launch_options(_attn_fwd_tma_kernel, fp_fusion=True)}
@@ -831,7 +831,7 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
             flash_sm90_bwd.backward(qv, kv, vv, dov, lse, delta, dq, dk, dv, scale, causal)
             return back(dq), back(dk), back(dv), ds
         tcfg = BwdConfig(16, 16, 16, 16, 1, 1) if interp else TMA_BWD_CONFIG if default_cfg else cfg
-        dsc = lambda t, bs: TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bs, D])  # noqa: E731
+        dsc = lambda t, bs: tensor_descriptor(TensorDescriptor, t, [1, 1, bs, D])  # noqa: E731
         launch(_attn_bwd_dkdv_tma_kernel, (cdiv(Sk, tcfg.block_n1), Hk, B),
                (dsc(qv, tcfg.block_m1), dsc(kv, tcfg.block_n1), dsc(vv, tcfg.block_n1), dsc(dov, tcfg.block_m1),
                 lse, delta, dk, dv, *dk.stride(), *dv.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale),

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from ._device import cdiv, launch_options
-from ._fastlaunch import launch, meta_items
+from ._fastlaunch import launch, meta_items, tensor_descriptor
 
 Tensor = torch.Tensor
 
@@ -307,7 +307,7 @@ def forward(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, lse: Tensor, qk_scale
     cfg = CONFIGS[D]
     q_block, kv_block = [1, 1, BLOCK_M, D], [1, 1, cfg.block_n, D]
     q_layout, kv_layout = tile_layout(BLOCK_M, D, qv.dtype), tile_layout(cfg.block_n, D, qv.dtype)
-    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    descs = [tensor_descriptor(TensorDescriptor, t, block, layout)
              for t, block, layout in ((qv, q_block, q_layout), (kv, kv_block, kv_layout), (vv, kv_block, kv_layout),
                                       (o, q_block, q_layout))]
     launch(_attn_fwd_sm90_kernel, (cdiv(Sq, 2 * BLOCK_M), H, B), (*descs, lse, Sq, Sk, H // Hk, qk_scale),

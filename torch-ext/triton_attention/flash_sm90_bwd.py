@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from ._device import cdiv, launch_options
-from ._fastlaunch import launch, meta_items
+from ._fastlaunch import launch, meta_items, tensor_descriptor
 from . import flash_sm90
 from .flash_sm90 import AVAILABLE, _capability_90, descriptor_ok
 
@@ -360,8 +360,7 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
     def desc(t, rows):  # each (tensor, tile rows) once: both kernels read q, k, v and do
         if (id(t), rows) not in made:
             block = [1, 1, rows, D]
-            made[id(t), rows] = TensorDescriptor(t, list(t.shape), list(t.stride()), block,
-                                                 flash_sm90.tile_layout(rows, D, qv.dtype))
+            made[id(t), rows] = tensor_descriptor(TensorDescriptor, t, block, flash_sm90.tile_layout(rows, D, qv.dtype))
         return made[id(t), rows]
 
     cfg = DQ_CONFIGS[D]

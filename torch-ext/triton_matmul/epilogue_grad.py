@@ -120,8 +120,8 @@ def _double_backward(ctx, ddh):
         else:
             dh = dyf * _act_and_grad(hf, ctx.activation)[1]
         ddy, dh_of_h = torch.autograd.grad(dh, (dyf, hf), ddh.float(), allow_unused=True)
-    zeros = torch.zeros_like
-    return (zeros(dy) if ddy is None else ddy.to(dy.dtype)), (zeros(h) if dh_of_h is None else dh_of_h.to(h.dtype)), None
+    return (torch.zeros_like(dy) if ddy is None else ddy.to(dy.dtype),
+            torch.zeros_like(h) if dh_of_h is None else dh_of_h.to(h.dtype), None)
 
 
 _epilogue_grad_op.register_autograd(_double_backward, setup_context=_setup_context)
