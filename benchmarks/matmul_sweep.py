@@ -260,11 +260,12 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False, skip: frozens
             def __getitem__(self, grid):
                 return lambda *args, **kw: launched.append(real[grid](*args, **kw))
 
-        mmod._matmul_tma_kernel = _Capture()
+        plans = mmod._PLANS  # the square GEMMs planned this signature with the real kernel: plan it afresh
+        mmod._matmul_tma_kernel, mmod._PLANS = _Capture(), type(plans)()
         try:
             mm.matmul(a, w.t())
         finally:
-            mmod._matmul_tma_kernel = real
+            mmod._matmul_tma_kernel, mmod._PLANS = real, plans
         if not launched:
             raise RuntimeError(f"the TMA kernel was not launched at 8192^3 (config {cfg})")
         kern = launched[-1]

@@ -475,7 +475,7 @@ def test_call_plans(matmul, monkeypatch):
     # a call signature picks its kernel once (_new_plan) and later calls launch from its plan with their own data:
     # fresh operands give their own fp64 values (TMA descriptors rebased on each call's tensors, split-K scratch
     # made per call); an operand that no longer starts on 16 bytes, another dtype, bias or none, and another config
-    # are other signatures; a plan keeps none of its first call's tensors
+    # are other signatures, a single row's stride is not; a plan keeps none of its first call's tensors
     import sys
     import weakref
 
@@ -502,6 +502,12 @@ def test_call_plans(matmul, monkeypatch):
         for _ in range(2):
             assert_matmul_close(matmul.matmul(x, w.t(), bias, None, config=cfg), x, w.t(), bias, None)
         assert len(built) == before + 1
+    before = len(built)
+    for S in (3, 4, 5):  # the last position of a growing sequence: row strides S * K, one plan
+        hidden = rand(2, S, K, dtype=dt)
+        x = hidden[1:, -1]
+        assert_matmul_close(matmul.matmul(x, w.t(), None, "gelu", config=cfg), x, w.t(), None, "gelu")
+    assert len(built) == before + 1
     a = rand(M, K, dtype=dt)
     seen = weakref.ref(a)
     matmul.matmul(a, w.t(), None, "relu", config=cfg)  # a new signature: its plan is built on a
@@ -687,6 +693,30 @@ def test_opcheck(matmul, activation):
     b = rand(31, 22, dtype=torch.float16).requires_grad_()
     bias = rand(22, dtype=torch.float16).requires_grad_()
     torch.library.opcheck(op, (a, b, bias, activation, activation is not None, None))
+
+
+def test_epilogue_grad_errors(matmul):
+    # the dh op checks what it is given: an activation (None has no gradient kernel), matching shapes (a gated h has
+    # 2N columns), one dtype
+    import sys
+
+    grad = sys.modules[matmul.__name__ + ".epilogue_grad"].epilogue_grad
+    dy, h = rand(3, 4, dtype=torch.float16), rand(3, 4, dtype=torch.float16)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        grad(dy, h, None)
+    with pytest.raises(ValueError, match=r"expected \(3, 8\)"):
+        grad(dy, h, "geglu")
+    with pytest.raises(ValueError, match=r"expected \(3, 4\)"):
+        grad(dy, rand(2, 4, dtype=torch.float16), "gelu")
+    with pytest.raises(TypeError, match="share dtype"):
+        grad(dy, h.float(), "gelu")
+    with pytest.raises(ValueError, match="2-D"):
+        grad(dy[0], h, "gelu")
+    # relu drops a non-finite dy where h <= 0, as torch's backward does
+    h = torch.tensor([[-1.0, 0.0, 2.0]], dtype=torch.float16).to(DEVICE)
+    dy = torch.tensor([[float("nan"), float("inf"), float("nan")]], dtype=torch.float16).to(DEVICE)
+    out = grad(dy, h, "relu").float().cpu()
+    assert out[0, 0] == 0 and out[0, 1] == 0 and torch.isnan(out[0, 2])
 
 
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])

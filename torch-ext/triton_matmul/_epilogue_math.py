@@ -95,7 +95,7 @@ def apply_activation(x, ACT: tl.constexpr, FAST_MATH: tl.constexpr):
 
 @triton.jit
 def activation_and_grad(x, ACT: tl.constexpr, FAST_MATH: tl.constexpr):
-    """(act(x), act'(x)) in fp32 for ACT 1 gelu (erf), 2 gelu_tanh, 3 silu, 4 relu, with the forms of
+    """(act(x), act'(x)) in fp32 for ACT 0 identity, 1 gelu (erf), 2 gelu_tanh, 3 silu, 4 relu, with the forms of
     :func:`apply_activation`:
 
     - gelu: x Phi(x); derivative Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi);
@@ -114,5 +114,7 @@ def activation_and_grad(x, ACT: tl.constexpr, FAST_MATH: tl.constexpr):
     elif ACT == 3:
         s = _sigmoid(x, FAST_MATH)
         return x * s, s * (1.0 + x * (1.0 - s))
-    else:
+    elif ACT == 4:
         return tl.where(x < 0.0, 0.0, x), tl.where(x <= 0.0, 0.0, 1.0)
+    else:
+        return x, tl.full(x.shape, 1.0, tl.float32)

@@ -6,7 +6,9 @@ Math (fp32, from the upstream gradient dy and the h the forward saved in a's dty
     gated:  p, g = h[:, :N], h[:, N:]      dh[:, :N] = dy * act(g)      dh[:, N:] = dy * p * act'(g)
 
 with act and act' of ``_epilogue_math.activation_and_grad`` (the forms of the forward's epilogue). Eager PyTorch
-computes the same from its own rounded h (``F.gelu``'s backward, ``silu_backward``...), within an fp32 rounding.
+computes the same from its own rounded h (``F.gelu``'s backward, ``silu_backward``...) within fp32 roundings, for
+finite h of moderate size: at h = +-inf, or |h| above ~1e19 for gelu_tanh, the kernel gives the function's limit
+where eager PyTorch may give NaN.
 
 Kernel: one program per ``BLOCK_N`` columns of one row: reads dy once (any strides, a broadcast dy included) and h
 once, writes dh once: 2 + 2 (+ 2 gated) bytes per output in bf16, where the same chain of PyTorch elementwise ops
@@ -57,11 +59,29 @@ def _epilogue_grad_kernel(dy_ptr, h_ptr, dh_ptr, N, blocks_n, stride_dym, stride
         store_rounded(dh_row + cols, dy * act, mask)
         store_rounded(dh_row + N + cols, dy * p * dact, mask)
     else:
-        _, dact = activation_and_grad(tl.load(h_cols, mask=mask, other=0.0).to(tl.float32), ACT, FAST_MATH)
-        store_rounded(dh_row + cols, dy * dact, mask)
+        x = tl.load(h_cols, mask=mask, other=0.0).to(tl.float32)
+        if ACT == 4:  # relu: dy passed or dropped, as torch's threshold_backward (a NaN / inf dy at h <= 0 gives 0)
+            store_rounded(dh_row + cols, tl.where(x <= 0.0, 0.0, dy), mask)
+        else:
+            store_rounded(dh_row + cols, dy * activation_and_grad(x, ACT, FAST_MATH)[1], mask)
+
+
+def _check(dy: Tensor, h: Tensor, activation: str) -> None:
+    if activation is None or activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(a for a in ACTIVATIONS if a)}, got {activation!r}")
+    if not isinstance(dy, Tensor) or not isinstance(h, Tensor) or dy.dim() != 2 or h.dim() != 2:
+        raise ValueError("dy and h must be 2-D tensors")
+    width = dy.shape[1] * (2 if ACTIVATIONS[activation][1] else 1)
+    if h.shape != (dy.shape[0], width):
+        raise ValueError(f"h of shape {tuple(h.shape)} does not match dy of shape {tuple(dy.shape)} for "
+                         f"activation={activation!r}: expected ({dy.shape[0]}, {width})")
+    if dy.dtype != h.dtype or dy.device != h.device:
+        raise TypeError(f"dy and h must share dtype and device, got {dy.dtype} on {dy.device} and {h.dtype} on "
+                        f"{h.device}")
 
 
 def _epilogue_grad_impl(dy: Tensor, h: Tensor, activation: str) -> Tensor:
+    _check(dy, h, activation)
     dh = torch.empty_like(h, memory_format=torch.contiguous_format)
     M, N = dy.shape
     if dh.numel() == 0:
@@ -83,6 +103,7 @@ _epilogue_grad_op = torch.library.custom_op(add_op_namespace_prefix("matmul_epil
 
 @_epilogue_grad_op.register_fake
 def _(dy, h, activation):
+    _check(dy, h, activation)
     return torch.empty_like(h, memory_format=torch.contiguous_format)
 
 
@@ -137,5 +158,9 @@ def epilogue_grad(dy: Tensor, h: Tensor, activation: str) -> Tensor:
 
     Returns:
         dh of h's shape and dtype, contiguous.
+
+    Raises:
+        ValueError: an activation that is not one of these, shapes that do not match (h (M, N), or (M, 2N) gated).
+        TypeError: dy and h of different dtypes or devices.
     """
     return call_op(_epilogue_grad_op, _epilogue_grad_impl, dy, h, activation)

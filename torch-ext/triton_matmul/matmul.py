@@ -701,6 +701,9 @@ def _matmul_forward(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Op
     h = torch.empty((M, n_total) if save_h else (0,), dtype=a.dtype, device=a.device) if save_h or placeholder else None
     if M == 0 or N == 0:
         return y, h
+    K = a.shape[1]
+    if M == 1 and a.stride(0) != K:  # one row reads the same at any row stride: one plan for every slice such as
+        a = a.as_strided((1, K), (K, a.stride(1)))  # hidden[:, -1] of a growing sequence
     key = _plan_key(a, b, bias, activation, save_h, config)
     plan = _PLANS.get(key)
     if plan is None:
