@@ -253,6 +253,7 @@ def test_hopper_path_on_gpu(matmul, device):
     if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs an NVIDIA sm_90+ GPU")
     mod = sys.modules[matmul.__name__ + ".matmul"]
+    sm90 = sys.modules[matmul.__name__ + ".matmul_sm90"]
     real, launched = mod._matmul_tma_kernel, []
 
     class _Count:
@@ -269,11 +270,14 @@ def test_hopper_path_on_gpu(matmul, device):
             w = torch.randn(N, K, device=device, dtype=torch.bfloat16) / math.sqrt(K)
             bias = torch.randn(N, device=device, dtype=torch.bfloat16)
             gated = act in ("geglu", "swiglu")
-            cfg = _launch_module(matmul).config_for(M, N // 2 if gated else N, K, a.device, gated)
+            cfg = _launch_module(matmul).config_for(M, N // 2 if gated else N, K, a.device, gated, activation=act)
             before = len(launched)
             y = matmul.matmul(a, w.t(), bias, act)
-            # aligned operands: the TMA kernel when asked, unless the GEMV kernel (few rows) or stream-K takes the call
-            tma_kernel = bool(cfg.tma) and not cfg.stream_k and not (cfg.gemv and M <= mod.GEMV_MAX_M)
+            # aligned operands: the TMA kernel when asked, unless the GEMV kernel (few rows), stream-K or, on sm_90,
+            # the Gluon kernel (a config with GLUON, a plain epilogue) takes the call
+            gluon = bool(cfg.gluon) and not gated and sm90.eligible(a, w.t(), y, act, cfg)
+            tma_kernel = (bool(cfg.tma) and not cfg.stream_k and not (cfg.gemv and M <= mod.GEMV_MAX_M)
+                          and not gluon)
             assert len(launched) == before + tma_kernel, (M, N, K, act, cfg)
             h = a.double() @ w.double().t() + bias.double()
             if act == "swiglu":
