@@ -708,6 +708,21 @@ def test_fast_launch_key_of_tensor_descriptors(norms):
     assert key(x, [64, 32], [16, 32]) != key(x.half(), [64, 32], [16, 32])
     hash(key(x, [64, 32], [16, 32]))
 
+    # a Triton without mangle_type: the descriptor is keyed as itself (unhashable) and the launch takes Triton's path
+    from types import SimpleNamespace
+
+    calls = []
+    orig = (fl._DESCRIPTORS, fl._triton_launch, fl._direct)
+    try:
+        fl._DESCRIPTORS = ()
+        fl._triton_launch = lambda kernel, grid, args, meta: calls.append(args)
+        fl._direct = lambda kernel, device: True
+        desc = TensorDescriptor(x, [64, 32], [32, 1], [16, 32])
+        fl.launch(SimpleNamespace(), (1,), (desc, 3), (), torch.device("cuda", 0))
+    finally:
+        fl._DESCRIPTORS, fl._triton_launch, fl._direct = orig
+    assert calls == [(desc, 3)]
+
 
 def test_fast_launch_only_without_launch_hooks(norms, monkeypatch):
     """Profilers hook kernel launches; the direct launch bypasses hooks, so it is used only when none is set."""
