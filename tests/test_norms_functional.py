@@ -831,6 +831,40 @@ def test_launch_plan_direct_and_address_paths(norms, monkeypatch):
     assert len(firsts) == 2 and not plan.at((x.data_ptr(), None, y.data_ptr()))
 
 
+def test_launch_function_direct_path(norms, monkeypatch):
+    """``launch`` without a GPU (a stand-in compiled kernel records its calls): a signature's first call compiles
+    through Triton, later ones call the launcher with the grid padded to 3, the stream, the bound head, the arguments,
+    the fixed ones and the constexpr tail; a launcher that rejects the call sends it, and every later one, to Triton."""
+    from types import SimpleNamespace
+
+    from triton.runtime import driver
+
+    fl = norms._fastlaunch
+    calls, firsts, triton_path = [], [], []
+
+    def run(*args):
+        if "reject" in args:
+            raise TypeError("another calling convention")
+        calls.append(args)
+
+    compiled = SimpleNamespace(run=run, function="fn", packed_metadata="md")
+    monkeypatch.setattr(fl, "_first_launch", lambda k, grid, args, meta: firsts.append(args) or (compiled, ("tail",)))
+    monkeypatch.setattr(fl, "_triton_launch", lambda k, grid, args, meta: triton_path.append(args))
+    monkeypatch.setattr(fl, "_direct", lambda kernel, device: fl._DIRECT_OK[0])
+    monkeypatch.setattr(fl, "_CACHE", {})
+    monkeypatch.setattr(fl, "_DIRECT_OK", [True])
+    monkeypatch.setattr(driver, "_active", SimpleNamespace(get_current_stream=lambda index: 77))
+    kernel, device = SimpleNamespace(), torch.device("cuda", 0)
+    x = torch.zeros(8, dtype=torch.float16)
+    fl.launch(kernel, (4, 2), (x, 3), (("B", 8),), device, fixed=(0.5,), fixed_spec=fl.spec((0.5,)))
+    assert len(firsts) == 1 and not calls
+    fl.launch(kernel, (4, 2), (x, 3), (("B", 8),), device, fixed=(0.5,), fixed_spec=fl.spec((0.5,)))
+    assert calls == [(4, 2, 1, 77, "fn", "md", None, None, None, x, 3, 0.5, "tail")] and len(firsts) == 1
+    fl.launch(kernel, (4, 2), (x, 3), (("B", 8),), device, fixed=("reject",), fixed_spec=fl.spec((0.5,)))
+    assert triton_path == [(x, 3, "reject")] and not fl._DIRECT_OK[0]
+    fl.launch(kernel, (4, 2), (x, 3), (("B", 8),), device, fixed=(0.5,), fixed_spec=fl.spec((0.5,)))
+    assert len(triton_path) == 2 and len(calls) == 1
+
 def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
     """A FixedLaunch (its caller's key fixes the specialisation) compiles through Triton on its first direct call,
     then calls the launcher with the stream, the bound head, the arguments as given (a tensor descriptor passes

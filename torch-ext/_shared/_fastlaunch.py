@@ -218,22 +218,17 @@ def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device, 
     index = device.index
     key = (id(kernel), index, meta, spec(args), fixed_spec)
     try:
-        entry = _CACHE.get(key)
+        cached = _CACHE.get(key)
     except TypeError:  # an argument spec() cannot key (unhashable): Triton's path
         _triton_launch(kernel, grid, (*args, *fixed), meta)
         return
-    if entry is None:
+    if cached is None:
         entry = _compile(kernel, grid, (*args, *fixed), meta)
         if entry is not None and len(_CACHE) < 65536:
-            _CACHE[key] = (*entry, kernel)  # the kernel too: the key holds its id
+            _CACHE[key] = entry, kernel  # the kernel too: the key holds its id
         return
-    run, head, get_stream, tail, _, _ = entry
-    g1 = grid[1] if len(grid) > 1 else 1
-    g2 = grid[2] if len(grid) > 2 else 1
-    try:
-        run(grid[0], g1, g2, get_stream(index), *head, *args, *fixed, *tail)
-    except TypeError:  # a launcher with another calling convention: Triton's path from now on
-        _fall_back(kernel, grid, (*args, *fixed), meta)
+    if not _direct_run(cached[0], (*grid, 1, 1)[:3], index, (*args, *fixed)):
+        _fall_back(kernel, grid, (*args, *fixed), meta)  # another calling convention: Triton's path from now on
 
 
 class Launch:
