@@ -1011,7 +1011,7 @@ def test_sm90_eligibility(attention, monkeypatch):
     assert not ok(scale=0.0) and not ok(scale=-0.1)
     assert not ok(k_stride_pad=4)  # a row stride of 264 bytes is not a multiple of 16
     q = torch.empty(2, 256, 128, dtype=torch.bfloat16).as_strided((1, 2, 256, 128), (3, 256 * 128, 128, 1))
-    assert not sm90.descriptor_ok(q)  # the size-1 batch dimension's stride of 6 bytes
+    assert not sm90.tma_descriptor_ok(q)  # the size-1 batch dimension's stride of 6 bytes
     monkeypatch.setattr(sm90, "_capability_90", lambda device: False)
     assert not ok()
 

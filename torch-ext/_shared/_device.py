@@ -13,7 +13,7 @@ import os
 import torch
 
 __all__ = ["MAX_THREADS_PER_PROGRAM", "cdiv", "check_config_args", "check_launch_device", "check_warp_size",
-           "device_warp_size", "is_interpreter", "launch_options", "next_power_of_2"]
+           "device_warp_size", "is_interpreter", "launch_options", "next_power_of_2", "tma_descriptor_ok"]
 
 # Threads per program allowed by NVIDIA (32-lane warps) and AMD (64-lane wavefronts) hardware alike.
 MAX_THREADS_PER_PROGRAM = 1024
@@ -85,3 +85,12 @@ def launch_options(kernel, fp_fusion: bool = False) -> dict:
     modulate). Named rather than left to Triton's default, which is on up to Triton 3.9 and off from 3.10.
     """
     return {} if is_interpreter(kernel) else {"enable_fp_fusion": fp_fusion}
+
+
+def tma_descriptor_ok(t: torch.Tensor) -> bool:
+    """Whether a TMA tensor descriptor can take all of ``t``: unit last stride, a 16-byte aligned base and every other
+    stride a positive multiple of 16 bytes (what a descriptor needs and asserts, for dimensions of size 1 too; a
+    broadcast dimension, stride 0, is not one)."""
+    e = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(st > 0 and (st * e) % 16 == 0 for st in t.stride()[:-1]))

@@ -28,8 +28,8 @@ try:
 except ImportError:
     AVAILABLE = False
 
-__all__ = ["AVAILABLE", "TensorDescriptor", "capability_90", "fence_async_shared", "gl", "gluon", "mbarrier", "tma",
-           "tma_load", "tma_store", "warpgroup_mma", "warpgroup_mma_wait"]
+__all__ = ["AVAILABLE", "TensorDescriptor", "capability_90", "fence_async_shared", "gl", "gluon", "mbarrier",
+           "shared_layout", "tma", "tma_load", "tma_store", "warpgroup_mma", "warpgroup_mma_wait"]
 
 
 @functools.lru_cache(maxsize=16)
@@ -38,3 +38,11 @@ def capability_90(device: torch.device) -> bool:
     ``setmaxnreg`` exist only on sm_90a."""
     return (device.type == "cuda" and torch.version.hip is None and torch.cuda.is_available()
             and torch.cuda.get_device_capability(device) == (9, 0))
+
+
+@functools.lru_cache(maxsize=None)
+def shared_layout(block_shape: tuple, dtype: torch.dtype):
+    """The NVMMA shared-memory layout of a tensor-descriptor block of ``block_shape`` and ``dtype`` (fp16/bf16), where
+    ``AVAILABLE``. Cached: building one costs several µs of Python, and every call's descriptors need one."""
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl.bfloat16 if dtype == torch.bfloat16
+                                                else gl.float16)

@@ -47,8 +47,7 @@ import triton
 import triton.language as tl
 
 from . import flash_sm90, flash_sm90_bwd
-from .flash_sm90 import descriptor_ok
-from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
+from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2, tma_descriptor_ok
 from ._dispatch import call_op
 from ._fastlaunch import launch, meta_items, tensor_descriptor
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
@@ -728,7 +727,7 @@ def _tma_eligible(qv: Tensor, kv: Tensor, vv: Tensor, mask, interp: bool) -> boo
         return False
     D = qv.shape[3]
     return (D in TMA_CONFIGS and vv.shape[3] == D and qv.shape[2] >= TMA_CONFIGS[D].block_m
-            and descriptor_ok(qv) and descriptor_ok(kv) and descriptor_ok(vv))
+            and tma_descriptor_ok(qv) and tma_descriptor_ok(kv) and tma_descriptor_ok(vv))
 
 
 def _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, cfg, interp, cv, sv, cs, ss, rope, ws=None):
@@ -825,7 +824,7 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
                       **({} if interp else {"num_warps": 4, **launch_options(_bwd_delta_kernel, fp_fusion=True)})),
            q.device)
     if (TMA_BWD if tma_bwd is None else tma_bwd) and not need_dmask and _tma_eligible(qv, kv, vv, mask, interp) \
-            and descriptor_ok(dov) and D == DV and D == BD:
+            and tma_descriptor_ok(dov) and D == DV and D == BD:
         if default_cfg and SM90_BWD and not FORCE_TMA and not interp \
                 and flash_sm90_bwd.eligible(qv, kv, vv, dov, (dq, dk, dv), mask):
             flash_sm90_bwd.backward(qv, kv, vv, dov, lse, delta, dq, dk, dv, scale, causal)

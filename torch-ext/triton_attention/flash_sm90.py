@@ -25,17 +25,15 @@ takes this kernel too, with q rotated by one rotary pass first (this kernel does
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 
-from ._device import cdiv, launch_options
+from ._device import cdiv, launch_options, tma_descriptor_ok
 from ._fastlaunch import launch, meta_items, tensor_descriptor
+from ._gluon import AVAILABLE, capability_90 as _capability_90, shared_layout
 
 Tensor = torch.Tensor
-
-from ._gluon import AVAILABLE, capability_90 as _capability_90
 
 if AVAILABLE:
     from ._gluon import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store
@@ -273,14 +271,6 @@ if AVAILABLE:
                            [CONSUMER_REGS, 24])
 
 
-def descriptor_ok(t: Tensor) -> bool:
-    """Unit last stride, 16-byte aligned base and every other stride (what a TMA descriptor needs and asserts, for
-    dimensions of size 1 too)."""
-    e = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(st > 0 and (st * e) % 16 == 0 for st in t.stride()[:-1]))
-
-
 def eligible(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, mask, scale: float) -> bool:
     """Whether ``forward`` runs these [B, H, S, D] views (see the module docstring); ``scale`` > 0 (the kernel masks
     before it scales, and takes the row maximum of the unscaled scores)."""
@@ -288,15 +278,7 @@ def eligible(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, mask, scale: float) 
     return (AVAILABLE and mask is None and scale > 0 and qv.dtype in (torch.float16, torch.bfloat16) and D in CONFIGS
             and kv.shape[3] == D and vv.shape[3] == D and kv.shape[2] > 0 and qv.shape[2] >= 2 * BLOCK_M
             and _capability_90(qv.device)
-            and all(descriptor_ok(t) for t in (qv, kv, vv, o)))
-
-
-@functools.lru_cache(maxsize=None)
-def tile_layout(rows: int, D: int, dtype: torch.dtype):
-    """The shared-memory layout of a [1, 1, rows, D] tile of ``dtype`` (fp16/bf16) for a tensor descriptor. Cached:
-    building one costs several µs of Python per descriptor, on every call."""
-    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16 if dtype == torch.bfloat16
-                                                else gl.float16)
+            and all(tma_descriptor_ok(t) for t in (qv, kv, vv, o)))
 
 
 def forward(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, lse: Tensor, qk_scale: float, causal: bool) -> None:
@@ -306,7 +288,7 @@ def forward(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, lse: Tensor, qk_scale
     Hk, Sk = kv.shape[1], kv.shape[2]
     cfg = CONFIGS[D]
     q_block, kv_block = [1, 1, BLOCK_M, D], [1, 1, cfg.block_n, D]
-    q_layout, kv_layout = tile_layout(BLOCK_M, D, qv.dtype), tile_layout(cfg.block_n, D, qv.dtype)
+    q_layout, kv_layout = shared_layout(tuple(q_block), qv.dtype), shared_layout(tuple(kv_block), qv.dtype)
     descs = [tensor_descriptor(TensorDescriptor, t, block, layout)
              for t, block, layout in ((qv, q_block, q_layout), (kv, kv_block, kv_layout), (vv, kv_block, kv_layout),
                                       (o, q_block, q_layout))]

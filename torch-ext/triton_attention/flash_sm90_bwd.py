@@ -28,10 +28,11 @@ from typing import NamedTuple
 
 import torch
 
-from ._device import cdiv, launch_options
+from ._device import cdiv, launch_options, tma_descriptor_ok
 from ._fastlaunch import launch, meta_items, tensor_descriptor
+from ._gluon import shared_layout
 from . import flash_sm90
-from .flash_sm90 import AVAILABLE, _capability_90, descriptor_ok
+from .flash_sm90 import AVAILABLE, _capability_90
 
 Tensor = torch.Tensor
 
@@ -344,7 +345,7 @@ def eligible(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, grads, mask) -> bo
     return (AVAILABLE and mask is None and qv.dtype in (torch.float16, torch.bfloat16) and D in DQ_CONFIGS
             and all(t.dtype == qv.dtype for t in (kv, vv, dov)) and dov.shape[3] == D
             and kv.shape[3] == D and vv.shape[3] == D and kv.shape[2] > 0 and qv.shape[2] >= 2 * BLOCK_M
-            and _capability_90(qv.device) and all(descriptor_ok(t) for t in (qv, kv, vv, dov, *grads)))
+            and _capability_90(qv.device) and all(tma_descriptor_ok(t) for t in (qv, kv, vv, dov, *grads)))
 
 
 def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta: Tensor, dq: Tensor, dk: Tensor,
@@ -360,7 +361,7 @@ def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta
     def desc(t, rows):  # each (tensor, tile rows) once: both kernels read q, k, v and do
         if (id(t), rows) not in made:
             block = [1, 1, rows, D]
-            made[id(t), rows] = tensor_descriptor(TensorDescriptor, t, block, flash_sm90.tile_layout(rows, D, qv.dtype))
+            made[id(t), rows] = tensor_descriptor(TensorDescriptor, t, block, shared_layout(tuple(block), qv.dtype))
         return made[id(t), rows]
 
     cfg = DQ_CONFIGS[D]

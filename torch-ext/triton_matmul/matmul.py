@@ -503,14 +503,13 @@ def _tma_plan(a, b, bias, y, h, M, N, K, gated, act, b_nk, cfg, num_sms, interp)
 
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     subtile = bool(cfg.epilogue_subtile) and bn >= 32
-    a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [bm, bk])
+    # templates without a tensor: each call's descriptors are these rebased on its own tensors
+    a_desc = rebase(TensorDescriptor(a, [M, K], [a.stride(0), 1], [bm, bk]), None)
     if b_nk:
-        b_desc = TensorDescriptor(b, [b.shape[1], K], [b.stride(1), 1], [bn, bk])
+        b_desc = rebase(TensorDescriptor(b, [b.shape[1], K], [b.stride(1), 1], [bn, bk]), None)
     else:
-        b_desc = TensorDescriptor(b, [K, b.shape[1]], [b.stride(0), 1], [bk, bn])
-    y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn // 2 if subtile else bn])
-    for desc in (a_desc, b_desc, y_desc):
-        desc.base = None  # each call's descriptors are these on its own tensors (rebase)
+        b_desc = rebase(TensorDescriptor(b, [K, b.shape[1]], [b.stride(0), 1], [bk, bn]), None)
+    y_desc = rebase(TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn // 2 if subtile else bn]), None)
     sub_n = 1 if gated or cfg.stream_k else cfg.sub_n  # the TMA kernel's tiles: sub_n * bn columns
     tiles = cdiv(M, bm) * cdiv(N, sub_n * bn)
     device, n_total = a.device, b.shape[1]
@@ -648,8 +647,8 @@ def _new_plan(a, b, bias, activation, save_h, config, y, h):
         else:  # too many rows for the GEMV kernel: the tensor-core kernels with tiles no smaller than tl.dot allows
             cfg = dataclasses.replace(cfg, gemv=0, block_m=max(16, cfg.block_m), block_n=max(16, cfg.block_n))
     if built is None and cfg.gluon and not gated and h is None and matmul_sm90.eligible(a, b, y, activation, cfg):
-        launch, gluon_args = matmul_sm90.plan(a, b, bias, activation, y, cfg)
-        built = (lambda stages: launch), (lambda a, b, bias, y, h: gluon_args(a, b, bias, y)), None
+        launch, args = matmul_sm90.plan(a, b, bias, activation, y, cfg)
+        built = (lambda stages: launch), args, None
     if built is None and cfg.tma and K > 0:
         interp = is_interpreter(_matmul_tma_kernel)
         capable, num_sms = (True, 4) if interp else tma_capable(a.device)

@@ -26,15 +26,14 @@ the ``tl`` kernels.
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
 
-from ._device import launch_options
+from ._device import launch_options, tma_descriptor_ok
 from ._epilogue_math import apply_activation
 from ._fastlaunch import FixedLaunch, meta_items, rebase
-from ._gluon import AVAILABLE, capability_90
+from ._gluon import AVAILABLE, capability_90, shared_layout
 from ._launch import tma_capable
 
 Tensor = torch.Tensor
@@ -203,21 +202,6 @@ if AVAILABLE:
                            [CONSUMER_REGS, 24])
 
 
-@functools.lru_cache(maxsize=None)
-def tile_layout(rows: int, cols: int, dtype: torch.dtype):
-    """The shared-memory layout of a [rows, cols] tile of ``dtype`` (fp16/bf16) for a tensor descriptor (cached:
-    building one costs several µs of Python)."""
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16 if dtype == torch.bfloat16
-                                                else gl.float16)
-
-
-def _aligned(t: Tensor) -> bool:
-    """A 2-d operand a TMA descriptor takes: unit column stride, a positive row stride of 16-byte multiples (a
-    broadcast row, stride 0, is not one), a 16-byte aligned base."""
-    e = t.element_size()
-    return t.stride(-1) == 1 and t.stride(0) > 0 and (t.stride(0) * e) % 16 == 0 and t.data_ptr() % 16 == 0
-
-
 def _rows(cfg) -> int:
     """Output rows per consumer warpgroup: half a tile (cooperative, ``gluon`` 1) or all of it (ping-pong, 2)."""
     return cfg.block_m // 2 if cfg.gluon == 1 else cfg.block_m
@@ -248,23 +232,23 @@ def eligible(a: Tensor, b: Tensor, y: Tensor, activation: Optional[str], cfg) ->
     y, a non-gated activation, and tiles this kernel takes (``_stages``)."""
     return (AVAILABLE and activation in ACTIVATION_IDS and a.dtype in (torch.float16, torch.bfloat16)
             and b.dtype == a.dtype and y.dtype == a.dtype and _stages(cfg, a.element_size()) >= 2 and a.shape[1] > 0
-            and capability_90(a.device) and _aligned(a) and _aligned(b.t()) and _aligned(y))
+            and capability_90(a.device) and tma_descriptor_ok(a) and tma_descriptor_ok(b.t()) and tma_descriptor_ok(y))
 
 
 def plan(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], y: Tensor, cfg):
     """The launch of y = act(a @ b + bias) for a (M, K), b (K, N) = w.T and bias (N,) or None with the tiles of
     ``cfg`` (see ``eligible``, which must hold), for every call of this signature (shapes, strides, dtypes, device,
-    16-byte alignment, bias or none): ``(launch, args)``, where ``launch(args(a, b, bias, y))`` runs one call.
-    The plan keeps no tensor of this call."""
+    16-byte alignment, bias or none): ``(launch, args)``, where ``launch(args(a, b, bias, y, None))`` runs one call
+    (``args`` takes matmul's h too, always None here: this kernel saves no pre-activation). The plan keeps no tensor
+    of this call."""
     M, K = a.shape
     N = b.shape[1]
     w = b.t()
     bm, bn, bk, rows = cfg.block_m, cfg.block_n, cfg.block_k, _rows(cfg)
-    a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [bm, bk], tile_layout(bm, bk, a.dtype))
-    b_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [bn, bk], tile_layout(bn, bk, a.dtype))
-    c_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [rows, bn], tile_layout(rows, bn, a.dtype))
-    for desc in (a_desc, b_desc, c_desc):
-        desc.base = None  # each call's descriptors are these on its own tensors (rebase)
+    # templates without a tensor: each call's descriptors are these rebased on its own tensors
+    a_desc = rebase(TensorDescriptor(a, [M, K], [a.stride(0), 1], [bm, bk], shared_layout((bm, bk), a.dtype)), None)
+    b_desc = rebase(TensorDescriptor(w, [N, K], [w.stride(0), 1], [bn, bk], shared_layout((bn, bk), a.dtype)), None)
+    c_desc = rebase(TensorDescriptor(y, [M, N], [y.stride(0), 1], [rows, bn], shared_layout((rows, bn), a.dtype)), None)
     tiles = -(-M // bm) * -(-N // bn)
     grid = (min(tiles, tma_capable(a.device)[1]),)  # one program per SM at most
     meta = meta_items(ACT=ACTIVATION_IDS[activation], HAS_BIAS=bias is not None,
@@ -272,7 +256,7 @@ def plan(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str]
                       maxnreg=MAXNREG, **launch_options(_matmul_sm90_kernel, fp_fusion=True))
     group_m = cfg.group_m
 
-    def args(a, b, bias, y):
+    def args(a, b, bias, y, h):
         # no bias: y stands in for the pointer the kernel never reads
         return (rebase(a_desc, a), rebase(b_desc, b.t()), rebase(c_desc, y),
                 y if bias is None else bias.contiguous(), M, N, K, group_m)
