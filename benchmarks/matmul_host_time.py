@@ -11,8 +11,8 @@ them) and side:
   (the second and third calls reuse what the first set up);
 - ``host``: the median wall time of one call started on an idle GPU (a sync before each): the host's Python,
   allocations and launch;
-- ``per call``: 300 calls back to back then one sync, best of 3: what an eager program sees (the larger of the
-  host time and the GPU time);
+- ``per call``: 300 calls (100 with a backward) back to back then one sync, median of 3: what an eager program sees
+  (the larger of the host time and the GPU time);
 - ``gpu``: a CUDA-graph replay's median (``do_bench_cudagraph``): the kernels alone (forward and backward for the
   ``fwd+bwd`` rows).
 
@@ -27,9 +27,7 @@ import cProfile
 import io
 import json
 import pstats
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -37,6 +35,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep_common import load_packages  # noqa: E402
+from triton_collection.bench import graph_median, host_us_per_call, wall_us_per_call  # noqa: E402
 
 # (M, N, K, activation, bias, grad): decode and small-batch shapes of Llama-3-8B and Flux, one large GEMM
 CASES = [
@@ -96,38 +95,6 @@ def max_rel_err(side, case, device) -> float:
     return worst
 
 
-def host_us(fn, samples=30) -> float:
-    fn()
-    fn()
-    ts = []
-    for _ in range(samples):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(ts)
-
-
-def per_call_us(fn, n=300) -> float:
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-    return best
-
-
-def gpu_us(fn) -> float:
-    from triton.testing import do_bench_cudagraph
-
-    return float(do_bench_cudagraph(fn, rep=50, return_mode="median")) * 1e3
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -157,11 +124,10 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, side in sides.items():
                 fn = make_fn(side, case, x, w, b)
-                if grad:
-                    measures = {"host": host_us(fn), "per call": per_call_us(fn, 100), "gpu": gpu_us(fn)}
-                else:
-                    with torch.no_grad():
-                        measures = {"host": host_us(fn), "per call": per_call_us(fn), "gpu": gpu_us(fn)}
+                with torch.enable_grad() if grad else torch.no_grad():
+                    measures = {"host": host_us_per_call(fn, samples=30),
+                                "per call": wall_us_per_call(fn, calls=100 if grad else 300, repeats=3),
+                                "gpu": graph_median(fn, rep=50) * 1e3}
                 for key, value in measures.items():
                     row.setdefault(f"{name} {key}", []).append(value)
         for key in list(row):
