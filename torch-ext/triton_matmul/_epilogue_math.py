@@ -10,7 +10,7 @@ import triton.language as tl
 from ._libm import ex2_approx_ftz, rcp_approx_ftz
 from ._rounding import round_to
 
-__all__ = ["ACTIVATIONS", "activation_and_grad", "apply_activation", "store_rounded"]
+__all__ = ["ACTIVATIONS", "activation_and_grad", "apply_activation", "backprop", "store_rounded"]
 
 # ``matmul``'s activation name -> (ACT id of the functions below, gated)
 ACTIVATIONS = {
@@ -118,3 +118,13 @@ def activation_and_grad(x, ACT: tl.constexpr, FAST_MATH: tl.constexpr):
         return tl.where(x < 0.0, 0.0, x), tl.where(x <= 0.0, 0.0, 1.0)
     else:
         return x, tl.full(x.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def backprop(dy, x, ACT: tl.constexpr, FAST_MATH: tl.constexpr):
+    """dy * act'(x) in fp32 (:func:`activation_and_grad`); relu selects instead, as torch's ``threshold_backward``:
+    dy where x > 0 (or NaN), else 0, so that a NaN or inf dy at x <= 0 gives 0."""
+    if ACT == 4:
+        return tl.where(x <= 0.0, 0.0, dy)
+    else:
+        return dy * activation_and_grad(x, ACT, FAST_MATH)[1]

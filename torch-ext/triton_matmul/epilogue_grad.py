@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ._device import check_launch_device, launch_options, next_power_of_2
 from ._dispatch import call_op
-from ._epilogue_math import ACTIVATIONS, activation_and_grad, store_rounded
+from ._epilogue_math import ACTIVATIONS, activation_and_grad, backprop, store_rounded
 from ._fastlaunch import launch, meta_items
 from ._libm import nvidia_approx
 from ._ops import add_op_namespace_prefix
@@ -60,10 +60,7 @@ def _epilogue_grad_kernel(dy_ptr, h_ptr, dh_ptr, N, blocks_n, stride_dym, stride
         store_rounded(dh_row + N + cols, dy * p * dact, mask)
     else:
         x = tl.load(h_cols, mask=mask, other=0.0).to(tl.float32)
-        if ACT == 4:  # relu: dy passed or dropped, as torch's threshold_backward (a NaN / inf dy at h <= 0 gives 0)
-            store_rounded(dh_row + cols, tl.where(x <= 0.0, 0.0, dy), mask)
-        else:
-            store_rounded(dh_row + cols, dy * activation_and_grad(x, ACT, FAST_MATH)[1], mask)
+        store_rounded(dh_row + cols, backprop(dy, x, ACT, FAST_MATH), mask)
 
 
 def _check(dy: Tensor, h: Tensor, activation: str) -> None:
