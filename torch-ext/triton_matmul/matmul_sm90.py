@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 
 from ._device import launch_options, tma_descriptor_ok
-from ._epilogue_math import apply_activation
+from ._epilogue_math import ACTIVATIONS, apply_activation
 from ._fastlaunch import FixedLaunch, meta_items, rebase
 from ._gluon import AVAILABLE, capability_90, shared_layout
 from ._launch import tma_capable
@@ -50,9 +50,6 @@ MAXNREG = 168
 # shared memory of one program on sm_90 (227 KiB) less room for the mbarriers and the flags
 SHARED_BYTES = 232448 - 1024
 
-
-# activation name -> id of the epilogue (matmul.ACTIVATIONS' non-gated ids)
-ACTIVATION_IDS = {None: 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "relu": 4}
 
 
 if AVAILABLE:
@@ -230,8 +227,9 @@ def eligible(a: Tensor, b: Tensor, y: Tensor, activation: Optional[str], cfg) ->
     """Whether a ``plan`` runs y = act(a @ b + bias) with ``cfg`` (a ``MatmulConfig`` with ``gluon`` 1 or 2):
     Gluon available, capability 9.0 exactly (wgmma), fp16/bf16, b = w.T with w (N, K) K-major, TMA-aligned a, w and
     y, a non-gated activation, and tiles this kernel takes (``_stages``)."""
-    return (AVAILABLE and activation in ACTIVATION_IDS and a.dtype in (torch.float16, torch.bfloat16)
-            and b.dtype == a.dtype and y.dtype == a.dtype and _stages(cfg, a.element_size()) >= 2 and a.shape[1] > 0
+    return (AVAILABLE and activation in ACTIVATIONS and not ACTIVATIONS[activation][1]  # plain epilogues only
+            and a.dtype in (torch.float16, torch.bfloat16) and b.dtype == a.dtype and y.dtype == a.dtype
+            and _stages(cfg, a.element_size()) >= 2 and a.shape[1] > 0
             and capability_90(a.device) and tma_descriptor_ok(a) and tma_descriptor_ok(b.t()) and tma_descriptor_ok(y))
 
 
@@ -251,7 +249,7 @@ def plan(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str]
     c_desc = rebase(TensorDescriptor(y, [M, N], [y.stride(0), 1], [rows, bn], shared_layout((rows, bn), a.dtype)), None)
     tiles = -(-M // bm) * -(-N // bn)
     grid = (min(tiles, tma_capable(a.device)[1]),)  # one program per SM at most
-    meta = meta_items(ACT=ACTIVATION_IDS[activation], HAS_BIAS=bias is not None,
+    meta = meta_items(ACT=ACTIVATIONS[activation][0], HAS_BIAS=bias is not None,
                       STAGES=_stages(cfg, a.element_size()), CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
                       maxnreg=MAXNREG, **launch_options(_matmul_sm90_kernel, fp_fusion=True))
     group_m = cfg.group_m
