@@ -119,8 +119,8 @@ def main():
             return lambda: flash._attn_fwd_launch(q, k, v, None, scale, causal, False, False, cfg=cfg)[:1]
         o2, lse2 = torch.empty_like(o), torch.empty_like(lse)
         zeros = (0, 0, 0, 0)
-        return lambda: (flash._attn_fwd_tma(q, k, v, o2, lse2, scale, causal, cfg, False, q, q, zeros, zeros, 0),
-                        o2)[1:]
+        launch, fwd_args = flash._fwd_tma_plan(q, k, v, o2, scale, causal, cfg, False, zeros, zeros, 0)
+        return lambda: (launch(fwd_args(q, k, v, o2, lse2, None, None)), o2)[1:]
 
     run_of = backward if bwd else forward
 

@@ -601,17 +601,18 @@ def test_flash_tma_forward_path(attention, device, causal, layout, rope, ws):
     want = run()
     want_g = torch.autograd.grad(want, (q, k, v), torch.ones_like(want))
     calls = []
-    original = flash._attn_fwd_tma
+    original = flash._fwd_tma_plan
     flash.FORCE_TMA = True
     flash.TMA_WS = ws
-    flash._attn_fwd_tma = lambda *a: calls.append(1) or original(*a)
+    flash._fwd_tma_plan = lambda *a: calls.append(1) or original(*a)
+    flash._FWD_PLANS.clear()  # a plan of an earlier test would skip the builder
     try:
         got = run()
         got_g = torch.autograd.grad(got, (q, k, v), torch.ones_like(got))
     finally:
         flash.FORCE_TMA = False
         flash.TMA_WS = False
-        flash._attn_fwd_tma = original
+        flash._fwd_tma_plan = original
     assert calls, "the TMA path did not run"
     assert_close(got, want.double(), TOL[torch.float16], "o")
     for g, w in zip(got_g, want_g):
@@ -680,14 +681,15 @@ def test_flash_tma_backward_path(attention, device, causal):
     do = rand(*o.shape, dtype=torch.float16, device=device)
     want = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.2, causal, True, True, False, tma_bwd=False)
     made = []
-    original = flash.tensor_descriptor
+    original = flash._descriptor_template
     flash.FORCE_TMA = True
-    flash.tensor_descriptor = lambda *a: made.append(1) or original(*a)
+    flash._descriptor_template = lambda *a: made.append(1) or original(*a)
+    flash._BWD_PLANS.clear()  # a plan of an earlier test would skip the builder
     try:
         got = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.2, causal, True, True, False, tma_bwd=True)
     finally:
         flash.FORCE_TMA = False
-        flash.tensor_descriptor = original
+        flash._descriptor_template = original
     assert len(made) == 8, "the descriptor backward did not run"
     for name, g, w in zip(("dq", "dk", "dv"), got[:3], want[:3]):
         assert_close(g, w.double(), 2e-3, name)
@@ -708,6 +710,51 @@ def test_rope_inference_plan_keeps_every_check(attention, device):
             attention.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=7)
         with pytest.raises(ValueError, match="even"):
             attention.rotary_embedding(q[..., :7], cos.unsqueeze(1)[..., :7], sin.unsqueeze(1)[..., :7])
+
+
+def test_call_plans(attention, device, monkeypatch):
+    """One forward and one backward plan per call signature: calls on new data reuse them and stay right; a tensor
+    that starts off 16 bytes, another mask or the module's switches make a plan of their own; no plan holds a
+    tensor; eager training runs without the dispatcher (the op's autograd formula in a Function)."""
+    import sys
+    import weakref
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    monkeypatch.setattr(flash, "_FWD_PLANS", type(flash._FWD_PLANS)())
+    monkeypatch.setattr(flash, "_BWD_PLANS", type(flash._BWD_PLANS)())
+    store = rand(4 * 2 * 19 * 24 + 8, dtype=torch.float16, device=device)
+
+    def check(offset, mask=None):
+        torch.manual_seed(offset)
+        q = store[offset:offset + 2 * 19 * 24].view(1, 19, 2, 24).normal_().requires_grad_(True)
+        k, v = (rand(1, 19, 2, 24, dtype=torch.float16, device=device).requires_grad_(True) for _ in range(2))
+        out = attention.flash_attention(q, k, v, attn_mask=mask, causal=True, layout="bshd")
+        assert "EagerAutograd" in type(out.grad_fn).__name__
+        do = rand(*out.shape, dtype=torch.float16, device=device)
+        got = torch.autograd.grad(out, (q, k, v), do)
+        q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+        want = ref_attention(q64, k64, v64, mask=mask, causal=True, layout="bshd")
+        assert_close(out, want.detach(), TOL[torch.float16], "o")
+        for name, g, w in zip(("dq", "dk", "dv"), got, torch.autograd.grad(want, (q64, k64, v64), do.double())):
+            assert_close(g, w, GRAD_TOL[torch.float16], name)
+        return weakref.ref(q)
+
+    for offset in (0, 2 * 19 * 24, 0):  # new data at aligned starts: one plan each way
+        seen = check(offset)
+    assert len(flash._FWD_PLANS) == 1 and len(flash._BWD_PLANS) == 1
+    assert seen() is None  # neither plan keeps the call's tensors
+    check(4)  # 8 bytes off: Triton specialises pointers on 16-byte alignment, so another plan
+    assert len(flash._FWD_PLANS) == 2 and len(flash._BWD_PLANS) == 2
+    check(0, mask=torch.ones(19, 19, dtype=torch.bool, device=device).tril(-1) | torch.eye(19, dtype=torch.bool,
+                                                                                           device=device))
+    assert len(flash._FWD_PLANS) == 3
+    monkeypatch.setattr(flash, "TMA_REVERSE", not flash.TMA_REVERSE)  # a switch: plans of its own
+    check(0)
+    assert len(flash._FWD_PLANS) == 4 and len(flash._BWD_PLANS) == 4
+    with torch.no_grad():  # inference shares the forward plan
+        out = attention.flash_attention(*(rand(1, 19, 2, 24, dtype=torch.float16, device=device) for _ in range(3)),
+                                        causal=True, layout="bshd")
+    assert len(flash._FWD_PLANS) == 4 and out.grad_fn is None
 
 
 SM90_CASES = [  # (B, Hq, Hk, Sq, Sk, D, causal, layout): GQA/MQA, ragged and prime lengths, Sq != Sk
@@ -923,6 +970,34 @@ def test_flash_sm90_rope(attention, device, interleaved, layout):
         assert_close(g, w.double(), GRAD_TOL[torch.bfloat16], name)
 
 
+def _fake_fwd_plan(fake_forward):
+    """A stand-in for ``flash_sm90.plan`` whose launch calls ``fake_forward(qv, kv, vv, o, lse, qk_scale, causal)``
+    on each call's tensors seen as the plan's [B, H, S, D] views (a call passes the tensors the views were taken of)."""
+    def plan(qv, kv, vv, o, qk_scale, causal):
+        views = (qv, kv, vv, o)
+
+        def args(q, k, v, o, lse):
+            return (*(torch.as_strided(t, w.shape, w.stride()) for t, w in zip((q, k, v, o), views)), lse, qk_scale,
+                    causal)
+
+        return (lambda a: fake_forward(*a)), args
+    return plan
+
+
+def _fake_bwd_plan(fake_backward):
+    """A stand-in for ``flash_sm90_bwd.plan`` whose run calls ``fake_backward(qv, kv, vv, dov, lse, delta, dq, dk,
+    dv, scale, causal)`` with each call's tensors seen as the plan's [B, H, S, D] views."""
+    def plan(qv, kv, vv, dov, grads, scale, causal):
+        views = (qv, kv, vv, dov, *grads)
+
+        def run(q, k, v, do, lse, delta, dq, dk, dv):
+            qv, kv, vv, dov, dq, dk, dv = (torch.as_strided(t, w.shape, w.stride())
+                                           for t, w in zip((q, k, v, do, dq, dk, dv), views))
+            fake_backward(qv, kv, vv, dov, lse, delta, dq, dk, dv, scale, causal)
+        return run
+    return plan
+
+
 @pytest.mark.parametrize("rope,layout,out_layout", [(False, "bhsd", "bhsd"), (False, "bshd", "bhsd"),
                                                     (True, "bshd", "bshd"), (True, "bhsd", "bhsd")])
 def test_sm90_dispatch(attention, monkeypatch, rope, layout, out_layout):
@@ -951,7 +1026,8 @@ def test_sm90_dispatch(attention, monkeypatch, rope, layout, out_layout):
 
     monkeypatch.setattr(flash, "is_interpreter", lambda kernel: False)
     monkeypatch.setattr(sm90, "eligible", lambda *a: True)
-    monkeypatch.setattr(sm90, "forward", fake_forward)
+    monkeypatch.setattr(sm90, "plan", _fake_fwd_plan(fake_forward))
+    monkeypatch.setattr(flash, "_FWD_PLANS", type(flash._FWD_PLANS)())  # no plan made here outlives the fakes
     torch.manual_seed(28)
     B, H, S, D = 1, 2, 9, 8
     q, k, v = make_qkv(B, H, H, S, S, D, torch.float32, "cpu", layout, grad=True)
@@ -1056,9 +1132,11 @@ def test_sm90_backward_dispatch(attention, monkeypatch, layout, causal):
     monkeypatch.setattr(flash, "is_interpreter", lambda kernel: False)
     monkeypatch.setattr(flash, "_has_tma", lambda device: True)
     monkeypatch.setattr(sm90, "eligible", lambda *a: True)
-    monkeypatch.setattr(sm90, "forward", fake_forward)
+    monkeypatch.setattr(sm90, "plan", _fake_fwd_plan(fake_forward))
     monkeypatch.setattr(bwd, "eligible", lambda *a: True)
-    monkeypatch.setattr(bwd, "backward", fake_backward)
+    monkeypatch.setattr(bwd, "plan", _fake_bwd_plan(fake_backward))
+    monkeypatch.setattr(flash, "_FWD_PLANS", type(flash._FWD_PLANS)())  # no plan made here outlives the fakes
+    monkeypatch.setattr(flash, "_BWD_PLANS", type(flash._BWD_PLANS)())
     torch.manual_seed(30)
     B, H, S, D = 1, 2, 64, 64  # the smallest the tensor-descriptor branch takes (d = 64: 64-query tiles)
     q, k, v = make_qkv(B, H, H, S, S, D, torch.float16, "cpu", layout, grad=True)

@@ -902,34 +902,6 @@ def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
     assert triton_path == [(desc, 4)] and len(calls) == 1
 
 
-def test_tensor_descriptor_templates(norms):
-    """``tensor_descriptor`` constructs (and so checks) the first descriptor of a dtype, shape, strides and block
-    shape, then rebases a template that keeps no tensor; a tensor of other strides gets a descriptor of its own."""
-    import weakref
-
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    fl = norms._fastlaunch
-    built = []
-
-    class Counted(TensorDescriptor):
-        def __post_init__(self):
-            built.append(1)
-            super().__post_init__()
-
-    first = torch.zeros(48, 32, dtype=torch.bfloat16)
-    seen = weakref.ref(first)
-    d1 = fl.tensor_descriptor(Counted, first, [16, 32])
-    assert d1.base is first and len(built) == 1
-    del d1, first
-    assert seen() is None  # the template does not hold the first tensor
-    x = torch.ones(48, 32, dtype=torch.bfloat16)
-    d2 = fl.tensor_descriptor(Counted, x, [16, 32])
-    assert d2.base is x and len(built) == 1 and (d2.shape, d2.strides, d2.block_shape) == ([48, 32], [32, 1], [16, 32])
-    wide = torch.zeros(48, 64, dtype=torch.bfloat16)[:, :32]  # row stride 64: another template
-    d3 = fl.tensor_descriptor(Counted, wide, [16, 32])
-    assert len(built) == 2 and d3.strides == [64, 1] and d3.base is wide
-
 @pytest.mark.gpu
 def test_fast_launch_equals_triton_launch_across_alignments(norms, device):
     """Alternate aligned / unaligned inputs and widths so cached launches meet every key; each result

@@ -63,7 +63,7 @@ _DESCRIPTORS = _descriptor_types()
 if _DESCRIPTORS:
     from triton.runtime.jit import mangle_type as _mangle_type
 
-__all__ = ["FixedLaunch", "Launch", "PlanCache", "launch", "meta_items", "rebase", "spec", "tensor_descriptor"]
+__all__ = ["FixedLaunch", "Launch", "PlanCache", "launch", "meta_items", "rebase", "spec"]
 
 _DIRECT_OK = [True]  # cleared once if this Triton's launcher cannot be called directly
 _ADDRESSES_OK = [True]  # cleared once if this Triton's launcher takes no integer addresses for pointers
@@ -350,21 +350,6 @@ def rebase(desc, base):
     return out
 
 
-def tensor_descriptor(cls, t: torch.Tensor, block_shape: list, *layout):
-    """``cls(t, list(t.shape), list(t.stride()), block_shape, *layout)``: a host tensor descriptor (Triton's or
-    Gluon's ``TensorDescriptor``, ``layout`` the latter's shared layout) of all of ``t``, built once per dtype,
-    shape, strides, block shape and layout and rebased on each call's tensor (:func:`rebase`) after that: the
-    constructor's checks ran on the first. ``t`` must start on 16 bytes, as the first did (the callers' TMA
-    eligibility checks hold it)."""
-    key = (cls, t.dtype, t.shape, t.stride(), tuple(block_shape), *layout)
-    template = _DESCRIPTOR_TEMPLATES.get(key)
-    if template is None:
-        made = cls(t, list(t.shape), list(t.stride()), list(block_shape), *layout)
-        _DESCRIPTOR_TEMPLATES.add(key, rebase(made, None))  # the template keeps no tensor
-        return made
-    return rebase(template, t)
-
-
 class PlanCache(dict):
     """Launch plans kept per call signature (a key of shapes, strides, dtypes, device and flags).
 
@@ -380,5 +365,3 @@ class PlanCache(dict):
             self[key] = plan
         return plan
 
-
-_DESCRIPTOR_TEMPLATES = PlanCache()  # tensor_descriptor's templates

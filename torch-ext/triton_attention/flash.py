@@ -48,8 +48,8 @@ import triton.language as tl
 
 from . import flash_sm90, flash_sm90_bwd
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2, tma_descriptor_ok
-from ._dispatch import call_op
-from ._fastlaunch import launch, meta_items, tensor_descriptor
+from ._dispatch import call_op, eager_autograd
+from ._fastlaunch import FixedLaunch, PlanCache, meta_items, rebase
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
@@ -730,30 +730,43 @@ def _tma_eligible(qv: Tensor, kv: Tensor, vv: Tensor, mask, interp: bool) -> boo
             and tma_descriptor_ok(qv) and tma_descriptor_ok(kv) and tma_descriptor_ok(vv))
 
 
-def _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, cfg, interp, cv, sv, cs, ss, rope, ws=None):
+def _descriptor_template(t: Tensor, block_rows: int):
+    """A host tensor descriptor of all of the [B, H, S, D] view ``t`` with [1, 1, block_rows, D] tiles, keeping no
+    tensor: a call's own is this rebased on its tensor (``rebase``)."""
+    D = t.shape[3]
+    return rebase(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_rows, D]), None)
+
+
+def _fwd_tma_plan(qv, kv, vv, o, scale, causal, cfg, interp, cs, ss, rope, ws=None):
+    """``(launch, args)`` of the tensor-descriptor forward for these [B, H, S, D] views: ``launch(args(q, k, v, o,
+    lse, cos, sin))`` runs one call (cos / sin None without the fused RoPE); the tensors may be those the views were
+    taken of, with the views' first elements."""
     B, H, Sq, D = qv.shape
     Hk, Sk = kv.shape[1], kv.shape[2]
     BM, BN = cfg.block_m, cfg.block_n
-    descs = [tensor_descriptor(TensorDescriptor, t, [1, 1, bs, D])
-             for t, bs in ((qv, BM), (kv, BN), (vv, BN), (o, BM))]
+    q_t, k_t, v_t, o_t = (_descriptor_template(t, bs) for t, bs in ((qv, BM), (kv, BN), (vv, BN), (o, BM)))
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
                                **launch_options(_attn_fwd_tma_kernel, fp_fusion=True)}
-    launch(_attn_fwd_tma_kernel, (cdiv(Sq, BM), H, B),
-           (*descs, lse, qv, cv, sv, *qv.stride(), *cs, *ss, Sq, Sk, H // Hk, scale * LOG2E),
-           meta_items(D=D, CAUSAL=causal, ROPE=rope, BLOCK_M=BM, BLOCK_N=BN, WS=bool(TMA_WS if ws is None else ws),
-                      REVERSE=TMA_REVERSE and causal, **extra), qv.device)
+    meta = meta_items(D=D, CAUSAL=causal, ROPE=rope, BLOCK_M=BM, BLOCK_N=BN, WS=bool(TMA_WS if ws is None else ws),
+                      REVERSE=TMA_REVERSE and causal, **extra)
+    scalars = (*qv.stride(), *cs, *ss, Sq, Sk, H // Hk, scale * LOG2E)
+
+    def args(q, k, v, o, lse, cos, sin):
+        return (rebase(q_t, q), rebase(k_t, k), rebase(v_t, v), rebase(o_t, o), lse, q,
+                q if cos is None else cos, q if sin is None else sin, *scalars)
+
+    return FixedLaunch(_attn_fwd_tma_kernel, (cdiv(Sq, BM), H, B), meta, qv.device), args
 
 
-def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, causal: bool,
-                     bshd: bool, out_bshd: bool, cfg: Optional[FwdConfig] = None, cos: Optional[Tensor] = None,
-                     sin: Optional[Tensor] = None, rope: int = 0) -> Tuple[Tensor, Tensor]:
+def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
+              o: Tensor, scale: float, causal: bool, bshd: bool, rope: int, cfg: Optional[FwdConfig]):
+    """The forward's plan for this call signature (``_fwd_plan_key``): picks the kernel (the Gluon kernel of
+    ``flash_sm90``, the tensor-descriptor kernel or the pointer kernel) and its tiles, and returns ``run(q, k, v,
+    mask, cos, sin, o, lse)``, which launches one call of the signature. ``o`` is the [B, H, Sq, DV] view of the
+    output. The plan keeps no tensor of this call."""
     qv, kv, vv = _bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd)
     B, H, Sq, D = qv.shape
     Hk, Sk, DV = kv.shape[1], kv.shape[2], vv.shape[3]
-    o = _empty_layout(B, H, Sq, DV, q, out_bshd)
-    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
-    if o.numel() == 0:
-        return (o.transpose(1, 2) if out_bshd else o), lse
     check_launch_device(q, _attn_fwd_kernel)
     interp = is_interpreter(_attn_fwd_kernel)
     BD, BDV = padded_head_dim(D), padded_head_dim(DV)
@@ -763,51 +776,92 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
         if Sq < cfg.block_m:  # short queries (decode, small images): no idle rows in the tile
             cfg = FwdConfig(max(16, next_power_of_2(Sq)), cfg.block_n, min(cfg.num_warps, 4), cfg.num_stages)
     m, ms, kind = _mask_view(mask, B, H, Sq, Sk, qv)
-    grid = (cdiv(Sq, cfg.block_m), H, B)
-    extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
-                               **launch_options(_attn_fwd_kernel, fp_fusion=True)}
     if rope:
         cv, sv = _bhsd(_as4(cos).expand(q.shape), bshd), _bhsd(_as4(sin).expand(q.shape), bshd)
         cs, ss = _bcast_strides(cv), _bcast_strides(sv)
     else:
-        cv = sv = qv
         cs = ss = (0, 0, 0, 0)
     if default_cfg and SM90_FWD and not FORCE_TMA and not interp and flash_sm90.eligible(qv, kv, vv, o, mask, scale):
-        if rope:  # the Gluon kernel does not rotate on load: q is rotated by one pass, as k was
-            from .rotary import _rope_impl
-            qv = _bhsd(_rope_impl(q, cos, sin, rope == 2, True), bshd)
-        flash_sm90.forward(qv, kv, vv, o, lse, scale * LOG2E, causal)
-        return (o.transpose(1, 2) if out_bshd else o), lse
+        if not rope:
+            launch, args = flash_sm90.plan(qv, kv, vv, o, scale * LOG2E, causal)
+            return lambda q, k, v, mask, cos, sin, o, lse: launch(args(q, k, v, o, lse))
+        # the Gluon kernel does not rotate on load: q is rotated by one pass, as k was (the layout of the rotated
+        # copy follows from q's, so this call's copy gives the plan's)
+        from .rotary import _rope_impl
+
+        interleaved = rope == 2
+        q_rot = _rope_impl(q, cos, sin, interleaved, True)
+        launch, args = flash_sm90.plan(_bhsd(q_rot, bshd), kv, vv, o, scale * LOG2E, causal)
+        return lambda q, k, v, mask, cos, sin, o, lse: launch(args(_rope_impl(q, cos, sin, interleaved, True), k, v,
+                                                                   o, lse))
     # scale > 0: the TMA forward masks before it scales (a scale of 0 would turn -inf into NaN)
     if default_cfg and (FORCE_TMA or TMA_FWD and not rope) and scale > 0 \
             and _tma_eligible(qv, kv, vv, mask, interp):
         # FORCE_TMA (the tests' switch) skips _tma_eligible's D check: other head dims run the d = 128 tiles
         tma_cfg = FwdConfig(16, 16, 1, 1) if interp else TMA_CONFIGS.get(D, TMA_CONFIGS[128])
-        _attn_fwd_tma(qv, kv, vv, o, lse, scale, causal, tma_cfg, interp, cv, sv, cs, ss, rope)
+        launch, args = _fwd_tma_plan(qv, kv, vv, o, scale, causal, tma_cfg, interp, cs, ss, rope)
+        return lambda q, k, v, mask, cos, sin, o, lse: launch(args(q, k, v, o, lse, cos, sin))
+    extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                               **launch_options(_attn_fwd_kernel, fp_fusion=True)}
+    meta = meta_items(D=D, DV=DV, MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype),
+                      F32=interp and q.dtype == torch.bfloat16, ROPE=rope, BLOCK_M=cfg.block_m,
+                      BLOCK_N=cfg.block_n, BLOCK_D=BD, BLOCK_DV=BDV, **extra)
+    launch = FixedLaunch(_attn_fwd_kernel, (cdiv(Sq, cfg.block_m), H, B), meta, q.device)
+    scalars = (*qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(), *cs, *ss, Sq, Sk, H // Hk, scale * LOG2E)
+
+    def run(q, k, v, mask, cos, sin, o, lse):  # an absent mask / cos / sin: q stands in (never read)
+        launch((q, k, v, q if mask is None else mask, o, lse, q if cos is None else cos, q if sin is None else sin,
+                *scalars))
+
+    return run
+
+
+def _signature(t: Optional[Tensor]):
+    """What a plan depends on of a tensor argument: shape, strides, dtype, device and whether its data starts on 16
+    bytes (TMA, and Triton's pointer specialisation); None for an absent one."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
+
+
+def _switches() -> tuple:
+    """The module's kernel switches (the tests and sweeps set them): part of every plan key."""
+    return FORCE_TMA, TMA_FWD, SM90_FWD, TMA_WS, TMA_REVERSE, TMA_BWD, SM90_BWD, TMA_BWD_CONFIG
+
+
+# a call signature -> its plan (_fwd_plan, _bwd_plan): the kernel, tiles, grid, scalars and descriptor templates
+_FWD_PLANS = PlanCache()
+_BWD_PLANS = PlanCache()
+
+
+def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, causal: bool,
+                     bshd: bool, out_bshd: bool, cfg: Optional[FwdConfig] = None, cos: Optional[Tensor] = None,
+                     sin: Optional[Tensor] = None, rope: int = 0) -> Tuple[Tensor, Tensor]:
+    """(o, lse): the output in ``out_bshd``'s layout and the base-2 log-sum-exp (fp32 [B, H, Sq]). Each call
+    signature picks its kernel once (``_fwd_plan``); output buffers are new allocations, which start on 16 bytes."""
+    B, Sq, H = (q.shape[0], q.shape[1], q.shape[2]) if bshd else (q.shape[0], q.shape[2], q.shape[1])
+    o = _empty_layout(B, H, Sq, v.shape[3], q, out_bshd)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
         return (o.transpose(1, 2) if out_bshd else o), lse
-    launch(_attn_fwd_kernel, grid,
-           (qv, kv, vv, m, o, lse, cv, sv, *qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(), *cs, *ss,
-            Sq, Sk, H // Hk, scale * LOG2E),
-           meta_items(D=D, DV=DV, MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype),
-                      F32=interp and q.dtype == torch.bfloat16, ROPE=rope, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                      BLOCK_D=BD, BLOCK_DV=BDV, **extra), q.device)
+    key = (_signature(q), _signature(k), _signature(v), _signature(mask), _signature(cos), _signature(sin), scale,
+           causal, bshd, out_bshd, rope, cfg, _switches())
+    plan = _FWD_PLANS.get(key)
+    if plan is None:
+        plan = _FWD_PLANS.add(key, _fwd_plan(q, k, v, mask, cos, sin, o, scale, causal, bshd, rope, cfg))
+    plan(q, k, v, mask, cos, sin, o, lse)
     return (o.transpose(1, 2) if out_bshd else o), lse
 
 
-def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], o: Tensor, lse: Tensor,
-                     scale: float, causal: bool, bshd: bool, out_bshd: bool, need_dmask: bool,
-                     cfg: Optional[BwdConfig] = None, tma_bwd: Optional[bool] = None):
+def _bwd_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], o: Tensor, grads, scale: float,
+              causal: bool, bshd: bool, out_bshd: bool, need_dmask: bool, cfg: Optional[BwdConfig],
+              tma_bwd: Optional[bool]):
+    """The backward's plan for this call signature: the delta kernel, then the Gluon kernels of ``flash_sm90_bwd``,
+    the tensor-descriptor kernels or the pointer kernels; returns ``run(do, q, k, v, mask, o, lse, delta, dq, dk, dv,
+    ds)``, which launches one call. ``grads`` = (dq, dk, dv) as [B, H, S, D] views. The plan keeps no tensor."""
     qv, kv, vv = _bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd)
     ov, dov = _bhsd(o, out_bshd), _bhsd(do, out_bshd)
+    dq, dk, dv = grads
     B, H, Sq, D = qv.shape
     Hk, Sk, DV = kv.shape[1], kv.shape[2], vv.shape[3]
-    dq = _empty_layout(B, H, Sq, D, q, bshd)
-    dk = _empty_layout(B, Hk, Sk, D, k, bshd)
-    dv = _empty_layout(B, Hk, Sk, DV, v, bshd)
-    ds = torch.zeros(B, H, Sq, Sk, dtype=torch.float32, device=q.device) if need_dmask else q.new_empty(0)
-    back = (lambda t: t.transpose(1, 2)) if bshd else (lambda t: t)
-    if B * H * Sq == 0 or Sk == 0:
-        return back(dq.zero_()), back(dk.zero_()), back(dv.zero_()), ds
     check_launch_device(q, _attn_bwd_dq_kernel)
     interp = is_interpreter(_attn_bwd_dq_kernel)
     BD, BDV = padded_head_dim(D), padded_head_dim(DV)
@@ -817,42 +871,90 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
                                **launch_options(_attn_bwd_dkdv_kernel, fp_fusion=True)}
     extra2 = {} if interp else {**cfg.dq_launch, **launch_options(_attn_bwd_dq_kernel, fp_fusion=True)}
-    delta = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     block_delta = 16 if interp else 64
-    launch(_bwd_delta_kernel, (cdiv(Sq, block_delta), H, B), (ov, dov, delta, *ov.stride(), *dov.stride(), Sq, DV),
-           meta_items(BLOCK_M=block_delta, BLOCK_DV=BDV,
-                      **({} if interp else {"num_warps": 4, **launch_options(_bwd_delta_kernel, fp_fusion=True)})),
-           q.device)
+    delta_launch = FixedLaunch(
+        _bwd_delta_kernel, (cdiv(Sq, block_delta), H, B),
+        meta_items(BLOCK_M=block_delta, BLOCK_DV=BDV,
+                   **({} if interp else {"num_warps": 4, **launch_options(_bwd_delta_kernel, fp_fusion=True)})),
+        q.device)
+    delta_scalars = (*ov.stride(), *dov.stride(), Sq, DV)
+
+    def with_delta(grads_run):
+        def run(do, q, k, v, mask, o, lse, delta, dq, dk, dv, ds):
+            delta_launch((o, do, delta, *delta_scalars))
+            grads_run(do, q, k, v, mask, lse, delta, dq, dk, dv, ds)
+        return run
+
     if (TMA_BWD if tma_bwd is None else tma_bwd) and not need_dmask and _tma_eligible(qv, kv, vv, mask, interp) \
             and tma_descriptor_ok(dov) and D == DV and D == BD:
         if default_cfg and SM90_BWD and not FORCE_TMA and not interp \
-                and flash_sm90_bwd.eligible(qv, kv, vv, dov, (dq, dk, dv), mask):
-            flash_sm90_bwd.backward(qv, kv, vv, dov, lse, delta, dq, dk, dv, scale, causal)
-            return back(dq), back(dk), back(dv), ds
+                and flash_sm90_bwd.eligible(qv, kv, vv, dov, grads, mask):
+            sm90 = flash_sm90_bwd.plan(qv, kv, vv, dov, grads, scale, causal)
+            return with_delta(lambda do, q, k, v, mask, lse, delta, dq, dk, dv, ds:
+                              sm90(q, k, v, do, lse, delta, dq, dk, dv))
         tcfg = BwdConfig(16, 16, 16, 16, 1, 1) if interp else TMA_BWD_CONFIG if default_cfg else cfg
-        dsc = lambda t, bs: tensor_descriptor(TensorDescriptor, t, [1, 1, bs, D])  # noqa: E731
-        launch(_attn_bwd_dkdv_tma_kernel, (cdiv(Sk, tcfg.block_n1), Hk, B),
-               (dsc(qv, tcfg.block_m1), dsc(kv, tcfg.block_n1), dsc(vv, tcfg.block_n1), dsc(dov, tcfg.block_m1),
-                lse, delta, dk, dv, *dk.stride(), *dv.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale),
-               meta_items(D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m1, BLOCK_N=tcfg.block_n1, **extra), q.device)
-        launch(_attn_bwd_dq_tma_kernel, (cdiv(Sq, tcfg.block_m2), H, B),
-               (dsc(qv, tcfg.block_m2), dsc(kv, tcfg.block_n2), dsc(vv, tcfg.block_n2), dsc(dov, tcfg.block_m2),
-                lse, delta, dq, *dq.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale),
-               meta_items(D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m2, BLOCK_N=tcfg.block_n2, **extra2), q.device)
-        return back(dq), back(dk), back(dv), ds
+        t = _descriptor_template
+        q1, k1, v1, do1 = t(qv, tcfg.block_m1), t(kv, tcfg.block_n1), t(vv, tcfg.block_n1), t(dov, tcfg.block_m1)
+        q2, k2, v2, do2 = t(qv, tcfg.block_m2), t(kv, tcfg.block_n2), t(vv, tcfg.block_n2), t(dov, tcfg.block_m2)
+        dkdv = FixedLaunch(_attn_bwd_dkdv_tma_kernel, (cdiv(Sk, tcfg.block_n1), Hk, B),
+                           meta_items(D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m1, BLOCK_N=tcfg.block_n1, **extra),
+                           q.device)
+        dq_launch = FixedLaunch(_attn_bwd_dq_tma_kernel, (cdiv(Sq, tcfg.block_m2), H, B),
+                                meta_items(D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m2, BLOCK_N=tcfg.block_n2, **extra2),
+                                q.device)
+        dkdv_scalars = (*dk.stride(), *dv.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale)
+        dq_scalars = (*dq.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale)
+
+        def tma_run(do, q, k, v, mask, lse, delta, dq, dk, dv, ds):
+            dkdv((rebase(q1, q), rebase(k1, k), rebase(v1, v), rebase(do1, do), lse, delta, dk, dv, *dkdv_scalars))
+            dq_launch((rebase(q2, q), rebase(k2, k), rebase(v2, v), rebase(do2, do), lse, delta, dq, *dq_scalars))
+
+        return with_delta(tma_run)
     common = dict(D=D, DV=DV, MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype),
                   F32=interp and q.dtype == torch.bfloat16, BLOCK_D=BD, BLOCK_DV=BDV)
-    launch(_attn_bwd_dkdv_kernel, (cdiv(Sk, cfg.block_n1), Hk, B),
-           (qv, kv, vv, m, dov, lse, delta, dk, dv,
-            *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dk.stride(), *dv.stride(),
-            H, Sq, Sk, H // Hk, scale * LOG2E, scale),
-           meta_items(BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, **common, **extra), q.device)
-    launch(_attn_bwd_dq_kernel, (cdiv(Sq, cfg.block_m2), H, B),
-           (qv, kv, vv, m, dov, lse, delta, dq, ds,
-            *qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride(), *dq.stride(),
-            H, Sq, Sk, H // Hk, scale * LOG2E, scale),
-           meta_items(STORE_DS=need_dmask, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, **common, **extra2), q.device)
-    return back(dq), back(dk), back(dv), ds
+    dkdv = FixedLaunch(_attn_bwd_dkdv_kernel, (cdiv(Sk, cfg.block_n1), Hk, B),
+                       meta_items(BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, **common, **extra), q.device)
+    dq_launch = FixedLaunch(_attn_bwd_dq_kernel, (cdiv(Sq, cfg.block_m2), H, B),
+                            meta_items(STORE_DS=need_dmask, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, **common,
+                                       **extra2), q.device)
+    inputs = (*qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride())
+    dkdv_scalars = (*inputs, *dk.stride(), *dv.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale)
+    dq_scalars = (*inputs, *dq.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale)
+
+    def pointer_run(do, q, k, v, mask, lse, delta, dq, dk, dv, ds):  # no mask: q stands in (never read)
+        m = q if mask is None else mask
+        dkdv((q, k, v, m, do, lse, delta, dk, dv, *dkdv_scalars))
+        dq_launch((q, k, v, m, do, lse, delta, dq, ds, *dq_scalars))
+
+    return with_delta(pointer_run)
+
+
+def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], o: Tensor, lse: Tensor,
+                     scale: float, causal: bool, bshd: bool, out_bshd: bool, need_dmask: bool,
+                     cfg: Optional[BwdConfig] = None, tma_bwd: Optional[bool] = None):
+    """(dq, dk, dv, ds): gradients in the inputs' layouts, ds (fp32 [B, H, Sq, Sk]) only if ``need_dmask``. Each
+    call signature picks its kernels once (``_bwd_plan``)."""
+    qv, kv, vv = _bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd)
+    B, H, Sq, D = qv.shape
+    Hk, Sk, DV = kv.shape[1], kv.shape[2], vv.shape[3]
+    dq = _empty_layout(B, H, Sq, D, q, bshd)
+    dk = _empty_layout(B, Hk, Sk, D, k, bshd)
+    dv = _empty_layout(B, Hk, Sk, DV, v, bshd)
+    ds = torch.zeros(B, H, Sq, Sk, dtype=torch.float32, device=q.device) if need_dmask else q.new_empty(0)
+    if B * H * Sq == 0 or Sk == 0:
+        dq.zero_(), dk.zero_(), dv.zero_()
+    else:
+        delta = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+        key = (_signature(do), _signature(q), _signature(k), _signature(v), _signature(mask), _signature(o),
+               _signature(lse), scale, causal, bshd, out_bshd, need_dmask, cfg, tma_bwd, _switches())
+        plan = _BWD_PLANS.get(key)
+        if plan is None:
+            plan = _BWD_PLANS.add(key, _bwd_plan(do, q, k, v, mask, o, (dq, dk, dv), scale, causal, bshd, out_bshd,
+                                                 need_dmask, cfg, tma_bwd))
+        plan(do, q, k, v, mask, o, lse, delta, dq, dk, dv, ds)
+    if bshd:
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), ds
+    return dq, dk, dv, ds
 
 
 def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, causal: bool,
@@ -909,7 +1011,8 @@ def _backward(ctx, do, dlse):
     q, k, v, mask, o, lse = ctx.saved_tensors
     scale, causal, bshd, out_bshd = ctx.args
     need_dmask = ctx.needs_input_grad[3]
-    dq, dk, dv, ds = _attn_bwd(do, q, k, v, mask, o, lse, scale, causal, bshd, out_bshd, need_dmask)
+    dq, dk, dv, ds = call_op(_attn_bwd, _attn_bwd_launch, do, q, k, v, mask, o, lse, scale, causal, bshd, out_bshd,
+                             need_dmask)
     dmask = None
     if need_dmask:
         shape, dtype = ctx.mask_meta
@@ -918,6 +1021,7 @@ def _backward(ctx, do, dlse):
 
 
 _attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+_ATTN_AUTOGRAD = eager_autograd(_attn_fwd_impl, _setup_context, _backward)  # eager training without the dispatcher
 
 
 # ----------------------------------------------------------------------------- public API
@@ -1015,7 +1119,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
     out_layout = layout if out_layout is None else out_layout
     if out_layout not in ("bhsd", "bshd"):
         raise ValueError(f"out_layout must be 'bhsd' or 'bshd', got {out_layout!r}")
-    o, _ = call_op(_attn_fwd, _attn_fwd_impl, q, k, v, attn_mask, scale, causal, bshd, out_layout == "bshd")
+    o, _ = call_op(_attn_fwd, _attn_fwd_impl, q, k, v, attn_mask, scale, causal, bshd, out_layout == "bshd",
+                   autograd=_ATTN_AUTOGRAD)
     return o
 
 
@@ -1049,14 +1154,15 @@ def _setup_rope_context(ctx, inputs, output):
 
 
 def _rope_backward(ctx, do, dlse):
-    from .rotary import _rope, _rope_bwd
+    from .rotary import _rope, _rope_bwd, _rope_bwd_impl, _rope_impl
 
     q, k, v, cos, sin, mask, o, lse = ctx.saved_tensors
     scale, causal, bshd, out_bshd, interleaved = ctx.args
     need_dmask = ctx.needs_input_grad[5]
-    q_rot = _rope(q, cos, sin, interleaved, True)
-    dq_rot, dk, dv, ds = _attn_bwd(do, q_rot, k, v, mask, o, lse, scale, causal, bshd, out_bshd, need_dmask)
-    dq = _rope_bwd(dq_rot, cos, sin, interleaved, q.dtype)
+    q_rot = call_op(_rope, _rope_impl, q, cos, sin, interleaved, True)
+    dq_rot, dk, dv, ds = call_op(_attn_bwd, _attn_bwd_launch, do, q_rot, k, v, mask, o, lse, scale, causal, bshd,
+                                 out_bshd, need_dmask)
+    dq = call_op(_rope_bwd, _rope_bwd_impl, dq_rot, cos, sin, interleaved, q.dtype)
     dmask = None
     if need_dmask:
         shape, dtype = ctx.mask_meta
@@ -1065,6 +1171,7 @@ def _rope_backward(ctx, do, dlse):
 
 
 _attn_rope_fwd.register_autograd(_rope_backward, setup_context=_setup_rope_context)
+_ATTN_ROPE_AUTOGRAD = eager_autograd(_attn_rope_fwd_impl, _setup_rope_context, _rope_backward)
 
 
 def flash_attention_rope(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False,
@@ -1104,5 +1211,5 @@ def flash_attention_rope(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tens
     _check_rope("k", k, cos, sin)
     k_rot = rotary_embedding(k, cos, sin, interleaved=interleaved, fp32_math=True)
     o, _ = call_op(_attn_rope_fwd, _attn_rope_fwd_impl, q, k_rot, v, cos, sin, attn_mask, scale, causal, bshd,
-                   out_layout == "bshd", bool(interleaved))
+                   out_layout == "bshd", bool(interleaved), autograd=_ATTN_ROPE_AUTOGRAD)
     return o

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 from ._device import cdiv, launch_options, tma_descriptor_ok
-from ._fastlaunch import launch, meta_items, tensor_descriptor
+from ._fastlaunch import FixedLaunch, meta_items, rebase
 from ._gluon import AVAILABLE, capability_90 as _capability_90, shared_layout
 
 Tensor = torch.Tensor
@@ -272,7 +272,7 @@ if AVAILABLE:
 
 
 def eligible(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, mask, scale: float) -> bool:
-    """Whether ``forward`` runs these [B, H, S, D] views (see the module docstring); ``scale`` > 0 (the kernel masks
+    """Whether ``plan`` runs these [B, H, S, D] views (see the module docstring); ``scale`` > 0 (the kernel masks
     before it scales, and takes the row maximum of the unscaled scores)."""
     D = qv.shape[3]
     return (AVAILABLE and mask is None and scale > 0 and qv.dtype in (torch.float16, torch.bfloat16) and D in CONFIGS
@@ -281,18 +281,28 @@ def eligible(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, mask, scale: float) 
             and all(tma_descriptor_ok(t) for t in (qv, kv, vv, o)))
 
 
-def forward(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, lse: Tensor, qk_scale: float, causal: bool) -> None:
-    """Writes ``o`` ([B, H, Sq, D], any strides ``eligible`` accepts) and ``lse`` ([B, H, Sq] fp32, base 2) for
-    q, k, v as [B, H, S, D] views (kv heads Hk dividing H); ``qk_scale`` = softmax scale x log2(e)."""
+def plan(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, qk_scale: float, causal: bool):
+    """The launch of the forward for q, k, v as [B, H, S, D] views (kv heads Hk dividing H) writing ``o`` ([B, H, Sq,
+    D]) and the base-2 ``lse`` ([B, H, Sq] fp32), for every call of this signature (shapes, strides, dtype, device;
+    ``eligible`` must hold); ``qk_scale`` = softmax scale x log2(e). Returns ``(launch, args)``: ``launch(args(q, k,
+    v, o, lse))`` runs one call, where q, k, v and o may be the tensors these views were taken of (a descriptor
+    reads only their first element's address). The plan keeps no tensor of this call."""
     B, H, Sq, D = qv.shape
     Hk, Sk = kv.shape[1], kv.shape[2]
     cfg = CONFIGS[D]
     q_block, kv_block = [1, 1, BLOCK_M, D], [1, 1, cfg.block_n, D]
     q_layout, kv_layout = shared_layout(tuple(q_block), qv.dtype), shared_layout(tuple(kv_block), qv.dtype)
-    descs = [tensor_descriptor(TensorDescriptor, t, block, layout)
-             for t, block, layout in ((qv, q_block, q_layout), (kv, kv_block, kv_layout), (vv, kv_block, kv_layout),
-                                      (o, q_block, q_layout))]
-    launch(_attn_fwd_sm90_kernel, (cdiv(Sq, 2 * BLOCK_M), H, B), (*descs, lse, Sq, Sk, H // Hk, qk_scale),
-           meta_items(D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal, PINGPONG=cfg.pingpong,
+    q_desc, k_desc, v_desc, o_desc = (
+        rebase(TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout), None)
+        for t, block, layout in ((qv, q_block, q_layout), (kv, kv_block, kv_layout), (vv, kv_block, kv_layout),
+                                 (o, q_block, q_layout)))
+    group = H // Hk
+    meta = meta_items(D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal, PINGPONG=cfg.pingpong,
                       CONSUMER_REGS=cfg.consumer_regs, HEAD_GROUP=CAUSAL_HEAD_GROUP, num_warps=4,
-                      maxnreg=cfg.maxnreg, **launch_options(_attn_fwd_sm90_kernel, fp_fusion=True)), qv.device)
+                      maxnreg=cfg.maxnreg, **launch_options(_attn_fwd_sm90_kernel, fp_fusion=True))
+
+    def args(q, k, v, o, lse):
+        return (rebase(q_desc, q), rebase(k_desc, k), rebase(v_desc, v), rebase(o_desc, o), lse, Sq, Sk, group,
+                qk_scale)
+
+    return FixedLaunch(_attn_fwd_sm90_kernel, (cdiv(Sq, 2 * BLOCK_M), H, B), meta, qv.device), args

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from ._device import cdiv, launch_options, tma_descriptor_ok
-from ._fastlaunch import launch, meta_items, tensor_descriptor
+from ._fastlaunch import FixedLaunch, meta_items, rebase
 from ._gluon import shared_layout
 from . import flash_sm90
 from .flash_sm90 import AVAILABLE, _capability_90
@@ -338,7 +338,7 @@ if AVAILABLE:
 
 
 def eligible(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, grads, mask) -> bool:
-    """Whether ``backward`` runs these [B, H, S, D] views: an NVIDIA GPU of compute capability 9.0, fp16/bf16, no
+    """Whether ``plan`` runs these [B, H, S, D] views: an NVIDIA GPU of compute capability 9.0, fp16/bf16, no
     mask, one dtype and one head dim in ``DQ_CONFIGS`` (128) for q, k, v and do, at least 128 queries and one key,
     and strides a TMA descriptor accepts for q, k, v, do and the gradients ``grads`` (dq, dk, dv)."""
     D = qv.shape[3]
@@ -348,34 +348,48 @@ def eligible(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, grads, mask) -> bo
             and _capability_90(qv.device) and all(tma_descriptor_ok(t) for t in (qv, kv, vv, dov, *grads)))
 
 
-def backward(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, lse: Tensor, delta: Tensor, dq: Tensor, dk: Tensor,
-             dv: Tensor, scale: float, causal: bool) -> None:
-    """Writes dq ([B, H, Sq, D]), dk and dv ([B, Hk, Sk, D], summed over each kv head's query heads) for q, k, v and
-    do as [B, H, S, D] views (any strides ``eligible`` accepts), ``lse`` ([B, H, Sq] fp32, base 2, from the forward)
-    and ``delta`` ([B, H, Sq] fp32, rowsum(do * o))."""
+def plan(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, grads, scale: float, causal: bool):
+    """The backward's launches for q, k, v and do as [B, H, S, D] views writing the gradients ``grads`` = (dq [B, H,
+    Sq, D], dk and dv [B, Hk, Sk, D], summed over each kv head's query heads), for every call of this signature
+    (shapes, strides, dtype, device; ``eligible`` must hold). Returns ``run(q, k, v, do, lse, delta, dq, dk, dv)``,
+    which launches both kernels for one call: ``lse`` ([B, H, Sq] fp32, base 2, from the forward), ``delta`` ([B, H,
+    Sq] fp32, rowsum(do * o)); q, k, v, do and the gradients may be the tensors the views were taken of (a
+    descriptor reads only their first element's address). The plan keeps no tensor of this call."""
     B, H, Sq, D = qv.shape
     Hk, Sk = kv.shape[1], kv.shape[2]
+    dq, dk, dv = grads
     qk_scale = scale * 1.4426950408889634
-    made = {}
+    group = H // Hk
 
-    def desc(t, rows):  # each (tensor, tile rows) once: both kernels read q, k, v and do
-        if (id(t), rows) not in made:
-            block = [1, 1, rows, D]
-            made[id(t), rows] = tensor_descriptor(TensorDescriptor, t, block, shared_layout(tuple(block), qv.dtype))
-        return made[id(t), rows]
+    def template(t, rows):
+        block = [1, 1, rows, D]
+        made = TensorDescriptor(t, list(t.shape), list(t.stride()), block, shared_layout(tuple(block), qv.dtype))
+        return rebase(made, None)
 
-    cfg = DQ_CONFIGS[D]
-    launch(_attn_bwd_dq_sm90_kernel, (cdiv(Sq, 2 * BLOCK_M), H, B),
-           (desc(qv, BLOCK_M), desc(kv, cfg.block_n), desc(vv, cfg.block_n), desc(dov, BLOCK_M), desc(dq, BLOCK_M),
-            lse, delta, Sq, Sk, H // Hk, qk_scale, scale),
-           meta_items(D=D, BM=BLOCK_M, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
-                      CONSUMER_REGS=cfg.consumer_regs, HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4,
-                      maxnreg=cfg.maxnreg, **launch_options(_attn_bwd_dq_sm90_kernel, fp_fusion=True)), qv.device)
-    cfg = DKDV_CONFIGS[D]
-    bk = cfg.block_n
-    launch(_attn_bwd_dkdv_sm90_kernel, (cdiv(Sk, 2 * bk), Hk, B),
-           (desc(qv, BLOCK_M), desc(kv, bk), desc(vv, bk), desc(dov, BLOCK_M), desc(dk, bk), desc(dv, bk),
-            lse, delta, H, Sq, H // Hk, qk_scale, scale),
-           meta_items(D=D, CAUSAL=causal, BM=BLOCK_M, BK=bk, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-                      HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4, maxnreg=cfg.maxnreg,
-                      **launch_options(_attn_bwd_dkdv_sm90_kernel, fp_fusion=True)), qv.device)
+    dq_cfg, dkdv_cfg = DQ_CONFIGS[D], DKDV_CONFIGS[D]
+    bn, bk = dq_cfg.block_n, dkdv_cfg.block_n
+    q_t, do_t, dq_t = template(qv, BLOCK_M), template(dov, BLOCK_M), template(dq, BLOCK_M)
+    k_n, v_n = template(kv, bn), template(vv, bn)
+    k_k, v_k = (k_n, v_n) if bk == bn else (template(kv, bk), template(vv, bk))
+    dk_t, dv_t = template(dk, bk), template(dv, bk)
+    dq_launch = FixedLaunch(
+        _attn_bwd_dq_sm90_kernel, (cdiv(Sq, 2 * BLOCK_M), H, B),
+        meta_items(D=D, BM=BLOCK_M, BLOCK_N=bn, STAGES=dq_cfg.stages, CAUSAL=causal,
+                   CONSUMER_REGS=dq_cfg.consumer_regs, HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4,
+                   maxnreg=dq_cfg.maxnreg, **launch_options(_attn_bwd_dq_sm90_kernel, fp_fusion=True)), qv.device)
+    dkdv_launch = FixedLaunch(
+        _attn_bwd_dkdv_sm90_kernel, (cdiv(Sk, 2 * bk), Hk, B),
+        meta_items(D=D, CAUSAL=causal, BM=BLOCK_M, BK=bk, STAGES=dkdv_cfg.stages,
+                   CONSUMER_REGS=dkdv_cfg.consumer_regs, HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4,
+                   maxnreg=dkdv_cfg.maxnreg, **launch_options(_attn_bwd_dkdv_sm90_kernel, fp_fusion=True)),
+        qv.device)
+
+    def run(q, k, v, do, lse, delta, dq, dk, dv):
+        q_desc, do_desc, k_desc, v_desc = rebase(q_t, q), rebase(do_t, do), rebase(k_n, k), rebase(v_n, v)
+        dq_launch((q_desc, k_desc, v_desc, do_desc, rebase(dq_t, dq), lse, delta, Sq, Sk, group, qk_scale, scale))
+        if k_k is not k_n:
+            k_desc, v_desc = rebase(k_k, k), rebase(v_k, v)
+        dkdv_launch((q_desc, k_desc, v_desc, do_desc, rebase(dk_t, dk), rebase(dv_t, dv), lse, delta, H, Sq, group,
+                     qk_scale, scale))
+
+    return run

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
-from ._dispatch import call_op, inference
+from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import Launch, PlanCache, meta_items
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
@@ -224,9 +224,11 @@ def _(x, cos, sin, interleaved, fp32_math):
                                device=x.device)
 
 
-@torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())
-def _rope_bwd(dy: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, dx_dtype: torch.dtype) -> Tensor:
+def _rope_bwd_impl(dy: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, dx_dtype: torch.dtype) -> Tensor:
     return _rope_launch(dy, cos, sin, interleaved, True, True, dx_dtype)
+
+
+_rope_bwd = torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), _rope_bwd_impl, mutates_args=())
 
 
 @_rope_bwd.register_fake
@@ -243,10 +245,11 @@ def _setup(ctx, inputs, output):
 
 def _bwd(ctx, dy):
     cos, sin = ctx.saved_tensors
-    return _rope_bwd(dy, cos, sin, ctx.interleaved, ctx.x_dtype), None, None, None, None
+    return call_op(_rope_bwd, _rope_bwd_impl, dy, cos, sin, ctx.interleaved, ctx.x_dtype), None, None, None, None
 
 
 _rope.register_autograd(_bwd, setup_context=_setup)
+_ROPE_AUTOGRAD = eager_autograd(_rope_impl, _setup, _bwd)  # eager training without the dispatcher
 
 
 def _check(name: str, x: Tensor, cos: Tensor, sin: Tensor) -> None:
@@ -313,7 +316,7 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
             plan = _INFER_PLANS.add(key, _infer_plan("x", x, cos, sin, interleaved, fp32_math))
         return _rope_run(plan, x, cos, sin)
     _check("x", x, cos, sin)
-    return call_op(_rope, _rope_impl, x, cos, sin, interleaved, fp32_math)
+    return call_op(_rope, _rope_impl, x, cos, sin, interleaved, fp32_math, autograd=_ROPE_AUTOGRAD)
 
 
 _INFER_PLANS = PlanCache()

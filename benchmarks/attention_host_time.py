@@ -1,0 +1,142 @@
+"""Host time of triton-attention's ``flash_attention`` per call against SDPA, optionally A/B against a base checkout,
+on a GPU.
+
+    python3 benchmarks/attention_host_time.py --out DIR [--base DIR] [--rounds N]
+
+``--base``: a checkout of the base revision (``git archive HEAD | tar -x -C DIR``); both builds load side by side.
+Per case (bf16, no mask) and side ("sdpa" = ``F.scaled_dot_product_attention``, "new", "base"):
+
+- ``check``: the largest error of the output against fp64 attention over two calls on fresh inputs, relative to
+  the largest magnitude (the second call reuses what the first set up);
+- ``host``: the median wall time of one call started on an idle GPU (a sync before each): Python, allocations and
+  launches;
+- ``per call``: 100 calls back to back then one sync, median of 3: what an eager program sees (the larger of the
+  host time and the GPU time);
+- ``gpu``: a CUDA-graph replay's median (``do_bench_cudagraph``): the kernels alone.
+
+Sides alternate within each round; each value is the smallest over the rounds (the host drifts by up to 2x within a
+run). Writes ``DIR/attention_host_time.json`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweep_common import load_packages  # noqa: E402
+from triton_collection.bench import graph_median, host_us_per_call, wall_us_per_call  # noqa: E402
+
+# (B, Hq, Hk, Sq, Sk, D, causal, layout, grad): a short causal prefill (the Gluon forward), a decode step with GQA
+# (the pointer kernel), SD3.5-like d = 64, Flux's image tokens in diffusers' layout, and two forward+backward
+CASES = [
+    (1, 32, 32, 256, 256, 128, True, "bhsd", False), (1, 32, 8, 1, 1024, 128, False, "bhsd", False),
+    (2, 32, 32, 512, 512, 64, False, "bhsd", False), (1, 24, 24, 4608, 4608, 128, False, "bshd", False),
+    (1, 32, 32, 256, 256, 128, True, "bhsd", True), (2, 32, 32, 512, 512, 64, False, "bhsd", True),
+]
+
+
+def case_name(case) -> str:
+    B, Hq, Hk, Sq, Sk, D, causal, layout, grad = case
+    heads = f"{Hq}" if Hq == Hk else f"{Hq}({Hk}kv)"
+    return (f"{B}x{heads}x{Sq}x{Sk} d{D} {layout}" + (" causal" if causal else "")
+            + (" fwd+bwd" if grad else ""))
+
+
+def inputs(case, device, seed, grad=False):
+    B, Hq, Hk, Sq, Sk, D, causal, layout, _ = case
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def make(H, S):
+        shape = (B, S, H, D) if layout == "bshd" else (B, H, S, D)
+        return torch.randn(shape, generator=g).to(device, torch.bfloat16).requires_grad_(grad)
+
+    return make(Hq, Sq), make(Hk, Sk), make(Hk, Sk)
+
+
+def make_fn(side, case, q, k, v):
+    """One call of ``side`` ("sdpa" or a package); with grad: forward and backward."""
+    B, Hq, Hk, Sq, Sk, D, causal, layout, grad = case
+    if side == "sdpa":
+        def fwd():
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v)) if layout == "bshd" else (q, k, v)
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=Hq != Hk)
+            return o.transpose(1, 2) if layout == "bshd" else o
+    else:
+        def fwd():
+            return side.flash_attention(q, k, v, causal=causal, layout=layout)
+    if not grad:
+        return fwd
+
+    def fwd_bwd():
+        q.grad = k.grad = v.grad = None
+        fwd().sum().backward()
+
+    return fwd_bwd
+
+
+def max_rel_err(side, case, device) -> float:
+    B, Hq, Hk, Sq, Sk, D, causal, layout, _ = case
+    worst = 0.0
+    for seed in range(2):
+        q, k, v = inputs(case, device, 100 + seed)
+        with torch.no_grad():
+            o = make_fn(side, case[:-1] + (False,), q, k, v)()
+        qd, kd, vd = ((t.transpose(1, 2) if layout == "bshd" else t).double() for t in (q, k, v))
+        kd, vd = (t.repeat_interleave(Hq // Hk, 1) for t in (kd, vd))
+        s = qd @ kd.transpose(-1, -2) * D ** -0.5
+        if causal:
+            s = s.masked_fill(torch.ones(Sq, Sk, dtype=torch.bool, device=device).triu(1), float("-inf"))
+        ref = torch.softmax(s, -1) @ vd
+        ref = ref.transpose(1, 2) if layout == "bshd" else ref
+        worst = max(worst, float((o.double() - ref).abs().max() / ref.abs().max()))
+    return worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--base", default="", help="checkout of the base revision (A/B in one process)")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = "cuda"
+    (new,) = load_packages(["triton-attention"], cpu=False, root=Path(__file__).resolve().parents[1])
+    sides = {"sdpa": "sdpa", "new": new}
+    if args.base:
+        (base,) = load_packages(["triton-attention"], cpu=False, root=Path(args.base))
+        sides["base"] = base
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"triton {__import__('triton').__version__}", flush=True)
+    rows = []
+    for case in CASES:
+        grad = case[-1]
+        q, k, v = inputs(case, device, 0, grad)
+        row = {"case": case_name(case)}
+        for name, side in sides.items():
+            row[f"{name} check"] = max_rel_err(side, case, device) if case[3] * case[4] <= 2**20 else float("nan")
+        for _ in range(args.rounds):
+            for name, side in sides.items():
+                fn = make_fn(side, case, q, k, v)
+                with torch.enable_grad() if grad else torch.no_grad():
+                    measures = {"host": host_us_per_call(fn, samples=20),
+                                "per call": wall_us_per_call(fn, calls=100, repeats=3),
+                                "gpu": graph_median(fn, rep=50) * 1e3}
+                for key, value in measures.items():
+                    row.setdefault(f"{name} {key}", []).append(value)
+        for key in list(row):
+            if isinstance(row[key], list):
+                row[key] = min(row[key])
+        rows.append(row)
+        print(" | ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
+    (out / "attention_host_time.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
