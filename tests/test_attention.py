@@ -12,6 +12,7 @@ dot products: 1e-5 relative.
 """
 
 
+import contextlib
 import itertools
 
 import pytest
@@ -60,6 +61,22 @@ def make_qkv(B, Hq, Hk, Sq, Sk, D, dtype, device, layout="bhsd", Dv=None, grad=F
         for t in (q, k, v):
             t.requires_grad_(True)
     return q, k, v
+
+
+@contextlib.contextmanager
+def counted_plans(flash, module, name):
+    """Counts the calls of ``module.<name>`` (a plan builder) while the forward and backward plans start empty (a plan
+    of an earlier call would skip the builder); the earlier plans come back afterwards, and plans built meanwhile
+    (with switches or configs a test set) are dropped."""
+    calls, original = [], getattr(module, name)
+    saved = flash._FWD_PLANS, flash._BWD_PLANS
+    setattr(module, name, lambda *a: calls.append(1) or original(*a))
+    flash._FWD_PLANS, flash._BWD_PLANS = type(saved[0])(), type(saved[1])()
+    try:
+        yield calls
+    finally:
+        setattr(module, name, original)
+        flash._FWD_PLANS, flash._BWD_PLANS = saved
 
 
 # (B, Hq, Hk, Sq, Sk, D, causal, layout): MHA/GQA/MQA, prime and ragged lengths, padded head dims
@@ -600,19 +617,15 @@ def test_flash_tma_forward_path(attention, device, causal, layout, rope, ws):
 
     want = run()
     want_g = torch.autograd.grad(want, (q, k, v), torch.ones_like(want))
-    calls = []
-    original = flash._fwd_tma_plan
     flash.FORCE_TMA = True
     flash.TMA_WS = ws
-    flash._fwd_tma_plan = lambda *a: calls.append(1) or original(*a)
-    flash._FWD_PLANS.clear()  # a plan of an earlier test would skip the builder
     try:
-        got = run()
-        got_g = torch.autograd.grad(got, (q, k, v), torch.ones_like(got))
+        with counted_plans(flash, flash, "_fwd_tma_plan") as calls:
+            got = run()
+            got_g = torch.autograd.grad(got, (q, k, v), torch.ones_like(got))
     finally:
         flash.FORCE_TMA = False
         flash.TMA_WS = False
-        flash._fwd_tma_plan = original
     assert calls, "the TMA path did not run"
     assert_close(got, want.double(), TOL[torch.float16], "o")
     for g, w in zip(got_g, want_g):
@@ -680,16 +693,12 @@ def test_flash_tma_backward_path(attention, device, causal):
     o, lse = flash._attn_fwd_launch(q, k, v, None, 0.2, causal, True, True)
     do = rand(*o.shape, dtype=torch.float16, device=device)
     want = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.2, causal, True, True, False, tma_bwd=False)
-    made = []
-    original = flash._descriptor_template
     flash.FORCE_TMA = True
-    flash._descriptor_template = lambda *a: made.append(1) or original(*a)
-    flash._BWD_PLANS.clear()  # a plan of an earlier test would skip the builder
     try:
-        got = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.2, causal, True, True, False, tma_bwd=True)
+        with counted_plans(flash, flash, "_descriptor_template") as made:
+            got = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.2, causal, True, True, False, tma_bwd=True)
     finally:
         flash.FORCE_TMA = False
-        flash._descriptor_template = original
     assert len(made) == 8, "the descriptor backward did not run"
     for name, g, w in zip(("dq", "dk", "dv"), got[:3], want[:3]):
         assert_close(g, w.double(), 2e-3, name)
@@ -806,15 +815,10 @@ def test_flash_sm90_forward(attention, device, case, dtype):
     B, Hq, Hk, Sq, Sk, D, causal, layout = case
     torch.manual_seed(25)
     q, k, v = make_qkv(B, Hq, Hk, Sq, Sk, D, dtype, device, layout, grad=True)
-    calls = []
-    original = sm90.forward
-    sm90.forward = lambda *a: calls.append(1) or original(*a)
-    try:
+    with counted_plans(flash, sm90, "plan") as calls:  # two scales: two plans
         out = attention.flash_attention(q, k, v, causal=causal, layout=layout)
         o, lse = flash._attn_fwd_launch(q.detach(), k.detach(), v.detach(), None, 0.3, causal, layout == "bshd",
                                         layout == "bshd")
-    finally:
-        sm90.forward = original
     assert len(calls) == 2, "the sm90 forward did not run"
     flash.SM90_FWD = False
     try:
@@ -842,18 +846,16 @@ def _sm90_bwd_pair(attention, flash, q, k, v, do, causal, layout, dq_cfg=None, d
     bwd = sys.modules[attention.__name__ + ".flash_sm90_bwd"]
     bshd = layout == "bshd"
     o, lse = flash._attn_fwd_launch(q, k, v, None, 0.3, causal, bshd, bshd)
-    calls, original = [], bwd.backward
     shipped = dict(bwd.DQ_CONFIGS), dict(bwd.DKDV_CONFIGS)
-    bwd.backward = lambda *a: calls.append(1) or original(*a)
     D = q.shape[-1]
     if dq_cfg:
         bwd.DQ_CONFIGS[D] = bwd.Sm90BwdConfig(*dq_cfg)
     if dkdv_cfg:
         bwd.DKDV_CONFIGS[D] = bwd.Sm90BwdConfig(*dkdv_cfg)
     try:
-        got = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.3, causal, bshd, bshd, False)[:3]
+        with counted_plans(flash, bwd, "plan") as calls:
+            got = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.3, causal, bshd, bshd, False)[:3]
     finally:
-        bwd.backward = original
         bwd.DQ_CONFIGS.update(shipped[0])
         bwd.DKDV_CONFIGS.update(shipped[1])
     assert len(calls) == 1, "the sm90 backward did not run"
@@ -947,13 +949,8 @@ def test_flash_sm90_rope(attention, device, interleaved, layout):
     cos, sin = rep(ang.cos()), rep(ang.sin())
     if layout == "bshd":
         cos, sin = cos[:, None], sin[:, None]
-    calls = []
-    original = sm90.forward
-    sm90.forward = lambda *a: calls.append(1) or original(*a)
-    try:
+    with counted_plans(flash, sm90, "plan") as calls:
         out = attention.flash_attention_rope(q, k, v, cos, sin, interleaved=interleaved, layout=layout)
-    finally:
-        sm90.forward = original
     assert calls, "the sm90 forward did not run"
     qr, kr = (attention.rotary_embedding(t.detach(), cos, sin, interleaved=interleaved, fp32_math=True) for t in (q, k))
     assert_close(out, ref_attention(qr, kr, v.detach(), layout=layout), TOL[torch.bfloat16], "o")
