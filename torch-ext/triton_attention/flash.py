@@ -1034,35 +1034,38 @@ def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
             raise ValueError(f"{name} must be 4-D ({layout.upper()}), got shape {tuple(t.shape)}")
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{name} must be torch.float16, torch.bfloat16 or torch.float32, got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all tensors must be on one device")
+    device = q.device
+    for name, t in (("k", k), ("v", v)):
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but q is on {device}: all tensors must be on one device")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' ([B, H, S, D], transformers) or 'bshd' ([B, S, H, D], diffusers), "
                          f"got {layout!r}")
     bshd = layout == "bshd"
-    qv, kv, vv = _bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd)
-    B, H, Sq, D = qv.shape
-    if kv.shape[0] != B or vv.shape[0] != B:
-        raise ValueError(f"q, k and v must share the batch size, got {B}, {kv.shape[0]}, {vv.shape[0]}")
-    if kv.shape[1] != vv.shape[1] or kv.shape[2] != vv.shape[2]:
-        raise ValueError(f"k and v must have the same heads and sequence length, got k {tuple(k.shape)} and "
-                         f"v {tuple(v.shape)} ({layout})")
-    Hk, Sk = kv.shape[1], kv.shape[2]
+    h, s = (2, 1) if bshd else (1, 2)  # the head and sequence dims in this layout (no views made: host time)
+    qs, ks, vs = q.shape, k.shape, v.shape
+    B, H, Sq, D = qs[0], qs[h], qs[s], qs[3]
+    if ks[0] != B or vs[0] != B:
+        raise ValueError(f"q, k and v must share the batch size, got {B}, {ks[0]}, {vs[0]}")
+    if ks[h] != vs[h] or ks[s] != vs[s]:
+        raise ValueError(f"k and v must have the same heads and sequence length, got k {tuple(ks)} and "
+                         f"v {tuple(vs)} ({layout})")
+    Hk, Sk = ks[h], ks[s]
     if Hk == 0 or H % Hk:
         raise ValueError(f"the query heads ({H}) must be a multiple of the key/value heads ({Hk}) (MHA, GQA, MQA)")
-    if kv.shape[3] != D:
-        raise ValueError(f"q and k must have the same head dim, got {D} and {kv.shape[3]}")
-    if max(D, vv.shape[3]) > MAX_HEAD_DIM or min(D, vv.shape[3]) < 1:
-        raise ValueError(f"head dims must be in [1, {MAX_HEAD_DIM}], got q/k {D}, v {vv.shape[3]}")
+    if ks[3] != D:
+        raise ValueError(f"q and k must have the same head dim, got {D} and {ks[3]}")
+    if max(D, vs[3]) > MAX_HEAD_DIM or min(D, vs[3]) < 1:
+        raise ValueError(f"head dims must be in [1, {MAX_HEAD_DIM}], got q/k {D}, v {vs[3]}")
     if attn_mask is not None:
         if not isinstance(attn_mask, Tensor):
             raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
         if attn_mask.dtype != torch.bool and attn_mask.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"attn_mask must be boolean (True = attend) or an additive float mask, got {attn_mask.dtype}")
-        if attn_mask.device != q.device:
-            raise ValueError(f"attn_mask is on {attn_mask.device} but q is on {q.device}")
+        if attn_mask.device != device:
+            raise ValueError(f"attn_mask is on {attn_mask.device} but q is on {device}")
         if attn_mask.dim() > 4:
             raise ValueError(f"attn_mask must have at most 4 dims, got shape {tuple(attn_mask.shape)}")
         try:
