@@ -56,6 +56,7 @@ def main() -> int:
         for name, cfg in [("package", shipped[D])] + [(f"{n},{s},{p},{r}", sm90.Sm90Config(n, s, bool(p), r))
                                                       for n, s, p, r in variants]:
             sm90.CONFIGS[D] = cfg
+            flash._FWD_PLANS.clear()  # plans keep the config they were built with
             try:
                 got = run()
                 err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
@@ -66,6 +67,7 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001
                 say(f"  {name}: failed {type(e).__name__}: {str(e)[:200]}")
         sm90.CONFIGS[D] = shipped[D]
+        flash._FWD_PLANS.clear()
         say(f"{B}x{H}x{S}x{D}{' causal' if causal else ''}: "
             + ", ".join(f"{n} {flops / ms / 1e9:.0f}" for n, ms in row.items()))
     return 0

@@ -827,7 +827,9 @@ def _switches() -> tuple:
     return FORCE_TMA, TMA_FWD, SM90_FWD, TMA_WS, TMA_REVERSE, TMA_BWD, SM90_BWD, TMA_BWD_CONFIG
 
 
-# a call signature -> its plan (_fwd_plan, _bwd_plan): the kernel, tiles, grid, scalars and descriptor templates
+# a call signature -> its plan (_fwd_plan, _bwd_plan): the kernel, tiles, grid, scalars and descriptor templates.
+# The tile tables (TMA_CONFIGS, flash_sm90.CONFIGS, flash_sm90_bwd's) are read when a plan is built: a sweep that
+# changes them clears these.
 _FWD_PLANS = PlanCache()
 _BWD_PLANS = PlanCache()
 
