@@ -32,43 +32,61 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep_common import load_packages  # noqa: E402
 from triton_collection.bench import graph_median, host_us_per_call, wall_us_per_call  # noqa: E402
 
-# (B, Hq, Hk, Sq, Sk, D, causal, layout, grad): a short causal prefill (the Gluon forward), a decode step with GQA
-# (the pointer kernel), SD3.5-like d = 64, Flux's image tokens in diffusers' layout, and two forward+backward
+# (B, Hq, Hk, Sq, Sk, D, causal, layout, grad, grow): a short causal prefill (the Gluon forward), a decode step with
+# GQA (the pointer kernel), the same step over a KV cache that grows by one key per call (grow: every call has a new
+# shape, so a new plan; no CUDA-graph reading), SD3.5-like d = 64, Flux's image tokens in diffusers' layout, and two
+# forward+backward
 CASES = [
-    (1, 32, 32, 256, 256, 128, True, "bhsd", False), (1, 32, 8, 1, 1024, 128, False, "bhsd", False),
-    (2, 32, 32, 512, 512, 64, False, "bhsd", False), (1, 24, 24, 4608, 4608, 128, False, "bshd", False),
-    (1, 32, 32, 256, 256, 128, True, "bhsd", True), (2, 32, 32, 512, 512, 64, False, "bhsd", True),
+    (1, 32, 32, 256, 256, 128, True, "bhsd", False, False), (1, 32, 8, 1, 1024, 128, False, "bhsd", False, False),
+    (1, 32, 8, 1, 1024, 128, False, "bhsd", False, True), (2, 32, 32, 512, 512, 64, False, "bhsd", False, False),
+    (1, 24, 24, 4608, 4608, 128, False, "bshd", False, False), (1, 32, 32, 256, 256, 128, True, "bhsd", True, False),
+    (2, 32, 32, 512, 512, 64, False, "bhsd", True, False),
 ]
+GROWTH = 8192  # keys a growing cache may gain during one case
 
 
 def case_name(case) -> str:
-    B, Hq, Hk, Sq, Sk, D, causal, layout, grad = case
+    B, Hq, Hk, Sq, Sk, D, causal, layout, grad, grow = case
     heads = f"{Hq}" if Hq == Hk else f"{Hq}({Hk}kv)"
-    return (f"{B}x{heads}x{Sq}x{Sk} d{D} {layout}" + (" causal" if causal else "")
+    return (f"{B}x{heads}x{Sq}x{Sk}{'+' if grow else ''} d{D} {layout}" + (" causal" if causal else "")
             + (" fwd+bwd" if grad else ""))
 
 
 def inputs(case, device, seed, grad=False):
-    B, Hq, Hk, Sq, Sk, D, causal, layout, _ = case
+    """q, k, v; for a growing case k and v hold GROWTH more keys, of which a call reads a growing prefix."""
+    B, Hq, Hk, Sq, Sk, D, causal, layout, _, grow = case
     g = torch.Generator(device="cpu").manual_seed(seed)
 
     def make(H, S):
         shape = (B, S, H, D) if layout == "bshd" else (B, H, S, D)
         return torch.randn(shape, generator=g).to(device, torch.bfloat16).requires_grad_(grad)
 
-    return make(Hq, Sq), make(Hk, Sk), make(Hk, Sk)
+    extra = GROWTH if grow else 0
+    return make(Hq, Sq), make(Hk, Sk + extra), make(Hk, Sk + extra)
 
 
-def make_fn(side, case, q, k, v):
-    """One call of ``side`` ("sdpa" or a package); with grad: forward and backward."""
-    B, Hq, Hk, Sq, Sk, D, causal, layout, grad = case
+def make_fn(side, case, q, k_all, v_all):
+    """One call of ``side`` ("sdpa" or a package); with grad: forward and backward; for a growing case each call
+    reads one key more of k_all and v_all than the call before (from Sk keys on, cycling after GROWTH calls)."""
+    B, Hq, Hk, Sq, Sk, D, causal, layout, grad, grow = case
+    calls = [0]
+
+    def kv():
+        if not grow:
+            return k_all, v_all
+        calls[0] += 1
+        n = Sk + calls[0] % GROWTH
+        return k_all[:, :, :n], v_all[:, :, :n]
+
     if side == "sdpa":
         def fwd():
+            k, v = kv()
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v)) if layout == "bshd" else (q, k, v)
             o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=Hq != Hk)
             return o.transpose(1, 2) if layout == "bshd" else o
     else:
         def fwd():
+            k, v = kv()
             return side.flash_attention(q, k, v, causal=causal, layout=layout)
     if not grad:
         return fwd
@@ -81,12 +99,13 @@ def make_fn(side, case, q, k, v):
 
 
 def max_rel_err(side, case, device) -> float:
-    B, Hq, Hk, Sq, Sk, D, causal, layout, _ = case
+    B, Hq, Hk, Sq, Sk, D, causal, layout, _, _ = case
+    case = (*case[:8], False, False)
     worst = 0.0
     for seed in range(2):
         q, k, v = inputs(case, device, 100 + seed)
         with torch.no_grad():
-            o = make_fn(side, case[:-1] + (False,), q, k, v)()
+            o = make_fn(side, case, q, k, v)()
         qd, kd, vd = ((t.transpose(1, 2) if layout == "bshd" else t).double() for t in (q, k, v))
         kd, vd = (t.repeat_interleave(Hq // Hk, 1) for t in (kd, vd))
         s = qd @ kd.transpose(-1, -2) * D ** -0.5
@@ -116,7 +135,7 @@ def main() -> None:
           f"triton {__import__('triton').__version__}", flush=True)
     rows = []
     for case in CASES:
-        grad = case[-1]
+        grad, grow = case[-2:]
         q, k, v = inputs(case, device, 0, grad)
         row = {"case": case_name(case)}
         for name, side in sides.items():
@@ -127,7 +146,7 @@ def main() -> None:
                 with torch.enable_grad() if grad else torch.no_grad():
                     measures = {"host": host_us_per_call(fn, samples=20),
                                 "per call": wall_us_per_call(fn, calls=100, repeats=3),
-                                "gpu": graph_median(fn, rep=50) * 1e3}
+                                "gpu": float("nan") if grow else graph_median(fn, rep=50) * 1e3}
                 for key, value in measures.items():
                     row.setdefault(f"{name} {key}", []).append(value)
         for key in list(row):

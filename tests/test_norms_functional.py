@@ -868,8 +868,9 @@ def test_launch_function_direct_path(norms, monkeypatch):
 def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
     """A FixedLaunch (its caller's key fixes the specialisation) compiles through Triton on its first direct call,
     then calls the launcher with the stream, the bound head, the arguments as given (a tensor descriptor passes
-    through untouched) and the constexpr tail; off the current device it takes Triton's path. ``rebase`` copies a
-    descriptor onto another tensor without touching the original."""
+    through untouched) and the constexpr tail; off the current device it takes Triton's path; a new one of an
+    equal specialisation reuses the compiled launcher. ``rebase`` copies a descriptor onto another tensor without
+    touching the original."""
     from types import SimpleNamespace
 
     from triton.runtime import driver
@@ -883,6 +884,7 @@ def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
     monkeypatch.setattr(fl, "_hooks_off", lambda: True)
     monkeypatch.setattr(fl, "_knobs", object())
     monkeypatch.setattr(driver, "_active", SimpleNamespace(get_current_stream=lambda index: 77))
+    monkeypatch.setattr(fl, "_CACHE", {})
     plan = fl.FixedLaunch(SimpleNamespace(device_caches={}), (5,), (("BLOCK", 8),), torch.device("cuda", 0))
     current = [0]
     plan._current = lambda: current[0]
@@ -900,6 +902,26 @@ def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
     current[0] = 1  # another current device: Triton's own path
     plan((desc, 4))
     assert triton_path == [(desc, 4)] and len(calls) == 1
+    current[0] = 0
+    # a new plan of the same kernel, meta-parameters and specialisation (3 and 5: neither 1 nor a multiple of 16)
+    # launches directly from its first call, with the launcher the first plan compiled
+    again = fl.FixedLaunch(plan.kernel, (7,), plan.meta, torch.device("cuda", 0))
+    again._current = plan._current
+    again((desc, 5))
+    assert len(firsts) == 1 and calls[-1] == (7, 1, 1, 77, "fn", "md", None, None, None, desc, 5, "tail")
+    other = fl.FixedLaunch(plan.kernel, (7,), plan.meta, torch.device("cuda", 0))
+    other._current = plan._current
+    other((desc, 32))  # a multiple of 16: another specialisation, compiled through Triton
+    assert len(firsts) == 2 and len(calls) == 2
+
+
+def test_plan_cache_drops_the_oldest(norms, monkeypatch):
+    """A full PlanCache makes room for a new plan by dropping the oldest, so signatures seen later still get plans."""
+    cache = norms._fastlaunch.PlanCache()
+    monkeypatch.setattr(cache, "MAX_PLANS", 3)
+    for key in "abcd":
+        assert cache.add(key, key.upper()) == key.upper()
+    assert list(cache.items()) == [("b", "B"), ("c", "C"), ("d", "D")]
 
 
 @pytest.mark.gpu

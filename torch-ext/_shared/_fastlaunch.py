@@ -29,9 +29,10 @@ would pass (a small rms_norm call on the H200 machine: 12.5 -> 11.2 us, A/B in o
 and scalar arguments fixed per shape): each plan keeps its own compiled launchers, keyed by the
 pointer arguments' dtypes and alignment only, so a call neither hashes the meta-parameters nor
 specialises the scalars again. :class:`FixedLaunch` is a plan whose caller's key fixes all of that
-(pointer dtypes and alignment included): one compiled launcher and no per-call key, for arguments
-that :func:`spec` does not read, such as host tensor descriptors (:func:`rebase` makes a plan's
-descriptor per call).
+(pointer dtypes and alignment included): one compiled launcher and no per-call key, host tensor
+descriptors included (:func:`rebase` makes a plan's descriptor per call). A new FixedLaunch's first
+launch takes the compiled launcher of an equal specialisation from :func:`launch`'s cache where there
+is one, so a new plan costs no pass through Triton's launch path.
 """
 
 from __future__ import annotations
@@ -334,10 +335,32 @@ class FixedLaunch:
             return
         entry = self._entry
         if entry is None:
-            self._entry = _compile(self.kernel, self.grid, args, self.meta)
+            self._entry = _shared_entry(self.kernel, self.grid, self._grid3, self._index, args, self.meta)
             return
         if not _direct_run(entry, self._grid3, self._index, args):
             _fall_back(self.kernel, self.grid, args, self.meta)
+
+
+def _shared_entry(kernel, grid, grid3: tuple, index, args: tuple, meta: tuple):
+    """Launches ``args`` and returns the compiled entry (``_compile``) for a new plan: the one :func:`launch` or an
+    earlier plan keeps for the same kernel, device, meta-parameters and specialisation (``spec``), without Triton's
+    own launch path (a workload whose call signatures keep changing, such as decode steps over a growing KV cache,
+    makes a plan per call), else a new one compiled through Triton; None where this Triton's launcher cannot be
+    called directly (then every launch takes Triton's path)."""
+    key = (id(kernel), index, meta, spec(args), ())
+    try:
+        cached = _CACHE.get(key)
+    except TypeError:  # an argument spec() cannot key: not shared
+        return _compile(kernel, grid, args, meta)
+    if cached is not None:
+        if _direct_run(cached[0], grid3, index, args):
+            return cached[0]
+        _fall_back(kernel, grid, args, meta)
+        return None
+    entry = _compile(kernel, grid, args, meta)
+    if entry is not None and len(_CACHE) < 65536:
+        _CACHE[key] = entry, kernel  # the kernel too: the key holds its id
+    return entry
 
 
 def rebase(desc, base):
@@ -353,15 +376,17 @@ def rebase(desc, base):
 class PlanCache(dict):
     """Launch plans kept per call signature (a key of shapes, strides, dtypes, device and flags).
 
-    A dict whose :meth:`add` keeps at most ``MAX_PLANS`` entries: a program that cycles through
-    endless shapes gets plans built per call past that, never unbounded memory.
+    A dict whose :meth:`add` keeps at most ``MAX_PLANS`` entries, dropping the oldest plan for a new one: a
+    program that passes through endless shapes (decode steps over a growing KV cache) neither grows memory
+    without bound nor leaves the signatures it repeats later without a plan.
     """
 
     MAX_PLANS = 4096
 
     def add(self, key, plan):
-        """Keeps ``plan`` under ``key`` while there is room; returns ``plan``."""
-        if len(self) < self.MAX_PLANS:
-            self[key] = plan
+        """Keeps ``plan`` under ``key``, dropping the oldest plan when full; returns ``plan``."""
+        if len(self) >= self.MAX_PLANS:
+            del self[next(iter(self))]
+        self[key] = plan
         return plan
 
