@@ -92,7 +92,7 @@ def make_fn(side, case, q, k_all, v_all):
         return fwd
 
     def fwd_bwd():
-        q.grad = k.grad = v.grad = None
+        q.grad = k_all.grad = v_all.grad = None
         fwd().sum().backward()
 
     return fwd_bwd

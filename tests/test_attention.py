@@ -922,9 +922,11 @@ def test_flash_sm90_other_settings(attention, device, cfg, causal):
     shipped = sm90.CONFIGS[128]
     sm90.CONFIGS[128] = sm90.Sm90Config(*cfg)
     try:
-        o, lse = flash._attn_fwd_launch(q, k, v, None, 0.09, causal, True, False)
+        with counted_plans(flash, sm90, "plan") as calls:  # plans keep the config they were built with
+            o, lse = flash._attn_fwd_launch(q, k, v, None, 0.09, causal, True, False)
     finally:
         sm90.CONFIGS[128] = shipped
+    assert calls == [1], "the sm90 forward did not run with this config"
     flash.SM90_FWD = False
     try:
         want_o, want_lse = flash._attn_fwd_launch(q, k, v, None, 0.09, causal, True, False)
