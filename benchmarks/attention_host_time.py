@@ -122,6 +122,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--base", default="", help="checkout of the base revision (A/B in one process)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", default="", help="run the cases whose name contains this text")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -134,7 +135,7 @@ def main() -> None:
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"triton {__import__('triton').__version__}", flush=True)
     rows = []
-    for case in CASES:
+    for case in [c for c in CASES if args.only in case_name(c)]:
         grad, grow = case[-2:]
         q, k, v = inputs(case, device, 0, grad)
         row = {"case": case_name(case)}

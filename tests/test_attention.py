@@ -632,6 +632,64 @@ def test_flash_tma_forward_path(attention, device, causal, layout, rope, ws):
         assert_close(g, w.double(), GRAD_TOL[torch.float16])
 
 
+@pytest.mark.parametrize("Sq,Sk,causal,mask_kind,layout", [
+    (1, 53, False, None, "bhsd"), (3, 67, True, None, "bshd"), (2, 37, False, "bool", "bhsd"),
+    (5, 61, False, "float", "bshd"), (40, 67, True, None, "bhsd"), (1, 7, False, None, "bhsd")])
+def test_key_splits(attention, device, monkeypatch, Sq, Sk, causal, mask_kind, layout):
+    """The pointer forward with its keys split over programs (decode steps on a GPU; forced here) and merged by the
+    combine kernel: output against fp64, lse against the unsplit kernel's, gradients (which read that lse) against
+    fp64; GQA, ragged splits, a boolean mask with a query that sees no key (o = 0, zero gradients), a float mask,
+    causal with fewer and more queries than keys, fewer keys than one split."""
+    import sys
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    torch.manual_seed(37)
+    q, k, v = make_qkv(2, 4, 2, Sq, Sk, 16, torch.float32, device, layout, grad=True)
+    mask = None
+    if mask_kind == "bool":
+        mask = torch.rand(2, 1, Sq, Sk, device=device) > 0.3
+        mask[0, 0, -1] = False  # a query that sees no key
+    elif mask_kind == "float":
+        mask = torch.randn(1, 4, Sq, Sk, device=device)
+    bshd = layout == "bshd"
+    _, want_lse = flash._attn_fwd_launch(q.detach(), k.detach(), v.detach(), mask, 0.25, causal, bshd, bshd)
+    monkeypatch.setattr(flash, "FORCE_SPLITS", 4)
+    monkeypatch.setattr(flash, "_FWD_PLANS", type(flash._FWD_PLANS)())
+    splits, original = [], flash._key_splits
+    monkeypatch.setattr(flash, "_key_splits", lambda *a: splits.append(original(*a)) or splits[-1])
+    o, lse = flash._attn_fwd_launch(q.detach(), k.detach(), v.detach(), mask, 0.25, causal, bshd, bshd)
+    out = attention.flash_attention(q, k, v, attn_mask=mask, causal=causal, scale=0.25, layout=layout)
+    keys = min(Sq, Sk) if causal else Sk
+    assert splits == [min(4, -(-keys // 16))]  # one plan for both calls; 16-key blocks here
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    want = ref_attention(q64, k64, v64, mask=mask, causal=causal, scale=0.25, layout=layout)
+    assert_close(o, want.detach(), TOL[torch.float32], "o")
+    assert_close(out, want.detach(), TOL[torch.float32], "o (public call)")
+    rows = torch.isfinite(want_lse)
+    assert torch.equal(rows, torch.isfinite(lse)) and torch.allclose(lse[rows], want_lse[rows], atol=1e-5)
+    do = rand(*out.shape, device=device)
+    for name, g, w in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), do),
+                          torch.autograd.grad(want, (q64, k64, v64), do.double())):
+        assert_close(g, w, GRAD_TOL[torch.float32], name)
+
+
+def test_key_split_counts(attention, monkeypatch):
+    """How many splits the pointer forward takes on a GPU (the multiprocessor count faked: 132): about two programs
+    per multiprocessor where the grid would leave most idle, none where it fills them or under the interpreter."""
+    import sys
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    monkeypatch.setattr(flash, "sm_count", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+    assert flash._key_splits(32, 1024, 128, gpu, False) == 8  # batch-1 decode, 32 heads: 256 programs
+    assert flash._key_splits(8, 4096, 64, gpu, False) == 33
+    assert flash._key_splits(32, 100, 128, gpu, False) == 1  # one key block
+    assert flash._key_splits(66, 8192, 128, gpu, False) == 4
+    assert flash._key_splits(67, 8192, 128, gpu, False) == 1  # more than half the multiprocessors busy
+    assert flash._key_splits(32, 1024, 128, gpu, True) == 1  # the interpreter
+    assert flash._key_splits(32, 1024, 128, torch.device("cpu"), False) == 1
+
+
 @pytest.mark.parametrize("Sq,Sk,causal", [(21, 53, True), (53, 21, True), (40, 67, False), (67, 40, False)])
 def test_flash_tma_kernels_other_key_lengths(attention, device, Sq, Sk, causal):
     """The TMA forward and backward (the default on sm90+), forced on under the interpreter, with fewer or more keys

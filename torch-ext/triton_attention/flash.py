@@ -22,6 +22,11 @@ Backward (FlashAttention-2 scheme), with ``p_ij = exp(s_ij - lse_i)`` recomputed
     dq_i = scale * sum_j ds_ij k_j
     dmask = ds (summed to the mask's shape; only when the mask requires grad)
 
+Where one program per (query block, head, batch) would leave most of a GPU idle (decode steps over a KV
+cache), the pointer forward splits the keys over several programs per query block, each writing its
+unnormalised output, running maximum and sum in fp32, and a second kernel merges them (as flash-decoding;
+``_key_splits``, ``_split_combine_kernel``).
+
 One kernel computes dk, dv per block of keys and kv head (looping over the group's query
 heads: no atomics, deterministic), another dq per block of queries (and ds when needed).
 
@@ -53,6 +58,7 @@ from ._fastlaunch import FixedLaunch, PlanCache, meta_items, rebase
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
+from ._team import sm_count
 
 Tensor = torch.Tensor
 
@@ -172,6 +178,8 @@ def _rope_rows(x, x_ptr, c_ptr, s_ptr, offs_m, row_ok, sxs, sxd, scs, scd, sss, 
 @triton.jit
 def _attn_fwd_kernel(
     Q, K, V, M, O, LSE, COS, SIN,
+    PART,  # SPLIT: the fp32 partials (o [n_split, rows, DV], then m and l [n_split, rows]); else unused
+    split_len, n_split,  # SPLIT: keys per split (a multiple of BLOCK_N), splits per query block
     sqb, sqh, sqs, sqd,
     skb, skh, sks, skd,
     svb, svh, svs, svd,
@@ -184,10 +192,15 @@ def _attn_fwd_kernel(
     D: tl.constexpr, DV: tl.constexpr,
     MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32: tl.constexpr,
     ROPE: tl.constexpr,  # 0: none; 1: rotate halves; 2: rotate pairs -- applied to q on load (fp32, one rounding)
+    SPLIT: tl.constexpr,  # split the keys over n_split programs per query block (_split_combine_kernel merges)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
-    # One program per (BLOCK_M queries, query head, batch). Reads q once, k/v once per program.
+    # One program per (BLOCK_M queries, query head, batch), or per (BLOCK_M queries, key split, head, batch) when
+    # SPLIT. Reads q once, k/v once per program.
     pid_m = tl.program_id(0)
+    if SPLIT:
+        split = pid_m % n_split
+        pid_m = pid_m // n_split
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     hk = h // GROUP
@@ -216,7 +229,12 @@ def _attn_fwd_kernel(
         q_lo = pid_m * BLOCK_M
         full = tl.minimum(full, ((q_lo + 1) // BLOCK_N) * BLOCK_N)
         hi = tl.minimum(Sk, q_lo + BLOCK_M)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptr, v_ptr, m_ptr, offs_m, row_ok, 0, full, Sk, D, DV,
+    lo = 0
+    if SPLIT:  # this program's keys [split * split_len, + split_len): both ranges below cut to them
+        lo = split * split_len
+        full = tl.maximum(tl.minimum(full, lo + split_len), lo)
+        hi = tl.minimum(hi, lo + split_len)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptr, v_ptr, m_ptr, offs_m, row_ok, lo, full, Sk, D, DV,
                                 sks, skd, svs, svd, smq, smk, qk_scale,
                                 MASK_KIND, False, False, PREC, F32, BLOCK_N, BLOCK_D, BLOCK_DV)
     # keys [full, hi): the diagonal blocks and the tail, masked
@@ -224,6 +242,15 @@ def _attn_fwd_kernel(
                                 sks, skd, svs, svd, smq, smk, qk_scale,
                                 MASK_KIND, CAUSAL, True, PREC, F32, BLOCK_N, BLOCK_D, BLOCK_DV)
 
+    if SPLIT:  # this split's unnormalised output, running maximum and sum; rows numbered as in LSE
+        rows = (b * tl.num_programs(1) + h) * Sq + offs_m
+        n_rows = tl.num_programs(2).to(tl.int64) * tl.num_programs(1) * Sq
+        at = split * n_rows + rows
+        tl.store(PART + at[:, None] * DV + offs_dv[None, :], acc, mask=row_ok[:, None] & (offs_dv < DV)[None, :])
+        stats = PART + n_split * n_rows * DV
+        tl.store(stats + at, m_i, mask=row_ok)
+        tl.store(stats + n_split * n_rows + at, l_i, mask=row_ok)
+        return
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # base 2
@@ -231,6 +258,38 @@ def _attn_fwd_kernel(
     o_ptr = O + b * sob + h * soh
     tl.store(o_ptr + offs_m[:, None].to(tl.int64) * sos + offs_dv[None, :] * sod, out.to(O.dtype.element_ty),
              mask=row_ok[:, None] & (offs_dv < DV)[None, :])
+
+
+@triton.jit
+def _split_combine_kernel(PART, O, LSE, n_split, n_rows, H, Sq, sob, soh, sos, sod,
+                          DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """o and lse of BLOCK_R rows (numbered as in LSE) from the n_split partials of _attn_fwd_kernel's SPLIT form:
+    with M = max_s m_s, l = sum_s l_s 2^(m_s - M), o = sum_s acc_s 2^(m_s - M) / l, lse = M + log2 l (base 2); a
+    row with no key anywhere (l = 0) gets o = 0 and lse = +inf, as the unsplit kernel gives it."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < n_rows
+    offs_dv = tl.arange(0, BLOCK_DV)
+    ok = row_ok[:, None] & (offs_dv < DV)[None, :]
+    stats = PART + n_split * n_rows * DV
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for split in range(n_split):
+        m = tl.maximum(m, tl.load(stats + split * n_rows + rows, mask=row_ok, other=float("-inf")))
+    m = tl.where(m == float("-inf"), 0.0, m)  # no key anywhere: every weight below is 0
+    l = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
+    for split in range(n_split):
+        at = split * n_rows + rows
+        w = tl.exp2(tl.load(stats + at, mask=row_ok, other=float("-inf")) - m)
+        l += w * tl.load(stats + n_split * n_rows + at, mask=row_ok, other=0.0)
+        acc += w[:, None] * tl.load(PART + at[:, None] * DV + offs_dv[None, :], mask=ok, other=0.0)
+    empty = l == 0.0
+    out = acc / tl.where(empty, 1.0, l)[:, None]
+    tl.store(LSE + rows, tl.where(empty, float("inf"), m + tl.log2(tl.where(empty, 1.0, l))), mask=row_ok)
+    b = rows // (H * Sq)
+    h = (rows // Sq) % H
+    q = rows % Sq
+    o_rows = b * sob + h * soh + q * sos
+    tl.store(O + o_rows[:, None] + offs_dv[None, :] * sod, out.to(O.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -803,17 +862,58 @@ def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Opti
         return lambda q, k, v, mask, cos, sin, o, lse: launch(args(q, k, v, o, lse, cos, sin))
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
                                **launch_options(_attn_fwd_kernel, fp_fusion=True)}
+    q_blocks = cdiv(Sq, cfg.block_m)
+    keys = min(Sk, Sq) if causal else Sk  # causal (top-left): no query sees a key past the last query
+    n_split = _key_splits(q_blocks * H * B, keys, cfg.block_n, q.device, interp)
+    split_len = cdiv(cdiv(keys, n_split), cfg.block_n) * cfg.block_n
+    n_split = cdiv(keys, split_len) if keys else 1
     meta = meta_items(D=D, DV=DV, MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype),
-                      F32=interp and q.dtype == torch.bfloat16, ROPE=rope, BLOCK_M=cfg.block_m,
+                      F32=interp and q.dtype == torch.bfloat16, ROPE=rope, SPLIT=n_split > 1, BLOCK_M=cfg.block_m,
                       BLOCK_N=cfg.block_n, BLOCK_D=BD, BLOCK_DV=BDV, **extra)
-    launch = FixedLaunch(_attn_fwd_kernel, (cdiv(Sq, cfg.block_m), H, B), meta, q.device)
-    scalars = (*qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(), *cs, *ss, Sq, Sk, H // Hk, scale * LOG2E)
+    launch = FixedLaunch(_attn_fwd_kernel, (q_blocks * n_split, H, B), meta, q.device)
+    scalars = (split_len, n_split, *qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(), *cs, *ss, Sq, Sk,
+               H // Hk, scale * LOG2E)
+    if n_split == 1:
+        def run(q, k, v, mask, cos, sin, o, lse):  # an absent mask / cos / sin / partials: q stands in (never read)
+            launch((q, k, v, q if mask is None else mask, o, lse, q if cos is None else cos,
+                    q if sin is None else sin, q, *scalars))
 
-    def run(q, k, v, mask, cos, sin, o, lse):  # an absent mask / cos / sin: q stands in (never read)
+        return run
+    rows = B * H * Sq
+    block_r = 16
+    combine = FixedLaunch(_split_combine_kernel, (cdiv(rows, block_r),),
+                          meta_items(DV=DV, BLOCK_R=block_r, BLOCK_DV=BDV,
+                                     **({} if interp else {"num_warps": 4,
+                                                           **launch_options(_split_combine_kernel)})), q.device)
+    combine_scalars = (n_split, rows, H, Sq, *o.stride())
+    part_size = n_split * rows * (DV + 2)  # the partial outputs, maxima and sums (fp32)
+
+    def split_run(q, k, v, mask, cos, sin, o, lse):
+        part = torch.empty(part_size, dtype=torch.float32, device=q.device)
         launch((q, k, v, q if mask is None else mask, o, lse, q if cos is None else cos, q if sin is None else sin,
-                *scalars))
+                part, *scalars))
+        combine((part, o, lse, *combine_scalars))
 
-    return run
+    return split_run
+
+
+# Key splits of the pointer forward (see _key_splits); a positive value forces that many (the tests' switch: the
+# interpreter never splits on its own)
+FORCE_SPLITS = 0
+
+
+def _key_splits(programs: int, keys: int, block_n: int, device: torch.device, interp: bool) -> int:
+    """How many programs share the keys of one query block in the pointer forward: where one program per (query
+    block, head, batch) would leave most multiprocessors idle (decode steps, a few heads), enough splits for about
+    two programs per multiprocessor, each at least one key block (``_split_combine_kernel`` merges them)."""
+    if FORCE_SPLITS:
+        return max(1, min(FORCE_SPLITS, cdiv(keys, block_n)))
+    if interp or device.type != "cuda":
+        return 1
+    sms = sm_count(device)
+    if programs * 2 > sms:
+        return 1
+    return max(1, min(cdiv(keys, block_n), cdiv(2 * sms, programs)))
 
 
 def _signature(t: Optional[Tensor]):
@@ -824,7 +924,7 @@ def _signature(t: Optional[Tensor]):
 
 def _switches() -> tuple:
     """The module's kernel switches (the tests and sweeps set them): part of every plan key."""
-    return FORCE_TMA, TMA_FWD, SM90_FWD, TMA_WS, TMA_REVERSE, TMA_BWD, SM90_BWD, TMA_BWD_CONFIG
+    return FORCE_TMA, TMA_FWD, SM90_FWD, TMA_WS, TMA_REVERSE, TMA_BWD, SM90_BWD, TMA_BWD_CONFIG, FORCE_SPLITS
 
 
 # a call signature -> its plan (_fwd_plan, _bwd_plan): the kernel, tiles, grid, scalars and descriptor templates.
