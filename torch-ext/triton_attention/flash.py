@@ -250,14 +250,14 @@ def _attn_fwd_kernel(
         stats = PART + n_split * n_rows * DV
         tl.store(stats + at, m_i, mask=row_ok)
         tl.store(stats + n_split * n_rows + at, l_i, mask=row_ok)
-        return
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # base 2
-    tl.store(LSE + (b * tl.num_programs(1) + h) * Sq + offs_m, lse, mask=row_ok)
-    o_ptr = O + b * sob + h * soh
-    tl.store(o_ptr + offs_m[:, None].to(tl.int64) * sos + offs_dv[None, :] * sod, out.to(O.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_dv < DV)[None, :])
+    else:
+        empty = l_i == 0.0
+        out = acc / tl.where(empty, 1.0, l_i)[:, None]
+        lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # base 2
+        tl.store(LSE + (b * tl.num_programs(1) + h) * Sq + offs_m, lse, mask=row_ok)
+        o_ptr = O + b * sob + h * soh
+        tl.store(o_ptr + offs_m[:, None].to(tl.int64) * sos + offs_dv[None, :] * sod, out.to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_dv < DV)[None, :])
 
 
 @triton.jit
