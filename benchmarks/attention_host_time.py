@@ -29,8 +29,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sweep_common import load_packages  # noqa: E402
-from triton_collection.bench import graph_median, host_us_per_call, wall_us_per_call  # noqa: E402
+from sweep_common import ab_sides, time_sides_in_turn  # noqa: E402
 
 # (B, Hq, Hk, Sq, Sk, D, causal, layout, grad, grow): a short causal prefill (the Gluon forward), a decode step with
 # GQA (the pointer kernel), the same step over a KV cache that grows by one key per call (grow: every call has a new
@@ -127,13 +126,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = "cuda"
-    (new,) = load_packages(["triton-attention"], cpu=False, root=Path(__file__).resolve().parents[1])
-    sides = {"sdpa": "sdpa", "new": new}
-    if args.base:
-        (base,) = load_packages(["triton-attention"], cpu=False, root=Path(args.base))
-        sides["base"] = base
-    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"triton {__import__('triton').__version__}", flush=True)
+    sides = ab_sides("triton-attention", "sdpa", args.base)
     rows = []
     for case in [c for c in CASES if args.only in case_name(c)]:
         grad, grow = case[-2:]
@@ -141,18 +134,8 @@ def main() -> None:
         row = {"case": case_name(case)}
         for name, side in sides.items():
             row[f"{name} check"] = max_rel_err(side, case, device) if case[3] * case[4] <= 2**20 else float("nan")
-        for _ in range(args.rounds):
-            for name, side in sides.items():
-                fn = make_fn(side, case, q, k, v)
-                with torch.enable_grad() if grad else torch.no_grad():
-                    measures = {"host": host_us_per_call(fn, samples=20),
-                                "per call": wall_us_per_call(fn, calls=100, repeats=3),
-                                "gpu": float("nan") if grow else graph_median(fn, rep=50) * 1e3}
-                for key, value in measures.items():
-                    row.setdefault(f"{name} {key}", []).append(value)
-        for key in list(row):
-            if isinstance(row[key], list):
-                row[key] = min(row[key])
+        time_sides_in_turn(row, sides, lambda side: make_fn(side, case, q, k, v), args.rounds, grad,
+                           host_samples=20, calls=100, graph=not grow)
         rows.append(row)
         print(" | ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
     (out / "attention_host_time.json").write_text(json.dumps(rows, indent=1))

@@ -34,8 +34,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sweep_common import load_packages  # noqa: E402
-from triton_collection.bench import graph_median, host_us_per_call, wall_us_per_call  # noqa: E402
+from sweep_common import ab_sides, time_sides_in_turn  # noqa: E402
 
 # (M, N, K, activation, bias, grad): decode and small-batch shapes of Llama-3-8B and Flux, one large GEMM
 CASES = [
@@ -105,13 +104,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = "cuda"
-    (new,) = load_packages(["triton-matmul"], cpu=False, root=Path(__file__).resolve().parents[1])
-    sides = {"F.linear": "F.linear", "new": new}
-    if args.base:
-        (base,) = load_packages(["triton-matmul"], cpu=False, root=Path(args.base))
-        sides["base"] = base
-    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"triton {__import__('triton').__version__}", flush=True)
+    sides = ab_sides("triton-matmul", "F.linear", args.base)
     rows = []
     for case in CASES:
         M, N, K, act, has_bias, grad = case
@@ -121,18 +114,8 @@ def main() -> None:
         row = {"case": case_name(case)}
         for name, side in sides.items():
             row[f"{name} check"] = max_rel_err(side, case, device)
-        for _ in range(args.rounds):
-            for name, side in sides.items():
-                fn = make_fn(side, case, x, w, b)
-                with torch.enable_grad() if grad else torch.no_grad():
-                    measures = {"host": host_us_per_call(fn, samples=30),
-                                "per call": wall_us_per_call(fn, calls=100 if grad else 300, repeats=3),
-                                "gpu": graph_median(fn, rep=50) * 1e3}
-                for key, value in measures.items():
-                    row.setdefault(f"{name} {key}", []).append(value)
-        for key in list(row):
-            if isinstance(row[key], list):
-                row[key] = min(row[key])
+        time_sides_in_turn(row, sides, lambda side: make_fn(side, case, x, w, b), args.rounds, grad,
+                           host_samples=30, calls=100 if grad else 300)
         rows.append(row)
         print(" | ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
     (out / "matmul_host_time.json").write_text(json.dumps(rows, indent=1))
@@ -141,7 +124,7 @@ def main() -> None:
             M, N, K, act, has_bias, grad = case
             x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
             w = torch.randn(N, K, device=device, dtype=torch.bfloat16)
-            fn = make_fn(new, case, x, w, x.new_zeros(N))
+            fn = make_fn(sides["new"], case, x, w, x.new_zeros(N))
             with torch.no_grad():
                 fn()
                 profile = cProfile.Profile()

@@ -159,6 +159,44 @@ def load_packages(names, cpu: bool, root: Path = Path(".")) -> list:
     return [kernels.get_local_kernel(by_name[n].variant("cpu" if cpu else "cuda")) for n in names]
 
 
+def ab_sides(package: str, peer: str, base: str) -> dict:
+    """The sides of a host-time A/B (``benchmarks/*_host_time.py``): ``{peer: peer, "new": this checkout's build of
+    ``package``, "base": the build of the checkout at ``base`` (when given)}``; prints the GPU and versions."""
+    import torch
+    import triton
+
+    (new,) = load_packages([package], cpu=False, root=Path(__file__).resolve().parents[1])
+    sides = {peer: peer, "new": new}
+    if base:
+        (sides["base"],) = load_packages([package], cpu=False, root=Path(base))
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    return sides
+
+
+def time_sides_in_turn(row: dict, sides: dict, make_fn, rounds: int, grad: bool, *, host_samples: int,
+                       calls: int, graph: bool = True) -> dict:
+    """Adds to ``row`` each side's ``host`` (one call on an idle GPU, median of ``host_samples``), ``per call``
+    (``calls`` back to back, one sync, median of 3) and ``gpu`` (a CUDA-graph replay; NaN without ``graph``) in
+    us, the sides taken in turn within each of ``rounds`` rounds, the smallest over the rounds (the host drifts).
+    ``make_fn(side)`` gives the call to time (forward and backward when ``grad``)."""
+    import torch
+
+    from triton_collection.bench import graph_median, host_us_per_call, wall_us_per_call
+
+    samples: dict = {}
+    for _ in range(rounds):
+        for name, side in sides.items():
+            fn = make_fn(side)
+            with torch.enable_grad() if grad else torch.no_grad():
+                measures = {"host": host_us_per_call(fn, samples=host_samples),
+                            "per call": wall_us_per_call(fn, calls=calls, repeats=3),
+                            "gpu": graph_median(fn, rep=50) * 1e3 if graph else float("nan")}
+            for key, value in measures.items():
+                samples.setdefault(f"{name} {key}", []).append(value)
+    row.update({key: min(values) for key, values in samples.items()})
+    return row
+
+
 class ActivationInternals:
     """A triton-activations build (``load_packages``) with the modules the launch-rule sweeps patch: ``pkg`` (the
     public API), ``activation``, ``functional``, ``launch`` (``_launch``) and ``fast_math`` (``_fast_math``)."""
