@@ -86,10 +86,22 @@ def test_probe_picks_the_family_of_each_class(kind, layer):
 
 
 def test_known_class_lists_agree_with_the_probe():
-    """Every class named in a family's list that this transformers has probes into that family."""
+    """Every class named in a family's list that this transformers has probes into that family. The lists describe
+    the transformers versions pyproject.toml supports (on 5.17, DeepseekV4RMSNorm multiplied as Llama's does, and
+    the shim refuses it there: its list and its probe disagree)."""
     import importlib
+    import tomllib
+    from pathlib import Path
+
+    import transformers
+    from packaging.requirements import Requirement
 
     from triton_collection.integrations.families import FAMILIES
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    (supported,) = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == "transformers"]
+    if transformers.__version__ not in supported.specifier:
+        pytest.skip(f"transformers {transformers.__version__} is outside the supported {supported.specifier}")
 
     checked = 0
     for family in FAMILIES:
