@@ -172,6 +172,32 @@ def test_flash_fully_masked_rows_are_zero(attention, device):
         assert_close(g, rg, GRAD_TOL[torch.float32])
 
 
+def test_flash_extreme_additive_mask(attention, device):
+    """Additive mask entries near -FLT_MAX (transformers fills padding with finfo.min) weigh keys as SDPA does: a
+    query whose visible keys all carry one gets their average (not a dropped row), -inf entries still drop keys,
+    a NaN entry gives NaN; gradients against fp64."""
+    torch.manual_seed(6)
+    q, k, v = make_qkv(1, 2, 2, 5, 37, 16, torch.float32, device, grad=True)
+    big = torch.finfo(torch.float32).min
+    mask = torch.zeros(5, 37, device=device)
+    mask[0] = big  # every key at -FLT_MAX: SDPA averages v
+    mask[1, :20] = float("-inf")
+    mask[1, 20:] = -3e38
+    mask[2, ::2] = big  # the rest of row 2 wins outright
+    o = attention.flash_attention(q, k, v, attn_mask=mask)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    r = ref_attention(q64, k64, v64, mask.double())
+    assert_close(o, r.detach(), TOL[torch.float32], "o")
+    assert torch.allclose(o[:, :, 0], v.detach().mean(2), atol=1e-5)
+    do = rand(*o.shape, device=device)
+    for g, rg in zip(torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(r, (q64, k64, v64), do.double())):
+        assert_close(g, rg, GRAD_TOL[torch.float32])
+    mask[4, 7] = float("nan")
+    with torch.no_grad():
+        o = attention.flash_attention(q, k, v, attn_mask=mask)
+    assert torch.isnan(o[:, :, 4]).all() and torch.isfinite(o[:, :, :4]).all()
+
+
 def test_flash_strided_views_read_in_place(attention, device):
     """q, k, v sliced out of one fused projection (diffusers' [B, S, H, D] views) and a transposed output layout."""
     torch.manual_seed(5)

@@ -89,13 +89,22 @@ def _dot_acc(a, b, acc, PREC: tl.constexpr, F32: tl.constexpr):
 
 
 @triton.jit
+def _mask_base2(add):
+    """An additive mask in the base-2 score domain, add * log2(e) in fp32: -inf stays -inf (dropped), a finite value
+    stays finite (an entry below -FLT_MAX / log2(e), such as a bf16 finfo.min, would otherwise overflow to -inf and
+    drop a key that SDPA weighs)."""
+    return tl.where(add == float("-inf"), add, tl.maximum(add * 1.4426950408889634, -3.4028234663852886e38,
+                                                          propagate_nan=tl.PropagateNan.ALL))
+
+
+@triton.jit
 def _scores(q, k_t, qk_scale, m_ptrs, row_ok, col_ok, offs_m, offs_n,
             MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, PREC: tl.constexpr, F32: tl.constexpr):
     """Base-2 scores (BLOCK_M, BLOCK_N) of q (M, D) against k_t (D, N): -inf where masked."""
     s = _dot(q, k_t, PREC, F32) * qk_scale
     if MASK_KIND == 1:
         add = tl.load(m_ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
-        s = s + add * 1.4426950408889634
+        s = s + _mask_base2(add)
     if MASK_KIND == 2:
         keep = tl.load(m_ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0)
         s = tl.where(keep != 0, s, float("-inf"))
@@ -417,7 +426,7 @@ def _dkdv_blocks(dk, dv, k, v, q_ptr, do_ptr, m_ptr, lse_ptr, delta_ptr, offs_n,
         s_t = _dot(k, q_t, PREC, F32) * qk_scale
         if MASK_KIND == 1:
             add = tl.load(m_ptrs, mask=row_ok[None, :] & col_ok[:, None], other=0.0).to(tl.float32)
-            s_t = s_t + add * 1.4426950408889634
+            s_t = s_t + _mask_base2(add)
         if MASK_KIND == 2:
             keep = tl.load(m_ptrs, mask=row_ok[None, :] & col_ok[:, None], other=0)
             s_t = tl.where(keep != 0, s_t, float("-inf"))
