@@ -64,7 +64,8 @@ _DESCRIPTORS = _descriptor_types()
 if _DESCRIPTORS:
     from triton.runtime.jit import mangle_type as _mangle_type
 
-__all__ = ["FixedLaunch", "Launch", "PlanCache", "launch", "meta_items", "rebase", "spec"]
+__all__ = ["FixedLaunch", "Launch", "PlanCache", "descriptor_template", "launch", "meta_items", "rebase", "signature",
+           "spec"]
 
 _DIRECT_OK = [True]  # cleared once if this Triton's launcher cannot be called directly
 _ADDRESSES_OK = [True]  # cleared once if this Triton's launcher takes no integer addresses for pointers
@@ -371,6 +372,19 @@ def rebase(desc, base):
     out.__dict__.update(desc.__dict__)
     out.base = base
     return out
+
+
+def descriptor_template(cls, t: torch.Tensor, block_shape: list, *layout):
+    """A host tensor descriptor (Triton's or Gluon's ``TensorDescriptor``, ``layout`` the latter's shared layout) of
+    all of ``t`` (its shape and strides) that keeps no tensor: built once per plan (the constructor's checks run
+    here), rebased on each call's tensor with :func:`rebase`."""
+    return rebase(cls(t, list(t.shape), list(t.stride()), list(block_shape), *layout), None)
+
+
+def signature(t):
+    """What a launch plan depends on of a tensor argument: shape, strides, dtype, device and whether its data starts
+    on 16 bytes (TMA, and Triton's pointer specialisation); None for an absent one. Part of a plan's key."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
 
 
 class PlanCache(dict):

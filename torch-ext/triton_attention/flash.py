@@ -54,7 +54,7 @@ import triton.language as tl
 from . import flash_sm90, flash_sm90_bwd
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2, tma_descriptor_ok
 from ._dispatch import call_op, eager_autograd
-from ._fastlaunch import FixedLaunch, PlanCache, meta_items, rebase
+from ._fastlaunch import FixedLaunch, PlanCache, descriptor_template, meta_items, rebase, signature
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
@@ -713,6 +713,12 @@ def _bhsd(t: Tensor, bshd: bool) -> Tensor:
     return t.transpose(1, 2) if bshd else t
 
 
+def _bhsd_shape(t: Tensor, bshd: bool) -> Tuple[int, int, int, int]:
+    """(B, H, S, D) of ``t`` in its layout, without making a view (host time)."""
+    B, X, Y, D = t.shape
+    return (B, Y, X, D) if bshd else (B, X, Y, D)
+
+
 def _empty_layout(B: int, H: int, S: int, D: int, like: Tensor, bshd: bool, dtype=None) -> Tensor:
     """A new [B, H, S, D] view whose memory is contiguous in the given layout."""
     dtype = like.dtype if dtype is None else dtype
@@ -721,16 +727,17 @@ def _empty_layout(B: int, H: int, S: int, D: int, like: Tensor, bshd: bool, dtyp
     return torch.empty(B, H, S, D, dtype=dtype, device=like.device)
 
 
-def _mask_view(mask: Optional[Tensor], B: int, H: int, Sq: int, Sk: int, dummy: Tensor):
-    """(mask expanded to [B, H, Sq, Sk] (stride 0 where broadcast) or ``dummy`` (never read), strides, kind)."""
+def _mask_strides(mask: Optional[Tensor], B: int, H: int, Sq: int, Sk: int):
+    """(strides of mask expanded to [B, H, Sq, Sk], 0 where broadcast; the kind): the mask's own memory is read
+    through these strides."""
     if mask is None:
-        return dummy, (0, 0, 0, 0), _NO_MASK
+        return (0, 0, 0, 0), _NO_MASK
     m = mask
     while m.dim() < 4:
         m = m.unsqueeze(0)
     m = m.expand(B, H, Sq, Sk)
-    strides = tuple(m.stride(i) if m.shape[i] > 1 else 0 for i in range(4))
-    return m, strides, (_BOOL_MASK if mask.dtype == torch.bool else _ADD_MASK)
+    return tuple(m.stride(i) if m.shape[i] > 1 else 0 for i in range(4)), (_BOOL_MASK if mask.dtype == torch.bool
+                                                                           else _ADD_MASK)
 
 
 def _as4(t: Tensor) -> Tensor:
@@ -801,8 +808,7 @@ def _tma_eligible(qv: Tensor, kv: Tensor, vv: Tensor, mask, interp: bool) -> boo
 def _descriptor_template(t: Tensor, block_rows: int):
     """A host tensor descriptor of all of the [B, H, S, D] view ``t`` with [1, 1, block_rows, D] tiles, keeping no
     tensor: a call's own is this rebased on its tensor (``rebase``)."""
-    D = t.shape[3]
-    return rebase(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_rows, D]), None)
+    return descriptor_template(TensorDescriptor, t, [1, 1, block_rows, t.shape[3]])
 
 
 def _fwd_tma_plan(qv, kv, vv, o, scale, causal, cfg, interp, cs, ss, rope, ws=None):
@@ -828,7 +834,7 @@ def _fwd_tma_plan(qv, kv, vv, o, scale, causal, cfg, interp, cs, ss, rope, ws=No
 
 def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
               o: Tensor, scale: float, causal: bool, bshd: bool, rope: int, cfg: Optional[FwdConfig]):
-    """The forward's plan for this call signature (``_fwd_plan_key``): picks the kernel (the Gluon kernel of
+    """The forward's plan for a call signature (the key in ``_attn_fwd_launch``): picks the kernel (the Gluon kernel of
     ``flash_sm90``, the tensor-descriptor kernel or the pointer kernel) and its tiles, and returns ``run(q, k, v,
     mask, cos, sin, o, lse)``, which launches one call of the signature. ``o`` is the [B, H, Sq, DV] view of the
     output. The plan keeps no tensor of this call."""
@@ -843,7 +849,7 @@ def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Opti
         cfg = fwd_config_for(q, max(BD, BDV), interp, masked=mask is not None)
         if Sq < cfg.block_m:  # short queries (decode, small images): no idle rows in the tile
             cfg = FwdConfig(max(16, next_power_of_2(Sq)), cfg.block_n, min(cfg.num_warps, 4), cfg.num_stages)
-    m, ms, kind = _mask_view(mask, B, H, Sq, Sk, qv)
+    ms, kind = _mask_strides(mask, B, H, Sq, Sk)
     if rope:
         cv, sv = _bhsd(_as4(cos).expand(q.shape), bshd), _bhsd(_as4(sin).expand(q.shape), bshd)
         cs, ss = _bcast_strides(cv), _bcast_strides(sv)
@@ -882,28 +888,25 @@ def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Opti
     launch = FixedLaunch(_attn_fwd_kernel, (q_blocks * n_split, H, B), meta, q.device)
     scalars = (split_len, n_split, *qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(), *cs, *ss, Sq, Sk,
                H // Hk, scale * LOG2E)
-    if n_split == 1:
-        def run(q, k, v, mask, cos, sin, o, lse):  # an absent mask / cos / sin / partials: q stands in (never read)
-            launch((q, k, v, q if mask is None else mask, o, lse, q if cos is None else cos,
-                    q if sin is None else sin, q, *scalars))
+    combine = None
+    if n_split > 1:
+        rows = B * H * Sq
+        block_r = 16
+        combine = FixedLaunch(_split_combine_kernel, (cdiv(rows, block_r),),
+                              meta_items(DV=DV, BLOCK_R=block_r, BLOCK_DV=BDV,
+                                         **({} if interp else {"num_warps": 4,
+                                                               **launch_options(_split_combine_kernel)})), q.device)
+        combine_scalars = (n_split, rows, H, Sq, *o.stride())
+        part_size = n_split * rows * (DV + 2)  # the partial outputs, maxima and sums (fp32)
 
-        return run
-    rows = B * H * Sq
-    block_r = 16
-    combine = FixedLaunch(_split_combine_kernel, (cdiv(rows, block_r),),
-                          meta_items(DV=DV, BLOCK_R=block_r, BLOCK_DV=BDV,
-                                     **({} if interp else {"num_warps": 4,
-                                                           **launch_options(_split_combine_kernel)})), q.device)
-    combine_scalars = (n_split, rows, H, Sq, *o.stride())
-    part_size = n_split * rows * (DV + 2)  # the partial outputs, maxima and sums (fp32)
-
-    def split_run(q, k, v, mask, cos, sin, o, lse):
-        part = torch.empty(part_size, dtype=torch.float32, device=q.device)
+    def run(q, k, v, mask, cos, sin, o, lse):  # an absent mask / cos / sin / partials: q stands in (never read)
+        part = q if combine is None else torch.empty(part_size, dtype=torch.float32, device=q.device)
         launch((q, k, v, q if mask is None else mask, o, lse, q if cos is None else cos, q if sin is None else sin,
                 part, *scalars))
-        combine((part, o, lse, *combine_scalars))
+        if combine is not None:
+            combine((part, o, lse, *combine_scalars))
 
-    return split_run
+    return run
 
 
 # Key splits of the pointer forward (see _key_splits); a positive value forces that many (the tests' switch: the
@@ -925,12 +928,6 @@ def _key_splits(programs: int, keys: int, block_n: int, device: torch.device, in
     return max(1, min(cdiv(keys, block_n), cdiv(2 * sms, programs)))
 
 
-def _signature(t: Optional[Tensor]):
-    """What a plan depends on of a tensor argument: shape, strides, dtype, device and whether its data starts on 16
-    bytes (TMA, and Triton's pointer specialisation); None for an absent one."""
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
-
-
 def _switches() -> tuple:
     """The module's kernel switches (the tests and sweeps set them): part of every plan key."""
     return FORCE_TMA, TMA_FWD, SM90_FWD, TMA_WS, TMA_REVERSE, TMA_BWD, SM90_BWD, TMA_BWD_CONFIG, FORCE_SPLITS
@@ -948,12 +945,12 @@ def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sc
                      sin: Optional[Tensor] = None, rope: int = 0) -> Tuple[Tensor, Tensor]:
     """(o, lse): the output in ``out_bshd``'s layout and the base-2 log-sum-exp (fp32 [B, H, Sq]). Each call
     signature picks its kernel once (``_fwd_plan``); output buffers are new allocations, which start on 16 bytes."""
-    B, Sq, H = (q.shape[0], q.shape[1], q.shape[2]) if bshd else (q.shape[0], q.shape[2], q.shape[1])
+    B, H, Sq, _ = _bhsd_shape(q, bshd)
     o = _empty_layout(B, H, Sq, v.shape[3], q, out_bshd)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return (o.transpose(1, 2) if out_bshd else o), lse
-    key = (_signature(q), _signature(k), _signature(v), _signature(mask), _signature(cos), _signature(sin), scale,
+    key = (signature(q), signature(k), signature(v), signature(mask), signature(cos), signature(sin), scale,
            causal, bshd, out_bshd, rope, cfg, _switches())
     plan = _FWD_PLANS.get(key)
     if plan is None:
@@ -978,7 +975,7 @@ def _bwd_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor
     BD, BDV = padded_head_dim(D), padded_head_dim(DV)
     default_cfg = cfg is None
     cfg = cfg or bwd_config_for(q, max(BD, BDV), interp)
-    m, ms, kind = _mask_view(mask, B, H, Sq, Sk, qv)
+    ms, kind = _mask_strides(mask, B, H, Sq, Sk)
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
                                **launch_options(_attn_bwd_dkdv_kernel, fp_fusion=True)}
     extra2 = {} if interp else {**cfg.dq_launch, **launch_options(_attn_bwd_dq_kernel, fp_fusion=True)}
@@ -1045,9 +1042,9 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
                      cfg: Optional[BwdConfig] = None, tma_bwd: Optional[bool] = None):
     """(dq, dk, dv, ds): gradients in the inputs' layouts, ds (fp32 [B, H, Sq, Sk]) only if ``need_dmask``. Each
     call signature picks its kernels once (``_bwd_plan``)."""
-    qv, kv, vv = _bhsd(q, bshd), _bhsd(k, bshd), _bhsd(v, bshd)
-    B, H, Sq, D = qv.shape
-    Hk, Sk, DV = kv.shape[1], kv.shape[2], vv.shape[3]
+    B, H, Sq, D = _bhsd_shape(q, bshd)
+    _, Hk, Sk, _ = _bhsd_shape(k, bshd)
+    DV = v.shape[3]
     dq = _empty_layout(B, H, Sq, D, q, bshd)
     dk = _empty_layout(B, Hk, Sk, D, k, bshd)
     dv = _empty_layout(B, Hk, Sk, DV, v, bshd)
@@ -1056,8 +1053,8 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
         dq.zero_(), dk.zero_(), dv.zero_()
     else:
         delta = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
-        key = (_signature(do), _signature(q), _signature(k), _signature(v), _signature(mask), _signature(o),
-               _signature(lse), scale, causal, bshd, out_bshd, need_dmask, cfg, tma_bwd, _switches())
+        key = (signature(do), signature(q), signature(k), signature(v), signature(mask), signature(o),
+               signature(lse), scale, causal, bshd, out_bshd, need_dmask, cfg, tma_bwd, _switches())
         plan = _BWD_PLANS.get(key)
         if plan is None:
             plan = _BWD_PLANS.add(key, _bwd_plan(do, q, k, v, mask, o, (dq, dk, dv), scale, causal, bshd, out_bshd,
@@ -1155,21 +1152,20 @@ def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
         raise ValueError(f"layout must be 'bhsd' ([B, H, S, D], transformers) or 'bshd' ([B, S, H, D], diffusers), "
                          f"got {layout!r}")
     bshd = layout == "bshd"
-    h, s = (2, 1) if bshd else (1, 2)  # the head and sequence dims in this layout (no views made: host time)
-    qs, ks, vs = q.shape, k.shape, v.shape
-    B, H, Sq, D = qs[0], qs[h], qs[s], qs[3]
-    if ks[0] != B or vs[0] != B:
-        raise ValueError(f"q, k and v must share the batch size, got {B}, {ks[0]}, {vs[0]}")
-    if ks[h] != vs[h] or ks[s] != vs[s]:
-        raise ValueError(f"k and v must have the same heads and sequence length, got k {tuple(ks)} and "
-                         f"v {tuple(vs)} ({layout})")
-    Hk, Sk = ks[h], ks[s]
+    B, H, Sq, D = _bhsd_shape(q, bshd)
+    Bk, Hk, Sk, Dk = _bhsd_shape(k, bshd)
+    Bv, Hv, Sv, Dv = _bhsd_shape(v, bshd)
+    if Bk != B or Bv != B:
+        raise ValueError(f"q, k and v must share the batch size, got {B}, {Bk}, {Bv}")
+    if (Hk, Sk) != (Hv, Sv):
+        raise ValueError(f"k and v must have the same heads and sequence length, got k {tuple(k.shape)} and "
+                         f"v {tuple(v.shape)} ({layout})")
     if Hk == 0 or H % Hk:
         raise ValueError(f"the query heads ({H}) must be a multiple of the key/value heads ({Hk}) (MHA, GQA, MQA)")
-    if ks[3] != D:
-        raise ValueError(f"q and k must have the same head dim, got {D} and {ks[3]}")
-    if max(D, vs[3]) > MAX_HEAD_DIM or min(D, vs[3]) < 1:
-        raise ValueError(f"head dims must be in [1, {MAX_HEAD_DIM}], got q/k {D}, v {vs[3]}")
+    if Dk != D:
+        raise ValueError(f"q and k must have the same head dim, got {D} and {Dk}")
+    if max(D, Dv) > MAX_HEAD_DIM or min(D, Dv) < 1:
+        raise ValueError(f"head dims must be in [1, {MAX_HEAD_DIM}], got q/k {D}, v {Dv}")
     if attn_mask is not None:
         if not isinstance(attn_mask, Tensor):
             raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
@@ -1318,9 +1314,9 @@ def flash_attention_rope(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tens
     out_layout = layout if out_layout is None else out_layout
     if out_layout not in ("bhsd", "bshd"):
         raise ValueError(f"out_layout must be 'bhsd' or 'bshd', got {out_layout!r}")
-    if _bhsd(q, bshd).shape[2] != _bhsd(k, bshd).shape[2]:
+    if _bhsd_shape(q, bshd)[2] != _bhsd_shape(k, bshd)[2]:
         raise ValueError("flash_attention_rope needs q and k of the same sequence length (self-attention), got "
-                         f"{_bhsd(q, bshd).shape[2]} and {_bhsd(k, bshd).shape[2]}")
+                         f"{_bhsd_shape(q, bshd)[2]} and {_bhsd_shape(k, bshd)[2]}")
     _check_rope("q", q, cos, sin)
     _check_rope("k", k, cos, sin)
     k_rot = rotary_embedding(k, cos, sin, interleaved=interleaved, fp32_math=True)

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 from ._device import cdiv, launch_options, tma_descriptor_ok
-from ._fastlaunch import FixedLaunch, meta_items, rebase
+from ._fastlaunch import FixedLaunch, descriptor_template, meta_items, rebase
 from ._gluon import AVAILABLE, capability_90 as _capability_90, shared_layout
 
 Tensor = torch.Tensor
@@ -293,7 +293,7 @@ def plan(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, qk_scale: float, causal:
     q_block, kv_block = [1, 1, BLOCK_M, D], [1, 1, cfg.block_n, D]
     q_layout, kv_layout = shared_layout(tuple(q_block), qv.dtype), shared_layout(tuple(kv_block), qv.dtype)
     q_desc, k_desc, v_desc, o_desc = (
-        rebase(TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout), None)
+        descriptor_template(TensorDescriptor, t, block, layout)
         for t, block, layout in ((qv, q_block, q_layout), (kv, kv_block, kv_layout), (vv, kv_block, kv_layout),
                                  (o, q_block, q_layout)))
     group = H // Hk

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from ._device import cdiv, launch_options, tma_descriptor_ok
-from ._fastlaunch import FixedLaunch, meta_items, rebase
+from ._fastlaunch import FixedLaunch, descriptor_template, meta_items, rebase
 from ._gluon import shared_layout
 from . import flash_sm90
 from .flash_sm90 import AVAILABLE, _capability_90
@@ -363,8 +363,7 @@ def plan(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, grads, scale: float, c
 
     def template(t, rows):
         block = [1, 1, rows, D]
-        made = TensorDescriptor(t, list(t.shape), list(t.stride()), block, shared_layout(tuple(block), qv.dtype))
-        return rebase(made, None)
+        return descriptor_template(TensorDescriptor, t, block, shared_layout(tuple(block), qv.dtype))
 
     dq_cfg, dkdv_cfg = DQ_CONFIGS[D], DKDV_CONFIGS[D]
     bn, bk = dq_cfg.block_n, dkdv_cfg.block_n

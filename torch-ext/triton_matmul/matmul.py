@@ -68,7 +68,7 @@ import triton.language as tl
 
 from . import matmul_sm90
 from ._dispatch import call_op, eager_autograd
-from ._fastlaunch import FixedLaunch, PlanCache, meta_items, rebase
+from ._fastlaunch import FixedLaunch, PlanCache, meta_items, rebase, signature
 from ._launch import MatmulConfig, config_for, tma_capable
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
 from ._epilogue_math import ACTIVATIONS, apply_activation, store_rounded
@@ -681,10 +681,8 @@ def _plan_key(a: Tensor, b: Tensor, bias: Optional[Tensor], activation, save_h: 
     """What the kernel, config and launch of a call depend on: shapes, strides, dtypes, device, whether a, b and
     bias start on 16 bytes (TMA, and Triton's pointer specialisation), activation, save_h, config. y and h are
     new allocations, which start on 16 bytes on every device's allocator."""
-    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, not a.data_ptr() & 15,
-            not b.data_ptr() & 15,
-            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device, not bias.data_ptr() & 15),
-            activation, save_h, None if config is None else tuple(config))
+    return (signature(a), signature(b), signature(bias), activation, save_h,
+            None if config is None else tuple(config))
 
 
 def _matmul_forward(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], save_h: bool,
