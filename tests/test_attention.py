@@ -805,6 +805,46 @@ def test_rope_inference_plan_keeps_every_check(attention, device):
             attention.rotary_embedding(q[..., :7], cos.unsqueeze(1)[..., :7], sin.unsqueeze(1)[..., :7])
 
 
+def test_checked_inference_calls(attention, device, monkeypatch):
+    """Plain inference checks a call signature once: its later calls on new data skip the checks and stay right
+    (outputs contiguous in out_layout); another signature, an int scale or a call that needs a gradient is checked
+    again, and bad arguments after good ones still raise, naming the argument."""
+    import sys
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    monkeypatch.setattr(flash, "_CHECKED", type(flash._CHECKED)())
+    checks, original = [], flash._check_inputs
+    monkeypatch.setattr(flash, "_check_inputs", lambda *a: checks.append(1) or original(*a))
+
+    def call(q, k, v, **kw):
+        with torch.no_grad():
+            out = attention.flash_attention(q, k, v, out_layout="bshd", **kw)
+        want = ref_attention(q, k, v, causal=kw.get("causal", False), scale=kw.get("scale")).transpose(1, 2)
+        assert out.is_contiguous() and out.data_ptr() != q.data_ptr()
+        assert_close(out, want, TOL[q.dtype], "o")
+
+    for _ in range(3):  # fresh data, one signature: checked once
+        call(*make_qkv(1, 6, 2, 13, 29, 24, torch.float16, device), causal=True, scale=0.3)
+    assert len(checks) == 1 and len(flash._CHECKED) == 1
+    call(*make_qkv(1, 6, 2, 13, 29, 24, torch.float16, device), causal=True)  # scale None: another signature
+    assert len(checks) == 2
+    call(*make_qkv(1, 6, 2, 13, 29, 24, torch.float16, device), causal=True, scale=1)  # int: checked each call
+    call(*make_qkv(1, 6, 2, 13, 29, 24, torch.float16, device), causal=True, scale=1)
+    assert len(checks) == 4 and len(flash._CHECKED) == 2
+    q, k, v = make_qkv(1, 6, 2, 13, 29, 24, torch.float16, device)
+    with pytest.raises(TypeError, match="q, k and v must share one dtype"):
+        attention.flash_attention(q, k.float(), v, out_layout="bshd", causal=True, scale=0.3)
+    with pytest.raises(ValueError, match="layout"):
+        attention.flash_attention(q, k, v, layout=["bhsd"])
+    with pytest.raises(ValueError, match="out_layout"):
+        attention.flash_attention(q, k, v, out_layout="bsd")
+    with pytest.raises(TypeError, match="scale"):
+        attention.flash_attention(q, k, v, scale=float("nan"))
+    with pytest.raises(ValueError, match="multiple of the key/value heads"):
+        attention.flash_attention(q, k[:, :1].expand(1, 4, 29, 24), v[:, :1].expand(1, 4, 29, 24))
+    assert len(flash._CHECKED) == 2
+
+
 def test_call_plans(attention, device, monkeypatch):
     """One forward and one backward plan per call signature: calls on new data reuse them and stay right; a tensor
     that starts off 16 bytes, another mask or the module's switches make a plan of their own; no plan holds a

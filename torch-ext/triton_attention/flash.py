@@ -53,7 +53,7 @@ import triton.language as tl
 
 from . import flash_sm90, flash_sm90_bwd
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2, tma_descriptor_ok
-from ._dispatch import call_op, eager_autograd
+from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import FixedLaunch, PlanCache, descriptor_template, meta_items, rebase, signature
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
 from ._ops import add_op_namespace_prefix
@@ -719,12 +719,10 @@ def _bhsd_shape(t: Tensor, bshd: bool) -> Tuple[int, int, int, int]:
     return (B, Y, X, D) if bshd else (B, X, Y, D)
 
 
-def _empty_layout(B: int, H: int, S: int, D: int, like: Tensor, bshd: bool, dtype=None) -> Tensor:
-    """A new [B, H, S, D] view whose memory is contiguous in the given layout."""
-    dtype = like.dtype if dtype is None else dtype
-    if bshd:
-        return torch.empty(B, S, H, D, dtype=dtype, device=like.device).transpose(1, 2)
-    return torch.empty(B, H, S, D, dtype=dtype, device=like.device)
+def _empty_layout(B: int, H: int, S: int, D: int, like: Tensor, bshd: bool) -> Tensor:
+    """A new contiguous tensor of like's dtype and device, [B, S, H, D] if ``bshd`` else [B, H, S, D]. The plans
+    take it as it is (their launches read its address; strides come from the view ``_bhsd`` gives at plan build)."""
+    return torch.empty((B, S, H, D) if bshd else (B, H, S, D), dtype=like.dtype, device=like.device)
 
 
 def _mask_strides(mask: Optional[Tensor], B: int, H: int, Sq: int, Sk: int):
@@ -942,21 +940,26 @@ _BWD_PLANS = PlanCache()
 
 def _attn_fwd_launch(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, causal: bool,
                      bshd: bool, out_bshd: bool, cfg: Optional[FwdConfig] = None, cos: Optional[Tensor] = None,
-                     sin: Optional[Tensor] = None, rope: int = 0) -> Tuple[Tensor, Tensor]:
+                     sin: Optional[Tensor] = None, rope: int = 0, signatures: Optional[tuple] = None
+                     ) -> Tuple[Tensor, Tensor]:
     """(o, lse): the output in ``out_bshd``'s layout and the base-2 log-sum-exp (fp32 [B, H, Sq]). Each call
-    signature picks its kernel once (``_fwd_plan``); output buffers are new allocations, which start on 16 bytes."""
+    signature picks its kernel once (``_fwd_plan``); output buffers are new allocations, which start on 16 bytes.
+    ``signatures``: q's, k's, v's and mask's ``signature()`` where the caller has them."""
     B, H, Sq, _ = _bhsd_shape(q, bshd)
     o = _empty_layout(B, H, Sq, v.shape[3], q, out_bshd)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     if o.numel() == 0:
-        return (o.transpose(1, 2) if out_bshd else o), lse
-    key = (signature(q), signature(k), signature(v), signature(mask), signature(cos), signature(sin), scale,
-           causal, bshd, out_bshd, rope, cfg, _switches())
+        return o, lse
+    if signatures is None:
+        signatures = signature(q), signature(k), signature(v), signature(mask)
+    key = (*signatures, *((signature(cos), signature(sin)) if rope else ()), scale, causal, bshd, out_bshd, rope, cfg,
+           _switches())
     plan = _FWD_PLANS.get(key)
     if plan is None:
-        plan = _FWD_PLANS.add(key, _fwd_plan(q, k, v, mask, cos, sin, o, scale, causal, bshd, rope, cfg))
+        plan = _FWD_PLANS.add(key, _fwd_plan(q, k, v, mask, cos, sin, _bhsd(o, out_bshd), scale, causal, bshd, rope,
+                                             cfg))
     plan(q, k, v, mask, cos, sin, o, lse)
-    return (o.transpose(1, 2) if out_bshd else o), lse
+    return o, lse
 
 
 def _bwd_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], o: Tensor, grads, scale: float,
@@ -1057,11 +1060,10 @@ def _attn_bwd_launch(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional
                signature(lse), scale, causal, bshd, out_bshd, need_dmask, cfg, tma_bwd, _switches())
         plan = _BWD_PLANS.get(key)
         if plan is None:
-            plan = _BWD_PLANS.add(key, _bwd_plan(do, q, k, v, mask, o, (dq, dk, dv), scale, causal, bshd, out_bshd,
+            grads = _bhsd(dq, bshd), _bhsd(dk, bshd), _bhsd(dv, bshd)
+            plan = _BWD_PLANS.add(key, _bwd_plan(do, q, k, v, mask, o, grads, scale, causal, bshd, out_bshd,
                                                  need_dmask, cfg, tma_bwd))
         plan(do, q, k, v, mask, o, lse, delta, dq, dk, dv, ds)
-    if bshd:
-        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), ds
     return dq, dk, dv, ds
 
 
@@ -1225,13 +1227,35 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
     their matmuls (as FlashAttention-2); fp32 inputs use IEEE fp32 dot products. Source: Dao, "FlashAttention-2"
     (2023), online softmax of Milakov & Gimelshein (2018); equals ``F.scaled_dot_product_attention``.
     """
+    if inference((q, k, v, attn_mask)) and (scale is None or type(scale) is float) and type(causal) is bool:
+        # plain eager inference: the checks run once per call signature (host time of decode steps). Python
+        # floats and bools only, so that no other type (an int, a tensor) can equal a checked value
+        signatures = signature(q), signature(k), signature(v), signature(attn_mask)
+        key = (*signatures, scale, causal, layout, out_layout)
+        try:
+            checked = _CHECKED.get(key)
+        except TypeError:  # an unhashable layout: the checks name it
+            checked = _check_call(q, k, v, attn_mask, scale, causal, layout, out_layout)
+        if checked is None:
+            checked = _CHECKED.add(key, _check_call(q, k, v, attn_mask, scale, causal, layout, out_layout))
+        return _attn_fwd_launch(q, k, v, attn_mask, *checked, signatures=signatures)[0]
+    o, _ = call_op(_attn_fwd, _attn_fwd_impl, q, k, v, attn_mask,
+                   *_check_call(q, k, v, attn_mask, scale, causal, layout, out_layout), autograd=_ATTN_AUTOGRAD)
+    return o
+
+
+def _check_call(q, k, v, attn_mask, scale, causal, layout, out_layout) -> Tuple[float, bool, bool, bool]:
+    """``flash_attention``'s arguments checked (raising as it documents): (scale, causal, bshd, out_bshd)."""
     bshd, scale = _check_inputs(q, k, v, attn_mask, scale, causal, layout)
     out_layout = layout if out_layout is None else out_layout
     if out_layout not in ("bhsd", "bshd"):
         raise ValueError(f"out_layout must be 'bhsd' or 'bshd', got {out_layout!r}")
-    o, _ = call_op(_attn_fwd, _attn_fwd_impl, q, k, v, attn_mask, scale, causal, bshd, out_layout == "bshd",
-                   autograd=_ATTN_AUTOGRAD)
-    return o
+    return scale, causal, bshd, out_layout == "bshd"
+
+
+# a checked call signature of flash_attention's plain inference (tensor signatures, scale, causal, layouts) -> its
+# checked arguments (_check_call)
+_CHECKED = PlanCache()
 
 
 # ----------------------------------------------------------------------------- fused RoPE variant
