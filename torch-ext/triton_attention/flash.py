@@ -279,7 +279,7 @@ def _split_combine_kernel(PART, O, LSE, n_split, n_rows, H, Sq, sob, soh, sos, s
     row_ok = rows < n_rows
     offs_dv = tl.arange(0, BLOCK_DV)
     ok = row_ok[:, None] & (offs_dv < DV)[None, :]
-    stats = PART + n_split * n_rows * DV
+    stats = PART + tl.cast(n_split, tl.int64) * n_rows * DV  # int64: the partials may pass 2^31 elements
     m = tl.full([BLOCK_R], float("-inf"), tl.float32)
     for split in range(n_split):
         m = tl.maximum(m, tl.load(stats + split * n_rows + rows, mask=row_ok, other=float("-inf")))
