@@ -913,6 +913,20 @@ def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
     other._current = plan._current
     other((desc, 32))  # a multiple of 16: another specialisation, compiled through Triton
     assert len(firsts) == 2 and len(calls) == 2
+    # fixed scalars follow the call's arguments on every path; the compiled launcher is shared with plans that
+    # passed them per call
+    pinned = fl.FixedLaunch(plan.kernel, (7,), plan.meta, torch.device("cuda", 0), (32,))
+    pinned._current = plan._current
+    pinned((desc,))
+    assert len(firsts) == 2 and calls[-1] == (7, 1, 1, 77, "fn", "md", None, None, None, desc, 32, "tail")
+    pinned((desc,))
+    assert calls[-1] == (7, 1, 1, 77, "fn", "md", None, None, None, desc, 32, "tail") and len(calls) == 4
+    current[0] = 1
+    pinned((desc,))
+    assert triton_path[-1] == (desc, 32)
+    current[0] = 0
+    launch = fl.Launch(plan.kernel, (6,), plan.meta, (3,), torch.device("cuda", 0)).pinned()
+    assert (type(launch), launch.grid, launch.meta, launch.fixed) == (fl.FixedLaunch, (6,), plan.meta, (3,))
 
 
 def test_plan_cache_drops_the_oldest(norms, monkeypatch):

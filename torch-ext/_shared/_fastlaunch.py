@@ -284,6 +284,11 @@ class Launch:
         if not _direct_run(entry, self._grid3, self._index, ptrs):
             _fall_back(self.kernel, self.grid, (*ptrs, *self.fixed), self.meta)
 
+    def pinned(self) -> "FixedLaunch":
+        """This plan as a :class:`FixedLaunch` (the same kernel, grid, meta-parameters and scalars) for a caller whose
+        own key fixes the pointers' dtypes and 16-byte alignment: a call then builds no key and looks nothing up."""
+        return FixedLaunch(self.kernel, self.grid, self.meta, self.device, self.fixed)
+
     def at(self, addrs: tuple) -> bool:
         """Launches with the device addresses ``addrs`` (ints, or None for an absent pointer) in place of the
         pointer tensors, where a call with tensors of the same 16-byte alignment has compiled the kernel and every
@@ -312,34 +317,39 @@ class FixedLaunch:
     :func:`spec` does not read, such as host tensor descriptors, are passed through to the launcher.
 
     Args:
-        kernel: a ``@triton.jit`` (or Gluon) function whose parameters are ``args`` followed by the
+        kernel: a ``@triton.jit`` (or Gluon) function whose parameters are ``args``, then ``fixed``, then the
             constexprs named in ``meta``.
         grid: 1 to 3 ints.
         meta: constexprs and launch options as ``(name, value)`` pairs (:func:`meta_items`).
         device: the device of the tensors.
+        fixed: runtime arguments after ``args`` that are the same on every call (scalars), kept with the
+            compiled launcher: a call passes only ``args``.
     """
 
-    __slots__ = ("kernel", "grid", "meta", "_index", "_current", "_grid3", "_entry")
+    __slots__ = ("kernel", "grid", "meta", "fixed", "_index", "_current", "_grid3", "_entry")
 
-    def __init__(self, kernel, grid: tuple, meta: tuple, device: torch.device):
-        self.kernel, self.grid, self.meta = kernel, tuple(grid), meta
+    def __init__(self, kernel, grid: tuple, meta: tuple, device: torch.device, fixed: tuple = ()):
+        self.kernel, self.grid, self.meta, self.fixed = kernel, tuple(grid), meta, tuple(fixed)
         self._index = device.index
         self._current = _current_getter(kernel, device)
         self._grid3 = (*self.grid, 1, 1)[:3]
-        self._entry = None  # _compile's entry after the first direct-capable call
+        self._entry = None  # _compile's entry (fixed prepended to its tail) after the first direct-capable call
 
     def __call__(self, args: tuple) -> None:
-        """Launches with ``args``, the kernel's runtime arguments in order."""
+        """Launches with ``args``, the kernel's runtime arguments in order (before ``fixed``)."""
         current = self._current
         if current is None or not _DIRECT_OK[0] or not _hooks_off() or self._index != current():
-            _triton_launch(self.kernel, self.grid, args, self.meta)
+            _triton_launch(self.kernel, self.grid, (*args, *self.fixed), self.meta)
             return
         entry = self._entry
         if entry is None:
-            self._entry = _shared_entry(self.kernel, self.grid, self._grid3, self._index, args, self.meta)
+            entry = _shared_entry(self.kernel, self.grid, self._grid3, self._index, (*args, *self.fixed), self.meta)
+            if entry is not None:
+                run, head, get_stream, tail, compiled = entry
+                self._entry = run, head, get_stream, (*self.fixed, *tail), compiled
             return
         if not _direct_run(entry, self._grid3, self._index, args):
-            _fall_back(self.kernel, self.grid, args, self.meta)
+            _fall_back(self.kernel, self.grid, (*args, *self.fixed), self.meta)
 
 
 def _shared_entry(kernel, grid, grid3: tuple, index, args: tuple, meta: tuple):

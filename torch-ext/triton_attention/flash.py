@@ -825,9 +825,9 @@ def _fwd_tma_plan(qv, kv, vv, o, scale, causal, cfg, interp, cs, ss, rope, ws=No
 
     def args(q, k, v, o, lse, cos, sin):
         return (rebase(q_t, q), rebase(k_t, k), rebase(v_t, v), rebase(o_t, o), lse, q,
-                q if cos is None else cos, q if sin is None else sin, *scalars)
+                q if cos is None else cos, q if sin is None else sin)
 
-    return FixedLaunch(_attn_fwd_tma_kernel, (cdiv(Sq, BM), H, B), meta, qv.device), args
+    return FixedLaunch(_attn_fwd_tma_kernel, (cdiv(Sq, BM), H, B), meta, qv.device, scalars), args
 
 
 def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
@@ -883,9 +883,9 @@ def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Opti
     meta = meta_items(D=D, DV=DV, MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype),
                       F32=interp and q.dtype == torch.bfloat16, ROPE=rope, SPLIT=n_split > 1, BLOCK_M=cfg.block_m,
                       BLOCK_N=cfg.block_n, BLOCK_D=BD, BLOCK_DV=BDV, **extra)
-    launch = FixedLaunch(_attn_fwd_kernel, (q_blocks * n_split, H, B), meta, q.device)
     scalars = (split_len, n_split, *qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(), *cs, *ss, Sq, Sk,
                H // Hk, scale * LOG2E)
+    launch = FixedLaunch(_attn_fwd_kernel, (q_blocks * n_split, H, B), meta, q.device, scalars)
     combine = None
     if n_split > 1:
         rows = B * H * Sq
@@ -893,16 +893,16 @@ def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Opti
         combine = FixedLaunch(_split_combine_kernel, (cdiv(rows, block_r),),
                               meta_items(DV=DV, BLOCK_R=block_r, BLOCK_DV=BDV,
                                          **({} if interp else {"num_warps": 4,
-                                                               **launch_options(_split_combine_kernel)})), q.device)
-        combine_scalars = (n_split, rows, H, Sq, *o.stride())
+                                                               **launch_options(_split_combine_kernel)})), q.device,
+                              (n_split, rows, H, Sq, *o.stride()))
         part_size = n_split * rows * (DV + 2)  # the partial outputs, maxima and sums (fp32)
 
     def run(q, k, v, mask, cos, sin, o, lse):  # an absent mask / cos / sin / partials: q stands in (never read)
         part = q if combine is None else torch.empty(part_size, dtype=torch.float32, device=q.device)
         launch((q, k, v, q if mask is None else mask, o, lse, q if cos is None else cos, q if sin is None else sin,
-                part, *scalars))
+                part))
         if combine is not None:
-            combine((part, o, lse, *combine_scalars))
+            combine((part, o, lse))
 
     return run
 
@@ -987,12 +987,11 @@ def _bwd_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor
         _bwd_delta_kernel, (cdiv(Sq, block_delta), H, B),
         meta_items(BLOCK_M=block_delta, BLOCK_DV=BDV,
                    **({} if interp else {"num_warps": 4, **launch_options(_bwd_delta_kernel, fp_fusion=True)})),
-        q.device)
-    delta_scalars = (*ov.stride(), *dov.stride(), Sq, DV)
+        q.device, (*ov.stride(), *dov.stride(), Sq, DV))
 
     def with_delta(grads_run):
         def run(do, q, k, v, mask, o, lse, delta, dq, dk, dv, ds):
-            delta_launch((o, do, delta, *delta_scalars))
+            delta_launch((o, do, delta))
             grads_run(do, q, k, v, mask, lse, delta, dq, dk, dv, ds)
         return run
 
@@ -1009,33 +1008,31 @@ def _bwd_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor
         q2, k2, v2, do2 = t(qv, tcfg.block_m2), t(kv, tcfg.block_n2), t(vv, tcfg.block_n2), t(dov, tcfg.block_m2)
         dkdv = FixedLaunch(_attn_bwd_dkdv_tma_kernel, (cdiv(Sk, tcfg.block_n1), Hk, B),
                            meta_items(D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m1, BLOCK_N=tcfg.block_n1, **extra),
-                           q.device)
+                           q.device, (*dk.stride(), *dv.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale))
         dq_launch = FixedLaunch(_attn_bwd_dq_tma_kernel, (cdiv(Sq, tcfg.block_m2), H, B),
                                 meta_items(D=D, CAUSAL=causal, BLOCK_M=tcfg.block_m2, BLOCK_N=tcfg.block_n2, **extra2),
-                                q.device)
-        dkdv_scalars = (*dk.stride(), *dv.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale)
-        dq_scalars = (*dq.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale)
+                                q.device, (*dq.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale))
 
         def tma_run(do, q, k, v, mask, lse, delta, dq, dk, dv, ds):
-            dkdv((rebase(q1, q), rebase(k1, k), rebase(v1, v), rebase(do1, do), lse, delta, dk, dv, *dkdv_scalars))
-            dq_launch((rebase(q2, q), rebase(k2, k), rebase(v2, v), rebase(do2, do), lse, delta, dq, *dq_scalars))
+            dkdv((rebase(q1, q), rebase(k1, k), rebase(v1, v), rebase(do1, do), lse, delta, dk, dv))
+            dq_launch((rebase(q2, q), rebase(k2, k), rebase(v2, v), rebase(do2, do), lse, delta, dq))
 
         return with_delta(tma_run)
     common = dict(D=D, DV=DV, MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype),
                   F32=interp and q.dtype == torch.bfloat16, BLOCK_D=BD, BLOCK_DV=BDV)
+    inputs = (*qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride())
     dkdv = FixedLaunch(_attn_bwd_dkdv_kernel, (cdiv(Sk, cfg.block_n1), Hk, B),
-                       meta_items(BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, **common, **extra), q.device)
+                       meta_items(BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, **common, **extra), q.device,
+                       (*inputs, *dk.stride(), *dv.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale))
     dq_launch = FixedLaunch(_attn_bwd_dq_kernel, (cdiv(Sq, cfg.block_m2), H, B),
                             meta_items(STORE_DS=need_dmask, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, **common,
-                                       **extra2), q.device)
-    inputs = (*qv.stride(), *kv.stride(), *vv.stride(), *ms, *dov.stride())
-    dkdv_scalars = (*inputs, *dk.stride(), *dv.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale)
-    dq_scalars = (*inputs, *dq.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale)
+                                       **extra2), q.device,
+                            (*inputs, *dq.stride(), H, Sq, Sk, H // Hk, scale * LOG2E, scale))
 
     def pointer_run(do, q, k, v, mask, lse, delta, dq, dk, dv, ds):  # no mask: q stands in (never read)
         m = q if mask is None else mask
-        dkdv((q, k, v, m, do, lse, delta, dk, dv, *dkdv_scalars))
-        dq_launch((q, k, v, m, do, lse, delta, dq, ds, *dq_scalars))
+        dkdv((q, k, v, m, do, lse, delta, dk, dv))
+        dq_launch((q, k, v, m, do, lse, delta, dq, ds))
 
     return with_delta(pointer_run)
 

@@ -302,7 +302,7 @@ def plan(qv: Tensor, kv: Tensor, vv: Tensor, o: Tensor, qk_scale: float, causal:
                       maxnreg=cfg.maxnreg, **launch_options(_attn_fwd_sm90_kernel, fp_fusion=True))
 
     def args(q, k, v, o, lse):
-        return (rebase(q_desc, q), rebase(k_desc, k), rebase(v_desc, v), rebase(o_desc, o), lse, Sq, Sk, group,
-                qk_scale)
+        return rebase(q_desc, q), rebase(k_desc, k), rebase(v_desc, v), rebase(o_desc, o), lse
 
-    return FixedLaunch(_attn_fwd_sm90_kernel, (cdiv(Sq, 2 * BLOCK_M), H, B), meta, qv.device), args
+    return FixedLaunch(_attn_fwd_sm90_kernel, (cdiv(Sq, 2 * BLOCK_M), H, B), meta, qv.device,
+                       (Sq, Sk, group, qk_scale)), args

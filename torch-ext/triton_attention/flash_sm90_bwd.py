@@ -375,20 +375,20 @@ def plan(qv: Tensor, kv: Tensor, vv: Tensor, dov: Tensor, grads, scale: float, c
         _attn_bwd_dq_sm90_kernel, (cdiv(Sq, 2 * BLOCK_M), H, B),
         meta_items(D=D, BM=BLOCK_M, BLOCK_N=bn, STAGES=dq_cfg.stages, CAUSAL=causal,
                    CONSUMER_REGS=dq_cfg.consumer_regs, HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4,
-                   maxnreg=dq_cfg.maxnreg, **launch_options(_attn_bwd_dq_sm90_kernel, fp_fusion=True)), qv.device)
+                   maxnreg=dq_cfg.maxnreg, **launch_options(_attn_bwd_dq_sm90_kernel, fp_fusion=True)), qv.device,
+        (Sq, Sk, group, qk_scale, scale))
     dkdv_launch = FixedLaunch(
         _attn_bwd_dkdv_sm90_kernel, (cdiv(Sk, 2 * bk), Hk, B),
         meta_items(D=D, CAUSAL=causal, BM=BLOCK_M, BK=bk, STAGES=dkdv_cfg.stages,
                    CONSUMER_REGS=dkdv_cfg.consumer_regs, HEAD_GROUP=flash_sm90.CAUSAL_HEAD_GROUP, num_warps=4,
                    maxnreg=dkdv_cfg.maxnreg, **launch_options(_attn_bwd_dkdv_sm90_kernel, fp_fusion=True)),
-        qv.device)
+        qv.device, (H, Sq, group, qk_scale, scale))
 
     def run(q, k, v, do, lse, delta, dq, dk, dv):
         q_desc, do_desc, k_desc, v_desc = rebase(q_t, q), rebase(do_t, do), rebase(k_n, k), rebase(v_n, v)
-        dq_launch((q_desc, k_desc, v_desc, do_desc, rebase(dq_t, dq), lse, delta, Sq, Sk, group, qk_scale, scale))
+        dq_launch((q_desc, k_desc, v_desc, do_desc, rebase(dq_t, dq), lse, delta))
         if k_k is not k_n:
             k_desc, v_desc = rebase(k_k, k), rebase(v_k, v)
-        dkdv_launch((q_desc, k_desc, v_desc, do_desc, rebase(dk_t, dk), rebase(dv_t, dv), lse, delta, H, Sq, group,
-                     qk_scale, scale))
+        dkdv_launch((q_desc, k_desc, v_desc, do_desc, rebase(dk_t, dk), rebase(dv_t, dv), lse, delta))
 
     return run

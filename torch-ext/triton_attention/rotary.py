@@ -308,12 +308,14 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
     """
     interleaved, fp32_math = bool(interleaved), bool(fp32_math)
     if inference((x, cos, sin)):
-        # plain eager inference: one validated plan per call signature (host time of small calls)
+        # plain eager inference: one validated plan per call signature, 16-byte alignment included (its launch
+        # is pinned: host time of small calls)
         key = (x.dtype, x.shape, x.stride(), x.device, cos.dtype, cos.shape, cos.stride(), cos.device,
-               sin.dtype, sin.shape, sin.stride(), sin.device, interleaved, fp32_math)
+               sin.dtype, sin.shape, sin.stride(), sin.device, interleaved, fp32_math,
+               x.data_ptr() & 15, cos.data_ptr() & 15, sin.data_ptr() & 15)
         plan = _INFER_PLANS.get(key)
         if plan is None:
-            plan = _INFER_PLANS.add(key, _infer_plan("x", x, cos, sin, interleaved, fp32_math))
+            plan = _INFER_PLANS.add(key, _pinned(_infer_plan("x", x, cos, sin, interleaved, fp32_math)))
         return _rope_run(plan, x, cos, sin)
     _check("x", x, cos, sin)
     return call_op(_rope, _rope_impl, x, cos, sin, interleaved, fp32_math, autograd=_ROPE_AUTOGRAD)
@@ -343,15 +345,17 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
     Raises: as :func:`rotary_embedding`.
     """
     if type(unsqueeze_dim) is int and inference((q, k, cos, sin)):
-        # plain eager inference: both plans per call signature; cos/sin are passed as they are (their
-        # unsqueezed views start at the same addresses), which saves two views per call
+        # plain eager inference: both plans per call signature (16-byte alignment included: their launches are
+        # pinned); cos/sin are passed as they are (their unsqueezed views start at the same addresses), which
+        # saves two views per call
         key = (q.dtype, q.shape, q.stride(), q.device, k.dtype, k.shape, k.stride(), k.device, cos.dtype, cos.shape,
-               cos.stride(), cos.device, sin.dtype, sin.shape, sin.stride(), sin.device, unsqueeze_dim)
+               cos.stride(), cos.device, sin.dtype, sin.shape, sin.stride(), sin.device, unsqueeze_dim,
+               q.data_ptr() & 15, k.data_ptr() & 15, cos.data_ptr() & 15, sin.data_ptr() & 15)
         plans = _PAIR_PLANS.get(key)
         if plans is None:
             c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-            plans = _PAIR_PLANS.add(key, (_infer_plan("x", q, c, s, False, False),
-                                          _infer_plan("x", k, c, s, False, False)))
+            plans = _PAIR_PLANS.add(key, (_pinned(_infer_plan("x", q, c, s, False, False)),
+                                          _pinned(_infer_plan("x", k, c, s, False, False))))
         return _rope_run(plans[0], q, cos, sin), _rope_run(plans[1], k, cos, sin)
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
@@ -359,3 +363,9 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
 
 
 _PAIR_PLANS = PlanCache()
+
+
+def _pinned(plan: tuple) -> tuple:
+    """A :func:`_rope_plan` whose launch is pinned (``Launch.pinned``) for a caller whose key fixes alignment."""
+    layout, out_dtype, run = plan
+    return layout, out_dtype, None if run is None else run.pinned()

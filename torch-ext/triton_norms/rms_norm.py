@@ -453,9 +453,11 @@ def rms_norm(
     if type(eps) is float and type(weight_offset) is float and inference((x, weight, bias)):
         # plain eager inference: one validated plan per call signature (host time of small calls); Python
         # floats only, so that no other type (a bool or a tensor) can equal a planned value
-        key = (x.dtype, x.shape, x.device, x.is_contiguous(),
-               weight if weight is None else (weight.dtype, weight.shape, weight.device, weight.is_contiguous()),
-               bias if bias is None else (bias.dtype, bias.shape, bias.device, bias.is_contiguous()),
+        key = (x.dtype, x.shape, x.device, x.is_contiguous(), x.data_ptr() & 15,
+               weight if weight is None else (weight.dtype, weight.shape, weight.device, weight.is_contiguous(),
+                                              weight.data_ptr() & 15),
+               bias if bias is None else (bias.dtype, bias.shape, bias.device, bias.is_contiguous(),
+                                          bias.data_ptr() & 15),
                eps, weight_offset, cast_dtype, out_dtype, torch_order)
         try:
             plan = _INFER_PLANS.get(key)
@@ -481,9 +483,10 @@ _GENERAL = object()  # plan of a call the general path serves
 
 def _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order):
     """Validates an inference call of :func:`rms_norm` (raising as it does) and returns its plan:
-    ``(output dtype, or None for x's; torch-order kernel; Launch)``, the launch :func:`_rms_norm_infer`
-    makes for every call of this signature, or ``_GENERAL`` for calls it leaves to the general path
-    (empty or non-contiguous tensors, wide rows, ``F.rms_norm``'s order, which depends on alignment)."""
+    ``(output dtype, or None for x's; torch-order kernel; FixedLaunch)``, the launch :func:`_rms_norm_infer`
+    makes for every call of this signature (the key fixes the pointers' alignment; y is a new allocation, which
+    starts on 16 bytes), or ``_GENERAL`` for calls it leaves to the general path (empty or non-contiguous tensors,
+    wide rows, ``F.rms_norm``'s order, which depends on alignment)."""
     eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
     order = parse_order(torch_order)
     weight_offset = check_weight_offset(weight_offset)
@@ -499,7 +502,7 @@ def _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torc
     else:
         run = Launch(_rms_norm_fwd_kernel, (M,), _fwd_meta(N, elem, device, cast_dtype, False),
                      (N, 0, N, eps, weight_offset), device)
-    return (None if out_dtype == x.dtype else out_dtype), order != ORDER_FAST, run
+    return (None if out_dtype == x.dtype else out_dtype), order != ORDER_FAST, run.pinned()
 
 
 def add_rms_norm(
