@@ -120,6 +120,42 @@ def test_gradients(softmax, device, N, dtype, log):
         assert_close_ref(x.grad, bwd_ref(y.detach(), dy, log=log), rel_atol=1e-5)
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_checked_inference_calls(softmax, device, monkeypatch, log):
+    """Plain inference checks a call signature once: later calls on new data skip the checks and stay right;
+    another dim, an int scale or a call that needs a gradient is checked again; bad arguments after good ones
+    still raise, naming the argument."""
+    import sys
+
+    module = sys.modules[softmax.__name__ + ".softmax"]
+    monkeypatch.setattr(module, "_CHECKED", type(module._CHECKED)())
+    checks, original = [], module._prepare
+    monkeypatch.setattr(module, "_prepare", lambda *a: checks.append(1) or original(*a))
+    f = fn(softmax, log)
+    mask = rand((1, 37), torch.float32, device)
+    for _ in range(3):
+        x = rand((5, 37), torch.float16, device, scale=3.0)
+        assert_close_ref(f(x, -1, scale=0.5, mask=mask), sm_ref(x, scale=0.5, mask=mask, log=log))
+    assert len(checks) == 1 and len(module._CHECKED) == 1
+    x = rand((5, 37), torch.float16, device, scale=3.0)
+    assert_close_ref(f(x, 0), sm_ref(x, 0, log=log))  # another dim: checked
+    assert_close_ref(f(x, 0, scale=2), sm_ref(x, 0, scale=2.0, log=log))  # an int scale: checked every call
+    assert_close_ref(f(x, 0, scale=2), sm_ref(x, 0, scale=2.0, log=log))
+    assert len(checks) == 4 and len(module._CHECKED) == 2
+    xg = x.float().requires_grad_()
+    f(xg, -1, scale=0.5).sum().backward()  # training: the general path
+    assert len(checks) == 5 and xg.grad is not None
+    with pytest.raises(IndexError):
+        f(x, 2, scale=0.5, mask=mask)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        f(x, -1, scale=0.5, mask=mask[:, :36])
+    with pytest.raises(ValueError, match="finite"):
+        f(x, -1, scale=float("inf"), mask=mask)
+    with pytest.raises(TypeError, match="causal"):
+        f(x, -1, causal=1)
+    assert len(module._CHECKED) == 2
+
+
 def test_properties_rows_sum_to_one_and_shift_invariance(softmax, device):
     x = rand((5, 333), torch.float32, device, scale=4.0)
     y = softmax.softmax(x)

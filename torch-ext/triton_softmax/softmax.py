@@ -49,7 +49,7 @@ import triton.language as tl
 
 from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, meta_like, normalize_dim,
                       row_layout, row_start, run_plan, store_rounded)
-from ._dispatch import call_op, eager_autograd
+from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import Launch, PlanCache, meta_items
 from ._libm import exp_approx, nvidia_approx
 from ._launch import PLAN_CACHES, SPLIT_BELOW_ROWS_PER_SM, config_for, split_for, team_for
@@ -615,7 +615,7 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
                       torch_order: bool) -> Tensor:
     """y = (log_)softmax(x * scale + mask) over ``dim`` (x's dtype, contiguous); ``torch_order``: in
     torch's CUDA order where ``_torch_order`` models it (plain softmax over rows with inner size 1)."""
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)  # a third of torch.empty(shape, ...)'s host time
     if x.numel() == 0:
         return y
     if torch_order:  # a direct call of the registered op may pass a negative dim (the plans' layout normalises it)
@@ -869,13 +869,7 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
     results below 2^-126 to 0 (``ex2.approx.ftz``, see the module docstring).
     Source: matches ``torch.softmax(x * scale + mask, dim)``.
     """
-    dim, scale = _prepare(x, dim, scale, mask, causal)
-    if not isinstance(torch_order, bool):
-        raise TypeError(f"torch_order must be a bool, got {type(torch_order).__name__}")
-    if torch_order and (scale != 1.0 or mask is not None or causal):
-        raise ValueError("torch_order=True follows torch.softmax(x, dim) alone: pass no scale, mask or causal")
-    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, False, torch_order,
-                   autograd=_SOFTMAX_AUTOGRAD)
+    return _forward(x, mask, dim, scale, causal, False, torch_order)
 
 
 def log_softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Optional[Tensor] = None,
@@ -886,6 +880,35 @@ def log_softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask
     row NaN, as torch). Backward: ``dx = scale * (dy - exp(y) * sum(dy))``.
     Source: matches ``torch.log_softmax(x * scale + mask, dim)``.
     """
-    dim, scale = _prepare(x, dim, scale, mask, causal)
-    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, True, False,
+    return _forward(x, mask, dim, scale, causal, True, False)
+
+
+def _forward(x, mask, dim, scale, causal: bool, log: bool, torch_order) -> Tensor:
+    """softmax / log_softmax after their checks. Plain eager inference checks a call signature once (host time
+    of small calls): only Python ints, floats and bools, so that no other type (a tensor, a bool dim) can equal
+    a checked value."""
+    if (inference((x, mask)) and type(dim) is int and (scale is None or type(scale) is float)
+            and type(causal) is bool and type(torch_order) is bool):
+        key = (x.shape, x.stride(), x.dtype, x.device, mask if mask is None else (mask.shape, mask.dtype, mask.device),
+               dim, scale, causal, log, torch_order)
+        checked = _CHECKED.get(key)
+        if checked is None:
+            checked = _CHECKED.add(key, _check_call(x, mask, dim, scale, causal, torch_order))
+        return _softmax_fwd_impl(x, mask, *checked, causal, log, torch_order)
+    dim, scale = _check_call(x, mask, dim, scale, causal, torch_order)
+    return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, log, torch_order,
                    autograd=_SOFTMAX_AUTOGRAD)
+
+
+def _check_call(x, mask, dim, scale, causal, torch_order) -> tuple:
+    """(dim in [0, x.dim()), scale as a float) of checked arguments; raises as :func:`softmax` documents."""
+    dim, scale = _prepare(x, dim, scale, mask, causal)
+    if not isinstance(torch_order, bool):
+        raise TypeError(f"torch_order must be a bool, got {type(torch_order).__name__}")
+    if torch_order and (scale != 1.0 or mask is not None or causal):
+        raise ValueError("torch_order=True follows torch.softmax(x, dim) alone: pass no scale, mask or causal")
+    return dim, scale
+
+
+# a checked call signature of softmax / log_softmax's plain inference -> (dim, scale) (_check_call)
+_CHECKED = PlanCache()
