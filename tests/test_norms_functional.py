@@ -566,6 +566,45 @@ def test_weight_first_rule_and_same_bits(norms, device, monkeypatch):
     assert all(torch.equal(a, f) for a, f in zip(after, first))
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_inference_plans_per_alignment(norms, device, op):
+    """Plain inference keeps one validated plan per call signature, the 16-byte alignment of x, weight and bias
+    included (its launch is pinned to it): new data, tensors that start 2 or 8 bytes off and F.layer_norm's order
+    (which depends on alignment) all stay right; bad arguments after good ones still raise, naming them."""
+    import sys
+
+    module = sys.modules[f"{norms.__name__}.{op}"]
+    fn, ref = (norms.rms_norm, rms_ref) if op == "rms_norm" else (norms.layer_norm, ln_ref)
+    orders = [None, "mean"] if op == "rms_norm" else [None, "fused"]
+    module._INFER_PLANS.clear()
+    store = rand((4 * 67 + 8,), torch.float16, device, scale=2.0)
+    wstore, bstore = rand((67 + 8,), torch.float32, device), rand((67 + 8,), torch.float16, device)
+    try:
+        with torch.no_grad():
+            for order in orders:
+                for x_off, w_off in ((0, 0), (0, 0), (1, 0), (4, 2), (0, 1), (8, 0)):
+                    x = store[x_off:x_off + 4 * 67].view(4, 67)
+                    x.copy_(rand((4, 67), torch.float16, device, scale=2.0))  # new data in place
+                    w, b = wstore[w_off:w_off + 67], bstore[w_off:w_off + 67]
+                    y = rand((4, 67), torch.float16, device)  # poison whatever a stale plan might write to
+                    out = fn(x, w, b, eps=1e-5, torch_order=order)
+                    assert out.data_ptr() != y.data_ptr() and out.dtype == torch.float16
+                    assert_close_ref(out, ref(x, w, b, eps=1e-5), rel_atol=2e-3)
+            # 4 alignments per order: (0, 0) twice and x 16 bytes on (8 elements) share a plan
+            assert len(module._INFER_PLANS) == 2 * 4
+            x = rand((4, 67), torch.float16, device)
+            with pytest.raises(ValueError, match=r"weight must have shape \(N,\) = \(67,\)"):
+                fn(x, wstore[:66], eps=1e-5)
+            with pytest.raises(ValueError, match="torch_order"):
+                fn(x, wstore[:67], eps=1e-5, torch_order=["mean"])
+            with pytest.raises(ValueError, match="eps must be"):
+                fn(x, wstore[:67], eps=-1.0)
+            with pytest.raises(TypeError, match="x must have dtype"):
+                fn(x.double(), wstore[:67], eps=1e-5)
+    finally:
+        module._INFER_PLANS.clear()
+
+
 # ----------------------------------------------------------------------------- errors
 
 

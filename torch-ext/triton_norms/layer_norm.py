@@ -28,13 +28,13 @@ from ._common import (
     bwd_op_fake, bwd_op_outputs, check_db_dtype, check_eps, check_float_tensor, check_inputs, grad_rows, empty_rows,
     ln_apply, load_grad_chunk, load_grad_raw, load_input_chunk, rows_of, rows_view, store_dx, vector,
 )
-from ._exact import ln_exact_forward
+from ._exact import ln_exact_forward, ln_exact_plan
 from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
-from ._dispatch import call_op, eager_autograd
-from ._fastlaunch import Launch, launch, meta_items
-from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order
+from ._dispatch import call_op, eager_autograd, inference
+from ._fastlaunch import Launch, PlanCache, launch, meta_items
+from ._torch_order import ORDER_FAST, ORDER_FUSED, fused_vectorized, parse_order
 from ._partials import column_sums
 from ._wide import ln_wide_forward, wide_backward
 
@@ -393,12 +393,63 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
     the backward on NVIDIA above 16 KiB) over a persistent team of programs on a GPU, still read once, forward and
     backward (``_wide``). Source: Ba et al. 2016, https://arxiv.org/abs/1607.06450.
     """
+    if type(eps) is float and inference((x, weight, bias)):
+        # plain eager inference: one validated plan per call signature, 16-byte alignment included (its launch is
+        # pinned: host time of small calls); a Python float eps only, so that no other type can equal a planned one
+        key = (x.dtype, x.shape, x.device, x.is_contiguous(), x.data_ptr() & 15,
+               weight if weight is None else (weight.dtype, weight.shape, weight.device, weight.is_contiguous(),
+                                              weight.data_ptr() & 15),
+               bias if bias is None else (bias.dtype, bias.shape, bias.device, bias.is_contiguous(),
+                                          bias.data_ptr() & 15),
+               eps, torch_order)
+        try:
+            plan = _INFER_PLANS.get(key)
+        except TypeError:  # an unhashable torch_order: the general path names it
+            plan = _GENERAL
+        if plan is None:
+            plan = _INFER_PLANS.add(key, _infer_plan(x, weight, bias, eps, torch_order))
+        if plan is not _GENERAL:
+            exact, run = plan
+            y = torch.empty_like(x)
+            run((x, weight, bias, y, None, None) if exact else (x, None, weight, bias, y, None, None, None))
+            return y
+    order = _check_order(x, weight, bias, torch_order)
+    return call_op(_layer_norm_fwd, _layer_norm_fwd_impl, x, None, weight, bias, check_eps(eps), order,
+                   autograd=_LN_AUTOGRAD, infer=_layer_norm_infer)[0]
+
+
+def _check_order(x, weight, bias, torch_order) -> int:
+    """Checks layer_norm's tensors (``check_inputs``) and returns its order (ORDER_FAST or ORDER_FUSED)."""
     check_inputs(x, None, weight, bias)
     order = parse_order(torch_order)
     if order not in (ORDER_FAST, ORDER_FUSED):
         raise ValueError(f"layer_norm: torch_order must be None or 'fused', got {torch_order!r}")
-    return call_op(_layer_norm_fwd, _layer_norm_fwd_impl, x, None, weight, bias, check_eps(eps), order,
-                   autograd=_LN_AUTOGRAD, infer=_layer_norm_infer)[0]
+    return order
+
+
+_INFER_PLANS = PlanCache()
+_GENERAL = object()  # plan of a call the general path serves
+
+
+def _infer_plan(x, weight, bias, eps, torch_order):
+    """Validates an inference call of :func:`layer_norm` (raising as it does) and returns its plan: ``(torch-order
+    kernel, FixedLaunch)``, the launch :func:`_layer_norm_infer` makes for every call of this signature (the key
+    fixes the pointers' alignment, which also decides ``F.layer_norm``'s kernel; y is a new allocation, which
+    starts on 16 bytes), or ``_GENERAL`` for calls it leaves to the general path (empty or non-contiguous
+    tensors, wide rows in the free order)."""
+    order = _check_order(x, weight, bias, torch_order)
+    eps = check_eps(eps)
+    N, elem, device = x.shape[-1], x.element_size(), x.device
+    if (x.numel() == 0 or not x.is_contiguous() or any(t is not None and not t.is_contiguous() for t in (weight, bias))
+            or order == ORDER_FAST and N * elem > MAX_FUSED_BYTES):
+        return _GENERAL
+    check_launch_device(x, _layer_norm_fwd_kernel)
+    M = x.numel() // N
+    if order == ORDER_FUSED:
+        run = ln_exact_plan(M, N, N, elem, device, eps, fused_vectorized(x, N, weight, bias))
+    else:
+        run = Launch(_layer_norm_fwd_kernel, (M,), _fwd_meta(N, elem, device), (N, 0, N, eps), device)
+    return order == ORDER_FUSED, run.pinned()
 
 
 def add_layer_norm(
