@@ -45,7 +45,7 @@ from ._ops import add_op_namespace_prefix
 from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._rounding import round_dtype
-from ._torch_order import ORDER_FAST, ORDER_FUSED, parse_order
+from ._torch_order import ORDER_FAST, ORDER_FUSED, fused_vectorized, parse_order
 from ._partials import column_sums
 from ._wide import rms_wide_forward, wide_backward
 
@@ -484,21 +484,22 @@ _GENERAL = object()  # plan of a call the general path serves
 def _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order):
     """Validates an inference call of :func:`rms_norm` (raising as it does) and returns its plan:
     ``(output dtype, or None for x's; torch-order kernel; FixedLaunch)``, the launch :func:`_rms_norm_infer`
-    makes for every call of this signature (the key fixes the pointers' alignment; y is a new allocation, which
-    starts on 16 bytes), or ``_GENERAL`` for calls it leaves to the general path (empty or non-contiguous tensors,
-    wide rows, ``F.rms_norm``'s order, which depends on alignment)."""
+    makes for every call of this signature (the key fixes the pointers' alignment, which also decides
+    ``F.rms_norm``'s kernel; y is a new allocation, which starts on 16 bytes), or ``_GENERAL`` for calls it leaves
+    to the general path (empty or non-contiguous tensors, wide rows in the free order)."""
     eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
     order = parse_order(torch_order)
     weight_offset = check_weight_offset(weight_offset)
     N, elem, device = x.shape[-1], x.element_size(), x.device
-    if (x.numel() == 0 or order == ORDER_FUSED or not x.is_contiguous()
+    if (x.numel() == 0 or not x.is_contiguous()
             or any(t is not None and not t.is_contiguous() for t in (weight, bias))
             or order == ORDER_FAST and N * elem > MAX_FUSED_BYTES):
         return _GENERAL
     check_launch_device(x, _rms_norm_fwd_kernel)
     M = x.numel() // N
     if order != ORDER_FAST:
-        run = rms_exact_plan(M, N, N, elem, device, eps, weight_offset, cast_dtype, order, False)
+        run = rms_exact_plan(M, N, N, elem, device, eps, weight_offset, cast_dtype, order,
+                             order == ORDER_FUSED and fused_vectorized(x, N, weight))
     else:
         run = Launch(_rms_norm_fwd_kernel, (M,), _fwd_meta(N, elem, device, cast_dtype, False),
                      (N, 0, N, eps, weight_offset), device)
