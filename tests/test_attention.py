@@ -362,6 +362,38 @@ def test_apply_rotary_pos_emb_keeps_eager_strides(attention, device, B, S):
     assert got[0].shape == empty.shape and got[0].stride() == apply_rotary_pos_emb(empty, k[:0], cos[:0], sin[:0])[0].stride()
 
 
+def test_apply_rotary_pos_emb_one_launch_for_q_and_k(attention, device, monkeypatch):
+    """Plain inference rotates q and k in one launch (the pair kernel), bit-exact to transformers also where q and
+    k differ in dtype, heads and layout; each output keeps eager's strides; a new alignment makes a new plan."""
+    import sys
+
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    rotary = sys.modules[attention.__name__ + ".rotary"]
+    monkeypatch.setattr(rotary, "_PAIR_PLANS", type(rotary._PAIR_PLANS)())
+    kernels = []
+    original = rotary.FixedLaunch.__call__
+    monkeypatch.setattr(rotary.FixedLaunch, "__call__", lambda self, args: kernels.append(self.kernel) or
+                        original(self, args))
+    torch.manual_seed(21)
+    q = rand(2, 3, 5 * 16, dtype=torch.bfloat16, device=device).view(2, 3, 5, 16).transpose(1, 2)
+    k = rand(2, 1, 3, 16, dtype=torch.float32, device=device)
+    cos, sin = rand(2, 3, 16, dtype=torch.float32, device=device), rand(2, 3, 16, dtype=torch.float32, device=device)
+    for qq in (q, q.contiguous(), q.contiguous()[:, 1:]):  # eager strides, contiguous, another head count
+        with torch.no_grad():
+            got = attention.apply_rotary_pos_emb(qq, k, cos, sin)
+        want = apply_rotary_pos_emb(qq, k, cos, sin)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.stride() == w.stride() and torch.equal(g, w)
+    assert kernels == [rotary._rope_pair_kernel] * 3 and len(rotary._PAIR_PLANS) == 3
+    store = torch.empty(2 * 3 * 16 + 1, dtype=torch.float32, device=device)
+    off = store[1:].view(2, 3, 16).copy_(cos)  # 4 bytes off: a plan of its own
+    with torch.no_grad():
+        got = attention.apply_rotary_pos_emb(q, k, off, sin)
+    assert all(torch.equal(g, w) for g, w in zip(got, apply_rotary_pos_emb(q, k, cos, sin)))
+    assert len(rotary._PAIR_PLANS) == 4
+
+
 def test_case11_rope_with_one_kv_head(attention, device):
     """Case 11: k (1, 1, 2, 128), q (1, 2, 2, 128): rotated k is right and the inputs are neither modified nor aliased."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
 from ._dispatch import call_op, eager_autograd, inference
-from ._fastlaunch import Launch, PlanCache, meta_items
+from ._fastlaunch import FixedLaunch, Launch, PlanCache, meta_items
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
 
@@ -61,28 +61,21 @@ def _load_pairs(ptr, base, offs, stride, mask):
 
 
 @triton.jit
-def _rope_kernel(
-    X, C, S, O,
-    n_rows, R1, R2,
-    sx0, sx1, sx2, sxd,
-    sc0, sc1, sc2, scd,
-    ss0, ss1, ss2, ssd,
-    so0, so1, so2, sod,
-    D: tl.constexpr,
-    INTERLEAVED: tl.constexpr,  # pairs (2j, 2j+1) instead of (j, j + D/2)
-    ROUND_EACH: tl.constexpr,  # round each product and the sum to the output dtype (eager transformers order)
-    INVERSE: tl.constexpr,  # the transpose (backward)
-    ROWS64: tl.constexpr,  # row indices need 64 bits (n_rows + BLOCK_R > 2^31 - 1)
-    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+def _rope_rows(
+    X, C, S, O, pid, n_rows, R1, R2,
+    sx0, sx1, sx2, sxd, sc0, sc1, sc2, scd, ss0, ss1, ss2, ssd, so0, so1, so2, sod,
+    D: tl.constexpr, INTERLEAVED: tl.constexpr, ROUND_EACH: tl.constexpr, INVERSE: tl.constexpr,
+    ROWS64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    # One program per BLOCK_R rows of D elements; each row is read once as [D/2, 2] pairs (first, second)
-    # and split, so every load is a vector load. Bytes: read x, cos, sin; write out.
-    # H200 (Flux q, 56.6 MB): 4 rows x 128 per program, 2 warps: 19 us (2954 GB/s); 32 rows per program
-    # with a second gather load of the partners: 79 us. The row split divides in 32 bits where it can.
+    """Rows [pid * BLOCK_R, + BLOCK_R) of x (see ``_rope_kernel``'s arguments)."""
+    # Each row is read once as [D/2, 2] pairs (first, second) and split, so every load is a vector load.
+    # Bytes: read x, cos, sin; write out. H200 (Flux q, 56.6 MB): 4 rows x 128 per program, 2 warps: 19 us
+    # (2954 GB/s); 32 rows per program with a second gather load of the partners: 79 us. The row split divides
+    # in 32 bits where it can.
     if ROWS64:
-        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+        rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
     else:
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
     i2 = (rows % R2).to(tl.int64)
     rest = rows // R2
@@ -113,6 +106,49 @@ def _rope_kernel(
         yb = a2 + b2
     y = round_to(tl.join(ya, yb), OUT)
     tl.store(O + (i0 * so0 + i1 * so1 + i2 * so2)[:, None, None] + offs * sod, y.to(OUT), mask=ok)
+
+
+@triton.jit
+def _rope_kernel(
+    X, C, S, O,
+    n_rows, R1, R2,
+    sx0, sx1, sx2, sxd,
+    sc0, sc1, sc2, scd,
+    ss0, ss1, ss2, ssd,
+    so0, so1, so2, sod,
+    D: tl.constexpr,
+    INTERLEAVED: tl.constexpr,  # pairs (2j, 2j+1) instead of (j, j + D/2)
+    ROUND_EACH: tl.constexpr,  # round each product and the sum to the output dtype (eager transformers order)
+    INVERSE: tl.constexpr,  # the transpose (backward)
+    ROWS64: tl.constexpr,  # row indices need 64 bits (n_rows + BLOCK_R > 2^31 - 1)
+    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    # One program per BLOCK_R rows of D elements of x ([R0, R1, R2, D] through strides; cos / sin expanded to it).
+    _rope_rows(X, C, S, O, tl.program_id(0), n_rows, R1, R2, sx0, sx1, sx2, sxd, sc0, sc1, sc2, scd,
+               ss0, ss1, ss2, ssd, so0, so1, so2, sod, D, INTERLEAVED, ROUND_EACH, INVERSE, ROWS64, BLOCK_R, BLOCK_H)
+
+
+@triton.jit
+def _rope_pair_kernel(
+    X, C, S, O, X2, O2,
+    first_programs,
+    n_rows, R1, R2, sx0, sx1, sx2, sxd, sc0, sc1, sc2, scd, ss0, ss1, ss2, ssd, so0, so1, so2, sod,
+    n_rows2, R1b, R2b, sx0b, sx1b, sx2b, sxdb, sc0b, sc1b, sc2b, scdb, ss0b, ss1b, ss2b, ssdb, so0b, so1b, so2b, sodb,
+    D: tl.constexpr, INTERLEAVED: tl.constexpr, ROUND_EACH: tl.constexpr, INVERSE: tl.constexpr,
+    ROWS64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    # Two tensors of one head dim in one launch (q and k of apply_rotary_pos_emb, one launch less per layer): the
+    # first ``first_programs`` programs rotate X into O as _rope_kernel does, the rest X2 into O2, with the same
+    # cos and sin (their strides expanded to each tensor's shape).
+    pid = tl.program_id(0)
+    if pid < first_programs:
+        _rope_rows(X, C, S, O, pid, n_rows, R1, R2, sx0, sx1, sx2, sxd, sc0, sc1, sc2, scd,
+                   ss0, ss1, ss2, ssd, so0, so1, so2, sod, D, INTERLEAVED, ROUND_EACH, INVERSE, ROWS64, BLOCK_R,
+                   BLOCK_H)
+    else:
+        _rope_rows(X2, C, S, O2, pid - first_programs, n_rows2, R1b, R2b, sx0b, sx1b, sx2b, sxdb, sc0b, sc1b, sc2b,
+                   scdb, ss0b, ss1b, ss2b, ssdb, so0b, so1b, so2b, sodb, D, INTERLEAVED, ROUND_EACH, INVERSE, ROWS64,
+                   BLOCK_R, BLOCK_H)
 
 
 def _as4(t: Tensor) -> Tensor:
@@ -160,16 +196,20 @@ def _rope_run(plan: tuple, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """The output of one call whose :func:`_rope_plan` is ``plan``; ``cos``/``sin`` may be any views that
     start where the plan's ones do (the kernel takes their data pointers)."""
     layout, out_dtype, run = plan
-    if layout is None:  # x's own layout
-        out = torch.empty_like(x, dtype=out_dtype)  # half the host time of torch.empty_strided
-    elif type(layout) is tuple:
-        out = torch.empty_strided(x.shape, layout, dtype=out_dtype, device=x.device)
-    else:
-        out = torch.empty_like(x, dtype=out_dtype, memory_format=layout)
+    out = _new_output(x, layout, out_dtype)
     if run is not None:
         # the 4-d views of _rope_plan start at the same addresses: the tensors themselves are the pointers
         run((x, cos, sin, out))
     return out
+
+
+def _new_output(x: Tensor, layout, out_dtype: torch.dtype) -> Tensor:
+    """An empty output for x of a plan's ``layout`` (see :func:`_rope_plan`) and dtype."""
+    if layout is None:  # x's own layout
+        return torch.empty_like(x, dtype=out_dtype)  # half the host time of torch.empty_strided
+    if type(layout) is tuple:
+        return torch.empty_strided(x.shape, layout, dtype=out_dtype, device=x.device)
+    return torch.empty_like(x, dtype=out_dtype, memory_format=layout)
 
 
 _PLANS = PlanCache()
@@ -351,12 +391,15 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
         key = (q.dtype, q.shape, q.stride(), q.device, k.dtype, k.shape, k.stride(), k.device, cos.dtype, cos.shape,
                cos.stride(), cos.device, sin.dtype, sin.shape, sin.stride(), sin.device, unsqueeze_dim,
                q.data_ptr() & 15, k.data_ptr() & 15, cos.data_ptr() & 15, sin.data_ptr() & 15)
-        plans = _PAIR_PLANS.get(key)
-        if plans is None:
-            c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-            plans = _PAIR_PLANS.add(key, (_pinned(_infer_plan("x", q, c, s, False, False)),
-                                          _pinned(_infer_plan("x", k, c, s, False, False))))
-        return _rope_run(plans[0], q, cos, sin), _rope_run(plans[1], k, cos, sin)
+        plan = _PAIR_PLANS.get(key)
+        if plan is None:
+            plan = _PAIR_PLANS.add(key, _pair_plan(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)))
+        q_plan, k_plan, launch = plan
+        if launch is None:
+            return _rope_run(q_plan, q, cos, sin), _rope_run(k_plan, k, cos, sin)
+        q_out, k_out = _new_output(q, *q_plan), _new_output(k, *k_plan)
+        launch((q, cos, sin, q_out, k, k_out))
+        return q_out, k_out
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
     return rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)
@@ -369,3 +412,21 @@ def _pinned(plan: tuple) -> tuple:
     """A :func:`_rope_plan` whose launch is pinned (``Launch.pinned``) for a caller whose key fixes alignment."""
     layout, out_dtype, run = plan
     return layout, out_dtype, None if run is None else run.pinned()
+
+
+def _pair_plan(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple:
+    """Validates an inference call of :func:`apply_rotary_pos_emb` (cos / sin unsqueezed) and returns ``((q's
+    output layout, dtype), (k's), launch)``: ``launch((q, cos, sin, q_out, k, k_out))`` rotates both in one
+    ``_rope_pair_kernel`` launch (cos and sin passed as they are: their unsqueezed views start at the same
+    addresses). Where one of them is empty, launch is None and the two :func:`_rope_plan` s (pinned) replace the
+    layouts."""
+    q_layout, q_dtype, q_run = _infer_plan("x", q, cos, sin, False, False)
+    k_layout, k_dtype, k_run = _infer_plan("x", k, cos, sin, False, False)
+    if q_run is None or k_run is None:
+        return _pinned((q_layout, q_dtype, q_run)), _pinned((k_layout, k_dtype, k_run)), None
+    meta = dict(q_run.meta)  # the two differ at most in ROWS64 (one head dim, one dtype family of launch options)
+    meta["ROWS64"] = meta["ROWS64"] or dict(k_run.meta)["ROWS64"]
+    first = q_run.grid[0]
+    launch = FixedLaunch(_rope_pair_kernel, (first + k_run.grid[0],), meta_items(**meta), q.device,
+                         (first, *q_run.fixed, *k_run.fixed))
+    return (q_layout, q_dtype), (k_layout, k_dtype), launch
