@@ -29,7 +29,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the cpu varia
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep_common import load_packages  # noqa: E402
 
-PACKAGES = ["triton-norms", "triton-attention", "triton-activations", "triton-softmax"]
+PACKAGES = ["triton-norms", "triton-attention", "triton-activations", "triton-softmax", "triton-matmul"]
 _NOOP = "".format  # a C callable that takes any positional arguments: the stand-in launcher
 
 
@@ -43,7 +43,7 @@ def simulate_direct_launches(package) -> None:
     fl._direct = lambda kernel, device: True
 
 
-def cases(norms, attention, activations, softmax) -> dict:
+def cases(norms, attention, activations, softmax, matmul) -> dict:
     """name -> a no-argument call (bf16, plain inference; shapes of a SmolLM2 decode step and of issue 7's small
     calls)."""
     import torch
@@ -60,6 +60,8 @@ def cases(norms, attention, activations, softmax) -> dict:
     cache = torch.randn(1, 3, 100, 64, dtype=bf)
     gate_up, gate = torch.randn(1, 1, 3072, dtype=bf), torch.randn(1, 1, 1536, dtype=bf)
     silu = activations.layers.Silu()
+    linear = matmul.layers.Linear()
+    linear.weight, linear.bias = torch.nn.Parameter(torch.randn(1536, 576, dtype=bf)), None
     return {
         "rms_norm 16x4096": lambda: norms.rms_norm(x16, w16, eps=1e-6),
         "LlamaRMSNorm layer 1x576": lambda: llama(x1),
@@ -71,6 +73,8 @@ def cases(norms, attention, activations, softmax) -> dict:
         "apply_rotary_pos_emb decode 9/3 heads": lambda: attention.apply_rotary_pos_emb(q, k, cos, sin),
         "flash_attention decode 9/3 heads x 100 keys": lambda: attention.flash_attention(q, cache, cache,
                                                                                          out_layout="bshd"),
+        "matmul 1x576 @ 576x1536": lambda: matmul.matmul(x1[0], linear.weight.t()),
+        "Linear layer 1x1x576 -> 1536": lambda: linear(x1),
     }
 
 

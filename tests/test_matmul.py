@@ -515,6 +515,43 @@ def test_call_plans(matmul, monkeypatch):
     assert seen() is None
 
 
+def test_checked_inference_calls(matmul, monkeypatch):
+    """Plain inference (no config) checks a call signature once, keyed as its plan (a as 2-d rows): later calls on
+    new data, other leading shapes of the same rows and a single row's other strides skip the checks and stay
+    right; bad arguments after good ones still raise, naming the argument."""
+    import sys
+
+    mod = sys.modules[matmul.__name__ + ".matmul"]
+    monkeypatch.setattr(mod, "_CHECKED", type(mod._CHECKED)())
+    checks, original = [], mod._check
+    monkeypatch.setattr(mod, "_check", lambda *a: checks.append(1) or original(*a))
+    torch.manual_seed(19)
+    dt = torch.float16
+    K, N = 37, 29
+    w, bias = rand(N, K, dtype=dt, scale=K ** -0.5), rand(N, dtype=dt)
+    with torch.no_grad():
+        for shape in ((6, K), (2, 3, K), (6, K)):  # one signature of rows: checked once
+            a = rand(*shape, dtype=dt)
+            assert_matmul_close(matmul.matmul(a, w.t(), bias, "silu"), a, w.t(), bias, "silu")
+        assert len(checks) == 1
+        for S in (3, 4):  # the last position of a growing sequence: one contiguous row, one signature
+            x = rand(1, S, K, dtype=dt)[:, -1]
+            assert_matmul_close(matmul.matmul(x, w.t(), bias, "silu"), x, w.t(), bias, "silu")
+        assert len(checks) == 2 and len(mod._CHECKED) == 2
+        a = rand(6, K, dtype=dt)
+        with pytest.raises(ValueError, match="activation must be one of"):
+            matmul.matmul(a, w.t(), bias, "swish")
+        with pytest.raises(ValueError, match="activation must be one of"):
+            matmul.matmul(a, w.t(), bias, ["silu"])
+        with pytest.raises(TypeError, match="bias must have a's dtype"):
+            matmul.matmul(a, w.t(), bias.float(), "silu")
+        with pytest.raises(ValueError, match="cannot be multiplied"):
+            matmul.matmul(a[:, :36], w.t(), bias, "silu")
+        with pytest.raises(ValueError, match="a must have >= 1 dims"):
+            matmul.matmul(torch.tensor(1.0, dtype=dt, device=DEVICE), w.t())
+    assert len(mod._CHECKED) == 2
+
+
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu", "relu", "geglu", "swiglu"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_epilogue_grad(matmul, activation, dtype):

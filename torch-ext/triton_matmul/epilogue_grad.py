@@ -64,7 +64,7 @@ def _epilogue_grad_kernel(dy_ptr, h_ptr, dh_ptr, N, blocks_n, stride_dym, stride
 
 
 def _check(dy: Tensor, h: Tensor, activation: str) -> None:
-    if activation is None or activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:  # (a list is unhashable)
         raise ValueError(f"activation must be one of {', '.join(a for a in ACTIVATIONS if a)}, got {activation!r}")
     if not isinstance(dy, Tensor) or not isinstance(h, Tensor) or dy.dim() != 2 or h.dim() != 2:
         raise ValueError("dy and h must be 2-D tensors")

@@ -67,7 +67,7 @@ import triton
 import triton.language as tl
 
 from . import matmul_sm90
-from ._dispatch import call_op, eager_autograd
+from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import FixedLaunch, PlanCache, meta_items, rebase, signature
 from ._launch import MatmulConfig, config_for, tma_capable
 from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
@@ -675,6 +675,8 @@ def _new_plan(a, b, bias, activation, save_h, config, y, h):
 
 # a call signature (every property of the arguments but their data: see ``_plan_key``) -> its plan (``_new_plan``)
 _PLANS = PlanCache()
+# a checked call signature of matmul's plain inference (a's, b's and bias' signatures, activation) -> True
+_CHECKED = PlanCache()
 
 
 def _plan_key(a: Tensor, b: Tensor, bias: Optional[Tensor], activation, save_h: bool, config) -> tuple:
@@ -685,23 +687,32 @@ def _plan_key(a: Tensor, b: Tensor, bias: Optional[Tensor], activation, save_h: 
             None if config is None else tuple(config))
 
 
+def _keyed(a: Tensor, b: Tensor, bias: Optional[Tensor], activation, save_h: bool, config) -> tuple:
+    """(a, its call's plan key): a single row is read the same at any row stride, so it is keyed (and passed) as a
+    contiguous row: one plan for every slice such as hidden[:, -1] of a growing sequence."""
+    K = a.shape[1]
+    if a.shape[0] == 1 and a.stride(0) != K:
+        a = a.as_strided((1, K), (K, a.stride(1)))
+    return a, _plan_key(a, b, bias, activation, save_h, config)
+
+
 def _matmul_forward(a: Tensor, b: Tensor, bias: Optional[Tensor], activation: Optional[str], save_h: bool,
-                    config: Optional[List[int]], placeholder: bool) -> Tuple[Tensor, Optional[Tensor]]:
+                    config: Optional[List[int]], placeholder: bool, key: Optional[tuple] = None
+                    ) -> Tuple[Tensor, Optional[Tensor]]:
     """(y, h): y (M, N_out) contiguous in a's dtype; h (M, N_total) when ``save_h``, else an empty (0,) tensor
     (``placeholder``: the op's output) or None. Each call signature picks its kernel and config once
-    (``_new_plan``); its later calls launch from the plan."""
+    (``_new_plan``); its later calls launch from the plan. ``key``: the call's plan key where the caller has it
+    (``_keyed``; a as it returned it)."""
     gated = ACTIVATIONS[activation][1]
     M = a.shape[0]
     n_total = b.shape[1]
     N = n_total // 2 if gated else n_total
-    y = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    y = a.new_empty((M, N))  # less host time than torch.empty(..., dtype=, device=)
     h = torch.empty((M, n_total) if save_h else (0,), dtype=a.dtype, device=a.device) if save_h or placeholder else None
     if M == 0 or N == 0:
         return y, h
-    K = a.shape[1]
-    if M == 1 and a.stride(0) != K:  # one row reads the same at any row stride: one plan for every slice such as
-        a = a.as_strided((1, K), (K, a.stride(1)))  # hidden[:, -1] of a growing sequence
-    key = _plan_key(a, b, bias, activation, save_h, config)
+    if key is None:
+        a, key = _keyed(a, b, bias, activation, save_h, config)
     plan = _PLANS.get(key)
     if plan is None:
         _PLANS.add(key, _new_plan(a, b, bias, activation, save_h, config, y, h))
@@ -781,7 +792,7 @@ def _check(a, b, bias, activation) -> None:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{name} must have dtype torch.float16, torch.bfloat16 or torch.float32, got {t.dtype}")
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:  # a list is unhashable
         names = ", ".join(repr(k) for k in ACTIVATIONS)
         raise ValueError(f"activation must be one of {names}, got {activation!r}")
     if a.dim() < 1 or b.dim() != 2:
@@ -849,6 +860,21 @@ def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, activation: Opti
     with ceil(N_out / BLOCK_N) programs. Backward: one elementwise kernel for dh (with an activation) plus two
     ``torch.matmul`` calls (dgrad, wgrad).
     """
+    if config is None and inference((a, b, bias)) and a.dim() >= 1 and b.dim() == 2:
+        # plain eager inference: the checks run once per call signature (host time of small calls), keyed like
+        # the launch plan (a as the 2-d rows the kernel reads: its checks depend on nothing else of a)
+        flat = a.dim() == 2
+        a2, key = _keyed(a if flat else a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b, bias, activation,
+                         False, None)
+        try:
+            checked = _CHECKED.get(key)
+        except TypeError:  # an unhashable activation: the checks name it
+            checked = None
+        if checked is None:
+            _check(a, b, bias, activation)
+            _CHECKED.add(key, True)
+        y = _matmul_forward(a2, b, bias, activation, False, None, False, key)[0]
+        return y if flat else y.view(*a.shape[:-1], y.shape[-1])
     _check(a, b, bias, activation)
     if config is not None:
         if not isinstance(config, MatmulConfig):
