@@ -426,6 +426,7 @@ def _pair_plan(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple:
         return _pinned((q_layout, q_dtype, q_run)), _pinned((k_layout, k_dtype, k_run)), None
     meta = dict(q_run.meta)  # the two differ at most in ROWS64 (one head dim, one dtype family of launch options)
     meta["ROWS64"] = meta["ROWS64"] or dict(k_run.meta)["ROWS64"]
+    meta.update(launch_options(_rope_pair_kernel))  # fp fusion off, as _rope_plan's (the products round each)
     first = q_run.grid[0]
     launch = FixedLaunch(_rope_pair_kernel, (first + k_run.grid[0],), meta_items(**meta), q.device,
                          (first, *q_run.fixed, *k_run.fixed))
