@@ -966,6 +966,15 @@ def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
     current[0] = 0
     launch = fl.Launch(plan.kernel, (6,), plan.meta, (3,), torch.device("cuda", 0)).pinned()
     assert (type(launch), launch.grid, launch.meta, launch.fixed) == (fl.FixedLaunch, (6,), plan.meta, (3,))
+    # integer addresses: only once a call with tensors compiled; a launcher that refuses them turns them off
+    launch._current = plan._current
+    assert not launch.at((1024,)) and len(calls) == 4
+    launch((desc,))
+    assert launch.at((1024,)) and calls[-1] == (6, 1, 1, 77, "fn", "md", None, None, None, 1024, 3, "tail")
+    monkeypatch.setattr(fl, "_ADDRESSES_OK", [True])
+    launch._entry = (lambda *args: (_ for _ in ()).throw(TypeError("no ints")), *launch._entry[1:])
+    assert not launch.at((1024,)) and fl._ADDRESSES_OK == [False]
+    assert not launch.at((1024,))
 
 
 def test_plan_cache_drops_the_oldest(norms, monkeypatch):

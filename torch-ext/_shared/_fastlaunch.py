@@ -351,6 +351,20 @@ class FixedLaunch:
         if not _direct_run(entry, self._grid3, self._index, args):
             _fall_back(self.kernel, self.grid, (*args, *self.fixed), self.meta)
 
+    def at(self, addrs: tuple) -> bool:
+        """Launches with integer device addresses (None for an absent pointer) in place of the pointer tensors of
+        ``args``, where a call with tensors has compiled the kernel (the caller's key fixes their dtypes and
+        alignment): Triton's launcher then reads no tensor attribute. Returns False, launching nothing,
+        otherwise: the caller then calls the plan with tensors."""
+        current, entry = self._current, self._entry
+        if (entry is None or current is None or not _DIRECT_OK[0] or not _ADDRESSES_OK[0] or not _hooks_off()
+                or self._index != current()):
+            return False
+        if not _direct_run(entry, self._grid3, self._index, addrs):  # a launcher that takes only tensors
+            _ADDRESSES_OK[0] = False
+            return False
+        return True
+
 
 def _shared_entry(kernel, grid, grid3: tuple, index, args: tuple, meta: tuple):
     """Launches ``args`` and returns the compiled entry (``_compile``) for a new plan: the one :func:`launch` or an

@@ -395,12 +395,15 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
     """
     if type(eps) is float and inference((x, weight, bias)):
         # plain eager inference: one validated plan per call signature, 16-byte alignment included (its launch is
-        # pinned: host time of small calls); a Python float eps only, so that no other type can equal a planned one
-        key = (x.dtype, x.shape, x.device, x.is_contiguous(), x.data_ptr() & 15,
+        # pinned and takes the addresses: host time of small calls); a Python float eps only, so that no other type
+        # can equal a planned one
+        xp = x.data_ptr()
+        wp = None if weight is None else weight.data_ptr()
+        bp = None if bias is None else bias.data_ptr()
+        key = (x.dtype, x.shape, x.device, x.is_contiguous(), xp & 15,
                weight if weight is None else (weight.dtype, weight.shape, weight.device, weight.is_contiguous(),
-                                              weight.data_ptr() & 15),
-               bias if bias is None else (bias.dtype, bias.shape, bias.device, bias.is_contiguous(),
-                                          bias.data_ptr() & 15),
+                                              wp & 15),
+               bias if bias is None else (bias.dtype, bias.shape, bias.device, bias.is_contiguous(), bp & 15),
                eps, torch_order)
         try:
             plan = _INFER_PLANS.get(key)
@@ -411,7 +414,11 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
         if plan is not _GENERAL:
             exact, run = plan
             y = torch.empty_like(x)
-            run((x, weight, bias, y, None, None) if exact else (x, None, weight, bias, y, None, None, None))
+            if exact:
+                if not run.at((xp, wp, bp, y.data_ptr(), None, None)):
+                    run((x, weight, bias, y, None, None))
+            elif not run.at((xp, None, wp, bp, y.data_ptr(), None, None, None)):
+                run((x, None, weight, bias, y, None, None, None))
             return y
     order = _check_order(x, weight, bias, torch_order)
     return call_op(_layer_norm_fwd, _layer_norm_fwd_impl, x, None, weight, bias, check_eps(eps), order,

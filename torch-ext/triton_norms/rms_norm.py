@@ -451,13 +451,16 @@ def rms_norm(
     https://arxiv.org/abs/1910.07467; numerics of transformers' LlamaRMSNorm et al.
     """
     if type(eps) is float and type(weight_offset) is float and inference((x, weight, bias)):
-        # plain eager inference: one validated plan per call signature (host time of small calls); Python
-        # floats only, so that no other type (a bool or a tensor) can equal a planned value
-        key = (x.dtype, x.shape, x.device, x.is_contiguous(), x.data_ptr() & 15,
+        # plain eager inference: one validated plan per call signature (host time of small calls), the inputs'
+        # 16-byte alignment included (its launch is pinned and takes their addresses); Python floats only, so that
+        # no other type (a bool or a tensor) can equal a planned value
+        xp = x.data_ptr()
+        wp = None if weight is None else weight.data_ptr()
+        bp = None if bias is None else bias.data_ptr()
+        key = (x.dtype, x.shape, x.device, x.is_contiguous(), xp & 15,
                weight if weight is None else (weight.dtype, weight.shape, weight.device, weight.is_contiguous(),
-                                              weight.data_ptr() & 15),
-               bias if bias is None else (bias.dtype, bias.shape, bias.device, bias.is_contiguous(),
-                                          bias.data_ptr() & 15),
+                                              wp & 15),
+               bias if bias is None else (bias.dtype, bias.shape, bias.device, bias.is_contiguous(), bp & 15),
                eps, weight_offset, cast_dtype, out_dtype, torch_order)
         try:
             plan = _INFER_PLANS.get(key)
@@ -469,7 +472,11 @@ def rms_norm(
         if plan is not _GENERAL:
             new_dtype, exact, run = plan
             y = torch.empty_like(x) if new_dtype is None else torch.empty_like(x, dtype=new_dtype)
-            run((x, weight, bias, y, None) if exact else (x, None, weight, bias, y, None, None))
+            if exact:
+                if not run.at((xp, wp, bp, y.data_ptr(), None)):
+                    run((x, weight, bias, y, None))
+            elif not run.at((xp, None, wp, bp, y.data_ptr(), None, None)):
+                run((x, None, weight, bias, y, None, None))
             return y
     eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
     order = parse_order(torch_order)
