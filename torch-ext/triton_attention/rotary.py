@@ -385,12 +385,13 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
     Raises: as :func:`rotary_embedding`.
     """
     if type(unsqueeze_dim) is int and inference((q, k, cos, sin)):
-        # plain eager inference: both plans per call signature (16-byte alignment included: their launches are
-        # pinned); cos/sin are passed as they are (their unsqueezed views start at the same addresses), which
-        # saves two views per call
+        # plain eager inference: one plan per call signature (16-byte alignment included: its launch is pinned
+        # and takes the addresses); cos/sin are passed as they are (their unsqueezed views start at the same
+        # addresses), which saves two views per call
+        qp, kp, cp, sp = q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr()
         key = (q.dtype, q.shape, q.stride(), q.device, k.dtype, k.shape, k.stride(), k.device, cos.dtype, cos.shape,
                cos.stride(), cos.device, sin.dtype, sin.shape, sin.stride(), sin.device, unsqueeze_dim,
-               q.data_ptr() & 15, k.data_ptr() & 15, cos.data_ptr() & 15, sin.data_ptr() & 15)
+               qp & 15, kp & 15, cp & 15, sp & 15)
         plan = _PAIR_PLANS.get(key)
         if plan is None:
             plan = _PAIR_PLANS.add(key, _pair_plan(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)))
@@ -398,7 +399,8 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
         if launch is None:
             return _rope_run(q_plan, q, cos, sin), _rope_run(k_plan, k, cos, sin)
         q_out, k_out = _new_output(q, *q_plan), _new_output(k, *k_plan)
-        launch((q, cos, sin, q_out, k, k_out))
+        if not launch.at((qp, cp, sp, q_out.data_ptr(), kp, k_out.data_ptr())):
+            launch((q, cos, sin, q_out, k, k_out))
         return q_out, k_out
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
