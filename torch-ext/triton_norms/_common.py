@@ -164,6 +164,19 @@ def empty_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(x.shape, dtype=dtype, device=x.device)
 
 
+def addressed_signature(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor]) -> tuple:
+    """``(x's, weight's and bias' addresses (None where absent), what an inference plan depends on of them)``: dtype,
+    shape, device, contiguity and the address modulo 16 bytes (Triton's pointer specialisation, and ``F.rms_norm`` /
+    ``F.layer_norm``'s choice of kernel). The addresses go to a pinned launch (``FixedLaunch.at``)."""
+    xp = x.data_ptr()
+    wp = None if weight is None else weight.data_ptr()
+    bp = None if bias is None else bias.data_ptr()
+    return xp, wp, bp, (x.dtype, x.shape, x.device, x.is_contiguous(), xp & 15,
+                        None if weight is None else (weight.dtype, weight.shape, weight.device, weight.is_contiguous(),
+                                                     wp & 15),
+                        None if bias is None else (bias.dtype, bias.shape, bias.device, bias.is_contiguous(), bp & 15))
+
+
 def vector(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """A weight/bias vector with unit stride (copies only a strided slice)."""
     if t is None or t.stride(0) == 1 or t.numel() <= 1:

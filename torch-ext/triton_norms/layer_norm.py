@@ -25,8 +25,9 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    bwd_op_fake, bwd_op_outputs, check_db_dtype, check_eps, check_float_tensor, check_inputs, grad_rows, empty_rows,
-    ln_apply, load_grad_chunk, load_grad_raw, load_input_chunk, rows_of, rows_view, store_dx, vector,
+    addressed_signature, bwd_op_fake, bwd_op_outputs, check_db_dtype, check_eps, check_float_tensor, check_inputs,
+    grad_rows, empty_rows, ln_apply, load_grad_chunk, load_grad_raw, load_input_chunk, rows_of, rows_view, store_dx,
+    vector,
 )
 from ._exact import ln_exact_forward, ln_exact_plan
 from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
@@ -397,14 +398,8 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
         # plain eager inference: one validated plan per call signature, 16-byte alignment included (its launch is
         # pinned and takes the addresses: host time of small calls); a Python float eps only, so that no other type
         # can equal a planned one
-        xp = x.data_ptr()
-        wp = None if weight is None else weight.data_ptr()
-        bp = None if bias is None else bias.data_ptr()
-        key = (x.dtype, x.shape, x.device, x.is_contiguous(), xp & 15,
-               weight if weight is None else (weight.dtype, weight.shape, weight.device, weight.is_contiguous(),
-                                              wp & 15),
-               bias if bias is None else (bias.dtype, bias.shape, bias.device, bias.is_contiguous(), bp & 15),
-               eps, torch_order)
+        xp, wp, bp, tensors = addressed_signature(x, weight, bias)
+        key = (tensors, eps, torch_order)
         try:
             plan = _INFER_PLANS.get(key)
         except TypeError:  # an unhashable torch_order: the general path names it

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    bwd_op_fake, bwd_op_outputs, check_db_dtype, check_float_tensor, check_weight_offset, grad_rows, load_affine,
+    addressed_signature, bwd_op_fake, bwd_op_outputs, check_db_dtype, check_float_tensor, check_weight_offset, grad_rows, load_affine,
     load_grad_chunk, load_grad_raw, load_input_chunk, store_dx, empty_rows, offset_for_kernel, prepare_rms_args,
     rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
 )
@@ -454,14 +454,8 @@ def rms_norm(
         # plain eager inference: one validated plan per call signature (host time of small calls), the inputs'
         # 16-byte alignment included (its launch is pinned and takes their addresses); Python floats only, so that
         # no other type (a bool or a tensor) can equal a planned value
-        xp = x.data_ptr()
-        wp = None if weight is None else weight.data_ptr()
-        bp = None if bias is None else bias.data_ptr()
-        key = (x.dtype, x.shape, x.device, x.is_contiguous(), xp & 15,
-               weight if weight is None else (weight.dtype, weight.shape, weight.device, weight.is_contiguous(),
-                                              wp & 15),
-               bias if bias is None else (bias.dtype, bias.shape, bias.device, bias.is_contiguous(), bp & 15),
-               eps, weight_offset, cast_dtype, out_dtype, torch_order)
+        xp, wp, bp, tensors = addressed_signature(x, weight, bias)
+        key = (tensors, eps, weight_offset, cast_dtype, out_dtype, torch_order)
         try:
             plan = _INFER_PLANS.get(key)
         except TypeError:  # an unhashable argument: the general path names it
