@@ -337,6 +337,24 @@ def test_case9_misaligned_base_pointer(activations, device):
     assert_close_ref(activations.silu(x), reference("silu", x))
 
 
+@pytest.mark.parametrize("op", ["silu_and_mul", "silu"])
+def test_inference_plans_per_alignment(activations, device, op):
+    """Plain inference keeps one plan per call signature, x's 16-byte alignment included (its launch is pinned to
+    it): new data at 2, 4 and 16 bytes off stays right, and each alignment has its own plan."""
+    _clear_plans(activations)
+    plans = _module(activations, "functional")._INFER_PLANS
+    store = rand((8 + 3 * width(op, 67),), torch.float16, device)
+    try:
+        with torch.no_grad():
+            for off in (0, 1, 2, 0, 8, 1):
+                x = store[off:off + 3 * width(op, 67)].view(3, width(op, 67))
+                x.copy_(rand(x.shape, torch.float16, device))
+                assert_close_ref(call(activations, op, x), reference(op, x))
+        assert len(plans) == 3  # offsets 0 and 8 (16 bytes) share one; 1 and 2 elements (2 and 4 bytes) their own
+    finally:
+        _clear_plans(activations)
+
+
 # ----------------------------------------------------------------------------- ops and compile
 
 

@@ -339,10 +339,10 @@ def _act_fwd_impl(x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
 
 def infer_plan(x: Tensor, op: str, eager: bool, threshold: float):
     """Everything but the pointers of the allocating forward of a validated call, for :func:`infer`:
-    ``(output shape, or None for empty_like(x); op spec; Launch, or None for an empty output; byte offsets of
-    the activation input and the multiplier (None if not gated) from x's address)``, or None for a layout that
-    takes several launches (the general path serves it). A function of x's shape, strides, dtype and device and
-    the arguments: callers keep it per signature."""
+    ``(output shape, or None for empty_like(x); op spec; FixedLaunch (``Launch.pinned``), or None for an empty
+    output; byte offsets of the activation input and the multiplier (None if not gated) from x's address)``, or
+    None for a layout that takes several launches (the general path serves it). A function of x's shape, strides,
+    dtype, device and 16-byte alignment and the arguments: callers keep it per such signature."""
     spec = OPS[op]
     out = _new_output(x, spec)
     x1, out1 = _as_1d(x, out)
@@ -354,7 +354,8 @@ def infer_plan(x: Tensor, op: str, eager: bool, threshold: float):
             return None
     # byte offsets of the two operands from x's address (the views _halves would build per call)
     offsets = (g.data_ptr() - x1.data_ptr(), None if u is None else u.data_ptr() - x1.data_ptr())
-    return (None if not spec.gated and x.is_contiguous() else tuple(out.shape)), spec, run, offsets
+    shape = None if not spec.gated and x.is_contiguous() else tuple(out.shape)
+    return shape, spec, None if run is None else run.pinned(), offsets
 
 
 def infer(plan: tuple, x: Tensor) -> Tensor:

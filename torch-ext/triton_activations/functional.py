@@ -64,8 +64,10 @@ _GENERAL = object()  # plan of a call the general path serves
 
 def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, threshold: float = 0.0) -> Tensor:
     if second is None and inference((first,)):
-        # plain eager inference: one validated plan per call signature (host time of small calls)
-        key = (name, rounding, threshold, first.dtype, first.shape, first.stride(), first.device)
+        # plain eager inference: one validated plan per call signature (host time of small calls), x's 16-byte
+        # alignment included (the plan's launch is pinned to it)
+        key = (name, rounding, threshold, first.dtype, first.shape, first.stride(), first.device,
+               first.data_ptr() & 15)
         try:
             plan = _INFER_PLANS.get(key)
         except TypeError:  # an unhashable rounding: the general path names it
