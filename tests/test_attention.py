@@ -392,6 +392,14 @@ def test_apply_rotary_pos_emb_one_launch_for_q_and_k(attention, device, monkeypa
         got = attention.apply_rotary_pos_emb(q, k, off, sin)
     assert all(torch.equal(g, w) for g, w in zip(got, apply_rotary_pos_emb(q, k, cos, sin)))
     assert len(rotary._PAIR_PLANS) == 4
+    # cos / sin broadcast in the last dim let q and k have other head dims: other tiles, so two launches
+    kernels.clear()
+    q6, k2 = rand(1, 2, 3, 6, device=device), rand(1, 1, 3, 2, device=device)
+    c1, s1 = rand(1, 3, 1, device=device), rand(1, 3, 1, device=device)
+    with torch.no_grad():
+        got = attention.apply_rotary_pos_emb(q6, k2, c1, s1)
+    assert all(torch.equal(g, w) for g, w in zip(got, apply_rotary_pos_emb(q6, k2, c1, s1)))
+    assert kernels == [rotary._rope_kernel] * 2
 
 
 def test_case11_rope_with_one_kv_head(attention, device):

@@ -420,14 +420,19 @@ def _pair_plan(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple:
     """Validates an inference call of :func:`apply_rotary_pos_emb` (cos / sin unsqueezed) and returns ``((q's
     output layout, dtype), (k's), launch)``: ``launch((q, cos, sin, q_out, k, k_out))`` rotates both in one
     ``_rope_pair_kernel`` launch (cos and sin passed as they are: their unsqueezed views start at the same
-    addresses). Where one of them is empty, launch is None and the two :func:`_rope_plan` s (pinned) replace the
+    addresses). Where one of them is empty or their tiles differ (q and k of other head dims, which a cos / sin
+    broadcast in the last dim allows), launch is None and the two :func:`_rope_plan` s (pinned) replace the
     layouts."""
     q_layout, q_dtype, q_run = _infer_plan("x", q, cos, sin, False, False)
     k_layout, k_dtype, k_run = _infer_plan("x", k, cos, sin, False, False)
+    separate = _pinned((q_layout, q_dtype, q_run)), _pinned((k_layout, k_dtype, k_run)), None
     if q_run is None or k_run is None:
-        return _pinned((q_layout, q_dtype, q_run)), _pinned((k_layout, k_dtype, k_run)), None
-    meta = dict(q_run.meta)  # the two differ at most in ROWS64 (one head dim, one dtype family of launch options)
-    meta["ROWS64"] = meta["ROWS64"] or dict(k_run.meta)["ROWS64"]
+        return separate
+    meta, k_meta = dict(q_run.meta), dict(k_run.meta)
+    rows64 = meta.pop("ROWS64") or k_meta.pop("ROWS64")
+    if meta != k_meta:  # other tiles: q and k of other head dims (cos / sin broadcast in the last dim)
+        return separate
+    meta["ROWS64"] = rows64
     meta.update(launch_options(_rope_pair_kernel))  # fp fusion off, as _rope_plan's (the products round each)
     first = q_run.grid[0]
     launch = FixedLaunch(_rope_pair_kernel, (first + k_run.grid[0],), meta_items(**meta), q.device,
