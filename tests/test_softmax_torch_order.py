@@ -138,6 +138,14 @@ def test_torch_order_rows_and_views(softmax, device):
                        softmax.softmax(x3.squeeze(-1), -1, torch_order=True))
     x4 = torch.randn(4, 33, 3, device=device)
     assert torch.allclose(softmax.softmax(x4, 1, torch_order=True), torch.softmax(x4, 1), rtol=1e-5, atol=1e-6)
+    # the reduced dim last but strided (a transpose): read through a copy, as torch does (it read the wrong
+    # elements: found by a review in session 38)
+    xt = torch.randn(37, 6, device=device).t()
+    y = softmax.softmax(xt, -1, torch_order=True)
+    assert torch.equal(y, softmax.softmax(xt.contiguous(), -1, torch_order=True))
+    assert torch.allclose(y, torch.softmax(xt, -1), rtol=1e-5, atol=1e-7)
+    if device == "cuda":
+        assert torch.equal(y, torch.softmax(xt, -1))
 
 
 def test_torch_order_bad_input(softmax, device):

@@ -623,7 +623,8 @@ def _softmax_fwd_impl(x: Tensor, mask: Optional[Tensor], dim: int, scale: float,
         if math.prod(x.shape[dim + 1:]) == 1:  # torch's last-dim kernels (inner size 1)
             check_launch_device(x, _softmax_fwd_kernel)
             N = x.shape[dim] if x.dim() else 1
-            softmax_torch_order(x.reshape(-1, N), y.view(-1, N))
+            x2 = x.reshape(-1, N)  # (M, N) rows need a unit column stride: a strided row is copied (torch's too)
+            softmax_torch_order(x2 if N == 1 or x2.stride(1) == 1 else x2.contiguous(), y.view(-1, N))
             return y
     key = (x.shape, x.stride(), x.dtype, x.device,
            mask if mask is None else (mask.shape, mask.stride(), mask.dtype), dim, scale, causal, log)
