@@ -391,3 +391,29 @@ def test_multiple_cuda_streams_give_default_stream_results(request, package, dev
         torch.cuda.synchronize()
         for k, (g, w) in enumerate(zip(got, want)):
             _assert_same(f"{name} [stream {k}]", g, w, dtype)
+
+
+def test_vmap_over_the_inference_fast_paths(norms, softmax, matmul, attention, activations, device):
+    """``torch.func.vmap`` over the functions with plain-inference fast paths equals a loop over the batch, bit for
+    bit: under a functorch transform the fast paths stand aside (their tensors are batched wrappers without data
+    pointers) and the registered ops run (session 38's fast paths first broke this for softmax, layer_norm,
+    matmul and flash_attention)."""
+    torch.manual_seed(38)
+    x, w = torch.randn(2, 3, 8, device=device), torch.randn(8, device=device)
+    cos, sin = torch.randn(3, 8, device=device), torch.randn(3, 8, device=device)
+    mat = torch.randn(8, 5, device=device)
+    calls = {
+        "rms_norm": lambda t: norms.rms_norm(t, w),
+        "layer_norm": lambda t: norms.layer_norm(t, w, w),
+        "softmax": lambda t: softmax.softmax(t, -1),
+        "log_softmax": lambda t: softmax.log_softmax(t, -1, scale=0.5),
+        "matmul": lambda t: matmul.matmul(t, mat),
+        "flash_attention": lambda t: attention.flash_attention(t[None, None], t[None, None], t[None, None]),
+        "rotary_embedding": lambda t: attention.rotary_embedding(t, cos, sin),
+        "apply_rotary_pos_emb": lambda t: attention.apply_rotary_pos_emb(t[None, None], t[None, None], cos[None],
+                                                                         sin[None])[1],
+        "silu_and_mul": lambda t: activations.silu_and_mul(t),
+    }
+    with torch.no_grad():
+        for name, fn in calls.items():
+            assert torch.equal(torch.func.vmap(fn)(x), torch.stack([fn(t) for t in x])), name

@@ -44,7 +44,8 @@ def inference(tensors: tuple) -> bool:
     """True where :func:`call_op` would call the implementation directly (plain eager code, no
     gradient needed) for these arguments: ``tensors`` holds every tensor argument of the call (None for
     an absent one); anything that is neither None nor a plain tensor answers False."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._are_functorch_transforms_active()):  # vmap / jvp wrap their tensors: no data_ptr()
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:

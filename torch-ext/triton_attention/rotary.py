@@ -402,8 +402,13 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
         if not launch.at((qp, cp, sp, q_out.data_ptr(), kp, k_out.data_ptr())):
             launch((q, cos, sin, q_out, k, k_out))
         return q_out, k_out
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
+    _check("q", q, cos, sin)  # errors name q and k (rotary_embedding's name x)
+    _check("k", k, cos, sin)
     return rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)
 
 
@@ -423,8 +428,8 @@ def _pair_plan(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple:
     addresses). Where one of them is empty or their tiles differ (q and k of other head dims, which a cos / sin
     broadcast in the last dim allows), launch is None and the two :func:`_rope_plan` s (pinned) replace the
     layouts."""
-    q_layout, q_dtype, q_run = _infer_plan("x", q, cos, sin, False, False)
-    k_layout, k_dtype, k_run = _infer_plan("x", k, cos, sin, False, False)
+    q_layout, q_dtype, q_run = _infer_plan("q", q, cos, sin, False, False)
+    k_layout, k_dtype, k_run = _infer_plan("k", k, cos, sin, False, False)
     separate = _pinned((q_layout, q_dtype, q_run)), _pinned((k_layout, k_dtype, k_run)), None
     if q_run is None or k_run is None:
         return separate
