@@ -91,7 +91,9 @@ def main() -> int:
     t0 = time.time()
     norms = kernels.get_local_kernel(Path(args.pkg))
     ex = sys.modules[norms.__name__ + "._exact"]
-    infer_plans = sys.modules[norms.__name__ + ".rms_norm"]._INFER_PLANS
+    # the inference plans keep their launches: cleared with the schedule (layer_norm has them since session 38)
+    infer_plans = [getattr(sys.modules[norms.__name__ + "." + name], "_INFER_PLANS", {})
+                   for name in ("rms_norm", "layer_norm")]
     layers = norms.layers
     forward = {"mean": layers.LlamaRMSNorm.forward, "fused": layers.TorchRMSNorm.forward, "ln": layers.LayerNorm.forward}
     shipped = getattr(ex, "default_schedule", None)  # None: a build from before the schedule table (shipped only)
@@ -130,7 +132,8 @@ def main() -> int:
                 ex.rms_exact_plan.cache_clear()
                 if hasattr(ex, "ln_exact_plan"):  # builds from before session 18 plan LayerNorm per call
                     ex.ln_exact_plan.cache_clear()
-                infer_plans.clear()
+                for plans in infer_plans:
+                    plans.clear()
                 try:
                     with torch.no_grad():
                         y = forward[kind](mod, x)
