@@ -30,7 +30,9 @@ and scalar arguments fixed per shape): each plan keeps its own compiled launcher
 pointer arguments' dtypes and alignment only, so a call neither hashes the meta-parameters nor
 specialises the scalars again. :class:`FixedLaunch` is a plan whose caller's key fixes all of that
 (pointer dtypes and alignment included): one compiled launcher and no per-call key, host tensor
-descriptors included (:func:`rebase` makes a plan's descriptor per call). A new FixedLaunch's first
+descriptors included (:func:`rebase` makes a plan's descriptor per call), its scalars kept with the
+launcher (``fixed``), and integer addresses in place of tensors once a call with tensors has compiled it
+(:meth:`FixedLaunch.at`); :meth:`Launch.pinned` turns a Launch into one. A new FixedLaunch's first
 launch takes the compiled launcher of an equal specialisation from :func:`launch`'s cache where there
 is one, so a new plan costs no pass through Triton's launch path.
 """
