@@ -434,7 +434,7 @@ def _pair_plan(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple:
     if q_run is None or k_run is None:
         return separate
     meta, k_meta = dict(q_run.meta), dict(k_run.meta)
-    rows64 = meta.pop("ROWS64") or k_meta.pop("ROWS64")
+    rows64 = meta.pop("ROWS64") | k_meta.pop("ROWS64")  # 64-bit rows where either needs them
     if meta != k_meta:  # other tiles: q and k of other head dims (cos / sin broadcast in the last dim)
         return separate
     meta["ROWS64"] = rows64
