@@ -156,6 +156,23 @@ def test_checked_inference_calls(softmax, device, monkeypatch, log):
     assert len(module._CHECKED) == 2
 
 
+def test_forward_plans_per_alignment(softmax, device, monkeypatch):
+    """The forward keeps one plan per call signature, x's and the mask's 16-byte alignment included (its launches
+    are pinned to it): new data 2, 4 and 16 bytes off stays right, each alignment with its own plan."""
+    import sys
+
+    module = sys.modules[softmax.__name__ + ".softmax"]
+    monkeypatch.setattr(module, "_FWD_PLANS", type(module._FWD_PLANS)())
+    store = rand((8 + 5 * 37,), torch.float16, device)
+    mask = rand((37,), torch.float32, device)
+    with torch.no_grad():
+        for off in (0, 1, 2, 8, 0):
+            x = store[off:off + 5 * 37].view(5, 37)
+            x.copy_(rand((5, 37), torch.float16, device, scale=3.0))
+            assert_close_ref(softmax.softmax(x, -1, mask=mask), sm_ref(x, mask=mask))
+    assert len(module._FWD_PLANS) == 3  # 0 and 8 elements (16 bytes) share one
+
+
 def test_properties_rows_sum_to_one_and_shift_invariance(softmax, device):
     x = rand((5, 333), torch.float32, device, scale=4.0)
     y = softmax.softmax(x)
