@@ -417,3 +417,59 @@ def test_vmap_over_the_inference_fast_paths(norms, softmax, matmul, attention, a
     with torch.no_grad():
         for name, fn in calls.items():
             assert torch.equal(torch.func.vmap(fn)(x), torch.stack([fn(t) for t in x])), name
+
+
+def test_address_launches_pass_the_tensor_launches_pointers(norms, attention, activations, device, monkeypatch):
+    """The pinned inference launches that pass integer addresses (``FixedLaunch.at``: rms_norm, layer_norm, the
+    rotary pair, activations) give the launcher the same arguments, in the same order, as their tensor form. The
+    interpreter never takes that path, so a recording launcher stands in for Triton's (the direct path faked)."""
+    packages = (norms, attention, activations)
+    modules = [sys.modules[p.__name__ + "._fastlaunch"] for p in packages]
+    records = []
+    for fl in modules:
+        monkeypatch.setattr(fl, "_current_getter", lambda kernel, dev: (lambda: dev.index))
+        monkeypatch.setattr(fl, "_compile", lambda kernel, grid, args, meta, fixed=(): (
+            lambda *launched: records.append(launched), ("head",), lambda index: "stream", (*fixed, "tail"), None))
+        monkeypatch.setattr(fl, "_hooks_off", lambda: True)
+        monkeypatch.setattr(fl, "_ADDRESSES_OK", [True])
+    for p, name in ((norms, "rms_norm"), (norms, "layer_norm"), (activations, "functional")):
+        monkeypatch.setattr(sys.modules[f"{p.__name__}.{name}"], "_INFER_PLANS", _new_plan_cache(p))
+    monkeypatch.setattr(sys.modules[attention.__name__ + ".rotary"], "_PAIR_PLANS", _new_plan_cache(attention))
+    torch.manual_seed(3)
+    bf = torch.bfloat16
+    x, w, b = (torch.randn(*s, dtype=bf, device=device) for s in ((4, 64), (64,), (64,)))
+    q, k = torch.randn(1, 4, 3, 16, dtype=bf, device=device), torch.randn(1, 2, 3, 16, dtype=bf, device=device)
+    cos, sin = torch.randn(1, 3, 16, dtype=bf, device=device), torch.randn(1, 3, 16, dtype=bf, device=device)
+    g = torch.randn(2, 3, 64, dtype=bf, device=device)
+    calls = {
+        "rms_norm": lambda: norms.rms_norm(x, w, b, eps=1e-6),
+        "rms_norm mean": lambda: norms.rms_norm(x, w, eps=1e-6, torch_order="mean", cast_dtype=bf),
+        "rms_norm fused": lambda: norms.rms_norm(x, w, eps=1e-6, torch_order="fused"),
+        "layer_norm": lambda: norms.layer_norm(x, w, b, eps=1e-5),
+        "layer_norm fused": lambda: norms.layer_norm(x, w, b, eps=1e-5, torch_order="fused"),
+        "apply_rotary_pos_emb": lambda: attention.apply_rotary_pos_emb(q, k, cos, sin),
+        "silu_and_mul": lambda: activations.silu_and_mul(g),
+        "silu": lambda: activations.silu(g),
+    }
+
+    def launched(fn, addresses: bool):
+        for fl in modules:
+            fl._ADDRESSES_OK[0] = addresses
+        records.clear()
+        out = fn()
+        outs = {t.data_ptr(): "out" for t in (out if isinstance(out, tuple) else (out,))}
+        assert len(records) == 1
+        args = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in records[0]]
+        return [outs.get(a, a) for a in args], records[0]
+
+    with torch.no_grad():
+        for name, fn in calls.items():
+            fn()  # the first call compiles (the recording entry)
+            by_address, raw = launched(fn, True)
+            assert not any(isinstance(a, torch.Tensor) for a in raw), name  # addresses, not tensors
+            assert by_address == launched(fn, False)[0], name
+
+
+def _new_plan_cache(package):
+    """An empty PlanCache of ``package``'s own ``_fastlaunch`` (plans of earlier tests would skip the compile)."""
+    return sys.modules[package.__name__ + "._fastlaunch"].PlanCache()
