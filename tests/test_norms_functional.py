@@ -984,10 +984,6 @@ def test_plan_cache_drops_the_oldest(norms, monkeypatch):
     for key in "abcd":
         assert cache.add(key, key.upper()) == key.upper()
     assert list(cache.items()) == [("b", "B"), ("c", "C"), ("d", "D")]
-    built = []
-    assert cache.get_or_build("d", lambda: built.append(1)) == "D" and not built  # kept: not rebuilt
-    assert cache.get_or_build("e", lambda: built.append(1) or "E") == "E" and built == [1] and cache["e"] == "E"
-    assert cache.get_or_build(["unhashable"], lambda: "F") == "F" and "F" not in cache.values()  # kept nowhere
 
 
 @pytest.mark.gpu

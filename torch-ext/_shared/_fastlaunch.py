@@ -430,13 +430,3 @@ class PlanCache(dict):
         self[key] = plan
         return plan
 
-    def get_or_build(self, key, build):
-        """The plan kept under ``key``, else ``build()``'s, kept (:meth:`add`). A key that cannot be hashed (an
-        argument of a type the caller does not expect there, such as a list) keeps nothing: ``build()``, which
-        validates the call, runs and is expected to raise, naming the argument."""
-        try:
-            plan = self.get(key)
-        except TypeError:
-            return build()
-        return plan if plan is not None else self.add(key, build())
-

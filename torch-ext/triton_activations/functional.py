@@ -62,21 +62,20 @@ _INFER_PLANS = PlanCache()
 _GENERAL = object()  # plan of a call the general path serves
 
 
-def _infer_plan(name: str, x: Tensor, rounding: str, threshold: float):
-    """Validates a plain inference call (raising as the general path does) and returns its plan (``infer_plan``),
-    or ``_GENERAL`` for a layout the general path serves."""
-    eager = check_rounding(name, rounding)
-    check_x(name, x, OPS[name].gated)
-    return infer_plan(x, name, eager, threshold) or _GENERAL
-
-
 def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, threshold: float = 0.0) -> Tensor:
     if second is None and inference((first,)):
         # plain eager inference: one validated plan per call signature (host time of small calls), x's 16-byte
         # alignment included (the plan's launch is pinned to it)
         key = (name, rounding, threshold, first.dtype, first.shape, first.stride(), first.device,
                first.data_ptr() & 15)
-        plan = _INFER_PLANS.get_or_build(key, lambda: _infer_plan(name, first, rounding, threshold))
+        try:
+            plan = _INFER_PLANS.get(key)
+        except TypeError:  # an unhashable rounding: the general path names it
+            plan = _GENERAL
+        if plan is None:
+            eager = check_rounding(name, rounding)
+            check_x(name, first, OPS[name].gated)
+            plan = _INFER_PLANS.add(key, infer_plan(first, name, eager, threshold) or _GENERAL)
         if plan is not _GENERAL:
             return infer(plan, first)
     spec = OPS[name]

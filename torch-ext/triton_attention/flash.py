@@ -1229,8 +1229,12 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
         # floats and bools only, so that no other type (an int, a tensor) can equal a checked value
         signatures = signature(q), signature(k), signature(v), signature(attn_mask)
         key = (*signatures, scale, causal, layout, out_layout)
-        checked = _CHECKED.get_or_build(key, lambda: _check_call(q, k, v, attn_mask, scale, causal, layout,
-                                                                 out_layout))
+        try:
+            checked = _CHECKED.get(key)
+        except TypeError:  # an unhashable layout: the checks name it
+            checked = _check_call(q, k, v, attn_mask, scale, causal, layout, out_layout)
+        if checked is None:
+            checked = _CHECKED.add(key, _check_call(q, k, v, attn_mask, scale, causal, layout, out_layout))
         return _attn_fwd_launch(q, k, v, attn_mask, *checked, signatures=signatures)[0]
     o, _ = call_op(_attn_fwd, _attn_fwd_impl, q, k, v, attn_mask,
                    *_check_call(q, k, v, attn_mask, scale, causal, layout, out_layout), autograd=_ATTN_AUTOGRAD)

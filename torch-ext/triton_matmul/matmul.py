@@ -866,7 +866,13 @@ def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, activation: Opti
         flat = a.dim() == 2
         a2, key = _keyed(a if flat else a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b, bias, activation,
                          False, None)
-        _CHECKED.get_or_build(key, lambda: _check(a, b, bias, activation) or True)
+        try:
+            checked = _CHECKED.get(key)
+        except TypeError:  # an unhashable activation: the checks name it
+            checked = None
+        if checked is None:
+            _check(a, b, bias, activation)
+            _CHECKED.add(key, True)
         y = _matmul_forward(a2, b, bias, activation, False, None, False, key)[0]
         return y if flat else y.view(*a.shape[:-1], y.shape[-1])
     _check(a, b, bias, activation)

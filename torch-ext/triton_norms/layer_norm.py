@@ -400,7 +400,12 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
         # can equal a planned one
         xp, wp, bp, tensors = addressed_signature(x, weight, bias)
         key = (tensors, eps, torch_order)
-        plan = _INFER_PLANS.get_or_build(key, lambda: _infer_plan(x, weight, bias, eps, torch_order))
+        try:
+            plan = _INFER_PLANS.get(key)
+        except TypeError:  # an unhashable torch_order: the general path names it
+            plan = _GENERAL
+        if plan is None:
+            plan = _INFER_PLANS.add(key, _infer_plan(x, weight, bias, eps, torch_order))
         if plan is not _GENERAL:
             exact, run = plan
             y = torch.empty_like(x)

@@ -34,9 +34,9 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    addressed_signature, bwd_op_fake, bwd_op_outputs, check_db_dtype, check_float_tensor, check_weight_offset,
-    grad_rows, load_affine, load_grad_chunk, load_grad_raw, load_input_chunk, store_dx, empty_rows, offset_for_kernel,
-    prepare_rms_args, rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
+    addressed_signature, bwd_op_fake, bwd_op_outputs, check_db_dtype, check_float_tensor, check_weight_offset, grad_rows, load_affine,
+    load_grad_chunk, load_grad_raw, load_input_chunk, store_dx, empty_rows, offset_for_kernel, prepare_rms_args,
+    rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
 )
 from ._exact import rms_exact_forward, rms_exact_plan
 from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
@@ -456,8 +456,13 @@ def rms_norm(
         # no other type (a bool or a tensor) can equal a planned value
         xp, wp, bp, tensors = addressed_signature(x, weight, bias)
         key = (tensors, eps, weight_offset, cast_dtype, out_dtype, torch_order)
-        plan = _INFER_PLANS.get_or_build(key, lambda: _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype,
-                                                                   out_dtype, torch_order))
+        try:
+            plan = _INFER_PLANS.get(key)
+        except TypeError:  # an unhashable argument: the general path names it
+            plan = _GENERAL
+        if plan is None:
+            plan = _INFER_PLANS.add(key, _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype,
+                                                     torch_order))
         if plan is not _GENERAL:
             new_dtype, exact, run = plan
             y = torch.empty_like(x) if new_dtype is None else torch.empty_like(x, dtype=new_dtype)

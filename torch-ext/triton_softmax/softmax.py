@@ -894,7 +894,9 @@ def _forward(x, mask, dim, scale, causal: bool, log: bool, torch_order) -> Tenso
             and type(causal) is bool and type(torch_order) is bool):
         key = (x.shape, x.stride(), x.dtype, x.device, mask if mask is None else (mask.shape, mask.dtype, mask.device),
                dim, scale, causal, log, torch_order)
-        checked = _CHECKED.get_or_build(key, lambda: _check_call(x, mask, dim, scale, causal, torch_order))
+        checked = _CHECKED.get(key)
+        if checked is None:
+            checked = _CHECKED.add(key, _check_call(x, mask, dim, scale, causal, torch_order))
         return _softmax_fwd_impl(x, mask, *checked, causal, log, torch_order)
     dim, scale = _check_call(x, mask, dim, scale, causal, torch_order)
     return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, log, torch_order,
