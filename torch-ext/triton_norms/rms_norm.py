@@ -34,9 +34,9 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    addressed_signature, bwd_op_fake, bwd_op_outputs, check_db_dtype, check_float_tensor, check_weight_offset, grad_rows, load_affine,
-    load_grad_chunk, load_grad_raw, load_input_chunk, store_dx, empty_rows, offset_for_kernel, prepare_rms_args,
-    rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
+    addressed_signature, bwd_op_fake, bwd_op_outputs, check_db_dtype, check_float_tensor, check_weight_offset,
+    grad_rows, load_affine, load_grad_chunk, load_grad_raw, load_input_chunk, store_dx, empty_rows, offset_for_kernel,
+    prepare_rms_args, rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
 )
 from ._exact import rms_exact_forward, rms_exact_plan
 from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
