@@ -419,6 +419,73 @@ def test_vmap_over_the_inference_fast_paths(norms, softmax, matmul, attention, a
             assert torch.equal(torch.func.vmap(fn)(x), torch.stack([fn(t) for t in x])), name
 
 
+@pytest.mark.parametrize("package", PACKAGES)
+def test_functorch_grad_and_per_sample_grads_equal_autograd(request, package, device):
+    """``torch.func.grad`` over every op and layer with a backward equals ``torch.autograd.grad`` bit for bit, and
+    ``vmap(grad)`` (per-sample gradients) equals a loop of them. PyTorch's own wrapper of a custom op's autograd
+    formula refuses functorch transforms (pytorch/pytorch#168393); the ops give them a Function of their own."""
+    pkg = _pkg(request, package)
+    torch.manual_seed(39)
+    for name, fn, make, grad, out_arg, dtype, params in _runs(pkg, CATALOG[package], device, dtype_index=0):
+        if not grad:
+            continue
+        base, other = clone_inputs(make(device, dtype)), clone_inputs(make(device, dtype))
+        argnums = tuple(i for i in grad if base[i].is_floating_point())
+        samples = [base, [other[i] if i in argnums else t for i, t in enumerate(base)]]  # the same mask, target...
+
+        def loss(*diff, base):
+            inputs = list(base)
+            for i, t in zip(argnums, diff):
+                inputs[i] = t
+            return loss_of(fn(*inputs))
+
+        want = []
+        for inputs in samples:
+            leaves = [inputs[i].requires_grad_(True) for i in argnums]
+            want.append(torch.autograd.grad(loss_of(fn(*inputs)), leaves, allow_unused=True))
+            for t in leaves:
+                t.requires_grad_(False)
+        got = torch.func.grad(lambda *d: loss(*d, base=base), argnums=tuple(range(len(argnums))))(
+            *[base[i] for i in argnums])
+        for k, (g, w) in enumerate(zip(got, want[0])):
+            if w is not None:
+                assert torch.equal(g, w), f"{name}: torch.func.grad differs from autograd in gradient {k}"
+        stacked = [torch.stack([s[i] for s in samples]) for i in argnums]
+        per_sample = torch.func.vmap(torch.func.grad(lambda *d: loss(*d, base=base),
+                                                     argnums=tuple(range(len(argnums)))))(*stacked)
+        for k, g in enumerate(per_sample):
+            for b, w in enumerate(want):
+                if w[k] is not None:
+                    _assert_same(f"{name} vmap(grad) sample {b} gradient {k}", g[b], w[k], w[k].dtype)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_forward_mode_ad_raises_instead_of_dropping_tangents(request, package, device):
+    """Forward-mode AD (``torch.func.jvp``, ``torch.autograd.forward_ad`` dual tensors) has no formula in the ops:
+    every op and layer raises for a tangent rather than returning its output with the tangent silently dropped
+    (zero), which is what a custom op does and what the inference fast paths did. Inputs without a tangent work."""
+    import torch.autograd.forward_ad as fwAD
+
+    pkg = _pkg(request, package)
+    torch.manual_seed(40)
+    for name, fn, make, grad, out_arg, dtype, params in _runs(pkg, CATALOG[package], device, dtype_index=0):
+        if not grad:
+            continue
+        inputs = clone_inputs(make(device, dtype))
+        i = grad[0]
+        with torch.no_grad():
+            plain = fn(*clone_inputs(inputs))
+        with pytest.raises(NotImplementedError, match="jvp"):
+            torch.func.jvp(lambda t: loss_of(fn(*inputs[:i], t, *inputs[i + 1:])), (inputs[i],),
+                           (torch.ones_like(inputs[i]),))
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(inputs[i], torch.ones_like(inputs[i]))
+            with pytest.raises(NotImplementedError, match="jvp"):
+                fn(*inputs[:i], dual, *inputs[i + 1:])
+            with torch.no_grad():
+                _assert_same(f"{name} under a dual level, no tangent", fn(*clone_inputs(inputs)), plain, dtype)
+
+
 def test_address_launches_pass_the_tensor_launches_pointers(norms, attention, activations, device, monkeypatch):
     """The pinned inference launches that pass integer addresses (``FixedLaunch.at``: rms_norm, layer_norm, the
     rotary pair, activations) give the launcher the same arguments, in the same order, as their tensor form. The

@@ -6,29 +6,36 @@ microseconds per call in Python (custom-op autograd wrapper, redispatch, the
 dynamo-disable wrapper), as much as a whole small kernel. In plain eager code
 none of that machinery has anything to do: inference calls the implementation
 directly, and training calls it through a ``torch.autograd.Function`` built from the
-op's own autograd formula (:func:`eager_autograd`). Everything else (compile
-tracing, dispatch modes, tensor subclasses) goes through the op. Results are the
-same bits either way. :func:`inference` answers the same question for a caller that
+op's own autograd formula (:func:`eager_autograd`). Functorch transforms
+(``torch.func.grad``, ``vjp``, ``jacrev``, ``vmap``) call the op through a second
+Function built from the same formula, in the form they require (PyTorch's own
+wrapper of a custom op's formula lacks it: pytorch/pytorch#168393). Everything else
+(compile tracing, dispatch modes, tensor subclasses) goes through the op. Results
+are the same bits either way. :func:`inference` answers the same question for a caller that
 keeps a validated launch plan per call signature and runs it itself.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 __all__ = ["call_op", "eager_autograd", "inference"]
 
 # Plain tensors: a module's weights are nn.Parameter, which changes nothing for the dispatcher.
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
-OP, IMPL, AUTOGRAD = 0, 1, 2
+OP, IMPL, AUTOGRAD, FUNCTORCH = 0, 1, 2, 3
 
 
 def _route(args) -> int:
-    """OP under compile tracing, a dispatch mode, a functorch transform or a tensor subclass; else
-    AUTOGRAD when a tensor needs a gradient, IMPL when none does."""
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or torch._C._are_functorch_transforms_active()):
+    """OP under compile tracing, a dispatch mode or a tensor subclass; FUNCTORCH under a functorch
+    transform; else AUTOGRAD when a tensor needs a gradient or forward-mode AD is on (a dual level
+    entered: the ops have no forward-mode formula, and a Function raises for a tangent where the
+    implementation would drop it), IMPL otherwise."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
         return OP
+    if torch._C._are_functorch_transforms_active():
+        return FUNCTORCH
     grad = torch.is_grad_enabled()
     route = IMPL
     for a in args:
@@ -37,6 +44,8 @@ def _route(args) -> int:
                 return OP
             if grad and a.requires_grad:
                 route = AUTOGRAD
+    if _forward_ad._current_level >= 0:  # forward-mode AD: a Function, which refuses tangents without a jvp formula
+        return AUTOGRAD
     return route
 
 
@@ -45,7 +54,8 @@ def inference(tensors: tuple) -> bool:
     gradient needed) for these arguments: ``tensors`` holds every tensor argument of the call (None for
     an absent one); anything that is neither None nor a plain tensor answers False."""
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or torch._C._are_functorch_transforms_active()):  # vmap / jvp wrap their tensors: no data_ptr()
+            or torch._C._are_functorch_transforms_active()  # vmap / jvp wrap their tensors: no data_ptr()
+            or _forward_ad._current_level >= 0):  # dual tensors: their tangents would be dropped
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
@@ -54,14 +64,15 @@ def inference(tensors: tuple) -> bool:
     return True
 
 
-def eager_autograd(impl, setup_context, backward) -> type:
+def eager_autograd(op, impl, setup_context, backward) -> type:
     """A ``torch.autograd.Function`` running ``impl`` with the op's ``setup_context``/``backward``
-    (the functions given to ``register_autograd``), for eager training without the dispatcher.
+    (the functions given to ``register_autograd``), for eager training without the dispatcher; its
+    attribute ``functorch`` is the Function that functorch transforms call (see :func:`_functorch_autograd`).
 
     Written in the form whose ``forward`` takes ``ctx``: a Function with a separate ``setup_context``
     binds its arguments with ``inspect.signature`` on every call (about 25 us of host time per call on
-    our CPU machine, 3x that on the GPU host), and functorch transforms, which need the separate form,
-    never reach it (``_route`` sends them to the op)."""
+    our CPU machine, 3x that on the GPU host); functorch transforms, which need the separate form, get
+    their own."""
 
     class EagerAutograd(torch.autograd.Function):
         @staticmethod
@@ -75,17 +86,60 @@ def eager_autograd(impl, setup_context, backward) -> type:
             return backward(ctx, *grads)
 
     EagerAutograd.__name__ = EagerAutograd.__qualname__ = f"EagerAutograd_{impl.__name__}"
+    EagerAutograd.functorch = _functorch_autograd(op, setup_context, backward)
     return EagerAutograd
+
+
+def _functorch_autograd(op, setup_context=None, backward=None) -> type:
+    """The Function that functorch transforms call: ``op`` with its autograd formula in the separate-
+    ``setup_context`` form they require, its vmap rule generated (the forward and backward then run
+    under ``vmap`` on batched tensors, which :func:`_route` sends to the ops). Without a formula (the
+    ops that compute gradients) a backward through it raises, as the op itself does. Forward-mode
+    transforms (``jvp``, ``jacfwd``) have no formula and raise."""
+
+    def no_formula(ctx, *grads):
+        raise RuntimeError(f"{op._name} has no derivative (it computes a gradient; a gradient of it is not "
+                           f"implemented)")
+
+    class FunctorchAutograd(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(*args):
+            return op(*args)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            if setup_context is not None:
+                setup_context(ctx, inputs, output)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return (backward or no_formula)(ctx, *grads)
+
+    FunctorchAutograd.__name__ = FunctorchAutograd.__qualname__ = f"FunctorchAutograd_{op._name}"
+    return FunctorchAutograd
+
+
+# op -> its Function for functorch transforms, for the ops called without a formula (_functorch_autograd)
+_NO_FORMULA: dict = {}
 
 
 def call_op(op, impl, *args, autograd=None, infer=None):
     """``impl(*args)`` in plain eager inference (``infer(*args)`` when given: an implementation
     that skips what only backward needs, e.g. saved statistics, or returns None for an output
     the op fills with an empty tensor), ``autograd.apply(*args)`` in plain eager training (when
-    given), else ``op(*args)``; the same values every way (a caller of ``infer`` takes either form)."""
+    given; under a functorch transform its ``functorch`` twin), else ``op(*args)``; the same values every
+    way (a caller of ``infer`` takes either form)."""
     route = _route(args)
     if route == IMPL:
         return (infer or impl)(*args)
+    if route == FUNCTORCH:
+        if autograd is not None:
+            return autograd.functorch.apply(*args)
+        if not op._opoverload._schema.is_mutable:  # an out= form refuses gradients itself
+            function = _NO_FORMULA.get(op) or _NO_FORMULA.setdefault(op, _functorch_autograd(op))
+            return function.apply(*args)
     if route == AUTOGRAD and autograd is not None:
         return autograd.apply(*args)
     return op(*args)

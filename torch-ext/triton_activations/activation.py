@@ -426,7 +426,7 @@ def _backward(ctx, dy):
 
 
 _act_fwd.register_autograd(_backward, setup_context=_setup_context)
-_ACT_AUTOGRAD = eager_autograd(_act_fwd_impl, _setup_context, _backward)
+_ACT_AUTOGRAD = eager_autograd(_act_fwd, _act_fwd_impl, _setup_context, _backward)
 
 
 def act_forward(x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:

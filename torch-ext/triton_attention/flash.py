@@ -1128,7 +1128,8 @@ def _backward(ctx, do, dlse):
 
 
 _attn_fwd.register_autograd(_backward, setup_context=_setup_context)
-_ATTN_AUTOGRAD = eager_autograd(_attn_fwd_impl, _setup_context, _backward)  # eager training without the dispatcher
+# eager training without the dispatcher
+_ATTN_AUTOGRAD = eager_autograd(_attn_fwd, _attn_fwd_impl, _setup_context, _backward)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -1302,7 +1303,8 @@ def _rope_backward(ctx, do, dlse):
 
 
 _attn_rope_fwd.register_autograd(_rope_backward, setup_context=_setup_rope_context)
-_ATTN_ROPE_AUTOGRAD = eager_autograd(_attn_rope_fwd_impl, _setup_rope_context, _rope_backward)
+_ATTN_ROPE_AUTOGRAD = eager_autograd(_attn_rope_fwd, _attn_rope_fwd_impl, _setup_rope_context,
+                                     _rope_backward)
 
 
 def flash_attention_rope(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False,

@@ -289,7 +289,7 @@ def _bwd(ctx, dy):
 
 
 _rope.register_autograd(_bwd, setup_context=_setup)
-_ROPE_AUTOGRAD = eager_autograd(_rope_impl, _setup, _bwd)  # eager training without the dispatcher
+_ROPE_AUTOGRAD = eager_autograd(_rope, _rope_impl, _setup, _bwd)  # eager training without the dispatcher
 
 
 def _check(name: str, x: Tensor, cos: Tensor, sin: Tensor) -> None:

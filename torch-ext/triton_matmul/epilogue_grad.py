@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._device import check_launch_device, launch_options, next_power_of_2
-from ._dispatch import call_op
+from ._dispatch import call_op, eager_autograd
 from ._epilogue_math import ACTIVATIONS, activation_and_grad, backprop, store_rounded
 from ._fastlaunch import launch, meta_items
 from ._libm import nvidia_approx
@@ -143,6 +143,8 @@ def _double_backward(ctx, ddh):
 
 
 _epilogue_grad_op.register_autograd(_double_backward, setup_context=_setup_context)
+# eager double backward without the dispatcher; functorch transforms through its twin
+_EPILOGUE_GRAD_AUTOGRAD = eager_autograd(_epilogue_grad_op, _epilogue_grad_impl, _setup_context, _double_backward)
 
 
 def epilogue_grad(dy: Tensor, h: Tensor, activation: str) -> Tensor:
@@ -160,4 +162,4 @@ def epilogue_grad(dy: Tensor, h: Tensor, activation: str) -> Tensor:
         ValueError: an activation that is not one of these, shapes that do not match (h (M, N), or (M, 2N) gated).
         TypeError: dy and h of different dtypes or devices.
     """
-    return call_op(_epilogue_grad_op, _epilogue_grad_impl, dy, h, activation)
+    return call_op(_epilogue_grad_op, _epilogue_grad_impl, dy, h, activation, autograd=_EPILOGUE_GRAD_AUTOGRAD)

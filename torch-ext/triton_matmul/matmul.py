@@ -783,7 +783,7 @@ def _backward(ctx, dy, dh_out):
 
 
 _matmul_fwd.register_autograd(_backward, setup_context=_setup_context)
-_MATMUL_AUTOGRAD = eager_autograd(_matmul_fwd_impl, _setup_context, _backward)
+_MATMUL_AUTOGRAD = eager_autograd(_matmul_fwd, _matmul_fwd_impl, _setup_context, _backward)
 
 
 def _check(a, b, bias, activation) -> None:

@@ -101,7 +101,7 @@ def _backward(ctx, dout):
 
 
 _gated_residual.register_autograd(_backward, setup_context=_setup_context)
-_GATED_AUTOGRAD = eager_autograd(_gated_residual_impl, _setup_context, _backward)
+_GATED_AUTOGRAD = eager_autograd(_gated_residual, _gated_residual_impl, _setup_context, _backward)
 
 
 def gated_residual(x: Tensor, y: Tensor, gate: Tensor, *, out_dtype: Optional[torch.dtype] = None) -> Tensor:

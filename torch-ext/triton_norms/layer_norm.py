@@ -364,7 +364,7 @@ def _backward(ctx, dy, dh, dmean, drstd):
 
 
 _layer_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
-_LN_AUTOGRAD = eager_autograd(_layer_norm_fwd_impl, _setup_context, _backward)
+_LN_AUTOGRAD = eager_autograd(_layer_norm_fwd, _layer_norm_fwd_impl, _setup_context, _backward)
 
 
 def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5, *,

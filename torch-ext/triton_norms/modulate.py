@@ -302,7 +302,7 @@ def _backward(ctx, dy, dmean, drstd):
 
 
 _modulate_fwd.register_autograd(_backward, setup_context=_setup_context)
-_MODULATE_AUTOGRAD = eager_autograd(_modulate_fwd_impl, _setup_context, _backward)
+_MODULATE_AUTOGRAD = eager_autograd(_modulate_fwd, _modulate_fwd_impl, _setup_context, _backward)
 
 
 def check_out_dtype(out_dtype) -> None:

@@ -402,7 +402,7 @@ def _backward(ctx, dy, dh, drstd):
 
 
 _rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
-_RMS_AUTOGRAD = eager_autograd(_rms_norm_fwd_impl, _setup_context, _backward)
+_RMS_AUTOGRAD = eager_autograd(_rms_norm_fwd, _rms_norm_fwd_impl, _setup_context, _backward)
 
 
 def rms_norm(

@@ -237,7 +237,7 @@ def _backward(ctx, dloss, dstats, dcount):
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
-_AUTOGRAD = eager_autograd(_fwd_impl, _setup_context, _backward)
+_AUTOGRAD = eager_autograd(_fwd, _fwd_impl, _setup_context, _backward)
 
 
 def cross_entropy_torch_order(logits: Tensor, target: Tensor, ignore_index: int, reduction: str) -> Tensor:

@@ -654,6 +654,7 @@ def _backward(ctx, dloss, dg, dapplied):
     # Eager launches the kernel directly (no op: it would bump the saved tensors' version counters and a
     # second backward with retain_graph would refuse them, although ``applied`` keeps it correct).
     tracing = (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+               or torch._C._are_functorch_transforms_active()
                or any(type(a) is not torch.Tensor for a in (g, applied, dloss, target)))
     if tracing:
         return _scaled_grad(g, dloss, target, ctx.class_dim, ctx.ignore_index), None, None, None, None, None, None, None
@@ -665,7 +666,7 @@ def _backward(ctx, dloss, dg, dapplied):
 
 _cross_entropy_fwd.register_autograd(_backward, setup_context=_setup_context)
 # eager training without the dispatcher: the same setup_context/backward in a torch.autograd.Function
-_CE_AUTOGRAD = eager_autograd(_cross_entropy_fwd_impl, _setup_context, _backward)
+_CE_AUTOGRAD = eager_autograd(_cross_entropy_fwd, _cross_entropy_fwd_impl, _setup_context, _backward)
 
 
 def _check(logits, target, ignore_index, reduction, label_smoothing, z_loss):

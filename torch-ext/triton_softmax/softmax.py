@@ -806,7 +806,7 @@ def _backward(ctx, dy):
 
 _softmax_fwd.register_autograd(_backward, setup_context=_setup_context)
 # eager training without the dispatcher: the same setup_context/backward in a torch.autograd.Function
-_SOFTMAX_AUTOGRAD = eager_autograd(_softmax_fwd_impl, _setup_context, _backward)
+_SOFTMAX_AUTOGRAD = eager_autograd(_softmax_fwd, _softmax_fwd_impl, _setup_context, _backward)
 
 
 def _prepare(x, dim, scale, mask, causal):
