@@ -564,6 +564,20 @@ def test_transformers_attention_interface(attention, device):
     assert_close(got_pad[0], ref_pad[0].double(), tol, "unpadded row")
 
 
+def test_transformers_attention_under_autocast_computes_in_the_autocast_dtype(attention, device):
+    """Under ``torch.autocast`` transformers' SDPA path casts fp32 q, k, v and a float mask to the autocast dtype; the
+    registered function does the same: bf16 output, within bf16 tolerance of SDPA's under the same autocast."""
+    torch.manual_seed(16)
+    kind = torch.device(device).type
+    q, k, v = rand(1, 4, 5, 16, device=device), rand(1, 2, 7, 16, device=device), rand(1, 2, 7, 16, device=device)
+    mask = torch.zeros(1, 1, 5, 7, device=device).masked_fill(torch.rand(1, 1, 5, 7, device=device) > 0.7, -1e4)
+    with torch.autocast(kind, dtype=torch.bfloat16):
+        out, _ = attention.transformers_attention_forward(torch.nn.Module(), q, k, v, mask)
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert_close(out, ref.transpose(1, 2).double(), TOL[torch.bfloat16])
+
+
 def test_transformers_attention_refuses_unsupported(attention, device):
     q = rand(1, 2, 4, 16, device=device)
     mod = torch.nn.Module()

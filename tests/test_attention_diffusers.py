@@ -189,6 +189,27 @@ def test_kernelize_modulate_and_feed_forward(attention, norms, matmul, installed
     assert set(again.modules.values()) == set(report.modules.values())
 
 
+@pytest.mark.parametrize("make", [tiny_flux, tiny_sd3, tiny_wan], ids=["flux", "sd3", "wan"])
+def test_kernelize_under_autocast_follows_the_eager_dtypes(attention, installed, device, make):
+    """An fp32 transformer run under ``torch.autocast`` (bf16), everything swapped (processors with the Triton
+    backend, norms, adaLN modulate, feed-forward, Wan blocks): the output has eager's dtype and is within bf16
+    tolerance of eager's under the same autocast (the processors cast q, k, v as SDPA does; the modulate and
+    feed-forward swaps run the module's own forward, whose LayerNorm and Linear autocast recasts)."""
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(5)
+    model, inputs, _ = make()
+    model, inputs, _ = on_device((model.eval(), inputs, 0), device)
+    kind = torch.device(device).type
+    with torch.no_grad(), torch.autocast(kind, dtype=torch.bfloat16):
+        ref = model(**inputs)[0]
+        kernelize(model, device=device, attention_backend="triton")
+        out = model(**inputs)[0]
+    assert out.dtype == ref.dtype
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err <= 3e-2 * max(ref.abs().max().item(), 1.0), err
+
+
 def test_modulate_swap_keeps_eager_rounding_in_bf16(norms, installed, device):
     """A bf16 AdaLayerNormZero through the shim equals the module's own forward (rounding points kept)."""
     from diffusers.models.normalization import AdaLayerNormZero

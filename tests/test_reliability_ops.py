@@ -25,6 +25,7 @@ from unittest import mock
 
 import pytest
 import torch
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .conftest import ROOT
@@ -484,6 +485,43 @@ def test_forward_mode_ad_raises_instead_of_dropping_tangents(request, package, d
                 fn(*inputs[:i], dual, *inputs[i + 1:])
             with torch.no_grad():
                 _assert_same(f"{name} under a dual level, no tangent", fn(*clone_inputs(inputs)), plain, dtype)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_layers_under_autocast_match_their_modules(request, package, device):
+    """Under ``torch.autocast`` (bf16) every layer gives the output dtype and values of the module it replaces, for
+    fp32 and bf16 inputs, and for fp32 inputs (mixed-precision training) its input gradients: autocast casts the
+    inputs of some ops the modules call (``F.linear`` to bf16; on CUDA ``F.layer_norm``, softmax, ``pow`` to fp32;
+    cross-entropy to fp32), and the layers compute in the dtype PyTorch's op would (``_autocast.autocast_to``).
+    Values within bf16 tolerance (the modules may compute in bf16 here); bf16 gradients are left to the layer tests
+    (under the interpreter bf16 rounds by truncation, which cancellation in a softmax gradient magnifies)."""
+    pkg = _pkg(request, package)
+    torch.manual_seed(41)
+    kind = torch.device(device).type
+    for ls in CATALOG[package].layers(pkg):
+        cls = getattr(pkg.layers, ls.name)
+        for dtype in (torch.float32, torch.bfloat16):
+            module = ls.module(device, dtype)
+            if type(module).forward is nn.Module.forward:  # a stand-in that only carries attributes
+                continue
+            data = ls.make(device, dtype)
+            name = f"layers.{ls.name} {dtype} under autocast"
+            results = []
+            for run in (lambda *xs: module(*xs), lambda *xs: cls.forward(module, *xs)):
+                inputs = clone_inputs(data, ls.grad if dtype == torch.float32 else ())
+                with torch.autocast(kind, dtype=torch.bfloat16):
+                    out = run(*inputs)
+                leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+                grads = torch.autograd.grad(loss_of(out), leaves, allow_unused=True) if leaves else ()
+                results.append((out, grads))
+            (want, want_grads), (got, got_grads) = results
+            for k, (g, w) in enumerate(zip(as_tuple(got), as_tuple(want))):
+                assert g.dtype == w.dtype, f"{name} output {k}: {g.dtype}, the module gives {w.dtype}"
+            _assert_same(name, tuple(t.float() for t in as_tuple(got)), tuple(t.float() for t in as_tuple(want)),
+                         torch.bfloat16)
+            for k, (g, w) in enumerate(zip(got_grads, want_grads)):
+                if w is not None:
+                    _assert_same(f"{name} grad {k}", g.float(), w.float(), torch.bfloat16)
 
 
 def test_address_launches_pass_the_tensor_launches_pointers(norms, attention, activations, device, monkeypatch):

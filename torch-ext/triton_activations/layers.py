@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._autocast import autocast_to
 from .functional import (
     fatrelu_and_mul, gelu, gelu_and_mul, gelu_fast, gelu_new, gelu_quick, gelu_tanh, gelu_tanh_and_mul, mul_and_silu,
     silu, silu_and_mul,
@@ -284,7 +285,7 @@ class GELUTanh(nn.Module):
         if _is_partial_gelu_tanh(act):
             return gelu_tanh(input)
         if getattr(getattr(act, "__func__", None), "__name__", None) == "_gelu_tanh_python":
-            return gelu_new(input, rounding="eager")
+            return _new_gelu_formula(input)
         return act(input)
 
 
@@ -300,7 +301,14 @@ class NewGELUActivation(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return gelu_new(input, rounding="eager")
+        return _new_gelu_formula(input)
+
+
+def _new_gelu_formula(input: torch.Tensor) -> torch.Tensor:
+    """transformers' NewGELU formula with its eager rounding points; under ``torch.autocast`` in the dtype its
+    ``torch.pow`` computes in (on CUDA fp32, which the rest of the formula then follows by type promotion)."""
+    to = autocast_to("pow", input)
+    return gelu_new(input if to is None else input.to(to), rounding="eager")
 
 
 class FastGELUActivation(nn.Module):

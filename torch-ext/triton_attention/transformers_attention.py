@@ -4,7 +4,8 @@
 (``AttentionInterface.register(name, fn)``) and the semantics of its ``sdpa`` implementation:
 q, k, v in [B, H, S, D] (kv heads may be fewer: GQA/MQA, no ``repeat_kv`` copy), the mask from
 transformers' ``sdpa_mask`` (boolean, True = attend, or None), ``is_causal`` resolved as SDPA's path
-does (causal only for more than one query and no mask), output [B, S, H, D] written directly.
+does (causal only for more than one query and no mask), output [B, S, H, D] written directly; under
+``torch.autocast`` q, k, v and a float mask are cast as SDPA's are.
 Registering the name is done by ``triton_collection.integrations.transformers_attention.register``
 (this module imports nothing from transformers).
 """
@@ -15,6 +16,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._autocast import autocast_to, cast
 from .flash import flash_attention
 
 _UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")
@@ -48,6 +50,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise ValueError(f"triton attention has no attention dropout; got dropout={dropout} (use model.eval())")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
+    to = autocast_to("scaled_dot_product_attention", query)
+    if to is not None:  # under autocast SDPA computes in another dtype (the autocast dtype)
+        query, key, value, attention_mask = cast(to, query, key, value, attention_mask)
     out = flash_attention(query, key, value, attn_mask=attention_mask, causal=causal, scale=scaling,
                           layout="bhsd", out_layout="bshd")
     return out, None

@@ -10,7 +10,7 @@ Rules of ``kernels``: no ``__init__``, no members but ``has_backward`` / ``can_t
 a layer reads the replaced module's own attributes (``proj``, ``approximate``, ``weight``, ``bias``).
 Values equal the modules' within matmul tolerances: the kernel rounds once from fp32 where the
 modules round the linear output before the activation (~1 ulp of the dtype), and sums K in a
-different order.
+different order. Under ``torch.autocast`` the inputs and parameters are cast as ``F.linear``'s are.
 """
 
 from __future__ import annotations
@@ -18,7 +18,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ._autocast import autocast_to, cast
 from .matmul import matmul
+
+
+def _linear(x: torch.Tensor, linear: nn.Module, activation=None) -> torch.Tensor:
+    """``activation(F.linear(x, linear.weight, linear.bias))`` in one ``matmul``; under ``torch.autocast`` in the
+    dtype ``F.linear`` computes in (the autocast dtype), as the module does."""
+    w, b = linear.weight, linear.bias
+    to = autocast_to("linear", x)
+    if to is not None:
+        x, w, b = cast(to, x, w, b)
+    return matmul(x, w.t(), b, activation)
 
 
 class GELU(nn.Module):
@@ -36,8 +47,7 @@ class GELU(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        act = "gelu_tanh" if self.approximate == "tanh" else "gelu"
-        return matmul(hidden_states, self.proj.weight.t(), self.proj.bias, act)
+        return _linear(hidden_states, self.proj, "gelu_tanh" if self.approximate == "tanh" else "gelu")
 
 
 class GEGLU(nn.Module):
@@ -54,7 +64,7 @@ class GEGLU(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        return matmul(hidden_states, self.proj.weight.t(), self.proj.bias, "geglu")
+        return _linear(hidden_states, self.proj, "geglu")
 
 
 class Linear(nn.Module):
@@ -72,4 +82,4 @@ class Linear(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return matmul(input, self.weight.t(), self.bias)
+        return _linear(input, self)

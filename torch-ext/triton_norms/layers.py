@@ -5,7 +5,10 @@ CUDA kernels (``torch_order``, see ``_torch_order.py``), so half-precision
 outputs are bit-identical, not just within an ulp.
 
 Each class is stateless (no ``__init__``, no methods besides ``forward``) and
-reads the replaced module's own attributes. Every forward is one call of the
+reads the replaced module's own attributes. Under ``torch.autocast``, ``LayerNorm`` and
+``TorchRMSNorm`` compute in the dtype PyTorch's op would (``_autocast.autocast_to``: on CUDA
+``F.layer_norm`` runs in fp32); the RMSNorm modules of transformers and diffusers upcast by
+themselves, and autocast changes nothing in them. Every forward is one call of the
 functional API with the rounding points of the original module:
 
 =================  ==========================================  ===================  ======================
@@ -28,6 +31,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from ._autocast import autocast_to, cast
 from .layer_norm import layer_norm
 from .rms_norm import rms_norm
 
@@ -126,7 +130,11 @@ class TorchRMSNorm(nn.Module):
             raise ValueError(f"x of shape {tuple(x.shape)} does not end with normalized_shape {shape}")
         eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
         N = math.prod(shape)
-        w = self.weight.reshape(N) if self.weight is not None else None
+        w = self.weight
+        to = autocast_to("rms_norm", x)
+        if to is not None:  # under autocast F.rms_norm computes in another dtype
+            x, w = cast(to, x, w)
+        w = w.reshape(N) if w is not None else None
         # F.rms_norm runs its fused kernel only when the weight has x's dtype; else x.pow(2).mean()
         order = "fused" if w is None or w.dtype == x.dtype else "mean"
         y = rms_norm(x.reshape(*x.shape[: x.dim() - len(shape)], N), w, eps=eps, torch_order=order)
@@ -189,15 +197,18 @@ class LayerNorm(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        shape = self.normalized_shape
+        shape, w, b = self.normalized_shape, self.weight, self.bias
+        to = autocast_to("layer_norm", input)
+        if to is not None:  # under autocast F.layer_norm computes in another dtype (fp32 on CUDA)
+            input, w, b = cast(to, input, w, b)
         if len(shape) == 1 and input.dim() >= 1 and input.shape[-1] == shape[0]:  # one dim: no reshapes (host time)
-            return layer_norm(input, self.weight, self.bias, eps=self.eps, torch_order="fused")
+            return layer_norm(input, w, b, eps=self.eps, torch_order="fused")
         shape = tuple(shape)
         if tuple(input.shape[input.dim() - len(shape):]) != shape or input.dim() < len(shape):
             raise ValueError(f"input of shape {tuple(input.shape)} does not end with normalized_shape {shape}")
         N = math.prod(shape)
-        w = self.weight.reshape(N) if self.weight is not None else None
-        b = self.bias.reshape(N) if self.bias is not None else None
+        w = w.reshape(N) if w is not None else None
+        b = b.reshape(N) if b is not None else None
         y = layer_norm(input.reshape(*input.shape[: input.dim() - len(shape)], N), w, b, eps=self.eps,
                        torch_order="fused")
         return y.reshape(input.shape)

@@ -12,7 +12,8 @@ smoothing (``cross_entropy(..., torch_order=True)``): loss and input gradient bi
 label smoothing or (N, C, d1, ...) input it is the fused kernel (within an ulp or two).
 
 Each class is stateless (no ``__init__``, no methods besides ``forward``) and reads the
-replaced module's own attributes.
+replaced module's own attributes. Under ``torch.autocast`` each computes in the dtype PyTorch's op
+would (``_autocast.autocast_to``: on CUDA softmax and cross-entropy in fp32).
 
 =================  ===========================  ==============================================
 layer              replaces                     reads
@@ -30,6 +31,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ._autocast import autocast_to
 from .cross_entropy import cross_entropy
 from .softmax import softmax
 
@@ -54,6 +56,9 @@ class Softmax(nn.Module):
         dim = self.dim
         if dim is None:
             dim = 0 if input.dim() in (0, 1, 3) else 1
+        to = autocast_to("softmax", input)
+        if to is not None:  # under autocast torch.softmax computes in another dtype (fp32 on CUDA)
+            input = input.to(to)
         return softmax(input, dim, torch_order=True)
 
 
@@ -82,6 +87,9 @@ class CrossEntropyLoss(nn.Module):
         if getattr(self, "weight", None) is not None:
             raise ValueError("CrossEntropyLoss with a class weight is not supported by triton-softmax "
                              "(weight must be None)")
+        to = autocast_to("cross_entropy", input)
+        if to is not None:  # under autocast F.cross_entropy computes in another dtype (fp32 on CUDA and the CPU)
+            input = input.to(to)
         return cross_entropy(input, target, ignore_index=self.ignore_index, reduction=self.reduction,
                              label_smoothing=self.label_smoothing,
                              torch_order=self.label_smoothing == 0.0 and input.dim() <= 2)

@@ -87,6 +87,9 @@ class _TritonProcessor:
         self.backend = backend
 
     def _attention(self, q, k, v, mask=None):
+        if _autocast_on(q):  # SDPA casts its inputs to the autocast dtype
+            dtype = torch.get_autocast_dtype(q.device.type)
+            q, k, v, mask = (t.to(dtype) if t is not None and t.is_floating_point() else t for t in (q, k, v, mask))
         if self.backend == "sdpa":
             o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                                  v.transpose(1, 2), attn_mask=mask)
@@ -236,8 +239,15 @@ def _modulate(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -
                                                    out_dtype=torch.promote_types(x.dtype, scale.dtype))
 
 
+def _autocast_on(x: torch.Tensor) -> bool:
+    """Whether ``torch.autocast`` is on for x's device type: the swapped norm and feed-forward forwards then run the
+    module's own (autocast changes the dtypes of its LayerNorm and Linear)."""
+    return torch.is_autocast_enabled(x.device.type)
+
+
 def _modulate_ok(self, x: torch.Tensor) -> bool:
-    return x.dim() == 3 and x.shape[-1] <= 32768 and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    return (x.dim() == 3 and x.shape[-1] <= 32768 and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and not _autocast_on(x))
 
 
 def _ada_zero_forward(base):
@@ -278,7 +288,8 @@ def _ada_continuous_forward(base):
 def _gelu_forward(base):
     def forward(self, hidden_states):
         w, b = self.proj.weight, self.proj.bias
-        if hidden_states.dtype != w.dtype or (b is not None and b.dtype != w.dtype) or hidden_states.device != w.device:
+        if hidden_states.dtype != w.dtype or (b is not None and b.dtype != w.dtype) or hidden_states.device != w.device \
+                or _autocast_on(hidden_states):
             return base.forward(self, hidden_states)
         act = "gelu_tanh" if self.approximate == "tanh" else "gelu"
         return type(self)._triton_kernel.matmul(hidden_states, w.t(), b, act)
@@ -289,7 +300,8 @@ def _gelu_forward(base):
 def _geglu_forward(base):
     def forward(self, hidden_states, *args, **kwargs):
         w, b = self.proj.weight, self.proj.bias
-        if hidden_states.dtype != w.dtype or (b is not None and b.dtype != w.dtype) or hidden_states.device != w.device:
+        if hidden_states.dtype != w.dtype or (b is not None and b.dtype != w.dtype) or hidden_states.device != w.device \
+                or _autocast_on(hidden_states):
             return base.forward(self, hidden_states, *args, **kwargs)
         return type(self)._triton_kernel.matmul(hidden_states, w.t(), b, "geglu")
 
