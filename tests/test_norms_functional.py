@@ -12,6 +12,7 @@ bounded by 16. Gradients may cancel (dx = rstd * (g - xn * dot)), so they also
 get an absolute slack of ``GRAD_REL`` times the largest reference value.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -835,7 +836,8 @@ def test_launch_plan_direct_and_address_paths(norms, monkeypatch):
     """A plan's direct launches without a GPU (a stand-in compiled kernel records its calls): the first call of a
     pointer spec goes through Triton, later ones call the launcher with the stream, the bound head, the pointers
     and the fixed scalars; ``at`` passes integer addresses for a compiled alignment and declines otherwise, and
-    for good once a call with other dtypes has compiled another kernel."""
+    for good once a call with other dtypes has compiled another kernel; off the current GPU the plan's is made
+    current for the launch."""
     from types import SimpleNamespace
 
     from triton.runtime import driver
@@ -853,7 +855,9 @@ def test_launch_plan_direct_and_address_paths(norms, monkeypatch):
     monkeypatch.setattr(driver, "_active", SimpleNamespace(get_current_stream=lambda index: 77))
     kernel = SimpleNamespace(device_caches={})
     plan = fl.Launch(kernel, (3, 2), (("BLOCK", 8),), (5, 0.5), torch.device("cuda", 0))
-    plan._current = lambda: 0  # this (absent) GPU is the current device
+    current, guards = [0], []
+    plan._current = lambda: current[0]  # this (absent) GPU is the current device
+    monkeypatch.setattr(fl, "_device_guard", _fake_device_guard(current, guards))
 
     store = torch.zeros(64, dtype=torch.float16)
     x, y = store[8:24], store[32:48]  # 16-byte aligned (a zeros tensor's storage is)
@@ -863,6 +867,11 @@ def test_launch_plan_direct_and_address_paths(norms, monkeypatch):
     assert len(firsts) == 1 and not calls
     plan((x, None, y))
     assert calls[-1] == (3, 2, 1, 77, "fn", "md", None, None, None, x, None, y, 5, 0.5, "tail")
+    current[0] = 1  # another GPU current: the plan's made current for the launch; addresses decline
+    assert not plan.at((x.data_ptr(), None, y.data_ptr()))
+    plan((x, None, y))
+    assert guards == [0] and current == [1] and calls[-1] == calls[-2] and len(firsts) == 1
+    current[0] = 0
     assert plan.at((x.data_ptr(), None, y.data_ptr()))
     assert calls[-1] == (3, 2, 1, 77, "fn", "md", None, None, None, x.data_ptr(), None, y.data_ptr(), 5, 0.5, "tail")
     assert not plan.at((x.data_ptr() + 2, None, y.data_ptr()))  # another alignment: not compiled
@@ -870,10 +879,26 @@ def test_launch_plan_direct_and_address_paths(norms, monkeypatch):
     assert len(firsts) == 2 and not plan.at((x.data_ptr(), None, y.data_ptr()))
 
 
+def _fake_device_guard(current: list, guards: list):
+    """A stand-in for ``torch.cuda.device(index)`` over absent GPUs: makes ``device`` current (``current[0]``) inside
+    the block and records its index in ``guards``."""
+    @contextlib.contextmanager
+    def guard(device):
+        guards.append(device.index)
+        before, current[0] = current[0], device.index
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    return guard
+
+
 def test_launch_function_direct_path(norms, monkeypatch):
     """``launch`` without a GPU (a stand-in compiled kernel records its calls): a signature's first call compiles
     through Triton, later ones call the launcher with the grid padded to 3, the stream, the bound head, the arguments,
-    the fixed ones and the constexpr tail; a launcher that rejects the call sends it, and every later one, to Triton."""
+    the fixed ones and the constexpr tail; a tensor on a GPU that is not the current one launches with that GPU made
+    current; a launcher that rejects the call sends it, and every later one, to Triton."""
     from types import SimpleNamespace
 
     from triton.runtime import driver
@@ -888,8 +913,11 @@ def test_launch_function_direct_path(norms, monkeypatch):
 
     compiled = SimpleNamespace(run=run, function="fn", packed_metadata="md")
     monkeypatch.setattr(fl, "_first_launch", lambda k, grid, args, meta: firsts.append(args) or (compiled, ("tail",)))
-    monkeypatch.setattr(fl, "_triton_launch", lambda k, grid, args, meta: triton_path.append(args))
-    monkeypatch.setattr(fl, "_direct", lambda kernel, device: fl._DIRECT_OK[0])
+    monkeypatch.setattr(fl, "_triton_launch", lambda k, grid, args, meta, device=None: triton_path.append(args))
+    current, guards = [0], []  # the current (absent) GPU
+    monkeypatch.setattr(fl, "_direct", lambda kernel, device: fl._DIRECT_OK[0] and device.index == current[0])
+    monkeypatch.setattr(fl, "_current_index", lambda kind: current[0])
+    monkeypatch.setattr(fl, "_device_guard", _fake_device_guard(current, guards))
     monkeypatch.setattr(fl, "_CACHE", {})
     monkeypatch.setattr(fl, "_DIRECT_OK", [True])
     monkeypatch.setattr(driver, "_active", SimpleNamespace(get_current_stream=lambda index: 77))
@@ -899,6 +927,11 @@ def test_launch_function_direct_path(norms, monkeypatch):
     assert len(firsts) == 1 and not calls
     fl.launch(kernel, (4, 2), (x, 3), (("B", 8),), device, fixed=(0.5,), fixed_spec=fl.spec((0.5,)))
     assert calls == [(4, 2, 1, 77, "fn", "md", None, None, None, x, 3, 0.5, "tail")] and len(firsts) == 1
+    current[0] = 1  # device_map="auto": the tensors' GPU is not the current one
+    fl.launch(kernel, (4, 2), (x, 3), (("B", 8),), device, fixed=(0.5,), fixed_spec=fl.spec((0.5,)))
+    assert guards == [0] and current == [1] and len(calls) == 2 and not triton_path
+    current[0] = 0
+    calls.pop()
     fl.launch(kernel, (4, 2), (x, 3), (("B", 8),), device, fixed=("reject",), fixed_spec=fl.spec((0.5,)))
     assert triton_path == [(x, 3, "reject")] and not fl._DIRECT_OK[0]
     fl.launch(kernel, (4, 2), (x, 3), (("B", 8),), device, fixed=(0.5,), fixed_spec=fl.spec((0.5,)))
@@ -907,8 +940,8 @@ def test_launch_function_direct_path(norms, monkeypatch):
 def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
     """A FixedLaunch (its caller's key fixes the specialisation) compiles through Triton on its first direct call,
     then calls the launcher with the stream, the bound head, the arguments as given (a tensor descriptor passes
-    through untouched) and the constexpr tail; off the current device it takes Triton's path; a new one of an
-    equal specialisation reuses the compiled launcher. ``rebase`` copies a descriptor onto another tensor without
+    through untouched) and the constexpr tail; when its device is not the current one (a model spread over GPUs) it
+    makes it current for the launch; a new one of an equal specialisation reuses the compiled launcher. ``rebase`` copies a descriptor onto another tensor without
     touching the original."""
     from types import SimpleNamespace
 
@@ -919,14 +952,15 @@ def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
     calls, firsts, triton_path = [], [], []
     compiled = SimpleNamespace(run=lambda *args: calls.append(args), function="fn", packed_metadata="md")
     monkeypatch.setattr(fl, "_first_launch", lambda k, grid, args, meta: firsts.append(args) or (compiled, ("tail",)))
-    monkeypatch.setattr(fl, "_triton_launch", lambda k, grid, args, meta: triton_path.append(args))
+    monkeypatch.setattr(fl, "_triton_launch", lambda k, grid, args, meta, device=None: triton_path.append(args))
     monkeypatch.setattr(fl, "_hooks_off", lambda: True)
     monkeypatch.setattr(fl, "_knobs", object())
     monkeypatch.setattr(driver, "_active", SimpleNamespace(get_current_stream=lambda index: 77))
     monkeypatch.setattr(fl, "_CACHE", {})
     plan = fl.FixedLaunch(SimpleNamespace(device_caches={}), (5,), (("BLOCK", 8),), torch.device("cuda", 0))
-    current = [0]
+    current, guards = [0], []
     plan._current = lambda: current[0]
+    monkeypatch.setattr(fl, "_device_guard", _fake_device_guard(current, guards))
 
     x, y = torch.zeros(32, 16, dtype=torch.bfloat16), torch.zeros(32, 16, dtype=torch.bfloat16)
     template = TensorDescriptor(x, [32, 16], [16, 1], [16, 16])
@@ -938,10 +972,12 @@ def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
     assert len(firsts) == 1 and not calls
     plan((desc, 3))
     assert calls[-1] == (5, 1, 1, 77, "fn", "md", None, None, None, desc, 3, "tail") and calls[-1][9] is desc
-    current[0] = 1  # another current device: Triton's own path
+    current[0] = 1  # another current device: the plan's made current for its launch, then restored
     plan((desc, 4))
-    assert triton_path == [(desc, 4)] and len(calls) == 1
+    assert guards == [0] and current[0] == 1 and not triton_path
+    assert calls[-1] == (5, 1, 1, 77, "fn", "md", None, None, None, desc, 4, "tail")
     current[0] = 0
+    calls.pop()
     # a new plan of the same kernel, meta-parameters and specialisation (3 and 5: neither 1 nor a multiple of 16)
     # launches directly from its first call, with the launcher the first plan compiled
     again = fl.FixedLaunch(plan.kernel, (7,), plan.meta, torch.device("cuda", 0))
@@ -962,8 +998,9 @@ def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
     assert calls[-1] == (7, 1, 1, 77, "fn", "md", None, None, None, desc, 32, "tail") and len(calls) == 4
     current[0] = 1
     pinned((desc,))
-    assert triton_path[-1] == (desc, 32)
+    assert guards == [0, 0] and calls[-1] == (7, 1, 1, 77, "fn", "md", None, None, None, desc, 32, "tail")
     current[0] = 0
+    calls.pop()
     launch = fl.Launch(plan.kernel, (6,), plan.meta, (3,), torch.device("cuda", 0)).pinned()
     assert (type(launch), launch.grid, launch.meta, launch.fixed) == (fl.FixedLaunch, (6,), plan.meta, (3,))
     # integer addresses: only once a call with tensors compiled; a launcher that refuses them turns them off

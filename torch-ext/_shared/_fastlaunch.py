@@ -18,7 +18,9 @@ only reused where Triton itself would reuse it:
 * the meta-parameters (constexprs, ``num_warps``, ...) by value, the device by index.
 
 Anything else (the Triton interpreter, launch hooks set by a profiler, a launcher whose
-calling convention this Triton version does not share) takes Triton's own path.
+calling convention this Triton version does not share) takes Triton's own path. Triton launches on
+the current device: tensors on another GPU (a model spread over GPUs with ``device_map="auto"``) are
+launched with their GPU made current for the launch (:func:`_device_guard`), on every path.
 
 Where the compiled kernel's launcher is Triton 3.5/3.6's Python wrapper around its C ``launch``
 function (recognised by the names its ``__call__`` uses, see :func:`_bind`) and the kernel needs no
@@ -88,8 +90,24 @@ def spec(args) -> tuple:
         for a in args])
 
 
-def _triton_launch(kernel, grid, args, meta):
+def _triton_launch(kernel, grid, args, meta, device=None):
+    """``kernel[grid](*args, **meta)`` on ``device`` (None: the current device): Triton launches on the current
+    device, so a tensor's device that is not current (a model spread over GPUs, ``device_map="auto"``) is made
+    current for the launch."""
+    if device is not None and _elsewhere(device):
+        with _device_guard(device):
+            return kernel[grid](*args, **dict(meta))
     return kernel[grid](*args, **dict(meta))
+
+
+def _elsewhere(device: torch.device) -> bool:
+    """Whether ``device`` is a GPU other than the current one of its type."""
+    return device.type != "cpu" and device.index is not None and device.index != _current_index(device.type)
+
+
+def _device_guard(device: torch.device):
+    """A context manager making ``device`` the current device of its type (``torch.cuda.device`` and the like)."""
+    return getattr(torch, device.type).device(device.index)
 
 
 def meta_items(**meta) -> tuple:
@@ -217,7 +235,11 @@ def launch(kernel, grid: tuple, args: tuple, meta: tuple, device: torch.device, 
             ``fixed_spec`` = ``spec(fixed)``, computed once with the plan (host time).
     """
     if not _direct(kernel, device):
-        _triton_launch(kernel, grid, (*args, *fixed), meta)  # Triton's path: interpreter, hooks, another device
+        if _elsewhere(device):  # a GPU that is not the current one: launch with it made current
+            with _device_guard(device):
+                launch(kernel, grid, args, meta, device, fixed, fixed_spec)
+            return
+        _triton_launch(kernel, grid, (*args, *fixed), meta)  # Triton's path: interpreter, hooks
         return
     index = device.index
     key = (id(kernel), index, meta, spec(args), fixed_spec)
@@ -270,8 +292,12 @@ class Launch:
     def __call__(self, ptrs: tuple) -> None:
         """Launches with the pointer arguments ``ptrs`` (tensors or None), in the kernel's order."""
         current = self._current
-        if current is None or not _DIRECT_OK[0] or not _hooks_off() or self._index != current():
-            _triton_launch(self.kernel, self.grid, (*ptrs, *self.fixed), self.meta)
+        if current is None or not _DIRECT_OK[0] or not _hooks_off():
+            _triton_launch(self.kernel, self.grid, (*ptrs, *self.fixed), self.meta, self.device)
+            return
+        if self._index != current():  # a GPU that is not the current one: launch with it made current
+            with _device_guard(self.device):
+                self(ptrs)
             return
         key = tuple([None if a is None else (a.dtype, not a.data_ptr() & 15) for a in ptrs])
         entry = self._compiled.get(key)
@@ -328,11 +354,11 @@ class FixedLaunch:
             compiled launcher: a call passes only ``args``.
     """
 
-    __slots__ = ("kernel", "grid", "meta", "fixed", "_index", "_current", "_grid3", "_entry")
+    __slots__ = ("kernel", "grid", "meta", "fixed", "_device", "_index", "_current", "_grid3", "_entry")
 
     def __init__(self, kernel, grid: tuple, meta: tuple, device: torch.device, fixed: tuple = ()):
         self.kernel, self.grid, self.meta, self.fixed = kernel, tuple(grid), meta, tuple(fixed)
-        self._index = device.index
+        self._device, self._index = device, device.index
         self._current = _current_getter(kernel, device)
         self._grid3 = (*self.grid, 1, 1)[:3]
         self._entry = None  # _compile's entry (fixed prepended to its tail) after the first direct-capable call
@@ -340,8 +366,12 @@ class FixedLaunch:
     def __call__(self, args: tuple) -> None:
         """Launches with ``args``, the kernel's runtime arguments in order (before ``fixed``)."""
         current = self._current
-        if current is None or not _DIRECT_OK[0] or not _hooks_off() or self._index != current():
-            _triton_launch(self.kernel, self.grid, (*args, *self.fixed), self.meta)
+        if current is None or not _DIRECT_OK[0] or not _hooks_off():
+            _triton_launch(self.kernel, self.grid, (*args, *self.fixed), self.meta, self._device)
+            return
+        if self._index != current():  # a GPU that is not the current one: launch with it made current
+            with _device_guard(self._device):
+                self(args)
             return
         entry = self._entry
         if entry is None:

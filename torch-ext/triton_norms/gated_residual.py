@@ -31,6 +31,7 @@ import triton.language as tl
 from ._common import check_float_tensor
 from ._device import cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
+from ._fastlaunch import launch, meta_items
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
 from .modulate import MAX_N, _check_vec, _meta, _rows, _vec2, check_out_dtype, per_sample_row
@@ -66,10 +67,9 @@ def _gated_residual_impl(x: Tensor, y: Tensor, gate: Tensor, out_dtype: torch.dt
     interp = is_interpreter(_gated_residual_kernel)
     block, warps, rows = _meta(N, x.element_size(), device_warp_size(x.device), interp)
     g, sgb, sgn = _vec2(gate, B, N)
-    _gated_residual_kernel[(cdiv(S, rows), B)](
-        x, y, g, out, S, N, sxb, sxs, syb, sys_, sgb, sgn,
-        ROWS=rows, BLOCK_N=block, **({} if interp else {"num_warps": warps}), **launch_options(_gated_residual_kernel),
-    )
+    launch(_gated_residual_kernel, (cdiv(S, rows), B), (x, y, g, out, S, N, sxb, sxs, syb, sys_, sgb, sgn),
+           meta_items(ROWS=rows, BLOCK_N=block, **({} if interp else {"num_warps": warps}),
+                      **launch_options(_gated_residual_kernel)), out.device)
     return out
 
 

@@ -33,6 +33,7 @@ import triton.language as tl
 from ._common import check_eps, check_float_tensor
 from ._device import cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options, next_power_of_2
 from ._dispatch import call_op, eager_autograd
+from ._fastlaunch import launch, meta_items
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_dtype, round_to
 
@@ -192,15 +193,14 @@ def _fwd(x, scale, shift, weight, bias, eps, rms, eager_rounding, out_dtype, sav
     sh, shb, shn = _vec2(shift, B, N)
     prod_dtype = torch.promote_types(x.dtype if weight is None else torch.promote_types(x.dtype, weight.dtype),
                                      scale.dtype)
-    _modulate_fwd_kernel[(cdiv(S, rows), B)](
-        xr, sc, sh, weight, bias, y, mean, rstd, S, N, sxb, sxs, scb, scn, shb, shn, eps,
-        RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None, SAVE=save,
-        ROUND_X=round_dtype(x.dtype) if eager_rounding else None,
-        ROUND_S=round_dtype(scale.dtype) if eager_rounding else None,
-        ROUND_Y=round_dtype(prod_dtype) if eager_rounding else None,
-        ROWS=rows, BLOCK_N=block, **({} if interp else {"num_warps": warps}),
-        **launch_options(_modulate_fwd_kernel, fp_fusion=True),
-    )
+    launch(_modulate_fwd_kernel, (cdiv(S, rows), B),
+           (xr, sc, sh, weight, bias, y, mean, rstd, S, N, sxb, sxs, scb, scn, shb, shn, eps),
+           meta_items(RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None, SAVE=save,
+                      ROUND_X=round_dtype(x.dtype) if eager_rounding else None,
+                      ROUND_S=round_dtype(scale.dtype) if eager_rounding else None,
+                      ROUND_Y=round_dtype(prod_dtype) if eager_rounding else None,
+                      ROWS=rows, BLOCK_N=block, **({} if interp else {"num_warps": warps}),
+                      **launch_options(_modulate_fwd_kernel, fp_fusion=True)), x.device)
     return y, mean, rstd
 
 
@@ -252,12 +252,11 @@ def _modulate_bwd_impl(dy: Tensor, x: Tensor, scale: Tensor, weight: Optional[Te
     dw = part() if need_w else None
     db = part() if need_b else None
     sc, scb, scn = _vec2(scale, B, N)
-    _modulate_bwd_kernel[(P, B)](
-        dy, xr, sc, weight, bias, mean, rstd, dx, dsc, dsh, dw, db, S, N, per, P, sxb, sxs, scb, scn,
-        RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None, NEED_W=need_w, NEED_B=need_b,
-        BLOCK_N=block, **({} if interp else {"num_warps": warps}),
-        **launch_options(_modulate_bwd_kernel, fp_fusion=True),
-    )
+    launch(_modulate_bwd_kernel, (P, B),
+           (dy, xr, sc, weight, bias, mean, rstd, dx, dsc, dsh, dw, db, S, N, per, P, sxb, sxs, scb, scn),
+           meta_items(RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None, NEED_W=need_w, NEED_B=need_b,
+                      BLOCK_N=block, **({} if interp else {"num_warps": warps}),
+                      **launch_options(_modulate_bwd_kernel, fp_fusion=True)), x.device)
     return (dx, dsc.sum(1), dsh.sum(1), dw.sum((0, 1)) if need_w else x.new_empty(0),
             db.sum((0, 1)) if need_b else x.new_empty(0))
 
