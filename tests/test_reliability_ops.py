@@ -524,6 +524,28 @@ def test_layers_under_autocast_match_their_modules(request, package, device):
                     _assert_same(f"{name} grad {k}", g.float(), w.float(), torch.bfloat16)
 
 
+@pytest.mark.parametrize("package", PACKAGES)
+def test_meta_tensors_raise_a_clear_error_and_fake_tensors_trace(request, package, device):
+    """Every op sample on meta tensors raises a RuntimeError saying so (no kernel launch on data that does not
+    exist: on a GPU it would get null pointers), and under ``FakeTensorMode`` gives the real call's shapes and dtypes
+    (the registered ops' fake implementations)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    pkg = _pkg(request, package)
+    torch.manual_seed(42)
+    for sample in CATALOG[package].ops(pkg):
+        data = sample.make(device, sample.dtypes[0])
+        meta = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in data]
+        with pytest.raises(RuntimeError, match="meta tensor"):
+            sample.fn(*meta)
+        real = as_tuple(sample.fn(*clone_inputs(data)))
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = as_tuple(sample.fn(*[mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in data]))
+        for k, (f, r) in enumerate(zip(fake, real)):
+            if isinstance(r, torch.Tensor):
+                assert (f.shape, f.dtype) == (r.shape, r.dtype), f"{sample.name} output {k} under FakeTensorMode"
+
+
 def test_address_launches_pass_the_tensor_launches_pointers(norms, attention, activations, device, monkeypatch):
     """The pinned inference launches that pass integer addresses (``FixedLaunch.at``: rms_norm, layer_norm, the
     rotary pair, activations) give the launcher the same arguments, in the same order, as their tensor form. The

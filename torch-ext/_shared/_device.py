@@ -63,9 +63,15 @@ def check_launch_device(x: torch.Tensor, kernel) -> None:
 
     Raises:
         RuntimeError: ``x`` is on the CPU but the Triton kernels were compiled for a GPU
-            (``TRITON_INTERPRET=1`` was not set before ``triton`` was first imported).
+            (``TRITON_INTERPRET=1`` was not set before ``triton`` was first imported); ``x`` is a meta tensor
+            (no data to run a kernel on).
     """
-    if x.device.type == "cpu" and not is_interpreter(kernel):
+    kind = x.device.type
+    if kind == "meta":
+        package = (__package__ or "this package").lstrip("_")
+        raise RuntimeError(f"{package} got a meta tensor, which has no data to run a kernel on; for shapes alone "
+                           f"run the call under torch._subclasses.FakeTensorMode (or torch.compile)")
+    if kind == "cpu" and not is_interpreter(kernel):
         value = os.environ.get("TRITON_INTERPRET")
         if value == "1":
             why = "TRITON_INTERPRET=1 was set after triton had been imported; set it before the first import of triton"
