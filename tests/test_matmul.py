@@ -601,14 +601,22 @@ def test_double_backward(matmul, activation):
         (ga,) = torch.autograd.grad(fn(*ins), ins[0], dy.to(ins[0].dtype), create_graph=True)
         return torch.autograd.grad((ga * v.to(ga.dtype)).sum(), ins, allow_unused=True)
 
+    def second_order_functorch(fn, tensors):  # the same through torch.func (the dh op's functorch Function)
+        def penalty(*ins):
+            _, vjp = torch.func.vjp(lambda a: fn(a, *ins[1:]), ins[0])
+            return (vjp(dy.to(ins[0].dtype))[0] * v.to(ins[0].dtype)).sum()
+        return torch.func.grad(penalty, argnums=(0, 1, 2))(*tensors)
+
     got = second_order(lambda a, b, bias: matmul.matmul(a, b, bias, activation), (a, b, bias))
     want = second_order(lambda a, b, bias: ref(a, b, bias, activation), (a.double(), b.double(), bias.double()))
+    functorch = second_order_functorch(lambda a, b, bias: matmul.matmul(a, b, bias, activation), (a, b, bias))
     rtol = 1e-4 if DEVICE == "cpu" else 5e-3
-    for g, w in zip(got, want):
+    for g, f, w in zip(got, functorch, want):
         if w is None:
             assert g is None or not g.any()
             continue
         torch.testing.assert_close(g.double(), w, rtol=rtol, atol=rtol * w.abs().max().item())
+        torch.testing.assert_close(f.double(), w, rtol=rtol, atol=rtol * w.abs().max().item())
 
 
 def test_weight_grad_layout(matmul):

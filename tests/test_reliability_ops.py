@@ -470,9 +470,17 @@ def test_forward_mode_ad_raises_instead_of_dropping_tangents(request, package, d
     pkg = _pkg(request, package)
     torch.manual_seed(40)
     for name, fn, make, grad, out_arg, dtype, params in _runs(pkg, CATALOG[package], device, dtype_index=0):
-        if not grad:
-            continue
         inputs = clone_inputs(make(device, dtype))
+        if not grad:  # the forms that write into a given output: a tangent on their input raises too
+            i = next(k for k, t in enumerate(inputs) if k != out_arg and isinstance(t, torch.Tensor))
+            with fwAD.dual_level():
+                dual = fwAD.make_dual(inputs[i], torch.ones_like(inputs[i]))
+                with pytest.raises(NotImplementedError, match="jvp"):
+                    fn(*inputs[:i], dual, *inputs[i + 1:])
+            with pytest.raises(RuntimeError, match="functorch"):
+                torch.func.jvp(lambda t: fn(*inputs[:i], t, *inputs[i + 1:]), (inputs[i],),
+                               (torch.ones_like(inputs[i]),))
+            continue
         i = grad[0]
         with torch.no_grad():
             plain = fn(*clone_inputs(inputs))
@@ -500,12 +508,14 @@ def test_layers_under_autocast_match_their_modules(request, package, device):
     kind = torch.device(device).type
     for ls in CATALOG[package].layers(pkg):
         cls = getattr(pkg.layers, ls.name)
-        for dtype in (torch.float32, torch.bfloat16):
-            module = ls.module(device, dtype)
+        # (parameters, inputs): mixed precision keeps fp32 weights and feeds them bf16 activations too
+        for module_dtype, dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                    (torch.float32, torch.bfloat16)):
+            module = ls.module(device, module_dtype)
             if type(module).forward is nn.Module.forward:  # a stand-in that only carries attributes
                 continue
             data = ls.make(device, dtype)
-            name = f"layers.{ls.name} {dtype} under autocast"
+            name = f"layers.{ls.name} {module_dtype} module, {dtype} inputs under autocast"
             results = []
             for run in (lambda *xs: module(*xs), lambda *xs: cls.forward(module, *xs)):
                 inputs = clone_inputs(data, ls.grad if dtype == torch.float32 else ())
@@ -522,6 +532,17 @@ def test_layers_under_autocast_match_their_modules(request, package, device):
             for k, (g, w) in enumerate(zip(got_grads, want_grads)):
                 if w is not None:
                     _assert_same(f"{name} grad {k}", g.float(), w.float(), torch.bfloat16)
+        # autocast never casts fp64: the layer refuses fp64 inputs as it does without autocast
+        module, data = ls.module(device, torch.float32), ls.make(device, torch.float64)
+        if type(module).forward is not nn.Module.forward:
+            errors = []
+            for enabled in (False, True):
+                with torch.autocast(kind, dtype=torch.bfloat16, enabled=enabled):
+                    try:
+                        errors.append(type(cls.forward(module, *clone_inputs(data))))
+                    except (TypeError, ValueError, RuntimeError) as e:
+                        errors.append(type(e))
+            assert errors[0] == errors[1], f"layers.{ls.name}: fp64 input under autocast gave {errors[1].__name__}"
 
 
 @pytest.mark.parametrize("package", PACKAGES)

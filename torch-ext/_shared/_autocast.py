@@ -33,43 +33,44 @@ _PROBES = {
     "scaled_dot_product_attention": lambda t: F.scaled_dot_product_attention(t, t, t),
 }
 
-# (op, device type, autocast dtype, input dtype) -> the dtype to compute in, or None: the input's own
+# (op, device type, autocast dtype) -> the dtype autocast casts the op's floating arguments to, or None
 _TARGETS: dict = {}
+# the dtypes autocast casts (never fp64)
+_ELIGIBLE = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _probe(op: str, dtype: torch.dtype, device: torch.device, low: torch.dtype) -> Optional[torch.dtype]:
-    """Where autocast sends ``op``'s floating inputs of ``dtype``: the autocast dtype ``low`` (lower-precision ops
-    such as linear), fp32 (ops autocast runs in fp32), or None (ops it leaves alone)."""
+def _probe(op: str, device: torch.device, low: torch.dtype) -> Optional[torch.dtype]:
+    """Where autocast sends ``op``'s floating arguments: the autocast dtype ``low`` (lower-precision ops such as
+    linear), fp32 (ops autocast runs in fp32), or None (ops it leaves alone)."""
     probe = _PROBES[op]
     with torch.no_grad():
         if probe(_ones(torch.float32, device)).dtype != torch.float32:
-            target = low
-        elif probe(_ones(low, device)).dtype == torch.float32:
-            target = torch.float32
-        else:
-            return None
-    return None if target == dtype else target
+            return low
+        if probe(_ones(low, device)).dtype == torch.float32:
+            return torch.float32
+    return None
 
 
 def autocast_to(op: str, t: torch.Tensor) -> Optional[torch.dtype]:
-    """The dtype that eager PyTorch's ``op`` (a key of ``_PROBES``) casts its floating inputs to under the autocast
-    state of this call, for an input like ``t``; None where autocast is off for t's device type or leaves t's
-    dtype as it is. A layer casts its floating inputs and parameters to it (weights included, as autocast does)."""
+    """The dtype that eager PyTorch's ``op`` (a key of ``_PROBES``) casts its floating arguments to under the
+    autocast state of this call, for a call on ``t``'s device; None where autocast is off for that device type or
+    leaves the op alone, and for an fp64 ``t`` (autocast never casts fp64). A layer then passes its floating inputs
+    and parameters through :func:`cast`: every one of them, whatever ``t``'s own dtype, as autocast does."""
     if not torch._C._is_any_autocast_enabled():
         return None
     kind = t.device.type
-    if not torch.is_autocast_enabled(kind) or not t.is_floating_point():
+    if not torch.is_autocast_enabled(kind) or t.dtype not in _ELIGIBLE:
         return None
     if torch.compiler.is_compiling():  # traced: the probe's dtypes are known while tracing, nothing is kept
-        return _probe(op, t.dtype, t.device, torch.get_autocast_dtype(kind))
-    key = (op, kind, torch.get_autocast_dtype(kind), t.dtype)
+        return _probe(op, t.device, torch.get_autocast_dtype(kind))
+    key = (op, kind, torch.get_autocast_dtype(kind))
     try:
         return _TARGETS[key]
     except KeyError:
-        return _TARGETS.setdefault(key, _probe(op, t.dtype, t.device, key[2]))
+        return _TARGETS.setdefault(key, _probe(op, t.device, key[2]))
 
 
 def cast(dtype: torch.dtype, *tensors):
-    """``tensors`` with each floating tensor cast to ``dtype`` (None and other tensors as they are), as autocast
-    casts an op's arguments."""
-    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
+    """``tensors`` with each fp16 / bf16 / fp32 tensor cast to ``dtype`` (None, fp64 and other tensors as they are),
+    as autocast casts an op's arguments."""
+    return tuple(t.to(dtype) if t is not None and t.dtype in _ELIGIBLE else t for t in tensors)

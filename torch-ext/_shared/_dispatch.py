@@ -137,9 +137,15 @@ def call_op(op, impl, *args, autograd=None, infer=None):
     if route == FUNCTORCH:
         if autograd is not None:
             return autograd.functorch.apply(*args)
-        if not op._opoverload._schema.is_mutable:  # an out= form refuses gradients itself
-            function = _NO_FORMULA.get(op) or _NO_FORMULA.setdefault(op, _functorch_autograd(op))
-            return function.apply(*args)
-    if route == AUTOGRAD and autograd is not None:
-        return autograd.apply(*args)
+        if op._opoverload._schema.is_mutable:  # the custom op would drop a jvp's tangents without a word
+            raise RuntimeError(f"{op._name}: a form that writes into a given output does not support functorch "
+                               f"transforms (grad, vmap, jvp); call the form that returns a new tensor")
+        function = _NO_FORMULA.get(op) or _NO_FORMULA.setdefault(op, _functorch_autograd(op))
+        return function.apply(*args)
+    if route == AUTOGRAD:
+        if autograd is not None:
+            return autograd.apply(*args)
+        if _forward_ad._current_level >= 0 and any(
+                isinstance(a, torch.Tensor) and _forward_ad.unpack_dual(a).tangent is not None for a in args):
+            raise NotImplementedError(f"{op._name} has no forward-mode AD (jvp) formula: a tangent would be dropped")
     return op(*args)

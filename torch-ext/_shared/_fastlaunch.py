@@ -295,7 +295,7 @@ class Launch:
         if current is None or not _DIRECT_OK[0] or not _hooks_off():
             _triton_launch(self.kernel, self.grid, (*ptrs, *self.fixed), self.meta, self.device)
             return
-        if self._index != current():  # a GPU that is not the current one: launch with it made current
+        if self._index != current() and self._index is not None:  # another GPU than the current one
             with _device_guard(self.device):
                 self(ptrs)
             return
@@ -369,7 +369,7 @@ class FixedLaunch:
         if current is None or not _DIRECT_OK[0] or not _hooks_off():
             _triton_launch(self.kernel, self.grid, (*args, *self.fixed), self.meta, self._device)
             return
-        if self._index != current():  # a GPU that is not the current one: launch with it made current
+        if self._index != current() and self._index is not None:  # another GPU than the current one
             with _device_guard(self._device):
                 self(args)
             return

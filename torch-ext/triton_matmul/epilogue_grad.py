@@ -125,21 +125,23 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(dy, h)
 
 
+def _dh(dy: Tensor, h: Tensor, activation: str) -> Tensor:
+    """dL/dh from dL/dy in PyTorch ops (fp32 in, fp32 out): what the kernel computes, differentiable."""
+    if ACTIVATIONS[activation][1]:
+        p, g = h.chunk(2, dim=-1)
+        act, dact = _act_and_grad(g, activation)
+        return torch.cat([dy * act, dy * p * dact], dim=-1)
+    return dy * _act_and_grad(h, activation)[1]
+
+
 def _double_backward(ctx, ddh):
     """The gradients of dh with respect to dy and h (a double backward through ``matmul``), from the same math in
-    fp32 PyTorch ops differentiated by autograd (not itself differentiable again)."""
+    fp32 PyTorch ops differentiated by ``torch.func.vjp`` (which functorch transforms allow, where
+    ``requires_grad_`` is refused; not itself differentiable again)."""
     dy, h = ctx.saved_tensors
-    with torch.enable_grad():
-        dyf, hf = dy.detach().float().requires_grad_(), h.detach().float().requires_grad_()
-        if ACTIVATIONS[ctx.activation][1]:
-            p, g = hf.chunk(2, dim=-1)
-            act, dact = _act_and_grad(g, ctx.activation)
-            dh = torch.cat([dyf * act, dyf * p * dact], dim=-1)
-        else:
-            dh = dyf * _act_and_grad(hf, ctx.activation)[1]
-        ddy, dh_of_h = torch.autograd.grad(dh, (dyf, hf), ddh.float(), allow_unused=True)
-    return (torch.zeros_like(dy) if ddy is None else ddy.to(dy.dtype),
-            torch.zeros_like(h) if dh_of_h is None else dh_of_h.to(h.dtype), None)
+    _, vjp = torch.func.vjp(lambda a, b: _dh(a, b, ctx.activation), dy.detach().float(), h.detach().float())
+    ddy, dh_of_h = vjp(ddh.float())
+    return ddy.to(dy.dtype), dh_of_h.to(h.dtype), None
 
 
 _epilogue_grad_op.register_autograd(_double_backward, setup_context=_setup_context)
