@@ -648,15 +648,15 @@ def test_gpu_inference_by_address_equals_views(activations, device, op, monkeypa
     them) must give the bits of the (out, x) form, which launches with views, and the address launch must engage."""
     if device != "cuda":
         pytest.skip("the direct launch exists on GPUs only (the interpreter takes Triton's path)")
-    Launch = _module(activations, "_fastlaunch").Launch
+    FixedLaunch = _module(activations, "_fastlaunch").FixedLaunch  # the inference plans are pinned (session 38)
     engaged = []
-    at = Launch.at
+    at = FixedLaunch.at
 
     def counting(self, addrs):
         engaged.append(at(self, addrs))
         return engaged[-1]
 
-    monkeypatch.setattr(Launch, "at", counting)
+    monkeypatch.setattr(FixedLaunch, "at", counting)
     _clear_plans(activations)
     n = width(op, 389)
     store = torch.full((7 * n + 16,), float("nan"), dtype=torch.bfloat16, device=device)
