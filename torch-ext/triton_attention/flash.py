@@ -1222,7 +1222,10 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
         RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
 
     Precision: scores, softmax and output accumulated in fp32; P and dS cast to the input dtype before
-    their matmuls (as FlashAttention-2); fp32 inputs use IEEE fp32 dot products. Source: Dao, "FlashAttention-2"
+    their matmuls (as FlashAttention-2); fp32 inputs use IEEE fp32 dot products. The backward recomputes P from an
+    fp32 logsumexp: a query row whose every key carries a huge additive mask (-1e9, finfo.min) gets the forward's
+    average of v but inexact gradients for a nonzero upstream gradient, as SDPA's fused kernels (such rows are
+    padding queries, whose upstream gradient is normally zero). Source: Dao, "FlashAttention-2"
     (2023), online softmax of Milakov & Gimelshein (2018); equals ``F.scaled_dot_product_attention``.
     """
     if inference((q, k, v, attn_mask)) and (scale is None or type(scale) is float) and type(causal) is bool:
