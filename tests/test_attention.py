@@ -762,6 +762,52 @@ def test_key_splits(attention, device, monkeypatch, Sq, Sk, causal, mask_kind, l
         assert_close(g, w, GRAD_TOL[torch.float32], name)
 
 
+@pytest.mark.parametrize("Sq,Sk,mask_kind,layout,splits", [
+    (1, 53, None, "bhsd", 0), (1, 53, None, "bshd", 4), (5, 37, "bool", "bhsd", 0), (3, 61, "float", "bshd", 3),
+    (16, 40, None, "bhsd", 0), (17, 29, None, "bhsd", 0)])
+def test_gqa_pack(attention, device, monkeypatch, Sq, Sk, mask_kind, layout, splits):
+    """GQA decode steps (the pointer kernel's PACK: a kv head's query heads share one program's rows): output and
+    lse against the unpacked kernel's, output and gradients against fp64, with a mask shared by the heads (a query
+    that sees no key: o = 0), more rows than one block (5 x 4 = 20 under the interpreter's 16), key splits, both
+    layouts; 17 queries x 4 heads pass PACK_ROWS and stay unpacked."""
+    import sys
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    torch.manual_seed(41)
+    B, H, Hk = 2, 8, 2
+    q, k, v = make_qkv(B, H, Hk, Sq, Sk, 16, torch.float32, device, layout, grad=True)
+    mask = None
+    if mask_kind == "bool":
+        mask = torch.rand(B, 1, Sq, Sk, device=device) > 0.3
+        mask[1, 0, -1] = False  # a query that sees no key
+    elif mask_kind == "float":
+        mask = torch.randn(B, 1, Sq, Sk, device=device)
+    bshd = layout == "bshd"
+    args = (q.detach(), k.detach(), v.detach(), mask, 0.25, False, bshd, bshd)
+    monkeypatch.setattr(flash, "PACK_GQA", False)
+    want_o, want_lse = flash._attn_fwd_launch(*args)
+    monkeypatch.setattr(flash, "PACK_GQA", True)
+    monkeypatch.setattr(flash, "FORCE_SPLITS", splits)
+    packs, launch = [], flash.FixedLaunch
+    monkeypatch.setattr(flash, "FixedLaunch",
+                        lambda kernel, grid, meta, *a: packs.append((dict(meta).get("PACK"), grid[1:2]))
+                        or launch(kernel, grid, meta, *a))
+    o, lse = flash._attn_fwd_launch(*args)
+    packed = Sq * H // Hk <= flash.PACK_ROWS
+    assert packs[0] == (packed, (Hk if packed else H,))  # the forward's grid: one program row per kv head if packed
+    assert torch.allclose(o, want_o, atol=1e-6, rtol=1e-5)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(finite, torch.isfinite(lse)) and torch.allclose(lse[finite], want_lse[finite], atol=1e-5)
+    out = attention.flash_attention(q, k, v, attn_mask=mask, scale=0.25, layout=layout)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    want = ref_attention(q64, k64, v64, mask=mask, scale=0.25, layout=layout)
+    assert_close(out, want.detach(), TOL[torch.float32], "o")
+    do = rand(*out.shape, device=device)
+    for name, g, w in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), do),
+                          torch.autograd.grad(want, (q64, k64, v64), do.double())):
+        assert_close(g, w, GRAD_TOL[torch.float32], name)
+
+
 def test_key_split_counts(attention, monkeypatch):
     """How many splits the pointer forward takes on a GPU (the multiprocessor count faked: 132): about two programs
     per multiprocessor where the grid would leave most idle, none where it fills them or under the interpreter."""

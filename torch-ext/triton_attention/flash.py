@@ -202,29 +202,42 @@ def _attn_fwd_kernel(
     MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32: tl.constexpr,
     ROPE: tl.constexpr,  # 0: none; 1: rotate halves; 2: rotate pairs -- applied to q on load (fp32, one rounding)
     SPLIT: tl.constexpr,  # split the keys over n_split programs per query block (_split_combine_kernel merges)
+    PACK: tl.constexpr,  # GQA decode: a program's rows are the GROUP query heads of one kv head x the Sq queries
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     # One program per (BLOCK_M queries, query head, batch), or per (BLOCK_M queries, key split, head, batch) when
-    # SPLIT. Reads q once, k/v once per program.
+    # SPLIT. Reads q once, k/v once per program. PACK (no causal mask, no RoPE, a mask shared by the heads): axis 1
+    # numbers kv heads and row r of the block is query r % Sq of query head hk * GROUP + r // Sq, so the group's
+    # heads share each k/v tile (a decode step reads the cache once per kv head, not once per query head).
     pid_m = tl.program_id(0)
     if SPLIT:
         split = pid_m % n_split
         pid_m = pid_m // n_split
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
-    hk = h // GROUP
-    q_ptr = Q + b * sqb + h * sqh
+    if PACK:
+        hk = h
+        n_heads = tl.num_programs(1).to(tl.int64) * GROUP
+        offs_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = offs_r < GROUP * Sq
+        head = hk * GROUP + (offs_r // Sq).to(tl.int64)  # per row
+        offs_m = offs_r % Sq
+    else:
+        hk = h // GROUP
+        n_heads = tl.num_programs(1).to(tl.int64)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < Sq
+        head = h
     k_ptr = K + b * skb + hk * skh
     v_ptr = V + b * svb + hk * svh
-    m_ptr = M + b * smb + h * smh
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ptr = M + b * smb + h * smh  # PACK: smh is 0
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    row_ok = offs_m < Sq
-    q = tl.load(q_ptr + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :] * sqd,
+    q_rows = head * sqh + offs_m.to(tl.int64) * sqs
+    q = tl.load(Q + b * sqb + q_rows[:, None] + offs_d[None, :] * sqd,
                 mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
     if ROPE != 0:
-        q = _rope_rows(q, q_ptr, COS + b * scb + h * sch, SIN + b * ssb + h * ssh, offs_m, row_ok,
+        q = _rope_rows(q, Q + b * sqb + h * sqh, COS + b * scb + h * sch, SIN + b * ssb + h * ssh, offs_m, row_ok,
                        sqs, sqd, scs, scd, sss, ssd, D, ROPE, BLOCK_D)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -251,9 +264,9 @@ def _attn_fwd_kernel(
                                 sks, skd, svs, svd, smq, smk, qk_scale,
                                 MASK_KIND, CAUSAL, True, PREC, F32, BLOCK_N, BLOCK_D, BLOCK_DV)
 
-    if SPLIT:  # this split's unnormalised output, running maximum and sum; rows numbered as in LSE
-        rows = (b * tl.num_programs(1) + h) * Sq + offs_m
-        n_rows = tl.num_programs(2).to(tl.int64) * tl.num_programs(1) * Sq
+    rows = (b * n_heads + head) * Sq + offs_m  # numbered as in LSE
+    if SPLIT:  # this split's unnormalised output, running maximum and sum
+        n_rows = tl.num_programs(2).to(tl.int64) * n_heads * Sq
         at = split * n_rows + rows
         tl.store(PART + at[:, None] * DV + offs_dv[None, :], acc, mask=row_ok[:, None] & (offs_dv < DV)[None, :])
         stats = PART + n_split * n_rows * DV
@@ -263,42 +276,45 @@ def _attn_fwd_kernel(
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]
         lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # base 2
-        tl.store(LSE + (b * tl.num_programs(1) + h) * Sq + offs_m, lse, mask=row_ok)
-        o_ptr = O + b * sob + h * soh
-        tl.store(o_ptr + offs_m[:, None].to(tl.int64) * sos + offs_dv[None, :] * sod, out.to(O.dtype.element_ty),
+        tl.store(LSE + rows, lse, mask=row_ok)
+        o_rows = b * sob + head * soh + offs_m.to(tl.int64) * sos
+        tl.store(O + o_rows[:, None] + offs_dv[None, :] * sod, out.to(O.dtype.element_ty),
                  mask=row_ok[:, None] & (offs_dv < DV)[None, :])
 
 
 @triton.jit
 def _split_combine_kernel(PART, O, LSE, n_split, n_rows, H, Sq, sob, soh, sos, sod,
-                          DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """o and lse of BLOCK_R rows (numbered as in LSE) from the n_split partials of _attn_fwd_kernel's SPLIT form:
-    with M = max_s m_s, l = sum_s l_s 2^(m_s - M), o = sum_s acc_s 2^(m_s - M) / l, lse = M + log2 l (base 2); a
-    row with no key anywhere (l = 0) gets o = 0 and lse = +inf, as the unsplit kernel gives it."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < n_rows
+                          DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """o and lse of one row (numbered as in LSE) from the n_split partials of _attn_fwd_kernel's SPLIT form, BLOCK_S
+    splits per load: with M = max_s m_s, l = sum_s l_s 2^(m_s - M), o = sum_s acc_s 2^(m_s - M) / l, lse = M +
+    log2 l (base 2); a row with no key anywhere (l = 0) gets o = 0 and lse = +inf, as the unsplit kernel gives it."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
     offs_dv = tl.arange(0, BLOCK_DV)
-    ok = row_ok[:, None] & (offs_dv < DV)[None, :]
+    dv_ok = offs_dv < DV
     stats = PART + tl.cast(n_split, tl.int64) * n_rows * DV  # int64: the partials may pass 2^31 elements
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for split in range(n_split):
-        m = tl.maximum(m, tl.load(stats + split * n_rows + rows, mask=row_ok, other=float("-inf")))
-    m = tl.where(m == float("-inf"), 0.0, m)  # no key anywhere: every weight below is 0
-    l = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
-    for split in range(n_split):
-        at = split * n_rows + rows
-        w = tl.exp2(tl.load(stats + at, mask=row_ok, other=float("-inf")) - m)
-        l += w * tl.load(stats + n_split * n_rows + at, mask=row_ok, other=0.0)
-        acc += w[:, None] * tl.load(PART + at[:, None] * DV + offs_dv[None, :], mask=ok, other=0.0)
+    m = float("-inf")
+    l = 0.0
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for start in range(0, n_split, BLOCK_S):
+        ok = start + offs_s < n_split
+        at = (start + offs_s).to(tl.int64) * n_rows + row
+        m_s = tl.load(stats + at, mask=ok, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(m_s, axis=0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key so far: every weight below is 0
+        alpha = tl.exp2(m - m_use)
+        w = tl.exp2(m_s - m_use)
+        l = l * alpha + tl.sum(w * tl.load(stats + n_split * n_rows + at, mask=ok, other=0.0), axis=0)
+        part = tl.load(PART + at[:, None] * DV + offs_dv[None, :], mask=ok[:, None] & dv_ok[None, :], other=0.0)
+        acc = acc * alpha + tl.sum(w[:, None] * part, axis=0)
+        m = m_new
     empty = l == 0.0
-    out = acc / tl.where(empty, 1.0, l)[:, None]
-    tl.store(LSE + rows, tl.where(empty, float("inf"), m + tl.log2(tl.where(empty, 1.0, l))), mask=row_ok)
-    b = rows // (H * Sq)
-    h = (rows // Sq) % H
-    q = rows % Sq
-    o_rows = b * sob + h * soh + q * sos
-    tl.store(O + o_rows[:, None] + offs_dv[None, :] * sod, out.to(O.dtype.element_ty), mask=ok)
+    out = acc / tl.where(empty, 1.0, l)
+    tl.store(LSE + row, tl.where(empty, float("inf"), m + tl.log2(tl.where(empty, 1.0, l))))
+    b = row // (H * Sq)
+    h = (row // Sq) % H
+    q = row % Sq
+    tl.store(O + b * sob + h * soh + q * sos + offs_dv * sod, out.to(O.dtype.element_ty), mask=dv_ok)
 
 
 @triton.jit
@@ -842,12 +858,18 @@ def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Opti
     check_launch_device(q, _attn_fwd_kernel)
     interp = is_interpreter(_attn_fwd_kernel)
     BD, BDV = padded_head_dim(D), padded_head_dim(DV)
+    ms, kind = _mask_strides(mask, B, H, Sq, Sk)
+    group = H // Hk
+    # GQA decode (the pointer kernel's PACK): the group's query heads share one program's tile
+    pack = PACK_GQA and group > 1 and not causal and not rope and ms[1] == 0 and Sq * group <= PACK_ROWS
+    rows = Sq * group if pack else Sq  # query rows per (kv head if pack, else query head) and batch
     default_cfg = cfg is None
     if cfg is None:
         cfg = fwd_config_for(q, max(BD, BDV), interp, masked=mask is not None)
-        if Sq < cfg.block_m:  # short queries (decode, small images): no idle rows in the tile
-            cfg = FwdConfig(max(16, next_power_of_2(Sq)), cfg.block_n, min(cfg.num_warps, 4), cfg.num_stages)
-    ms, kind = _mask_strides(mask, B, H, Sq, Sk)
+        if rows < cfg.block_m:  # short queries (decode, small images): no idle rows in the tile
+            cfg = (FwdConfig(max(16, next_power_of_2(rows)), *DECODE_TILE) if not interp and rows <= 16
+                   else FwdConfig(max(16, next_power_of_2(rows)), cfg.block_n, min(cfg.num_warps, 4),
+                                  cfg.num_stages))
     if rope:
         cv, sv = _bhsd(_as4(cos).expand(q.shape), bshd), _bhsd(_as4(sin).expand(q.shape), bshd)
         cs, ss = _bcast_strides(cv), _bcast_strides(sv)
@@ -875,27 +897,27 @@ def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Opti
         return lambda q, k, v, mask, cos, sin, o, lse: launch(args(q, k, v, o, lse, cos, sin))
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
                                **launch_options(_attn_fwd_kernel, fp_fusion=True)}
-    q_blocks = cdiv(Sq, cfg.block_m)
+    q_blocks = cdiv(rows, cfg.block_m)
+    heads = Hk if pack else H
     keys = min(Sk, Sq) if causal else Sk  # causal (top-left): no query sees a key past the last query
-    n_split = _key_splits(q_blocks * H * B, keys, cfg.block_n, q.device, interp)
+    n_split = _key_splits(q_blocks * heads * B, keys, cfg.block_n, q.device, interp)
     split_len = cdiv(cdiv(keys, n_split), cfg.block_n) * cfg.block_n
     n_split = cdiv(keys, split_len) if keys else 1
     meta = meta_items(D=D, DV=DV, MASK_KIND=kind, CAUSAL=causal, PREC=_prec(q.dtype),
-                      F32=interp and q.dtype == torch.bfloat16, ROPE=rope, SPLIT=n_split > 1, BLOCK_M=cfg.block_m,
-                      BLOCK_N=cfg.block_n, BLOCK_D=BD, BLOCK_DV=BDV, **extra)
+                      F32=interp and q.dtype == torch.bfloat16, ROPE=rope, SPLIT=n_split > 1, PACK=pack,
+                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=BD, BLOCK_DV=BDV, **extra)
     scalars = (split_len, n_split, *qv.stride(), *kv.stride(), *vv.stride(), *ms, *o.stride(), *cs, *ss, Sq, Sk,
-               H // Hk, scale * LOG2E)
-    launch = FixedLaunch(_attn_fwd_kernel, (q_blocks * n_split, H, B), meta, q.device, scalars)
+               group, scale * LOG2E)
+    launch = FixedLaunch(_attn_fwd_kernel, (q_blocks * n_split, heads, B), meta, q.device, scalars)
     combine = None
     if n_split > 1:
-        rows = B * H * Sq
-        block_r = 16
-        combine = FixedLaunch(_split_combine_kernel, (cdiv(rows, block_r),),
-                              meta_items(DV=DV, BLOCK_R=block_r, BLOCK_DV=BDV,
+        n_rows = B * H * Sq
+        combine = FixedLaunch(_split_combine_kernel, (n_rows,),
+                              meta_items(DV=DV, BLOCK_S=min(next_power_of_2(n_split), 64), BLOCK_DV=BDV,
                                          **({} if interp else {"num_warps": 4,
                                                                **launch_options(_split_combine_kernel)})), q.device,
-                              (n_split, rows, H, Sq, *o.stride()))
-        part_size = n_split * rows * (DV + 2)  # the partial outputs, maxima and sums (fp32)
+                              (n_split, n_rows, H, Sq, *o.stride()))
+        part_size = n_split * n_rows * (DV + 2)  # the partial outputs, maxima and sums (fp32)
 
     def run(q, k, v, mask, cos, sin, o, lse):  # an absent mask / cos / sin / partials: q stands in (never read)
         part = q if combine is None else torch.empty(part_size, dtype=torch.float32, device=q.device)
@@ -910,6 +932,13 @@ def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Opti
 # Key splits of the pointer forward (see _key_splits); a positive value forces that many (the tests' switch: the
 # interpreter never splits on its own)
 FORCE_SPLITS = 0
+# GQA decode: the pointer forward packs the query heads of a kv head into one program's rows (the kernel's PACK)
+# where the group's query rows (heads x queries) number at most PACK_ROWS
+PACK_GQA = True
+PACK_ROWS = 64
+# (BLOCK_N, num_warps, num_stages) of the pointer forward for at most 16 rows per program (decode steps): 64-key
+# tiles in 3 stages leave room for two programs per H200 multiprocessor (see _key_splits)
+DECODE_TILE = (64, 4, 3)
 
 
 def _key_splits(programs: int, keys: int, block_n: int, device: torch.device, interp: bool) -> int:
@@ -928,7 +957,8 @@ def _key_splits(programs: int, keys: int, block_n: int, device: torch.device, in
 
 def _switches() -> tuple:
     """The module's kernel switches (the tests and sweeps set them): part of every plan key."""
-    return FORCE_TMA, TMA_FWD, SM90_FWD, TMA_WS, TMA_REVERSE, TMA_BWD, SM90_BWD, TMA_BWD_CONFIG, FORCE_SPLITS
+    return (FORCE_TMA, TMA_FWD, SM90_FWD, TMA_WS, TMA_REVERSE, TMA_BWD, SM90_BWD, TMA_BWD_CONFIG, FORCE_SPLITS,
+            PACK_GQA, PACK_ROWS, DECODE_TILE)
 
 
 # a call signature -> its plan (_fwd_plan, _bwd_plan): the kernel, tiles, grid, scalars and descriptor templates.
