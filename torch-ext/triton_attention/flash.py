@@ -25,7 +25,8 @@ Backward (FlashAttention-2 scheme), with ``p_ij = exp(s_ij - lse_i)`` recomputed
 Where one program per (query block, head, batch) would leave most of a GPU idle (decode steps over a KV
 cache), the pointer forward splits the keys over several programs per query block, each writing its
 unnormalised output, running maximum and sum in fp32, and a second kernel merges them (as flash-decoding;
-``_key_splits``, ``_split_combine_kernel``).
+``_key_splits``, ``_split_combine_kernel``). With GQA, a decode step's program takes the query heads of one kv
+head as its rows (``PACK``), so each k/v tile is read once per kv head instead of once per query head.
 
 One kernel computes dk, dv per block of keys and kv head (looping over the group's query
 heads: no atomics, deterministic), another dq per block of queries (and ds when needed).
