@@ -808,6 +808,19 @@ def test_gqa_pack(attention, device, monkeypatch, Sq, Sk, mask_kind, layout, spl
         assert_close(g, w, GRAD_TOL[torch.float32], name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("Hq,Hk,D", [(8, 2, 256), (4, 4, 200), (8, 2, 128)])
+def test_decode_tiles_fit(attention, device, dtype, Hq, Hk, D):
+    """Decode steps (one query) of every head dim and dtype launch (on a GPU the decode tiles apply to fp16 / bf16
+    up to d = 128 only: fp32 at d = 256 in them would need more shared memory than a multiprocessor has) and match
+    fp64, with the keys split as a GPU splits them."""
+    torch.manual_seed(43)
+    q, k, v = make_qkv(1, Hq, Hk, 1, 64, D, dtype, device, "bhsd")
+    out = attention.flash_attention(q, k, v)
+    want = ref_attention(q.double(), k.double(), v.double())
+    assert_close(out, want, TOL[dtype], "o")
+
+
 def test_key_split_counts(attention, monkeypatch):
     """How many splits the pointer forward takes on a GPU (the multiprocessor count faked: 132): about two programs
     per multiprocessor where the grid would leave most idle, none where it fills them or under the interpreter."""

@@ -868,7 +868,8 @@ def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Opti
     if cfg is None:
         cfg = fwd_config_for(q, max(BD, BDV), interp, masked=mask is not None)
         if rows < cfg.block_m:  # short queries (decode, small images): no idle rows in the tile
-            cfg = (FwdConfig(max(16, next_power_of_2(rows)), *DECODE_TILE) if not interp and rows <= 16
+            decode = not interp and rows <= 16 and q.element_size() == 2 and max(BD, BDV) <= 128
+            cfg = (FwdConfig(max(16, next_power_of_2(rows)), *DECODE_TILE) if decode
                    else FwdConfig(max(16, next_power_of_2(rows)), cfg.block_n, min(cfg.num_warps, 4),
                                   cfg.num_stages))
     if rope:
@@ -937,8 +938,9 @@ FORCE_SPLITS = 0
 # where the group's query rows (heads x queries) number at most PACK_ROWS
 PACK_GQA = True
 PACK_ROWS = 64
-# (BLOCK_N, num_warps, num_stages) of the pointer forward for at most 16 rows per program (decode steps): 64-key
-# tiles in 3 stages leave room for two programs per H200 multiprocessor (see _key_splits)
+# (BLOCK_N, num_warps, num_stages) of the pointer forward for at most 16 rows per program (decode steps) of fp16 /
+# bf16 with padded head dims up to 128: 64-key tiles in 3 stages leave room for two programs per H200 multiprocessor
+# (see _key_splits); fp32 or wider heads keep the general tiles (fp32 at d = 256 would need 276 KiB here)
 DECODE_TILE = (64, 4, 3)
 
 
