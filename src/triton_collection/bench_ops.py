@@ -558,6 +558,31 @@ def _attention_builder(causal: bool, grad: bool = False):
     return build
 
 
+def _decode_heads(H: int) -> int:
+    """The kv heads of the decode rows: a group of 4 query heads per kv head (Llama-3-8B's 32 / 8), at least one."""
+    return max(1, H // 4)
+
+
+def _build_decode(kernel, shape, dtype, device, peers):
+    """A GQA decode step: one query per sequence over ``Sk`` cached keys, [B, H, 1, D] against [B, H // 4, Sk, D]."""
+    import torch
+    import torch.nn.functional as F
+
+    B, H, Sk, D = shape
+    Hk = _decode_heads(H)
+    q = torch.randn(B, H, 1, D, device=device, dtype=dtype)
+    k, v = (torch.randn(B, Hk, Sk, D, device=device, dtype=dtype) for _ in range(2))
+    sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=Hk != H)  # noqa: E731
+    providers, skipped = _with_peers({"ours": lambda: kernel.flash_attention(q, k, v)}, peers,
+                                     torch_sdpa=lambda: sdpa(q, k, v))
+    return Workload(providers, lambda: sdpa(q.double(), k.double(), v.double()), skipped=skipped)
+
+
+def _decode_bytes(shape, elem: int) -> int:
+    B, H, Sk, D = shape
+    return (2 * B * _decode_heads(H) * Sk * D + 2 * B * H * D) * elem
+
+
 def _attn_flops(shape, causal: bool, passes: float) -> int:
     B, H, S, D = shape
     return int(passes * 4 * B * H * S * S * D * (0.5 if causal else 1.0))
@@ -574,6 +599,11 @@ ATTENTION = (
     OpSpec("triton-attention", "flash_attention causal", "fwd+bwd", {"quick": (), "full": ((4, 32, 4096, 128),)},
            "fwd + bwd = 3.5x the forward's FLOPs (bwd: 5 matmuls, counted as FlashAttention-2 does: 2.5x)",
            lambda s, e: _attn_flops(s, True, 3.5), _attention_builder(True, grad=True), metric="TFLOP/s"),
+    # a decode step's cache read (GQA, 4 query heads per kv head), at sizes past the L2 the timing flushes
+    OpSpec("triton-attention", "flash_attention decode", "fwd", {"quick": ((1, 32, 131072, 128),), "full": (
+               (1, 32, 131072, 128), (8, 32, 16384, 128), (32, 32, 4096, 128))},
+           "k, v read + q read, o written; shape is (B, H, Sk, D), H // 4 kv heads, one query", _decode_bytes,
+           _build_decode),
 )
 
 REGISTRY: dict[str, tuple[OpSpec, ...]] = {
