@@ -105,6 +105,17 @@ def _elsewhere(device: torch.device) -> bool:
     return device.type != "cpu" and device.index is not None and device.index != _current_index(device.type)
 
 
+def _off_direct(plan, args: tuple) -> None:
+    """A :class:`Launch` or :class:`FixedLaunch` call that its direct path does not take: on a GPU other than the
+    current one, the call again with that GPU made current; Triton's own path otherwise (the interpreter, launch
+    hooks, a launcher of another calling convention, a device without an index)."""
+    if plan._current is not None and _DIRECT_OK[0] and _hooks_off() and plan._index is not None:
+        with _device_guard(plan.device):
+            plan(args)
+        return
+    _triton_launch(plan.kernel, plan.grid, (*args, *plan.fixed), plan.meta, plan.device)
+
+
 def _device_guard(device: torch.device):
     """A context manager making ``device`` the current device of its type (``torch.cuda.device`` and the like)."""
     return getattr(torch, device.type).device(device.index)
@@ -292,12 +303,8 @@ class Launch:
     def __call__(self, ptrs: tuple) -> None:
         """Launches with the pointer arguments ``ptrs`` (tensors or None), in the kernel's order."""
         current = self._current
-        if current is None or not _DIRECT_OK[0] or not _hooks_off():
-            _triton_launch(self.kernel, self.grid, (*ptrs, *self.fixed), self.meta, self.device)
-            return
-        if self._index != current() and self._index is not None:  # another GPU than the current one
-            with _device_guard(self.device):
-                self(ptrs)
+        if current is None or not _DIRECT_OK[0] or not _hooks_off() or self._index != current():
+            _off_direct(self, ptrs)
             return
         key = tuple([None if a is None else (a.dtype, not a.data_ptr() & 15) for a in ptrs])
         entry = self._compiled.get(key)
@@ -354,11 +361,11 @@ class FixedLaunch:
             compiled launcher: a call passes only ``args``.
     """
 
-    __slots__ = ("kernel", "grid", "meta", "fixed", "_device", "_index", "_current", "_grid3", "_entry")
+    __slots__ = ("kernel", "grid", "meta", "fixed", "device", "_index", "_current", "_grid3", "_entry")
 
     def __init__(self, kernel, grid: tuple, meta: tuple, device: torch.device, fixed: tuple = ()):
         self.kernel, self.grid, self.meta, self.fixed = kernel, tuple(grid), meta, tuple(fixed)
-        self._device, self._index = device, device.index
+        self.device, self._index = device, device.index
         self._current = _current_getter(kernel, device)
         self._grid3 = (*self.grid, 1, 1)[:3]
         self._entry = None  # _compile's entry (fixed prepended to its tail) after the first direct-capable call
@@ -366,12 +373,8 @@ class FixedLaunch:
     def __call__(self, args: tuple) -> None:
         """Launches with ``args``, the kernel's runtime arguments in order (before ``fixed``)."""
         current = self._current
-        if current is None or not _DIRECT_OK[0] or not _hooks_off():
-            _triton_launch(self.kernel, self.grid, (*args, *self.fixed), self.meta, self._device)
-            return
-        if self._index != current() and self._index is not None:  # another GPU than the current one
-            with _device_guard(self._device):
-                self(args)
+        if current is None or not _DIRECT_OK[0] or not _hooks_off() or self._index != current():
+            _off_direct(self, args)
             return
         entry = self._entry
         if entry is None:

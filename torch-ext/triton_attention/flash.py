@@ -869,9 +869,8 @@ def _fwd_plan(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], cos: Opti
         cfg = fwd_config_for(q, max(BD, BDV), interp, masked=mask is not None)
         if rows < cfg.block_m:  # short queries (decode, small images): no idle rows in the tile
             decode = not interp and rows <= 16 and q.element_size() == 2 and max(BD, BDV) <= 128
-            cfg = (FwdConfig(max(16, next_power_of_2(rows)), *DECODE_TILE) if decode
-                   else FwdConfig(max(16, next_power_of_2(rows)), cfg.block_n, min(cfg.num_warps, 4),
-                                  cfg.num_stages))
+            tile = DECODE_TILE if decode else (cfg.block_n, min(cfg.num_warps, 4), cfg.num_stages)
+            cfg = FwdConfig(max(16, next_power_of_2(rows)), *tile)
     if rope:
         cv, sv = _bhsd(_as4(cos).expand(q.shape), bshd), _bhsd(_as4(sin).expand(q.shape), bshd)
         cs, ss = _bcast_strides(cv), _bcast_strides(sv)
