@@ -210,10 +210,13 @@ def main() -> None:
     # stage 1 (first shape of a kind): every tile, per-chunk programs with and without a ticket, D = 8 per SM,
     # and the persistent form (GPU only: under the interpreter a persistent program would wait on a later one);
     # stage 2 (every shape): the two best of stage 1 with D = 4 / 8 / 16 per SM, timed with do_bench and in graphs
-    variants = [dict(chunk=c, warps=w, ticket=t) for (c, w) in tiles for t in (1, 0)]
+    # order: the ticketed form first, then the persistent one, then program-id order last (it relies on the hardware
+    # starting programs in order: a hang there ends the run without losing the rest)
+    variants = [dict(chunk=c, warps=w, ticket=1) for (c, w) in tiles]
     if not args.cpu:
         variants += [dict(chunk=c, warps=w, ticket=0, per_sm=p, stages=st) for (c, w) in ((2048, 1), (4096, 2), (8192, 4))
                      for p in (4, 8, 12) if p * w <= 16 for st in (1, 2)]
+    variants += [dict(chunk=c, warps=w, ticket=0) for (c, w) in tiles]
 
     def label(v, dps):
         form = f"persistent p{v['per_sm']} s{v['stages']}" if v.get("per_sm") else f"t{v['ticket']}"
