@@ -191,6 +191,22 @@ def main() -> None:
 
     cache = {}
 
+    def flushed_median(fn, flush, reps=40):
+        """Median ms of ``fn`` between CUDA events, the L2 flushed before each call as do_bench does (``zero``: 256 MB
+        zeroed, which leaves the L2 full of dirty lines) or by reading 256 MB (``read``: clean lines only)."""
+        buf = torch.empty(2**26, dtype=torch.int32, device="cuda")
+        fn()
+        times = []
+        for _ in range(reps):
+            buf.zero_() if flush == "zero" else buf.sum()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            times.append((start, end))
+        torch.cuda.synchronize()
+        return sorted(s.elapsed_time(e) for s, e in times)[reps // 2]
+
     def check(kind, x, w, b, y, name):
         if cache.get("x") is not x:  # the fp64 reference and the package's output, once per input
             cache.update(x=x, ref=ref(kind, x, w, b), pkg=package(kind, x, w, b))
@@ -239,6 +255,13 @@ def main() -> None:
                 g = sw.bench(lambda: package(kind, x, w, b), graph=True)
                 sw.log(f"graph {kind} package {shape} {nbytes / g / 1e6:.0f} GB/s")
                 sw.record(kind="graph", op=kind, name="package", shape=shape, gbps=nbytes / g / 1e6)
+                if i == 0:  # how the flush's dirty lines weigh on the harness's numbers (do_bench zeroes 256 MB)
+                    for what, fn in (("package", lambda: package(kind, x, w, b)), ("copy", lambda: y.copy_(x))):
+                        for flush in ("zero", "read"):
+                            ms = flushed_median(fn, flush)
+                            sw.log(f"flush={flush} {kind} {what} {shape} {nbytes / ms / 1e6:.0f} GB/s")
+                            sw.record(kind="flush", op=kind, name=what, flush=flush, shape=shape,
+                                      gbps=nbytes / ms / 1e6)
             if i == 0:
                 runs = [(v, 8) for v in variants]
             else:
