@@ -56,6 +56,8 @@ def main() -> None:
 
     norms, softmax_pkg = load_packages(["triton-norms", "triton-softmax"], args.cpu)
     team = sys.modules[norms.__name__ + "._team"]
+    wide = sys.modules[norms.__name__ + "._wide"]
+    wide.WIDE_ON_CPU = args.cpu  # the package's wide forms on CPU tensors too (a dry run)
     globals().update({f: getattr(team, f) for f in ("team_publish", "team_gather", "team_publish_pair",
                                                     "team_gather_pair")})  # the kernel's globals
 
@@ -208,8 +210,12 @@ def main() -> None:
         return sorted(s.elapsed_time(e) for s, e in times)[reps // 2]
 
     def check(kind, x, w, b, y, name):
-        if cache.get("x") is not x:  # the fp64 reference and the package's output, once per input
-            cache.update(x=x, ref=ref(kind, x, w, b), pkg=package(kind, x, w, b))
+        if cache.get("x") is not x:  # the fp64 reference and the package's output (teams), once per input
+            saved, wide.WIDE_STREAM = wide.WIDE_STREAM, None
+            try:
+                cache.update(x=x, ref=ref(kind, x, w, b), pkg=package(kind, x, w, b))
+            finally:
+                wide.WIDE_STREAM = saved
         r = cache["ref"]
         ulp = 2.0 ** (-7 if x.dtype == torch.bfloat16 else -10)
         floor = torch.finfo(x.dtype).tiny if kind == "softmax" else 1e-3  # subnormal outputs: absolute spacing
@@ -255,6 +261,16 @@ def main() -> None:
         nbytes, shape = 2 * x.numel() * x.element_size(), f"{M}x{N}"
         if first is not None:
             sw.timeit(kind, "package", lambda: package(kind, x, w, b), nbytes, shape=shape)
+        if first is not None and kind == "rms":  # the package with its stream form switched on (_wide.WIDE_STREAM)
+            for setting in ((4096, 1), (8192, 2), (8192, 4), (16384, 4)):
+                wide.WIDE_STREAM = {"chunk_bytes": setting[0], "num_warps": setting[1], "lag_per_sm": 8}
+                name = f"package stream {setting[0]} B w{setting[1]}"
+                try:
+                    y.copy_(package(kind, x, w, b))
+                    if check(kind, x, w, b, y, f"{kind} {name} {shape}"):
+                        sw.timeit(kind, name, lambda: package(kind, x, w, b), nbytes, shape=shape)
+                finally:
+                    wide.WIDE_STREAM = None
         if first is not None and not args.cpu:
             sw.timeit(kind, "copy", lambda: y.copy_(x), nbytes, shape=shape)
             g = sw.safe("graph package", lambda: sw.bench(lambda: package(kind, x, w, b), graph=True))

@@ -44,12 +44,12 @@ import triton
 import triton.language as tl
 
 from ._common import affine_f32, input_of, ln_affine, load_affine, load_grad_raw, rms_affine, round_to, store_dx
-from ._device import is_interpreter
-from ._fastlaunch import launch
+from ._device import cdiv, is_interpreter, launch_options, next_power_of_2
+from ._fastlaunch import launch, meta_items
 from ._launch import BWD_MAX_FUSED_BYTES, backward_strides
 from ._rounding import round_dtype
-from ._team import (sum_pair, team_gather, team_gather_two, team_phases, team_publish, team_publish_first,
-                    team_publish_second, team_publish_sums, team_split, team_start)
+from ._team import (TEAM_P2_MIN, sm_count, sum_pair, team_gather, team_gather_two, team_phases, team_publish,
+                    team_publish_first, team_publish_second, team_publish_sums, team_split, team_start)
 
 # Per kind: rows of at least min_row_bytes (input element size) go to teams of ceil(bytes / chunk_bytes)
 # programs of num_warps warps, programs_per_sm of them per SM with at most maxnreg registers per thread
@@ -188,6 +188,70 @@ def _rms_team_fwd_kernel(
             y = rms_affine(x, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
             tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
         row = nxt
+
+
+# The stream form of the rms_norm / add_rms_norm wide forward (``benchmarks/norms_stream_probe.py``): None keeps the
+# teams; a setting {"chunk_bytes", "num_warps", "lag_per_sm"} switches rows the teams would take to it. Not yet
+# measured on a GPU against the teams (session 41 had no device time left): off until it is.
+WIDE_STREAM = None
+
+
+@triton.jit
+def _rms_stream_fwd_kernel(
+    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, rstd_ptr,  # as rms_norm._rms_norm_fwd_kernel
+    ws_ptr,  # int64 (M * CHUNKS_P2 + 1,) zeros: each chunk's published sum of squares, then the ticket counter
+    stride_x_row, stride_res_row,
+    M, N, eps, weight_offset,
+    LAG,  # chunks between a chunk's statistics and its output (> CHUNKS)
+    CHUNKS,  # chunks per row (CHUNKS * BLOCK_N >= N)
+    CAST_DTYPE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CHUNKS_P2: tl.constexpr,
+):
+    # Program v (a ticket: programs number themselves in the order they start) publishes the sum of squares of chunk v
+    # of the (row, chunk) sequence, read from DRAM and kept in L2 (evict_last), then writes the output of chunk
+    # v - LAG: it reads that chunk again (from L2) and gathers its row's partials, all published by programs that
+    # started before it (LAG > CHUNKS), so it waits only on programs that have started and publish before they wait.
+    # No program holds a chunk while it waits. h is recomputed from x and the residual, not read back (another
+    # program wrote it). DRAM bytes as the team kernel's.
+    vid = tl.atomic_add(ws_ptr + M * CHUNKS_P2, 1, sem="relaxed")
+    total = M * CHUNKS
+    offs = tl.arange(0, BLOCK_N)
+    k = tl.arange(0, CHUNKS_P2)
+    OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    c1 = tl.minimum(vid, total - 1)  # chunk v (nothing when v >= total)
+    row1 = (c1 // CHUNKS).to(tl.int64)
+    k1 = c1 % CHUNKS
+    cols1 = k1 * BLOCK_N + offs
+    mask1 = cols1 < tl.where(vid < total, N, 0)
+    x1 = tl.load(x_ptr + row1 * stride_x_row + cols1, mask=mask1, other=0.0, eviction_policy="evict_last")
+    r1 = x1
+    if res_ptr is not None:
+        r1 = tl.load(res_ptr + row1 * stride_res_row + cols1, mask=mask1, other=0.0, eviction_policy="evict_last")
+    out = vid >= LAG
+    c2 = tl.maximum(vid - LAG, 0)  # chunk v - LAG (nothing when v < LAG)
+    row2 = (c2 // CHUNKS).to(tl.int64)
+    k2 = c2 % CHUNKS
+    cols2 = k2 * BLOCK_N + offs
+    mask2 = cols2 < tl.where(out, N, 0)
+    x2 = tl.load(x_ptr + row2 * stride_x_row + cols2, mask=mask2, other=0.0, eviction_policy="evict_first")
+    r2 = x2
+    if res_ptr is not None:
+        r2 = tl.load(res_ptr + row2 * stride_res_row + cols2, mask=mask2, other=0.0, eviction_policy="evict_first")
+    w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
+    if vid < total:
+        h1 = input_of(x1, r1, res_ptr, h_ptr, row1, N, cols1, mask1, True)
+        team_publish(ws_ptr + row1 * CHUNKS_P2 + k1, tl.sum(h1 * h1, axis=0))
+    if out:
+        ss = tl.sum(team_gather(ws_ptr + row2 * CHUNKS_P2, k, CHUNKS, 0.0), axis=0)
+        rstd = tl.math.rsqrt(ss / N + eps)
+        if rstd_ptr is not None:
+            if k2 == 0:
+                tl.store(rstd_ptr + row2, rstd)
+        h2 = input_of(x2, r2, res_ptr, h_ptr, row2, N, cols2, mask2, False)
+        w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
+        y = rms_affine(h2, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
+        tl.store(y_ptr + row2 * N + cols2, y.to(OUT_DTYPE), mask=mask2, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -368,6 +432,10 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
     plan = team_for("rms_norm" if r2 is None else "add_rms_norm", N, elem, M, x2.device)
     if plan is None:
         return False
+    if WIDE_STREAM is not None:
+        _rms_stream_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, weight_offset, cast_dtype, elem,
+                            WIDE_STREAM)
+        return True
     hold = _holds(plan, x2, h, w, b)
     ws = torch.zeros(M * plan.team, dtype=torch.int64, device=x2.device)
     args = (x2, r2, w, b, y, h, rstd, ws, stride_x, stride_r, M, N, eps, weight_offset, plan.team, plan.teams)
@@ -376,6 +444,21 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
                plan.meta(_rms_team_fwd_kernel, x2.device, phase, CAST_DTYPE=round_dtype(cast_dtype),
                          AFFINE=plan.affine, HOLD=int(hold)), x2.device)
     return True
+
+
+def _rms_stream_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, weight_offset, cast_dtype, elem,
+                        setting: dict) -> None:
+    """Launches ``_rms_stream_fwd_kernel`` (arguments as :func:`rms_wide_forward`'s) with ``setting``'s chunks of
+    ``chunk_bytes``, ``num_warps`` and a lag of ``lag_per_sm`` chunks per multiprocessor beyond one row."""
+    block = next_power_of_2(max(setting["chunk_bytes"] // elem, 1))
+    chunks = cdiv(N, block)
+    chunks_p2 = max(next_power_of_2(chunks), TEAM_P2_MIN)
+    lag = chunks + sm_count(x2.device) * setting["lag_per_sm"]
+    ws = torch.zeros(M * chunks_p2 + 1, dtype=torch.int64, device=x2.device)
+    meta = meta_items(CAST_DTYPE=round_dtype(cast_dtype), BLOCK_N=block, CHUNKS_P2=chunks_p2,
+                      num_warps=setting["num_warps"], **launch_options(_rms_stream_fwd_kernel))
+    launch(_rms_stream_fwd_kernel, (M * chunks + lag,),
+           (x2, r2, w, b, y, h, rstd, ws, stride_x, stride_r, M, N, eps, weight_offset, lag, chunks), meta, x2.device)
 
 
 def can_hold(stored: torch.dtype, *weights) -> bool:
