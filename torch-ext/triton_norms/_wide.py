@@ -48,8 +48,9 @@ from ._device import cdiv, is_interpreter, launch_options, next_power_of_2
 from ._fastlaunch import launch, meta_items
 from ._launch import BWD_MAX_FUSED_BYTES, backward_strides
 from ._rounding import round_dtype
-from ._team import (TEAM_P2_MIN, sm_count, sum_pair, team_gather, team_gather_two, team_phases, team_publish,
-                    team_publish_first, team_publish_second, team_publish_sums, team_split, team_start)
+from ._team import (TEAM_P2_MIN, sm_count, sum_pair, team_gather, team_gather_pair, team_gather_two, team_phases,
+                    team_publish, team_publish_first, team_publish_pair, team_publish_second, team_publish_sums,
+                    team_split, team_start)
 
 # Per kind: rows of at least min_row_bytes (input element size) go to teams of ceil(bytes / chunk_bytes)
 # programs of num_warps warps, programs_per_sm of them per SM with at most maxnreg registers per thread
@@ -190,10 +191,11 @@ def _rms_team_fwd_kernel(
         row = nxt
 
 
-# The stream form of the rms_norm / add_rms_norm wide forward (``benchmarks/norms_stream_probe.py``): None keeps the
-# teams; a setting {"chunk_bytes", "num_warps", "lag_per_sm"} switches rows the teams would take to it. Not yet
-# measured on a GPU against the teams (session 41 had no device time left): off until it is.
-WIDE_STREAM = None
+# The stream form of the wide forwards (``benchmarks/norms_stream_probe.py``), by the kind of WIDE_TUNED ("rms_norm",
+# "add_rms_norm", "layer_norm"): a setting {"chunk_bytes", "num_warps", "lag_per_sm"[, "fp_fusion"]} sends the rows
+# the teams would take to it; a kind without one keeps the teams. Not yet measured on a GPU against the teams
+# (session 41 had no device time left): empty until it is.
+WIDE_STREAM: dict = {}
 
 
 @triton.jit
@@ -251,6 +253,65 @@ def _rms_stream_fwd_kernel(
         h2 = input_of(x2, r2, res_ptr, h_ptr, row2, N, cols2, mask2, False)
         w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
         y = rms_affine(h2, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
+        tl.store(y_ptr + row2 * N + cols2, y.to(OUT_DTYPE), mask=mask2, eviction_policy="evict_first")
+
+
+@triton.jit
+def _ln_stream_fwd_kernel(
+    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr,  # as layer_norm._layer_norm_fwd_kernel
+    ws_ptr,  # int64 (M * CHUNKS_P2 + 1,) zeros: each chunk's sum and squared deviations in one word, then the ticket
+    stride_x_row, stride_res_row,
+    M, N, eps,
+    LAG, CHUNKS,  # as _rms_stream_fwd_kernel's
+    BLOCK_N: tl.constexpr,
+    CHUNKS_P2: tl.constexpr,
+):
+    # _rms_stream_fwd_kernel's schedule with the team forward's statistics: a chunk publishes its sum and the squared
+    # deviations from its own mean; the row combines them pairwise (Chan et al.).
+    vid = tl.atomic_add(ws_ptr + M * CHUNKS_P2, 1, sem="relaxed")
+    total = M * CHUNKS
+    offs = tl.arange(0, BLOCK_N)
+    k = tl.arange(0, CHUNKS_P2)
+    counts = tl.minimum(tl.maximum(N - k * BLOCK_N, 0), BLOCK_N).to(tl.float32)  # columns of each chunk
+    OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
+    c1 = tl.minimum(vid, total - 1)
+    row1 = (c1 // CHUNKS).to(tl.int64)
+    k1 = c1 % CHUNKS
+    cols1 = k1 * BLOCK_N + offs
+    mask1 = cols1 < tl.where(vid < total, N, 0)
+    x1 = tl.load(x_ptr + row1 * stride_x_row + cols1, mask=mask1, other=0.0, eviction_policy="evict_last")
+    r1 = x1
+    if res_ptr is not None:
+        r1 = tl.load(res_ptr + row1 * stride_res_row + cols1, mask=mask1, other=0.0, eviction_policy="evict_last")
+    out = vid >= LAG
+    c2 = tl.maximum(vid - LAG, 0)
+    row2 = (c2 // CHUNKS).to(tl.int64)
+    k2 = c2 % CHUNKS
+    cols2 = k2 * BLOCK_N + offs
+    mask2 = cols2 < tl.where(out, N, 0)
+    x2 = tl.load(x_ptr + row2 * stride_x_row + cols2, mask=mask2, other=0.0, eviction_policy="evict_first")
+    r2 = x2
+    if res_ptr is not None:
+        r2 = tl.load(res_ptr + row2 * stride_res_row + cols2, mask=mask2, other=0.0, eviction_policy="evict_first")
+    w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
+    if vid < total:
+        h1 = input_of(x1, r1, res_ptr, h_ptr, row1, N, cols1, mask1, True)
+        s = tl.sum(h1, axis=0)
+        d = tl.where(mask1, h1 - s / tl.minimum(N - k1 * BLOCK_N, BLOCK_N).to(tl.float32), 0.0)
+        team_publish_pair(ws_ptr + row1 * CHUNKS_P2 + k1, s, tl.sum(d * d, axis=0))
+    if out:
+        sums, sq = team_gather_pair(ws_ptr + row2 * CHUNKS_P2, k, CHUNKS, 0.0, 0.0)
+        mean = tl.sum(sums, axis=0) / N
+        dev = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
+        var = tl.sum(sq + counts * dev * dev, axis=0) / N
+        rstd = tl.math.rsqrt(var + eps)
+        if rstd_ptr is not None:
+            if k2 == 0:
+                tl.store(mean_ptr + row2, mean)
+                tl.store(rstd_ptr + row2, rstd)
+        h2 = input_of(x2, r2, res_ptr, h_ptr, row2, N, cols2, mask2, False)
+        w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
+        y = ln_affine(h2, mean, rstd, w, b, w_ptr, b_ptr, OUT_DTYPE)
         tl.store(y_ptr + row2 * N + cols2, y.to(OUT_DTYPE), mask=mask2, eviction_policy="evict_first")
 
 
@@ -429,12 +490,13 @@ def _ln_team_bwd_kernel(
 def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, weight_offset, cast_dtype, elem) -> bool:
     """Launches the team forward of RMSNorm when the rows are wide enough (arguments as the looped
     kernel's; ``h`` None without a residual, ``rstd`` None in inference); False: nothing launched."""
-    plan = team_for("rms_norm" if r2 is None else "add_rms_norm", N, elem, M, x2.device)
+    kind = "rms_norm" if r2 is None else "add_rms_norm"
+    plan = team_for(kind, N, elem, M, x2.device)
     if plan is None:
         return False
-    if WIDE_STREAM is not None:
-        _rms_stream_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, weight_offset, cast_dtype, elem,
-                            WIDE_STREAM)
+    if kind in WIDE_STREAM:
+        _stream_forward(_rms_stream_fwd_kernel, WIDE_STREAM[kind], x2, M, N, elem, (x2, r2, w, b, y, h, rstd),
+                        (stride_x, stride_r, M, N, eps, weight_offset), CAST_DTYPE=round_dtype(cast_dtype))
         return True
     hold = _holds(plan, x2, h, w, b)
     ws = torch.zeros(M * plan.team, dtype=torch.int64, device=x2.device)
@@ -446,19 +508,19 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
     return True
 
 
-def _rms_stream_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, weight_offset, cast_dtype, elem,
-                        setting: dict) -> None:
-    """Launches ``_rms_stream_fwd_kernel`` (arguments as :func:`rms_wide_forward`'s) with ``setting``'s chunks of
-    ``chunk_bytes``, ``num_warps`` and a lag of ``lag_per_sm`` chunks per multiprocessor beyond one row."""
+def _stream_forward(kernel, setting: dict, x2, M: int, N: int, elem: int, tensors: tuple, scalars: tuple,
+                    **constexprs) -> None:
+    """Launches a stream-form kernel: ``kernel(*tensors, workspace, *scalars, LAG, CHUNKS, BLOCK_N, CHUNKS_P2,
+    **constexprs)`` over rows of ``N`` elements of ``elem`` bytes, with ``setting``'s chunks of ``chunk_bytes``,
+    ``num_warps``, a lag of ``lag_per_sm`` chunks per multiprocessor beyond one row and ``fp_fusion`` (default off)."""
     block = next_power_of_2(max(setting["chunk_bytes"] // elem, 1))
     chunks = cdiv(N, block)
     chunks_p2 = max(next_power_of_2(chunks), TEAM_P2_MIN)
     lag = chunks + sm_count(x2.device) * setting["lag_per_sm"]
     ws = torch.zeros(M * chunks_p2 + 1, dtype=torch.int64, device=x2.device)
-    meta = meta_items(CAST_DTYPE=round_dtype(cast_dtype), BLOCK_N=block, CHUNKS_P2=chunks_p2,
-                      num_warps=setting["num_warps"], **launch_options(_rms_stream_fwd_kernel))
-    launch(_rms_stream_fwd_kernel, (M * chunks + lag,),
-           (x2, r2, w, b, y, h, rstd, ws, stride_x, stride_r, M, N, eps, weight_offset, lag, chunks), meta, x2.device)
+    meta = meta_items(**constexprs, BLOCK_N=block, CHUNKS_P2=chunks_p2, num_warps=setting["num_warps"],
+                      **launch_options(kernel, bool(setting.get("fp_fusion", False))))
+    launch(kernel, (M * chunks + lag,), (*tensors, ws, *scalars, lag, chunks), meta, x2.device)
 
 
 def can_hold(stored: torch.dtype, *weights) -> bool:
@@ -479,6 +541,10 @@ def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, ep
     plan = team_for("layer_norm", N, elem, M, x2.device)
     if plan is None:
         return False
+    if "layer_norm" in WIDE_STREAM:
+        _stream_forward(_ln_stream_fwd_kernel, WIDE_STREAM["layer_norm"], x2, M, N, elem,
+                        (x2, r2, w, b, y, h, mean, rstd), (stride_x, stride_r, M, N, eps))
+        return True
     hold = _holds(plan, x2, h, w, b)
     # w / b before the wait fit the registers only with x held: else after the meeting
     affine = 0 if plan.hold and not hold and plan.affine == 1 else plan.affine
