@@ -262,10 +262,15 @@ def main() -> None:
         if first is not None:
             sw.timeit(kind, "package", lambda: package(kind, x, w, b), nbytes, shape=shape)
         if first is not None and kind != "softmax":  # the package with its stream form on (_wide.WIDE_STREAM)
-            for setting in ((4096, 1), (8192, 2), (8192, 4), (16384, 4)):
+            # (chunk bytes, warps, the output chunk's loads before the publish, lag per SM); the early loads cost
+            # registers (243-255 per thread at 64 bf16 per thread in layer_norm, compiled for sm_90), the late ones a
+            # second round trip
+            for setting in ((4096, 1, True, 8), (4096, 1, False, 8), (8192, 2, True, 8), (8192, 2, False, 8),
+                            (8192, 4, True, 8), (16384, 4, True, 8), (8192, 2, True, 16)):
                 wide.WIDE_STREAM = {"rms_norm" if kind == "rms" else "layer_norm":
-                                    {"chunk_bytes": setting[0], "num_warps": setting[1], "lag_per_sm": 8}}
-                name = f"package stream {setting[0]} B w{setting[1]}"
+                                    {"chunk_bytes": setting[0], "num_warps": setting[1], "early": setting[2],
+                                     "lag_per_sm": setting[3]}}
+                name = f"package stream {setting[0]} B w{setting[1]} {'early' if setting[2] else 'late'} d{setting[3]}"
                 try:
                     y.copy_(package(kind, x, w, b))
                     if check(kind, x, w, b, y, f"{kind} {name} {shape}"):

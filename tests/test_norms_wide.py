@@ -111,13 +111,14 @@ def test_add_rms_norm_team_values_and_h(norms, device, wide):
     assert len(wide.calls) == 2
 
 
-@pytest.mark.parametrize("lag_per_sm", [0, 2])
-def test_stream_form_equals_teams(norms, device, wide, lag_per_sm, monkeypatch):
+@pytest.mark.parametrize("lag_per_sm, early", [(0, True), (2, False)])
+def test_stream_form_equals_teams(norms, device, wide, lag_per_sm, early, monkeypatch):
     """The stream form (``WIDE_STREAM``: a program publishes one chunk's statistics, then writes the chunk LAG programs
     back, read again) against the teams on the same chunks: the same partials combined in the same order, so the
     same bits; rms_norm with the cast, a bias and an offset, add_rms_norm (h stored once, recomputed for y),
     layer_norm with and without a residual, and the statistics they store for the backward (fp32 x with gradients).
-    Lag 0 per SM: the least lag (one row); 2: more than the grid."""
+    Lag 0 per SM: the least lag (one row); 2: more than the grid; the output chunk's loads before or after the
+    publish."""
     x = (torch.randn(3, N_WIDE, device=device) * 2 + 0.5).to(torch.bfloat16)
     r = torch.randn(3, N_WIDE, device=device).to(torch.bfloat16)
     w = torch.randn(N_WIDE, device=device).to(torch.bfloat16)
@@ -148,7 +149,7 @@ def test_stream_form_equals_teams(norms, device, wide, lag_per_sm, monkeypatch):
     launches = []
     orig = wide.mod.launch
     monkeypatch.setattr(wide.mod, "launch", lambda k, *a: (launches.append(k), orig(k, *a)))
-    setting = {"chunk_bytes": 16384, "num_warps": 4, "lag_per_sm": lag_per_sm}
+    setting = {"chunk_bytes": 16384, "num_warps": 4, "lag_per_sm": lag_per_sm, "early": early, "maxnreg": 128}
     monkeypatch.setattr(wide.mod, "WIDE_STREAM", {k: setting for k in ("rms_norm", "add_rms_norm", "layer_norm")})
     for name, fn in calls.items():
         for got, want in zip(fn(), teams[name]):
@@ -557,9 +558,9 @@ for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
             # the stream forms (ticket, publish, gather of another program's chunks)
             (W._rms_stream_fwd_kernel, dict(res_ptr=None, h_ptr=None, b_ptr=None, rstd_ptr=None, CAST_DTYPE=tl.bfloat16,
                                             CHUNKS_P2=64)),
-            (W._rms_stream_fwd_kernel, dict(CAST_DTYPE=None, CHUNKS_P2=16)),
+            (W._rms_stream_fwd_kernel, dict(CAST_DTYPE=None, CHUNKS_P2=16, EARLY=0)),
             (W._ln_stream_fwd_kernel, dict(res_ptr=None, h_ptr=None, mean_ptr=None, rstd_ptr=None, CHUNKS_P2=64)),
-            (W._ln_stream_fwd_kernel, dict(CHUNKS_P2=16))]:
+            (W._ln_stream_fwd_kernel, dict(CHUNKS_P2=16, EARLY=0))]:
         consts.update(BLOCK_N=8192)
         if "TEAM_P2" in k.arg_names:
             consts.setdefault("TEAM_P2", 64)
@@ -568,6 +569,8 @@ for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
             consts.setdefault("HOLD", 0)
         if "EVEN" in k.arg_names:
             consts.setdefault("EVEN", 0)
+        if "EARLY" in k.arg_names:
+            consts.setdefault("EARLY", 1)
         src = ASTSource(k, sig(k, consts), constexprs={(k.arg_names.index(m),): v for m, v in consts.items()})
         triton.compile(src, target=target, options={"num_warps": 8})
         count += 1

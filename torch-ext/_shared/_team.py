@@ -188,7 +188,8 @@ def sm_count(device: torch.device) -> int:
     return CPU_SMS
 
 
-def _nvidia(device: torch.device) -> bool:
+def nvidia(device: torch.device) -> bool:
+    """An NVIDIA GPU (launches take ``maxnreg``)."""
     return device.type == "cuda" and torch.version.hip is None
 
 
@@ -196,7 +197,7 @@ def programs_per_sm(device: torch.device, num_warps: int, tuned: dict) -> int:
     """Programs of ``num_warps`` warps that one multiprocessor is sure to hold at once: on NVIDIA
     ``tuned["programs_per_sm"]`` capped by 2048 threads and by 65536 registers at ``tuned["maxnreg"]`` per
     thread (the launch caps the kernel's registers there); 1 elsewhere."""
-    if not _nvidia(device):
+    if not nvidia(device):
         return 1
     threads = num_warps * 32
     return max(1, min(tuned["programs_per_sm"], 2048 // threads, 65536 // (tuned["maxnreg"] * threads)))
@@ -223,7 +224,7 @@ class TeamPlan:
     def meta(self, kernel, device: torch.device, phase: int, **constexprs) -> tuple:
         """Constexprs and launch options of one launch of ``kernel`` (``meta_items`` pairs)."""
         options = launch_options(kernel, self.fp_fusion)  # nothing under the interpreter
-        if _nvidia(device):
+        if nvidia(device):
             options["maxnreg"] = self.maxnreg
         return tuple({**constexprs, "BLOCK_N": self.block_n, "TEAM_P2": max(next_power_of_2(self.team),
                       TEAM_P2_MIN), "PHASE": phase, "num_warps": self.num_warps, **options}.items())

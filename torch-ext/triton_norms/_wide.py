@@ -44,13 +44,13 @@ import triton
 import triton.language as tl
 
 from ._common import affine_f32, input_of, ln_affine, load_affine, load_grad_raw, rms_affine, round_to, store_dx
-from ._device import cdiv, is_interpreter, launch_options, next_power_of_2
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, device_warp_size, is_interpreter, launch_options, next_power_of_2
 from ._fastlaunch import launch, meta_items
 from ._launch import BWD_MAX_FUSED_BYTES, backward_strides
 from ._rounding import round_dtype
-from ._team import (TEAM_P2_MIN, sm_count, sum_pair, team_gather, team_gather_pair, team_gather_two, team_phases,
-                    team_publish, team_publish_first, team_publish_pair, team_publish_second, team_publish_sums,
-                    team_split, team_start)
+from ._team import (TEAM_P2_MIN, nvidia, sm_count, sum_pair, team_gather, team_gather_pair, team_gather_two,
+                    team_phases, team_publish, team_publish_first, team_publish_pair, team_publish_second,
+                    team_publish_sums, team_split, team_start)
 
 # Per kind: rows of at least min_row_bytes (input element size) go to teams of ceil(bytes / chunk_bytes)
 # programs of num_warps warps, programs_per_sm of them per SM with at most maxnreg registers per thread
@@ -192,10 +192,31 @@ def _rms_team_fwd_kernel(
 
 
 # The stream form of the wide forwards (``benchmarks/norms_stream_probe.py``), by the kind of WIDE_TUNED ("rms_norm",
-# "add_rms_norm", "layer_norm"): a setting {"chunk_bytes", "num_warps", "lag_per_sm"[, "fp_fusion"]} sends the rows
-# the teams would take to it; a kind without one keeps the teams. Not yet measured on a GPU against the teams
-# (session 41 had no device time left): empty until it is.
+# "add_rms_norm", "layer_norm"; add_layer_norm goes by "layer_norm", as with the teams): a setting {"chunk_bytes",
+# "num_warps", "lag_per_sm"[, "early", "maxnreg", "fp_fusion"]} sends the rows the teams would take to it; a kind
+# without one keeps the teams. Not yet measured on a GPU against the teams (session 41 had no device time left):
+# empty until it is.
 WIDE_STREAM: dict = {}
+
+
+@triton.jit
+def _stream_chunk(c, live, CHUNKS, N, BLOCK_N: tl.constexpr):
+    """Chunk ``c`` of the (row, chunk) sequence: ``(row (int64), chunk of the row, its columns, their mask)``; the mask
+    is empty unless ``live``."""
+    row = (c // CHUNKS).to(tl.int64)
+    kc = c % CHUNKS
+    cols = kc * BLOCK_N + tl.arange(0, BLOCK_N)
+    return row, kc, cols, cols < tl.where(live, N, 0)
+
+
+@triton.jit
+def _stream_load(x_ptr, res_ptr, row, stride_x_row, stride_res_row, cols, mask, EVICT: tl.constexpr):
+    """One chunk of x and of the residual (x again without one), as stored."""
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0, eviction_policy=EVICT)
+    r = x
+    if res_ptr is not None:
+        r = tl.load(res_ptr + row * stride_res_row + cols, mask=mask, other=0.0, eviction_policy=EVICT)
+    return x, r
 
 
 @triton.jit
@@ -204,48 +225,38 @@ def _rms_stream_fwd_kernel(
     ws_ptr,  # int64 (M * CHUNKS_P2 + 1,) zeros: each chunk's published sum of squares, then the ticket counter
     stride_x_row, stride_res_row,
     M, N, eps, weight_offset,
-    LAG,  # chunks between a chunk's statistics and its output (> CHUNKS)
+    LAG,  # chunks between a chunk's statistics and its output (>= CHUNKS)
     CHUNKS,  # chunks per row (CHUNKS * BLOCK_N >= N)
     CAST_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CHUNKS_P2: tl.constexpr,
+    EARLY: tl.constexpr = 1,  # the output chunk's loads before the publish (in flight with the first), else after
 ):
     # Program v (a ticket: programs number themselves in the order they start) publishes the sum of squares of chunk v
     # of the (row, chunk) sequence, read from DRAM and kept in L2 (evict_last), then writes the output of chunk
-    # v - LAG: it reads that chunk again (from L2) and gathers its row's partials, all published by programs that
-    # started before it (LAG > CHUNKS), so it waits only on programs that have started and publish before they wait.
-    # No program holds a chunk while it waits. h is recomputed from x and the residual, not read back (another
-    # program wrote it). DRAM bytes as the team kernel's.
+    # v - LAG: it reads that chunk again (from L2) and gathers its row's partials. The last chunk of that row is
+    # chunk v - LAG + CHUNKS - 1 < v at most (LAG >= CHUNKS): its program took an earlier ticket, so a program waits
+    # only on programs that have started, and each publishes before it waits. No program holds a chunk while it
+    # waits. h is recomputed from x and the residual, not read back (another program wrote it, and the relaxed
+    # publish orders no other store). DRAM bytes as the team kernel's.
     vid = tl.atomic_add(ws_ptr + M * CHUNKS_P2, 1, sem="relaxed")
     total = M * CHUNKS
-    offs = tl.arange(0, BLOCK_N)
-    k = tl.arange(0, CHUNKS_P2)
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
-    c1 = tl.minimum(vid, total - 1)  # chunk v (nothing when v >= total)
-    row1 = (c1 // CHUNKS).to(tl.int64)
-    k1 = c1 % CHUNKS
-    cols1 = k1 * BLOCK_N + offs
-    mask1 = cols1 < tl.where(vid < total, N, 0)
-    x1 = tl.load(x_ptr + row1 * stride_x_row + cols1, mask=mask1, other=0.0, eviction_policy="evict_last")
-    r1 = x1
-    if res_ptr is not None:
-        r1 = tl.load(res_ptr + row1 * stride_res_row + cols1, mask=mask1, other=0.0, eviction_policy="evict_last")
+    row1, k1, cols1, mask1 = _stream_chunk(tl.minimum(vid, total - 1), vid < total, CHUNKS, N, BLOCK_N)
+    x1, r1 = _stream_load(x_ptr, res_ptr, row1, stride_x_row, stride_res_row, cols1, mask1, "evict_last")
     out = vid >= LAG
-    c2 = tl.maximum(vid - LAG, 0)  # chunk v - LAG (nothing when v < LAG)
-    row2 = (c2 // CHUNKS).to(tl.int64)
-    k2 = c2 % CHUNKS
-    cols2 = k2 * BLOCK_N + offs
-    mask2 = cols2 < tl.where(out, N, 0)
-    x2 = tl.load(x_ptr + row2 * stride_x_row + cols2, mask=mask2, other=0.0, eviction_policy="evict_first")
-    r2 = x2
-    if res_ptr is not None:
-        r2 = tl.load(res_ptr + row2 * stride_res_row + cols2, mask=mask2, other=0.0, eviction_policy="evict_first")
-    w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
+    row2, k2, cols2, mask2 = _stream_chunk(tl.maximum(vid - LAG, 0), out, CHUNKS, N, BLOCK_N)
+    if EARLY:
+        x2, r2 = _stream_load(x_ptr, res_ptr, row2, stride_x_row, stride_res_row, cols2, mask2, "evict_first")
+        w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
     if vid < total:
         h1 = input_of(x1, r1, res_ptr, h_ptr, row1, N, cols1, mask1, True)
         team_publish(ws_ptr + row1 * CHUNKS_P2 + k1, tl.sum(h1 * h1, axis=0))
+    if not EARLY:
+        x2, r2 = _stream_load(x_ptr, res_ptr, row2, stride_x_row, stride_res_row, cols2, mask2, "evict_first")
+        w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
     if out:
-        ss = tl.sum(team_gather(ws_ptr + row2 * CHUNKS_P2, k, CHUNKS, 0.0), axis=0)
+        ss = tl.sum(team_gather(ws_ptr + row2 * CHUNKS_P2, tl.arange(0, CHUNKS_P2), CHUNKS, 0.0), axis=0)
         rstd = tl.math.rsqrt(ss / N + eps)
         if rstd_ptr is not None:
             if k2 == 0:
@@ -265,41 +276,31 @@ def _ln_stream_fwd_kernel(
     LAG, CHUNKS,  # as _rms_stream_fwd_kernel's
     BLOCK_N: tl.constexpr,
     CHUNKS_P2: tl.constexpr,
+    EARLY: tl.constexpr = 1,  # as _rms_stream_fwd_kernel's
 ):
     # _rms_stream_fwd_kernel's schedule with the team forward's statistics: a chunk publishes its sum and the squared
     # deviations from its own mean; the row combines them pairwise (Chan et al.).
     vid = tl.atomic_add(ws_ptr + M * CHUNKS_P2, 1, sem="relaxed")
     total = M * CHUNKS
-    offs = tl.arange(0, BLOCK_N)
-    k = tl.arange(0, CHUNKS_P2)
-    counts = tl.minimum(tl.maximum(N - k * BLOCK_N, 0), BLOCK_N).to(tl.float32)  # columns of each chunk
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
-    c1 = tl.minimum(vid, total - 1)
-    row1 = (c1 // CHUNKS).to(tl.int64)
-    k1 = c1 % CHUNKS
-    cols1 = k1 * BLOCK_N + offs
-    mask1 = cols1 < tl.where(vid < total, N, 0)
-    x1 = tl.load(x_ptr + row1 * stride_x_row + cols1, mask=mask1, other=0.0, eviction_policy="evict_last")
-    r1 = x1
-    if res_ptr is not None:
-        r1 = tl.load(res_ptr + row1 * stride_res_row + cols1, mask=mask1, other=0.0, eviction_policy="evict_last")
+    row1, k1, cols1, mask1 = _stream_chunk(tl.minimum(vid, total - 1), vid < total, CHUNKS, N, BLOCK_N)
+    x1, r1 = _stream_load(x_ptr, res_ptr, row1, stride_x_row, stride_res_row, cols1, mask1, "evict_last")
     out = vid >= LAG
-    c2 = tl.maximum(vid - LAG, 0)
-    row2 = (c2 // CHUNKS).to(tl.int64)
-    k2 = c2 % CHUNKS
-    cols2 = k2 * BLOCK_N + offs
-    mask2 = cols2 < tl.where(out, N, 0)
-    x2 = tl.load(x_ptr + row2 * stride_x_row + cols2, mask=mask2, other=0.0, eviction_policy="evict_first")
-    r2 = x2
-    if res_ptr is not None:
-        r2 = tl.load(res_ptr + row2 * stride_res_row + cols2, mask=mask2, other=0.0, eviction_policy="evict_first")
-    w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
+    row2, k2, cols2, mask2 = _stream_chunk(tl.maximum(vid - LAG, 0), out, CHUNKS, N, BLOCK_N)
+    if EARLY:
+        x2, r2 = _stream_load(x_ptr, res_ptr, row2, stride_x_row, stride_res_row, cols2, mask2, "evict_first")
+        w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
     if vid < total:
         h1 = input_of(x1, r1, res_ptr, h_ptr, row1, N, cols1, mask1, True)
         s = tl.sum(h1, axis=0)
         d = tl.where(mask1, h1 - s / tl.minimum(N - k1 * BLOCK_N, BLOCK_N).to(tl.float32), 0.0)
         team_publish_pair(ws_ptr + row1 * CHUNKS_P2 + k1, s, tl.sum(d * d, axis=0))
+    if not EARLY:
+        x2, r2 = _stream_load(x_ptr, res_ptr, row2, stride_x_row, stride_res_row, cols2, mask2, "evict_first")
+        w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
     if out:
+        k = tl.arange(0, CHUNKS_P2)
+        counts = tl.minimum(tl.maximum(N - k * BLOCK_N, 0), BLOCK_N).to(tl.float32)  # columns of each chunk
         sums, sq = team_gather_pair(ws_ptr + row2 * CHUNKS_P2, k, CHUNKS, 0.0, 0.0)
         mean = tl.sum(sums, axis=0) / N
         dev = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
@@ -513,13 +514,20 @@ def _stream_forward(kernel, setting: dict, x2, M: int, N: int, elem: int, tensor
     """Launches a stream-form kernel: ``kernel(*tensors, workspace, *scalars, LAG, CHUNKS, BLOCK_N, CHUNKS_P2,
     **constexprs)`` over rows of ``N`` elements of ``elem`` bytes, with ``setting``'s chunks of ``chunk_bytes``,
     ``num_warps``, a lag of ``lag_per_sm`` chunks per multiprocessor beyond one row and ``fp_fusion`` (default off)."""
+    if setting["lag_per_sm"] < 0:
+        raise ValueError(f"WIDE_STREAM: lag_per_sm must be >= 0 (a program would wait on later ones), got "
+                         f"{setting['lag_per_sm']}")
     block = next_power_of_2(max(setting["chunk_bytes"] // elem, 1))
     chunks = cdiv(N, block)
     chunks_p2 = max(next_power_of_2(chunks), TEAM_P2_MIN)
     lag = chunks + sm_count(x2.device) * setting["lag_per_sm"]
     ws = torch.zeros(M * chunks_p2 + 1, dtype=torch.int64, device=x2.device)
-    meta = meta_items(**constexprs, BLOCK_N=block, CHUNKS_P2=chunks_p2, num_warps=setting["num_warps"],
-                      **launch_options(kernel, bool(setting.get("fp_fusion", False))))
+    options = launch_options(kernel, bool(setting.get("fp_fusion", False)))
+    if "maxnreg" in setting and nvidia(x2.device):
+        options["maxnreg"] = setting["maxnreg"]
+    warps = max(min(setting["num_warps"], MAX_THREADS_PER_PROGRAM // device_warp_size(x2.device)), 1)
+    meta = meta_items(**constexprs, BLOCK_N=block, CHUNKS_P2=chunks_p2, EARLY=int(setting.get("early", True)),
+                      num_warps=warps, **options)
     launch(kernel, (M * chunks + lag,), (*tensors, ws, *scalars, lag, chunks), meta, x2.device)
 
 
