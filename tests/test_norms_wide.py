@@ -154,8 +154,7 @@ def test_stream_form_equals_teams(norms, device, wide, lag_per_sm, early, monkey
     for name, fn in calls.items():
         for got, want in zip(fn(), teams[name]):
             assert torch.equal(got, want), name
-    assert launches.count(wide.mod._rms_stream_fwd_kernel) == 4
-    assert launches.count(wide.mod._ln_stream_fwd_kernel) == 3
+    assert launches.count(wide.mod._stream_fwd_kernel) == len(calls)
     assert [c[0] for c in wide.calls[team_launches:]] == [5, 5]  # the backwards' teams only
 
 
@@ -556,11 +555,12 @@ for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
             (W._ln_team_fwd_kernel, dict(res_ptr=None, h_ptr=None, PHASE=0, TEAM_P2=16, PAIR_WORD=0)),
             (W._ln_team_bwd_kernel, dict(PHASE=0, PAIR_WORD=0)),
             # the stream forms (ticket, publish, gather of another program's chunks)
-            (W._rms_stream_fwd_kernel, dict(res_ptr=None, h_ptr=None, b_ptr=None, rstd_ptr=None, CAST_DTYPE=tl.bfloat16,
-                                            CHUNKS_P2=64)),
-            (W._rms_stream_fwd_kernel, dict(CAST_DTYPE=None, CHUNKS_P2=16, EARLY=0)),
-            (W._ln_stream_fwd_kernel, dict(res_ptr=None, h_ptr=None, mean_ptr=None, rstd_ptr=None, CHUNKS_P2=64)),
-            (W._ln_stream_fwd_kernel, dict(CHUNKS_P2=16, EARLY=0))]:
+            (W._stream_fwd_kernel, dict(res_ptr=None, h_ptr=None, b_ptr=None, mean_ptr=None, rstd_ptr=None,
+                                        LAYER_NORM=0, CAST_DTYPE=tl.bfloat16, CHUNKS_P2=64)),
+            (W._stream_fwd_kernel, dict(mean_ptr=None, LAYER_NORM=0, CAST_DTYPE=None, CHUNKS_P2=16, EARLY=0)),
+            (W._stream_fwd_kernel, dict(res_ptr=None, h_ptr=None, mean_ptr=None, rstd_ptr=None, LAYER_NORM=1,
+                                        CAST_DTYPE=None, CHUNKS_P2=64)),
+            (W._stream_fwd_kernel, dict(LAYER_NORM=1, CAST_DTYPE=None, CHUNKS_P2=16, EARLY=0))]:
         consts.update(BLOCK_N=8192)
         if "TEAM_P2" in k.arg_names:
             consts.setdefault("TEAM_P2", 64)

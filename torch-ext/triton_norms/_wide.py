@@ -220,25 +220,29 @@ def _stream_load(x_ptr, res_ptr, row, stride_x_row, stride_res_row, cols, mask, 
 
 
 @triton.jit
-def _rms_stream_fwd_kernel(
-    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, rstd_ptr,  # as rms_norm._rms_norm_fwd_kernel
-    ws_ptr,  # int64 (M * CHUNKS_P2 + 1,) zeros: each chunk's published sum of squares, then the ticket counter
+def _stream_fwd_kernel(
+    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr,  # as the one-program kernels' (rms_norm / layer_norm)
+    mean_ptr, rstd_ptr,  # fp32 (M,) statistics for the backward, or None (inference; mean: LayerNorm only)
+    ws_ptr,  # int64 (M * CHUNKS_P2 + 1,) zeros: each chunk's published statistics, then the ticket counter
     stride_x_row, stride_res_row,
-    M, N, eps, weight_offset,
+    M, N, eps,
+    weight_offset,  # RMSNorm: added to the weight
     LAG,  # chunks between a chunk's statistics and its output (>= CHUNKS)
     CHUNKS,  # chunks per row (CHUNKS * BLOCK_N >= N)
-    CAST_DTYPE: tl.constexpr,
+    LAYER_NORM: tl.constexpr,  # 0: RMSNorm (sum of squares); 1: LayerNorm (sum and squared deviations, one word)
+    CAST_DTYPE: tl.constexpr,  # RMSNorm: as rms_norm's
     BLOCK_N: tl.constexpr,
     CHUNKS_P2: tl.constexpr,
     EARLY: tl.constexpr = 1,  # the output chunk's loads before the publish (in flight with the first), else after
 ):
-    # Program v (a ticket: programs number themselves in the order they start) publishes the sum of squares of chunk v
-    # of the (row, chunk) sequence, read from DRAM and kept in L2 (evict_last), then writes the output of chunk
-    # v - LAG: it reads that chunk again (from L2) and gathers its row's partials. The last chunk of that row is
-    # chunk v - LAG + CHUNKS - 1 < v at most (LAG >= CHUNKS): its program took an earlier ticket, so a program waits
-    # only on programs that have started, and each publishes before it waits. No program holds a chunk while it
-    # waits. h is recomputed from x and the residual, not read back (another program wrote it, and the relaxed
-    # publish orders no other store). DRAM bytes as the team kernel's.
+    # Program v (a ticket: programs number themselves in the order they start) publishes the statistics of chunk v of
+    # the (row, chunk) sequence, read from DRAM and kept in L2 (evict_last), then writes the output of chunk v - LAG:
+    # it reads that chunk again (from L2) and gathers its row's statistics, combined as the team kernels combine them
+    # (LayerNorm pairwise, Chan et al.). The last chunk of that row is chunk v - LAG + CHUNKS - 1 < v at most (LAG >=
+    # CHUNKS): its program took an earlier ticket, so a program waits only on programs that have started, and each
+    # publishes before it waits. No program holds a chunk while it waits. h is recomputed from x and the residual,
+    # not read back (another program wrote it, and the relaxed publish orders no other store). DRAM bytes as the team
+    # kernels'.
     vid = tl.atomic_add(ws_ptr + M * CHUNKS_P2, 1, sem="relaxed")
     total = M * CHUNKS
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
@@ -251,68 +255,37 @@ def _rms_stream_fwd_kernel(
         w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
     if vid < total:
         h1 = input_of(x1, r1, res_ptr, h_ptr, row1, N, cols1, mask1, True)
-        team_publish(ws_ptr + row1 * CHUNKS_P2 + k1, tl.sum(h1 * h1, axis=0))
-    if not EARLY:
-        x2, r2 = _stream_load(x_ptr, res_ptr, row2, stride_x_row, stride_res_row, cols2, mask2, "evict_first")
-        w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
-    if out:
-        ss = tl.sum(team_gather(ws_ptr + row2 * CHUNKS_P2, tl.arange(0, CHUNKS_P2), CHUNKS, 0.0), axis=0)
-        rstd = tl.math.rsqrt(ss / N + eps)
-        if rstd_ptr is not None:
-            if k2 == 0:
-                tl.store(rstd_ptr + row2, rstd)
-        h2 = input_of(x2, r2, res_ptr, h_ptr, row2, N, cols2, mask2, False)
-        w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
-        y = rms_affine(h2, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
-        tl.store(y_ptr + row2 * N + cols2, y.to(OUT_DTYPE), mask=mask2, eviction_policy="evict_first")
-
-
-@triton.jit
-def _ln_stream_fwd_kernel(
-    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr,  # as layer_norm._layer_norm_fwd_kernel
-    ws_ptr,  # int64 (M * CHUNKS_P2 + 1,) zeros: each chunk's sum and squared deviations in one word, then the ticket
-    stride_x_row, stride_res_row,
-    M, N, eps,
-    LAG, CHUNKS,  # as _rms_stream_fwd_kernel's
-    BLOCK_N: tl.constexpr,
-    CHUNKS_P2: tl.constexpr,
-    EARLY: tl.constexpr = 1,  # as _rms_stream_fwd_kernel's
-):
-    # _rms_stream_fwd_kernel's schedule with the team forward's statistics: a chunk publishes its sum and the squared
-    # deviations from its own mean; the row combines them pairwise (Chan et al.).
-    vid = tl.atomic_add(ws_ptr + M * CHUNKS_P2, 1, sem="relaxed")
-    total = M * CHUNKS
-    OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
-    row1, k1, cols1, mask1 = _stream_chunk(tl.minimum(vid, total - 1), vid < total, CHUNKS, N, BLOCK_N)
-    x1, r1 = _stream_load(x_ptr, res_ptr, row1, stride_x_row, stride_res_row, cols1, mask1, "evict_last")
-    out = vid >= LAG
-    row2, k2, cols2, mask2 = _stream_chunk(tl.maximum(vid - LAG, 0), out, CHUNKS, N, BLOCK_N)
-    if EARLY:
-        x2, r2 = _stream_load(x_ptr, res_ptr, row2, stride_x_row, stride_res_row, cols2, mask2, "evict_first")
-        w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
-    if vid < total:
-        h1 = input_of(x1, r1, res_ptr, h_ptr, row1, N, cols1, mask1, True)
-        s = tl.sum(h1, axis=0)
-        d = tl.where(mask1, h1 - s / tl.minimum(N - k1 * BLOCK_N, BLOCK_N).to(tl.float32), 0.0)
-        team_publish_pair(ws_ptr + row1 * CHUNKS_P2 + k1, s, tl.sum(d * d, axis=0))
+        slot = ws_ptr + row1 * CHUNKS_P2 + k1
+        if LAYER_NORM:
+            s = tl.sum(h1, axis=0)
+            d = tl.where(mask1, h1 - s / tl.minimum(N - k1 * BLOCK_N, BLOCK_N).to(tl.float32), 0.0)
+            team_publish_pair(slot, s, tl.sum(d * d, axis=0))
+        else:
+            team_publish(slot, tl.sum(h1 * h1, axis=0))
     if not EARLY:
         x2, r2 = _stream_load(x_ptr, res_ptr, row2, stride_x_row, stride_res_row, cols2, mask2, "evict_first")
         w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
     if out:
         k = tl.arange(0, CHUNKS_P2)
-        counts = tl.minimum(tl.maximum(N - k * BLOCK_N, 0), BLOCK_N).to(tl.float32)  # columns of each chunk
-        sums, sq = team_gather_pair(ws_ptr + row2 * CHUNKS_P2, k, CHUNKS, 0.0, 0.0)
-        mean = tl.sum(sums, axis=0) / N
-        dev = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
-        var = tl.sum(sq + counts * dev * dev, axis=0) / N
-        rstd = tl.math.rsqrt(var + eps)
-        if rstd_ptr is not None:
-            if k2 == 0:
-                tl.store(mean_ptr + row2, mean)
-                tl.store(rstd_ptr + row2, rstd)
+        slots = ws_ptr + row2 * CHUNKS_P2
         h2 = input_of(x2, r2, res_ptr, h_ptr, row2, N, cols2, mask2, False)
         w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
-        y = ln_affine(h2, mean, rstd, w, b, w_ptr, b_ptr, OUT_DTYPE)
+        if LAYER_NORM:
+            counts = tl.minimum(tl.maximum(N - k * BLOCK_N, 0), BLOCK_N).to(tl.float32)  # columns of each chunk
+            sums, sq = team_gather_pair(slots, k, CHUNKS, 0.0, 0.0)
+            mean = tl.sum(sums, axis=0) / N
+            dev = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
+            rstd = tl.math.rsqrt(tl.sum(sq + counts * dev * dev, axis=0) / N + eps)
+            y = ln_affine(h2, mean, rstd, w, b, w_ptr, b_ptr, OUT_DTYPE)
+            if mean_ptr is not None:
+                if k2 == 0:
+                    tl.store(mean_ptr + row2, mean)
+        else:
+            rstd = tl.math.rsqrt(tl.sum(team_gather(slots, k, CHUNKS, 0.0), axis=0) / N + eps)
+            y = rms_affine(h2, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
+        if rstd_ptr is not None:
+            if k2 == 0:
+                tl.store(rstd_ptr + row2, rstd)
         tl.store(y_ptr + row2 * N + cols2, y.to(OUT_DTYPE), mask=mask2, eviction_policy="evict_first")
 
 
@@ -496,8 +469,8 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
     if plan is None:
         return False
     if kind in WIDE_STREAM:
-        _stream_forward(_rms_stream_fwd_kernel, WIDE_STREAM[kind], x2, M, N, elem, (x2, r2, w, b, y, h, rstd),
-                        (stride_x, stride_r, M, N, eps, weight_offset), CAST_DTYPE=round_dtype(cast_dtype))
+        _stream_forward(WIDE_STREAM[kind], x2, M, N, elem, (x2, r2, w, b, y, h, None, rstd),
+                        (stride_x, stride_r, M, N, eps, weight_offset), LAYER_NORM=0, CAST_DTYPE=round_dtype(cast_dtype))
         return True
     hold = _holds(plan, x2, h, w, b)
     ws = torch.zeros(M * plan.team, dtype=torch.int64, device=x2.device)
@@ -509,10 +482,10 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
     return True
 
 
-def _stream_forward(kernel, setting: dict, x2, M: int, N: int, elem: int, tensors: tuple, scalars: tuple,
+def _stream_forward(setting: dict, x2, M: int, N: int, elem: int, tensors: tuple, scalars: tuple,
                     **constexprs) -> None:
-    """Launches a stream-form kernel: ``kernel(*tensors, workspace, *scalars, LAG, CHUNKS, BLOCK_N, CHUNKS_P2,
-    **constexprs)`` over rows of ``N`` elements of ``elem`` bytes, with ``setting``'s chunks of ``chunk_bytes``,
+    """Launches ``_stream_fwd_kernel(*tensors, workspace, *scalars, LAG, CHUNKS, BLOCK_N, CHUNKS_P2, **constexprs)``
+    over rows of ``N`` elements of ``elem`` bytes, with ``setting``'s chunks of ``chunk_bytes``,
     ``num_warps``, a lag of ``lag_per_sm`` chunks per multiprocessor beyond one row and ``fp_fusion`` (default off)."""
     if setting["lag_per_sm"] < 0:
         raise ValueError(f"WIDE_STREAM: lag_per_sm must be >= 0 (a program would wait on later ones), got "
@@ -522,6 +495,7 @@ def _stream_forward(kernel, setting: dict, x2, M: int, N: int, elem: int, tensor
     chunks_p2 = max(next_power_of_2(chunks), TEAM_P2_MIN)
     lag = chunks + sm_count(x2.device) * setting["lag_per_sm"]
     ws = torch.zeros(M * chunks_p2 + 1, dtype=torch.int64, device=x2.device)
+    kernel = _stream_fwd_kernel
     options = launch_options(kernel, bool(setting.get("fp_fusion", False)))
     if "maxnreg" in setting and nvidia(x2.device):
         options["maxnreg"] = setting["maxnreg"]
@@ -550,8 +524,8 @@ def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, ep
     if plan is None:
         return False
     if "layer_norm" in WIDE_STREAM:
-        _stream_forward(_ln_stream_fwd_kernel, WIDE_STREAM["layer_norm"], x2, M, N, elem,
-                        (x2, r2, w, b, y, h, mean, rstd), (stride_x, stride_r, M, N, eps))
+        _stream_forward(WIDE_STREAM["layer_norm"], x2, M, N, elem, (x2, r2, w, b, y, h, mean, rstd),
+                        (stride_x, stride_r, M, N, eps, 0.0), LAYER_NORM=1, CAST_DTYPE=None)
         return True
     hold = _holds(plan, x2, h, w, b)
     # w / b before the wait fit the registers only with x held: else after the meeting
