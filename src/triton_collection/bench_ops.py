@@ -474,7 +474,9 @@ def _build_ce(kernel, shape, dtype, device, peers):
 
 
 SOFTMAX = (
-    OpSpec("triton-softmax", "softmax", "fwd", {"quick": ((4096, 32768),), "full": ((4096, 32768), (32768, 4096), (256, 262144))},
+    # full: issue 4's range of widths, N = 1024 ... 262144 (256 MiB inputs but the last, 128 MiB)
+    OpSpec("triton-softmax", "softmax", "fwd", {"quick": ((4096, 32768),), "full": (
+        (131072, 1024), (32768, 4096), (4096, 32768), (2048, 131072), (256, 262144))},
            "x read + y written", lambda s, e: bytes_moved(s[0], s[1], e, 2), _softmax_builder(False)),
     OpSpec("triton-softmax", "log_softmax", "fwd", {"quick": (), "full": ((4096, 32768),)},
            "x read + y written", lambda s, e: bytes_moved(s[0], s[1], e, 2), _softmax_builder(True)),
