@@ -470,7 +470,8 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
         return False
     if kind in WIDE_STREAM:
         _stream_forward(WIDE_STREAM[kind], x2, M, N, elem, (x2, r2, w, b, y, h, None, rstd),
-                        (stride_x, stride_r, M, N, eps, weight_offset), LAYER_NORM=0, CAST_DTYPE=round_dtype(cast_dtype))
+                        (stride_x, stride_r, M, N, eps, weight_offset), LAYER_NORM=0,
+                        CAST_DTYPE=round_dtype(cast_dtype))
         return True
     hold = _holds(plan, x2, h, w, b)
     ws = torch.zeros(M * plan.team, dtype=torch.int64, device=x2.device)
