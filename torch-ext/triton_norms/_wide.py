@@ -44,11 +44,11 @@ import triton
 import triton.language as tl
 
 from ._common import affine_f32, input_of, ln_affine, load_affine, load_grad_raw, rms_affine, round_to, store_dx
-from ._device import MAX_THREADS_PER_PROGRAM, cdiv, device_warp_size, is_interpreter, launch_options, next_power_of_2
+from ._device import is_interpreter, launch_options
 from ._fastlaunch import launch, meta_items
 from ._launch import BWD_MAX_FUSED_BYTES, backward_strides
 from ._rounding import round_dtype
-from ._team import (TEAM_P2_MIN, nvidia, sm_count, sum_pair, team_gather, team_gather_pair, team_gather_two,
+from ._team import (nvidia, stream_chunks, stream_split, sum_pair, team_gather, team_gather_pair, team_gather_two,
                     team_phases, team_publish, team_publish_first, team_publish_pair, team_publish_second,
                     team_publish_sums, team_split, team_start)
 
@@ -200,16 +200,6 @@ WIDE_STREAM: dict = {}
 
 
 @triton.jit
-def _stream_chunk(c, live, CHUNKS, N, BLOCK_N: tl.constexpr):
-    """Chunk ``c`` of the (row, chunk) sequence: ``(row (int64), chunk of the row, its columns, their mask)``; the mask
-    is empty unless ``live``."""
-    row = (c // CHUNKS).to(tl.int64)
-    kc = c % CHUNKS
-    cols = kc * BLOCK_N + tl.arange(0, BLOCK_N)
-    return row, kc, cols, cols < tl.where(live, N, 0)
-
-
-@triton.jit
 def _stream_load(x_ptr, res_ptr, row, stride_x_row, stride_res_row, cols, mask, EVICT: tl.constexpr):
     """One chunk of x and of the residual (x again without one), as stored."""
     x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0, eviction_policy=EVICT)
@@ -235,25 +225,20 @@ def _stream_fwd_kernel(
     CHUNKS_P2: tl.constexpr,
     EARLY: tl.constexpr = 1,  # the output chunk's loads before the publish (in flight with the first), else after
 ):
-    # Program v (a ticket: programs number themselves in the order they start) publishes the statistics of chunk v of
-    # the (row, chunk) sequence, read from DRAM and kept in L2 (evict_last), then writes the output of chunk v - LAG:
-    # it reads that chunk again (from L2) and gathers its row's statistics, combined as the team kernels combine them
-    # (LayerNorm pairwise, Chan et al.). The last chunk of that row is chunk v - LAG + CHUNKS - 1 < v at most (LAG >=
-    # CHUNKS): its program took an earlier ticket, so a program waits only on programs that have started, and each
-    # publishes before it waits. No program holds a chunk while it waits. h is recomputed from x and the residual,
-    # not read back (another program wrote it, and the relaxed publish orders no other store). DRAM bytes as the team
-    # kernels'.
-    vid = tl.atomic_add(ws_ptr + M * CHUNKS_P2, 1, sem="relaxed")
-    total = M * CHUNKS
+    # The stream schedule (_team.stream_chunks): this program publishes the statistics of one chunk, read from DRAM
+    # and kept in L2 (evict_last), then writes the output of the chunk LAG chunks back: it reads that chunk again
+    # (from L2) and gathers its row's statistics, combined as the team kernels combine them (LayerNorm pairwise,
+    # Chan et al.). No program holds a chunk while it waits. h is recomputed from x and the residual, not read back
+    # (another program wrote it, and the relaxed publish orders no other store). DRAM bytes as the team kernels'.
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
-    row1, k1, cols1, mask1 = _stream_chunk(tl.minimum(vid, total - 1), vid < total, CHUNKS, N, BLOCK_N)
+    publish, row1, k1, cols1, out, row2, k2, cols2 = stream_chunks(ws_ptr, M, CHUNKS, LAG, CHUNKS_P2, BLOCK_N)
+    mask1 = cols1 < tl.where(publish, N, 0)
+    mask2 = cols2 < tl.where(out, N, 0)
     x1, r1 = _stream_load(x_ptr, res_ptr, row1, stride_x_row, stride_res_row, cols1, mask1, "evict_last")
-    out = vid >= LAG
-    row2, k2, cols2, mask2 = _stream_chunk(tl.maximum(vid - LAG, 0), out, CHUNKS, N, BLOCK_N)
     if EARLY:
         x2, r2 = _stream_load(x_ptr, res_ptr, row2, stride_x_row, stride_res_row, cols2, mask2, "evict_first")
         w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
-    if vid < total:
+    if publish:
         h1 = input_of(x1, r1, res_ptr, h_ptr, row1, N, cols1, mask1, True)
         slot = ws_ptr + row1 * CHUNKS_P2 + k1
         if LAYER_NORM:
@@ -486,24 +471,17 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
 def _stream_forward(setting: dict, x2, M: int, N: int, elem: int, tensors: tuple, scalars: tuple,
                     **constexprs) -> None:
     """Launches ``_stream_fwd_kernel(*tensors, workspace, *scalars, LAG, CHUNKS, BLOCK_N, CHUNKS_P2, **constexprs)``
-    over rows of ``N`` elements of ``elem`` bytes, with ``setting``'s chunks of ``chunk_bytes``,
-    ``num_warps``, a lag of ``lag_per_sm`` chunks per multiprocessor beyond one row and ``fp_fusion`` (default off)."""
-    if setting["lag_per_sm"] < 0:
-        raise ValueError(f"WIDE_STREAM: lag_per_sm must be >= 0 (a program would wait on later ones), got "
-                         f"{setting['lag_per_sm']}")
-    block = next_power_of_2(max(setting["chunk_bytes"] // elem, 1))
-    chunks = cdiv(N, block)
-    chunks_p2 = max(next_power_of_2(chunks), TEAM_P2_MIN)
-    lag = chunks + sm_count(x2.device) * setting["lag_per_sm"]
-    ws = torch.zeros(M * chunks_p2 + 1, dtype=torch.int64, device=x2.device)
-    kernel = _stream_fwd_kernel
-    options = launch_options(kernel, bool(setting.get("fp_fusion", False)))
+    over rows of ``N`` elements of ``elem`` bytes with ``setting`` (``_team.stream_split``'s, plus the output
+    chunk's loads ``early`` (default) or after the publish, a register cap ``maxnreg`` (NVIDIA; none by default) and
+    ``fp_fusion`` (default off))."""
+    plan = stream_split(N, elem, x2.device, setting)
+    ws = torch.zeros(plan.workspace(M), dtype=torch.int64, device=x2.device)
+    options = launch_options(_stream_fwd_kernel, bool(setting.get("fp_fusion", False)))
     if "maxnreg" in setting and nvidia(x2.device):
         options["maxnreg"] = setting["maxnreg"]
-    warps = max(min(setting["num_warps"], MAX_THREADS_PER_PROGRAM // device_warp_size(x2.device)), 1)
-    meta = meta_items(**constexprs, BLOCK_N=block, CHUNKS_P2=chunks_p2, EARLY=int(setting.get("early", True)),
-                      num_warps=warps, **options)
-    launch(kernel, (M * chunks + lag,), (*tensors, ws, *scalars, lag, chunks), meta, x2.device)
+    meta = meta_items(**constexprs, BLOCK_N=plan.block_n, CHUNKS_P2=plan.chunks_p2,
+                      EARLY=int(setting.get("early", True)), num_warps=plan.num_warps, **options)
+    launch(_stream_fwd_kernel, plan.grid(M), (*tensors, ws, *scalars, plan.lag, plan.chunks), meta, x2.device)
 
 
 def can_hold(stored: torch.dtype, *weights) -> bool:

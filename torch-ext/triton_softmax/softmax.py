@@ -55,8 +55,8 @@ from ._libm import exp_approx, nvidia_approx
 from . import _launch
 from ._launch import PLAN_CACHES, SPLIT_BELOW_ROWS_PER_SM, config_for, split_for, team_for
 from ._torch_order import softmax_torch_order
-from ._team import (TEAM_P2_MIN, sm_count, team_gather, team_gather_pair, team_phases, team_publish, team_publish_pair,
-                    team_start)
+from ._team import (sm_count, stream_chunks, stream_split, team_gather, team_gather_pair, team_phases, team_publish,
+                    team_publish_pair, team_start)
 from ._device import cdiv, check_launch_device, launch_options, next_power_of_2
 from ._ops import add_op_namespace_prefix
 
@@ -580,29 +580,17 @@ def _softmax_stream_fwd_kernel(
     FTZ: tl.constexpr,  # as the team kernel's
     EARLY: tl.constexpr = 1,  # the output chunk's loads before the publish (in flight with the first), else after
 ):
-    # Wide rows read once from DRAM without teams (triton-norms' _wide has the same schedule): program v (a ticket)
-    # publishes the (max, sum of exp) of chunk v of the (row, chunk) sequence, then writes chunk v - LAG, read again
-    # (from L2), with its row's pairs combined in chunk order: the team kernel's arithmetic on the same chunks, so
-    # its bits. The last chunk of that row is chunk v - LAG + CHUNKS - 1 < v at most: a program waits only on
-    # programs that took earlier tickets, each of which publishes before it waits. Two exps per element (one per
-    # pass) where the teams take one.
-    vid = tl.atomic_add(ws_ptr + M * CHUNKS_P2, 1, sem="relaxed")
-    total = M * CHUNKS
-    c1 = tl.minimum(vid, total - 1)
-    row1 = tl.where(vid < total, (c1 // CHUNKS).to(tl.int64), M)  # row M: nothing loaded
-    k1 = c1 % CHUNKS
-    offs1 = k1 * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Wide rows read once from DRAM without teams (_team.stream_chunks' schedule, as triton-norms' _wide): publish the
+    # (max, sum of exp) of one chunk, then write the chunk LAG chunks back, read again (from L2), with its row's pairs
+    # combined in chunk order: the team kernel's arithmetic on the same chunks, so its bits. Two exps per element (one
+    # per pass) where the teams take one. A chunk with nothing to do has row M, which _team_load masks.
+    publish, row1, k1, offs1, out, row2, k2, offs2 = stream_chunks(ws_ptr, M, CHUNKS, LAG, CHUNKS_P2, BLOCK_N)
     xr1, mr1 = _team_load(x_ptr, m_ptr, row1, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs1, N, M,
                           "evict_last")
-    out = vid >= LAG
-    c2 = tl.maximum(vid - LAG, 0)
-    row2 = tl.where(out, (c2 // CHUNKS).to(tl.int64), M)
-    k2 = c2 % CHUNKS
-    offs2 = k2 * BLOCK_N + tl.arange(0, BLOCK_N)
     if EARLY:
         xr2, mr2 = _team_load(x_ptr, m_ptr, row2, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs2, N, M,
                               "evict_first")
-    if vid < total:
+    if publish:
         z1 = _team_scores(xr1, mr1, m_ptr, offs1, offs1 < N, row1 % Sq, scale, CAUSAL, SCALED)
         m1, e1 = _chunk_max_exp(z1, FTZ)
         team_publish_pair(ws_ptr + row1 * CHUNKS_P2 + k1, m1, tl.sum(e1, axis=0))
@@ -706,24 +694,17 @@ PLAN_CACHES.extend((_FWD_PLANS, _BWD_PLANS))
 
 def _stream_plan(setting: dict, copy: bool, layout, N: int, elem: int, sq: int, scale: float, causal: bool,
                  log: bool, device: torch.device) -> LaunchPlan:
-    """The forward's plan in the stream form (``_launch.STREAM``): ``setting``'s chunks of ``chunk_bytes`` over
-    ``num_warps``, a lag of ``lag_per_sm`` chunks per multiprocessor beyond one row, the output chunk's loads
-    ``early`` (default) or after the publish."""
-    if setting["lag_per_sm"] < 0:
-        raise ValueError(f"STREAM: lag_per_sm must be >= 0 (a program would wait on later ones), got "
-                         f"{setting['lag_per_sm']}")
+    """The forward's plan in the stream form (``_launch.STREAM``): ``setting`` as ``_team.stream_split`` takes it,
+    plus the output chunk's loads ``early`` (default) or after the publish."""
     kernel = _softmax_stream_fwd_kernel
-    block = next_power_of_2(max(setting["chunk_bytes"] // elem, 1))
-    chunks = cdiv(N, block)
-    chunks_p2 = max(next_power_of_2(chunks), TEAM_P2_MIN)
-    lag = chunks + sm_count(device) * setting["lag_per_sm"]
+    plan = stream_split(N, elem, device, setting)
     fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N, sq,
-             float(scale), lag, chunks)
-    meta = meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=block, CHUNKS_P2=chunks_p2,
+             float(scale), plan.lag, plan.chunks)
+    meta = meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=plan.block_n, CHUNKS_P2=plan.chunks_p2,
                       FTZ=nvidia_approx(device, kernel), EARLY=int(setting.get("early", True)),
-                      num_warps=setting["num_warps"], **launch_options(kernel))
-    return LaunchPlan(copy, (layout.rows * chunks_p2 + 1, torch.int64, True),
-                      ((Launch(kernel, (layout.rows * chunks + lag,), meta, fixed, device), (0, 1, 2, 3)),))
+                      num_warps=plan.num_warps, **launch_options(kernel))
+    return LaunchPlan(copy, (plan.workspace(layout.rows), torch.int64, True),
+                      ((Launch(kernel, plan.grid(layout.rows), meta, fixed, device), (0, 1, 2, 3)),))
 
 
 def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: float, causal: bool,
