@@ -15,9 +15,11 @@ Here no program holds data across a wait. Program ``v`` (a ticket taken at its s
 
 Every element is read from DRAM once and written once; a program waits only on lower tickets, which have all
 started (forward progress without residency limits; under the interpreter programs run in order, so nothing
-spins when ``D >= CPR``). The script checks values against fp64 and times each variant against the package's
-op and a copy of the same bytes: do_bench medians with the L2 flushed (as the harness times) and CUDA-graph
-replays. Records: ``DIR/norms_stream_probe.jsonl``.
+spins when ``D >= CPR``). The ticketed form is now the packages' own (triton-norms ``_wide.WIDE_STREAM``,
+triton-softmax ``_launch.STREAM``): it is timed through them, at several settings, on every shape. This script's
+kernel adds the two orders the packages lack: persistent programs and program-id order. The script checks values
+against fp64 and times each variant against the package's op and a copy of the same bytes: do_bench medians with
+the L2 flushed (as the harness times) and CUDA-graph replays. Records: ``DIR/norms_stream_probe.jsonl``.
 """
 
 from __future__ import annotations
@@ -136,15 +138,11 @@ def main() -> None:
     globals()["stream_step"] = stream_step  # the kernels below find it among their globals
 
     @triton.jit
-    def stream_fwd(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, ticket_ptr, M, N, stride_x, eps, D,
+    def stream_fwd(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, M, N, stride_x, eps, D,
                    KIND: tl.constexpr, CHUNK: tl.constexpr, CPR: tl.constexpr, P2: tl.constexpr,
-                   TICKET: tl.constexpr, EV1: tl.constexpr, EV2: tl.constexpr):
-        # one program per chunk (grid M * CPR + D); TICKET: order by a ticket taken at the start
-        if TICKET:
-            vid = tl.atomic_add(ticket_ptr, 1, sem="relaxed")
-        else:
-            vid = tl.program_id(0)
-        stream_step(vid, x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, M, N, stride_x, eps, D, KIND, CHUNK, CPR, P2, EV1, EV2)
+                   EV1: tl.constexpr, EV2: tl.constexpr):
+        # one program per chunk (grid M * CPR + D) in program-id order (no ticket: the packages' form has one)
+        stream_step(tl.program_id(0), x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, M, N, stride_x, eps, D, KIND, CHUNK, CPR, P2, EV1, EV2)
 
     @triton.jit
     def stream_persistent(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, M, N, stride_x, eps, D, NPROG,
@@ -158,15 +156,14 @@ def main() -> None:
     props = None if args.cpu else torch.cuda.get_device_properties(0)
     sms = 8 if args.cpu else props.multi_processor_count
 
-    def stream(kind, x, w, b, y, chunk, warps, ticket, d_per_sm, ev1="evict_last", ev2="evict_first",
-               per_sm=0, stages=1):
-        """ticket 0/1: one program per chunk; per_sm > 0: the persistent form with per_sm programs per SM."""
+    def stream(kind, x, w, b, y, chunk, warps, d_per_sm, ev1="evict_last", ev2="evict_first", per_sm=0, stages=1):
+        """per_sm > 0: the persistent form with per_sm programs per SM; else one program per chunk, program-id order."""
         M, N = x.shape
         cpr = triton.cdiv(N, chunk)
         p2 = max(16, triton.next_power_of_2(cpr))
         D = cpr + sms * d_per_sm
         eps = 1e-6 if kind == "rms" else 1e-5
-        ws = torch.zeros(M * p2 + 1, dtype=torch.int64, device=x.device)
+        ws = torch.zeros(M * p2, dtype=torch.int64, device=x.device)
         if per_sm:
             nprog = sms * per_sm
             args_ = (x, w, b, y, ws, M, N, x.stride(0), eps, D, nprog)
@@ -179,9 +176,8 @@ def main() -> None:
                 raise ValueError(f"not resident: {per_sm} x {smem} B of shared memory per SM")
             stream_persistent[(nprog,)](*args_, **meta)
         else:
-            stream_fwd[(M * cpr + D,)](x, w, b, y, ws, ws[M * p2:], M, N, x.stride(0), eps, D, KIND=KINDS[kind],
-                                       CHUNK=chunk, CPR=cpr, P2=p2, TICKET=ticket, EV1=ev1, EV2=ev2,
-                                       num_warps=warps)
+            stream_fwd[(M * cpr + D,)](x, w, b, y, ws, M, N, x.stride(0), eps, D, KIND=KINDS[kind], CHUNK=chunk,
+                                       CPR=cpr, P2=p2, EV1=ev1, EV2=ev2, num_warps=warps)
         return y
 
     def package(kind, x, w, b):
@@ -242,22 +238,22 @@ def main() -> None:
     dt = torch.float16 if args.cpu else torch.bfloat16  # the interpreter's bf16 is broken
     # (chunk elements, warps): 32-64 elements per thread; the shipped team tiers use 4-8 KiB chunks over 1-2 warps
     tiles = ((2048, 1), (4096, 4)) if args.cpu else ((2048, 1), (2048, 2), (4096, 2), (4096, 4), (8192, 4), (8192, 8))
-    # stage 1 (first shape of a kind): every tile, ticketed programs and the persistent form (GPU only: under the
-    # interpreter a persistent program would wait on a later one), D = 8 per SM; stage 2 (the kind's other shapes):
-    # the two best of stage 1 at D = 4 / 8 / 16 per SM, timed with do_bench and in graphs. Program-id order (no
-    # ticket: it relies on the hardware starting programs in order) runs last, after every kind, so that a hang
-    # there loses nothing else.
-    safe_variants = [dict(chunk=c, warps=w, ticket=1) for (c, w) in tiles]
+    # stage 1 (first shape of a kind): the persistent form (GPU only: under the interpreter a persistent program
+    # would wait on a later one), D = 8 per SM; stage 2 (the kind's other shapes): its two best at D = 4 / 8 / 16 per
+    # SM, timed with do_bench and in graphs. The ticketed form is timed through the packages on every shape.
+    # Program-id order (no ticket: it relies on the hardware starting programs in order) runs last, after every
+    # kind, so that a hang there loses nothing else.
+    safe_variants = []
     if not args.cpu:
         # the persistent form at a few points (the budget's first concern is the package's stream rows): one and
         # two pipeline stages at 8 programs per SM of 1-2 warps, one stage at 4 of 4 warps
-        safe_variants += [dict(chunk=c, warps=w, ticket=0, per_sm=p, stages=st)
+        safe_variants += [dict(chunk=c, warps=w, per_sm=p, stages=st)
                           for (c, w, p, st) in ((2048, 1, 8, 1), (2048, 1, 8, 2), (4096, 2, 8, 1), (4096, 2, 8, 2),
                                                 (8192, 4, 4, 1))]
-    pid_variants = [dict(chunk=c, warps=w, ticket=0) for (c, w) in tiles]
+    pid_variants = [dict(chunk=c, warps=w) for (c, w) in tiles]
 
     def label(v, dps):
-        form = f"persistent p{v['per_sm']} s{v['stages']}" if v.get("per_sm") else f"t{v['ticket']}"
+        form = f"persistent p{v['per_sm']} s{v['stages']}" if v.get("per_sm") else "pid"
         return f"c{v['chunk']} w{v['warps']} {form} d{dps}"
 
     def run_shape(kind, M, N, runs, first, graphs):
