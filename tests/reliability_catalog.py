@@ -20,6 +20,7 @@ module of its own tests (or here) with its fixture name and two sample builders.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
@@ -181,6 +182,14 @@ def _act_ops(pkg) -> List[OpSample]:
         samples.append(OpSample(name, (lambda x, f=f: f(x)), make, grad=(0,)))
         samples.append(OpSample(f"{name}[eager]", (lambda x, f=f: f(x, rounding="eager")), make, grad=(0,)))
         samples.append(OpSample(f"{name}[out]", (lambda out, x, f=f: f(out, x)), make_out, out_arg=0))
+
+    def gate_up(device, dtype):  # up transposed: two tensors of one shape, their own strides
+        return randn((2, 3, D_ACT), device, dtype, 2.0), randn((D_ACT, 3, 2), device, dtype).permute(2, 1, 0)
+
+    for activation in ("silu", "gelu", "gelu_tanh"):
+        samples.append(OpSample(f"act_and_mul[{activation}]",
+                                (lambda g, u, a=activation: pkg.act_and_mul(g, u, activation=a)), gate_up,
+                                grad=(0, 1)))
     return samples
 
 
@@ -209,7 +218,22 @@ def _act_layers(pkg) -> List[LayerSample]:
     out += [LayerSample(n, (lambda d, t, n=n: _hf_act(n)), plain) for n in
             ("SiLUActivation", "GELUActivation", "GELUTanh", "NewGELUActivation", "FastGELUActivation",
              "QuickGELUActivation")]
+    out.append(LayerSample("LlamaMLP", _llama_mlp, lambda device, dtype: (randn((2, 3, N_HIDDEN), device, dtype),)))
     return out
+
+
+N_HIDDEN = 19  # the gated MLP's hidden size (prime); intermediate D_ACT
+
+
+def _llama_mlp(device, dtype):
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    # the attributes LlamaMLP.__init__ reads (a LlamaConfig would also validate attention sizes)
+    mlp = LlamaMLP(SimpleNamespace(hidden_size=N_HIDDEN, intermediate_size=D_ACT, hidden_act="silu", mlp_bias=True))
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.copy_(torch.randn(p.shape) / p.shape[-1] ** 0.5)
+    return mlp.to(device=device, dtype=dtype)
 
 
 register("activations", _act_ops, _act_layers)

@@ -703,8 +703,9 @@ def test_one_axis_grid_covers_every_tile(activations, device, op, monkeypatch):
         out = torch.full((37, 2 * expected[0].shape[1]), float("nan"), dtype=torch.bfloat16, device=device)[:, ::2]
         call(activations, op, out, x)
         assert torch.equal(out, expected[0])
-        plan = A._cached_plan(A._act_fwd_kernel, _module(activations, "_common").OPS[op], op in GATED_ACT, 0.0, x,
-                              expected[0].shape[1], (x, expected[0]))
+        spec = _module(activations, "_common").OPS[op]
+        plan = A._cached_plan(A._act_fwd_kernel, spec, op in GATED_ACT, 0.0, x, expected[0].shape[1],
+                              A._fwd_lead(*A._halves(x, spec), expected[0]))
         assert len(plan.grid) == 1
     finally:
         _clear_plans(activations)
@@ -781,8 +782,9 @@ def test_gpu_fast_math_exact_for_every_bf16_value(activations, device, op, round
         x = g.view(1, -1)
     y = call(activations, op, x, rounding=rounding)
     d = y.shape[-1]
-    plans = {None: A._cached_plan(A._act_fwd_kernel, C.OPS[op], eager_rounding, 0.0, x, d, (x, y)),  # y's plan
-             False: A._plan(A._act_fwd_kernel, C.OPS[op], eager_rounding, 0.0, x, d, (x, y), fast=False)}
+    lead = A._fwd_lead(*A._halves(x, C.OPS[op]), y)
+    plans = {None: A._cached_plan(A._act_fwd_kernel, C.OPS[op], eager_rounding, 0.0, x, d, lead),  # y's plan
+             False: A._plan(A._act_fwd_kernel, C.OPS[op], eager_rounding, 0.0, x, d, lead, fast=False)}
     chosen = dict(plans[None].meta)
     assert chosen["FAST"] is (eager_rounding or not gated) and chosen["GRID_1D"] is chosen["FAST"], chosen
     exact = torch.full_like(y, float("nan"))
@@ -901,7 +903,7 @@ def test_flat_tiles_rule(activations, device):
     assert not A._flat_tiles(ops["gelu"], tiny, False, 5, 96, (strided, x))
     assert not A._flat_tiles(ops["gelu"], tiny, False, 5, 96, (x[:1].expand(5, 96), x))
     assert not A._flat_tiles(ops["gelu"], one, False, 2**27, 16, both)
-    plan = A._plan(A._act_fwd_kernel, ops["gelu_fast"], False, 0.0, x, 96, both)
+    plan = A._plan(A._act_fwd_kernel, ops["gelu_fast"], False, 0.0, x, 96, (x, *both))
     assert dict(plan.meta)["FLAT"] is (device != "cpu") and (device == "cpu" or plan.grid == (4,))
 
 
@@ -927,3 +929,95 @@ def test_u_first_same_bits(activations, device, op, monkeypatch):
                                  lambda: torch.full((13, 662), float("nan"), dtype=torch.float32, device=device)[:, 1::2])
     assert not torch.isnan(off).any()
     assert torch.equal(off, on)
+
+
+# ----------------------------------------------------------------------------- act_and_mul: gate and up as two tensors
+
+GATE_UP_ACTS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul", "gelu_tanh": "gelu_tanh_and_mul"}
+
+
+def _gate_up_layouts(shape, dtype, device):
+    """(name, gate, up): contiguous; up transposed; gate expanded (stride 0); both narrow views with a storage
+    offset."""
+    g, u = rand(shape, dtype, device), rand(shape, dtype, device, scale=2.0)
+    yield "contiguous", g, u
+    n = shape[-1]
+    ut = rand((n, *shape[:-1]), dtype, device).movedim(0, -1)
+    yield "up transposed", g, ut
+    yield "gate expanded", g[..., :1, :].expand(shape), u
+    wide = rand((*shape[:-1], 3 * n + 5), dtype, device)
+    yield "narrow views", wide[..., 5:5 + n], wide[..., 5 + 2 * n:5 + 3 * n]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", list(GATE_UP_ACTS))
+@pytest.mark.parametrize("shape", [(3, 7, 37), (5, 131), (2, 4097)])
+def test_act_and_mul_equals_the_gated_op_and_eager(activations, device, activation, dtype, shape):
+    """``act_and_mul(gate, up)`` is the gated op of ``cat([gate, up])`` bit for bit (one kernel, two pointers),
+    the eager ``act(gate) * up`` (bitwise on a GPU; on the CPU torch's fp32 exp / erf / tanh differ in rare last
+    bits) and the fp64 math within one rounding of the eager act, for every layout."""
+    act = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[activation]
+    op = GATE_UP_ACTS[activation]
+    for name, g, u in _gate_up_layouts(shape, dtype, device):
+        y = activations.act_and_mul(g, u, activation=activation)
+        assert y.shape == g.shape and y.dtype == dtype and y.is_contiguous(), name
+        assert _bits_equal(y, call(activations, op, torch.cat([g, u], dim=-1))), name
+        expected = act(g) * u
+        if device == "cpu":
+            assert_mostly_exact(y, expected, tail_noise(op, torch.cat([g, u], dim=-1)), ulps=2)
+        else:
+            assert _bits_equal(y, expected), name
+        fused = activations.act_and_mul(g, u, activation=activation, rounding="fused")
+        assert_close_ref(fused, reference(op, torch.cat([g, u], dim=-1)), ulps=ULPS[dtype] + (dtype == torch.float32))
+
+
+@pytest.mark.parametrize("activation", list(GATE_UP_ACTS))
+def test_act_and_mul_gradients(activations, device, activation):
+    """Gradients of gate and up against fp64 autograd of the math (fp32 inputs, a transposed up)."""
+    g = rand((6, 67), torch.float32, device).requires_grad_()
+    u = rand((67, 6), torch.float32, device).t().requires_grad_()
+    y = activations.act_and_mul(g, u, activation=activation)
+    dy = torch.randn_like(y)
+    dg, du = torch.autograd.grad(y, (g, u), dy)
+    g64, u64 = g.detach().double().requires_grad_(), u.detach().double().requires_grad_()
+    dg64, du64 = torch.autograd.grad(ACT64[activation](g64) * u64, (g64, u64), dy.double())
+    for got, ref in ((dg, dg64), (du, du64)):
+        assert got.shape == ref.shape and got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), ref, rtol=GRAD_REL, atol=GRAD_REL * ref.abs().max().item())
+
+
+def test_act_and_mul_inference_plans(activations, device):
+    """The inference fast path (plans kept per signature, addresses of either 16-byte alignment) gives the
+    general path's bits, for empty, 0-d and repeated calls."""
+    g = rand((8, 33), torch.float16, device)
+    buf = rand((8 * 33 + 8,), torch.float16, device)
+    for offset in (0, 1, 8):  # up 16-byte aligned or not
+        u = buf[offset:offset + 8 * 33].view(8, 33)
+        with torch.no_grad():
+            first = activations.act_and_mul(g, u)
+            again = activations.act_and_mul(g, u)
+        general = activations.act_and_mul(g.clone().requires_grad_(), u)
+        assert _bits_equal(first, again) and _bits_equal(first, general.detach())
+    for shape in ((0, 5), (3, 0), ()):
+        a, b = rand(shape, torch.float32, device), rand(shape, torch.float32, device)
+        with torch.no_grad():
+            y = activations.act_and_mul(a, b)
+        assert y.shape == a.shape and torch.equal(y, activations.act_and_mul(a.clone().requires_grad_(), b).detach())
+
+
+def test_act_and_mul_errors_name_the_argument(activations, device):
+    g, u = rand((4, 6), torch.float32, device), rand((4, 6), torch.float32, device)
+    cases = [  # (gate, up, keywords, error, message)
+        (g, u, dict(activation="relu"), ValueError, "activation must be one of"),
+        (g, u, dict(activation=["silu"]), ValueError, "activation must be one of"),
+        (g, u, dict(rounding="exact"), ValueError, "rounding must be"),
+        (g, u[:, :5], {}, ValueError, "up must have gate's shape"),
+        (g, u.half(), {}, TypeError, "up must have gate's dtype"),
+        (g.double(), u.double(), {}, TypeError, "gate must have dtype"),
+        (g, u.tolist(), {}, TypeError, "up must be a torch.Tensor"),
+        (g.int(), u, {}, TypeError, "gate must have dtype"),
+    ]
+    for gate, up, keywords, error, message in cases:
+        for grad in (False, True):  # the inference fast path and the general path check alike
+            with torch.set_grad_enabled(grad), pytest.raises(error, match=message):
+                activations.act_and_mul(gate, up, **keywords)

@@ -10,6 +10,7 @@ of ``1 + erf(u)``, u << 0, where torch's own CPU fp16 and fp32 kernels disagree 
 """
 
 import functools
+import types
 
 import pytest
 import torch
@@ -77,7 +78,7 @@ def _seed():
 
 
 def test_layers_follow_the_hub_layer_rules(activations):
-    for name in KC_LAYERS + HF_LAYERS:
+    for name in KC_LAYERS + HF_LAYERS + ["LlamaMLP"]:
         cls = getattr(activations.layers, name)
         assert issubclass(cls, nn.Module) and cls.__init__ is nn.Module.__init__
         assert cls.has_backward is True and cls.can_torch_compile is True
@@ -137,6 +138,92 @@ def test_layer_gradients_match_module_autograd(activations, device, layer, make,
     getattr(activations.layers, layer).forward(module, xl).backward(dy)
     module(xm).backward(dy.double())
     assert_close_ref(xl.grad, xm.grad, rel_atol=2.0**-19)
+
+
+# ----------------------------------------------------------------------------- the gated MLP layer
+
+# act_fn -> (the op whose tail noise applies, whether the layer fuses it)
+MLP_ACTS = {
+    "SiLUActivation": (lambda: _hf("SiLUActivation"), "silu_and_mul", True),
+    "nn.SiLU": (nn.SiLU, "silu_and_mul", True),
+    "GELUTanh": (lambda: _hf("GELUTanh"), "gelu_tanh_and_mul", True),
+    "GELUActivation": (lambda: _hf("GELUActivation"), "gelu_and_mul", True),
+    "nn.GELU(tanh)": (lambda: nn.GELU(approximate="tanh"), "gelu_tanh_and_mul", True),
+    "GELUTanh(python)": (lambda: _hf("GELUTanh", use_gelu_tanh_python=True), None, False),
+    "nn.ReLU": (nn.ReLU, None, False),
+}
+
+
+def _mlp(act_fn, dtype, device, hidden=23, intermediate=131, bias=False):
+    from types import SimpleNamespace
+
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    mlp = LlamaMLP(SimpleNamespace(hidden_size=hidden, intermediate_size=intermediate, hidden_act="silu",
+                                   mlp_bias=bias))
+    mlp.act_fn = act_fn
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.copy_(torch.randn(p.shape) / p.shape[-1] ** 0.5)
+    return mlp.to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", list(MLP_ACTS))
+def test_gated_mlp_layer_equals_the_module(activations, device, act, dtype):
+    """``LlamaMLP`` against transformers' module with each act_fn: the fused kernel where the act is known (the
+    projections are the module's own, so only ``act_fn(gate) * up`` can differ: bitwise on a GPU, within the CPU
+    exp / erf noise here), the module's own formula otherwise (bitwise everywhere)."""
+    make, op, fused = MLP_ACTS[act]
+    mlp = _mlp(make(), dtype, device, bias=act == "nn.SiLU")
+    A = activations.layers
+    assert (A._fusable_activation(mlp.act_fn) is not None) is fused
+    x = rand((3, 5, 23), dtype, device, scale=2.0)
+    with torch.no_grad():
+        y = A.LlamaMLP.forward(mlp, x)
+        expected = mlp(x)
+        inner = mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)
+        got_inner = activations.act_and_mul(mlp.gate_proj(x), mlp.up_proj(x), activation=A._fusable_activation(
+            mlp.act_fn)) if fused else inner
+    assert y.dtype == expected.dtype and y.shape == expected.shape
+    if not fused or device != "cpu":
+        assert torch.equal(y, expected)
+    else:
+        assert_mostly_exact(got_inner, inner, tail_noise(op, torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], -1)),
+                            ulps=2)
+        assert torch.equal(y, mlp.down_proj(got_inner))
+
+
+def test_gated_mlp_layer_runs_an_act_fn_with_hooks_or_its_own_forward(activations, device):
+    """An act_fn with a forward hook, or whose forward an instance replaced, runs as the module would."""
+    A = activations.layers
+    mlp = _mlp(_hf("SiLUActivation"), torch.float32, device)
+    x = rand((4, 23), torch.float32, device)
+    seen = []
+    handle = mlp.act_fn.register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    assert A._fusable_activation(mlp.act_fn) is None
+    with torch.no_grad():
+        assert torch.equal(A.LlamaMLP.forward(mlp, x), mlp(x)) and len(seen) == 2
+    handle.remove()
+    mlp.act_fn.forward = lambda t: torch.relu(t)  # an instance forward of someone else's
+    assert A._fusable_activation(mlp.act_fn) is None
+    with torch.no_grad():
+        assert torch.equal(A.LlamaMLP.forward(mlp, x), mlp(x))
+    mlp.act_fn.forward = types.MethodType(A.SiLUActivation.forward, mlp.act_fn)  # kernelized by our layer
+    assert A._fusable_activation(mlp.act_fn) == "silu"
+
+
+def test_gated_mlp_layer_gradients(activations, device):
+    """Gradients of x and of the projections' weights against the module's autograd (fp32)."""
+    mlp = _mlp(_hf("SiLUActivation"), torch.float32, device, bias=True)
+    x = rand((3, 5, 23), torch.float32, device).requires_grad_()
+    y = activations.layers.LlamaMLP.forward(mlp, x)
+    dy = torch.randn_like(y)
+    params = [x, *mlp.parameters()]
+    got = torch.autograd.grad(y, params, dy)
+    expected = torch.autograd.grad(mlp(x), params, dy)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=2**-18, atol=2**-18 * e.abs().max().item())
 
 
 def _mapping(layers, device):

@@ -6,6 +6,7 @@ allocate their output and support autograd:
 
     y = silu_and_mul(x)          # (..., 2d) -> (..., d), differentiable
     silu_and_mul(out, x)         # writes into out (any strides), returns out
+    y = act_and_mul(gate, up)    # silu(gate) * up for two tensors (a gated MLP's two projections)
 
 Inputs and outputs may be views (``chunk``/``narrow`` halves, expanded tensors,
 storage offsets): the kernels address them through their strides, with no copy.
@@ -24,6 +25,7 @@ On CPU tensors the kernels run under the Triton interpreter: set
 from . import layers
 from ._launch import LaunchConfig, pick_config
 from .functional import (
+    act_and_mul,
     fatrelu_and_mul,
     gelu,
     gelu_and_mul,
@@ -39,6 +41,7 @@ from .functional import (
 
 __all__ = [
     "LaunchConfig",
+    "act_and_mul",
     "fatrelu_and_mul",
     "gelu",
     "gelu_and_mul",

@@ -73,6 +73,37 @@ def check_x(name: str, x, gated: bool) -> None:
             raise ValueError(f"{name}: the last dim of x must be even (2 * d), got x of shape {tuple(x.shape)}")
 
 
+GATED_ACTIVATIONS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul", "gelu_tanh": "gelu_tanh_and_mul"}
+"""``act_and_mul``'s activations -> the gated op whose kernel computes it."""
+
+
+def check_gate_up(gate, up, activation) -> str:
+    """Validates the arguments of ``act_and_mul``; returns the gated op (``GATED_ACTIVATIONS``).
+
+    Raises:
+        TypeError: gate or up not a tensor, a dtype other than fp16/bf16/fp32, or up's dtype not gate's.
+        ValueError: an unknown activation, shapes that differ, tensors on two devices.
+    """
+    try:
+        op = GATED_ACTIVATIONS.get(activation)
+    except TypeError:  # unhashable
+        op = None
+    if op is None:
+        raise ValueError(f"act_and_mul: activation must be one of {sorted(GATED_ACTIVATIONS)}, got {activation!r}")
+    for arg, t in (("gate", gate), ("up", up)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"act_and_mul: {arg} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"act_and_mul: {arg} must have dtype {_DTYPE_NAMES}, got {t.dtype}")
+    if up.dtype != gate.dtype:
+        raise TypeError(f"act_and_mul: up must have gate's dtype {gate.dtype}, got {up.dtype}")
+    if up.shape != gate.shape:
+        raise ValueError(f"act_and_mul: up must have gate's shape {tuple(gate.shape)}, got {tuple(up.shape)}")
+    if up.device != gate.device:
+        raise ValueError(f"act_and_mul: up is on {up.device} but gate is on {gate.device}: both must be on one device")
+    return op
+
+
 def check_out(name: str, out, x: torch.Tensor, gated: bool) -> None:
     """Validates ``out`` of the ``(out, x)`` form against ``x``.
 

@@ -70,7 +70,8 @@ def _act_fwd_kernel(
     M,  # rows: the product of the leading sizes
     D1, D2,  # sizes of leading dims 1 and 2 (dim 0 spans the rest); 1 when unused (constants then)
     N,  # columns per row (d)
-    stride_x0, stride_x1, stride_x2, stride_xn,  # elements x moves per leading index / per column
+    stride_x0, stride_x1, stride_x2, stride_xn,  # elements g moves per leading index / per column
+    stride_u0, stride_u1, stride_u2, stride_un,  # the same for u (g's for a plain activation: unused)
     stride_y0, stride_y1, stride_y2, stride_yn,  # the same for y
     threshold,  # fatrelu threshold (fp32)
     round_square,  # GELU_NEW eager: 1 if pow(x, 3.0) rounds x * x first
@@ -88,6 +89,7 @@ def _act_fwd_kernel(
     if FLAT:  # one grid axis over the M * N elements: no row / column split (see _flat_tiles)
         x_off = tl.program_id(0) * (ROWS * BLOCK_N) + tl.arange(0, ROWS * BLOCK_N)
         mask = x_off < M * N
+        u_off = x_off
         y_off = x_off
     else:
         if GRID_1D:
@@ -102,14 +104,15 @@ def _act_fwd_kernel(
         mask = (rows < M)[:, None] & (offs < N)[None, :]
         cols = offs.to(tl.int64)
         x_off = _tile_offsets(rows, cols, D1, D2, stride_x0, stride_x1, stride_x2, stride_xn)
+        u_off = _tile_offsets(rows, cols, D1, D2, stride_u0, stride_u1, stride_u2, stride_un)
         y_off = _tile_offsets(rows, cols, D1, D2, stride_y0, stride_y1, stride_y2, stride_yn)
     g = tl.load(g_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
     if U_FIRST:
-        u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + u_off, mask=mask, other=0.0).to(tl.float32)
     y = activation(g, threshold, round_square, ACT, R, LIBDEVICE, FAST)
     if u_ptr is not None:
         if not U_FIRST:
-            u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+            u = tl.load(u_ptr + u_off, mask=mask, other=0.0).to(tl.float32)
         y = round_to(y, R) * u
     OUT: tl.constexpr = y_ptr.dtype.element_ty
     tl.store(y_ptr + y_off, round_to(y, OUT).to(OUT), mask=mask)
@@ -122,8 +125,9 @@ def _act_bwd_kernel(
     dg_ptr, du_ptr,  # gradient of g and of u (du_ptr None when plain); x's dtype
     M, D1, D2, N,
     stride_dy0, stride_dy1, stride_dy2, stride_dyn,
-    stride_x0, stride_x1, stride_x2, stride_xn,
-    stride_dx0, stride_dx1, stride_dx2, stride_dxn,
+    stride_x0, stride_x1, stride_x2, stride_xn,  # g's
+    stride_u0, stride_u1, stride_u2, stride_un,  # u's (g's for a plain activation: unused)
+    stride_dx0, stride_dx1, stride_dx2, stride_dxn,  # dg's and du's
     threshold, round_square,
     ACT: tl.constexpr, R: tl.constexpr, LIBDEVICE: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -139,7 +143,8 @@ def _act_bwd_kernel(
     g = tl.load(g_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
     DX: tl.constexpr = dg_ptr.dtype.element_ty
     if u_ptr is not None:
-        u = tl.load(u_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+        u_off = _tile_offsets(rows, cols, D1, D2, stride_u0, stride_u1, stride_u2, stride_un)
+        u = tl.load(u_ptr + u_off, mask=mask, other=0.0).to(tl.float32)
         y, grad = activation_and_grad(g, threshold, round_square, ACT, R, LIBDEVICE)
         dg = dy * grad * u
         du = dy * round_to(y, R)
@@ -156,6 +161,16 @@ def _halves(x: Tensor, spec: OpSpec) -> Tuple[Tensor, Optional[Tensor]]:
     d = x.shape[-1] // 2
     first, second = x.narrow(-1, 0, d), x.narrow(-1, d, d)
     return (second, first) if spec.act_on_second else (first, second)
+
+
+def _fwd_lead(g: Tensor, u: Optional[Tensor], y: Tensor) -> Tuple[Tensor, ...]:
+    """The tensors whose strides the forward kernel takes, in its order: g, u (g again for a plain op), y."""
+    return g, g if u is None else u, y
+
+
+def _bwd_lead(dy: Tensor, g: Tensor, u: Optional[Tensor], dg: Tensor) -> Tuple[Tensor, ...]:
+    """The same for the backward kernel: dy, g, u (or g), dg (du shares dg's strides)."""
+    return dy, g, g if u is None else u, dg
 
 
 def _launch(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int, lead: Tuple[Tensor, ...],
@@ -300,7 +315,7 @@ def _forward_all_bf16(spec: OpSpec, eager: bool, x: Tensor, fast: bool) -> Tenso
     """The forward of the (1, 65536) activation input ``x`` (gated: with its multiplier half) with ``fast`` forced."""
     out = torch.full((1, 65536), float("nan"), dtype=torch.bfloat16, device=x.device)
     first, second = _halves(x, spec)
-    _plan(_act_fwd_kernel, spec, eager, 0.0, x, 65536, (x, out), fast=fast)((first, second, out))
+    _plan(_act_fwd_kernel, spec, eager, 0.0, x, 65536, _fwd_lead(first, second, out), fast=fast)((first, second, out))
     return out
 
 
@@ -319,7 +334,7 @@ def forward_into(out: Tensor, x: Tensor, spec: OpSpec, eager: bool, threshold: f
         return
     out, x = _as_1d(out, x)
     g, u = _halves(x, spec)
-    _launch(_act_fwd_kernel, spec, eager, threshold, x, g.shape[-1], (x, out), (g, u, out))
+    _launch(_act_fwd_kernel, spec, eager, threshold, x, g.shape[-1], _fwd_lead(g, u, out), (g, u, out))
 
 
 def _new_output(x: Tensor, spec: OpSpec) -> Tensor:
@@ -349,7 +364,7 @@ def infer_plan(x: Tensor, op: str, eager: bool, threshold: float):
     g, u = _halves(x1, spec)
     run = None
     if out.numel() > 0:
-        run = _cached_plan(_act_fwd_kernel, spec, eager, threshold, x1, g.shape[-1], (x1, out1))
+        run = _cached_plan(_act_fwd_kernel, spec, eager, threshold, x1, g.shape[-1], _fwd_lead(g, u, out1))
         if run is _SPLIT:
             return None
     # byte offsets of the two operands from x's address (the views _halves would build per call)
@@ -402,7 +417,7 @@ def _act_bwd_impl(dy: Tensor, x: Tensor, op: str, eager: bool, threshold: float)
     dy1, x1, dx1 = _as_1d(dy, x, dx)
     g, u = _halves(x1, spec)
     dg, du = _halves(dx1, spec)
-    _launch(_act_bwd_kernel, spec, eager, threshold, x1, g.shape[-1], (dy1, x1, dx1), (dy1, g, u, dg, du))
+    _launch(_act_bwd_kernel, spec, eager, threshold, x1, g.shape[-1], _bwd_lead(dy1, g, u, dg), (dy1, g, u, dg, du))
     return dx
 
 
@@ -437,3 +452,89 @@ def act_forward(x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
 def act_forward_out(out: Tensor, x: Tensor, op: str, eager: bool, threshold: float) -> None:
     """The ``(out, x)`` form (the op, or its implementation in plain eager code)."""
     call_op(_act_fwd_out, _act_fwd_out_impl, out, x, op, eager, threshold)
+
+
+# ----------------------------------------------------------------------------- act(gate) * up on two tensors
+# The gated ops above read the two halves of one tensor; a gated MLP (LlamaMLP: act_fn(gate_proj(x)) * up_proj(x))
+# has them as two tensors. The same kernels read them through their own pointers and strides.
+
+
+def _act_mul_fwd_impl(gate: Tensor, up: Tensor, op: str, eager: bool) -> Tensor:
+    """``act(gate) * up`` (op: a gated op of ``OPS``, its activation on gate): contiguous, gate's shape and dtype."""
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if out.numel() > 0:
+        g, u, y = _as_1d(gate, up, out)
+        _launch(_act_fwd_kernel, OPS[op], eager, 0.0, g, g.shape[-1], (g, u, y), (g, u, y))
+    return out
+
+
+EMPTY = object()  # act_mul_plan of an empty output: nothing to launch
+
+
+def act_mul_plan(gate: Tensor, up: Tensor, op: str, eager: bool):
+    """The pinned launch (:class:`FixedLaunch`) of ``_act_mul_fwd_impl`` for a validated call, ``EMPTY`` for an
+    empty output, or None for a layout that takes several launches (the general path serves it). A function of both
+    inputs' shapes, strides, dtype, device and 16-byte alignment and the arguments: callers keep it per such
+    signature and run it with :func:`act_mul_infer`."""
+    if gate.numel() == 0:
+        return EMPTY
+    g, u = _as_1d(gate, up)
+    y = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+    run = _cached_plan(_act_fwd_kernel, OPS[op], eager, 0.0, g, g.shape[-1], (g, u, y))
+    return None if run is _SPLIT else run.pinned()
+
+
+def act_mul_infer(run, gate: Tensor, up: Tensor) -> Tensor:
+    """``_act_mul_fwd_impl`` of a call whose :func:`act_mul_plan` is ``run`` (the same output, one launch)."""
+    out = torch.empty_like(gate) if gate.is_contiguous() else torch.empty(gate.shape, dtype=gate.dtype,
+                                                                          device=gate.device)
+    if run is not EMPTY and not run.at((gate.data_ptr(), up.data_ptr(), out.data_ptr())):
+        run(_as_1d(gate, up, out))
+    return out
+
+
+_act_mul_fwd = torch.library.custom_op(add_op_namespace_prefix("act_mul_fwd"), _act_mul_fwd_impl, mutates_args=())
+
+
+@_act_mul_fwd.register_fake
+def _(gate, up, op, eager):
+    return gate.new_empty(gate.shape)
+
+
+def _act_mul_bwd_impl(dy: Tensor, gate: Tensor, up: Tensor, op: str, eager: bool) -> Tuple[Tensor, Tensor]:
+    """Gradients of ``act(gate) * up`` with respect to gate and up: contiguous, gate's shape and dtype."""
+    dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    dup = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if dy.numel() > 0:
+        dy1, g, u, dg, du = _as_1d(dy, gate, up, dgate, dup)
+        _launch(_act_bwd_kernel, OPS[op], eager, 0.0, g, g.shape[-1], _bwd_lead(dy1, g, u, dg), (dy1, g, u, dg, du))
+    return dgate, dup
+
+
+_act_mul_bwd = torch.library.custom_op(add_op_namespace_prefix("act_mul_bwd"), _act_mul_bwd_impl, mutates_args=())
+
+
+@_act_mul_bwd.register_fake
+def _(dy, gate, up, op, eager):
+    return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
+
+
+def _act_mul_setup_context(ctx, inputs, output):
+    gate, up, op, eager = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.op, ctx.eager = op, eager
+
+
+def _act_mul_backward(ctx, dy):
+    gate, up = ctx.saved_tensors
+    dgate, dup = call_op(_act_mul_bwd, _act_mul_bwd_impl, dy, gate, up, ctx.op, ctx.eager)
+    return dgate, dup, None, None
+
+
+_act_mul_fwd.register_autograd(_act_mul_backward, setup_context=_act_mul_setup_context)
+_ACT_MUL_AUTOGRAD = eager_autograd(_act_mul_fwd, _act_mul_fwd_impl, _act_mul_setup_context, _act_mul_backward)
+
+
+def act_mul_forward(gate: Tensor, up: Tensor, op: str, eager: bool) -> Tensor:
+    """``act(gate) * up`` with autograd (the op, or its implementation in plain eager code)."""
+    return call_op(_act_mul_fwd, _act_mul_fwd_impl, gate, up, op, eager, autograd=_ACT_MUL_AUTOGRAD)

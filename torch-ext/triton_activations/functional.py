@@ -51,14 +51,15 @@ from typing import Optional
 
 import torch
 
-from ._common import OPS, check_out, check_rounding, check_threshold, check_x
+from ._common import OPS, check_gate_up, check_out, check_rounding, check_threshold, check_x
 from ._dispatch import inference
 from ._fastlaunch import PlanCache
-from .activation import act_forward, act_forward_out, infer, infer_plan
+from .activation import act_forward, act_forward_out, act_mul_forward, act_mul_infer, act_mul_plan, infer, infer_plan
 
 Tensor = torch.Tensor
 
 _INFER_PLANS = PlanCache()
+_GATE_UP_PLANS = PlanCache()  # act_and_mul's
 _GENERAL = object()  # plan of a call the general path serves
 
 
@@ -97,6 +98,48 @@ def silu_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: s
     See the module docstring for shapes, ``rounding``, errors and precision.
     """
     return _apply("silu_and_mul", out_or_x, x, rounding)
+
+
+def act_and_mul(gate: Tensor, up: Tensor, *, activation: str = "silu", rounding: str = "eager") -> Tensor:
+    """``act(gate) * up`` for two tensors of one shape: a gated MLP's activation (SwiGLU, GeGLU) where gate and up
+    come from two projections, as in transformers' ``LlamaMLP``: ``act_fn(gate_proj(x)) * up_proj(x)``.
+
+    The ``*_and_mul`` ops' math and kernel (:func:`silu_and_mul` for ``activation="silu"``, :func:`gelu_and_mul`
+    for ``"gelu"``, :func:`gelu_tanh_and_mul` for ``"gelu_tanh"``) on operands read through their own pointers
+    and strides: no concatenation, no copy. With ``rounding="eager"`` (default) the result is bit-identical to
+    eager ``F.silu(gate) * up`` (``F.gelu(gate)``, ``F.gelu(gate, approximate="tanh")``); ``"fused"`` rounds once.
+
+    Args:
+        gate: (...), fp16/bf16/fp32, any strides; the activation's input.
+        up: gate's shape, dtype and device, any strides; the multiplier.
+        activation: ``"silu"``, ``"gelu"`` (erf) or ``"gelu_tanh"``.
+        rounding: ``"eager"`` or ``"fused"`` (module docstring).
+
+    Returns:
+        a new contiguous tensor of gate's shape and dtype, differentiable with respect to gate and up
+        (backward: ``dgate = dy * up * act'(gate)``, ``dup = dy * act(gate)``, in fp32, one rounding each).
+
+    Raises:
+        TypeError: a non-tensor, a dtype other than fp16/bf16/fp32, or dtypes that differ.
+        ValueError: an unknown activation or rounding, shapes that differ, two devices.
+        RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
+    """
+    if inference((gate, up)):
+        # plain eager inference: one validated plan per call signature (host time of a decode step's MLP)
+        key = (activation, rounding, gate.dtype, gate.shape, gate.stride(), gate.device, gate.data_ptr() & 15,
+               up.dtype, up.shape, up.stride(), up.device, up.data_ptr() & 15)
+        try:
+            plan = _GATE_UP_PLANS.get(key)
+        except TypeError:  # an unhashable activation or rounding: the general path names it
+            plan = _GENERAL
+        if plan is None:
+            op = check_gate_up(gate, up, activation)
+            eager = check_rounding("act_and_mul", rounding)
+            plan = _GATE_UP_PLANS.add(key, act_mul_plan(gate, up, op, eager) or _GENERAL)
+        if plan is not _GENERAL:
+            return act_mul_infer(plan, gate, up)
+    op = check_gate_up(gate, up, activation)
+    return act_mul_forward(gate, up, op, check_rounding("act_and_mul", rounding))
 
 
 def mul_and_silu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "eager") -> Tensor:

@@ -37,8 +37,8 @@ from torch import nn
 
 from ._autocast import autocast_to
 from .functional import (
-    fatrelu_and_mul, gelu, gelu_and_mul, gelu_fast, gelu_new, gelu_quick, gelu_tanh, gelu_tanh_and_mul, mul_and_silu,
-    silu, silu_and_mul,
+    act_and_mul, fatrelu_and_mul, gelu, gelu_and_mul, gelu_fast, gelu_new, gelu_quick, gelu_tanh, gelu_tanh_and_mul,
+    mul_and_silu, silu, silu_and_mul,
 )
 
 
@@ -339,3 +339,66 @@ class QuickGELUActivation(nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return gelu_quick(input, rounding="eager")
+
+
+# ----------------------------------------------------------------------------- transformers' gated MLP
+
+
+class LlamaMLP(nn.Module):
+    """transformers' gated MLP, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, exact, with ``act_fn(gate) * up``
+    in one kernel (:func:`~.functional.act_and_mul`, the eager rounding points) instead of two eager ops.
+
+    Serves every class of that forward (``LlamaMLP``, ``MistralMLP``, ``Qwen2MLP``, ``Qwen3MLP``, ``GemmaMLP``,
+    ``Phi3``-style excluded: its gate and up are one projection). The projections are the module's own (called as
+    modules: hooks, quantised linears and device maps keep working). ``act_fn`` decides the kernel on every call:
+    transformers' ``SiLUActivation`` / ``nn.SiLU`` -> silu, ``GELUTanh`` with ``F.gelu(approximate="tanh")`` ->
+    gelu_tanh, ``GELUActivation`` with ``F.gelu`` / ``nn.GELU`` -> gelu (erf or tanh as its ``approximate``). Any
+    other ``act_fn``, or one with hooks or its own ``forward``, runs as the module would: ``act_fn(gate) * up``.
+
+    Shapes:
+        - x: (..., hidden_size), the projections' dtype
+        - output: (..., hidden_size)
+    """
+
+    gate_proj: nn.Module
+    up_proj: nn.Module
+    down_proj: nn.Module
+    act_fn: nn.Module
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        activation = _fusable_activation(self.act_fn)
+        if activation is None:
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(act_and_mul(self.gate_proj(x), self.up_proj(x), activation=activation))
+
+
+_ACTIVATION_CLASSES = {  # (module, class name) -> act_and_mul's activation, for classes whose forward is fixed
+    ("transformers.activations", "SiLUActivation"): "silu",
+    ("torch.nn.modules.activation", "SiLU"): "silu",
+    ("transformers.activations", "PytorchGELUTanh"): "gelu_tanh",  # transformers < 5: F.gelu(approximate="tanh")
+}
+
+
+def _fusable_activation(act) -> str | None:
+    """``act_and_mul``'s activation equal to calling ``act`` (a module), or None when ``act`` must run itself:
+    an unknown class, a module with hooks or an instance ``forward`` other than this package's layers'."""
+    cls = type(act)
+    if getattr(act, "_forward_hooks", None) or getattr(act, "_forward_pre_hooks", None):
+        return None
+    own = vars(act).get("forward") if hasattr(act, "__dict__") else None
+    if own is not None and getattr(getattr(own, "__func__", None), "__module__", None) != __name__:
+        return None
+    key = (cls.__module__, cls.__name__)
+    known = _ACTIVATION_CLASSES.get(key)
+    if known is not None:
+        return known
+    if key == ("transformers.activations", "GELUTanh"):
+        return "gelu_tanh" if _is_partial_gelu_tanh(getattr(act, "act", None)) else None
+    if key == ("transformers.activations", "GELUActivation"):
+        return "gelu" if getattr(act, "act", None) is F.gelu else None
+    if cls is nn.GELU:
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(act.approximate)
+    return None
