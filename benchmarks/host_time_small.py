@@ -72,7 +72,7 @@ def tensors(device: str) -> dict:
 
     return dict(x1=r(1, 1, 576), w1=r(576), x16=r(16, 4096), w16=r(4096), b16=r(4096), q=r(1, 9, 1, 64),
                 k=r(1, 3, 1, 64), cos=r(1, 1, 64), sin=r(1, 1, 64), cache=r(1, 3, 100, 64), gate_up=r(1, 1, 3072),
-                gate=r(1, 1, 1536), w_lin=r(1536, 576))
+                gate=r(1, 1, 1536), up=r(1, 1, 1536), w_lin=r(1536, 576))
 
 
 def cases(t: dict, norms, attention, activations, softmax, matmul) -> dict:
@@ -88,7 +88,7 @@ def cases(t: dict, norms, attention, activations, softmax, matmul) -> dict:
     linear = matmul.layers.Linear()
     linear.weight, linear.bias = torch.nn.Parameter(t["w_lin"]), None
     q, k, cos, sin, cache, x16 = t["q"], t["k"], t["cos"], t["sin"], t["cache"], t["x16"]
-    return {
+    calls = {
         "rms_norm 16x4096": lambda: norms.rms_norm(x16, t["w16"], eps=1e-6),
         "LlamaRMSNorm layer 1x576": lambda: llama(t["x1"]),
         "layer_norm 16x4096 (w, b)": lambda: norms.layer_norm(x16, t["w16"], t["b16"], eps=1e-5),
@@ -102,6 +102,25 @@ def cases(t: dict, norms, attention, activations, softmax, matmul) -> dict:
         "matmul 1x576 @ 576x1536": lambda: matmul.matmul(t["x1"][0], t["w_lin"].t()),
         "Linear layer 1x1x576 -> 1536": lambda: linear(t["x1"]),
     }
+    # cases a base checkout may lack (its side then has no row for them)
+    if hasattr(activations, "act_and_mul"):
+        calls["act_and_mul 1x1536 (gate, up)"] = lambda: activations.act_and_mul(t["gate"], t["up"])
+    if hasattr(activations.layers, "LlamaMLP") and t["x1"].is_cuda:  # on the CPU the matmuls would be timed
+        mlp = _smollm2_mlp(t["x1"].device)
+        calls["LlamaMLP layer 1x1x576 (576 -> 1536)"] = lambda: activations.layers.LlamaMLP.forward(mlp, t["x1"])
+    return calls
+
+
+def _smollm2_mlp(device):
+    """transformers' LlamaMLP of SmolLM2-135M's sizes, bf16."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    torch.manual_seed(0)
+    config = SimpleNamespace(hidden_size=576, intermediate_size=1536, hidden_act="silu", mlp_bias=False)
+    return LlamaMLP(config).to(device=device, dtype=torch.bfloat16)
 
 
 def torch_cases(t: dict) -> dict:
@@ -126,6 +145,8 @@ def torch_cases(t: dict) -> dict:
             q, cache, cache, enable_gqa=True).transpose(1, 2).contiguous(),
         "matmul 1x576 @ 576x1536": lambda: t["x1"][0] @ t["w_lin"].t(),
         "Linear layer 1x1x576 -> 1536": lambda: F.linear(t["x1"], t["w_lin"]),
+        "act_and_mul 1x1536 (gate, up)": lambda: F.silu(t["gate"]) * t["up"],
+        "LlamaMLP layer 1x1x576 (576 -> 1536)": (lambda mlp=_smollm2_mlp(t["x1"].device): mlp(t["x1"])),
     }
 
 
@@ -156,7 +177,7 @@ def main() -> None:
         sides[side] = cases(inputs, *packages)
     if cuda:
         sides["torch"] = torch_cases(inputs)
-    results = {name: {side: [] for side in sides} for name in sides["new"]}
+    results = {name: {side: [] for side in sides if name in sides[side]} for name in sides["new"]}
     with torch.no_grad():
         for fns in sides.values():
             for fn in fns.values():
@@ -164,8 +185,8 @@ def main() -> None:
         sync()
         for _ in range(args.rounds):
             for name in results:
-                for side, fns in sides.items():
-                    fn = fns[name]
+                for side in results[name]:
+                    fn = sides[side][name]
                     sync()
                     start = time.perf_counter()
                     for _ in range(args.calls):
@@ -184,7 +205,8 @@ def main() -> None:
     lines = [header, "", "| call | " + " | ".join(names + [r for r, _ in ratios]) + " |",
              "|---|" + "---|" * (len(names) + len(ratios))]
     for name, row in table.items():
-        cells = [f"{row[s]:.2f}" for s in names] + [f"{row['new'] / row[other]:.2f}" for _, other in ratios]
+        cells = [f"{row[s]:.2f}" if s in row else "-" for s in names] + [
+            f"{row['new'] / row[other]:.2f}" if other in row else "-" for _, other in ratios]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     text = "\n".join(lines)
     print(text)

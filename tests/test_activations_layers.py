@@ -322,7 +322,8 @@ def test_shim_probe_maps_each_transformers_activation(layer, make, op):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_shim_kernelizes_tiny_llama_norms_and_silu(installed, device, dtype):
-    """families=ALL_FAMILIES: the MLP's SiLUActivation is swapped too; same logits and greedy tokens."""
+    """families=ALL_FAMILIES: the MLPs (act_fn(gate) * up in one kernel) and their SiLUActivation are swapped too;
+    same logits and greedy tokens."""
     from kernels import Mode
 
     from triton_collection.integrations.families import ALL_FAMILIES
@@ -339,8 +340,10 @@ def test_shim_kernelizes_tiny_llama_norms_and_silu(installed, device, dtype):
     report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
 
     assert report.swapped["model.layers.0.mlp.act_fn"] == "SiLUActivation"
-    assert sorted(report.swapped.values()) == ["LlamaRMSNorm"] * 5 + ["SiLUActivation"] * 2
+    assert report.swapped["model.layers.1.mlp"] == "LlamaMLP"
+    assert sorted(report.swapped.values()) == ["LlamaMLP"] * 2 + ["LlamaRMSNorm"] * 5 + ["SiLUActivation"] * 2
     assert report.layers["transformers.activations.SiLUActivation"] == f"{ORG}/triton-activations:SiLUActivation"
+    assert report.layers["transformers.models.llama.modeling_llama.LlamaMLP"] == f"{ORG}/triton-activations:LlamaMLP"
     with torch.no_grad():
         logits = model(ids).logits
     if dtype == torch.float16:

@@ -347,7 +347,8 @@ def test_decode_rate():
 
 
 def test_e2e_tiny_model_on_cpu(device, tmp_path, installed):
-    """The whole e2e flow on a tiny Llama: eager and kernelized (norms, SiLU, rotary) give the same greedy tokens."""
+    """The whole e2e flow on a tiny Llama: eager and kernelized (norms, MLPs, SiLU, rotary) give the same greedy
+    tokens."""
     if device != "cpu":
         pytest.skip("CPU flow check; the GPU runs the real shapes")
     result = e2e.run_e2e("tiny-llama", batches=(1, 3), new_tokens=3, prompt_len=5, device="cpu", dtype="float32", repeats=2)
@@ -359,11 +360,12 @@ def test_e2e_tiny_model_on_cpu(device, tmp_path, installed):
         assert rows[("eager", b)]["repeatable"] is True
         # timings on a shared CPU are noise (t(3 tokens) - t(1 token) may even be <= 0, reported as nan)
         assert k["prefill_ms"] > 0 and {"decode_tok_s", "per_seq_tok_s", "ms_per_step", "speedup"} <= set(k)
-    assert rows[("kernelize", 1)]["swapped"] == {"LlamaRMSNorm": 5, "SiLUActivation": 2, "RotaryPosEmb": 1}
+    assert rows[("kernelize", 1)]["swapped"] == {"LlamaRMSNorm": 5, "LlamaMLP": 2, "SiLUActivation": 2,
+                                                 "RotaryPosEmb": 1}
     paths = e2e.write_e2e_report(result, tmp_path, "e2e_tiny")
     md = paths[1].read_text()
     assert "| tiny-llama | 2 | 3 | kernelize |" in md and "| yes | yes |" in md
-    assert "kernelize swapped 5 × LlamaRMSNorm, 1 × RotaryPosEmb, 2 × SiLUActivation" in md
+    assert "kernelize swapped 2 × LlamaMLP, 5 × LlamaRMSNorm, 1 × RotaryPosEmb, 2 × SiLUActivation" in md
 
 
 

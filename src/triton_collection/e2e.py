@@ -9,7 +9,8 @@ For each model shape of :data:`MODELS` (random weights, real sizes, built from a
    position only, as ``generate`` does) and greedy decode throughput;
 2. optionally ``torch.compile`` of the eager model's forward (``--compile``; dynamic shapes);
 3. ours: :func:`triton_collection.integrations.transformers.kernelize` with ``ALL_FAMILIES``
-   (the norms from triton-norms, transformers' decorated activations from triton-activations)
+   (the norms from triton-norms; transformers' decorated activations and gated MLPs, ``act_fn(gate) * up``
+   in one kernel, from triton-activations)
    and :func:`~triton_collection.integrations.transformers_attention.kernelize_rotary`
    (transformers' kernelizable ``apply_rotary_pos_emb`` -> triton-attention's ``RotaryPosEmb``,
    bit-exact), then the same measurements; the greedy tokens must equal the eager ones.

@@ -17,7 +17,10 @@ family             output                           classes (examples)
 Activations (package ``triton-activations``, opt-in through :data:`ALL_FAMILIES`): the six
 classes transformers decorates with ``use_kernel_forward_from_hub`` (``SiLUActivation``,
 ``GELUActivation``, ``GELUTanh``, ``NewGELUActivation``, ``FastGELUActivation``,
-``QuickGELUActivation``), each to the layer of the same name that keeps its rounding points.
+``QuickGELUActivation``), each to the layer of the same name that keeps its rounding points;
+and transformers' gated MLPs (``down_proj(act_fn(gate_proj(x)) * up_proj(x))``: ``LlamaMLP``,
+``MistralMLP``, ``Qwen2MLP``, ``GemmaMLP``, ... any class with those three projections and an
+``act_fn``) to the ``LlamaMLP`` layer, which computes ``act_fn(gate) * up`` in one kernel.
 
 In fp32 the first three coincide for ``w = 1``; in half precision with a random weight they
 differ in the last bits, and one Llama-exact kernel is off by 3e-2 on the fp32-weight
@@ -109,6 +112,10 @@ def _ref_quick_gelu(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(1.702 * x)
 
 
+def _ref_gated_mlp(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return m.down_proj(m.act_fn(m.gate_proj(x)) * m.up_proj(x))
+
+
 @dataclass(frozen=True)
 class Family:
     """One numerics family and the Hub layer that reproduces it.
@@ -164,10 +171,14 @@ _HF_ACTIVATIONS = {
     "FastGELU": _activation("fast_gelu", "FastGELUActivation", _ref_fast_gelu),
     "QuickGELU": _activation("quick_gelu", "QuickGELUActivation", _ref_quick_gelu),
 }
-ACTIVATION_FAMILIES: tuple[Family, ...] = tuple(_HF_ACTIVATIONS.values())
-"""transformers' decorated activation classes (``kernelize(..., families=ALL_FAMILIES)``)."""
+GATED_MLP = Family("gated_mlp", "LlamaMLP", ACTIVATIONS_PACKAGE, _ref_gated_mlp,
+                   ("gate_proj", "up_proj", "down_proj", "act_fn"),
+                   frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP", "Gemma2MLP"}))
+"""transformers' gated MLPs: ``act_fn(gate) * up`` in one kernel, the projections the module's own."""
+ACTIVATION_FAMILIES: tuple[Family, ...] = (*_HF_ACTIVATIONS.values(), GATED_MLP)
+"""transformers' decorated activation classes and gated MLPs (``kernelize(..., families=ALL_FAMILIES)``)."""
 ALL_FAMILIES: tuple[Family, ...] = FAMILIES + ACTIVATION_FAMILIES
-"""Norms and activations."""
+"""Norms, activations and gated MLPs."""
 
 _HF_RMS_FAMILIES = (LLAMA, FP32_WEIGHT, GEMMA)
 _HF_KERNEL_LAYER_NAMES = {"RMSNorm", "RMSNormZeroCentered"}  # transformers' decorator names
@@ -175,6 +186,11 @@ _HF_KERNEL_LAYER_NAMES = {"RMSNorm", "RMSNormZeroCentered"}  # transformers' dec
 
 def _is_diffusers_rms_norm(cls: type) -> bool:
     return cls.__module__ == "diffusers.models.normalization" and cls.__qualname__ == "RMSNorm"
+
+
+def _is_gated_mlp(module: nn.Module) -> bool:
+    return all(isinstance(getattr(module, a, None), nn.Linear) for a in ("gate_proj", "up_proj", "down_proj")) \
+        and isinstance(getattr(module, "act_fn", None), nn.Module)
 
 
 def candidate_families(module: nn.Module) -> tuple[Family, ...]:
@@ -190,6 +206,8 @@ def candidate_families(module: nn.Module) -> tuple[Family, ...]:
         return (TORCH_RMS,)
     if _is_diffusers_rms_norm(cls):
         return (DIFFUSERS_RMS,)
+    if _is_gated_mlp(module):
+        return (GATED_MLP,)
     # `kernel_layer_name` is read from the class dict of the transformers-decorated class only.
     layer_name = cls.__dict__.get("kernel_layer_name")
     if cls.__module__ == "transformers.activations":  # decorated or not (USE_HUB_KERNELS=0)
@@ -230,6 +248,8 @@ def _missing_attrs(module: nn.Module, family: Family) -> list[str]:
 
 
 def _hidden_size(module: nn.Module) -> int:
+    if _is_gated_mlp(module):
+        return module.gate_proj.in_features
     if module.__class__.__dict__.get("kernel_layer_name") in _HF_ACTIVATIONS or not hasattr(module, "weight"):
         return 64  # an elementwise activation: any width
     shape = getattr(module, "normalized_shape", None) or getattr(module, "dim", None)
@@ -245,8 +265,9 @@ def _hidden_size(module: nn.Module) -> int:
 def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed: int = 0) -> ProbeResult:
     """Find the family whose reference formula equals ``type(module).forward`` bitwise.
 
-    A deep copy of ``module`` gets random parameters (``1 + 0.5 * randn``, so that ``w`` and
-    ``1 + w`` differ and the weight multiply rounds); the class's own ``forward`` (not an
+    A deep copy of ``module`` gets random parameters (vectors ``1 + 0.5 * randn``, so that ``w`` and
+    ``1 + w`` differ and the weight multiply rounds; matrices ``randn / sqrt(fan_in)``, so that a
+    gated MLP's values stay finite in fp16); the class's own ``forward`` (not an
     already-kernelized instance forward, not hooks) runs on random input of shape
     (3, 5, hidden) in fp16 and, if different, in the module's parameter dtype, on the module's
     device. A family matches when output dtype, shape and every bit agree in all runs.
@@ -287,7 +308,8 @@ def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed
     for dtype in dtypes:
         twin = copy.deepcopy(module).to(dtype)
         for p in twin.parameters():
-            p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=gen))
+            r = torch.randn(p.shape, generator=gen)
+            p.copy_(1.0 + 0.5 * r if p.dim() < 2 else r / p.shape[-1] ** 0.5)  # matrices: unit-scale outputs
         x = torch.randn((3, 5, hidden), generator=gen).to(device=device, dtype=dtype)
         try:
             out = forward(twin, x)
