@@ -218,22 +218,31 @@ def _act_layers(pkg) -> List[LayerSample]:
     out += [LayerSample(n, (lambda d, t, n=n: _hf_act(n)), plain) for n in
             ("SiLUActivation", "GELUActivation", "GELUTanh", "NewGELUActivation", "FastGELUActivation",
              "QuickGELUActivation")]
-    out.append(LayerSample("LlamaMLP", _llama_mlp, lambda device, dtype: (randn((2, 3, N_HIDDEN), device, dtype),)))
+    hidden = lambda device, dtype: (randn((2, 3, N_HIDDEN), device, dtype),)  # noqa: E731
+    out.append(LayerSample("LlamaMLP", _gated_mlp("llama.modeling_llama.LlamaMLP"), hidden))
+    out.append(LayerSample("Phi3MLP", _gated_mlp("phi3.modeling_phi3.Phi3MLP"), hidden))
     return out
 
 
 N_HIDDEN = 19  # the gated MLP's hidden size (prime); intermediate D_ACT
 
 
-def _llama_mlp(device, dtype):
-    from transformers.models.llama.modeling_llama import LlamaMLP
+def _gated_mlp(path: str):
+    """A factory of transformers' gated MLP ``transformers.models.<path>`` with random weights."""
 
-    # the attributes LlamaMLP.__init__ reads (a LlamaConfig would also validate attention sizes)
-    mlp = LlamaMLP(SimpleNamespace(hidden_size=N_HIDDEN, intermediate_size=D_ACT, hidden_act="silu", mlp_bias=True))
-    with torch.no_grad():
-        for p in mlp.parameters():
-            p.copy_(torch.randn(p.shape) / p.shape[-1] ** 0.5)
-    return mlp.to(device=device, dtype=dtype)
+    def make(device, dtype):
+        import importlib
+
+        module, name = path.rsplit(".", 1)
+        cls = getattr(importlib.import_module(f"transformers.models.{module}"), name)
+        # the attributes the MLPs' __init__ read (a model config would also validate attention sizes)
+        mlp = cls(SimpleNamespace(hidden_size=N_HIDDEN, intermediate_size=D_ACT, hidden_act="silu", mlp_bias=True))
+        with torch.no_grad():
+            for p in mlp.parameters():
+                p.copy_(torch.randn(p.shape) / p.shape[-1] ** 0.5)
+        return mlp.to(device=device, dtype=dtype)
+
+    return make
 
 
 register("activations", _act_ops, _act_layers)

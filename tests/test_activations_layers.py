@@ -78,7 +78,7 @@ def _seed():
 
 
 def test_layers_follow_the_hub_layer_rules(activations):
-    for name in KC_LAYERS + HF_LAYERS + ["LlamaMLP"]:
+    for name in KC_LAYERS + HF_LAYERS + ["LlamaMLP", "Phi3MLP"]:
         cls = getattr(activations.layers, name)
         assert issubclass(cls, nn.Module) and cls.__init__ is nn.Module.__init__
         assert cls.has_backward is True and cls.can_torch_compile is True
@@ -154,43 +154,57 @@ MLP_ACTS = {
 }
 
 
-def _mlp(act_fn, dtype, device, hidden=23, intermediate=131, bias=False):
+def _mlp(act_fn, dtype, device, hidden=23, intermediate=131, bias=False, kind="LlamaMLP"):
+    """transformers' ``LlamaMLP`` (gate_proj, up_proj) or ``Phi3MLP`` (one gate_up_proj) with ``act_fn``."""
     from types import SimpleNamespace
 
     from transformers.models.llama.modeling_llama import LlamaMLP
+    from transformers.models.phi3.modeling_phi3 import Phi3MLP
 
-    mlp = LlamaMLP(SimpleNamespace(hidden_size=hidden, intermediate_size=intermediate, hidden_act="silu",
-                                   mlp_bias=bias))
-    mlp.act_fn = act_fn
+    config = SimpleNamespace(hidden_size=hidden, intermediate_size=intermediate, hidden_act="silu", mlp_bias=bias)
+    if kind == "LlamaMLP":
+        mlp = LlamaMLP(config)
+        mlp.act_fn = act_fn
+    else:
+        mlp = Phi3MLP(config)
+        mlp.activation_fn = act_fn
     with torch.no_grad():
         for p in mlp.parameters():
             p.copy_(torch.randn(p.shape) / p.shape[-1] ** 0.5)
     return mlp.to(device=device, dtype=dtype)
 
 
+def _gate_up(mlp, x):
+    """The MLP's (gate, up) projections of x."""
+    if hasattr(mlp, "gate_up_proj"):
+        return mlp.gate_up_proj(x).chunk(2, dim=-1)
+    return mlp.gate_proj(x), mlp.up_proj(x)
+
+
+@pytest.mark.parametrize("kind", ["LlamaMLP", "Phi3MLP"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", list(MLP_ACTS))
-def test_gated_mlp_layer_equals_the_module(activations, device, act, dtype):
-    """``LlamaMLP`` against transformers' module with each act_fn: the fused kernel where the act is known (the
-    projections are the module's own, so only ``act_fn(gate) * up`` can differ: bitwise on a GPU, within the CPU
-    exp / erf noise here), the module's own formula otherwise (bitwise everywhere)."""
+def test_gated_mlp_layer_equals_the_module(activations, device, act, dtype, kind):
+    """``LlamaMLP`` / ``Phi3MLP`` against transformers' modules with each act_fn: the fused kernel where the act is
+    known (the projections are the module's own, so only ``act(gate) * up`` can differ: bitwise on a GPU, within
+    the CPU exp / erf noise here), the module's own formula otherwise (bitwise everywhere)."""
     make, op, fused = MLP_ACTS[act]
-    mlp = _mlp(make(), dtype, device, bias=act == "nn.SiLU")
+    mlp = _mlp(make(), dtype, device, bias=act == "nn.SiLU", kind=kind)
     A = activations.layers
-    assert (A._fusable_activation(mlp.act_fn) is not None) is fused
+    act_fn = mlp.act_fn if kind == "LlamaMLP" else mlp.activation_fn
+    assert (A._fusable_activation(act_fn) is not None) is fused
     x = rand((3, 5, 23), dtype, device, scale=2.0)
     with torch.no_grad():
-        y = A.LlamaMLP.forward(mlp, x)
+        y = getattr(A, kind).forward(mlp, x)
         expected = mlp(x)
-        inner = mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)
-        got_inner = activations.act_and_mul(mlp.gate_proj(x), mlp.up_proj(x), activation=A._fusable_activation(
-            mlp.act_fn)) if fused else inner
+        gate, up = _gate_up(mlp, x)
+        inner = act_fn(gate) * up
+        got_inner = activations.act_and_mul(gate, up, activation=A._fusable_activation(act_fn)) if fused else inner
     assert y.dtype == expected.dtype and y.shape == expected.shape
     if not fused or device != "cpu":
         assert torch.equal(y, expected)
     else:
-        assert_mostly_exact(got_inner, inner, tail_noise(op, torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], -1)),
-                            ulps=2)
+        assert_mostly_exact(got_inner, inner, tail_noise(op, torch.cat([gate, up], -1)), ulps=2)
         assert torch.equal(y, mlp.down_proj(got_inner))
 
 
@@ -213,11 +227,12 @@ def test_gated_mlp_layer_runs_an_act_fn_with_hooks_or_its_own_forward(activation
     assert A._fusable_activation(mlp.act_fn) == "silu"
 
 
-def test_gated_mlp_layer_gradients(activations, device):
+@pytest.mark.parametrize("kind", ["LlamaMLP", "Phi3MLP"])
+def test_gated_mlp_layer_gradients(activations, device, kind):
     """Gradients of x and of the projections' weights against the module's autograd (fp32)."""
-    mlp = _mlp(_hf("SiLUActivation"), torch.float32, device, bias=True)
+    mlp = _mlp(_hf("SiLUActivation"), torch.float32, device, bias=True, kind=kind)
     x = rand((3, 5, 23), torch.float32, device).requires_grad_()
-    y = activations.layers.LlamaMLP.forward(mlp, x)
+    y = getattr(activations.layers, kind).forward(mlp, x)
     dy = torch.randn_like(y)
     params = [x, *mlp.parameters()]
     got = torch.autograd.grad(y, params, dy)
@@ -354,3 +369,71 @@ def test_shim_kernelizes_tiny_llama_norms_and_silu(installed, device, dtype):
     # the default stays the norms only
     assert set(kernelize(_tiny("llama", dtype, device), mode=Mode.INFERENCE, org=ORG).swapped.values()) == {
         "LlamaRMSNorm"}
+
+
+# (transformers module path, class) -> the MLP family the shim's probe must pick (None: not a gated MLP)
+MLP_CLASSES = {
+    ("llama.modeling_llama", "LlamaMLP"): "gated_mlp",
+    ("mistral.modeling_mistral", "MistralMLP"): "gated_mlp",
+    ("qwen2.modeling_qwen2", "Qwen2MLP"): "gated_mlp",
+    ("gemma.modeling_gemma", "GemmaMLP"): "gated_mlp",
+    ("phi3.modeling_phi3", "Phi3MLP"): "gate_up_mlp",
+    ("glm.modeling_glm", "GlmMLP"): "gate_up_mlp",
+    ("gpt2.modeling_gpt2", "GPT2MLP"): None,
+}
+
+
+@pytest.mark.parametrize("path,name", list(MLP_CLASSES))
+def test_shim_probe_maps_gated_mlps(path, name):
+    """Gated MLPs of several models go to their family by the bitwise probe of their own forward (gelu-tanh
+    Gemma too: the layer picks the kernel from act_fn); an MLP of another form is not a candidate."""
+    import importlib
+    from types import SimpleNamespace
+
+    from triton_collection.integrations.families import ALL_FAMILIES, FAMILIES, candidate_families, probe
+
+    cls = getattr(importlib.import_module(f"transformers.models.{path}"), name)
+    if name == "GPT2MLP":
+        from transformers import GPT2Config
+
+        module = cls(4 * 24, GPT2Config(n_embd=24))
+    else:
+        act = "gelu_pytorch_tanh" if "Gemma" in name else "silu"
+        module = cls(SimpleNamespace(hidden_size=24, intermediate_size=40, hidden_act=act, mlp_bias=False))
+    expected = MLP_CLASSES[(path, name)]
+    if expected is None:
+        assert candidate_families(module) == ()
+        return
+    result = probe(module)
+    assert result.family is not None and result.family.name == expected, result.reason
+    assert result.family in ALL_FAMILIES and result.family not in FAMILIES
+    # a class of the same attributes whose forward differs (the multiply's order of ops) is refused
+    twisted = type(f"Twisted{name}", (cls,), {"forward": lambda self, x: 2 * cls.forward(self, x)})
+    module.__class__ = twisted
+    assert probe(module).family is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_shim_kernelizes_tiny_phi3_gate_up_mlps(installed, device, dtype):
+    """families=ALL_FAMILIES on a tiny Phi-3: its MLPs (one gate_up_proj) go to Phi3MLP; same logits and tokens."""
+    import transformers
+    from kernels import Mode
+
+    from triton_collection.integrations.families import ALL_FAMILIES
+    from triton_collection.integrations.transformers import kernelize
+
+    from .test_transformers_shim import _TINY, LOGIT_TOL, _greedy, _prompt
+
+    torch.manual_seed(0)
+    model = transformers.Phi3ForCausalLM(transformers.Phi3Config(**_TINY, pad_token_id=0))
+    model = model.to(device=device, dtype=dtype).eval()
+    ids = _prompt(device)
+    with torch.no_grad():
+        ref_logits = model(ids).logits
+    ref_tokens = _greedy(model, ids)
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+    assert report.swapped["model.layers.0.mlp"] == "Phi3MLP"
+    assert sorted(set(report.swapped.values())) == ["LlamaRMSNorm", "Phi3MLP", "SiLUActivation"]
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref_logits, **LOGIT_TOL[dtype])
+    assert torch.equal(_greedy(model, ids), ref_tokens)

@@ -1,6 +1,6 @@
 """Hub layers for ``kernels.kernelize``: stateless drop-in forwards.
 
-Two sets, resolved by name (no clashes):
+Three sets, resolved by name (no clashes):
 
 * **kernels-community/activation's names** (``SiluAndMul``, ``MulAndSilu``,
   ``GeluAndMul``, ``GeluTanhAndMul``, ``FatreluAndMul``, ``FastGELU``, ``NewGELU``,
@@ -18,6 +18,9 @@ Two sets, resolved by name (no clashes):
   ``GELUTanh`` (``GeluTanh``), ``NewGELUActivation`` (``NewGELU``),
   ``FastGELUActivation`` (``FastGELU``), ``QuickGELUActivation`` (``QuickGELU``):
   ``forward(input)`` with the module's own rounding points in fp16/bf16.
+* **transformers' gated MLPs**: ``LlamaMLP`` (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``)
+  and ``Phi3MLP`` (``gate_up_proj``, ``down_proj``, ``activation_fn``), exact, with the activation
+  and the multiply in one kernel between the module's own projections.
 
 Rules of ``kernels``: no ``__init__``, no members but ``has_backward`` /
 ``can_torch_compile``; a layer reads the replaced module's attributes.
@@ -348,8 +351,8 @@ class LlamaMLP(nn.Module):
     """transformers' gated MLP, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, exact, with ``act_fn(gate) * up``
     in one kernel (:func:`~.functional.act_and_mul`, the eager rounding points) instead of two eager ops.
 
-    Serves every class of that forward (``LlamaMLP``, ``MistralMLP``, ``Qwen2MLP``, ``Qwen3MLP``, ``GemmaMLP``,
-    ``Phi3``-style excluded: its gate and up are one projection). The projections are the module's own (called as
+    Serves every class of that forward (``LlamaMLP``, ``MistralMLP``, ``Qwen2MLP``, ``Qwen3MLP``, ``GemmaMLP``, ...;
+    one gate-and-up projection: :class:`Phi3MLP`). The projections are the module's own (called as
     modules: hooks, quantised linears and device maps keep working). ``act_fn`` decides the kernel on every call:
     transformers' ``SiLUActivation`` / ``nn.SiLU`` -> silu, ``GELUTanh`` with ``F.gelu(approximate="tanh")`` ->
     gelu_tanh, ``GELUActivation`` with ``F.gelu`` / ``nn.GELU`` -> gelu (erf or tanh as its ``approximate``). Any
@@ -374,6 +377,39 @@ class LlamaMLP(nn.Module):
             return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(act_and_mul(self.gate_proj(x), self.up_proj(x), activation=activation))
 
+
+class Phi3MLP(nn.Module):
+    """transformers' gated MLP with one gate-and-up projection, ``down_proj(up * activation_fn(gate))`` where
+    ``gate, up = gate_up_proj(x).chunk(2, -1)``, exact, with ``up * activation_fn(gate)`` in one kernel
+    (:func:`~.functional.silu_and_mul` and its siblings read the projection's two halves in place; the
+    multiply commutes bit for bit).
+
+    Serves every class of that forward (``Phi3MLP``, ``Phi4MultimodalMLP``, ``GlmMLP``, ``Glm4MLP``, ...); the
+    projections are the module's own. ``activation_fn`` decides the kernel on every call, as in :class:`LlamaMLP`;
+    anything else runs as the module would.
+
+    Shapes:
+        - hidden_states: (..., hidden_size), the projections' dtype
+        - output: (..., hidden_size)
+    """
+
+    gate_up_proj: nn.Module
+    down_proj: nn.Module
+    activation_fn: nn.Module
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        activation = _fusable_activation(self.activation_fn)
+        gate_up = self.gate_up_proj(hidden_states)
+        if activation is None:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return self.down_proj(up * self.activation_fn(gate))
+        return self.down_proj(_GATED_OPS[activation](gate_up, rounding="eager"))
+
+
+_GATED_OPS = {"silu": silu_and_mul, "gelu": gelu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
 
 _ACTIVATION_CLASSES = {  # (module, class name) -> act_and_mul's activation, for classes whose forward is fixed
     ("transformers.activations", "SiLUActivation"): "silu",

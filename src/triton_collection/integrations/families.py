@@ -20,7 +20,9 @@ classes transformers decorates with ``use_kernel_forward_from_hub`` (``SiLUActiv
 ``QuickGELUActivation``), each to the layer of the same name that keeps its rounding points;
 and transformers' gated MLPs (``down_proj(act_fn(gate_proj(x)) * up_proj(x))``: ``LlamaMLP``,
 ``MistralMLP``, ``Qwen2MLP``, ``GemmaMLP``, ... any class with those three projections and an
-``act_fn``) to the ``LlamaMLP`` layer, which computes ``act_fn(gate) * up`` in one kernel.
+``act_fn``) to the ``LlamaMLP`` layer, which computes ``act_fn(gate) * up`` in one kernel; those
+with one gate-and-up projection (``Phi3MLP``, ``GlmMLP``, ...: ``gate_up_proj``, ``down_proj``,
+``activation_fn``) to the ``Phi3MLP`` layer.
 
 In fp32 the first three coincide for ``w = 1``; in half precision with a random weight they
 differ in the last bits, and one Llama-exact kernel is off by 3e-2 on the fp32-weight
@@ -116,6 +118,11 @@ def _ref_gated_mlp(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return m.down_proj(m.act_fn(m.gate_proj(x)) * m.up_proj(x))
 
 
+def _ref_gate_up_mlp(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    gate, up = m.gate_up_proj(x).chunk(2, dim=-1)
+    return m.down_proj(up * m.activation_fn(gate))
+
+
 @dataclass(frozen=True)
 class Family:
     """One numerics family and the Hub layer that reproduces it.
@@ -175,7 +182,12 @@ GATED_MLP = Family("gated_mlp", "LlamaMLP", ACTIVATIONS_PACKAGE, _ref_gated_mlp,
                    ("gate_proj", "up_proj", "down_proj", "act_fn"),
                    frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP", "Gemma2MLP"}))
 """transformers' gated MLPs: ``act_fn(gate) * up`` in one kernel, the projections the module's own."""
-ACTIVATION_FAMILIES: tuple[Family, ...] = (*_HF_ACTIVATIONS.values(), GATED_MLP)
+GATE_UP_MLP = Family("gate_up_mlp", "Phi3MLP", ACTIVATIONS_PACKAGE, _ref_gate_up_mlp,
+                     ("gate_up_proj", "down_proj", "activation_fn"),
+                     frozenset({"Phi3MLP", "Phi4MultimodalMLP", "GlmMLP", "Glm4MLP"}))
+"""transformers' gated MLPs with one gate-and-up projection (Phi-3, GLM): ``up * activation_fn(gate)`` in one
+kernel."""
+ACTIVATION_FAMILIES: tuple[Family, ...] = (*_HF_ACTIVATIONS.values(), GATED_MLP, GATE_UP_MLP)
 """transformers' decorated activation classes and gated MLPs (``kernelize(..., families=ALL_FAMILIES)``)."""
 ALL_FAMILIES: tuple[Family, ...] = FAMILIES + ACTIVATION_FAMILIES
 """Norms, activations and gated MLPs."""
@@ -193,6 +205,12 @@ def _is_gated_mlp(module: nn.Module) -> bool:
         and isinstance(getattr(module, "act_fn", None), nn.Module)
 
 
+def _is_gate_up_mlp(module: nn.Module) -> bool:
+    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return isinstance(gate_up, nn.Linear) and isinstance(down, nn.Linear) \
+        and gate_up.out_features == 2 * down.in_features and isinstance(getattr(module, "activation_fn", None), nn.Module)
+
+
 def candidate_families(module: nn.Module) -> tuple[Family, ...]:
     """Families a module *might* belong to, from its class alone (empty: not a norm we serve).
 
@@ -208,6 +226,8 @@ def candidate_families(module: nn.Module) -> tuple[Family, ...]:
         return (DIFFUSERS_RMS,)
     if _is_gated_mlp(module):
         return (GATED_MLP,)
+    if _is_gate_up_mlp(module):
+        return (GATE_UP_MLP,)
     # `kernel_layer_name` is read from the class dict of the transformers-decorated class only.
     layer_name = cls.__dict__.get("kernel_layer_name")
     if cls.__module__ == "transformers.activations":  # decorated or not (USE_HUB_KERNELS=0)
@@ -250,6 +270,8 @@ def _missing_attrs(module: nn.Module, family: Family) -> list[str]:
 def _hidden_size(module: nn.Module) -> int:
     if _is_gated_mlp(module):
         return module.gate_proj.in_features
+    if _is_gate_up_mlp(module):
+        return module.gate_up_proj.in_features
     if module.__class__.__dict__.get("kernel_layer_name") in _HF_ACTIVATIONS or not hasattr(module, "weight"):
         return 64  # an elementwise activation: any width
     shape = getattr(module, "normalized_shape", None) or getattr(module, "dim", None)
