@@ -683,6 +683,7 @@ def _module(activations, name):
 def _clear_plans(activations):
     _module(activations, "activation")._PLANS.clear()
     _module(activations, "functional")._INFER_PLANS.clear()
+    _module(activations, "functional")._GATE_UP_PLANS.clear()
 
 
 @pytest.mark.parametrize("op", ["silu_and_mul", "gelu_tanh_and_mul", "mul_and_silu", "silu"])
@@ -1016,8 +1017,29 @@ def test_act_and_mul_errors_name_the_argument(activations, device):
         (g.double(), u.double(), {}, TypeError, "gate must have dtype"),
         (g, u.tolist(), {}, TypeError, "up must be a torch.Tensor"),
         (g.int(), u, {}, TypeError, "gate must have dtype"),
+        (None, u, {}, TypeError, "gate must be a torch.Tensor"),
+        (g, None, {}, TypeError, "up must be a torch.Tensor"),
     ]
     for gate, up, keywords, error, message in cases:
         for grad in (False, True):  # the inference fast path and the general path check alike
             with torch.set_grad_enabled(grad), pytest.raises(error, match=message):
                 activations.act_and_mul(gate, up, **keywords)
+
+
+@pytest.mark.parametrize("activation", list(GATE_UP_ACTS))
+def test_act_and_mul_and_the_plain_op_keep_their_own_plans(activations, device, activation):
+    """A plain activation of x and act_and_mul of (gate, up) with x's shape and strides launch with one d and the
+    same strides: their plans (kept per layout) must not be taken for each other, in either order."""
+    plain = {"silu": activations.silu, "gelu": activations.gelu, "gelu_tanh": activations.gelu_tanh}[activation]
+    for first in ("plain", "gated"):
+        _clear_plans(activations)
+        x, g, u = (rand((4, 64), torch.float32, device) for _ in range(3))
+        calls = [lambda: plain(x), lambda: activations.act_and_mul(g, u, activation=activation, rounding="fused")]
+        if first == "gated":
+            calls.reverse()
+        results = [call() for call in calls] + [call() for call in calls]
+        if first == "gated":
+            results = [results[1], results[0], results[3], results[2]]
+        for y_plain, y_gated in (results[:2], results[2:]):
+            assert_close_ref(y_plain, reference(activation, x))
+            assert_close_ref(y_gated, reference(GATE_UP_ACTS[activation], torch.cat([g, u], -1)))

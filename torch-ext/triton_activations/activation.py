@@ -196,7 +196,8 @@ _SPLIT = object()  # plan of a layout whose leading dims do not merge into three
 
 def _cached_plan(kernel, spec: OpSpec, eager: bool, threshold: float, x: Tensor, d: int, lead: Tuple[Tensor, ...]):
     """:func:`_plan`, kept in ``_PLANS`` per kernel, op, shape, dtype, device and strides."""
-    key = (kernel, spec.act, eager, threshold, x.shape, x.dtype, x.device, d, *[t.stride() for t in lead])
+    # spec.gated: a plain op on x and act_and_mul on (gate, up) of x's shape and strides have the same d
+    key = (kernel, spec.act, spec.gated, eager, threshold, x.shape, x.dtype, x.device, d, *[t.stride() for t in lead])
     plan = _PLANS.get(key)
     return plan if plan is not None else _PLANS.add(key, _plan(kernel, spec, eager, threshold, x, d, lead))
 

@@ -124,7 +124,7 @@ def act_and_mul(gate: Tensor, up: Tensor, *, activation: str = "silu", rounding:
         ValueError: an unknown activation or rounding, shapes that differ, two devices.
         RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
     """
-    if inference((gate, up)):
+    if inference((gate, up)) and gate is not None and up is not None:  # (inference() lets None through)
         # plain eager inference: one validated plan per call signature (host time of a decode step's MLP)
         key = (activation, rounding, gate.dtype, gate.shape, gate.stride(), gate.device, gate.data_ptr() & 15,
                up.dtype, up.shape, up.stride(), up.device, up.data_ptr() & 15)
