@@ -225,6 +225,25 @@ def test_gated_mlp_layer_runs_an_act_fn_with_hooks_or_its_own_forward(activation
         assert torch.equal(A.LlamaMLP.forward(mlp, x), mlp(x))
     mlp.act_fn.forward = types.MethodType(A.SiLUActivation.forward, mlp.act_fn)  # kernelized by our layer
     assert A._fusable_activation(mlp.act_fn) == "silu"
+    del mlp.act_fn.forward
+    for register in (mlp.act_fn.register_full_backward_hook, torch.nn.modules.module.register_module_forward_hook):
+        handle = register(lambda *args: None)
+        assert A._fusable_activation(mlp.act_fn) is None
+        with torch.no_grad():
+            assert torch.equal(A.LlamaMLP.forward(mlp, x), mlp(x))
+        handle.remove()
+    assert A._fusable_activation(mlp.act_fn) == "silu"
+
+
+def test_gated_mlp_layer_runs_a_patched_act_class(activations, device, monkeypatch):
+    """A class whose forward was replaced (``SiLUActivation.forward = ...``) is not taken for the class it was."""
+    A = activations.layers
+    mlp = _mlp(nn.SiLU(), torch.float32, device)
+    monkeypatch.setattr(nn.SiLU, "forward", lambda self, t: torch.relu(t))
+    assert A._fusable_activation(mlp.act_fn) is None
+    x = rand((4, 23), torch.float32, device)
+    with torch.no_grad():
+        assert torch.equal(A.LlamaMLP.forward(mlp, x), mlp(x))
 
 
 @pytest.mark.parametrize("kind", ["LlamaMLP", "Phi3MLP"])
@@ -407,10 +426,39 @@ def test_shim_probe_maps_gated_mlps(path, name):
     result = probe(module)
     assert result.family is not None and result.family.name == expected, result.reason
     assert result.family in ALL_FAMILIES and result.family not in FAMILIES
-    # a class of the same attributes whose forward differs (the multiply's order of ops) is refused
+    # a class of the same attributes whose forward differs is refused: by its values, and by its form where the
+    # values of the probe's scale would not show it (a clamp at 10)
     twisted = type(f"Twisted{name}", (cls,), {"forward": lambda self, x: 2 * cls.forward(self, x)})
     module.__class__ = twisted
     assert probe(module).family is None
+    clamped = type(f"Clamped{name}", (cls,), {"forward": _clamped_forward})
+    module.__class__ = clamped
+    result = probe(module)
+    assert result.family is None and "not one the" in result.reason, result.reason
+
+
+def _clamped_forward(self, x):
+    return self.down_proj(self.act_fn(self.gate_proj(x).clamp(max=10.0)) * self.up_proj(x))
+
+
+@pytest.mark.parametrize("path,name", [("deepseek_v4.modeling_deepseek_v4", "DeepseekV4MLP"),
+                                       ("seed_oss.modeling_seed_oss", "SeedOssMLP"),
+                                       ("step3p7.modeling_step3p7", "Step3p7MLP"),
+                                       ("gemma3n.modeling_gemma3n", "Gemma3nTextMLP")])
+def test_shim_probe_refuses_gated_mlps_with_more_steps(path, name):
+    """transformers' MLPs whose forward adds a clamp, dropout, a per-layer limit or a sparsity branch (values the
+    probe's unit-scale inputs, eval mode and first instance would not show) are refused by their form."""
+    import importlib
+
+    from triton_collection.integrations.families import GATED_MLP, _form_matches
+
+    try:
+        cls = getattr(importlib.import_module(f"transformers.models.{path}"), name)
+    except (ImportError, AttributeError):
+        pytest.skip(f"transformers has no {name}")
+    module = nn.Module()
+    module.__class__ = type(name, (nn.Module,), {"forward": cls.forward})
+    assert not _form_matches(module, GATED_MLP)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as _nn_module
 
 from ._autocast import autocast_to
 from .functional import (
@@ -420,12 +421,20 @@ _ACTIVATION_CLASSES = {  # (module, class name) -> act_and_mul's activation, for
 
 def _fusable_activation(act) -> str | None:
     """``act_and_mul``'s activation equal to calling ``act`` (a module), or None when ``act`` must run itself:
-    an unknown class, a module with hooks or an instance ``forward`` other than this package's layers'."""
+    an unknown class, a class whose ``forward`` was replaced, module hooks (its own or global ones: the module
+    call would run them) or an instance ``forward`` other than this package's layers'."""
     cls = type(act)
-    if getattr(act, "_forward_hooks", None) or getattr(act, "_forward_pre_hooks", None):
+    if (getattr(act, "_forward_hooks", None) or getattr(act, "_forward_pre_hooks", None)
+            or getattr(act, "_backward_hooks", None) or getattr(act, "_backward_pre_hooks", None)
+            or _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
+            or _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks):
         return None
     own = vars(act).get("forward") if hasattr(act, "__dict__") else None
     if own is not None and getattr(getattr(own, "__func__", None), "__module__", None) != __name__:
+        return None
+    forward = getattr(cls, "forward", None)  # the class's own, not one patched in from elsewhere
+    if getattr(forward, "__module__", None) != cls.__module__ \
+            or getattr(forward, "__qualname__", None) != f"{cls.__qualname__}.forward":
         return None
     key = (cls.__module__, cls.__name__)
     known = _ACTIVATION_CLASSES.get(key)

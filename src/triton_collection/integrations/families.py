@@ -34,9 +34,12 @@ probe disagrees is refused, an unknown ``*RMSNorm`` class is accepted on its pro
 
 from __future__ import annotations
 
+import ast
 import copy
+import functools
 import inspect
 import math
+import textwrap
 from dataclasses import dataclass
 from typing import Callable
 
@@ -134,6 +137,10 @@ class Family:
         reference: pure-torch formula ``(module, x) -> y`` the module must equal bitwise.
         attrs: attributes of the replaced module that the Hub layer reads (must exist).
         known_classes: class names expected in this family (a hint; the probe decides).
+        forms: where not empty, the sources of the forwards the layer reproduces: the class's ``forward`` must be
+            one of them up to names, annotations and a docstring (:func:`forward_form`) before it is probed.
+            For modules whose forward could hide steps that inputs of the probe's scale never reach (a clamp
+            at 10, dropout in training, a branch on an attribute of another instance).
     """
 
     name: str
@@ -142,6 +149,7 @@ class Family:
     reference: Callable[[nn.Module, torch.Tensor], torch.Tensor]
     attrs: tuple[str, ...]
     known_classes: frozenset[str] = frozenset()
+    forms: tuple[str, ...] = ()
 
 
 LLAMA = Family(
@@ -180,11 +188,24 @@ _HF_ACTIVATIONS = {
 }
 GATED_MLP = Family("gated_mlp", "LlamaMLP", ACTIVATIONS_PACKAGE, _ref_gated_mlp,
                    ("gate_proj", "up_proj", "down_proj", "act_fn"),
-                   frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP", "Gemma2MLP"}))
+                   frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP", "Gemma2MLP"}),
+                   forms=("def forward(self, x):\n"
+                          "    down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))\n"
+                          "    return down_proj\n",
+                          "def forward(self, x):\n"
+                          "    return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))\n",
+                          "def forward(self, x):\n"
+                          "    gate = self.act_fn(self.gate_proj(x))\n"
+                          "    return self.down_proj(gate * self.up_proj(x))\n"))
 """transformers' gated MLPs: ``act_fn(gate) * up`` in one kernel, the projections the module's own."""
 GATE_UP_MLP = Family("gate_up_mlp", "Phi3MLP", ACTIVATIONS_PACKAGE, _ref_gate_up_mlp,
                      ("gate_up_proj", "down_proj", "activation_fn"),
-                     frozenset({"Phi3MLP", "Phi4MultimodalMLP", "GlmMLP", "Glm4MLP"}))
+                     frozenset({"Phi3MLP", "Phi4MultimodalMLP", "GlmMLP", "Glm4MLP"}),
+                     forms=("def forward(self, x):\n"
+                            "    up_states = self.gate_up_proj(x)\n"
+                            "    gate, up_states = up_states.chunk(2, dim=-1)\n"
+                            "    up_states = up_states * self.activation_fn(gate)\n"
+                            "    return self.down_proj(up_states)\n",))
 """transformers' gated MLPs with one gate-and-up projection (Phi-3, GLM): ``up * activation_fn(gate)`` in one
 kernel."""
 ACTIVATION_FAMILIES: tuple[Family, ...] = (*_HF_ACTIVATIONS.values(), GATED_MLP, GATE_UP_MLP)
@@ -238,6 +259,44 @@ def candidate_families(module: nn.Module) -> tuple[Family, ...]:
     if decorated or "rmsnorm" in cls.__name__.lower():
         return _HF_RMS_FAMILIES
     return ()
+
+
+def forward_form(source: str) -> str | None:
+    """The shape of a one-tensor ``forward``'s source: its body's syntax tree with the docstring dropped, the two
+    parameters named ``self`` and ``x`` and every other name numbered in order of appearance (annotations are not
+    part of it); None for anything but a plain ``def`` of two positional parameters."""
+    tree = ast.parse(textwrap.dedent(source))
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list or fn.args.vararg or fn.args.kwarg \
+            or fn.args.kwonlyargs or fn.args.posonlyargs or len(fn.args.args) != 2:
+        return None
+    names = {fn.args.args[0].arg: "self", fn.args.args[1].arg: "x"}
+    body = fn.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        body = body[1:]
+
+    class Rename(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.Name:
+            return ast.Name(id=names.setdefault(node.id, f"v{len(names)}"), ctx=node.ctx)
+
+    return ast.dump(ast.Module(body=[Rename().visit(s) for s in body], type_ignores=[]), annotate_fields=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _class_forward_form(forward) -> str | None:
+    try:
+        return forward_form(inspect.getsource(forward))
+    except (OSError, TypeError, SyntaxError, IndexError):  # no source (built in, compiled, interactive)
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _family_forms(family: Family) -> frozenset:
+    return frozenset(forward_form(f) for f in family.forms)
+
+
+def _form_matches(module: nn.Module, family: Family) -> bool:
+    return not family.forms or _class_forward_form(type(module).forward) in _family_forms(family)
 
 
 @dataclass(frozen=True)
@@ -314,6 +373,11 @@ def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed
     if not families:
         detail = "; ".join(f"{name} layer needs {', '.join(attrs)}" for name, attrs in lacking.items())
         return ProbeResult(None, f"it lacks attributes the layers read ({detail})")
+    formed = tuple(f for f in families if _form_matches(module, f))
+    if not formed:
+        return ProbeResult(None, f"its forward is not one the {', '.join(f.layer for f in families)} layer "
+                                 "reproduces (steps beyond the formula: a clamp, dropout, a scale, a branch)")
+    families = formed
     try:
         hidden = _hidden_size(module)
     except ValueError as err:
