@@ -423,18 +423,21 @@ def _fusable_activation(act) -> str | None:
     """``act_and_mul``'s activation equal to calling ``act`` (a module), or None when ``act`` must run itself:
     an unknown class, a class whose ``forward`` was replaced, module hooks (its own or global ones: the module
     call would run them) or an instance ``forward`` other than this package's layers'."""
-    cls = type(act)
-    if (getattr(act, "_forward_hooks", None) or getattr(act, "_forward_pre_hooks", None)
-            or getattr(act, "_backward_hooks", None) or getattr(act, "_backward_pre_hooks", None)
-            or _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
+    try:
+        state = act.__dict__
+        if (state["_forward_hooks"] or state["_forward_pre_hooks"] or state["_backward_hooks"]
+                or state["_backward_pre_hooks"]):
+            return None
+    except (AttributeError, KeyError):  # not an nn.Module
+        return None
+    if (_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
             or _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks):
         return None
-    own = vars(act).get("forward") if hasattr(act, "__dict__") else None
+    own = state.get("forward")
     if own is not None and getattr(getattr(own, "__func__", None), "__module__", None) != __name__:
         return None
-    forward = getattr(cls, "forward", None)  # the class's own, not one patched in from elsewhere
-    if getattr(forward, "__module__", None) != cls.__module__ \
-            or getattr(forward, "__qualname__", None) != f"{cls.__qualname__}.forward":
+    cls = type(act)
+    if not _own_forward(cls):
         return None
     key = (cls.__module__, cls.__name__)
     known = _ACTIVATION_CLASSES.get(key)
@@ -447,3 +450,19 @@ def _fusable_activation(act) -> str | None:
     if cls is nn.GELU:
         return {"none": "gelu", "tanh": "gelu_tanh"}.get(act.approximate)
     return None
+
+
+_OWN_FORWARDS: dict = {}  # act class -> its forward, where that is the class's own (checked once per class)
+
+
+def _own_forward(cls: type) -> bool:
+    """Whether ``cls.forward`` is the one its class defines, not a function patched in from elsewhere."""
+    forward = getattr(cls, "forward", None)
+    known = _OWN_FORWARDS.get(cls)
+    if known is not None:
+        return known is forward
+    own = getattr(forward, "__module__", None) == cls.__module__ \
+        and getattr(forward, "__qualname__", None) == f"{cls.__qualname__}.forward"
+    if own:
+        _OWN_FORWARDS[cls] = forward
+    return own
