@@ -407,7 +407,8 @@ class Phi3MLP(nn.Module):
         if activation is None:
             gate, up = gate_up.chunk(2, dim=-1)
             return self.down_proj(up * self.activation_fn(gate))
-        return self.down_proj(_GATED_OPS[activation](gate_up, rounding="eager"))
+        gated = _GATED_OPS[activation]
+        return self.down_proj(gated(gate_up, rounding="eager"))
 
 
 _GATED_OPS = {"silu": silu_and_mul, "gelu": gelu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
