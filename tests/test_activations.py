@@ -955,8 +955,9 @@ def _gate_up_layouts(shape, dtype, device):
 @pytest.mark.parametrize("shape", [(3, 7, 37), (5, 131), (2, 4097)])
 def test_act_and_mul_equals_the_gated_op_and_eager(activations, device, activation, dtype, shape):
     """``act_and_mul(gate, up)`` is the gated op of ``cat([gate, up])`` bit for bit (one kernel, two pointers),
-    the eager ``act(gate) * up`` (bitwise on a GPU; on the CPU torch's fp32 exp / erf / tanh differ in rare last
-    bits) and the fp64 math within one rounding of the eager act, for every layout."""
+    the eager ``act(gate) * up`` (bitwise on a GPU but for fp32 gelu_tanh, whose fp32 tanh GELU differs from
+    ATen's CUDA kernel in last bits as the plain gelu_tanh does; on the CPU torch's fp32 exp / erf / tanh differ in
+    rare last bits) and the fp64 math within one rounding of the eager act, for every layout."""
     act = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[activation]
     op = GATE_UP_ACTS[activation]
     for name, g, u in _gate_up_layouts(shape, dtype, device):
@@ -964,7 +965,7 @@ def test_act_and_mul_equals_the_gated_op_and_eager(activations, device, activati
         assert y.shape == g.shape and y.dtype == dtype and y.is_contiguous(), name
         assert _bits_equal(y, call(activations, op, torch.cat([g, u], dim=-1))), name
         expected = act(g) * u
-        if device == "cpu":
+        if device == "cpu" or dtype == torch.float32 and activation == "gelu_tanh":
             assert_mostly_exact(y, expected, tail_noise(op, torch.cat([g, u], dim=-1)), ulps=2)
         else:
             assert _bits_equal(y, expected), name

@@ -186,8 +186,9 @@ def _gate_up(mlp, x):
 @pytest.mark.parametrize("act", list(MLP_ACTS))
 def test_gated_mlp_layer_equals_the_module(activations, device, act, dtype, kind):
     """``LlamaMLP`` / ``Phi3MLP`` against transformers' modules with each act_fn: the fused kernel where the act is
-    known (the projections are the module's own, so only ``act(gate) * up`` can differ: bitwise on a GPU, within
-    the CPU exp / erf noise here), the module's own formula otherwise (bitwise everywhere)."""
+    known (the projections are the module's own, so only ``act(gate) * up`` can differ: bitwise on a GPU but for
+    the fp32 tanh GELU, within the CPU exp / erf noise here), the module's own formula otherwise (bitwise
+    everywhere)."""
     make, op, fused = MLP_ACTS[act]
     mlp = _mlp(make(), dtype, device, bias=act == "nn.SiLU", kind=kind)
     A = activations.layers
@@ -201,7 +202,7 @@ def test_gated_mlp_layer_equals_the_module(activations, device, act, dtype, kind
         inner = act_fn(gate) * up
         got_inner = activations.act_and_mul(gate, up, activation=A._fusable_activation(act_fn)) if fused else inner
     assert y.dtype == expected.dtype and y.shape == expected.shape
-    if not fused or device != "cpu":
+    if not fused or device != "cpu" and not (dtype == torch.float32 and op == "gelu_tanh_and_mul"):
         assert torch.equal(y, expected)
     else:
         assert_mostly_exact(got_inner, inner, tail_noise(op, torch.cat([gate, up], -1)), ulps=2)
