@@ -15,9 +15,9 @@ Here no program holds data across a wait. Program ``v`` (a ticket taken at its s
 
 Every element is read from DRAM once and written once; a program waits only on lower tickets, which have all
 started (forward progress without residency limits; under the interpreter programs run in order, so nothing
-spins when ``D >= CPR``). The ticketed form is now the packages' own (triton-norms ``_wide.WIDE_STREAM``,
-triton-softmax ``_launch.STREAM``): it is timed through them, at several settings, on every shape. This script's
-kernel adds the two orders the packages lack: persistent programs and program-id order. The script checks values
+spins when ``D >= CPR``). The ticketed form was built into the packages in session 41 and removed in session 42:
+on an H100 it reached 60-87% of a copy where the teams reach 88-95% (``results/norms_stream_probe_session42_h100_*``).
+This script's kernel keeps the two other orders: persistent programs and program-id order. The script checks values
 against fp64 and times each variant against the package's op and a copy of the same bytes: do_bench medians with
 the L2 flushed (as the harness times) and CUDA-graph replays. Records: ``DIR/norms_stream_probe.jsonl``.
 """
@@ -60,15 +60,6 @@ def main() -> None:
     team = sys.modules[norms.__name__ + "._team"]
     wide = sys.modules[norms.__name__ + "._wide"]
     wide.WIDE_ON_CPU = args.cpu  # the package's wide forms on CPU tensors too (a dry run)
-    sm_launch = sys.modules[softmax_pkg.__name__ + "._launch"]
-
-    def package_stream(kind, setting):
-        """Switches the package's stream form for ``kind`` to ``setting`` (None: the teams)."""
-        if kind == "softmax":
-            sm_launch.STREAM = setting
-            sm_launch.retuned()
-        else:
-            wide.WIDE_STREAM = {} if setting is None else {"rms_norm" if kind == "rms" else "layer_norm": setting}
     globals().update({f: getattr(team, f) for f in ("team_publish", "team_gather", "team_publish_pair",
                                                     "team_gather_pair")})  # the kernel's globals
 
@@ -217,7 +208,6 @@ def main() -> None:
     def reference(kind, x, w, b):
         """The fp64 reference and the package's output (teams), once per input."""
         if cache.get("x") is not x:
-            package_stream(kind, None)
             cache.update(x=x, ref=ref(kind, x, w, b), pkg=package(kind, x, w, b))
         return cache
 
@@ -269,22 +259,6 @@ def main() -> None:
         nbytes, shape = 2 * x.numel() * x.element_size(), f"{M}x{N}"
         if first is not None:
             sw.timeit(kind, "package", lambda: package(kind, x, w, b), nbytes, shape=shape)
-        if first is not None:  # the package with its stream form on (_wide.WIDE_STREAM, softmax's _launch.STREAM)
-            # (chunk bytes, warps, the output chunk's loads before the publish, lag per SM); the early loads cost
-            # registers (243-255 per thread at 64 bf16 per thread in layer_norm, compiled for sm_90), the late ones a
-            # second round trip
-            for setting in ((4096, 1, True, 8), (4096, 1, False, 8), (8192, 2, True, 8), (8192, 2, False, 8),
-                            (8192, 4, True, 8), (16384, 4, True, 8), (8192, 2, True, 16)):
-                name = f"package stream {setting[0]} B w{setting[1]} {'early' if setting[2] else 'late'} d{setting[3]}"
-                reference(kind, x, w, b)  # made with the teams, before the switch
-                package_stream(kind, {"chunk_bytes": setting[0], "num_warps": setting[1], "early": setting[2],
-                                      "lag_per_sm": setting[3]})
-                try:
-                    y.copy_(package(kind, x, w, b))
-                    if check(kind, x, w, b, y, f"{kind} {name} {shape}"):
-                        sw.timeit(kind, name, lambda: package(kind, x, w, b), nbytes, shape=shape)
-                finally:
-                    package_stream(kind, None)
         if first is not None and not args.cpu:
             sw.timeit(kind, "copy", lambda: y.copy_(x), nbytes, shape=shape)
             g = sw.safe("graph package", lambda: sw.bench(lambda: package(kind, x, w, b), graph=True))

@@ -174,29 +174,6 @@ def team_start(TEAM, N, BLOCK_N: tl.constexpr):
     return member, (pid // TEAM).to(tl.int64), offs, offs < N
 
 
-@triton.jit
-def stream_chunks(ws_ptr, M, CHUNKS, LAG, CHUNKS_P2: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The *stream* schedule of wide rows (see :func:`stream_split`): this program's ticket v, taken from the
-    workspace's last word (``ws_ptr[M * CHUNKS_P2]``), numbers the programs in the order they start. It publishes
-    chunk v of the (row, chunk) sequence and writes chunk v - LAG; the last chunk of that row is chunk v - LAG +
-    CHUNKS - 1 < v at most (LAG >= CHUNKS), so a program waits only on programs that took earlier tickets, each of
-    which publishes before it waits. Returns ``(publish, row, chunk, columns)`` of chunk v, then ``(write, row,
-    chunk, columns)`` of chunk v - LAG: ``publish`` / ``write`` false where there is no such chunk, and then the row
-    is M (past the last: the team loads mask it) and the chunk a valid index."""
-    vid = tl.atomic_add(ws_ptr + M * CHUNKS_P2, 1, sem="relaxed")
-    total = M * CHUNKS
-    publish = vid < total
-    c1 = tl.minimum(vid, total - 1)
-    write = vid >= LAG
-    c2 = tl.maximum(vid - LAG, 0)
-    row1 = tl.where(publish, (c1 // CHUNKS).to(tl.int64), M)
-    row2 = tl.where(write, (c2 // CHUNKS).to(tl.int64), M)
-    k1 = c1 % CHUNKS
-    k2 = c2 % CHUNKS
-    return (publish, row1, k1, k1 * BLOCK_N + tl.arange(0, BLOCK_N),
-            write, row2, k2, k2 * BLOCK_N + tl.arange(0, BLOCK_N))
-
-
 def team_phases(device, team: int) -> tuple:
     """The PHASE values to launch a team kernel with: ``(0,)`` (one launch, members spin) on a GPU or
     for a team of one; ``(1, 2)`` under the interpreter (CPU tensors), which runs programs one at a time."""
@@ -211,8 +188,7 @@ def sm_count(device: torch.device) -> int:
     return CPU_SMS
 
 
-def nvidia(device: torch.device) -> bool:
-    """An NVIDIA GPU (launches take ``maxnreg``)."""
+def _nvidia(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None
 
 
@@ -220,7 +196,7 @@ def programs_per_sm(device: torch.device, num_warps: int, tuned: dict) -> int:
     """Programs of ``num_warps`` warps that one multiprocessor is sure to hold at once: on NVIDIA
     ``tuned["programs_per_sm"]`` capped by 2048 threads and by 65536 registers at ``tuned["maxnreg"]`` per
     thread (the launch caps the kernel's registers there); 1 elsewhere."""
-    if not nvidia(device):
+    if not _nvidia(device):
         return 1
     threads = num_warps * 32
     return max(1, min(tuned["programs_per_sm"], 2048 // threads, 65536 // (tuned["maxnreg"] * threads)))
@@ -247,7 +223,7 @@ class TeamPlan:
     def meta(self, kernel, device: torch.device, phase: int, **constexprs) -> tuple:
         """Constexprs and launch options of one launch of ``kernel`` (``meta_items`` pairs)."""
         options = launch_options(kernel, self.fp_fusion)  # nothing under the interpreter
-        if nvidia(device):
+        if _nvidia(device):
             options["maxnreg"] = self.maxnreg
         return tuple({**constexprs, "BLOCK_N": self.block_n, "TEAM_P2": max(next_power_of_2(self.team),
                       TEAM_P2_MIN), "PHASE": phase, "num_warps": self.num_warps, **options}.items())
@@ -292,35 +268,3 @@ def team_split(N: int, elem: int, rows: int, device: torch.device, tuned, on_cpu
     return TeamPlan(team, teams, block, warps, tuned["maxnreg"], bool(tuned.get("fp_fusion", False)),
                     int(tuned.get("affine", 0)), bool(tuned.get("hold", False)),
                     team <= tuned.get("pair_max_team", team))
-
-
-@dataclass(frozen=True)
-class StreamPlan:
-    """The grid of a stream-form kernel (:func:`stream_chunks`): rows of ``chunks`` chunks of ``block_n`` columns."""
-
-    block_n: int  # BLOCK_N constexpr (a power of 2)
-    chunks: int  # chunks per row
-    chunks_p2: int  # CHUNKS_P2 constexpr: a row's statistics slots (a power of 2, at least TEAM_P2_MIN)
-    lag: int  # chunks between a chunk's statistics and its output (>= chunks)
-    num_warps: int
-
-    def grid(self, rows: int) -> tuple:
-        return (rows * self.chunks + self.lag,)
-
-    def workspace(self, rows: int) -> int:
-        """int64 words of the zeroed workspace: each row's statistics slots, then the ticket counter."""
-        return rows * self.chunks_p2 + 1
-
-
-def stream_split(N: int, elem: int, device: torch.device, setting: dict) -> StreamPlan:
-    """The stream form's grid for rows of ``N`` elements of ``elem`` bytes: ``setting`` = ``{"chunk_bytes",
-    "num_warps", "lag_per_sm"}`` (a lag of that many chunks per multiprocessor beyond one row). Raises ValueError
-    for a negative lag (a program would wait on later ones)."""
-    if setting["lag_per_sm"] < 0:
-        raise ValueError(f"stream setting: lag_per_sm must be >= 0 (a program would wait on later ones), got "
-                         f"{setting['lag_per_sm']}")
-    block = next_power_of_2(max(setting["chunk_bytes"] // elem, 1))
-    chunks = cdiv(N, block)
-    warps = max(min(setting["num_warps"], MAX_THREADS_PER_PROGRAM // device_warp_size(device)), 1)
-    return StreamPlan(block, chunks, max(next_power_of_2(chunks), TEAM_P2_MIN),
-                      chunks + sm_count(device) * setting["lag_per_sm"], warps)

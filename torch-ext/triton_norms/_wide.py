@@ -44,13 +44,12 @@ import triton
 import triton.language as tl
 
 from ._common import affine_f32, input_of, ln_affine, load_affine, load_grad_raw, rms_affine, round_to, store_dx
-from ._device import is_interpreter, launch_options
-from ._fastlaunch import launch, meta_items
+from ._device import is_interpreter
+from ._fastlaunch import launch
 from ._launch import BWD_MAX_FUSED_BYTES, backward_strides
 from ._rounding import round_dtype
-from ._team import (nvidia, stream_chunks, stream_split, sum_pair, team_gather, team_gather_pair, team_gather_two,
-                    team_phases, team_publish, team_publish_first, team_publish_pair, team_publish_second,
-                    team_publish_sums, team_split, team_start)
+from ._team import (sum_pair, team_gather, team_gather_two, team_phases, team_publish, team_publish_first,
+                    team_publish_second, team_publish_sums, team_split, team_start)
 
 # Per kind: rows of at least min_row_bytes (input element size) go to teams of ceil(bytes / chunk_bytes)
 # programs of num_warps warps, programs_per_sm of them per SM with at most maxnreg registers per thread
@@ -189,89 +188,6 @@ def _rms_team_fwd_kernel(
             y = rms_affine(x, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
             tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
         row = nxt
-
-
-# The stream form of the wide forwards (``benchmarks/norms_stream_probe.py``), by the kind of WIDE_TUNED ("rms_norm",
-# "add_rms_norm", "layer_norm"; add_layer_norm goes by "layer_norm", as with the teams): a setting {"chunk_bytes",
-# "num_warps", "lag_per_sm"[, "early", "maxnreg", "fp_fusion"]} sends the rows the teams would take to it; a kind
-# without one keeps the teams. Not yet measured on a GPU against the teams (session 41 had no device time left):
-# empty until it is.
-WIDE_STREAM: dict = {}
-
-
-@triton.jit
-def _stream_load(x_ptr, res_ptr, row, stride_x_row, stride_res_row, cols, mask, EVICT: tl.constexpr):
-    """One chunk of x and of the residual (x again without one), as stored."""
-    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0, eviction_policy=EVICT)
-    r = x
-    if res_ptr is not None:
-        r = tl.load(res_ptr + row * stride_res_row + cols, mask=mask, other=0.0, eviction_policy=EVICT)
-    return x, r
-
-
-@triton.jit
-def _stream_fwd_kernel(
-    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr,  # as the one-program kernels' (rms_norm / layer_norm)
-    mean_ptr, rstd_ptr,  # fp32 (M,) statistics for the backward, or None (inference; mean: LayerNorm only)
-    ws_ptr,  # int64 (M * CHUNKS_P2 + 1,) zeros: each chunk's published statistics, then the ticket counter
-    stride_x_row, stride_res_row,
-    M, N, eps,
-    weight_offset,  # RMSNorm: added to the weight
-    LAG,  # chunks between a chunk's statistics and its output (>= CHUNKS)
-    CHUNKS,  # chunks per row (CHUNKS * BLOCK_N >= N)
-    LAYER_NORM: tl.constexpr,  # 0: RMSNorm (sum of squares); 1: LayerNorm (sum and squared deviations, one word)
-    CAST_DTYPE: tl.constexpr,  # RMSNorm: as rms_norm's
-    BLOCK_N: tl.constexpr,
-    CHUNKS_P2: tl.constexpr,
-    EARLY: tl.constexpr = 1,  # the output chunk's loads before the publish (in flight with the first), else after
-):
-    # The stream schedule (_team.stream_chunks): this program publishes the statistics of one chunk, read from DRAM
-    # and kept in L2 (evict_last), then writes the output of the chunk LAG chunks back: it reads that chunk again
-    # (from L2) and gathers its row's statistics, combined as the team kernels combine them (LayerNorm pairwise,
-    # Chan et al.). No program holds a chunk while it waits. h is recomputed from x and the residual, not read back
-    # (another program wrote it, and the relaxed publish orders no other store). DRAM bytes as the team kernels'.
-    OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
-    publish, row1, k1, cols1, out, row2, k2, cols2 = stream_chunks(ws_ptr, M, CHUNKS, LAG, CHUNKS_P2, BLOCK_N)
-    mask1 = cols1 < tl.where(publish, N, 0)
-    mask2 = cols2 < tl.where(out, N, 0)
-    x1, r1 = _stream_load(x_ptr, res_ptr, row1, stride_x_row, stride_res_row, cols1, mask1, "evict_last")
-    if EARLY:
-        x2, r2 = _stream_load(x_ptr, res_ptr, row2, stride_x_row, stride_res_row, cols2, mask2, "evict_first")
-        w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
-    if publish:
-        h1 = input_of(x1, r1, res_ptr, h_ptr, row1, N, cols1, mask1, True)
-        slot = ws_ptr + row1 * CHUNKS_P2 + k1
-        if LAYER_NORM:
-            s = tl.sum(h1, axis=0)
-            d = tl.where(mask1, h1 - s / tl.minimum(N - k1 * BLOCK_N, BLOCK_N).to(tl.float32), 0.0)
-            team_publish_pair(slot, s, tl.sum(d * d, axis=0))
-        else:
-            team_publish(slot, tl.sum(h1 * h1, axis=0))
-    if not EARLY:
-        x2, r2 = _stream_load(x_ptr, res_ptr, row2, stride_x_row, stride_res_row, cols2, mask2, "evict_first")
-        w_raw, b_raw = load_affine(w_ptr, b_ptr, cols2, mask2, True, "evict_last")
-    if out:
-        k = tl.arange(0, CHUNKS_P2)
-        slots = ws_ptr + row2 * CHUNKS_P2
-        h2 = input_of(x2, r2, res_ptr, h_ptr, row2, N, cols2, mask2, False)
-        w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
-        if LAYER_NORM:
-            counts = tl.minimum(tl.maximum(N - k * BLOCK_N, 0), BLOCK_N).to(tl.float32)  # columns of each chunk
-            sums, sq = team_gather_pair(slots, k, CHUNKS, 0.0, 0.0)
-            mean = tl.sum(sums, axis=0) / N
-            dev = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
-            rstd = tl.math.rsqrt(tl.sum(sq + counts * dev * dev, axis=0) / N + eps)
-            y = ln_affine(h2, mean, rstd, w, b, w_ptr, b_ptr, OUT_DTYPE)
-            if mean_ptr is not None:
-                if k2 == 0:
-                    tl.store(mean_ptr + row2, mean)
-        else:
-            rstd = tl.math.rsqrt(tl.sum(team_gather(slots, k, CHUNKS, 0.0), axis=0) / N + eps)
-            y = rms_affine(h2, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
-        if rstd_ptr is not None:
-            if k2 == 0:
-                tl.store(rstd_ptr + row2, rstd)
-        tl.store(y_ptr + row2 * N + cols2, y.to(OUT_DTYPE), mask=mask2, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -449,15 +365,9 @@ def _ln_team_bwd_kernel(
 def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, weight_offset, cast_dtype, elem) -> bool:
     """Launches the team forward of RMSNorm when the rows are wide enough (arguments as the looped
     kernel's; ``h`` None without a residual, ``rstd`` None in inference); False: nothing launched."""
-    kind = "rms_norm" if r2 is None else "add_rms_norm"
-    plan = team_for(kind, N, elem, M, x2.device)
+    plan = team_for("rms_norm" if r2 is None else "add_rms_norm", N, elem, M, x2.device)
     if plan is None:
         return False
-    if kind in WIDE_STREAM:
-        _stream_forward(WIDE_STREAM[kind], x2, M, N, elem, (x2, r2, w, b, y, h, None, rstd),
-                        (stride_x, stride_r, M, N, eps, weight_offset), LAYER_NORM=0,
-                        CAST_DTYPE=round_dtype(cast_dtype))
-        return True
     hold = _holds(plan, x2, h, w, b)
     ws = torch.zeros(M * plan.team, dtype=torch.int64, device=x2.device)
     args = (x2, r2, w, b, y, h, rstd, ws, stride_x, stride_r, M, N, eps, weight_offset, plan.team, plan.teams)
@@ -466,22 +376,6 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
                plan.meta(_rms_team_fwd_kernel, x2.device, phase, CAST_DTYPE=round_dtype(cast_dtype),
                          AFFINE=plan.affine, HOLD=int(hold)), x2.device)
     return True
-
-
-def _stream_forward(setting: dict, x2, M: int, N: int, elem: int, tensors: tuple, scalars: tuple,
-                    **constexprs) -> None:
-    """Launches ``_stream_fwd_kernel(*tensors, workspace, *scalars, LAG, CHUNKS, BLOCK_N, CHUNKS_P2, **constexprs)``
-    over rows of ``N`` elements of ``elem`` bytes with ``setting`` (``_team.stream_split``'s, plus the output
-    chunk's loads ``early`` (default) or after the publish, a register cap ``maxnreg`` (NVIDIA; none by default) and
-    ``fp_fusion`` (default off))."""
-    plan = stream_split(N, elem, x2.device, setting)
-    ws = torch.zeros(plan.workspace(M), dtype=torch.int64, device=x2.device)
-    options = launch_options(_stream_fwd_kernel, bool(setting.get("fp_fusion", False)))
-    if "maxnreg" in setting and nvidia(x2.device):
-        options["maxnreg"] = setting["maxnreg"]
-    meta = meta_items(**constexprs, BLOCK_N=plan.block_n, CHUNKS_P2=plan.chunks_p2,
-                      EARLY=int(setting.get("early", True)), num_warps=plan.num_warps, **options)
-    launch(_stream_fwd_kernel, plan.grid(M), (*tensors, ws, *scalars, plan.lag, plan.chunks), meta, x2.device)
 
 
 def can_hold(stored: torch.dtype, *weights) -> bool:
@@ -502,10 +396,6 @@ def ln_wide_forward(x2, r2, w, b, y, h, mean, rstd, M, N, stride_x, stride_r, ep
     plan = team_for("layer_norm", N, elem, M, x2.device)
     if plan is None:
         return False
-    if "layer_norm" in WIDE_STREAM:
-        _stream_forward(WIDE_STREAM["layer_norm"], x2, M, N, elem, (x2, r2, w, b, y, h, mean, rstd),
-                        (stride_x, stride_r, M, N, eps, 0.0), LAYER_NORM=1, CAST_DTYPE=None)
-        return True
     hold = _holds(plan, x2, h, w, b)
     # w / b before the wait fit the registers only with x held: else after the meeting
     affine = 0 if plan.hold and not hold and plan.affine == 1 else plan.affine

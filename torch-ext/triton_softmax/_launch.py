@@ -206,11 +206,6 @@ TEAM_TUNED: dict = {
     "cross_entropy": [{"min_row_bytes": 65536, "maxnreg": 128, "max_team": 32, "fp_fusion": True, **s}
                       for s in _BY_WIDTH],
 }
-# The stream form of the wide softmax forward (``softmax._softmax_stream_fwd_kernel``, benchmarks/norms_stream_probe.py):
-# a setting {"chunk_bytes", "num_warps", "lag_per_sm"[, "early"]} sends the rows the forward's teams of more than one
-# would take to it; None keeps the teams. Not yet measured on a GPU against them (session 41 had no device time
-# left): None until it is. Call retuned() after changing it.
-STREAM: Optional[dict] = None
 # Teams only for rows that start on 16 bytes where the caller says (``team_for``'s ``aligned``); the tests
 # switch this off to run teams on any row.
 TEAM_ALIGNED_ROWS_ONLY = True

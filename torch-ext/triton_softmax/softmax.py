@@ -52,11 +52,9 @@ from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_dev
 from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import Launch, PlanCache, meta_items
 from ._libm import exp_approx, nvidia_approx
-from . import _launch
 from ._launch import PLAN_CACHES, SPLIT_BELOW_ROWS_PER_SM, config_for, split_for, team_for
 from ._torch_order import softmax_torch_order
-from ._team import (sm_count, stream_chunks, stream_split, team_gather, team_gather_pair, team_phases, team_publish,
-                    team_publish_pair, team_start)
+from ._team import sm_count, team_gather, team_gather_pair, team_phases, team_publish, team_publish_pair, team_start
 from ._device import cdiv, check_launch_device, launch_options, next_power_of_2
 from ._ops import add_op_namespace_prefix
 
@@ -562,51 +560,6 @@ def _softmax_team_fwd_kernel(
 
 
 @triton.jit
-def _softmax_stream_fwd_kernel(
-    x_ptr, m_ptr, y_ptr,
-    ws_ptr,  # int64 (M * CHUNKS_P2 + 1,) zeros: each chunk's published pair (max, sum of exp), then the ticket counter
-    R1, R2,
-    sx0, sx1, sx2, sxc,
-    sm0, sm1, sm2, smc,
-    sy0, sy1, sy2, syc,
-    M, N, Sq, scale,
-    LAG,  # chunks between a chunk's statistics and its output (>= CHUNKS)
-    CHUNKS,  # chunks per row (CHUNKS * BLOCK_N >= N)
-    CAUSAL: tl.constexpr,
-    LOG: tl.constexpr,
-    SCALED: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CHUNKS_P2: tl.constexpr,
-    FTZ: tl.constexpr,  # as the team kernel's
-    EARLY: tl.constexpr = 1,  # the output chunk's loads before the publish (in flight with the first), else after
-):
-    # Wide rows read once from DRAM without teams (_team.stream_chunks' schedule, as triton-norms' _wide): publish the
-    # (max, sum of exp) of one chunk, then write the chunk LAG chunks back, read again (from L2), with its row's pairs
-    # combined in chunk order: the team kernel's arithmetic on the same chunks, so its bits. Two exps per element (one
-    # per pass) where the teams take one. A chunk with nothing to do has row M, which _team_load masks.
-    publish, row1, k1, offs1, out, row2, k2, offs2 = stream_chunks(ws_ptr, M, CHUNKS, LAG, CHUNKS_P2, BLOCK_N)
-    xr1, mr1 = _team_load(x_ptr, m_ptr, row1, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs1, N, M,
-                          "evict_last")
-    if EARLY:
-        xr2, mr2 = _team_load(x_ptr, m_ptr, row2, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs2, N, M,
-                              "evict_first")
-    if publish:
-        z1 = _team_scores(xr1, mr1, m_ptr, offs1, offs1 < N, row1 % Sq, scale, CAUSAL, SCALED)
-        m1, e1 = _chunk_max_exp(z1, FTZ)
-        team_publish_pair(ws_ptr + row1 * CHUNKS_P2 + k1, m1, tl.sum(e1, axis=0))
-    if not EARLY:
-        xr2, mr2 = _team_load(x_ptr, m_ptr, row2, R1, R2, sx0, sx1, sx2, sxc, sm0, sm1, sm2, smc, offs2, N, M,
-                              "evict_first")
-    if out:
-        mask2 = offs2 < N
-        z2 = _team_scores(xr2, mr2, m_ptr, offs2, mask2, row2 % Sq, scale, CAUSAL, SCALED)
-        m2, e2 = _chunk_max_exp(z2, FTZ)
-        mx, s = _team_max_sumexp(ws_ptr + row2 * CHUNKS_P2, tl.arange(0, CHUNKS_P2), CHUNKS)
-        y = _team_softmax_of(e2, z2, m2, mx, s, LOG)
-        store_rounded(y_ptr + row_start(row2, R1, R2, sy0, sy1, sy2), offs2.to(tl.int64) * syc, y, mask2)
-
-
-@triton.jit
 def _softmax_team_bwd_kernel(
     y_ptr, dy_ptr, dx_ptr,
     ws_ptr,  # int64 (rows, TEAM) zeros: each member's published sum of dy * y (log: of dy)
@@ -692,21 +645,6 @@ _BWD_PLANS = PlanCache()
 PLAN_CACHES.extend((_FWD_PLANS, _BWD_PLANS))
 
 
-def _stream_plan(setting: dict, copy: bool, layout, N: int, elem: int, sq: int, scale: float, causal: bool,
-                 log: bool, device: torch.device) -> LaunchPlan:
-    """The forward's plan in the stream form (``_launch.STREAM``): ``setting`` as ``_team.stream_split`` takes it,
-    plus the output chunk's loads ``early`` (default) or after the publish."""
-    kernel = _softmax_stream_fwd_kernel
-    plan = stream_split(N, elem, device, setting)
-    fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N, sq,
-             float(scale), plan.lag, plan.chunks)
-    meta = meta_items(CAUSAL=causal, LOG=log, SCALED=scale != 1.0, BLOCK_N=plan.block_n, CHUNKS_P2=plan.chunks_p2,
-                      FTZ=nvidia_approx(device, kernel), EARLY=int(setting.get("early", True)),
-                      num_warps=plan.num_warps, **launch_options(kernel))
-    return LaunchPlan(copy, (plan.workspace(layout.rows), torch.int64, True),
-                      ((Launch(kernel, plan.grid(layout.rows), meta, fixed, device), (0, 1, 2, 3)),))
-
-
 def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: float, causal: bool,
               log: bool) -> LaunchPlan:
     """The launches of the forward for this signature: persistent teams (wide rows), a row split over
@@ -728,8 +666,6 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
     if team is not None and team.team == 1 and (mask is not None or causal
                                                 or layout.rows < SPLIT_BELOW_ROWS_PER_SM * sm_count(device)):
         team = None  # a team of one was measured only without a mask or causal, on >= 4 rows per SM (session 24)
-    if team is not None and team.team > 1 and _launch.STREAM is not None:  # wide rows in the stream form, read once
-        return _stream_plan(_launch.STREAM, copy, layout, N, big.element_size(), sq, scale, causal, log, device)
     if team is not None:  # wide rows: persistent teams of programs, the row read once
         fixed = (layout.sizes[1], layout.sizes[2], *layout.args(0), *layout.args(1), *layout.args(2), layout.rows, N,
                  sq, float(scale), team.team, team.teams)
