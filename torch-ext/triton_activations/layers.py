@@ -39,7 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _nn_module
 
+from . import functional
 from ._autocast import autocast_to
+from ._common import GATED_ACTIVATIONS
 from .functional import (
     act_and_mul, fatrelu_and_mul, gelu, gelu_and_mul, gelu_fast, gelu_new, gelu_quick, gelu_tanh, gelu_tanh_and_mul,
     mul_and_silu, silu, silu_and_mul,
@@ -411,7 +413,8 @@ class Phi3MLP(nn.Module):
         return self.down_proj(gated(gate_up, rounding="eager"))
 
 
-_GATED_OPS = {"silu": silu_and_mul, "gelu": gelu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
+# act_and_mul's activation -> the public gated op on one tensor's halves (_common's table of the two)
+_GATED_OPS = {activation: getattr(functional, op) for activation, op in GATED_ACTIVATIONS.items()}
 
 _ACTIVATION_CLASSES = {  # (module, class name) -> act_and_mul's activation, for classes whose forward is fixed
     ("transformers.activations", "SiLUActivation"): "silu",
