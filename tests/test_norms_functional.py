@@ -714,6 +714,20 @@ def test_eager_fast_path_takes_module_parameters(norms):
         assert d._route((x.as_subclass(Sub),)) == d.OP
 
 
+def test_negative_bit_tensors_go_through_the_op(norms):
+    """A view with the negative bit set (``z.conj().imag``) holds -x in memory: the implementation would read that,
+    so the call goes to the op, whose dispatcher resolves the bit (values: test_case10 of test_reliability_ops)."""
+    d = norms._dispatch
+    x, w = torch.randn(2, 8), torch.randn(8)
+    neg = torch.randn(2, 8, dtype=torch.complex64).conj().imag
+    assert neg.is_neg()
+    with torch.no_grad():
+        assert d.inference((x, w, None)) and d._route((x, w)) == d.IMPL
+        assert not d.inference((x, torch._neg_view(w), None))
+        assert d._route((neg, w, None, 1e-6)) == d.OP
+    assert d._route((neg, w.requires_grad_())) == d.OP  # not the eager Function, which would call the implementation
+
+
 def test_fast_launch_key_follows_triton_specialisation(norms):
     """The direct-launch cache may reuse a compiled kernel only where Triton would: the key
     separates 16-byte aligned from unaligned pointers, ints equal to 1, multiples of 16 and

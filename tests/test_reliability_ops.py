@@ -255,6 +255,54 @@ def test_case9_misaligned_base_pointers_every_op(request, package, device):
                     _assert_same(f"{name} misaligned grad {i}", x, y, y.dtype)
 
 
+def _negative_bit(t):
+    """The same values in a view with the negative bit set, as ``z.conj().imag`` of a complex z: its memory holds
+    -t, and only a reader that honours the bit sees t."""
+    return torch._neg_view(-t.detach()) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_case10_negative_bit_inputs_every_op(request, package, device):
+    """Each floating input in turn (``out`` included) a view with the negative bit set (``x.conj().imag``)
+    equals the same call on the plain tensor: in inference (the fast paths), in training, forward and backward,
+    and with an upstream gradient that has the bit. The kernels read raw memory: a negative-bit tensor that
+    reached them unresolved gave a silently wrong sign."""
+    pkg = _pkg(request, package)
+    torch.manual_seed(10)
+    for name, fn, make, grad, out_arg, dtype, params in _runs(pkg, CATALOG[package], device, dtype_index=0):
+        data = make(device, dtype)
+        with torch.no_grad():
+            want = fn(*clone_inputs(data))
+        for i, t in enumerate(data):
+            if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+                continue
+            inputs = clone_inputs(data)
+            inputs[i] = _negative_bit(t)
+            with torch.no_grad():
+                got = fn(*inputs)
+            _assert_same(f"{name} negative-bit input {i}", got, want, dtype)
+            if i == out_arg:
+                _assert_same(f"{name} negative-bit out", inputs[i], want, dtype)
+            if i not in grad:
+                continue
+            a = clone_inputs(data, grad)
+            leaf = (-t.detach()).requires_grad_(True)
+            b = clone_inputs(data, grad)
+            b[i] = torch._neg_view(leaf)
+            ya, yb = fn(*a), fn(*b)
+            _assert_same(f"{name} negative-bit input {i}, training", yb, ya, dtype)
+            la = [a[j] for j in grad if a[j].requires_grad] + list(params)
+            lb = [b[j] for j in grad if b[j].requires_grad] + list(params)
+            outs_a = [o for o in as_tuple(ya) if isinstance(o, torch.Tensor) and o.requires_grad]
+            outs_b = [o for o in as_tuple(yb) if isinstance(o, torch.Tensor) and o.requires_grad]
+            dys = [torch.randn(o.shape, device=device).to(o.dtype) for o in outs_a]
+            ga = torch.autograd.grad(outs_a, la, dys, retain_graph=True, allow_unused=True)
+            gb = torch.autograd.grad(outs_b, lb, [_negative_bit(d) for d in dys], allow_unused=True)
+            for j, (x, y) in enumerate(zip(gb, ga)):
+                if y is not None:
+                    _assert_same(f"{name} negative-bit input {i} and dy, grad {j}", x, y, y.dtype)
+
+
 # ----------------------------------------------------------------------------- case 5: compile, CUDA graphs, streams
 
 

@@ -10,9 +10,12 @@ op's own autograd formula (:func:`eager_autograd`). Functorch transforms
 (``torch.func.grad``, ``vjp``, ``jacrev``, ``vmap``) call the op through a second
 Function built from the same formula, in the form they require (PyTorch's own
 wrapper of a custom op's formula lacks it: pytorch/pytorch#168393). Everything else
-(compile tracing, dispatch modes, tensor subclasses) goes through the op. Results
-are the same bits either way. :func:`inference` answers the same question for a caller that
-keeps a validated launch plan per call signature and runs it itself.
+(compile tracing, dispatch modes, tensor subclasses) goes through the op, and so does
+a tensor with the negative bit set (``z.conj().imag``, ``torch._neg_view``): its memory
+holds the negated values, which the kernels would read as they are, while the
+dispatcher's Negative fallback materialises it first. Results are the same bits either
+way. :func:`inference` answers the same question for a caller that keeps a validated
+launch plan per call signature and runs it itself.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ OP, IMPL, AUTOGRAD, FUNCTORCH = 0, 1, 2, 3
 
 
 def _route(args) -> int:
-    """OP under compile tracing, a dispatch mode or a tensor subclass; FUNCTORCH under a functorch
+    """OP under compile tracing, a dispatch mode, for a tensor subclass or a tensor with the negative bit
+    set (the op resolves it; the implementation would read the negated memory); FUNCTORCH under a functorch
     transform; else AUTOGRAD when a tensor needs a gradient or forward-mode AD is on (a dual level
     entered: the ops have no forward-mode formula, and a Function raises for a tangent where the
-    implementation would drop it), IMPL otherwise."""
+    implementation would drop it), IMPL otherwise. (The conjugate bit needs no check: only complex
+    tensors carry it, and every op rejects complex dtypes.)"""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
         return OP
     if torch._C._are_functorch_transforms_active():
@@ -40,7 +45,7 @@ def _route(args) -> int:
     route = IMPL
     for a in args:
         if isinstance(a, torch.Tensor):
-            if type(a) not in _PLAIN_TYPES:
+            if type(a) not in _PLAIN_TYPES or a.is_neg():
                 return OP
             if grad and a.requires_grad:
                 route = AUTOGRAD
@@ -52,14 +57,15 @@ def _route(args) -> int:
 def inference(tensors: tuple) -> bool:
     """True where :func:`call_op` would call the implementation directly (plain eager code, no
     gradient needed) for these arguments: ``tensors`` holds every tensor argument of the call (None for
-    an absent one); anything that is neither None nor a plain tensor answers False."""
+    an absent one); anything that is neither None nor a plain tensor, or a tensor with the negative bit
+    set, answers False."""
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
             or torch._C._are_functorch_transforms_active()  # vmap / jvp wrap their tensors: no data_ptr()
             or _forward_ad._current_level >= 0):  # dual tensors: their tangents would be dropped
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if t is not None and (type(t) not in _PLAIN_TYPES or grad and t.requires_grad):
+        if t is not None and (type(t) not in _PLAIN_TYPES or grad and t.requires_grad or t.is_neg()):
             return False
     return True
 

@@ -451,7 +451,15 @@ def act_forward(x: Tensor, op: str, eager: bool, threshold: float) -> Tensor:
 
 
 def act_forward_out(out: Tensor, x: Tensor, op: str, eager: bool, threshold: float) -> None:
-    """The ``(out, x)`` form (the op, or its implementation in plain eager code)."""
+    """The ``(out, x)`` form (the op, or its implementation in plain eager code). An ``out`` with the negative bit
+    set (``z.conj().imag``) holds the negated values in memory: the result goes to a plain buffer, then through
+    ``copy_``, which honours the bit (the dispatcher's fallback for the bit cannot write a custom op's output).
+    Not under compile tracing: dynamo cannot trace ``is_neg``."""
+    if not torch.compiler.is_compiling() and out.is_neg():
+        buffer = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        call_op(_act_fwd_out, _act_fwd_out_impl, buffer, x, op, eager, threshold)
+        out.copy_(buffer)
+        return
     call_op(_act_fwd_out, _act_fwd_out_impl, out, x, op, eager, threshold)
 
 

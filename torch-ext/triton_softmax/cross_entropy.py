@@ -660,7 +660,9 @@ def _backward(ctx, dloss, dg, dapplied):
         return _scaled_grad(g, dloss, target, ctx.class_dim, ctx.ignore_index), None, None, None, None, None, None, None
     first = not getattr(ctx, "used", False)
     ctx.used = True
-    dx = _scale_grad_impl(g, applied, dloss, target, ctx.class_dim, ctx.ignore_index, inplace=first)
+    # the kernel reads raw memory: an upstream gradient (or target) with the negative bit set is resolved first
+    dx = _scale_grad_impl(g, applied, dloss.resolve_neg(), target.resolve_neg(), ctx.class_dim, ctx.ignore_index,
+                          inplace=first)
     return dx, None, None, None, None, None, None, None
 
 
