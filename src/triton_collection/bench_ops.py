@@ -357,6 +357,28 @@ def _gated_builder(name: str, act: str, grad: bool = False, view: bool = False):
     return build
 
 
+def _act_and_mul_builder(act: str):
+    """``act_and_mul(gate, up)``: two (M, d) tensors, as a gated MLP's two projections give them."""
+    def build(kernel, shape, dtype, device, peers):
+        import torch
+        import torch.nn.functional as F
+
+        M, d = shape
+        g, u = (torch.randn(M, d, device=device, dtype=dtype) for _ in range(2))
+        fn = {"silu": F.silu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[act]
+        liger = _liger("swiglu", "LigerSiLUMulFunction") if act == "silu" else _liger("geglu", "LigerGELUMulFunction")
+        eager = lambda a, b: fn(a) * b  # noqa: E731
+        compiled = _compile(eager) if "compile" in peers else None
+        providers, skipped = _with_peers(
+            {"ours": lambda: kernel.act_and_mul(g, u, activation=act)}, peers,
+            eager=lambda: eager(g, u), compile=compiled and (lambda: compiled(g, u)),
+            liger=liger and (lambda: liger.apply(g, u)),
+        )
+        return Workload(providers, lambda: fn(g.double()) * u.double(), skipped=skipped)
+
+    return build
+
+
 def _plain_builder(name: str, act):
     def build(kernel, shape, dtype, device, peers):
         import torch
@@ -401,6 +423,9 @@ ACTIVATIONS = (
     OpSpec("triton-activations", "gelu_tanh_and_mul", "fwd+bwd", {"quick": (), "full": _ACT[:1]},
            "fwd: x (2d) read, y (d) written; bwd: dy (d), x (2d) read, dx (2d) written", lambda s, e: bytes_moved(s[0], s[1], e, 8),
            _gated_builder("gelu_tanh_and_mul", "gelu_tanh", grad=True)),
+    OpSpec("triton-activations", "act_and_mul", "fwd", {"quick": (), "full": _ACT[:1]},
+           "act_and_mul(gate, up) silu: gate (d) and up (d) read + y (d) written", lambda s, e: bytes_moved(s[0], s[1], e, 3),
+           _act_and_mul_builder("silu")),
     OpSpec("triton-activations", "silu", "fwd", {"quick": (), "full": _ACT[:1]},
            "x read + y written", lambda s, e: bytes_moved(s[0], s[1], e, 2), _plain_builder("silu", _silu)),
     OpSpec("triton-activations", "gelu", "fwd", {"quick": (), "full": _ACT[:1]},
