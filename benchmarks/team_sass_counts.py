@@ -54,7 +54,13 @@ CE_NONE = dict(lse_ptr=None, count_ptr=None, sxc=1, sgc=1, R1=1, R2=1, SMOOTH=0)
 NORMS, TEAMS = dict(maxnreg=168), dict(maxnreg=128)  # the tiers' register caps (the cross-entropy's: fp_fusion)
 LN_BWD, LN_BWD_NONE = dict(maxnreg=128, num_warps=4), dict(dh_ptr=None, dres_ptr=None, stride_dy_col=1, PAIR_WORD=0)
 CASES = {
-    "rms_norm AFFINE 1": (W._rms_team_fwd_kernel, dict(NONE, b_ptr=None, CAST_DTYPE=None, AFFINE=1), NORMS),
+    "rms_norm AFFINE 1": (W._rms_team_fwd_kernel, dict(NONE, b_ptr=None, CAST_DTYPE=None, AFFINE=1, DEPTH=1), NORMS),
+    "rms_norm DEPTH 2": (W._rms_team_fwd_kernel, dict(NONE, b_ptr=None, CAST_DTYPE=None, AFFINE=1, DEPTH=2), NORMS),
+    "rms_norm 8K HOLD": (W._rms_team_fwd_kernel, dict(NONE, b_ptr=None, CAST_DTYPE=None, AFFINE=2, HOLD=1, BLOCK_N=4096,
+                                                      DEPTH=1),
+                         dict(NORMS, num_warps=2)),
+    "rms_norm 8K HOLD D2": (W._rms_team_fwd_kernel, dict(NONE, b_ptr=None, CAST_DTYPE=None, AFFINE=2, HOLD=1,
+                                                         BLOCK_N=4096, DEPTH=2), dict(NORMS, num_warps=2)),
     "layer_norm pair word": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, AFFINE=0, EVEN=0, PAIR_WORD=1), NORMS),
     "layer_norm two words": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, AFFINE=0, EVEN=0, PAIR_WORD=0), NORMS),
     "layer_norm no bias": (W._ln_team_fwd_kernel, dict(NONE, mean_ptr=None, b_ptr=None, AFFINE=0, EVEN=0, PAIR_WORD=1),
@@ -72,7 +78,7 @@ CASES = {
 }
 tmp = Path(tempfile.mkdtemp())
 for name, (k, consts, tier) in CASES.items():
-    consts = dict(consts, BLOCK_N=2048, TEAM_P2=32, PHASE=0)
+    consts = dict(dict(BLOCK_N=2048, TEAM_P2=32, PHASE=0), **consts)
     sg = sig(k, consts)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names)
              if sg[n] != "constexpr" and (sg[n].startswith("*") or re.fullmatch(r"s[a-z]+[0-2]", n)
@@ -83,8 +89,11 @@ for name, (k, consts, tier) in CASES.items():
                                 "enable_fp_fusion": bool(args.fp_fusion or tier.get("fp_fusion", False))})
     (tmp / "k.ptx").write_text(c.asm["ptx"])
     (tmp / "k.cubin").write_bytes(c.asm["cubin"])
-    v = subprocess.run([str(BIN / "ptxas"), "-arch=sm_90a", "-v", "--maxrregcount", str(tier["maxnreg"]),
-                        str(tmp / "k.ptx"), "-o", str(tmp / "o.cubin")], capture_output=True, text=True).stderr
+    for ptxas in ("ptxas", "ptxas-blackwell"):  # Triton 3.9 emits a PTX version only its newer ptxas reads
+        v = subprocess.run([str(BIN / ptxas), "-arch=sm_90a", "-v", "--maxrregcount", str(tier["maxnreg"]),
+                            str(tmp / "k.ptx"), "-o", str(tmp / "o.cubin")], capture_output=True, text=True).stderr
+        if "Unsupported .version" not in v:
+            break
     sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", str(tmp / "k.cubin")], capture_output=True,
                           text=True).stdout
     ops = {}

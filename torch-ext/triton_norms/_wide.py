@@ -143,6 +143,41 @@ def widen(v):
 
 
 @triton.jit
+def _rms_team_publish(xr, rr, res_ptr, h_ptr, ws_ptr, row, member, TEAM, N, offs, mask,
+                      PHASE: tl.constexpr, HOLD: tl.constexpr, STORE_DTYPE: tl.constexpr):
+    """A member's first half of a row: ``(x in fp32, x as held)`` from its raw chunk, its sum of squares published."""
+    x = input_of(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
+    xs = x
+    if HOLD:
+        xs = x.to(STORE_DTYPE)  # exact: x is a value of that dtype
+    if PHASE != 2:
+        team_publish(ws_ptr + row * TEAM + member, tl.sum(x * x, axis=0))
+    return x, xs
+
+
+@triton.jit
+def _rms_team_finish(x, xs, w_raw, b_raw, w_ptr, b_ptr, y_ptr, rstd_ptr, ws_ptr, row, member, k, TEAM, N, offs, mask,
+                     eps, weight_offset, PHASE: tl.constexpr, AFFINE: tl.constexpr, HOLD: tl.constexpr,
+                     CAST_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """A member's second half of a row: its team's statistics gathered, its chunk of y written."""
+    if PHASE != 1:
+        if AFFINE == 1:
+            w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
+        ss = tl.sum(team_gather(ws_ptr + row * TEAM, k, TEAM, 0.0), axis=0)
+        rstd = tl.math.rsqrt(ss / N + eps)
+        if rstd_ptr is not None:
+            if member == 0:
+                tl.store(rstd_ptr + row, rstd)
+        if AFFINE == 0:
+            w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
+        w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
+        if HOLD:
+            x = widen(xs)
+        y = rms_affine(x, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
+        tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
+
+
+@triton.jit
 def _rms_team_fwd_kernel(
     x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, rstd_ptr,  # as rms_norm._rms_norm_fwd_kernel
     ws_ptr,  # int64 (rows * TEAM,) zeros: each member's published sum of squares
@@ -156,38 +191,37 @@ def _rms_team_fwd_kernel(
     PHASE: tl.constexpr,  # 0: one launch; 1: publish only; 2: gather and write (interpreter)
     AFFINE: tl.constexpr = 0,  # w / b loaded 0: after the team meets, 1: before waiting on it, 2: once for all rows
     HOLD: tl.constexpr = 0,  # x kept in its storage dtype (bf16) while the team meets, widened again after: registers
+    DEPTH: tl.constexpr = 1,  # rows of a member's chunk loaded ahead of the one it works on (1 or 2)
 ):
     member, row, offs, mask = team_start(TEAM, N, BLOCK_N)
     k = tl.arange(0, TEAM_P2)
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
     STORE_DTYPE: tl.constexpr = x_ptr.dtype.element_ty if res_ptr is None else h_ptr.dtype.element_ty
+    w_raw, b_raw = None, None  # loaded per row by the finish (AFFINE 0 / 1)
     if AFFINE == 2:  # a member's columns are the same on every row
         w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
     xr, rr = _load_raw(x_ptr, res_ptr, row, M, N, stride_x_row, stride_res_row, offs)
-    while row < M:
-        x = input_of(xr, rr, res_ptr, h_ptr, row, N, offs, mask, PHASE != 2)
-        if HOLD:
-            xs = x.to(STORE_DTYPE)  # exact: x is a value of that dtype
-        if PHASE != 2:
-            team_publish(ws_ptr + row * TEAM + member, tl.sum(x * x, axis=0))
-        nxt = row + TEAMS
-        xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
-        if PHASE != 1:
-            if AFFINE == 1:
-                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
-            ss = tl.sum(team_gather(ws_ptr + row * TEAM, k, TEAM, 0.0), axis=0)
-            rstd = tl.math.rsqrt(ss / N + eps)
-            if rstd_ptr is not None:
-                if member == 0:
-                    tl.store(rstd_ptr + row, rstd)
-            if AFFINE == 0:
-                w_raw, b_raw = load_affine(w_ptr, b_ptr, offs, mask, True, "")
-            w, b = affine_f32(w_raw, b_raw, w_ptr, b_ptr)
-            if HOLD:
-                x = widen(xs)
-            y = rms_affine(x, rstd, w, b, w_ptr, b_ptr, weight_offset, CAST_DTYPE, OUT_DTYPE)
-            tl.store(y_ptr + row * N + offs, y.to(OUT_DTYPE), mask=mask)
-        row = nxt
+    # two loops, not one with a constexpr branch: a name assigned in any branch of a loop's body is carried by it
+    if DEPTH == 2:
+        xr2, rr2 = _load_raw(x_ptr, res_ptr, row + TEAMS, M, N, stride_x_row, stride_res_row, offs)
+        while row < M:
+            x, xs = _rms_team_publish(xr, rr, res_ptr, h_ptr, ws_ptr, row, member, TEAM, N, offs, mask,
+                                      PHASE, HOLD, STORE_DTYPE)
+            nxt = row + TEAMS
+            xr, rr = xr2, rr2
+            xr2, rr2 = _load_raw(x_ptr, res_ptr, nxt + TEAMS, M, N, stride_x_row, stride_res_row, offs)
+            _rms_team_finish(x, xs, w_raw, b_raw, w_ptr, b_ptr, y_ptr, rstd_ptr, ws_ptr, row, member, k, TEAM, N,
+                             offs, mask, eps, weight_offset, PHASE, AFFINE, HOLD, CAST_DTYPE, OUT_DTYPE)
+            row = nxt
+    else:
+        while row < M:
+            x, xs = _rms_team_publish(xr, rr, res_ptr, h_ptr, ws_ptr, row, member, TEAM, N, offs, mask,
+                                      PHASE, HOLD, STORE_DTYPE)
+            nxt = row + TEAMS
+            xr, rr = _load_raw(x_ptr, res_ptr, nxt, M, N, stride_x_row, stride_res_row, offs)
+            _rms_team_finish(x, xs, w_raw, b_raw, w_ptr, b_ptr, y_ptr, rstd_ptr, ws_ptr, row, member, k, TEAM, N,
+                             offs, mask, eps, weight_offset, PHASE, AFFINE, HOLD, CAST_DTYPE, OUT_DTYPE)
+            row = nxt
 
 
 @triton.jit
