@@ -360,11 +360,17 @@ def test_e2e_tiny_model_on_cpu(device, tmp_path, installed):
         assert rows[("eager", b)]["repeatable"] is True
         # timings on a shared CPU are noise (t(3 tokens) - t(1 token) may even be <= 0, reported as nan)
         assert k["prefill_ms"] > 0 and {"decode_tok_s", "per_seq_tok_s", "ms_per_step", "speedup"} <= set(k)
+        # per repeat: kernelize against the eager run of the same repeat
+        e = rows[("eager", b)]
+        assert len(k["decode_tok_s_runs"]) == len(e["decode_tok_s_runs"]) == len(k["speedup_runs"]) == 2
+        for s, kr, er in zip(k["speedup_runs"], k["decode_tok_s_runs"], e["decode_tok_s_runs"]):
+            assert (math.isnan(s) and (math.isnan(kr) or math.isnan(er))) or s == pytest.approx(kr / er)
+        assert "speedup_runs" not in e
     assert rows[("kernelize", 1)]["swapped"] == {"LlamaRMSNorm": 5, "LlamaMLP": 2, "SiLUActivation": 2,
                                                  "RotaryPosEmb": 1}
     paths = e2e.write_e2e_report(result, tmp_path, "e2e_tiny")
     md = paths[1].read_text()
-    assert "| tiny-llama | 2 | 3 | kernelize |" in md and "| yes | yes |" in md
+    assert "| tiny-llama | 2 | 3 | kernelize |" in md and "| yes | yes |" in md and "| vs eager | per run |" in md
     assert "kernelize swapped 2 × LlamaMLP, 5 × LlamaRMSNorm, 1 × RotaryPosEmb, 2 × SiLUActivation" in md
 
 

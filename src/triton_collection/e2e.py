@@ -152,7 +152,9 @@ def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int) -
         # order varies: then eager-vs-kernelized token equality says nothing about the kernels)
         repeatable = all(torch.equal(o, outs[0]) for o in outs[1:])
         row = {"prefill_ms": 1e3 * statistics.median(acc["prefill"]), "generate_s": t_new, "repeatable": repeatable,
-               **decode_rate(ids.shape[0], new_tokens, t_new, t_one)}
+               **decode_rate(ids.shape[0], new_tokens, t_new, t_one),
+               "decode_tok_s_runs": [decode_rate(ids.shape[0], new_tokens, n, o)["decode_tok_s"]
+                                     for n, o in zip(acc["new"], acc["one"])]}
         result[v] = (row, outs[-1][:, ids.shape[1]:])
     return result
 
@@ -163,7 +165,8 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
     """Measure ``name`` eager, (compiled), and kernelized; returns ``{"env", "rows"}``.
 
     Each row: model, layers, batch, variant (``eager``, ``torch.compile``, ``kernelize``), prefill_ms,
-    decode_tok_s, per_seq_tok_s, ms_per_step, speedup (decode, vs eager at that batch), tokens_equal
+    decode_tok_s, per_seq_tok_s, ms_per_step, decode_tok_s_runs (one per repeat), speedup (decode, vs eager at that
+    batch), speedup_runs (kernelize: per repeat, against the eager run in the same repeat), tokens_equal
     (greedy tokens equal eager's), and ``error`` where a step failed. ``on_row(rows so far)`` is
     called after each row (the CLI writes its files then).
     """
@@ -184,10 +187,11 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
     prompts = {b: torch.randint(3, cfg.vocab_size, (b, prompt_len), generator=gen).to(device) for b in batches}
     base = {"model": name, "layers": cfg.num_hidden_layers, "real_layers": MODELS[name]["num_hidden_layers"],
             "prompt_len": prompt_len, "new_tokens": new_tokens, "dtype": dtype}
-    rows, eager_tokens, eager_rate = [], {}, {}
+    rows, eager_tokens, eager_rate, eager_runs = [], {}, {}, {}
 
-    def record(variant: str, batch: int, measured: tuple | None, error: str | None = None) -> None:
-        """One row: ``measured`` = (row of medians, tokens) from :func:`_measure`, or ``error``."""
+    def record(variant: str, batch: int, measured: tuple | None, error: str | None = None, paired: bool = True) -> None:
+        """One row: ``measured`` = (row of medians, tokens) from :func:`_measure`, or ``error``; ``paired``: the
+        variant ran in turn with eager, repeat by repeat (its speedup in each repeat is then recorded too)."""
         row = dict(base, batch=batch, variant=variant)
         if error is not None:
             row["error"] = error
@@ -196,10 +200,13 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
             row.update(measured)
             if variant == "eager":
                 eager_tokens[batch], eager_rate[batch] = tokens, measured["decode_tok_s"]
+                eager_runs[batch] = measured["decode_tok_s_runs"]
             elif batch in eager_tokens:
                 row["tokens_equal"] = bool(tokens.shape == eager_tokens[batch].shape and torch.equal(tokens, eager_tokens[batch]))
             if batch in eager_rate and variant != "eager":
                 row["speedup"] = measured["decode_tok_s"] / eager_rate[batch]
+                if paired:  # repeat by repeat against the eager run next to it: the host's drift cancels
+                    row["speedup_runs"] = [v / e for v, e in zip(measured["decode_tok_s_runs"], eager_runs[batch])]
         log.info("e2e %s", row)
         rows.append(row)
         if on_row is not None:
@@ -236,7 +243,7 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
             try:
                 measured = _measure({"torch.compile": model}, prompts[b], new_tokens=new_tokens, device=device,
                                     repeats=repeats)["torch.compile"]
-                record("torch.compile", b, measured)
+                record("torch.compile", b, measured, paired=False)
             except Exception as exc:  # noqa: BLE001
                 log.exception("e2e %s torch.compile batch %d failed", name, b)
                 record("torch.compile", b, None, error=f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -259,9 +266,10 @@ def _md(result: dict) -> str:
              f"{env.get('gpu')}; torch {env.get('torch')}, transformers {env.get('transformers')}; random weights, "
              f"medians of {env.get('repeats')} runs, eager and kernelized alternating within each. Decode tokens/s = batch × (new tokens − 1) / (t(generate new) − t(generate 1)); "
              "prefill = one forward over the prompt (last-position logits). Same tokens: greedy tokens equal eager's; "
-             "repeatable: the runs of this variant gave the same tokens (where eager's do not, the comparison is void).", "",
-             "| model | layers | batch | variant | prefill ms | decode tokens/s | per sequence tokens/s | ms/step | vs eager | same tokens | repeatable | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "repeatable: the runs of this variant gave the same tokens (where eager's do not, the comparison is void). "
+             "Per run: the speedup in each repeat against the eager run next to it (lowest … highest).", "",
+             "| model | layers | batch | variant | prefill ms | decode tokens/s | per sequence tokens/s | ms/step | vs eager | per run | same tokens | repeatable | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         def f(key, d=1):
             v = r.get(key)
@@ -270,8 +278,10 @@ def _md(result: dict) -> str:
         layers = f"{r.get('layers')}" + ("" if r.get("layers") == r.get("real_layers") else f" (real {r.get('real_layers')})")
         same = "" if "tokens_equal" not in r else ("yes" if r["tokens_equal"] else "NO")
         repeatable = "" if "repeatable" not in r else ("yes" if r["repeatable"] else "no")
+        runs = r.get("speedup_runs")
+        per_run = f"{min(runs):.2f} … {max(runs):.2f}" if runs else ""
         lines.append(f"| {r['model']} | {layers} | {r.get('batch', '')} | {r['variant']} | {f('prefill_ms', 2)} | {f('decode_tok_s')} | "
-                     f"{f('per_seq_tok_s')} | {f('ms_per_step', 2)} | {f('speedup', 2)} | {same} | {repeatable} | {r.get('error', '')} |")
+                     f"{f('per_seq_tok_s')} | {f('ms_per_step', 2)} | {f('speedup', 2)} | {per_run} | {same} | {repeatable} | {r.get('error', '')} |")
     swapped = {r["model"]: r.get("swapped") for r in result["rows"] if r.get("swapped")}
     for model, layers in swapped.items():
         lines.append(f"\n{model}: kernelize swapped " + ", ".join(f"{n} × {k}" for k, n in sorted(layers.items())) + ".")
