@@ -43,7 +43,10 @@ def main() -> None:
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--budget", type=float, default=300)
     p.add_argument("--rep", type=int, default=60)
+    p.add_argument("--settings", type=int, nargs="+", help="indices into SETTINGS (default: all)")
+    p.add_argument("--shapes", type=int, default=len(GPU_SHAPES), help="the first this many GPU shapes")
     args = p.parse_args()
+    chosen = {n: v for i, (n, v) in enumerate(SETTINGS.items()) if args.settings is None or i in args.settings}
     out = prepare(args.out, args.cpu)
     sw = Sweep(out / "norms_depth_probe.jsonl", args.budget, args.cpu, args.rep)
 
@@ -97,9 +100,9 @@ def main() -> None:
 
     dtype = torch.float16 if args.cpu else torch.bfloat16
     if args.cpu:  # CPU rows are narrower than a GPU tier's minimum
-        for tier, _ in SETTINGS.values():
+        for tier, _ in chosen.values():
             tier["min_row_bytes"] = 1
-    for M, N in (CPU_SHAPES if args.cpu else GPU_SHAPES):
+    for M, N in (CPU_SHAPES if args.cpu else GPU_SHAPES[:args.shapes]):
         if sw.left() < 20:
             break
         x = torch.randn(M, N, device=dev, dtype=dtype)
@@ -110,7 +113,7 @@ def main() -> None:
         if not args.cpu:
             y0 = torch.empty_like(x)
             rows["copy"] = lambda: y0.copy_(x)
-        for name, (tier, depth) in SETTINGS.items():
+        for name, (tier, depth) in chosen.items():
             try:
                 y = forward(x, w, tier, depth)
             except Exception as exc:  # noqa: BLE001 - a setting that does not compile is a record, not the end
