@@ -7,7 +7,8 @@ its team on the current one, so one row's chunk is in flight per program while i
 93-96% of a copy at 4096 x 65536, on the H200 88-89% (session 42): the H200 moves 44% more bytes per second with the
 same multiprocessors, so each needs more bytes in flight to cover the same latency (Little's law). ``DEPTH`` 2 keeps
 two rows ahead (32 more registers per thread for a 4 KiB / 1-warp chunk of bf16). Each setting below is a
-``_wide.WIDE_TUNED``-style tier (chunk, warps, programs per SM, register cap, AFFINE, HOLD) plus ``depth``; every
+``_wide.WIDE_TUNED`` tier (chunk, warps, programs per SM, register cap, AFFINE, HOLD, ``depth``) put in place of the
+shipped rms_norm tiers for the package's own ``rms_norm`` (the path a user calls, the workspace's memset included); every
 one is checked bitwise against its own ``DEPTH`` 1 (the same arithmetic in the same order) and against the package's ``rms_norm``, and
 timed as the harness times (``do_bench``, L2 flushed) and in CUDA-graph replays, next to a copy of the same bytes.
 Records: ``DIR/norms_depth_probe.jsonl``.
@@ -34,7 +35,7 @@ SETTINGS = {  # name -> (tier, depth)
     "8K 4/SM d2 r255": (dict(_8K, programs_per_sm=4, maxnreg=255), 2),
 }
 GPU_SHAPES = ((4096, 65536), (2048, 131072), (1024, 262144))
-CPU_SHAPES = ((24, 9000),)  # teams of 5 (fp16, 4 KiB chunks) on the interpreter's 8 "multiprocessors"
+CPU_SHAPES = ((24, 40000),)  # fp16 rows past one block (64 KiB): teams of 5 at 16 KiB chunks, one team on the CPU
 
 
 def main() -> None:
@@ -55,8 +56,6 @@ def main() -> None:
 
     (norms,) = load_packages(["triton-norms"], args.cpu)
     wide = sys.modules[norms.__name__ + "._wide"]
-    team = sys.modules[norms.__name__ + "._team"]
-    fl = sys.modules[norms.__name__ + "._fastlaunch"]
     wide.WIDE_ON_CPU = args.cpu
     dev = sw.dev
     if not args.cpu:
@@ -85,23 +84,20 @@ def main() -> None:
             ts.append(a.elapsed_time(b) / reps)
         return sorted(ts)[2]
 
+    shipped = wide.WIDE_TUNED["rms_norm"]
+
     def forward(x, w, tier, depth):
-        M, N = x.shape
-        plan = team.team_split(N, x.element_size(), M, x.device, tier, args.cpu)
-        y = torch.empty_like(x)
-        ws = torch.zeros(M * plan.team, dtype=torch.int64, device=x.device)
-        fargs = (x, None, w, None, y, None, None, ws, N, 0, M, N, 1e-6, 0.0, plan.team, plan.teams)
-        hold = int(plan.hold and wide.can_hold(x.dtype, w))
-        for phase in team.team_phases(x.device, plan.team):
-            fl.launch(wide._rms_team_fwd_kernel, plan.grid, fargs,
-                      plan.meta(wide._rms_team_fwd_kernel, x.device, phase, CAST_DTYPE=None, AFFINE=plan.affine,
-                                HOLD=hold, DEPTH=depth), x.device)
-        return y
+        """The package's rms_norm with ``tier`` (``depth`` rows ahead) in place of its shipped rms_norm tiers."""
+        wide.WIDE_TUNED["rms_norm"] = dict(tier, depth=depth)
+        try:
+            return norms.rms_norm(x, w, eps=1e-6)
+        finally:
+            wide.WIDE_TUNED["rms_norm"] = shipped
 
     dtype = torch.float16 if args.cpu else torch.bfloat16
-    if args.cpu:  # CPU rows are narrower than a GPU tier's minimum
+    if args.cpu:  # the interpreter's grid holds 8 programs ("multiprocessors"), so a team needs wider chunks
         for tier, _ in chosen.values():
-            tier["min_row_bytes"] = 1
+            tier["chunk_bytes"] = 16384
     for M, N in (CPU_SHAPES if args.cpu else GPU_SHAPES[:args.shapes]):
         if sw.left() < 20:
             break

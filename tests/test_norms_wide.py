@@ -155,6 +155,27 @@ def test_team_affine_load_points_change_no_bit(norms, device, wide, affine, hold
     assert not can_hold(torch.bfloat16, w.float(), b) and not can_hold(torch.float16, w) and not can_hold(torch.float32)
 
 
+@pytest.mark.parametrize("affine, hold", [(1, False), (2, True)])
+def test_rms_team_depth_changes_no_bit(norms, device, wide, affine, hold):
+    """Two rows of a member's chunk loaded ahead (tier ``depth`` 2, the rms_norm team forward's ``DEPTH``) change no
+    bit: rms_norm (weight; Gemma offset and bias) and add_rms_norm (y and h), over more rows than the grid has teams
+    (the interpreter's grid holds one team of 5, so it loops over all 13 rows; a GPU's over ~12 rows each)."""
+    M = 13 if device == "cpu" else 2000
+    x = (torch.randn(M, N_WIDE, device=device) * 2 + 0.5).to(torch.bfloat16)
+    r = torch.randn(M, N_WIDE, device=device).to(torch.bfloat16)
+    w = torch.randn(N_WIDE, device=device).to(torch.bfloat16)
+    b = torch.randn(N_WIDE, device=device).to(torch.bfloat16)
+    calls = [lambda: (norms.rms_norm(x, w, eps=1e-6),), lambda: (norms.rms_norm(x, w, b, weight_offset=1.0),),
+             lambda: norms.add_rms_norm(x, r, w, eps=1e-6)]
+    wide.mod.WIDE_TUNED.update({k: dict(v, affine=affine, hold=hold) for k, v in wide.mod.WIDE_TUNED.items()})
+    want = [f() for f in calls]
+    wide.mod.WIDE_TUNED.update({k: dict(v, depth=2) for k, v in wide.mod.WIDE_TUNED.items()})
+    for f, y in zip(calls, want):
+        assert all(torch.equal(a, b) for a, b in zip(f(), y))
+    assert_close_ref(want[0][0], rms_ref(x, w, eps=1e-6))
+    assert len(wide.calls) == 2 * len(calls) and all(team == 5 for team, _ in wide.calls)
+
+
 @pytest.mark.parametrize("kind", ["rms", "ln"])
 @pytest.mark.parametrize("chunk_bytes, team", [(16384, 5), (2048, 33)])
 def test_team_statistics_feed_the_backward(norms, device, wide, kind, chunk_bytes, team, monkeypatch):

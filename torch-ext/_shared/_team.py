@@ -215,6 +215,7 @@ class TeamPlan:
     affine: int = 0  # the norm forwards' AFFINE constexpr: where a member loads its weight / bias (see _wide)
     hold: bool = False  # the norm forwards' HOLD: x kept in its storage dtype while the team meets (see _wide)
     pair_word: bool = True  # kernels that choose: two statistics meet in one word (team_publish_pair), else two
+    depth: int = 1  # the rms_norm forward's DEPTH: rows of a member's chunk loaded ahead (see _wide)
 
     @property
     def grid(self) -> tuple:
@@ -248,7 +249,8 @@ def team_split(N: int, elem: int, rows: int, device: torch.device, tuned, on_cpu
 
     ``tuned``: ``{"min_row_bytes", "chunk_bytes", "num_warps", "programs_per_sm", "maxnreg"}`` and optionally
     ``"fp_fusion"`` (default False: the launch keeps eager rounding, ``_device.launch_options``), ``"affine"``
-    (default 0: the norm forwards' ``AFFINE``), ``"hold"`` (default False: their ``HOLD``) and ``"pair_max_team"``
+    (default 0: the norm forwards' ``AFFINE``), ``"hold"`` (default False: their ``HOLD``), ``"depth"`` (default 1: the
+    rms_norm forward's ``DEPTH``) and ``"pair_max_team"``
     (``pair_word`` for teams of at most this many members; default: every team), a list of such
     settings by row width (``tier_for``), or None (never); ``on_cpu``: teams on CPU tensors (the interpreter).
     Rows of at least ``min_row_bytes`` go to ceil(N / block_n) programs of ``block_n`` = chunk_bytes / elem (a
@@ -267,4 +269,4 @@ def team_split(N: int, elem: int, rows: int, device: torch.device, tuned, on_cpu
         return None
     return TeamPlan(team, teams, block, warps, tuned["maxnreg"], bool(tuned.get("fp_fusion", False)),
                     int(tuned.get("affine", 0)), bool(tuned.get("hold", False)),
-                    team <= tuned.get("pair_max_team", team))
+                    team <= tuned.get("pair_max_team", team), int(tuned.get("depth", 1)))

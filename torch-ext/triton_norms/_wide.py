@@ -408,7 +408,7 @@ def rms_wide_forward(x2, r2, w, b, y, h, rstd, M, N, stride_x, stride_r, eps, we
     for phase in team_phases(x2.device, plan.team):
         launch(_rms_team_fwd_kernel, plan.grid, args,
                plan.meta(_rms_team_fwd_kernel, x2.device, phase, CAST_DTYPE=round_dtype(cast_dtype),
-                         AFFINE=plan.affine, HOLD=int(hold)), x2.device)
+                         AFFINE=plan.affine, HOLD=int(hold), DEPTH=plan.depth), x2.device)
     return True
 
 
