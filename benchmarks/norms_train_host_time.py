@@ -1,0 +1,47 @@
+"""Host time of eager forward + backward calls (rms_norm, layer_norm) against F.rms_norm / F.layer_norm, and where ours goes.
+
+    python3 benchmarks/norms_train_host_time.py            # a GPU: 256 x 4096 bf16
+    DEV=cpu python3 benchmarks/norms_train_host_time.py    # the interpreter (a smoke run: times the interpreter)
+
+Per case: 200 calls back to back, then one synchronize, median of 5 rounds (cases in turn); then a torch.profiler CPU
+table of 50 calls of ours and of F.rms_norm. The harness's fwd+bwd rows were host-bound in session 40 (ours 658-973
+us of host time per call against F.rms_norm's 214-372 on that host).
+"""
+import sys, time, torch
+sys.path.insert(0, "benchmarks")
+from sweep_common import load_packages
+import os; (N,) = load_packages(["triton-norms"], cpu=os.environ.get("DEV") == "cpu")
+print(torch.__version__, flush=True)
+M, C = (256, 4096) if os.environ.get("DEV") != "cpu" else (8, 64)
+import os; dev = os.environ.get("DEV", "cuda")
+x = torch.randn(M, C, device=dev, dtype=torch.bfloat16, requires_grad=True)
+w = torch.randn(C, device=dev, dtype=torch.bfloat16, requires_grad=True)
+b = torch.randn(C, device=dev, dtype=torch.bfloat16, requires_grad=True)
+dy = torch.randn(M, C, device=dev, dtype=torch.bfloat16)
+F = torch.nn.functional
+cases = {
+    "ours rms fwd+bwd": lambda: torch.autograd.grad(N.rms_norm(x, w), (x, w), dy),
+    "F.rms_norm fwd+bwd": lambda: torch.autograd.grad(F.rms_norm(x, (C,), w), (x, w), dy),
+    "ours ln fwd+bwd": lambda: torch.autograd.grad(N.layer_norm(x, w, b), (x, w, b), dy),
+    "F.layer_norm fwd+bwd": lambda: torch.autograd.grad(F.layer_norm(x, (C,), w, b), (x, w, b), dy),
+    "ours rms fwd (grad on)": lambda: N.rms_norm(x, w),
+    "F.rms_norm fwd (grad on)": lambda: F.rms_norm(x, (C,), w),
+}
+res = {k: [] for k in cases}
+for f in cases.values():
+    for _ in range(30): f()
+(torch.cuda.synchronize() if dev == "cuda" else None)
+for r in range(5):
+    for k, f in cases.items():
+        (torch.cuda.synchronize() if dev == "cuda" else None); t = time.perf_counter()
+        for _ in range(200): f()
+        (torch.cuda.synchronize() if dev == "cuda" else None); res[k].append((time.perf_counter() - t) / 200 * 1e6)
+for k, v in res.items():
+    print(f"{k:28s} {sorted(v)[2]:7.1f} us per call (back to back, then one sync)", flush=True)
+from torch.profiler import profile, ProfilerActivity
+for k in ("ours rms fwd+bwd", "F.rms_norm fwd+bwd"):
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(50): cases[k]()
+        (torch.cuda.synchronize() if dev == "cuda" else None)
+    print("---", k)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=55))
