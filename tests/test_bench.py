@@ -346,6 +346,18 @@ def test_decode_rate():
     assert math.isnan(e2e.decode_rate(1, 1, 1.0, 0.5)["decode_tok_s"])
 
 
+def test_e2e_per_run_column_skips_nan_repeats():
+    """A repeat whose decode time was not positive gives a NaN speedup: the 'per run' range is over the others,
+    wherever the NaN sits, and says how many."""
+    nan = float("nan")
+    for runs, want in (([1.1, nan, 0.9], "| 0.90 … 1.10 (2 of 3) |"), ([nan, 1.1, 0.9], "| 0.90 … 1.10 (2 of 3) |"),
+                       ([0.9, 1.1], "| 0.90 … 1.10 |"), ([nan], "| 1.00 |  |  |  |  |")):
+        row = {"model": "m", "layers": 1, "real_layers": 1, "batch": 1, "variant": "kernelize", "speedup": 1.0,
+               "speedup_runs": runs}
+        line = [ln for ln in e2e._md({"env": {}, "rows": [row]}).splitlines() if ln.startswith("| m |")][0]
+        assert want in line, line
+
+
 def test_e2e_tiny_model_on_cpu(device, tmp_path, installed):
     """The whole e2e flow on a tiny Llama: eager and kernelized (norms, MLPs, SiLU, rotary) give the same greedy
     tokens."""

@@ -728,6 +728,28 @@ def test_negative_bit_tensors_go_through_the_op(norms):
     assert d._route((neg, w.requires_grad_())) == d.OP  # not the eager Function, which would call the implementation
 
 
+def test_negative_bit_tensors_under_forward_mode_ad(norms):
+    """Under a dual level the call still reaches the Function, which refuses a tangent it would drop (the op would
+    drop it silently), with negative bits resolved first: a dual negative-bit x or a dual x with a negative-bit weight
+    raise; a negative-bit weight without tangents gives the right values and gradients."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, w = torch.randn(4, 64), torch.randn(64)
+    nw, nx = torch._neg_view(-w), torch._neg_view(-x)
+    want = norms.rms_norm(x, w)
+    with fwAD.dual_level():
+        for primal, weight in ((x, nw), (nx, w)):
+            with pytest.raises(NotImplementedError):
+                norms.rms_norm(fwAD.make_dual(primal, torch.ones_like(primal)), weight)
+        xg = x.clone().requires_grad_(True)
+        y = norms.rms_norm(xg, nw)
+        assert torch.equal(y.detach(), want)
+    y.sum().backward()
+    xr = x.clone().requires_grad_(True)
+    norms.rms_norm(xr, w).sum().backward()
+    assert torch.equal(xg.grad, xr.grad)
+
+
 def test_fast_launch_key_follows_triton_specialisation(norms):
     """The direct-launch cache may reuse a compiled kernel only where Triton would: the key
     separates 16-byte aligned from unaligned pointers, ints equal to 1, multiples of 16 and

@@ -278,8 +278,10 @@ def _md(result: dict) -> str:
         layers = f"{r.get('layers')}" + ("" if r.get("layers") == r.get("real_layers") else f" (real {r.get('real_layers')})")
         same = "" if "tokens_equal" not in r else ("yes" if r["tokens_equal"] else "NO")
         repeatable = "" if "repeatable" not in r else ("yes" if r["repeatable"] else "no")
-        runs = r.get("speedup_runs")
+        runs = [v for v in r.get("speedup_runs") or () if v == v]  # NaN: a repeat whose decode time was not positive
         per_run = f"{min(runs):.2f} … {max(runs):.2f}" if runs else ""
+        if runs and len(runs) < len(r["speedup_runs"]):
+            per_run += f" ({len(runs)} of {len(r['speedup_runs'])})"
         lines.append(f"| {r['model']} | {layers} | {r.get('batch', '')} | {r['variant']} | {f('prefill_ms', 2)} | {f('decode_tok_s')} | "
                      f"{f('per_seq_tok_s')} | {f('ms_per_step', 2)} | {f('speedup', 2)} | {per_run} | {same} | {repeatable} | {r.get('error', '')} |")
     swapped = {r["model"]: r.get("swapped") for r in result["rows"] if r.get("swapped")}

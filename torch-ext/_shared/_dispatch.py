@@ -31,27 +31,30 @@ OP, IMPL, AUTOGRAD, FUNCTORCH = 0, 1, 2, 3
 
 
 def _route(args) -> int:
-    """OP under compile tracing, a dispatch mode, for a tensor subclass or a tensor with the negative bit
-    set (the op resolves it; the implementation would read the negated memory); FUNCTORCH under a functorch
-    transform; else AUTOGRAD when a tensor needs a gradient or forward-mode AD is on (a dual level
-    entered: the ops have no forward-mode formula, and a Function raises for a tangent where the
-    implementation would drop it), IMPL otherwise. (The conjugate bit needs no check: only complex
-    tensors carry it, and every op rejects complex dtypes.)"""
+    """OP under compile tracing, a dispatch mode or for a tensor subclass; FUNCTORCH under a functorch
+    transform; AUTOGRAD when forward-mode AD is on (a dual level entered: the ops have no forward-mode
+    formula, and a Function raises for a tangent where the op would drop it; :func:`call_op` resolves
+    negative bits first); OP for a tensor with the negative bit set (the op resolves it; the implementation
+    would read the negated memory); else AUTOGRAD when a tensor needs a gradient, IMPL otherwise. (The
+    conjugate bit needs no check: only complex tensors carry it, and every op rejects complex dtypes.)"""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
         return OP
     if torch._C._are_functorch_transforms_active():
         return FUNCTORCH
     grad = torch.is_grad_enabled()
     route = IMPL
+    neg = False
     for a in args:
         if isinstance(a, torch.Tensor):
-            if type(a) not in _PLAIN_TYPES or a.is_neg():
+            if type(a) not in _PLAIN_TYPES:
                 return OP
+            if a.is_neg():
+                neg = True
             if grad and a.requires_grad:
                 route = AUTOGRAD
     if _forward_ad._current_level >= 0:  # forward-mode AD: a Function, which refuses tangents without a jvp formula
         return AUTOGRAD
-    return route
+    return OP if neg else route
 
 
 def inference(tensors: tuple) -> bool:
@@ -149,6 +152,8 @@ def call_op(op, impl, *args, autograd=None, infer=None):
         function = _NO_FORMULA.get(op) or _NO_FORMULA.setdefault(op, _functorch_autograd(op))
         return function.apply(*args)
     if route == AUTOGRAD:
+        if _forward_ad._current_level >= 0:  # the Function reads raw memory: negative bits resolved (tangents kept)
+            args = tuple(a.resolve_neg() if isinstance(a, torch.Tensor) else a for a in args)
         if autograd is not None:
             return autograd.apply(*args)
         if _forward_ad._current_level >= 0 and any(
