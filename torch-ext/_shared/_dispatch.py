@@ -152,11 +152,14 @@ def call_op(op, impl, *args, autograd=None, infer=None):
         function = _NO_FORMULA.get(op) or _NO_FORMULA.setdefault(op, _functorch_autograd(op))
         return function.apply(*args)
     if route == AUTOGRAD:
-        if _forward_ad._current_level >= 0:  # the Function reads raw memory: negative bits resolved (tangents kept)
+        if _forward_ad._current_level >= 0:
+            # the Function reads raw memory: negative bits resolved first (resolve_neg keeps tangents); without a
+            # Function, the op would drop a tangent silently
             args = tuple(a.resolve_neg() if isinstance(a, torch.Tensor) else a for a in args)
+            if autograd is None and any(
+                    isinstance(a, torch.Tensor) and _forward_ad.unpack_dual(a).tangent is not None for a in args):
+                raise NotImplementedError(f"{op._name} has no forward-mode AD (jvp) formula: a tangent would be "
+                                          f"dropped")
         if autograd is not None:
             return autograd.apply(*args)
-        if _forward_ad._current_level >= 0 and any(
-                isinstance(a, torch.Tensor) and _forward_ad.unpack_dual(a).tangent is not None for a in args):
-            raise NotImplementedError(f"{op._name} has no forward-mode AD (jvp) formula: a tangent would be dropped")
     return op(*args)
