@@ -4,7 +4,10 @@
     DEV=cpu python3 benchmarks/norms_train_host_time.py    # the interpreter (a smoke run: times the interpreter)
 
 Per case: 200 calls back to back, then one synchronize, median of 5 rounds (cases in turn); then a torch.profiler CPU
-table of 50 calls of ours and of F.rms_norm. The harness's fwd+bwd rows were host-bound in session 40 (ours 658-973
+table of 50 calls of ours and of F.rms_norm. Two floors for any op written as a Python ``torch.autograd.Function``
+(ours, Liger): an identity Function (``x.clone()`` forward, the gradient passed through) on the device and on CPU
+tensors; on a GPU the autograd engine runs a CUDA node's Python backward on its device thread, which must take the
+GIL from the calling thread. The harness's fwd+bwd rows were host-bound in session 40 (ours 658-973
 us of host time per call against F.rms_norm's 214-372 on that host).
 """
 import sys, time, torch
@@ -19,6 +22,19 @@ w = torch.randn(C, device=dev, dtype=torch.bfloat16, requires_grad=True)
 b = torch.randn(C, device=dev, dtype=torch.bfloat16, requires_grad=True)
 dy = torch.randn(M, C, device=dev, dtype=torch.bfloat16)
 F = torch.nn.functional
+
+
+class Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+xc = torch.randn(8, 64, requires_grad=True)
 cases = {
     "ours rms fwd+bwd": lambda: torch.autograd.grad(N.rms_norm(x, w), (x, w), dy),
     "F.rms_norm fwd+bwd": lambda: torch.autograd.grad(F.rms_norm(x, (C,), w), (x, w), dy),
@@ -26,7 +42,17 @@ cases = {
     "F.layer_norm fwd+bwd": lambda: torch.autograd.grad(F.layer_norm(x, (C,), w, b), (x, w, b), dy),
     "ours rms fwd (grad on)": lambda: N.rms_norm(x, w),
     "F.rms_norm fwd (grad on)": lambda: F.rms_norm(x, (C,), w),
+    "identity Function fwd+bwd": lambda: torch.autograd.grad(Identity.apply(x), (x,), dy),
+    "identity Function, CPU": lambda: torch.autograd.grad(Identity.apply(xc), (xc,), xc),
+    "x.clone() fwd+bwd (no Function)": lambda: torch.autograd.grad(x.clone(), (x,), dy),
 }
+try:
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    if dev == "cuda":
+        cases["Liger rms fwd+bwd"] = lambda: torch.autograd.grad(
+            LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", False), (x, w), dy)
+except ImportError:
+    pass
 res = {k: [] for k in cases}
 for f in cases.values():
     for _ in range(30): f()
@@ -37,7 +63,7 @@ for r in range(5):
         for _ in range(200): f()
         (torch.cuda.synchronize() if dev == "cuda" else None); res[k].append((time.perf_counter() - t) / 200 * 1e6)
 for k, v in res.items():
-    print(f"{k:28s} {sorted(v)[2]:7.1f} us per call (back to back, then one sync)", flush=True)
+    print(f"{k:34s} {sorted(v)[2]:7.1f} us per call (back to back, then one sync)", flush=True)
 from torch.profiler import profile, ProfilerActivity
 for k in ("ours rms fwd+bwd", "F.rms_norm fwd+bwd"):
     with profile(activities=[ProfilerActivity.CPU]) as prof:

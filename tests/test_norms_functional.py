@@ -728,13 +728,13 @@ def test_negative_bit_tensors_go_through_the_op(norms):
     assert d._route((neg, w.requires_grad_())) == d.OP  # not the eager Function, which would call the implementation
 
 
-def test_negative_bit_tensors_under_forward_mode_ad(norms):
+def test_negative_bit_tensors_under_forward_mode_ad(norms, device):
     """Under a dual level the call still reaches the Function, which refuses a tangent it would drop (the op would
     drop it silently), with negative bits resolved first: a dual negative-bit x or a dual x with a negative-bit weight
     raise; a negative-bit weight without tangents gives the right values and gradients."""
     import torch.autograd.forward_ad as fwAD
 
-    x, w = torch.randn(4, 64), torch.randn(64)
+    x, w = torch.randn(4, 64, device=device), torch.randn(64, device=device)
     nw, nx = torch._neg_view(-w), torch._neg_view(-x)
     want = norms.rms_norm(x, w)
     with fwAD.dual_level():
