@@ -1116,6 +1116,66 @@ def test_eager_autograd_equals_the_registered_op(norms, device, fn):
         assert (a is None and b is None) or torch.equal(a, b)
 
 
+@pytest.mark.parametrize("fn, options", [
+    ("rms_norm", {}), ("rms_norm", {"torch_order": "mean", "cast_dtype": torch.float32}),
+    ("rms_norm", {"torch_order": "fused"}), ("rms_norm", {"out_dtype": torch.float16, "bias": True}),
+    ("rms_norm", {"weight_offset": 1.0, "no_weight_grad": True}), ("rms_norm", {"no_weight": True}),
+    ("layer_norm", {"bias": True}), ("layer_norm", {"torch_order": "fused", "bias": True}),
+    ("layer_norm", {"no_weight_grad": True}), ("layer_norm", {"no_weight": True})])
+def test_planned_eager_training_equals_the_op(norms, device, fn, options):
+    """Plain eager training of rms_norm / layer_norm runs a planned launch per call signature (host time); its
+    output and every gradient equal the registered op's bits (under a dispatch mode), in each summation order and
+    with bias, an output dtype, a weight offset, a weight without gradient and no weight; the second call reuses
+    the plan."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Through(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    options = dict(options)
+    out_dtype = options.pop("out_dtype", None)
+    no_weight, frozen = options.pop("no_weight", False), options.pop("no_weight_grad", False)
+    bias = rand((131,), torch.float32, device) if options.pop("bias", False) else None
+    x0, w0 = rand((13, 131), torch.float32, device), rand((131,), torch.float32, device)
+    dy = rand((13, 131), out_dtype or torch.float32, device)
+
+    def run():
+        x = x0.clone().requires_grad_()
+        w = None if no_weight else w0.clone().requires_grad_(not frozen)
+        b = None if bias is None else bias.clone().requires_grad_()
+        if out_dtype is not None:
+            options["out_dtype"] = out_dtype
+        y = getattr(norms, fn)(x, w, b, 1e-5, **options)
+        y.backward(dy)
+        return type(y.grad_fn).__name__, y.detach(), x.grad, None if w is None else w.grad, None if b is None else b.grad
+
+    planned = [run(), run()]
+    with Through():
+        op = run()
+    assert all("EagerAutograd" in p[0] for p in planned) and "EagerAutograd" not in op[0], (planned, op[0])
+    assert planned[0][2] is not None and (frozen or no_weight or planned[0][3] is not None)
+    for p in planned:
+        for a, b in zip(p[1:], op[1:]):
+            assert (a is None and b is None) or torch.equal(a, b)
+    assert planned[0][1].dtype == (out_dtype or torch.float32)
+
+
+def test_planned_eager_training_keeps_every_check(norms, device):
+    """The training plan validates like the general path: a call that differs from a planned one in an argument
+    is validated again."""
+    x = rand((3, 16), torch.float32, device).requires_grad_()
+    w = rand((16,), torch.float32, device)
+    for _ in range(2):
+        norms.rms_norm(x, w, eps=1e-6)
+    with pytest.raises(ValueError, match="eps"):
+        norms.rms_norm(x, w, eps=-1.0)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        norms.rms_norm(x, w[:8], eps=1e-6)
+    with pytest.raises(ValueError, match="torch_order"):
+        norms.rms_norm(x, w, eps=1e-6, torch_order="sideways")
+
+
 def test_inference_plan_keeps_every_check(norms, device):
     """Plain inference keeps one validated plan per call signature: a call that differs from a planned one in
     any argument is validated again (the same errors as the general path), and an unhashable argument is

@@ -14,8 +14,8 @@ wrapper of a custom op's formula lacks it: pytorch/pytorch#168393). Everything e
 a tensor with the negative bit set (``z.conj().imag``, ``torch._neg_view``): its memory
 holds the negated values, which the kernels would read as they are, while the
 dispatcher's Negative fallback materialises it first. Results are the same bits either
-way. :func:`inference` answers the same question for a caller that keeps a validated
-launch plan per call signature and runs it itself.
+way. :func:`eager_mode` (and :func:`inference`) answers the same question for a caller that keeps a
+validated launch plan per call signature and runs it itself.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-__all__ = ["call_op", "eager_autograd", "inference"]
+__all__ = ["AUTOGRAD", "IMPL", "OP", "call_op", "eager_autograd", "eager_mode", "inference"]
 
 # Plain tensors: a module's weights are nn.Parameter, which changes nothing for the dispatcher.
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -57,20 +57,31 @@ def _route(args) -> int:
     return OP if neg else route
 
 
+def eager_mode(tensors: tuple) -> int:
+    """How :func:`call_op` would run a call with these tensor arguments (``tensors``: every tensor argument, None
+    for an absent one): IMPL in plain eager code where no tensor needs a gradient, AUTOGRAD in plain eager code
+    where grad mode is on and one does (the eager ``torch.autograd.Function``), OP otherwise: compile tracing, a
+    dispatch mode, a functorch transform (vmap / jvp wrap their tensors: no data_ptr()), a dual level (tangents),
+    an argument that is neither None nor a plain tensor, or a tensor with the negative bit set. A caller that keeps
+    a validated launch plan per call signature runs it itself on IMPL and AUTOGRAD."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0):
+        return OP
+    grad = torch.is_grad_enabled()
+    route = IMPL
+    for t in tensors:
+        if t is not None:
+            if type(t) not in _PLAIN_TYPES or t.is_neg():
+                return OP
+            if grad and t.requires_grad:
+                route = AUTOGRAD
+    return route
+
+
 def inference(tensors: tuple) -> bool:
     """True where :func:`call_op` would call the implementation directly (plain eager code, no
-    gradient needed) for these arguments: ``tensors`` holds every tensor argument of the call (None for
-    an absent one); anything that is neither None nor a plain tensor, or a tensor with the negative bit
-    set, answers False."""
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or torch._C._are_functorch_transforms_active()  # vmap / jvp wrap their tensors: no data_ptr()
-            or _forward_ad._current_level >= 0):  # dual tensors: their tangents would be dropped
-        return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is not None and (type(t) not in _PLAIN_TYPES or grad and t.requires_grad or t.is_neg()):
-            return False
-    return True
+    gradient needed) for these arguments: :func:`eager_mode` is IMPL."""
+    return eager_mode(tensors) == IMPL
 
 
 def eager_autograd(op, impl, setup_context, backward) -> type:

@@ -33,7 +33,7 @@ from ._exact import ln_exact_forward, ln_exact_plan
 from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
-from ._dispatch import call_op, eager_autograd, inference
+from ._dispatch import AUTOGRAD, IMPL, call_op, eager_autograd, eager_mode
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._torch_order import ORDER_FAST, ORDER_FUSED, fused_vectorized, parse_order
 from ._partials import column_sums
@@ -394,19 +394,23 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
     the backward on NVIDIA above 16 KiB) over a persistent team of programs on a GPU, still read once, forward and
     backward (``_wide``). Source: Ba et al. 2016, https://arxiv.org/abs/1607.06450.
     """
-    if type(eps) is float and inference((x, weight, bias)):
-        # plain eager inference: one validated plan per call signature, 16-byte alignment included (its launch is
-        # pinned and takes the addresses: host time of small calls); a Python float eps only, so that no other type
-        # can equal a planned one
+    mode = eager_mode((x, weight, bias)) if type(eps) is float else None
+    if mode == IMPL or mode == AUTOGRAD:
+        # plain eager code: one validated plan per call signature, 16-byte alignment included (its launch is pinned
+        # and takes the addresses: host time of small calls and of training steps); a Python float eps only, so
+        # that no other type can equal a planned one
         xp, wp, bp, tensors = addressed_signature(x, weight, bias)
         key = (tensors, eps, torch_order)
+        plans = _INFER_PLANS if mode == IMPL else _TRAIN_PLANS
         try:
-            plan = _INFER_PLANS.get(key)
+            plan = plans.get(key)
         except TypeError:  # an unhashable torch_order: the general path names it
             plan = _GENERAL
-        if plan is None:
-            plan = _INFER_PLANS.add(key, _infer_plan(x, weight, bias, eps, torch_order))
+        if plan is None:  # training: its own launch, compiled with the mean and rstd pointers
+            plan = plans.add(key, _infer_plan(x, weight, bias, eps, torch_order))
         if plan is not _GENERAL:
+            if mode == AUTOGRAD:
+                return _LayerNormEagerAutograd.apply(x, None, weight, bias, eps, plan)[0]
             exact, run = plan
             y = torch.empty_like(x)
             if exact:
@@ -452,6 +456,36 @@ def _infer_plan(x, weight, bias, eps, torch_order):
     else:
         run = Launch(_layer_norm_fwd_kernel, (M,), _fwd_meta(N, elem, device), (N, 0, N, eps), device)
     return order == ORDER_FUSED, run.pinned()
+
+
+class _LayerNormEagerAutograd(torch.autograd.Function):
+    """Plain eager training of :func:`layer_norm` for a call signature with a plan (:func:`_infer_plan`, kept apart
+    from the inference plans): the forward of ``_layer_norm_fwd_impl`` through the plan's pinned launch, with the
+    op's own formula (``_setup_context``, ``_backward``); the same values and gradients as the op, with less host
+    time per call. ``launch`` (the plan) takes the place of the op's ``order`` argument."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, eps, launch):
+        exact, run = launch
+        y = torch.empty_like(x)
+        mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+        rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+        w, b = (None if t is None else t.data_ptr() for t in (weight, bias))
+        if exact:
+            if not run.at((x.data_ptr(), w, b, y.data_ptr(), mean.data_ptr(), rstd.data_ptr())):
+                run((x, weight, bias, y, mean, rstd))
+        elif not run.at((x.data_ptr(), None, w, b, y.data_ptr(), None, mean.data_ptr(), rstd.data_ptr())):
+            run((x, None, weight, bias, y, None, mean, rstd))
+        output = y, x.new_empty((0,)), mean, rstd
+        _setup_context(ctx, (x, residual, weight, bias, eps, None), output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dy, dh, dmean, drstd):
+        return _backward(ctx, dy, dh, dmean, drstd)
+
+
+_TRAIN_PLANS = PlanCache()
 
 
 def add_layer_norm(

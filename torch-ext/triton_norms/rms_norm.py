@@ -42,7 +42,7 @@ from ._exact import rms_exact_forward, rms_exact_plan
 from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
 from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._ops import add_op_namespace_prefix
-from ._dispatch import call_op, eager_autograd, inference
+from ._dispatch import AUTOGRAD, IMPL, call_op, eager_autograd, eager_mode
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._rounding import round_dtype
 from ._torch_order import ORDER_FAST, ORDER_FUSED, fused_vectorized, parse_order
@@ -450,20 +450,25 @@ def rms_norm(
     GPU, still read once, forward and backward (``_wide``). Source: Zhang & Sennrich 2019,
     https://arxiv.org/abs/1910.07467; numerics of transformers' LlamaRMSNorm et al.
     """
-    if type(eps) is float and type(weight_offset) is float and inference((x, weight, bias)):
-        # plain eager inference: one validated plan per call signature (host time of small calls), the inputs'
-        # 16-byte alignment included (its launch is pinned and takes their addresses); Python floats only, so that
-        # no other type (a bool or a tensor) can equal a planned value
+    mode = eager_mode((x, weight, bias)) if type(eps) is float and type(weight_offset) is float else None
+    if mode == IMPL or mode == AUTOGRAD:
+        # plain eager code: one validated plan per call signature (host time of small calls and of training
+        # steps), the inputs' 16-byte alignment included (its launch is pinned and takes their addresses); Python
+        # floats only, so that no other type (a bool or a tensor) can equal a planned value
         xp, wp, bp, tensors = addressed_signature(x, weight, bias)
         key = (tensors, eps, weight_offset, cast_dtype, out_dtype, torch_order)
+        plans = _INFER_PLANS if mode == IMPL else _TRAIN_PLANS
         try:
-            plan = _INFER_PLANS.get(key)
+            plan = plans.get(key)
         except TypeError:  # an unhashable argument: the general path names it
             plan = _GENERAL
         if plan is None:
-            plan = _INFER_PLANS.add(key, _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype,
-                                                     torch_order))
+            plan = plans.add(key, _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order)
+                             if mode == IMPL else
+                             _train_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order))
         if plan is not _GENERAL:
+            if mode == AUTOGRAD:
+                return _RmsNormEagerAutograd.apply(x, None, weight, bias, *plan)[0]
             new_dtype, exact, run = plan
             y = torch.empty_like(x) if new_dtype is None else torch.empty_like(x, dtype=new_dtype)
             if exact:
@@ -505,6 +510,47 @@ def _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torc
         run = Launch(_rms_norm_fwd_kernel, (M,), _fwd_meta(N, elem, device, cast_dtype, False),
                      (N, 0, N, eps, weight_offset), device)
     return (None if out_dtype == x.dtype else out_dtype), order != ORDER_FAST, run.pinned()
+
+
+def _train_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order):
+    """The plan of an eager training call of :func:`rms_norm`: the rest of :class:`_RmsNormEagerAutograd`'s arguments
+    after (x, residual, weight, bias), i.e. the validated op arguments (eps, weight_offset, cast_dtype, out_dtype,
+    order) and the forward launch that stores rstd; or ``_GENERAL`` where :func:`_infer_plan` leaves the call to the
+    general path. The launch is a plan of its own: its kernel is compiled with an rstd pointer."""
+    infer = _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order)
+    if infer is _GENERAL:
+        return _GENERAL
+    eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
+    _, exact, run = infer
+    return eps, check_weight_offset(weight_offset), cast_dtype, out_dtype, parse_order(torch_order), (exact, run)
+
+
+class _RmsNormEagerAutograd(torch.autograd.Function):
+    """Plain eager training of :func:`rms_norm` for a call signature with a plan (:func:`_train_plan`): the forward
+    of ``_rms_norm_fwd_impl`` through the plan's pinned launch, with the op's own formula (``_setup_context``,
+    ``_backward``); the same values and gradients as the op, with less host time per call."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order, launch):
+        exact, run = launch
+        y = torch.empty_like(x, dtype=out_dtype)
+        rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+        w, b = (None if t is None else t.data_ptr() for t in (weight, bias))
+        if exact:
+            if not run.at((x.data_ptr(), w, b, y.data_ptr(), rstd.data_ptr())):
+                run((x, weight, bias, y, rstd))
+        elif not run.at((x.data_ptr(), None, w, b, y.data_ptr(), None, rstd.data_ptr())):
+            run((x, None, weight, bias, y, None, rstd))
+        output = y, x.new_empty((0,)), rstd
+        _setup_context(ctx, (x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order), output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dy, dh, drstd):
+        return (*_backward(ctx, dy, dh, drstd), None)
+
+
+_TRAIN_PLANS = PlanCache()
 
 
 def add_rms_norm(
