@@ -58,12 +58,13 @@ def _route(args) -> int:
 
 
 def eager_mode(tensors: tuple) -> int:
-    """How :func:`call_op` would run a call with these tensor arguments (``tensors``: every tensor argument, None
-    for an absent one): IMPL in plain eager code where no tensor needs a gradient, AUTOGRAD in plain eager code
-    where grad mode is on and one does (the eager ``torch.autograd.Function``), OP otherwise: compile tracing, a
-    dispatch mode, a functorch transform (vmap / jvp wrap their tensors: no data_ptr()), a dual level (tangents),
-    an argument that is neither None nor a plain tensor, or a tensor with the negative bit set. A caller that keeps
-    a validated launch plan per call signature runs it itself on IMPL and AUTOGRAD."""
+    """Whether a call with these tensor arguments (``tensors``: every tensor argument, None for an absent one) is
+    plain eager code, which a caller that keeps a validated launch plan per call signature may run itself: IMPL
+    where no tensor needs a gradient (:func:`call_op` would call the implementation), AUTOGRAD where grad mode is on
+    and one does (:func:`call_op` would run the eager ``torch.autograd.Function``); OP otherwise, where the caller
+    leaves the call to :func:`call_op`, which decides: compile tracing, a dispatch mode, a functorch transform
+    (vmap / jvp wrap their tensors: no data_ptr()), a dual level (tangents), an argument that is neither None nor a
+    plain tensor, or a tensor with the negative bit set."""
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
             or torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0):
         return OP

@@ -406,7 +406,7 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
             plan = plans.get(key)
         except TypeError:  # an unhashable torch_order: the general path names it
             plan = _GENERAL
-        if plan is None:  # training: its own launch, compiled with the mean and rstd pointers
+        if plan is None:  # a training plan is a launch of its own, compiled with the mean and rstd pointers
             plan = plans.add(key, _infer_plan(x, weight, bias, eps, torch_order))
         if plan is not _GENERAL:
             if mode == AUTOGRAD:
@@ -438,8 +438,9 @@ _GENERAL = object()  # plan of a call the general path serves
 
 
 def _infer_plan(x, weight, bias, eps, torch_order):
-    """Validates an inference call of :func:`layer_norm` (raising as it does) and returns its plan: ``(torch-order
-    kernel, FixedLaunch)``, the launch :func:`_layer_norm_infer` makes for every call of this signature (the key
+    """Validates a plain eager call of :func:`layer_norm` (raising as it does) and returns its plan: ``(torch-order
+    kernel, FixedLaunch)``, the launch :func:`_layer_norm_infer` makes for every call of this signature (in a
+    training plan the same launch, with the mean and rstd pointers given; the key
     fixes the pointers' alignment, which also decides ``F.layer_norm``'s kernel; y is a new allocation, which
     starts on 16 bytes), or ``_GENERAL`` for calls it leaves to the general path (empty or non-contiguous
     tensors, wide rows in the free order)."""

@@ -488,7 +488,8 @@ _GENERAL = object()  # plan of a call the general path serves
 
 
 def _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order):
-    """Validates an inference call of :func:`rms_norm` (raising as it does) and returns its plan:
+    """Validates a plain eager call of :func:`rms_norm` (raising as it does) and returns its inference plan (of which
+    :func:`_train_plan` takes the launch):
     ``(output dtype, or None for x's; torch-order kernel; FixedLaunch)``, the launch :func:`_rms_norm_infer`
     makes for every call of this signature (the key fixes the pointers' alignment, which also decides
     ``F.rms_norm``'s kernel; y is a new allocation, which starts on 16 bytes), or ``_GENERAL`` for calls it leaves
