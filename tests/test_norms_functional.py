@@ -1166,6 +1166,44 @@ def test_planned_eager_training_equals_the_op(norms, device, fn, options):
     assert planned[0][1].dtype == (out_dtype or torch.float32)
 
 
+@pytest.mark.parametrize("fn", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("grad", ["contiguous", "expanded", "transposed", "permuted", "half"])
+def test_planned_eager_backward_takes_any_upstream_gradient(norms, device, fn, grad):
+    """The planned training backward (one plan per upstream gradient's signature) gives the op's bits for an
+    expanded (stride-0) gradient, a transposed one, one whose rows do not collapse (the general path copies it),
+    and one of another dtype; twice, so the second call runs the kept plan."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Through(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x0 = rand((6, 5, 67), torch.float32, device) if grad == "permuted" else rand((23, 67), torch.float32, device)
+    w0, b0 = rand((67,), torch.float32, device), rand((67,), torch.float32, device)
+    dy = {"contiguous": lambda: rand(x0.shape, torch.float32, device),
+          "expanded": lambda: rand((67,), torch.float32, device).expand(x0.shape),
+          "transposed": lambda: rand((67, 23), torch.float32, device).t(),
+          "permuted": lambda: rand((5, 6, 67), torch.float32, device).transpose(0, 1),
+          "half": lambda: rand(x0.shape, torch.float16, device)}[grad]()
+    out_dtype = {"out_dtype": torch.float16} if grad == "half" and fn == "rms_norm" else {}
+
+    def run():
+        x, w, b = (t.clone().requires_grad_() for t in (x0, w0, b0))
+        y = getattr(norms, fn)(x, w, b, 1e-5, **out_dtype)
+        if grad == "half" and fn == "layer_norm":
+            y = y.half()
+        y.backward(dy)
+        return type(y.grad_fn).__name__, x.grad, w.grad, b.grad
+
+    planned = [run(), run()]
+    with Through():
+        op = run()
+    assert "EagerAutograd" not in op[0]
+    for p in planned:
+        for a, b in zip(p[1:], op[1:]):
+            assert torch.equal(a, b)
+
+
 def test_planned_eager_training_keeps_every_check(norms, device):
     """The training plan validates like the general path: a call that differs from a planned one in an argument
     is validated again."""

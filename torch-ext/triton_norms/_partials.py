@@ -24,7 +24,7 @@ import triton.language as tl
 from ._fastlaunch import Launch, meta_items
 from ._device import launch_options
 
-__all__ = ["column_sums"]
+__all__ = ["column_sums", "column_sums_plan"]
 
 _BLOCK_P = 64  # partial rows per step: a (64, 32) fp32 tile, 16 per thread over 4 warps
 _BLOCK_N = 32  # columns per program: 128 contiguous bytes of each partial row
@@ -59,7 +59,9 @@ def _column_sums_kernel(
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(P: int, N: int, outputs: int, device: torch.device) -> Launch:
+def column_sums_plan(P: int, N: int, outputs: int, device: torch.device) -> Launch:
+    """The launch of :func:`column_sums` for ``outputs`` (1 or 2) partials of shape (P, N) on ``device``; pointers
+    (dw partials, db partials, dw, db), None for an absent pair."""
     meta = meta_items(BLOCK_P=_BLOCK_P, BLOCK_N=_BLOCK_N, num_warps=4, **launch_options(_column_sums_kernel))
     return Launch(_column_sums_kernel, (triton.cdiv(N, _BLOCK_N), outputs), meta, (P, N), device)
 
@@ -85,5 +87,5 @@ def column_sums(dw_part: Optional[torch.Tensor], db_part: Optional[torch.Tensor]
     dw = torch.empty((N,), dtype=dw_dtype, device=part.device) if dw_part is not None else None
     db = torch.empty((N,), dtype=db_dtype, device=part.device) if db_part is not None else None
     if N > 0:
-        _plan(P, N, (dw is not None) + (db is not None), part.device)((dw_part, db_part, dw, db))
+        column_sums_plan(P, N, (dw is not None) + (db is not None), part.device)((dw_part, db_part, dw, db))
     return dw, db

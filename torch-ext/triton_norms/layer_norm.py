@@ -37,6 +37,7 @@ from ._dispatch import AUTOGRAD, IMPL, call_op, eager_autograd, eager_mode
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._torch_order import ORDER_FAST, ORDER_FUSED, fused_vectorized, parse_order
 from ._partials import column_sums
+from ._train_plans import planned_grads
 from ._wide import ln_wide_forward, wide_backward
 
 Tensor = torch.Tensor
@@ -406,8 +407,11 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
             plan = plans.get(key)
         except TypeError:  # an unhashable torch_order: the general path names it
             plan = _GENERAL
-        if plan is None:  # a training plan is a launch of its own, compiled with the mean and rstd pointers
-            plan = plans.add(key, _infer_plan(x, weight, bias, eps, torch_order))
+        if plan is None:
+            plan = _infer_plan(x, weight, bias, eps, torch_order)
+            if mode == AUTOGRAD and plan is not _GENERAL:  # its own launch (compiled with the mean and rstd
+                plan = (*plan, PlanCache())  # pointers) and the backward plans (_train_plans)
+            plan = plans.add(key, plan)
         if plan is not _GENERAL:
             if mode == AUTOGRAD:
                 return _LayerNormEagerAutograd.apply(x, None, weight, bias, eps, plan)
@@ -461,15 +465,16 @@ def _infer_plan(x, weight, bias, eps, torch_order):
 
 class _LayerNormEagerAutograd(torch.autograd.Function):
     """Plain eager training of :func:`layer_norm` for a call signature with a plan (:func:`_infer_plan`, kept apart
-    from the inference plans): the forward of ``_layer_norm_fwd_impl`` through the plan's pinned launch, with the
-    op's own formula (``_setup_context``, ``_backward``); the same values and gradients as the op, with less host
-    time per call. ``launch`` (the plan) takes the place of the op's ``order`` argument. It returns y alone: h (empty
-    without a residual), mean and rstd (saved, no gradient) are not outputs, which spares the autograd engine three
-    outputs per call."""
+    from the inference plans): the forward of ``_layer_norm_fwd_impl`` through the plan's pinned launch,
+    ``_setup_context``, and a backward planned per upstream gradient's signature (``_train_plans``) where the op's
+    ``_backward`` would call ``_layer_norm_bwd_grads``, else that ``_backward``; the same values and gradients as
+    the op, with less host time per call. ``launch`` (the plan) takes the place of the op's ``order`` argument.
+    It returns y alone: h (empty without a residual), mean and rstd (saved, no gradient) are not outputs, which
+    spares the autograd engine three outputs per call."""
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, launch):
-        exact, run = launch
+        exact, run, ctx.bwd_plans = launch  # the backward plans (_train_plans)
         y = torch.empty_like(x)
         mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
         rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
@@ -484,7 +489,15 @@ class _LayerNormEagerAutograd(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return _backward(ctx, dy, None, None, None)
+        xs, weight, mean, rstd = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        need_dw, need_db = weight is not None and need[2], ctx.bias_dtype is not None and need[3]
+        grads = planned_grads(ctx.bwd_plans, dy, xs, weight, (mean, rstd), ctx.x_dtype, ctx.bias_dtype, need_dw,
+                              need_db, _bwd_plan)
+        if grads is None:  # create_graph, a dispatch mode, wide rows, ...: the op's backward
+            return _backward(ctx, dy, None, None, None)
+        dx, dw, db = grads
+        return dx, None, dw, db, None, None
 
 
 _TRAIN_PLANS = PlanCache()

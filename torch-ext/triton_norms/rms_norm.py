@@ -47,6 +47,7 @@ from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._rounding import round_dtype
 from ._torch_order import ORDER_FAST, ORDER_FUSED, fused_vectorized, parse_order
 from ._partials import column_sums
+from ._train_plans import planned_grads
 from ._wide import rms_wide_forward, wide_backward
 
 Tensor = torch.Tensor
@@ -516,26 +517,30 @@ def _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torc
 def _train_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order):
     """The plan of an eager training call of :func:`rms_norm`: the rest of :class:`_RmsNormEagerAutograd`'s arguments
     after (x, residual, weight, bias), i.e. the validated op arguments (eps, weight_offset, cast_dtype, out_dtype,
-    order) and the forward launch that stores rstd; or ``_GENERAL`` where :func:`_infer_plan` leaves the call to the
-    general path. The launch is a plan of its own: its kernel is compiled with an rstd pointer."""
+    order), then ``(exact order, the forward launch that stores rstd, the backward plans)``; or ``_GENERAL`` where
+    :func:`_infer_plan` leaves the call to the general path. The launch is a plan of its own: its kernel is
+    compiled with an rstd pointer."""
     infer = _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order)
     if infer is _GENERAL:
         return _GENERAL
     eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
     _, exact, run = infer
-    return eps, check_weight_offset(weight_offset), cast_dtype, out_dtype, parse_order(torch_order), (exact, run)
+    return (eps, check_weight_offset(weight_offset), cast_dtype, out_dtype, parse_order(torch_order),
+            (exact, run, PlanCache()))
 
 
 class _RmsNormEagerAutograd(torch.autograd.Function):
     """Plain eager training of :func:`rms_norm` for a call signature with a plan (:func:`_train_plan`): the forward
-    of ``_rms_norm_fwd_impl`` through the plan's pinned launch, with the op's own formula (``_setup_context``,
-    ``_backward``); the same values and gradients as the op, with less host time per call. It returns y alone:
+    of ``_rms_norm_fwd_impl`` through the plan's pinned launch, ``_setup_context``, and a backward planned per
+    upstream gradient's signature (``_train_plans``) where the op's ``_backward`` would call
+    ``_rms_norm_bwd_grads``, else that ``_backward``; the same values and gradients as the op, with less host time
+    per call. It returns y alone:
     h (empty without a residual) and rstd (saved, no gradient) are not outputs, which spares the autograd engine
     two outputs per call."""
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order, launch):
-        exact, run = launch
+        exact, run, ctx.bwd_plans = launch  # the backward plans (_train_plans)
         y = torch.empty_like(x, dtype=out_dtype)
         rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
         w, b = (None if t is None else t.data_ptr() for t in (weight, bias))
@@ -550,7 +555,15 @@ class _RmsNormEagerAutograd(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return (*_backward(ctx, dy, None, None), None)
+        xs, weight, rstd = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        need_dw, need_db = weight is not None and need[2], ctx.bias_dtype is not None and need[3]
+        grads = planned_grads(ctx.bwd_plans, dy, xs, weight, (rstd,), ctx.x_dtype, ctx.bias_dtype, need_dw, need_db,
+                              _bwd_plan, (ctx.cast_dtype, ctx.weight_offset, need_db))
+        if grads is None:  # create_graph, a dispatch mode, wide rows, ...: the op's backward
+            return (*_backward(ctx, dy, None, None), None)
+        dx, dw, db = grads
+        return dx, None, dw, db, None, None, None, None, None, None
 
 
 _TRAIN_PLANS = PlanCache()
