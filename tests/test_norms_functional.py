@@ -1204,6 +1204,61 @@ def test_planned_eager_backward_takes_any_upstream_gradient(norms, device, fn, g
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("fn", ["rms_norm", "layer_norm"])
+def test_planned_eager_backward_without_a_gradient_for_y_and_under_saved_tensor_hooks(norms, device, fn):
+    """A backward in which y gets no gradient (a Function that returns None for it) gives zeros for the weight, as
+    the op does; a saved-tensor hook that unpacks x at another address alignment gets a backward plan of its own
+    (the plan's launch is specialised on alignment) and the op's bits."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Through(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Drop(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return None
+
+    x0, w0 = rand((9, 37), torch.float32, device), rand((37,), torch.float32, device)
+    dy = rand((9, 37), torch.float32, device)
+
+    def unaligned(t):  # the same values at a 4-byte offset from a 16-byte boundary
+        if t.dim() != 2:
+            return t
+        store = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        view = store[1:].view(t.shape)
+        view.copy_(t)
+        return view
+
+    def run(hook):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        if hook == "drop":
+            (Drop.apply(getattr(norms, fn)(x, w)) + x).sum().backward()
+        else:
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unaligned if hook else (lambda t: t)):
+                y = getattr(norms, fn)(x, w)
+            y.backward(dy)
+        return x.grad, w.grad
+
+    plans = sys.modules[getattr(norms, fn).__module__]._TRAIN_PLANS
+    for hook in ("drop", False, True):
+        got = [run(hook), run(hook)]
+        with Through():
+            want = run(hook)
+        for g in got:
+            assert all(torch.equal(a, b) for a, b in zip(g, want)), hook
+    assert torch.equal(run("drop")[1], torch.zeros_like(w0))
+    backward_keys = [k for plan in plans.values() if isinstance(plan, tuple)
+                     for k in (plan[-1][2] if fn == "rms_norm" else plan[-1])]
+    aligned = {k[3][3] for k in backward_keys if len(k) > 3 and k[3][1] == (9, 37)}  # x's address modulo 16 in the keys
+    assert {0, 4} <= aligned
+
+
 def test_planned_eager_training_keeps_every_check(norms, device):
     """The training plan validates like the general path: a call that differs from a planned one in an argument
     is validated again."""
