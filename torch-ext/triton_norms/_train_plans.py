@@ -1,4 +1,5 @@
-"""The planned eager training backward of rms_norm and layer_norm: one launch plan per upstream gradient's signature.
+"""Planned eager training of rms_norm and layer_norm: the forward's launch, and one backward plan per upstream
+gradient's signature.
 
 A plain eager training call of :func:`rms_norm` / :func:`layer_norm` whose forward has a plan (contiguous x,
 weight and bias; rows of one block) keeps, with that plan, a :class:`PlanCache` of backward plans keyed by the
@@ -21,9 +22,25 @@ from ._dispatch import IMPL, eager_mode
 from ._launch import backward_strides, bwd_max_fused_bytes
 from ._partials import column_sums_plan
 
-__all__ = ["planned_grads"]
+__all__ = ["planned_grads", "run_forward_plan"]
 
 _GENERAL = object()  # a gradient signature the general backward serves
+
+
+def run_forward_plan(exact: bool, run, x: torch.Tensor, weight: Optional[torch.Tensor],
+                     bias: Optional[torch.Tensor], y: torch.Tensor, stats: tuple) -> None:
+    """Launches a training plan's one-block norm forward (``run``, a pinned launch) storing the fp32 ``stats``:
+    the torch-order kernels (``exact``) take (x, weight, bias, y, *stats), the free-order ones (x, residual,
+    weight, bias, y, h, *stats) without a residual; device addresses where the launch takes them
+    (``FixedLaunch.at``), else the tensors. (The inference plans launch inline, with the addresses their key
+    already read: host time of small calls.)"""
+    xp, wp, bp, yp = (None if t is None else t.data_ptr() for t in (x, weight, bias, y))
+    sp = [s.data_ptr() for s in stats]
+    if exact:
+        if not run.at((xp, wp, bp, yp, *sp)):
+            run((x, weight, bias, y, *stats))
+    elif not run.at((xp, None, wp, bp, yp, None, *sp)):
+        run((x, None, weight, bias, y, None, *stats))
 
 
 def _plan(dy: torch.Tensor, xs: torch.Tensor, weight: Optional[torch.Tensor], stats: tuple, need_dw: bool,

@@ -37,7 +37,7 @@ from ._dispatch import AUTOGRAD, IMPL, call_op, eager_autograd, eager_mode
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._torch_order import ORDER_FAST, ORDER_FUSED, fused_vectorized, parse_order
 from ._partials import column_sums
-from ._train_plans import planned_grads
+from ._train_plans import planned_grads, run_forward_plan
 from ._wide import ln_wide_forward, wide_backward
 
 Tensor = torch.Tensor
@@ -443,8 +443,8 @@ _GENERAL = object()  # plan of a call the general path serves
 
 def _infer_plan(x, weight, bias, eps, torch_order):
     """Validates a plain eager call of :func:`layer_norm` (raising as it does) and returns its plan: ``(torch-order
-    kernel, FixedLaunch)``, the launch :func:`_layer_norm_infer` makes for every call of this signature (in a
-    training plan the same launch, with the mean and rstd pointers given; the key
+    kernel, FixedLaunch)``, the launch :func:`_layer_norm_infer` makes for every call of this signature (a training
+    plan keeps a FixedLaunch of its own, compiled with the mean and rstd pointers; the key
     fixes the pointers' alignment, which also decides ``F.layer_norm``'s kernel; y is a new allocation, which
     starts on 16 bytes), or ``_GENERAL`` for calls it leaves to the general path (empty or non-contiguous
     tensors, wide rows in the free order)."""
@@ -478,12 +478,7 @@ class _LayerNormEagerAutograd(torch.autograd.Function):
         y = torch.empty_like(x)
         mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
         rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-        w, b = (None if t is None else t.data_ptr() for t in (weight, bias))
-        if exact:
-            if not run.at((x.data_ptr(), w, b, y.data_ptr(), mean.data_ptr(), rstd.data_ptr())):
-                run((x, weight, bias, y, mean, rstd))
-        elif not run.at((x.data_ptr(), None, w, b, y.data_ptr(), None, mean.data_ptr(), rstd.data_ptr())):
-            run((x, None, weight, bias, y, None, mean, rstd))
+        run_forward_plan(exact, run, x, weight, bias, y, (mean, rstd))
         _setup_context(ctx, (x, residual, weight, bias, eps, None), (y, None, mean, rstd))
         return y
 

@@ -47,7 +47,7 @@ from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._rounding import round_dtype
 from ._torch_order import ORDER_FAST, ORDER_FUSED, fused_vectorized, parse_order
 from ._partials import column_sums
-from ._train_plans import planned_grads
+from ._train_plans import planned_grads, run_forward_plan
 from ._wide import rms_wide_forward, wide_backward
 
 Tensor = torch.Tensor
@@ -534,21 +534,15 @@ class _RmsNormEagerAutograd(torch.autograd.Function):
     of ``_rms_norm_fwd_impl`` through the plan's pinned launch, ``_setup_context``, and a backward planned per
     upstream gradient's signature (``_train_plans``) where the op's ``_backward`` would call
     ``_rms_norm_bwd_grads``, else that ``_backward``; the same values and gradients as the op, with less host time
-    per call. It returns y alone:
-    h (empty without a residual) and rstd (saved, no gradient) are not outputs, which spares the autograd engine
-    two outputs per call."""
+    per call. It returns y alone: h (empty without a residual) and rstd (saved, no gradient) are not outputs, which
+    spares the autograd engine two outputs per call."""
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order, launch):
         exact, run, ctx.bwd_plans = launch  # the backward plans (_train_plans)
         y = torch.empty_like(x, dtype=out_dtype)
         rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-        w, b = (None if t is None else t.data_ptr() for t in (weight, bias))
-        if exact:
-            if not run.at((x.data_ptr(), w, b, y.data_ptr(), rstd.data_ptr())):
-                run((x, weight, bias, y, rstd))
-        elif not run.at((x.data_ptr(), None, w, b, y.data_ptr(), None, rstd.data_ptr())):
-            run((x, None, weight, bias, y, None, rstd))
+        run_forward_plan(exact, run, x, weight, bias, y, (rstd,))
         _setup_context(ctx, (x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order),
                        (y, None, rstd))
         return y
