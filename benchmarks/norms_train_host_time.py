@@ -3,6 +3,7 @@
     python3 benchmarks/norms_train_host_time.py            # a GPU: 256 x 4096 bf16
     BASE=DIR python3 benchmarks/norms_train_host_time.py   # also a base checkout's build ("base ..." rows)
     DEV=cpu python3 benchmarks/norms_train_host_time.py    # the interpreter (a smoke run: times the interpreter)
+    SHAPE=4x65536 python3 benchmarks/norms_train_host_time.py  # another M x N (few wide rows: the team path's host time)
 
 Per case: 200 calls back to back, then one synchronize, median of 5 rounds (cases in turn); then a torch.profiler CPU
 table of 50 calls of ours and of F.rms_norm. Two floors for any op written as a Python ``torch.autograd.Function``
@@ -20,6 +21,9 @@ B = load_packages(["triton-norms"], cpu=os.environ.get("DEV") == "cpu", root=Pat
     if os.environ.get("BASE") else None
 print(torch.__version__, flush=True)
 M, C = (256, 4096) if os.environ.get("DEV") != "cpu" else (8, 64)
+if os.environ.get("SHAPE"):
+    M, C = map(int, os.environ["SHAPE"].split("x"))
+print(f"{M} x {C} bf16", flush=True)
 import os; dev = os.environ.get("DEV", "cuda")
 x = torch.randn(M, C, device=dev, dtype=torch.bfloat16, requires_grad=True)
 w = torch.randn(C, device=dev, dtype=torch.bfloat16, requires_grad=True)
