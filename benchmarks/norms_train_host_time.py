@@ -64,9 +64,13 @@ try:
             LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", False), (x, w), dy)
 except ImportError:
     pass
+for k, f in list(cases.items()):
+    try:
+        for _ in range(30): f()
+    except Exception as e:  # a peer that refuses the shape (Liger's RMSNorm above 65536 columns)
+        print(f"{k:34s} skipped: {type(e).__name__}: {str(e).splitlines()[0][:80]}", flush=True)
+        del cases[k]
 res = {k: [] for k in cases}
-for f in cases.values():
-    for _ in range(30): f()
 (torch.cuda.synchronize() if dev == "cuda" else None)
 for r in range(5):
     for k, f in cases.items():
