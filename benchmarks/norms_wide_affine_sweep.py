@@ -7,6 +7,7 @@ of each new binary follow its first row, in brackets). Session 32: results/sessi
     python3 benchmarks/norms_wide_affine_sweep.py --rms 4/1/12/168/1,4/1/10/184/0 [--widths 65536] [--no-ln]
     python3 benchmarks/norms_wide_affine_sweep.py --ln 2/1/20/96/0,4/2/8/128/1 [--widths 65536,131072] [--no-rms]
     python3 benchmarks/norms_wide_affine_sweep.py --ln-bwd 4/4/4/128,8/8/2/128 [--widths 16384,65536]
+    python3 benchmarks/norms_wide_affine_sweep.py --rms-bwd 8/4/3/168h,4/2/8/128h [--widths 16384,65536]
 
 ``--weights-only``: rms_norm / layer_norm at 4096 x 65536 with and without their weight (and bias), shipped settings.
 ``--rms`` / ``--ln``: rms_norm / layer_norm single-tier settings CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION[/HOLD]]
@@ -19,7 +20,8 @@ Otherwise every setting below against ``shipped`` (the package's) and ``previous
 Timing: CUDA-graph medians (``triton_collection.bench.graph_median``, rep 100 ms); GB/s count x read and y written
 (4 bytes per bf16 element). ``--ln-bwd``: the layer_norm backward op alone (dy, x read, dx written: 6 bytes per
 element; dw / db partials not counted) on team settings CHUNK_KiB/WARPS/PER_SM/MAXNREG[/PAIR_MAX_TEAM] (session 24;
-the pair-word limit since session 31), M = 2^28 / N.
+the pair-word limit since session 31), M = 2^28 / N; ``--rms-bwd`` the same for rms_norm; a trailing ``h`` holds dy, x
+and w in bf16 while a team meets (session 45).
 Each output is compared bit for bit with the shipped setting's (``same`` / ``DIFFERENT``:
 another chunk size sums in another fp32 order, the free-order kernels' expected difference) and with fp64.
 """
@@ -60,8 +62,11 @@ def main():
     ap.add_argument("--widths", default="65536,131072,262144")
     ap.add_argument("--ln", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG/AFFINE[/FP_FUSION[/HOLD]],... (replaces the LN table)")
     ap.add_argument("--no-ln", action="store_true", help="skip the layer_norm settings")
-    ap.add_argument("--ln-bwd", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG[/PAIR_MAX_TEAM],... : time the layer_norm "
-                    "backward on these (teams of more than PAIR_MAX_TEAM members meet on two words; default: one)")
+    ap.add_argument("--ln-bwd", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG[/PAIR_MAX_TEAM][h],... : time the layer_norm "
+                    "backward on these (teams of more than PAIR_MAX_TEAM members meet on two words; default: one; h: "
+                    "held in bf16, as --rms-bwd)")
+    ap.add_argument("--rms-bwd", help="CHUNK_KiB/WARPS/PER_SM/MAXNREG[h],... : time the rms_norm backward on these "
+                    "(h: dy, x and w held in bf16 while the team meets, the kernels' HOLD)")
     ap.add_argument("--no-rms", action="store_true", help="skip the rms_norm settings")
     args = ap.parse_args()
 
@@ -102,8 +107,10 @@ def main():
         ms = graph_median(fn, rep=100)
         print(f"{label} {ms * 1e3:8.1f} us {nbytes / ms / 1e6:6.0f} GB/s", end="", flush=True)
 
-    if args.ln_bwd:
-        ln_bwd(nm, wide, args, timed)
+    if args.ln_bwd or args.rms_bwd:
+        for kind, specs in (("rms_norm", args.rms_bwd), ("layer_norm", args.ln_bwd)):
+            if specs:
+                norm_bwd(nm, wide, kind, specs, args, timed)
         return
     if args.weights_only:
         M, N = 4096, 65536
@@ -146,40 +153,49 @@ def main():
             del x
 
 
-def ln_bwd(nm, wide, args, timed):
-    """The layer_norm backward op alone on each ``--ln-bwd`` setting against the shipped one, rounds interleaved."""
-    mod = sys.modules[nm.__name__ + ".layer_norm"]
+def norm_bwd(nm, wide, kind, specs, args, timed):
+    """The ``kind`` backward op alone (``rms_norm`` / ``layer_norm``) on each setting of ``specs`` against the shipped
+    one, rounds interleaved; every dx compared bit for bit with the shipped setting's."""
+    mod = sys.modules[f"{nm.__name__}.{kind}"]
     order = sys.modules[nm.__name__ + "._torch_order"].ORDER_FAST
-    shipped = wide.WIDE_TUNED["layer_norm_bwd"]
+    shipped = wide.WIDE_TUNED[kind + "_bwd"]
     first = shipped[0] if isinstance(shipped, (list, tuple)) else shipped
     table = {"shipped": shipped}
-    for spec in args.ln_bwd.split(","):
-        kib, warps, per_sm, regs, *pair = map(int, spec.split("/"))
+    for spec in specs.split(","):
+        hold = spec.endswith("h")
+        kib, warps, per_sm, regs, *pair = map(int, spec.rstrip("h").split("/"))
         s = {"min_row_bytes": first["min_row_bytes"], "chunk_bytes": kib * 1024, "num_warps": warps,
-             "programs_per_sm": per_sm, "maxnreg": regs}
-        table[f"{kib}K w{warps} {per_sm} r{regs}{f' p{pair[0]}' if pair else ''}"] = (
+             "programs_per_sm": per_sm, "maxnreg": regs, "hold": hold}
+        table[f"{kib}K w{warps} {per_sm} r{regs}{f' p{pair[0]}' if pair else ''}{' h' if hold else ''}"] = (
             dict(s, pair_max_team=pair[0]) if pair else s)
+    bf16 = torch.bfloat16
     for rnd in range(args.rounds):
         for N in map(int, args.widths.split(",")):
             M = 2**28 // N
             torch.manual_seed(0)
-            x, w, dy = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((M, N), (N,), (M, N)))
-            b = torch.zeros(N, device="cuda", dtype=torch.bfloat16)
-            _, _, mean, rstd = mod._layer_norm_fwd_impl(x, None, w, b, 1e-5, order)
+            x, w, dy = (torch.randn(*s, device="cuda", dtype=bf16) for s in ((M, N), (N,), (M, N)))
+            if kind == "rms_norm":
+                rstd = mod._rms_norm_fwd_impl(x, None, w, None, 1e-6, 0.0, None, bf16, order)[2]
+                fn = lambda: mod._rms_norm_bwd_impl(dy, None, x, w, rstd, 0.0, None, bf16, None, True, None)  # noqa: E731
+            else:
+                b = torch.zeros(N, device="cuda", dtype=bf16)
+                _, _, mean, rstd = mod._layer_norm_fwd_impl(x, None, w, b, 1e-5, order)
+                fn = lambda: mod._layer_norm_bwd_impl(dy, None, x, w, mean, rstd, bf16, None, True, bf16)  # noqa: E731
             want = None
             for name, s in table.items():
-                wide.WIDE_TUNED["layer_norm_bwd"] = s
+                wide.WIDE_TUNED[kind + "_bwd"] = s
                 try:
-                    fn = lambda: mod._layer_norm_bwd_impl(dy, None, x, w, mean, rstd, torch.bfloat16, None, True, True)  # noqa: E731
-                    dx = fn()[0]
-                    want = dx if want is None else want
-                    timed(f"round {rnd} ln_bwd {M}x{N:<7d} {name:18s}", fn, 6 * M * N)
-                    print(f" {'same' if torch.equal(dx, want) else 'DIFFERENT'} dx max diff "
-                          f"{(dx.float() - want.float()).abs().max().item():.1e}", flush=True)
+                    out = fn()
+                    dx, dw = out[0], out[2]  # (dx, dres, dw, db)
+                    want = (dx, dw) if want is None else want
+                    timed(f"round {rnd} {kind[:3]}_bwd {M}x{N:<7d} {name:20s}", fn, 6 * M * N)
+                    same = torch.equal(dx, want[0]) and torch.equal(dw, want[1])
+                    print(f" {'same' if same else 'DIFFERENT'} dx max diff "
+                          f"{(dx.float() - want[0].float()).abs().max().item():.1e}", flush=True)
                 except Exception as e:  # noqa: BLE001
-                    print(f"round {rnd} ln_bwd {M}x{N} {name} ERR {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    print(f"round {rnd} {kind}_bwd {M}x{N} {name} ERR {type(e).__name__}: {str(e)[:200]}", flush=True)
                 finally:
-                    wide.WIDE_TUNED["layer_norm_bwd"] = shipped
+                    wide.WIDE_TUNED[kind + "_bwd"] = shipped
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from triton.compiler import ASTSource
 ap = argparse.ArgumentParser()
 ap.add_argument("build")
 ap.add_argument("--fp-fusion", action="store_true", help="contract a * b + c (the tiers' fp_fusion)")
+ap.add_argument("--only", default="", help="compile only the cases whose name contains this")
 args = ap.parse_args()
 
 
@@ -53,6 +54,8 @@ SOFTMAX = dict(m_ptr=None, sxc=1, syc=1, R1=1, R2=1, CAUSAL=0, LOG=0, SCALED=0, 
 CE_NONE = dict(lse_ptr=None, count_ptr=None, sxc=1, sgc=1, R1=1, R2=1, SMOOTH=0)
 NORMS, TEAMS = dict(maxnreg=168), dict(maxnreg=128)  # the tiers' register caps (the cross-entropy's: fp_fusion)
 LN_BWD, LN_BWD_NONE = dict(maxnreg=128, num_warps=4), dict(dh_ptr=None, dres_ptr=None, stride_dy_col=1, PAIR_WORD=0)
+RMS_BWD = dict(maxnreg=168, num_warps=4)
+RMS_BWD_NONE = dict(dh_ptr=None, dres_ptr=None, db_ptr=None, stride_dy_col=1, CAST_DTYPE=None, BLOCK_N=4096)
 CASES = {
     "rms_norm AFFINE 1": (W._rms_team_fwd_kernel, dict(NONE, b_ptr=None, CAST_DTYPE=None, AFFINE=1, DEPTH=1), NORMS),
     "rms_norm DEPTH 2": (W._rms_team_fwd_kernel, dict(NONE, b_ptr=None, CAST_DTYPE=None, AFFINE=1, DEPTH=2), NORMS),
@@ -75,7 +78,14 @@ CASES = {
     "layer_norm bwd": (W._ln_team_bwd_kernel, LN_BWD_NONE, LN_BWD),
     "layer_norm bwd fused": (W._ln_team_bwd_kernel, LN_BWD_NONE, dict(LN_BWD, fp_fusion=1)),
     "layer_norm bwd pair word": (W._ln_team_bwd_kernel, dict(LN_BWD_NONE, PAIR_WORD=1), LN_BWD),
+    # the team backwards with dy, x, w held in bf16 across the meeting (HOLD, session 45): the rms_norm tier (8 KiB,
+    # 4 warps: 32 elements per thread, 168 registers) and the layer_norm 4 KiB tier, without and with it
+    "rms_norm bwd 8K": (W._rms_team_bwd_kernel, dict(RMS_BWD_NONE, HOLD=0), RMS_BWD),
+    "rms_norm bwd 8K HOLD": (W._rms_team_bwd_kernel, dict(RMS_BWD_NONE, HOLD=1), RMS_BWD),
+    "rms_norm bwd 8K HOLD r128": (W._rms_team_bwd_kernel, dict(RMS_BWD_NONE, HOLD=1), dict(RMS_BWD, maxnreg=128)),
+    "layer_norm bwd pair HOLD": (W._ln_team_bwd_kernel, dict(LN_BWD_NONE, PAIR_WORD=1, HOLD=1), LN_BWD),
 }
+CASES = {k: v for k, v in CASES.items() if args.only in k}
 tmp = Path(tempfile.mkdtemp())
 for name, (k, consts, tier) in CASES.items():
     consts = dict(dict(BLOCK_N=2048, TEAM_P2=32, PHASE=0), **consts)

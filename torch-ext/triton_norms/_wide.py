@@ -87,7 +87,13 @@ from ._team import (sum_pair, team_gather, team_gather_two, team_phases, team_pu
 # 131072 3296 (8 KiB) -> 3398-3427 (4 KiB, 64 members) and 1024 x 262144 3069-3073 (16 KiB) -> 3218-3224 (8 KiB, 64
 # members). The rms_norm 8 KiB tier (w once per program) spilled 14 bytes at 262144 columns; holding x removes that:
 # 2048 x 131072 3711-3713 (4 KiB, 64 members) -> 3843-3851 (8 KiB, 32) and 1024 x 262144 3491-3496 -> 3571-3584,
-# while 4096 x 65536 stays on 4 KiB teams (3907-3912 against 3769-3797 on 8 KiB).
+# while 4096 x 65536 stays on 4 KiB teams (3907-3912 against 3769-3797 on 8 KiB). Session 45 (H100; results/
+# norms_bwd_hold_session45_h100_2026-12-05.txt, the backward op alone, CUDA graphs, M = 2^28 / N): the backwards
+# with dy, x and w held in bf16 while a team meets (``hold``; 0 spills where the 8 KiB rms_norm tier spilled 36 bytes
+# and the 4 KiB layer_norm one 40 in Triton 3.9's sm_90 compile): rms_norm 2660-2700 -> 2855-2862 GB/s at 16384 x
+# 16384 and 2598-2601 -> 2690-2702 at 4096 x 65536 on 4 KiB chunks of 2 warps (the old 8 KiB tier held: 2733 /
+# 2586-2611), 2256-2267 -> 2500-2504 at 1024 x 262144 on the held 8 KiB tier; layer_norm 1903-1906 -> 2214-2219
+# at 1024 x 262144 on 8 KiB / 4 warps / 3 per SM held (its narrower rows lost 1-13% with any hold).
 WIDE_TUNED: dict = {
     "rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
                   "maxnreg": 168, "max_team": 32, "affine": 1},
@@ -103,14 +109,16 @@ WIDE_TUNED: dict = {
                     "maxnreg": 168, "max_team": 64, "fp_fusion": True, "affine": 1, "hold": True},
                    {"min_row_bytes": 65537, "chunk_bytes": 16384, "num_warps": 4, "programs_per_sm": 4,
                     "maxnreg": 128, "pair_max_team": 16}],
-    "rms_norm_bwd": {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
-                     "programs_per_sm": 3, "maxnreg": 168},
+    "rms_norm_bwd": [{"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 4096, "num_warps": 2,
+                      "programs_per_sm": 6, "maxnreg": 168, "max_team": 32, "hold": True},
+                     {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
+                      "programs_per_sm": 3, "maxnreg": 168, "hold": True}],
     "layer_norm_bwd": [{"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 4096, "num_warps": 4,
                         "programs_per_sm": 4, "maxnreg": 128, "max_team": 16},
                        {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 8,
                         "programs_per_sm": 2, "maxnreg": 128, "max_team": 32, "pair_max_team": 16},
-                       {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 4096, "num_warps": 4,
-                        "programs_per_sm": 4, "maxnreg": 128, "pair_max_team": 16}],
+                       {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
+                        "programs_per_sm": 3, "maxnreg": 168, "hold": True}],
 }
 # Teams on CPU tensors (interpreter: one launch publishes, a second gathers and writes); off by default.
 WIDE_ON_CPU = False
@@ -296,6 +304,22 @@ def _store_partials(dw_ptr, db_ptr, part, offs, mask, dw_acc, db_acc):
 
 
 @triton.jit
+def _rms_bwd_values(dyr, xr, wr, rstd, weight_offset, WIDEN: tl.constexpr):
+    """``(dy, xn, g)`` in fp32 of a chunk of the rms_norm backward from dy, x and w (None: no weight) as stored;
+    ``WIDEN``: bf16 by its bits (:func:`widen`), so that the compiler does not keep the first fp32 copies alive."""
+    if WIDEN:
+        dy = widen(dyr)
+        xn = widen(xr) * rstd
+    else:
+        dy = dyr.to(tl.float32)
+        xn = xr.to(tl.float32) * rstd
+    g = dy
+    if wr is not None:
+        g = dy * ((widen(wr) if WIDEN else wr.to(tl.float32)) + weight_offset)
+    return dy, xn, g
+
+
+@triton.jit
 def _rms_team_bwd_kernel(
     dy_ptr, x_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, dres_ptr,  # as rms_norm._rms_norm_bwd_kernel
     dw_ptr, db_ptr,  # (TEAMS, N) fp32 partials (each team's rows), or None
@@ -307,6 +331,7 @@ def _rms_team_bwd_kernel(
     BLOCK_N: tl.constexpr,
     TEAM_P2: tl.constexpr,
     PHASE: tl.constexpr,  # 0: one launch; 1: publish only; 2: gather, write dx and the partials (interpreter)
+    HOLD: tl.constexpr = 0,  # dy, x and w kept as stored (bf16) while the team meets, widened again after
 ):
     # dx = rstd * (g - xn * sum(g * xn) / N), g = dy * (w + offset): one meeting per row. A member's
     # columns are the same on every row of its team, so it sums dw / db over the team's rows in registers.
@@ -319,18 +344,20 @@ def _rms_team_bwd_kernel(
     dyr, xr = load_grad_raw(dy_ptr, x_ptr, row, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
     while row < M:
         rstd = tl.load(rstd_ptr + row)
-        dy = dyr.to(tl.float32)
-        xn = xr.to(tl.float32) * rstd
-        g = dy
+        wr = None
         if w_ptr is not None:
-            g = dy * (tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + weight_offset)
+            wr = tl.load(w_ptr + offs, mask=mask, other=0.0)
+        dy, xn, g = _rms_bwd_values(dyr, xr, wr, rstd, weight_offset, False)
         slots = ws_ptr + row * TEAM
         if PHASE != 2:
             team_publish(slots + member, tl.sum(g * xn, axis=0))
         nxt = row + TEAMS
+        dyh, xh = dyr, xr  # this row's chunk as stored (HOLD: the values kept across the meeting)
         dyr, xr = load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
         if PHASE != 1:
             dot = tl.sum(team_gather(slots, k, TEAM, 0.0), axis=0) / N
+            if HOLD:  # the same values again from the stored ones (widen: not merged with the first widening)
+                dy, xn, g = _rms_bwd_values(dyh, xh, wr, rstd, weight_offset, True)
             store_dx((g - xn * dot) * rstd, dh_ptr, dx_ptr, dres_ptr, row, stride_dh_row, stride_dh_col, N,
                         offs, mask)
             if dw_ptr is not None:
@@ -340,6 +367,22 @@ def _rms_team_bwd_kernel(
         row = nxt
     if PHASE != 1:
         _store_partials(dw_ptr, db_ptr, part, offs, mask, dw_acc, db_acc)
+
+
+@triton.jit
+def _ln_bwd_values(dyr, xr, wr, mean, rstd, mask, WIDEN: tl.constexpr):
+    """``(dy, xhat, g)`` in fp32 of a chunk of the layer_norm backward from dy, x and w as stored (as
+    :func:`_rms_bwd_values`)."""
+    if WIDEN:
+        dy = widen(dyr)
+        xhat = tl.where(mask, (widen(xr) - mean) * rstd, 0.0)
+    else:
+        dy = dyr.to(tl.float32)
+        xhat = tl.where(mask, (xr.to(tl.float32) - mean) * rstd, 0.0)
+    g = dy
+    if wr is not None:
+        g = dy * (widen(wr) if WIDEN else wr.to(tl.float32))
+    return dy, xhat, g
 
 
 @triton.jit
@@ -355,6 +398,7 @@ def _ln_team_bwd_kernel(
     PHASE: tl.constexpr,
     PAIR_WORD: tl.constexpr = 1,  # as the forward's
     JOINT: tl.constexpr = 1,  # both sums in one reduction (_team.sum_pair; 0 under the interpreter)
+    HOLD: tl.constexpr = 0,  # as the RMSNorm backward's
 ):
     # dx = rstd * (g - sum(g) / N - xhat * sum(g * xhat) / N), g = dy * w; dw, db summed in registers per team.
     member, row, offs, mask = team_start(TEAM, N, BLOCK_N)
@@ -368,20 +412,22 @@ def _ln_team_bwd_kernel(
     while row < M:
         mean = mean_n
         rstd = rstd_n
-        dy = dyr.to(tl.float32)
-        xhat = tl.where(mask, (xr.to(tl.float32) - mean) * rstd, 0.0)
-        g = dy
+        wr = None
         if w_ptr is not None:
-            g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            wr = tl.load(w_ptr + offs, mask=mask, other=0.0)
+        dy, xhat, g = _ln_bwd_values(dyr, xr, wr, mean, rstd, mask, False)
         slots = ws_ptr + row * (2 * TEAM)
         if PHASE != 2:
             team_publish_sums(slots, member, TEAM, g * xhat, g, PAIR_WORD, JOINT)
         nxt = row + TEAMS
+        dyh, xh = dyr, xr  # as the RMSNorm backward's
         dyr, xr = load_grad_raw(dy_ptr, x_ptr, nxt, M, N, stride_dy_row, stride_dy_col, stride_x_row, offs)
         mean_n = tl.load(mean_ptr + nxt, mask=nxt < M, other=0.0)
         rstd_n = tl.load(rstd_ptr + nxt, mask=nxt < M, other=1.0)
         if PHASE != 1:
             gx, gs = team_gather_two(slots, k, TEAM, 0.0, 0.0, PAIR_WORD)
+            if HOLD:
+                dy, xhat, g = _ln_bwd_values(dyh, xh, wr, mean, rstd, mask, True)
             c1, c2 = sum_pair(gx, gs, JOINT)
             c1 = c1 / N
             c2 = c2 / N
@@ -455,12 +501,13 @@ def wide_backward(kind: str, dy2, dh2, x2, w, stats, dx, dres, need_dw: bool, ne
     db_part = torch.empty((plan.teams, N), dtype=torch.float32, device=device) if need_db else None
     ws = torch.zeros(len(stats) * M * plan.team, dtype=torch.int64, device=device)
     head = (dy2, x2, w, *stats, dh2, dx, dres, dw_part, db_part, ws, *backward_strides(dy2, x2, dh2), M, N)
+    hold = int(plan.hold and dy2.dtype == x2.dtype and can_hold(x2.dtype, w))
     if kind == "rms_norm":
         kernel, args = _rms_team_bwd_kernel, (*head, scalars["weight_offset"], plan.team, plan.teams)
-        consts = {"CAST_DTYPE": round_dtype(scalars["cast_dtype"])}
+        consts = {"CAST_DTYPE": round_dtype(scalars["cast_dtype"]), "HOLD": hold}
     else:
         kernel, args = _ln_team_bwd_kernel, (*head, plan.team, plan.teams)
-        consts = {"PAIR_WORD": int(plan.pair_word), "JOINT": int(not is_interpreter(kernel))}
+        consts = {"PAIR_WORD": int(plan.pair_word), "JOINT": int(not is_interpreter(kernel)), "HOLD": hold}
     for phase in team_phases(device, plan.team):
         launch(kernel, plan.grid, args, plan.meta(kernel, device, phase, **consts), device)
     return dw_part, db_part
