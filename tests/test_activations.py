@@ -374,6 +374,26 @@ def test_opcheck_every_op(activations, device):
     torch.library.opcheck(_op(A, "act_bwd"), (torch.randn(3, 17, device=device), xb.float(), "silu_and_mul", False, 0.0))
 
 
+def test_out_form_refuses_autograd(activations, device):
+    """The (out, x) form records no graph, so with grad mode on it refuses an x or an out that requires grad (as
+    PyTorch's ``out=`` functions do) instead of losing x's gradient or overwriting a leaf; under no_grad it
+    writes, and out's values equal the allocating form's."""
+    A = activations
+    x = rand((4, 10), torch.float32, device).requires_grad_()
+    out = torch.full((4, 5), float("nan"), device=device)
+    with pytest.raises(RuntimeError, match=r"silu_and_mul: the \(out, x\) form .* but x requires grad"):
+        A.silu_and_mul(out, x)
+    leaf = torch.zeros(4, 5, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"gelu_and_mul: the \(out, x\) form .* but out requires grad"):
+        A.gelu_and_mul(leaf, x.detach())
+    with pytest.raises(RuntimeError, match=r"silu: .* but x requires grad"):
+        A.silu(torch.empty(4, 10, device=device), x)
+    assert torch.equal(leaf, torch.zeros_like(leaf)) and out.isnan().all()  # nothing written
+    with torch.no_grad():
+        assert A.silu_and_mul(out, x) is out
+    assert torch.equal(out, A.silu_and_mul(x.detach()))
+
+
 @pytest.mark.parametrize("backend,dtype", [("aot_eager", torch.bfloat16), ("aot_eager", torch.float32),
                                            ("inductor", torch.float32)])
 def test_case5_compile_fullgraph(activations, device, backend, dtype):
@@ -385,7 +405,7 @@ def test_case5_compile_fullgraph(activations, device, backend, dtype):
     A = activations
 
     def f(x, out):
-        A.gelu_and_mul(out, x, rounding="eager")
+        A.gelu_and_mul(out, x.detach(), rounding="eager")  # the (out, x) form records no graph
         y = A.silu_and_mul(x)
         return y, A.gelu_tanh(x.chunk(2, dim=-1)[1]), A.fatrelu_and_mul(x, threshold=0.1), A.gelu_new(y, rounding="eager")
 

@@ -190,3 +190,16 @@ def test_launch_options_names_fp_fusion_both_ways():
         assert device.launch_options(interpreted, fp_fusion=True) == {}
     finally:
         device.is_interpreter = real
+
+
+def test_cli_names_a_bad_root_or_package_in_one_line(tmp_path, capsys):
+    """``--root`` without a build.toml and an unknown ``--package`` end the command with one line naming the argument
+    (and the known packages), not a traceback."""
+    from triton_collection.cli import main
+
+    with pytest.raises(SystemExit, match=r"--root .*nowhere: no build.toml there"):
+        main(["build", "--root", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
+    for command in ("build", "install-local"):
+        with pytest.raises(SystemExit, match=r"--package: no package 'nope' in .*\(known: triton-norms, "):
+            main([command, "--root", str(ROOT), "--package", "nope", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

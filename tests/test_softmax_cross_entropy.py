@@ -612,6 +612,23 @@ def test_bad_inputs_raise_clear_errors(softmax, device):
         softmax.cross_entropy(x, t.to("meta"))
 
 
+def test_gradient_of_the_gradient_raises(softmax, device):
+    """create_graph=True through the fused eager backward raises (the stored gradient has no graph back to the
+    logits: it used to come back detached, so a gradient penalty added nothing); a first-order gradient with
+    create_graph off still equals F.cross_entropy's, and the same loss then backpropagates normally."""
+    x = torch.randn(3, 8, device=device, requires_grad=True)
+    t = torch.randint(0, 8, (3,), device=device)
+    with pytest.raises(RuntimeError, match=r"cross_entropy: a gradient of the gradient \(create_graph=True\)"):
+        torch.autograd.grad(softmax.cross_entropy(x, t), x, create_graph=True)
+    loss = softmax.cross_entropy(x, t)
+    (g,) = torch.autograd.grad(loss, x, retain_graph=True)
+    xr = x.detach().double().requires_grad_()
+    (gr,) = torch.autograd.grad(F.cross_entropy(xr, t), xr)
+    assert_close_ref(g, gr)
+    loss.backward()
+    assert_close_ref(x.grad, gr)
+
+
 # ----------------------------------------------------------------------------- layers
 
 

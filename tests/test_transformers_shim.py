@@ -286,6 +286,17 @@ def test_mode_the_layer_cannot_serve_is_an_error(norms, device, monkeypatch):
     assert all("forward" not in vars(m) for m in model.modules())  # nothing half-swapped
 
 
+def test_float64_model_is_an_error_at_kernelize(installed, device):
+    """A float64 model (the layers serve fp16 / bf16 / fp32) is refused by kernelize, naming the module and the dtype,
+    before any swap; the same model in float32 then kernelizes."""
+    model = _tiny("llama", torch.float32, device).double()
+    with pytest.raises(ValueError, match=r"kernelize: model.layers.0.input_layernorm \(LlamaRMSNorm\) holds "
+                                         r"torch.float64 parameters"):
+        kernelize(model, mode=Mode.INFERENCE, org=ORG)
+    assert all("forward" not in vars(m) for m in model.modules())  # nothing half-swapped
+    assert len(kernelize(model.float(), mode=Mode.INFERENCE, org=ORG).swapped) > 0
+
+
 def test_invalid_mode_and_missing_package(installed, device):
     model = _tiny("llama", torch.float32, device)
     with pytest.raises(ValueError, match="must contain Mode.INFERENCE or Mode.TRAINING"):

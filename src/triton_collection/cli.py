@@ -30,9 +30,20 @@ def _find_root(start: Path) -> Path:
 
 
 def _collection(args):
+    """The collection of ``--root`` (or the checkout around the working folder), its ``--package`` names checked:
+    a missing build.toml or an unknown package ends the command with one line naming it (no traceback)."""
     from .manifest import load_manifest
 
-    return load_manifest(Path(args.root) if args.root else _find_root(Path.cwd()))
+    root = Path(args.root) if args.root else _find_root(Path.cwd())
+    if not (root / "build.toml").is_file():
+        raise SystemExit(f"--root {root}: no build.toml there (a collection checkout holds build.toml and torch-ext/)")
+    collection = load_manifest(root)
+    for name in getattr(args, "package", None) or ():
+        try:
+            collection.package(name)
+        except KeyError as err:
+            raise SystemExit(f"--package: {err.args[0]}") from None
+    return collection
 
 
 def _cmd_build(args) -> int:
@@ -77,7 +88,9 @@ def _cmd_publish(args) -> int:
                                   create_pr=args.create_pr, endpoint=args.endpoint, out=Path(args.out) if args.out else None)
     except PublishError as err:
         print(f"publish failed: {err}", file=sys.stderr)
-        if err.step != "check versioning rules":
+        if args.dry_run:  # the plan compares with the Hub's current branches: it needs the Hub too
+            print("A dry run reads the Hub's current version branches to plan; nothing was written.", file=sys.stderr)
+        elif err.step != "check versioning rules":
             print("Every step is idempotent: run the same command again to finish.", file=sys.stderr)
         return 1
     if args.json:

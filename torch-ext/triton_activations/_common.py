@@ -111,9 +111,16 @@ def check_out(name: str, out, x: torch.Tensor, gated: bool) -> None:
         TypeError: out is not a tensor, or its dtype differs from x's.
         ValueError: wrong shape (for gated ops the last dim must be x.shape[-1] // 2),
             another device, or an out whose elements overlap (stride 0).
+        RuntimeError: x or out requires grad while grad mode is on: the form records no autograd graph (as
+            PyTorch's ``out=`` functions refuse), so the gradient would be lost or a leaf overwritten silently.
     """
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{name}: out must be a torch.Tensor, got {type(out).__name__}")
+    if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+        which = "x" if x.requires_grad else "out"
+        raise RuntimeError(f"{name}: the (out, x) form does not support automatic differentiation, but {which} "
+                           f"requires grad: call {name}(x) for a new tensor with a gradient, or call the (out, x) "
+                           "form under torch.no_grad()")
     if out.dtype != x.dtype:
         raise TypeError(f"{name}: out must have the dtype of x ({x.dtype}), got {out.dtype}")
     if out.device != x.device:

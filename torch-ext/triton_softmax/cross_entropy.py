@@ -658,6 +658,10 @@ def _backward(ctx, dloss, dg, dapplied):
                or any(type(a) is not torch.Tensor for a in (g, applied, dloss, target)))
     if tracing:
         return _scaled_grad(g, dloss, target, ctx.class_dim, ctx.ignore_index), None, None, None, None, None, None, None
+    if torch.is_grad_enabled():  # create_graph: the stored g has no graph back to the logits
+        raise RuntimeError("cross_entropy: a gradient of the gradient (create_graph=True) is not supported: the "
+                           "forward stores the gradient, which has no graph back to the logits; use "
+                           "torch.nn.functional.cross_entropy for higher-order gradients")
     first = not getattr(ctx, "used", False)
     ctx.used = True
     # the kernel reads raw memory: an upstream gradient (or target) with the negative bit set is resolved first
@@ -736,7 +740,8 @@ def cross_entropy(
         TypeError: unsupported dtypes (float targets: class probabilities are not supported).
         ValueError: target shape, reduction, label_smoothing outside [0, 1], z_loss < 0, devices;
             torch_order with label smoothing, z-loss or logits of more than 2 dims.
-        RuntimeError: CPU tensor without TRITON_INTERPRET=1.
+        RuntimeError: CPU tensor without TRITON_INTERPRET=1; in the backward, a gradient of the gradient
+            (``create_graph=True``), which the stored gradient cannot give.
 
     Precision: logsumexp, loss and gradient in fp32; per-row losses summed in fp32 by one program (a fixed
     order: the same bits on every run; torch's sum may differ in the last fp32 bits); one rounding

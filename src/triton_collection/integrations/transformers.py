@@ -174,6 +174,9 @@ def _quiet_kernels_root_log():
         root.removeFilter(flt)
 
 
+_LAYER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the dtypes every triton layer serves
+
+
 def _check_mode(mode: Mode) -> None:
     if not isinstance(mode, Mode):
         raise TypeError(f"kernelize: mode must be a kernels.Mode, got {mode!r}")
@@ -210,7 +213,8 @@ def kernelize(
 
     Raises:
         ValueError: no module of the model can be replaced; a mode the layer cannot serve
-            (training without backward, torch.compile without ``can_torch_compile``); bad mode/device.
+            (training without backward, torch.compile without ``can_torch_compile``); bad mode/device; a module
+            to replace holding parameters of another dtype than float16, bfloat16 or float32 (e.g. float64).
         RuntimeError: the package cannot be loaded, or a forward was not replaced after ``kernels.kernelize``.
     """
     _check_mode(mode)
@@ -232,6 +236,12 @@ def kernelize(
     mapping = {key[family]: {device_type: repo} for family, (_, repo, _) in repos.items()}
 
     targets = [(name, module) for name, module in model.named_modules() if type(module) in chosen]
+    for name, module in targets:  # before any swap: the layers would refuse these dtypes at the first forward
+        dtype = next((t.dtype for t in module.parameters() if t.dtype not in _LAYER_DTYPES), None)
+        if dtype is not None:
+            raise ValueError(f"kernelize: {name or type(model).__name__} ({type(module).__name__}) holds {dtype} "
+                             "parameters; the triton layers serve float16, bfloat16 and float32 (convert the model "
+                             "first, e.g. model.float())")
     target_ids = {id(module) for _, module in targets}
     saved = {cls: {a: cls.__dict__[a] for a in ("kernel_layer_name", "kernel_condition") if a in cls.__dict__} for cls in chosen}
     try:
