@@ -303,6 +303,9 @@ def test_invalid_mode_and_missing_package(installed, device):
         kernelize(model, mode=Mode.FALLBACK, org=ORG)
     with pytest.raises(RuntimeError, match="cannot load layer"):
         kernelize(model, mode=Mode.INFERENCE, org="no-such-org")
+    with pytest.raises(RuntimeError, match=r"cannot load layer .*check the org, the package and the version") as err:
+        kernelize(model, mode=Mode.INFERENCE, org=ORG, version=2)
+    assert "trust_remote_code" not in str(err.value)  # no publisher check failed: that flag would not help
 
 
 def test_failure_half_way_leaves_no_module_swapped(installed, device, monkeypatch):

@@ -145,10 +145,12 @@ def _load_layer(repo: LayerRepository | LocalLayerRepository, repo_id: str, laye
     try:
         layer_cls = repo.load()
     except Exception as err:
-        raise RuntimeError(
-            f"kernelize: cannot load layer {layer!r} of {repo_id}: {err}. Install it (`triton-collection "
-            "install-local`, then HF_HUB_OFFLINE=1) or pass trust_remote_code=True for a Hub download."
-        ) from err
+        # trust_remote_code is the remedy only for a publisher check; a missing version or package needs another
+        hint = ("pass trust_remote_code=True for a Hub download from an untrusted publisher"
+                if "trust" in str(err).lower() else
+                "check the org, the package and the version (Hub branch v<version>), or install it locally "
+                "(`triton-collection install-local`, then HF_HUB_OFFLINE=1)")
+        raise RuntimeError(f"kernelize: cannot load layer {layer!r} of {repo_id}: {err}. {hint}.") from err
     if Mode.TRAINING in mode and not getattr(layer_cls, "has_backward", True):
         raise ValueError(f"kernelize: layer {layer!r} of {repo_id} has no backward, so it cannot serve {mode}")
     if Mode.TORCH_COMPILE in mode and not getattr(layer_cls, "can_torch_compile", False):
