@@ -69,3 +69,16 @@ def test_layer_rules(matmul):
     assert list(inspect.signature(matmul.layers.GELU.forward).parameters) == list(inspect.signature(GELU.forward).parameters)
     assert list(inspect.signature(matmul.layers.GEGLU.forward).parameters) == list(inspect.signature(GEGLU.forward).parameters)
     assert list(inspect.signature(matmul.layers.Linear.forward).parameters) == list(inspect.signature(torch.nn.Linear.forward).parameters)
+
+
+def test_linear_layer_errors_name_input_and_weight(matmul, device):
+    """A bad input to the Linear layer is refused in the layer's own terms: the input's and the weight's shapes and
+    dtypes, not only matmul's operands a and b."""
+    module = torch.nn.Linear(8, 4).to(device)
+    layer = type("Swapped", (matmul.layers.Linear,), {})
+    module.__class__ = layer
+    with pytest.raises(TypeError, match=r"Swapped layer: input \(2, 8\) torch.bfloat16, weight \(4, 8\) "
+                                        r"torch.float32 \(out_features, in_features\): .*same dtype"):
+        module(torch.randn(2, 8, device=device, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"layer: input \(2, 7\) torch.float32, weight \(4, 8\)"):
+        module(torch.randn(2, 7, device=device))

@@ -29,7 +29,11 @@ def _linear(x: torch.Tensor, linear: nn.Module, activation=None) -> torch.Tensor
     to = autocast_to("linear", x)
     if to is not None:
         x, w, b = cast(to, x, w, b)
-    return matmul(x, w.t(), b, activation)
+    try:
+        return matmul(x, w.t(), b, activation)
+    except (TypeError, ValueError) as err:  # matmul names its operands a and b: say which tensors they are here
+        raise type(err)(f"{type(linear).__name__} layer: input {tuple(x.shape)} {x.dtype}, weight {tuple(w.shape)} "
+                        f"{w.dtype} (out_features, in_features): matmul(input, weight.T) refused them: {err}") from err
 
 
 class GELU(nn.Module):
