@@ -97,7 +97,15 @@ def _triton_launch(kernel, grid, args, meta, device=None):
     if device is not None and _elsewhere(device):
         with _device_guard(device):
             return kernel[grid](*args, **dict(meta))
-    return kernel[grid](*args, **dict(meta))
+    try:
+        return kernel[grid](*args, **dict(meta))
+    except Exception as err:
+        # the interpreter's kernels were decorated with TRITON_INTERPRET=1 set, but triton itself was imported
+        # before it: its language functions then refuse the interpreter's calls with a message naming neither
+        if type(kernel).__name__ == "InterpretedFunction" and "outside of the scope of a kernel" in str(err):
+            raise RuntimeError("TRITON_INTERPRET=1 was set after triton had been imported: set it before the first "
+                               "import of triton (and of torch-ext packages), e.g. in the shell") from err
+        raise
 
 
 def _elsewhere(device: torch.device) -> bool:
