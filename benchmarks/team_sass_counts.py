@@ -84,6 +84,17 @@ CASES = {
     "rms_norm bwd 8K HOLD": (W._rms_team_bwd_kernel, dict(RMS_BWD_NONE, HOLD=1), RMS_BWD),
     "rms_norm bwd 8K HOLD r128": (W._rms_team_bwd_kernel, dict(RMS_BWD_NONE, HOLD=1), dict(RMS_BWD, maxnreg=128)),
     "layer_norm bwd pair HOLD": (W._ln_team_bwd_kernel, dict(LN_BWD_NONE, PAIR_WORD=1, HOLD=1), LN_BWD),
+    # the layer_norm backward's 8 KiB / 8-warp tier (rows of 64-256 KiB; 16 elements per thread), unheld and held
+    "layer_norm bwd 8K w8": (W._ln_team_bwd_kernel, dict(LN_BWD_NONE, PAIR_WORD=1, HOLD=0, BLOCK_N=4096),
+                             dict(LN_BWD, num_warps=8)),
+    "layer_norm bwd 8K w8 HOLD": (W._ln_team_bwd_kernel, dict(LN_BWD_NONE, PAIR_WORD=1, HOLD=1, BLOCK_N=4096),
+                                  dict(LN_BWD, num_warps=8)),
+    "layer_norm bwd 8K w4 HOLD": (W._ln_team_bwd_kernel, dict(LN_BWD_NONE, PAIR_WORD=1, HOLD=1, BLOCK_N=4096),
+                                  dict(LN_BWD, num_warps=4, maxnreg=168)),
+    "layer_norm bwd 8K w4": (W._ln_team_bwd_kernel, dict(LN_BWD_NONE, PAIR_WORD=1, HOLD=0, BLOCK_N=4096),
+                             dict(LN_BWD, num_warps=4, maxnreg=168)),
+    "layer_norm bwd 8K w4 HOLD r255": (W._ln_team_bwd_kernel, dict(LN_BWD_NONE, PAIR_WORD=1, HOLD=1, BLOCK_N=4096),
+                                       dict(LN_BWD, num_warps=4, maxnreg=255)),
 }
 CASES = {k: v for k, v in CASES.items() if args.only in k}
 tmp = Path(tempfile.mkdtemp())
