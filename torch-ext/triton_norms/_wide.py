@@ -93,7 +93,10 @@ from ._team import (sum_pair, team_gather, team_gather_two, team_phases, team_pu
 # and the 4 KiB layer_norm one 40 in Triton 3.9's sm_90 compile): rms_norm 2660-2700 -> 2855-2862 GB/s at 16384 x
 # 16384 and 2598-2601 -> 2690-2702 at 4096 x 65536 on 4 KiB chunks of 2 warps (the old 8 KiB tier held: 2733 /
 # 2586-2611), 2256-2267 -> 2500-2504 at 1024 x 262144 on the held 8 KiB tier; layer_norm 1903-1906 -> 2214-2219
-# at 1024 x 262144 on 8 KiB / 4 warps / 3 per SM held (its narrower rows lost 1-13% with any hold).
+# at 1024 x 262144 on 8 KiB / 4 warps / 3 per SM held (its narrower rows lost 1-13% with any hold; unheld that
+# setting fell to 1519-1522). The layer_norm teams of 17-32 members (rows of 136-256 KiB): 8 KiB / 4 warps / 2 per SM
+# at 255 registers, unheld, on one pair word: 2100-2112 -> 2237-2249 at 2048 x 131072 (results/
+# norms_ln_bwd_wide_session45_h100_2026-12-05.txt; held 2141-2154); not measured at other widths.
 WIDE_TUNED: dict = {
     "rms_norm": [{"min_row_bytes": 65537, "chunk_bytes": 4096, "num_warps": 1, "programs_per_sm": 12,
                   "maxnreg": 168, "max_team": 32, "affine": 1},
@@ -116,7 +119,9 @@ WIDE_TUNED: dict = {
     "layer_norm_bwd": [{"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 4096, "num_warps": 4,
                         "programs_per_sm": 4, "maxnreg": 128, "max_team": 16},
                        {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 8,
-                        "programs_per_sm": 2, "maxnreg": 128, "max_team": 32, "pair_max_team": 16},
+                        "programs_per_sm": 2, "maxnreg": 128, "max_team": 16},
+                       {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
+                        "programs_per_sm": 2, "maxnreg": 255, "max_team": 32},
                        {"min_row_bytes": BWD_MAX_FUSED_BYTES + 1, "chunk_bytes": 8192, "num_warps": 4,
                         "programs_per_sm": 3, "maxnreg": 168, "hold": True}],
 }
