@@ -669,3 +669,27 @@ def test_address_launches_pass_the_tensor_launches_pointers(norms, attention, ac
 def _new_plan_cache(package):
     """An empty PlanCache of ``package``'s own ``_fastlaunch`` (plans of earlier tests would skip the compile)."""
     return sys.modules[package.__name__ + "._fastlaunch"].PlanCache()
+
+
+def test_compile_dynamic_fullgraph_with_default_scalars(norms, softmax, activations, attention, device):
+    """``torch.compile(dynamic=True, fullgraph=True)`` with the Python-float arguments left at their defaults: dynamo
+    may trace them as symbolic floats, on which ``math.isinf`` / ``isfinite`` / ``isnan`` in the argument checks broke
+    the graph (a fresh-eyes trial, session 45); two row counts through one graph, values equal to eager."""
+    torch._dynamo.reset()
+    w, b = torch.randn(16, device=device), torch.randn(16, device=device)
+    calls = [lambda x, r, t: norms.rms_norm(x, w),
+             lambda x, r, t: norms.rms_norm(x, w, eps=1e-6),
+             lambda x, r, t: norms.add_rms_norm(x, r, w)[0],
+             lambda x, r, t: norms.layer_norm(x, w),
+             lambda x, r, t: norms.add_layer_norm(x, r, w, b)[0],
+             lambda x, r, t: softmax.cross_entropy(x, t),
+             lambda x, r, t: softmax.cross_entropy(x, t, label_smoothing=0.1),
+             lambda x, r, t: activations.fatrelu_and_mul(x),
+             lambda x, r, t: attention.flash_attention(*(x.reshape(1, 1, -1, 16),) * 3)]
+    for i, fn in enumerate(calls):
+        compiled = torch.compile(fn, dynamic=True, fullgraph=True, backend="aot_eager")
+        for rows in (3, 5):
+            x, r = torch.randn(rows, 16, device=device), torch.randn(rows, 16, device=device)
+            t = torch.randint(0, 16, (rows,), device=device)
+            got, want = compiled(x, r, t), fn(x, r, t)
+            assert torch.equal(got, want), (i, rows)

@@ -144,7 +144,7 @@ def check_threshold(threshold) -> float:
     if isinstance(threshold, torch.Tensor) or not isinstance(threshold, (int, float)) or isinstance(threshold, bool):
         raise TypeError(f"fatrelu_and_mul: threshold must be a Python float, got {type(threshold).__name__}")
     threshold = float(threshold)
-    if math.isnan(threshold):
+    if threshold != threshold:  # NaN; math.isnan is not traceable on symbolic floats (compile)
         raise ValueError("fatrelu_and_mul: threshold must not be NaN")
     return threshold
 

@@ -1218,7 +1218,7 @@ def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    elif isinstance(scale, (Tensor, bool)) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+    elif isinstance(scale, (Tensor, bool)) or not isinstance(scale, (int, float)) or not -math.inf < scale < math.inf:
         raise TypeError(f"scale must be a finite Python float or None, got {scale!r}")
     return bshd, float(scale)
 

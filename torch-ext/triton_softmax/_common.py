@@ -192,7 +192,7 @@ def check_real(name: str, value, *, low: Optional[float] = None, high: Optional[
     if isinstance(value, (torch.Tensor, bool)) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
     value = float(value)
-    if not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high):
+    if not -math.inf < value < math.inf or (low is not None and value < low) or (high is not None and value > high):
         bounds = f" in [{low}, {high}]" if low is not None and high is not None else (f" >= {low}" if low is not None else "")
         raise ValueError(f"{name} must be a finite number{bounds}, got {value}")
     return value
