@@ -1059,6 +1059,36 @@ def test_plan_cache_drops_the_oldest(norms, monkeypatch):
     assert list(cache.items()) == [("b", "B"), ("c", "C"), ("d", "D")]
 
 
+def test_plan_cache_adds_from_threads(norms, monkeypatch):
+    """Threads adding plans to one full PlanCache at once (a server's request threads over growing shapes): no
+    KeyError from two evictions of one oldest key, and the cache stays at its bound with the newest plans."""
+    import threading
+
+    cache = norms._fastlaunch.PlanCache()
+    monkeypatch.setattr(cache, "MAX_PLANS", 8)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    errors = []
+
+    def add_many(t):
+        try:
+            for i in range(20000):
+                cache.add((t, i), i)
+        except Exception as err:  # noqa: BLE001 (recorded, asserted below)
+            errors.append(err)
+
+    try:
+        threads = [threading.Thread(target=add_many, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:3]
+    assert len(cache) == 8 and all(i >= 20000 - 8 for _, i in cache)
+
+
 @pytest.mark.gpu
 def test_fast_launch_equals_triton_launch_across_alignments(norms, device):
     """Alternate aligned / unaligned inputs and widths so cached launches meet every key; each result

@@ -41,6 +41,8 @@ is one, so a new plan costs no pass through Triton's launch path.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 try:  # where launch hooks live (Triton >= 3.4); older versions always take Triton's own path
@@ -463,11 +465,14 @@ class PlanCache(dict):
     """
 
     MAX_PLANS = 4096
+    _ADD_LOCK = threading.Lock()  # adds only (new signatures): lookups stay plain dict reads
 
     def add(self, key, plan):
-        """Keeps ``plan`` under ``key``, dropping the oldest plan when full; returns ``plan``."""
-        if len(self) >= self.MAX_PLANS:
-            del self[next(iter(self))]
-        self[key] = plan
+        """Keeps ``plan`` under ``key``, dropping the oldest plan when full; returns ``plan``. Safe from several
+        threads at once (two threads evicting together could otherwise drop one key twice: KeyError)."""
+        with self._ADD_LOCK:
+            if len(self) >= self.MAX_PLANS:
+                del self[next(iter(self))]
+            self[key] = plan
         return plan
 
