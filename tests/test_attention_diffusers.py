@@ -110,6 +110,27 @@ def test_kernelize_diffusers_transformer(attention, installed, device, make, nor
     assert "attention processors" in report.summary()
 
 
+def test_kernelize_again_switches_the_backend_and_reports_it(attention, installed, device):
+    """A second kernelize on a kernelized model makes its Triton processors again with the new attention_backend
+    and reports them (they were passed over, unreported, and the backend silently kept), so an attention-only
+    repeat works; an unknown backend is refused up front; the output stays the eager one."""
+    from triton_collection.integrations.diffusers import kernelize
+
+    model, inputs, n_attn, ref = eager_reference(tiny_flux, device, seed=3)
+    first = kernelize(model, norms=False, device=device)  # default backend: sdpa
+    assert {p.backend for p in model.attn_processors.values()} == {"sdpa"} and len(first.processors) == n_attn
+    again = kernelize(model, norms=False, modulate=False, feed_forward=False, blocks=False, device=device,
+                      attention_backend="triton")
+    assert {p.backend for p in model.attn_processors.values()} == {"triton"}
+    assert len(again.processors) == n_attn and not again.refused, again.summary()
+    with pytest.raises(ValueError, match="attention_backend must be 'triton' or 'sdpa', got 'flash'"):
+        kernelize(model, device=device, attention_backend="flash")
+    assert {p.backend for p in model.attn_processors.values()} == {"triton"}  # nothing changed by the refusal
+    with torch.no_grad():
+        out = model(**inputs)[0]
+    assert (out - ref).abs().max().item() <= fp32_tol(device) * max(ref.abs().max().item(), 1.0)
+
+
 def test_kernelize_diffusers_refuses_unknown_processors(attention, installed, device):
     from diffusers.models.attention_processor import AttnProcessor
 

@@ -523,10 +523,16 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
     Returns:
         :class:`DiffusersKernelizeReport` (``report.summary()`` prints it).
 
+    A second call on a kernelized model makes its Triton processors again with this call's ``attention_backend``
+    (and reports them), and reports the modules it swapped before: calling again switches the backend.
+
     Raises:
-        TypeError: not a pipeline or module. ValueError: nothing at all could be swapped (never a silent no-op).
+        TypeError: not a pipeline or module. ValueError: ``attention_backend`` neither "sdpa" nor "triton";
+            nothing at all could be swapped (never a silent no-op).
     """
     model = _transformer(pipe_or_model)
+    if attention_backend not in ("triton", "sdpa"):
+        raise ValueError(f"kernelize: attention_backend must be 'triton' or 'sdpa', got {attention_backend!r}")
     report = DiffusersKernelizeReport(model=type(model).__name__)
     if attention:
         procs = getattr(model, "attn_processors", None)
@@ -539,11 +545,11 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
                 kernel = load(org=org, version=version, trust_remote_code=trust_remote_code)
             new = {}
             for name, proc in procs.items():
-                cls = _PROCESSORS.get(type(proc).__name__)
+                # a processor of an earlier kernelize is made again: this call's backend and package, reported
+                cls = type(proc) if isinstance(proc, _TritonProcessor) else _PROCESSORS.get(type(proc).__name__)
                 if cls is None:
                     new[name] = proc
-                    if not isinstance(proc, _TritonProcessor):
-                        report.refused[name] = f"processor {type(proc).__name__} has no Triton counterpart"
+                    report.refused[name] = f"processor {type(proc).__name__} has no Triton counterpart"
                     continue
                 new[name] = cls(kernel, attention_backend)
                 report.processors[name] = cls.__name__ + ("" if attention_backend == "triton" else "(sdpa)")
