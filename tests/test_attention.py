@@ -225,6 +225,15 @@ def test_flash_zero_sizes(attention, device):
     assert attention.flash_attention(q, k, v).shape == (0, 2, 5, 16)
     q, k, v = make_qkv(1, 2, 2, 5, 0, 16, torch.float32, device)
     assert (attention.flash_attention(q, k, v) == 0).all()  # no key at all: 0, as SDPA
+    # no heads at all: an empty result and empty gradients, as SDPA (was: "query heads (0) must be a multiple...")
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 0, 0, 4, 5, 8, torch.float32, device))
+    o = attention.flash_attention(q, k, v)
+    assert o.shape == F.scaled_dot_product_attention(q, k, v).shape == (1, 0, 4, 8)
+    o.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    q, k, v = make_qkv(1, 2, 0, 4, 5, 8, torch.float32, device)
+    with pytest.raises(ValueError, match=r"the query heads \(2\) must be a multiple of the key/value heads \(0\)"):
+        attention.flash_attention(q, k, v)
 
 
 def test_flash_errors(attention, device):

@@ -1192,7 +1192,7 @@ def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
     if (Hk, Sk) != (Hv, Sv):
         raise ValueError(f"k and v must have the same heads and sequence length, got k {tuple(k.shape)} and "
                          f"v {tuple(v.shape)} ({layout})")
-    if Hk == 0 or H % Hk:
+    if (H % Hk if Hk else H):  # no heads at all (H = Hk = 0): an empty result, as SDPA gives
         raise ValueError(f"the query heads ({H}) must be a multiple of the key/value heads ({Hk}) (MHA, GQA, MQA)")
     if Dk != D:
         raise ValueError(f"q and k must have the same head dim, got {D} and {Dk}")
