@@ -637,11 +637,17 @@ def test_bad_inputs_raise_clear_errors(norms, device):
         norms.rms_norm(torch.tensor(1.0, device=device))
 
 
-def test_cpu_tensor_without_interpreter_raises(built):
-    """Without TRITON_INTERPRET=1 the kernels are GPU kernels: a CPU tensor gets a clear error."""
+@pytest.mark.parametrize("prelude, expected", [
+    ("", "set the environment variable TRITON_INTERPRET=1 before importing triton"),
+    # switched on after ``import triton``: the kernels are the interpreter's, triton's language functions not; the
+    # first launch says what to do, not Triton's "outside of the scope of a kernel"
+    ("import os, triton\nos.environ['TRITON_INTERPRET'] = '1'\n", "TRITON_INTERPRET=1 was set after triton had been imported"),
+], ids=["unset", "set-after-import"])
+def test_cpu_tensor_without_interpreter_raises(built, prelude, expected):
+    """Without TRITON_INTERPRET=1 (or with it set too late) the kernels cannot run a CPU tensor: a clear error."""
     variant = built["triton-norms"].variant("cpu")
     code = (
-        "import kernels, torch\n"
+        prelude + "import kernels, torch\n"
         f"m = kernels.get_local_kernel(__import__('pathlib').Path({str(variant)!r}))\n"
         "try:\n"
         "    m.rms_norm(torch.randn(2, 8))\n"
@@ -650,7 +656,7 @@ def test_cpu_tensor_without_interpreter_raises(built):
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert "ERR" in res.stdout and "TRITON_INTERPRET=1" in res.stdout, res.stdout + res.stderr
+    assert "ERR" in res.stdout and expected in res.stdout, res.stdout + res.stderr
 
 
 @pytest.mark.gpu
@@ -1326,22 +1332,3 @@ def test_inference_plan_keeps_every_check(norms, device):
             norms.rms_norm(x, w, eps=torch.tensor(1e-6), torch_order="mean")
         with pytest.raises(TypeError, match="weight_offset"):
             norms.rms_norm(x, w, eps=1e-6, weight_offset=False, torch_order="mean")
-
-
-def test_interpreter_switched_on_after_importing_triton_raises_clearly(built):
-    """TRITON_INTERPRET=1 set after ``import triton`` (the kernels are then the interpreter's, triton's language
-    functions not): the first launch says what to do, not Triton's "outside of the scope of a kernel"."""
-    variant = built["triton-norms"].variant("cpu")
-    code = (
-        "import os, triton\n"
-        "os.environ['TRITON_INTERPRET'] = '1'\n"
-        "import kernels, torch\n"
-        f"m = kernels.get_local_kernel(__import__('pathlib').Path({str(variant)!r}))\n"
-        "try:\n"
-        "    m.rms_norm(torch.randn(2, 8), torch.randn(8))\n"
-        "except RuntimeError as e:\n"
-        "    print('ERR', e)\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert "ERR TRITON_INTERPRET=1 was set after triton had been imported" in res.stdout, res.stdout + res.stderr
