@@ -16,6 +16,8 @@ bf16 ulp off; bf16 is checked per module, where 1 ulp cannot grow through later 
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from kernels import Mode
@@ -144,6 +146,22 @@ def test_probe_refuses_other_numerics_and_extra_arguments():
     assert "matches no family" in probe(HalfPrecisionRMSNorm()).reason
     assert "exactly one tensor" in probe(Qwen3NextRMSNormGated(64)).reason
     assert probe(nn.Linear(4, 4)).family is None
+
+
+def test_probe_tells_formulas_apart_that_agree_only_at_one_dtype():
+    """IdeficsRMSNorm casts the normalised value to the weight's dtype (``w * h.to(w.dtype)``): with input and
+    weight of one dtype that is Llama's ``w * h.to(x.dtype)`` bit for bit, under autocast (bf16 input, fp32 weight)
+    it is not. The probe's mixed-dtype runs refuse it (it was swapped for the LlamaRMSNorm layer: 0.0114 off under
+    autocast); Llama's own class, torch's RMSNorm and LayerNorm still match, with no warning from the probe."""
+    from transformers.models.idefics.modeling_idefics import IdeficsRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    result = probe(IdeficsRMSNorm(64))
+    assert result.family is None and "input with torch.float32 parameters output matches no family" in result.reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [probe(m).family.name for m in (LlamaRMSNorm(64), nn.RMSNorm(64), nn.LayerNorm(64))] == [
+            "llama", "torch_rms", "layer_norm"]
 
 
 # ----------------------------------------------------------------------------- whole models

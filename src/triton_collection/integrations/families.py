@@ -40,6 +40,7 @@ import functools
 import inspect
 import math
 import textwrap
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -350,8 +351,10 @@ def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed
     ``1 + w`` differ and the weight multiply rounds; matrices ``randn / sqrt(fan_in)``, so that a
     gated MLP's values stay finite in fp16); the class's own ``forward`` (not an
     already-kernelized instance forward, not hooks) runs on random input of shape
-    (3, 5, hidden) in fp16 and, if different, in the module's parameter dtype, on the module's
-    device. A family matches when output dtype, shape and every bit agree in all runs.
+    (3, 5, hidden) in fp16 and, if different, in the module's parameter dtype, then with fp16 input and
+    fp32 parameters and with fp32 input and bf16 parameters (runs whose forward refuses mixed dtypes
+    are skipped), on the module's device. A family matches when output dtype, shape and every bit
+    agree in all runs.
 
     Args:
         module: an instance of the class to classify (left untouched).
@@ -391,21 +394,37 @@ def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed
     forward = type(module).forward
 
     matches = list(families)
-    for dtype in dtypes:
-        twin = copy.deepcopy(module).to(dtype)
+    # same-dtype runs, then an input of another dtype than the parameters (autocast, an fp32 weight under bf16
+    # activations): formulas that agree when the dtypes agree (Llama's w * h.to(x.dtype) and one that casts h to
+    # the weight's dtype, e.g. IdeficsRMSNorm) part there; a forward that refuses mixed dtypes skips those runs
+    runs = [(dtype, dtype) for dtype in dtypes] + [(torch.float16, torch.float32), (torch.float32, torch.bfloat16)]
+    for dtype, param_dtype in runs:
+        mixed = dtype != param_dtype
+        twin = copy.deepcopy(module).to(param_dtype)
         for p in twin.parameters():
             r = torch.randn(p.shape, generator=gen)
             p.copy_(1.0 + 0.5 * r if p.dim() < 2 else r / p.shape[-1] ** 0.5)  # matrices: unit-scale outputs
         x = torch.randn((3, 5, hidden), generator=gen).to(device=device, dtype=dtype)
-        try:
-            out = forward(twin, x)
-        except Exception as err:  # noqa: BLE001 - any failure means "cannot classify"
-            return ProbeResult(None, f"its forward failed on a {dtype} probe: {err!r}")
+        with warnings.catch_warnings():  # torch's "Mismatch dtype ... fused implementation" of mixed runs
+            warnings.simplefilter("ignore")
+            try:
+                out = forward(twin, x)
+            except Exception as err:  # noqa: BLE001 - any failure means "cannot classify"
+                if mixed:
+                    continue
+                return ProbeResult(None, f"its forward failed on a {dtype} probe: {err!r}")
+            refs = {}
+            for family in matches:
+                try:
+                    refs[family.name] = family.reference(twin, x)
+                except Exception:  # noqa: BLE001 - e.g. a non-float eps: not this family
+                    pass
+        if mixed:
+            dtype = f"{dtype} input with {param_dtype} parameters"
         still = []
         for family in matches:
-            try:
-                ref = family.reference(twin, x)
-            except Exception:  # noqa: BLE001 - e.g. a non-float eps: not this family
+            ref = refs.get(family.name)
+            if ref is None:
                 continue
             if ref.dtype == out.dtype and ref.shape == out.shape and torch.equal(ref, out):
                 still.append(family)
@@ -419,4 +438,5 @@ def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed
     expected = [f for f in families if type(module).__name__ in f.known_classes]
     if expected and expected[0] is not family:
         return ProbeResult(None, f"known as {expected[0].name} but its probe matches {family.name}")
-    return ProbeResult(family, f"probe matches {family.name} bitwise in {', '.join(map(str, dtypes))}")
+    return ProbeResult(family, f"probe matches {family.name} bitwise in {', '.join(map(str, dtypes))} "
+                               "(and with mixed input and parameter dtypes where the forward takes them)")
