@@ -304,6 +304,27 @@ def test_mode_the_layer_cannot_serve_is_an_error(norms, device, monkeypatch):
     assert all("forward" not in vars(m) for m in model.modules())  # nothing half-swapped
 
 
+def test_gated_mlp_swapped_without_its_activation_family(installed, device):
+    """families with the gated MLP but not the activations: the MLP is swapped and its act_fn (SiLUActivation,
+    decorated by transformers) left as it is (kernels.kernelize walks the MLP's children and raised "No layer
+    mapping for 'SiLU'"); the logits stay the eager ones and the act_fn's class is left as it was."""
+    from transformers.activations import SiLUActivation
+
+    from triton_collection.integrations.families import FAMILIES, GATED_MLP
+
+    torch.manual_seed(0)
+    model = _tiny("llama", torch.float32, device)
+    ids = torch.randint(0, model.config.vocab_size, (1, 9), device=device)
+    with torch.no_grad():
+        ref = model(ids).logits
+    before = dict(vars(SiLUActivation))
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=FAMILIES + (GATED_MLP,))
+    assert set(report.swapped.values()) == {"LlamaRMSNorm", "LlamaMLP"}, report.swapped
+    assert dict(vars(SiLUActivation)) == before
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_float64_model_is_an_error_at_kernelize(installed, device):
     """A float64 model (the layers serve fp16 / bf16 / fp32) is refused by kernelize, naming the module and the dtype,
     before any swap; the same model in float32 then kernelizes."""

@@ -245,13 +245,20 @@ def kernelize(
                              "parameters; the triton layers serve float16, bfloat16 and float32 (convert the model "
                              "first, e.g. model.float())")
     target_ids = {id(module) for _, module in targets}
-    saved = {cls: {a: cls.__dict__[a] for a in ("kernel_layer_name", "kernel_condition") if a in cls.__dict__} for cls in chosen}
+    # decorated classes inside a target that this call does not swap (a gated MLP's act_fn whose family is not
+    # chosen): kernels.kernelize walks a target's children and, with no mapping for them, would raise
+    passed_over = {type(m) for _, t in targets for m in t.modules()
+                   if m is not t and hasattr(type(m), "kernel_layer_name") and type(m) not in chosen}
+    saved = {cls: {a: cls.__dict__[a] for a in ("kernel_layer_name", "kernel_condition") if a in cls.__dict__}
+             for cls in (*chosen, *passed_over)}
     try:
         for cls, family in chosen.items():
             # exact type and this call's instances only: subclasses (FP32LayerNorm) inherit the attribute
             kernels.replace_kernel_forward_from_hub(
                 cls, key[family], condition=lambda m, cls=cls: type(m) is cls and id(m) in target_ids
             )
+        for cls in passed_over:
+            cls.kernel_condition = staticmethod(lambda m: False)
         prior = [(module, vars(module).get("forward")) for _, module in targets]
         try:
             with kernels.use_kernel_mapping(mapping), _quiet_kernels_root_log():
