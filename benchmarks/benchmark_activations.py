@@ -2,8 +2,10 @@
 
 Each workload times one call of the kernel (``benchmark_<w>``) and checks it against
 eager PyTorch with the same rounding points (``verify_<w>``); the runner compares
-``self.out`` with ``torch.allclose(atol=1e-2)``, so inputs are scaled to keep outputs
-small (|x| <= ~3, one bf16 ulp there is <= 2**-6).
+``self.out`` with ``torch.allclose(atol=1e-2)``. The forwards equal eager bit for bit; the
+gated backward's fp32 reference rounds once where the kernel may differ by one bf16 ulp in
+rare elements, so the gated inputs (and dy) are ``randn * 0.25``: outputs stay below ~2, where
+one bf16 ulp is at most 2**-7, inside the runner's tolerance.
 
 Bytes moved (the one formula behind any GB/s figure for these ops):
 ``bytes_moved(M, d, elem, n_in, n_out)`` = (n_in + n_out) * M * d * elem, counting
@@ -44,9 +46,9 @@ class GatedActivationBenchmark(Benchmark):
     def _make(self, dtype=torch.bfloat16, view=False):
         M, d = _shape(self.device)
         if view:  # the (M, 2d) left half of a (M, 4d) projection: row stride 2x the width, no copy
-            self.x = torch.randn(M, 4 * d, device=self.device, dtype=dtype)[:, : 2 * d]
+            self.x = (torch.randn(M, 4 * d, device=self.device) * 0.25).to(dtype)[:, : 2 * d]
         else:
-            self.x = torch.randn(M, 2 * d, device=self.device, dtype=dtype)
+            self.x = (torch.randn(M, 2 * d, device=self.device) * 0.25).to(dtype)
         self.d = d
 
     def _eager(self, act):
@@ -102,7 +104,7 @@ class GatedActivationBenchmark(Benchmark):
     def setup_silu_and_mul_fwd_bwd_bf16(self):
         self._make()
         self.x.requires_grad_(True)
-        self.dy = torch.randn(self.x.shape[0], self.d, device=self.device, dtype=self.x.dtype)
+        self.dy = (torch.randn(self.x.shape[0], self.d, device=self.device) * 0.25).to(self.x.dtype)
 
     def benchmark_silu_and_mul_fwd_bwd_bf16(self):
         self.x.grad = None
