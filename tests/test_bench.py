@@ -295,6 +295,10 @@ def test_cli_plot_redraws_from_json(tmp_path, capsys):
         main(["bench", "--plot", str(tmp_path / "e2e.json")])
     with pytest.raises(SystemExit, match="no such file"):
         main(["bench", "--plot", str(tmp_path / "missing.json")])
+    with pytest.raises(SystemExit, match=r"bench --notes: no such file: .*missing.txt"):
+        main(["bench", "--plot", str(src), "--notes", str(tmp_path / "missing.txt")])
+    with pytest.raises(SystemExit, match="--plot only redraws"):
+        main(["bench", "--plot", str(src), "--e2e", "smollm2-135m"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU error path")

@@ -72,6 +72,16 @@ def test_cli_registers_demo():
     assert exit_info.value.code == 0
 
 
+def test_max_new_tokens_below_one_refused_before_the_model_loads(capsys, monkeypatch):
+    from triton_collection import cli
+
+    monkeypatch.setattr(demo, "run_demo", lambda **kwargs: pytest.fail("the model would load"))
+    for value in ("0", "-1"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["demo", "--max-new-tokens", value])
+        assert exit_info.value.code == 2 and f"must be >= 1, got {value}" in capsys.readouterr().err
+
+
 def test_unknown_families_named():
     with pytest.raises(ValueError, match="families must be one of"):
         demo.run_demo(families="everything")

@@ -545,6 +545,11 @@ def run(args: argparse.Namespace) -> int:
         src = Path(args.plot)
         if not src.is_file():
             raise SystemExit(f"bench --plot: no such file: {src}")
+        if args.e2e:
+            raise SystemExit("bench --plot only redraws an op-sweep results file; --e2e runs a new measurement: "
+                             "pass one of them")
+        if args.notes and not Path(args.notes).is_file():
+            raise SystemExit(f"bench --notes: no such file: {args.notes}")
         result = json.loads(src.read_text())
         if not isinstance(result, dict) or not isinstance(result.get("rows"), list) \
                 or any(not isinstance(r, dict) or "package" not in r for r in result["rows"]):

@@ -181,6 +181,14 @@ def _namespace_counter(namespaces: set[str]):
     return CountOps()
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (checked before the model loads)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _generate(lm, inputs, max_new_tokens: int):
     import torch
 
@@ -290,7 +298,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--device", help="cuda, cpu, ... (default: cuda if available, else cpu with the Triton interpreter)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="model dtype (default: float32 on cpu, bfloat16 on gpu)")
-    parser.add_argument("--max-new-tokens", type=int, default=32, help="greedy generation length limit (default: 32)")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=32,
+                        help="greedy generation length limit, >= 1 (default: 32)")
     parser.add_argument("--org", default=DEFAULT_ORG, help=f"Hub organisation of the kernels (default: {DEFAULT_ORG})")
     parser.add_argument("--version", type=int, default=1, help="version of the packages to load (default: 1)")
     parser.add_argument("--families", default="all", choices=FAMILY_SETS,
