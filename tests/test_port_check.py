@@ -215,6 +215,11 @@ BAD = [
     ("duplicate kernel", lambda t: t + t[t.index("[[kernel]]"):], "kernel names must be unique"),
     ("tensor named like a size", lambda t: t.replace("weight = {", "N = {").replace('"weight"', '"N"'),
      "is both a tensor and a size/parameter name"),
+    ("cuda kernel not in the source", lambda t: t.replace('cuda = "rms_norm_kernel<scalar_t>"', 'cuda = "rms_kernel<scalar_t>"'),
+     "cuda: no __global__ function 'rms_kernel' in rms_norm_kernel.cu"),
+    ("fewer args than the kernel takes", lambda t: t.replace('args = ["out", "x", "weight", "float eps", "int N"]',
+                                                             'args = ["out", "x", "weight", "float eps"]'),
+     "args: 4 given, but 'rms_norm_kernel' in rms_norm_kernel.cu takes 5"),
 ]
 
 

@@ -508,12 +508,40 @@ def _parse_kernel(k, i: int, top: dict, shape_vars: set[str], fixture: str, wher
     )
 
 
+def _check_cuda_signature(source: str, kernel: KernelSpec, where: str, source_name: str) -> None:
+    """The ``__global__`` function that ``kernel.cuda`` names is defined in ``source``, with as many parameters as
+    ``args`` passes (comments stripped; template arguments and default-free parameter lists)."""
+    base = kernel.cuda.split("<", 1)[0].strip().split("::")[-1]
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", " ", source, flags=re.S)
+    found = re.search(rf"__global__\s[^;{{}}]*?\b{re.escape(base)}\s*\(", text)
+    if found is None:
+        raise PortError(f"{where}.cuda: no __global__ function {base!r} in {source_name}")
+    depth, params, start = 1, [], found.end()
+    for j in range(start, len(text)):
+        c = text[j]
+        if c in "(<[":
+            depth += 1
+        elif c in ")>]":
+            depth -= 1
+            if depth == 0:
+                params.append(text[start:j])
+                break
+        elif c == "," and depth == 1:
+            params.append(text[start:j])
+            start = j + 1
+    count = 0 if len(params) == 1 and not params[0].strip() else len(params)
+    if count != len(kernel.args):
+        raise PortError(f"{where}.args: {len(kernel.args)} given, but {base!r} in {source_name} takes {count}")
+
+
 def load_port(folder: Path | str) -> PortSpec:
     """Reads and validates ``<folder>/port.toml`` (or a .toml file given directly) and its ``.cu`` source.
 
-    Every expression is parsed and checked for unknown names, and every kernel's launch
-    geometry is evaluated at every shape and dtype (at most 1024 threads per block, CUDA's
-    grid limits), so a description that loads here runs without a description error.
+    Every expression is parsed and checked for unknown names, every kernel's ``cuda`` name must be a
+    ``__global__`` function of the source taking as many parameters as ``args`` passes, and every
+    kernel's launch geometry is evaluated at every shape and dtype (at most 1024 threads per block,
+    CUDA's grid limits), so a description that loads here runs without a description error (the
+    ``triton`` function is looked up when the check runs).
 
     Raises:
         PortError: a missing file or key, an unknown key, a bad value, fewer than 3 shapes or
@@ -558,6 +586,8 @@ def load_port(folder: Path | str) -> PortSpec:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise PortError(f"{where}: kernel names must be unique; repeated: {', '.join(dup)}")
+    for i, k in enumerate(kernels):
+        _check_cuda_signature(source, k, f"{where}: kernel[{i}] ({k.name})", source_path.name)
     spec = PortSpec(str(name), desc.parent, source_path, source, shapes, kernels)
     for k in kernels:
         for shape in shapes:
