@@ -451,13 +451,23 @@ def test_hub_loader_loads_by_name(installed):
 
 
 # ---------------------------------------------------------------- the CLI
-def test_cli_validate_and_no_cuda_error(capsys, device):
+def test_cli_validate_and_no_cuda_error(capsys, device, tmp_path):
     from triton_collection.cli import main
 
     assert main(["port-check", str(ACT_DIR), str(RMS_DIR), "--validate"]) == 0
     out = capsys.readouterr().out
     assert "silu_and_mul: gated_act_kernel<scalar_t, act::silu, true> -> triton-activations:silu_and_mul" in out
     assert "large: grid 32768 block 256" in out
+    # the plan honours --kernel / --dtype / --shape, --json and --out; an unknown name is refused as a check refuses it
+    out_json = tmp_path / "plan.json"
+    assert main(["port-check", str(ACT_DIR), str(RMS_DIR), "--validate", "--kernel", "silu", "--kernel", "rms_norm",
+                 "--dtype", "bfloat16", "--shape", "small", "--json", "--out", str(out_json)]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [(r["kernel"], r["dtypes"], list(r["shapes"])) for r in plan] == [("silu", ["bfloat16"], ["small"]),
+                                                                            ("rms_norm", ["bfloat16"], ["small"])]
+    assert json.loads(out_json.read_text()) == plan
+    assert main(["port-check", str(ACT_DIR), "--validate", "--kernel", "nosuch"]) == 2
+    assert "unknown kernel(s) nosuch; known: " in capsys.readouterr().err
     if device == "cuda":
         pytest.skip("this machine has a GPU")
     assert main(["port-check", str(RMS_DIR)]) == 2

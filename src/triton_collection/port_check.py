@@ -1100,6 +1100,21 @@ def make_timer(kind: str = "do_bench", rep_ms: int = 50) -> Callable[[Callable[[
     return timer
 
 
+def select(specs: Sequence[PortSpec], kernels: Optional[Sequence[str]] = None,
+           dtypes: Optional[Sequence[str]] = None, shapes: Optional[Sequence[str]] = None) -> list[PortSpec]:
+    """The specs with only the named kernels (all by default; a spec left without any is dropped), after checking
+    that every name in ``kernels`` / ``dtypes`` / ``shapes`` exists (PortError naming the unknown ones)."""
+    known_k = {k.name for s in specs for k in s.kernels}
+    known_s = {sh["name"] for s in specs for sh in s.shapes}
+    for what, asked, known in (("kernel", kernels, known_k), ("dtype", dtypes, set(DTYPE_NAMES)), ("shape", shapes, known_s)):
+        bad = sorted(set(asked or ()) - known)
+        if bad:
+            raise PortError(f"unknown {what}(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+    selected = [PortSpec(s.name, s.folder, s.source_path, s.source, s.shapes,
+                         tuple(k for k in s.kernels if not kernels or k.name in kernels)) for s in specs]
+    return [s for s in selected if s.kernels]
+
+
 def run_port_check(
     specs: Sequence[PortSpec],
     *,
@@ -1142,18 +1157,7 @@ def run_port_check(
     """
     import torch
 
-    known_k = {k.name for s in specs for k in s.kernels}
-    known_s = {sh["name"] for s in specs for sh in s.shapes}
-    for what, asked, known in (("kernel", kernels, known_k), ("dtype", dtypes, set(DTYPE_NAMES)), ("shape", shapes, known_s)):
-        bad = sorted(set(asked or ()) - known)
-        if bad:
-            raise PortError(f"unknown {what}(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
-    selected = [
-        PortSpec(s.name, s.folder, s.source_path, s.source, s.shapes,
-                 tuple(k for k in s.kernels if not kernels or k.name in kernels))
-        for s in specs
-    ]
-    selected = [s for s in selected if s.kernels]
+    selected = select(specs, kernels, dtypes, shapes)
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(), "torch": torch.__version__, "device": device,
@@ -1272,7 +1276,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--rep-ms", type=int, default=50, help="do_bench repetition time per measurement (default 50)")
     parser.add_argument("--timer", choices=TIMERS, default="do_bench", help="do_bench (default: L2 flushed, host overhead "
                         "included) or cudagraph (replayed CUDA graph: kernel time only)")
-    parser.add_argument("--validate", action="store_true", help="only parse and validate the launch descriptions; print the plan")
+    parser.add_argument("--validate", action="store_true", help="only parse and validate the launch descriptions; print the "
+                        "plan (--kernel / --dtype / --shape select, --json / --out as for a check; no GPU needed)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     parser.add_argument("--out", action="append", default=[], help="also write the report to FILE (.json: JSON, .md: Markdown "
                         "table, .png: GB/s bar chart of the throughput shapes, else text); repeat for several")
@@ -1284,17 +1289,35 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _plan(specs: Sequence[PortSpec]) -> str:
-    lines = []
+def _plan(specs: Sequence[PortSpec], dtypes: Optional[Sequence[str]] = None,
+          shapes: Optional[Sequence[str]] = None) -> list[dict]:
+    """What a check of ``specs`` (already :func:`select`-ed) would run: per kernel its CUDA and Triton names, dtypes
+    and, per shape, the launch geometry."""
+    plan = []
     for spec in specs:
-        lines.append(f"{spec.name} ({spec.folder}): {spec.source_path.name}, {len(spec.kernels)} kernel(s), shapes "
-                     + ", ".join(f"{s['name']} " + "x".join(str(v) for v in spec.shape_vars(s).values()) for s in spec.shapes))
+        kept = [s for s in spec.shapes if not shapes or s["name"] in shapes]
         for k in spec.kernels:
-            geo = []
-            for s in spec.shapes:
-                g, b, _ = launch_geometry(spec, k, s, k.dtypes[0])
-                geo.append(f"{s['name']}: grid {g[0] if g[1:] == (1, 1) else g} block {b[0] if b[1:] == (1, 1) else b}")
-            lines.append(f"  {k.name}: {k.cuda} -> {k.triton} [{', '.join(k.dtypes)}]; " + "; ".join(geo))
+            kd = [d for d in k.dtypes if not dtypes or d in dtypes]
+            geometry = {}
+            for s in kept:
+                g, b, _ = launch_geometry(spec, k, s, kd[0] if kd else k.dtypes[0])
+                geometry[s["name"]] = {"size": spec.shape_vars(s), "grid": list(g), "block": list(b)}
+            plan.append({"fixture": spec.name, "folder": str(spec.folder), "source": spec.source_path.name,
+                         "kernel": k.name, "cuda": k.cuda, "triton": k.triton, "dtypes": kd, "shapes": geometry})
+    return plan
+
+
+def _plan_text(plan: list[dict]) -> str:
+    lines, fixture = [], None
+    for row in plan:
+        if row["fixture"] != fixture:
+            fixture = row["fixture"]
+            lines.append(f"{fixture} ({row['folder']}): {row['source']}, shapes " + ", ".join(
+                f"{name} " + "x".join(str(v) for v in g["size"].values()) for name, g in row["shapes"].items()))
+        geo = "; ".join(f"{name}: grid {g['grid'][0] if g['grid'][1:] == [1, 1] else tuple(g['grid'])} block "
+                        f"{g['block'][0] if g['block'][1:] == [1, 1] else tuple(g['block'])}"
+                        for name, g in row["shapes"].items())
+        lines.append(f"  {row['kernel']}: {row['cuda']} -> {row['triton']} [{', '.join(row['dtypes'])}]; {geo}")
     return "\n".join(lines)
 
 
@@ -1302,8 +1325,14 @@ def run(args: argparse.Namespace) -> int:
     """Run the parsed ``port-check`` subcommand; exit code 0 all equal, 1 any mismatch/error, 2 unusable input/machine."""
     try:
         specs = [load_port(f) for f in args.fixtures]
-        if args.validate:
-            print(_plan(specs))
+        if args.validate:  # the plan of what a check would run, with this call's --kernel / --dtype / --shape
+            plan = _plan(select(specs, args.kernel, args.dtype, args.shape), args.dtype, args.shape)
+            text = json.dumps(plan, indent=2) if args.json else _plan_text(plan)
+            print(text)
+            for out in args.out:
+                path = Path(out)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(plan, indent=2) + "\n" if path.suffix == ".json" else _plan_text(plan) + "\n")
             return 0
 
         def progress(row: CheckRow) -> None:
