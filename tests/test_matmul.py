@@ -647,6 +647,13 @@ def test_config_lookup(matmul):
     assert gated.block_n == 128 and gated.persistent == 0 and gated.epilogue_subtile == 0  # gated: two accumulators
     assert pick(4096, 4096, 4096, "NVIDIA H200", itemsize=4).block_k == big_h200.block_k // 2  # fp32: same smem
     assert pick(4096, 4096, 4096, None, False, 64).num_warps * 64 <= 1024
+    # arguments matmul would refuse are refused here too, naming them (they were accepted silently)
+    for args, kw, message in [((-1, 7, 9), {}, "M must be an int >= 0, got -1"), ((5, 7.0, 9), {}, "N must be an int"),
+                              ((5, 7, 9), {"activation": "foo"}, "activation must be None or one of"),
+                              ((5, 7, 9), {"warp_size": 16}, "warp_size must be 32 or 64")]:
+        with pytest.raises(ValueError, match=f"pick_config: {message}"):
+            pick(*args, **kw)
+    assert pick(5, 7, 9, gated=True, activation="swiglu") == pick(5, 7, 9, gated=True)  # no epilogue entry here
 
 
 def test_config_lookup_epilogue(matmul, tmp_path, monkeypatch):

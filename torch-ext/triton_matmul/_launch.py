@@ -240,12 +240,25 @@ def lookup(buckets: Tuple[Bucket, ...], M: int, N: int, K: int, gated: bool = Fa
 @functools.lru_cache(maxsize=4096)
 def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: bool = False,
                 warp_size: int = 32, itemsize: int = 2, activation: Optional[str] = None) -> MatmulConfig:
-    """:func:`lookup` in ``gpu_name``'s config file (``default.json`` when it has none).
+    """:func:`lookup` in ``gpu_name``'s config file (``default.json`` when it has none): the tiles, warps and
+    stages ``matmul`` launches an (M, K) @ (K, N) product with.
 
     ``itemsize``: bytes per operand element; 4 (fp32) halves BLOCK_K so a stage takes the shared memory
     that the bucket (tuned on 16-bit operands) planned for. ``activation``: the call's ``matmul`` activation
     (None: none), which picks a bucket's ``"epilogue"`` entry where the file has one.
+
+    Raises:
+        ValueError: M, N or K not an int >= 0 (K = 0: the product of empty operands, zeros), warp_size not 32 or 64, itemsize not 2 or 4, or an activation
+            ``matmul`` does not take (checked once per cached signature).
     """
+    for name, value in (("M", M), ("N", N), ("K", K)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"pick_config: {name} must be an int >= 0, got {value!r}")
+    if warp_size not in (32, 64) or itemsize not in (2, 4):
+        raise ValueError(f"pick_config: warp_size must be 32 or 64 and itemsize 2 or 4, got {warp_size!r}, {itemsize!r}")
+    if activation is not None and (not isinstance(activation, str) or activation not in EPILOGUES):
+        raise ValueError(f"pick_config: activation must be None or one of {', '.join(map(repr, EPILOGUES))}, "
+                         f"got {activation!r}")
     return lookup(load_buckets(gpu_name), M, N, K, gated, warp_size, itemsize, activation)
 
 
