@@ -6,7 +6,8 @@ Call forms (every function):
   autograd (forward and backward kernels), ``torch.compile(fullgraph=True)``.
 * ``silu_and_mul(out, x)``: kernels-community/activation's convention: writes into
   ``out`` in place (any strides, storage offsets included) and returns ``out``. No
-  autograd (as in kernels-community): ``out`` is not connected to x's graph.
+  autograd (as in kernels-community): with grad mode on, an x or out that requires grad raises
+  RuntimeError (as PyTorch's ``out=`` functions do); under ``torch.no_grad()`` it writes.
 
 Shapes: the ``*_and_mul`` ops take x of shape (..., 2 * d) and return (..., d); the
 activation is applied to ``x[..., :d]`` (``mul_and_silu``: to ``x[..., d:]``) and
@@ -38,7 +39,7 @@ Raises (all functions): TypeError for a non-tensor or a dtype other than
 fp16/bf16/fp32, for ``out`` of another dtype; ValueError for an odd last dim of x
 (gated ops), an ``out`` of the wrong shape, on another device, or with overlapping
 (stride-0) elements, an unknown ``rounding``; RuntimeError for a CPU tensor without
-``TRITON_INTERPRET=1``.
+``TRITON_INTERPRET=1`` and for an ``(out, x)`` call whose x or out requires grad in grad mode.
 
 Performance: one program per (row, block of columns), one read of x and one write
 of the output; see ``activation.py``. Source: kernels-community/activation (names,

@@ -1248,7 +1248,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
         masked gets 0 (as SDPA's math backend). Differentiable in q, k, v (and a float mask).
 
     Raises:
-        TypeError: unsupported dtypes, mixed dtypes, a non-tensor or integer mask, a non-float scale.
+        TypeError: unsupported dtypes, mixed dtypes, a non-tensor or integer mask, a scale that is not a
+            Python number (an int is taken as a float).
         ValueError: wrong ranks, shapes that do not agree (batch, heads, head dims, kv lengths), Hq not a
             multiple of Hk, head dim > 256, a mask that does not broadcast, an unknown layout.
         RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.

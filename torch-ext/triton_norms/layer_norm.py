@@ -377,7 +377,7 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
     Args:
         x: (..., N) fp16/bf16/fp32; any leading shape and row strides (a
             non-contiguous last dim is copied once).
-        weight, bias: (N,) or None, any float dtype, read in fp32.
+        weight, bias: (N,) or None, fp16, bf16 or fp32, read in fp32.
         eps: >= 0.
         torch_order: None (fastest) or ``"fused"``: mean and variance in the
             order of ``F.layer_norm``'s CUDA kernels (bit-exact on CUDA).

@@ -424,7 +424,7 @@ def rms_norm(
     Args:
         x: (..., N) fp16/bf16/fp32; any leading shape and row strides; a last dim
             that is not contiguous is copied once.
-        weight: (N,) or None; any float dtype, read in fp32.
+        weight: (N,) or None; fp16, bf16 or fp32, read in fp32.
         bias: (N,) or None.
         eps: >= 0, added to the mean square in fp32.
         weight_offset: added to the weight in fp32 (1.0 for Gemma's ``1 + w``).

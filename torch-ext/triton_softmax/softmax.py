@@ -859,7 +859,8 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
         Tensor of x's shape and dtype, contiguous. Saves the output for backward.
 
     Raises:
-        TypeError: unsupported dtype, a boolean or non-tensor mask, a non-float scale, a non-bool torch_order.
+        TypeError: unsupported dtype, a boolean or non-tensor mask, a scale that is not a Python
+            number (an int is taken as a float), a non-bool torch_order.
         ValueError: a mask that does not broadcast to x, a non-finite scale, causal with dim != -1,
             torch_order with scale, mask or causal.
         IndexError: dim out of range. RuntimeError: CPU tensor without TRITON_INTERPRET=1.
