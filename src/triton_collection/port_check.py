@@ -1327,12 +1327,12 @@ def run(args: argparse.Namespace) -> int:
         specs = [load_port(f) for f in args.fixtures]
         if args.validate:  # the plan of what a check would run, with this call's --kernel / --dtype / --shape
             plan = _plan(select(specs, args.kernel, args.dtype, args.shape), args.dtype, args.shape)
-            text = json.dumps(plan, indent=2) if args.json else _plan_text(plan)
-            print(text)
+            as_json, as_text = json.dumps(plan, indent=2), _plan_text(plan)
+            print(as_json if args.json else as_text)
             for out in args.out:
                 path = Path(out)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(plan, indent=2) + "\n" if path.suffix == ".json" else _plan_text(plan) + "\n")
+                path.write_text((as_json if path.suffix == ".json" else as_text) + "\n")
             return 0
 
         def progress(row: CheckRow) -> None:
