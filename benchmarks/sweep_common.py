@@ -145,8 +145,12 @@ def copy_gbps(timer) -> float:
     return 2 * a.numel() * 2 / timer(lambda: b.copy_(a)) / 1e6
 
 
-def load_packages(names, cpu: bool, root: Path = Path(".")) -> list:
-    """The packages ``names`` (Hub names) built from the checkout at ``root`` into a temporary folder and loaded
+_CHECKOUT = Path(__file__).resolve().parents[1]  # the checkout this file belongs to
+
+
+def load_packages(names, cpu: bool, root: Path = _CHECKOUT) -> list:
+    """The packages ``names`` (Hub names) built from the checkout at ``root`` (default: this file's, whatever the
+    working directory) into a temporary folder and loaded
     with ``kernels.get_local_kernel`` (the ``cpu`` variant for a dry run, else ``cuda``), in the order given.
     Builds of different sources load as different modules, so two checkouts can be timed in one process."""
     import kernels
@@ -165,7 +169,7 @@ def ab_sides(package: str, peer: str, base: str) -> dict:
     import torch
     import triton
 
-    (new,) = load_packages([package], cpu=False, root=Path(__file__).resolve().parents[1])
+    (new,) = load_packages([package], cpu=False)
     sides = {peer: peer, "new": new}
     if base:
         (sides["base"],) = load_packages([package], cpu=False, root=Path(base))

@@ -596,7 +596,7 @@ def test_inference_plans_per_alignment(norms, device, op):
             x = rand((4, 67), torch.float16, device)
             with pytest.raises(ValueError, match=r"weight must have shape \(N,\) = \(67,\)"):
                 fn(x, wstore[:66], eps=1e-5)
-            with pytest.raises(ValueError, match="torch_order"):
+            with pytest.raises(TypeError, match="torch_order"):
                 fn(x, wstore[:67], eps=1e-5, torch_order=["mean"])
             with pytest.raises(ValueError, match="eps must be"):
                 fn(x, wstore[:67], eps=-1.0)
@@ -633,6 +633,17 @@ def test_bad_inputs_raise_clear_errors(norms, device):
         norms.layer_norm(x, eps=float("nan"))
     with pytest.raises(TypeError, match="cast_dtype must be"):
         norms.rms_norm(x, cast_dtype=torch.float64)
+    for fn in (norms.rms_norm, norms.layer_norm, lambda t, eps: norms.add_rms_norm(t, t, eps=eps),
+               lambda t, eps: norms.norm_modulate(t[None], t[:1], t[:1], eps=eps)):
+        with pytest.raises(TypeError, match="eps must be a Python float, got bool"):  # not eps=1.0
+            fn(x, eps=True)
+    # layer_norm names the orders it takes (it has no "mean" order); a wrong type is a TypeError
+    with pytest.raises(ValueError, match=r"torch_order must be one of None, 'fused'; got 'mean'"):
+        norms.layer_norm(x, torch_order="mean")
+    with pytest.raises(TypeError, match=r"torch_order must be one of None, 'fused'; got bool True"):
+        norms.layer_norm(x, torch_order=True)
+    with pytest.raises(ValueError, match=r"torch_order must be one of None, 'mean', 'fused'; got 'cuda'"):
+        norms.rms_norm(x, torch_order="cuda")
     with pytest.raises(ValueError, match="at least one dimension"):
         norms.rms_norm(torch.tensor(1.0, device=device))
 
@@ -1322,7 +1333,7 @@ def test_inference_plan_keeps_every_check(norms, device):
         assert torch.equal(y, norms.rms_norm(x, w.clone().requires_grad_(), eps=1e-6, torch_order="mean"))
         with pytest.raises(ValueError, match="eps"):
             norms.rms_norm(x, w, eps=-1.0, torch_order="mean")
-        with pytest.raises(ValueError, match="torch_order"):
+        with pytest.raises(TypeError, match="torch_order"):
             norms.rms_norm(x, w, eps=1e-6, torch_order=["mean"])
         with pytest.raises(ValueError, match="weight must have shape"):
             norms.rms_norm(x, w[:8], eps=1e-6, torch_order="mean")

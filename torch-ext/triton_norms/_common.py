@@ -63,7 +63,7 @@ def bwd_op_fake(x: torch.Tensor, weight: Optional[torch.Tensor], dx_dtype: torch
 
 
 def check_eps(eps: float) -> float:
-    if isinstance(eps, torch.Tensor) or not isinstance(eps, (int, float)):
+    if isinstance(eps, (torch.Tensor, bool)) or not isinstance(eps, (int, float)):
         raise TypeError(f"eps must be a Python float, got {type(eps).__name__}")
     eps = float(eps)
     if not 0.0 <= eps < math.inf:  # comparisons, not math.isinf: traceable on symbolic floats (compile)

@@ -175,7 +175,8 @@ def mean_sq_torch_order(
     else:
         # global reduce: the last block's thread t adds the staged partial sums t, t + NT
         # (zeros where there are none), then the same block trees
-        # exact for up to 2 partial sums per thread (t, then t + NT); a tree beyond (see exact_global_reduce)
+        # exact for up to 2 partial sums per thread (t, then t + NT): CTAS <= 2 * BW * BH (mean_config passes it
+        # only for rows of more than 2^27 elements on GPUs of up to 170 SMs); a tree beyond, which may differ by an ulp
         part = tl.reshape(_fold_mid(tl.reshape(part, (ROWS, 1 << LOG_WRAP, CP >> LOG_WRAP)), LOG_WRAP, SPLIT),
                           (ROWS, CP >> LOG_WRAP))
         for _ in tl.static_range(LOG_PAD):

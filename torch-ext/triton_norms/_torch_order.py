@@ -63,14 +63,17 @@ DEFAULT_THREADS_PER_SM = 2048
 _ORDERS = {None: ORDER_FAST, "mean": ORDER_MEAN, "fused": ORDER_FUSED}
 
 
-def parse_order(name) -> int:
-    """``torch_order`` argument -> ORDER_*: None, "mean" or "fused".
+def parse_order(name, allowed: tuple = ("mean", "fused")) -> int:
+    """``torch_order`` argument -> ORDER_*: None or one of ``allowed`` (of "mean" and "fused").
 
     Raises:
-        ValueError: any other value.
+        TypeError: neither None nor a string. ValueError: a string not in ``allowed``; both name the values allowed.
     """
-    if not isinstance(name, (str, type(None))) or name not in _ORDERS:
-        raise ValueError(f"torch_order must be None, 'mean' or 'fused', got {name!r}")
+    if name is not None and name not in allowed:
+        names = "None, " + ", ".join(repr(a) for a in allowed)
+        if not isinstance(name, str):
+            raise TypeError(f"torch_order must be one of {names}; got {type(name).__name__} {name!r}")
+        raise ValueError(f"torch_order must be one of {names}; got {name!r}")
     return _ORDERS[name]
 
 
@@ -97,10 +100,6 @@ class MeanConfig:
     bh: int  # block.y of the launch (threads of the final global-reduce block: bh * bw)
     iters: int  # loop trips per thread (vectors when vec, groups of 4 elements otherwise)
     factor: float  # float32(M) / float32(M * N), the mean's multiplier
-
-    @property
-    def threads_per_row(self) -> int:
-        return self.bw * self.bhr * self.ctas
 
 
 @functools.lru_cache(maxsize=64)
@@ -158,12 +157,6 @@ def mean_constexprs(cfg: MeanConfig) -> dict:
 
 def triton_next_pow2(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
-
-
-def exact_global_reduce(cfg: MeanConfig) -> bool:
-    """False where the kernel cannot follow torch's global-reduce order exactly (more than
-    2 staged partial sums per thread of the final block): the result may then differ by an ulp."""
-    return cfg.ctas <= 2 * cfg.bw * cfg.bh
 
 
 def fused_vectorized(x: torch.Tensor, N: int, *params) -> bool:

@@ -431,10 +431,7 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
 def _check_order(x, weight, bias, torch_order) -> int:
     """Checks layer_norm's tensors (``check_inputs``) and returns its order (ORDER_FAST or ORDER_FUSED)."""
     check_inputs(x, None, weight, bias)
-    order = parse_order(torch_order)
-    if order not in (ORDER_FAST, ORDER_FUSED):
-        raise ValueError(f"layer_norm: torch_order must be None or 'fused', got {torch_order!r}")
-    return order
+    return parse_order(torch_order, ("fused",))
 
 
 _INFER_PLANS = PlanCache()
