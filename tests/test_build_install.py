@@ -203,3 +203,64 @@ def test_cli_names_a_bad_root_or_package_in_one_line(tmp_path, capsys):
         with pytest.raises(SystemExit, match=r"--package: no package 'nope' in .*\(known: triton-norms, "):
             main([command, "--root", str(ROOT), "--package", "nope", "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("org", ["../../victim", "a/b", "my org", "", "a--b", ".hidden"])
+def test_a_bad_org_is_refused_before_anything_is_written(org, tmp_path, capsys):
+    """``--org`` names local folders (``dist/local/<org>``, which the build replaces) as well as repo ids: a name that
+    is not a Hub organisation (one escaping the output folder, a slash, a space, empty, ``--``) is refused with one
+    line naming it, before any folder is written or deleted; the library functions refuse it too."""
+    from triton_collection.build import build_package
+    from triton_collection.cli import main
+    from triton_collection.install import install_local
+    from triton_collection.publish import PublishError, publish_collection
+
+    victim = tmp_path / "victim" / "triton-norms"
+    victim.mkdir(parents=True)
+    (victim / "keep.txt").write_text("keep")
+    out = tmp_path / "out" / "local" / "x"
+    for command in ("build", "install-local", "publish"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--root", str(ROOT), "--package", "triton-norms", "--org", org, "--out", str(out)])
+        assert exit_info.value.code == 2
+        assert f"argument --org: org {org!r} is not a Hub organisation name" in capsys.readouterr().err
+    collection = load_manifest(ROOT)
+    package = collection.package("triton-norms")
+    with pytest.raises(ValueError, match="is not a Hub organisation name"):
+        build_package(collection, package, out, org=org)
+    with pytest.raises(ValueError, match="is not a Hub organisation name"):
+        install_local(object(), org=org, cache=tmp_path / "cache")
+    with pytest.raises(PublishError, match="check org: org .* is not a Hub organisation name"):
+        publish_collection(collection, org=org, packages=["triton-norms"], dry_run=True, out=out)
+    assert (victim / "keep.txt").read_text() == "keep" and not (tmp_path / "out").exists()
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("member", ["    def __init__(self):\n        super().__init__()\n", "    foo = 1\n",
+                                    "    def helper(self):\n        pass\n", "    eps: float = 1e-6\n"])
+def test_a_layer_breaking_the_kernels_rules_is_refused_at_build(member, tmp_path):
+    """A layer with its own ``__init__`` or a member ``nn.Module`` lacks (other than has_backward /
+    can_torch_compile) is refused when the package is built, naming the layer and the member, before anything is
+    written: ``kernels`` would refuse it only at ``kernelize`` time, in a user's process. Bare annotations (the
+    replaced module's attributes, ``dim: int``) and overrides of nn.Module members are allowed, as ``kernels``
+    allows them."""
+    import shutil
+
+    from triton_collection.build import build_package, check_layer_rules
+
+    for layers_py in sorted((ROOT / "torch-ext").glob("*/layers.py")):
+        check_layer_rules(layers_py)  # the shipped layers pass
+    root = tmp_path / "coll"
+    shutil.copytree(ROOT / "torch-ext" / "_shared", root / "torch-ext" / "_shared")
+    shutil.copytree(ROOT / "torch-ext" / "triton_norms", root / "torch-ext" / "triton_norms")
+    (root / "build.toml").write_text((ROOT / "build.toml").read_text().split("[package.triton-activations]")[0])
+    layers_py = root / "torch-ext" / "triton_norms" / "layers.py"
+    source = layers_py.read_text()
+    anchor = "class LlamaRMSNorm(nn.Module):\n"
+    assert anchor in source
+    name = member.split("def ")[-1].split("(")[0] if "def " in member else member.split()[0].rstrip(":")
+    layers_py.write_text(source.replace(anchor, anchor + "    dim: int\n" + member))
+    collection = load_manifest(root)
+    with pytest.raises(ValueError, match=f"layer LlamaRMSNorm defines '{name}': a kernels layer may define only"):
+        build_package(collection, collection.packages[0], tmp_path / "out", org=ORG)
+    assert not (tmp_path / "out").exists()

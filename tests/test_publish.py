@@ -232,6 +232,46 @@ def test_api_rules_additions_allowed_changes_refused():
     assert breaking_changes(old, read_surface(removed)) == ["rms_norm(): parameter 'eps' is no longer positional argument 3"]
 
 
+def _flagged(has_backward: str | None, can_torch_compile: str | None) -> dict:
+    files = _api_files('["rms_norm"]')
+    flags = "".join(f"    {name} = {value}\n" for name, value in (("has_backward", has_backward),
+                                                                  ("can_torch_compile", can_torch_compile)) if value)
+    files["layers.py"] = files["layers.py"].replace("(torch.nn.Module):\n", "(torch.nn.Module):\n" + flags)
+    return files
+
+
+def test_api_rules_guard_layer_flags_and_config_constructors():
+    """A layer's has_backward / can_torch_compile turned off within a version is refused (``kernelize`` would then
+    silently keep the original forward in training / under compile, kernels' defaults True / False where unset);
+    turned on is an addition. An exported dataclass's constructor is guarded like a function's signature."""
+    on = read_surface(_flagged("True", "True"))
+    assert on.layer_flags == {"LlamaRMSNorm": {"has_backward": "True", "can_torch_compile": "True"}}
+    assert breaking_changes(on, read_surface(_flagged("False", "True"))) == [
+        "layer LlamaRMSNorm.has_backward changed from True to False"]
+    assert breaking_changes(on, read_surface(_flagged(None, None))) == [
+        "layer LlamaRMSNorm.can_torch_compile changed from True to False"]  # unset: has_backward True, compile False
+    assert breaking_changes(read_surface(_flagged("False", "False")), on) == []
+    assert breaking_changes(read_surface(_flagged(None, None)), read_surface(_flagged("True", "False"))) == []
+
+    def config(fields: str) -> dict:
+        files = _api_files('["rms_norm", "LaunchConfig"]')
+        files["__init__.py"] = "from .ops import rms_norm\nfrom ._launch import LaunchConfig\n" + \
+            "__all__ = ['rms_norm', 'LaunchConfig']\n"
+        files["_launch.py"] = "from dataclasses import dataclass\n@dataclass(frozen=True)\nclass LaunchConfig:\n" + fields
+        return files
+
+    old = read_surface(config("    block_n: int\n    num_warps: int\n    loop: bool = False\n"))
+    assert [p.name for p in old.functions["LaunchConfig"]] == ["block_n", "num_warps", "loop"]
+    assert breaking_changes(old, read_surface(config("    block_n: int\n    num_warps: int\n    loop: bool = False\n"
+                                                     "    rows: int = 1\n"))) == []
+    assert breaking_changes(old, read_surface(config("    block_n: int\n    loop: bool = False\n"))) == [
+        "LaunchConfig(): parameter 'num_warps' is no longer positional argument 2",
+        "LaunchConfig(): parameter 'loop' is no longer positional argument 3",
+        "LaunchConfig(): parameter 'num_warps' was removed"]
+    assert breaking_changes(old, read_surface(config("    block_n: int\n    num_warps: int\n    loop: bool = False\n"
+                                                     "    rows: int\n"))) == ["LaunchConfig(): new parameter 'rows' has no default"]
+
+
 # --- consuming ------------------------------------------------------------------------------------
 
 

@@ -5,20 +5,22 @@ A package's API is what ``kernels`` users can reach by name on ``get_kernel(repo
 
 - the names in ``__init__.py``'s ``__all__``, and for those defined as functions (in
   ``__init__.py`` or imported from a sibling module with ``from .mod import name``) their signature;
-- the layer classes of ``layers.py`` (public ``nn.Module`` classes that ``kernelize`` maps by name)
-  and the signature of their ``forward``.
+- for ``__all__`` names that are classes, their constructor: ``__init__``'s signature, or a dataclass's fields;
+- the layer classes of ``layers.py`` (public ``nn.Module`` classes that ``kernelize`` maps by name),
+  the signature of their ``forward`` and their ``has_backward`` / ``can_torch_compile`` flags.
 
 Within one major version (one ``v<N>`` branch) additions are allowed: new ``__all__`` names, new
 layers, new parameters with defaults on functions. Everything already published must stay: a removed
 name or layer, a parameter removed, renamed, reordered, turned keyword-only or given a different
-default, or any change at all to a layer's ``forward`` (``kernelize`` needs it to match the module
-it replaces) is a breaking change that needs the next major version.
+default, any change at all to a layer's ``forward`` (``kernelize`` needs it to match the module
+it replaces), or a layer flag turned off (``kernelize`` then silently keeps the original forward in training or
+under ``torch.compile``) is a breaking change that needs the next major version.
 """
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -63,11 +65,14 @@ class ApiSurface:
         names: ``__all__`` of the package.
         functions: signature of each ``__all__`` name that is a plain function we could locate.
         layers: forward signature (without ``self``) of each public class of ``layers.py``.
+        layer_flags: each layer's ``has_backward`` and ``can_torch_compile`` as written (``kernels``' defaults,
+            ``True`` / ``False``, where the class does not set them).
     """
 
     names: tuple[str, ...]
     functions: dict[str, Signature]
     layers: dict[str, Signature]
+    layer_flags: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _signature(fn: ast.FunctionDef | ast.AsyncFunctionDef, *, drop_self: bool) -> Signature:
@@ -86,6 +91,31 @@ def _signature(fn: ast.FunctionDef | ast.AsyncFunctionDef, *, drop_self: bool) -
     if args.kwarg:
         params.append(Param(args.kwarg.arg, "var_keyword"))
     return tuple(params[1:] if drop_self and params else params)
+
+
+def _is_dataclass(cls: ast.ClassDef) -> bool:
+    """Decorated ``@dataclass``, ``@dataclass(...)`` or ``@dataclasses.dataclass(...)``."""
+    for decorator in cls.decorator_list:
+        fn = decorator.func if isinstance(decorator, ast.Call) else decorator
+        if (fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", None)) == "dataclass":
+            return True
+    return False
+
+
+def _constructor(cls: ast.ClassDef) -> Signature | None:
+    """A class's constructor signature: its ``__init__`` without ``self``, or a dataclass's fields in order (bare
+    annotations and annotated defaults, ``ClassVar`` left out); None for any other class."""
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    if init is not None:
+        return _signature(init, drop_self=True)
+    if not _is_dataclass(cls):
+        return None
+    return tuple(Param(n.target.id, "positional_or_keyword", None if n.value is None else ast.unparse(n.value))
+                 for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                 and "ClassVar" not in ast.unparse(n.annotation))
+
+
+_FLAG_DEFAULTS = {"has_backward": "True", "can_torch_compile": "False"}  # kernels' getattr defaults
 
 
 def _module_source(files: Mapping[str, str], module: str) -> tuple[str | None, str]:
@@ -107,6 +137,8 @@ def _find_function(files: Mapping[str, str], module: str, name: str, depth: int 
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             return _signature(node, drop_self=False)
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return _constructor(node)
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.level >= 1:
             for alias in node.names:
@@ -139,12 +171,19 @@ def read_surface(files: Mapping[str, str]) -> ApiSurface:
         if sig is not None:
             functions[name] = sig
     layers: dict[str, Signature] = {}
+    flags: dict[str, dict[str, str]] = {}
     if "layers.py" in files:
         for node in ast.parse(files["layers.py"]).body:
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 forward = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
                 layers[node.name] = _signature(forward, drop_self=True) if forward else ()
-    return ApiSurface(names=names, functions=functions, layers=layers)
+                flags[node.name] = dict(_FLAG_DEFAULTS)
+                for stmt in node.body:
+                    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) and stmt.value else []
+                    for t in targets:
+                        if isinstance(t, ast.Name) and t.id in _FLAG_DEFAULTS:
+                            flags[node.name][t.id] = ast.unparse(stmt.value)
+    return ApiSurface(names=names, functions=functions, layers=layers, layer_flags=flags)
 
 
 def surface_of_dir(path: Path) -> ApiSurface:
@@ -202,4 +241,9 @@ def breaking_changes(old: ApiSurface, new: ApiSurface) -> list[str]:
             problems.append(f"layer {layer!r} was removed")
         elif new.layers[layer] != sig:
             problems.append(f"layer {layer}.forward{format_signature(sig)} changed to forward{format_signature(new.layers[layer])}")
+    for layer, old_flags in old.layer_flags.items():
+        new_flags = new.layer_flags.get(layer)
+        for flag, value in old_flags.items():
+            if new_flags is not None and value == "True" and new_flags.get(flag, _FLAG_DEFAULTS[flag]) != "True":
+                problems.append(f"layer {layer}.{flag} changed from True to {new_flags.get(flag, _FLAG_DEFAULTS[flag])}")
     return problems

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import kernels_data
 
-from .manifest import Collection, Package, render_package_build_toml
+from .manifest import Collection, Package, check_org, render_package_build_toml
 
-__all__ = ["BACKENDS", "SHARED_DIR", "BuiltPackage", "build_collection", "build_package", "package_files", "source_hash", "tree_commit"]
+__all__ = ["BACKENDS", "SHARED_DIR", "BuiltPackage", "build_collection", "build_package", "check_layer_rules", "package_files",
+           "source_hash", "tree_commit"]
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,39 @@ def _public_names(src: Path) -> tuple[list[str], list[str]]:
     return [f for f in functions if f != "layers"], layers
 
 
+_LAYER_FLAGS = frozenset({"has_backward", "can_torch_compile"})
+
+
+def check_layer_rules(layers_py: Path) -> None:
+    """The ``kernels`` rules a layer class can break on its own, read from ``layers.py`` without importing it: no
+    ``__init__``, and no member that ``nn.Module`` lacks other than ``has_backward`` / ``can_torch_compile`` (the
+    library refuses such a layer at ``kernelize`` time, in the user's process; the forward signature is checked
+    there against the module replaced).
+
+    Raises:
+        ValueError: naming the layer and the member.
+    """
+    import torch
+
+    allowed = (set(dir(torch.nn.Module)) | _LAYER_FLAGS) - {"__init__"}
+    for cls in ast.parse(layers_py.read_text(encoding="utf-8")).body:
+        if not isinstance(cls, ast.ClassDef) or cls.name.startswith("_"):
+            continue
+        for node in cls.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                names = [node.target.id]  # a bare annotation (``dim: int``, the replaced module's attribute) defines none
+            else:
+                continue
+            for name in names:
+                if name not in allowed:
+                    raise ValueError(f"{layers_py}: layer {cls.name} defines {name!r}: a kernels layer may define only "
+                                     "forward, has_backward and can_torch_compile (no __init__, no other members)")
+
+
 def _write_variant(variant: Path, files: dict[str, Path], package: Package, backend: str, collection: Collection, namespace: str) -> None:
     variant.mkdir(parents=True)
     _copy_files(files, variant)
@@ -164,8 +198,15 @@ def build_package(collection: Collection, package: Package, out: Path, *, org: s
 
     Returns:
         The rendered package.
+
+    Raises:
+        ValueError: ``org`` is not a Hub organisation name (:func:`check_org`), or a layer breaks the ``kernels``
+            layer rules (:func:`check_layer_rules`), before anything is written.
     """
+    check_org(org)
     src = collection.root / "torch-ext" / package.python_name
+    if (src / "layers.py").is_file():
+        check_layer_rules(src / "layers.py")
     files = package_files(collection, package)
     backends = BACKENDS + (("cpu",) if cpu_variant else ())
     dest = out / package.name
@@ -182,6 +223,7 @@ def build_package(collection: Collection, package: Package, out: Path, *, org: s
             name=package.name,
             python_name=package.python_name,
             description=package.description,
+            org=org,
             repo_id=f"{org}/{package.name}",
             version=package.version,
             functions="\n".join(f"- `{f}`" for f in functions) or "(none)",

@@ -46,6 +46,16 @@ def _collection(args):
     return collection
 
 
+def _org(value: str) -> str:
+    """``--org``: a Hub organisation name, checked before anything is built, written or deleted."""
+    from .manifest import check_org
+
+    try:
+        return check_org(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _cmd_build(args) -> int:
     from .build import build_collection
 
@@ -108,11 +118,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p, *, org_required: bool = False):
+    def common(p, *, out_default: str = "dist/hub", org_required: bool = False):
         p.add_argument("--root", help="collection folder (default: the one holding build.toml above the cwd)")
         p.add_argument("--package", action="append", help="Hub name of a package (repeat; default: all)")
-        p.add_argument("--out", help="output folder (default: <root>/dist/hub; install-local: <root>/dist/local/<org>)")
-        p.add_argument("--org", required=org_required, help="Hub organisation" + ("" if org_required else f" (default: build.toml's, {DEFAULT_ORG})"))
+        p.add_argument("--out", help=f"output folder (default: <root>/{out_default})")
+        p.add_argument("--org", type=_org, required=org_required,
+                       help="Hub organisation" + ("" if org_required else f" (default: build.toml's, {DEFAULT_ORG})"))
         p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     build = sub.add_parser("build", help="render each package's Hub tree under dist/hub/")
@@ -121,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     build.set_defaults(func=_cmd_build)
 
     install = sub.add_parser("install-local", help="build and lay the packages into the HF cache, loadable by Hub name")
-    common(install)
+    common(install, out_default="dist/local/<org>")
     install.set_defaults(func=_cmd_install_local)
 
     publish = sub.add_parser("publish", help="build and upload the packages to the Kernels Hub (branch v<version>)")

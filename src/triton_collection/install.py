@@ -23,6 +23,7 @@ from huggingface_hub import constants
 from huggingface_hub.file_download import repo_folder_name
 
 from .build import BuiltPackage, tree_commit
+from .manifest import check_org
 
 __all__ = ["InstalledPackage", "cache_dir", "install_local"]
 
@@ -55,7 +56,11 @@ def install_local(built: BuiltPackage, *, org: str, cache: Path | None = None) -
         built: from :func:`triton_collection.build.build_package`.
         org: Hub organisation of the repo id.
         cache: cache folder; default :func:`cache_dir`.
+
+    Raises:
+        ValueError: ``org`` is not a Hub organisation name (``manifest.check_org``).
     """
+    check_org(org)
     cache = Path(cache) if cache is not None else cache_dir()
     repo_id = f"{org}/{built.package.name}"
     commit = tree_commit(built.path)

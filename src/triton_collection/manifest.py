@@ -12,9 +12,29 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Collection", "Package", "load_manifest", "render_package_build_toml"]
+__all__ = ["Collection", "Package", "check_org", "load_manifest", "render_package_build_toml"]
 
 _PACKAGE_KEYS = {"python-name", "version", "description", "torch-noarch"}
+
+
+def check_org(org: str) -> str:
+    """``org`` if it is a Hub organisation (or user) name that ``<org>/<package>`` repo ids can use: letters, digits,
+    ``-``, ``_`` and ``.``, no ``--`` or ``..``, at most 96 characters (``huggingface_hub.utils.validate_repo_id``'s
+    rules). Checked before anything is written: the org also names local folders (``dist/local/<org>``).
+
+    Raises:
+        ValueError: naming the org and the rule it breaks.
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if not isinstance(org, str) or not org or "/" in org:
+        raise ValueError(f"org {org!r} is not a Hub organisation name (one non-empty name, no '/')")
+    try:
+        validate_repo_id(f"{org}/package")
+    except HFValidationError as err:
+        raise ValueError(f"org {org!r} is not a Hub organisation name: {err}") from None
+    return org
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from huggingface_hub.utils.sha import git_hash
 
 from .api_surface import breaking_changes, read_surface, surface_of_dir
 from .build import BuiltPackage, build_collection
-from .manifest import Collection
+from .manifest import Collection, check_org
 
 __all__ = ["PublishError", "PublishPlan", "PublishResult", "execute_plan", "plan_publish", "publish_collection"]
 
@@ -396,6 +396,10 @@ def publish_collection(
         PublishError: a package's plan is refused (then nothing is written), or a publish step
             fails (packages before it are published; running again finishes the rest).
     """
+    try:
+        check_org(org)
+    except ValueError as err:
+        raise PublishError(str(org), "check org", str(err)) from None
     if constants.is_offline_mode():
         raise PublishError(org, "connect", "HF_HUB_OFFLINE is set: publishing needs the Hub")
     api = HfApi(endpoint=endpoint)
