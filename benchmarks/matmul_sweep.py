@@ -88,7 +88,9 @@ def markdown(data: dict) -> str:
     """Tables of the run (the .md next to the .json)."""
     out = [f"# triton-matmul vs cuBLAS — {data.get('device')} ({data.get('date')})", "",
            f"torch {data.get('torch')}, triton {data.get('triton')}, kernels package built from this checkout, "
-           "configs from the shipped JSON lookup (as users run it). bf16; `nk` = `x @ W.T` with W (N, K) "
+           f"configs from `configs/{data.get('config_file_name', '?')}` "
+           f"({'forced by --config-file' if data.get('config_forced') else 'the lookup of this GPU, as users run it'}). "
+           "bf16; `nk` = `x @ W.T` with W (N, K) "
            "contiguous (nn.Linear), `kn` = row-major (K, N). CUDA-graph medians unless marked eager.", ""]
     checks = data.get("checks", [])
     out += [f"Correctness: {sum(c['ok'] for c in checks)}/{len(checks)} checks pass "
@@ -146,6 +148,8 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=150.0)
     parser.add_argument("--plot", help="only redraw the PNG (and the .md) from this JSON")
     parser.add_argument("--skip", default="", help="comma-separated sections to skip: checks,square,sass,fused,sweep")
+    parser.add_argument("--config-file", help="time with this file of the package's configs/ (e.g. default.json) "
+                        "instead of the one the lookup picks for this GPU")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU check of this script: tiny shapes under the Triton interpreter, timings are fake")
     args = parser.parse_args(argv)
@@ -155,10 +159,12 @@ def main(argv=None) -> int:
         return 0 if plot(data, Path(args.plot).with_suffix(".png")) else 1
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
-    return run(Path(args.out), args.tag, args.budget_s, smoke=args.smoke, skip=set(filter(None, args.skip.split(","))))
+    return run(Path(args.out), args.tag, args.budget_s, smoke=args.smoke, skip=set(filter(None, args.skip.split(","))),
+               config_file=args.config_file)
 
 
-def run(out: Path, tag: str, budget_s: float, smoke: bool = False, skip: frozenset = frozenset()) -> int:
+def run(out: Path, tag: str, budget_s: float, smoke: bool = False, skip: frozenset = frozenset(),
+        config_file: str | None = None) -> int:
     t0 = time.monotonic()
     left = lambda: budget_s - (time.monotonic() - t0)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
@@ -194,8 +200,14 @@ def run(out: Path, tag: str, budget_s: float, smoke: bool = False, skip: frozens
     data = {"device": "cpu (smoke)" if smoke else torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d", time.gmtime()), "checks": [], "big": [], "fused": [], "sweep": [],
             "sass": {}, "errors": []}
-    cfg_file = launch.CONFIG_DIR / launch.config_file_name(data["device"])
-    data["config_file"] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else None
+    if config_file:  # every lookup reads this file, whatever the GPU
+        forced = launch.CONFIG_DIR / config_file
+        launch.config_path = lambda gpu_name, arch=None: forced
+        launch.load_buckets.cache_clear()
+        launch.pick_config.cache_clear()
+    cfg_file = launch.config_path(*launch.device_info(torch.device(dev))[::2])
+    data["config_file_name"], data["config_forced"] = cfg_file.name, bool(config_file)
+    data["config_file"] = json.loads(cfg_file.read_text())
 
     def save():
         (out / f"{tag}.json").write_text(json.dumps(data, indent=1, default=str))

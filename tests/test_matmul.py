@@ -656,6 +656,45 @@ def test_config_lookup(matmul):
     assert pick(5, 7, 9, gated=True, activation="swiglu") == pick(5, 7, 9, gated=True)  # no epilogue entry here
 
 
+def test_config_lookup_falls_back_to_a_tuned_file_of_the_architecture(matmul, tmp_path, monkeypatch):
+    """A GPU without a config file of its own uses a tuned file of its architecture (an H100 the H200's: the same
+    sm_90 SMs), else default.json; its own file always wins, a hand-written ("tuned": false) file never serves
+    other GPUs, and CPU tensors (no GPU name) keep default.json."""
+    import json
+    import shutil
+    import sys
+
+    launch = sys.modules[matmul.__name__ + "._launch"]
+    pick = launch.pick_config
+    shipped = json.loads((launch.CONFIG_DIR / "NVIDIA_H200.json").read_text())
+    assert shipped["arch"] == "sm_90" and shipped["tuned"] is True
+    h100 = pick(4096, 4096, 4096, "NVIDIA H100 80GB HBM3", arch="sm_90")
+    assert h100 == pick(4096, 4096, 4096, "NVIDIA H200") != pick(4096, 4096, 4096, None)
+    assert launch.config_path("NVIDIA H100 PCIe", "sm_90").name == "NVIDIA_H200.json"
+    for name, arch in (("NVIDIA A100-SXM4-80GB", "sm_80"), ("NVIDIA H100 80GB HBM3", None), (None, "sm_90")):
+        assert launch.config_path(name, arch).name == "default.json", (name, arch)
+    with pytest.raises(ValueError, match="arch must be None or a string"):
+        pick(64, 64, 64, "NVIDIA H100 80GB HBM3", arch=90)
+
+    for f in ("NVIDIA_H200.json", "default.json"):
+        shutil.copy(launch.CONFIG_DIR / f, tmp_path / f)
+    hand = dict(shipped, gpu="Hand GPU", tuned=False, configs=shipped["configs"][:1])
+    (tmp_path / "A_Hand_GPU.json").write_text(json.dumps(hand))  # first by name, but not tuned
+    own = dict(shipped, gpu="NVIDIA H100 80GB HBM3", configs=[dict(shipped["configs"][0], M=4096, N=4096, K=4096)])
+    monkeypatch.setattr(launch, "CONFIG_DIR", tmp_path)
+    launch.load_buckets.cache_clear()
+    pick.cache_clear()
+    try:
+        assert launch.config_path("NVIDIA H100 PCIe", "sm_90").name == "NVIDIA_H200.json"
+        (tmp_path / "NVIDIA_H100_80GB_HBM3.json").write_text(json.dumps(own))
+        assert launch.config_path("NVIDIA H100 80GB HBM3", "sm_90").name == "NVIDIA_H100_80GB_HBM3.json"
+        assert pick(4096, 4096, 4096, "NVIDIA H100 80GB HBM3", arch="sm_90") == launch.MatmulConfig.from_json(
+            shipped["configs"][0])
+    finally:
+        launch.load_buckets.cache_clear()
+        pick.cache_clear()
+
+
 def test_config_lookup_epilogue(matmul, tmp_path, monkeypatch):
     # "epilogue" entries serve calls with that activation (as written, gated ones included), plain entries every
     # call; the call's activation reaches the lookup from matmul(); values never depend on the entry picked
@@ -700,7 +739,7 @@ def test_config_lookup_epilogue(matmul, tmp_path, monkeypatch):
             launch.parse_buckets({"configs": [entry(16, 64, 64, 16, 16, 16, 1, epilogue="gelu_tan")]})
         # matmul() hands its activation to the lookup: the gelu_tanh / geglu entries run here
         picked = []
-        monkeypatch.setattr(launch, "device_info", lambda device: ("Test GPU E", 32))
+        monkeypatch.setattr(launch, "device_info", lambda device: ("Test GPU E", 32, None))
         monkeypatch.setattr(launch, "pick_config", lambda *args: picked.append(pick(*args)) or picked[-1])
         torch.manual_seed(5)
         dt = torch.bfloat16

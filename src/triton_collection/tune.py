@@ -307,7 +307,7 @@ def write_config_file(path: Path, gpu: str, results: list[BucketResult], meta: O
         configs = entries
     if not configs:
         raise RuntimeError("no bucket has a measured, correct config: nothing to write")
-    extra = {k: v for k, v in (base or {}).items() if k not in ("gpu", "tuned", "note", "configs")}
+    extra = {k: v for k, v in (base or {}).items() if k not in ("gpu", "tuned", "note", "configs", *(meta or {}))}
     data = {"gpu": gpu, "tuned": True,
             "note": "Written by `triton-collection tune`: per bucket the fastest correct candidate (bf16, x @ W.T), "
                     "TFLOP/s of it and of torch.matmul measured in the same process (CUDA-graph medians; cublas_tflops null: not timed, --no-cublas). "
@@ -359,10 +359,13 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else root / "torch-ext" / "triton_matmul" / "configs" / ("_".join(gpu.split()) + ".json")
     meta = {"torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    launch = sys.modules[mm.__name__ + "._launch"]
+    arch = launch.device_info(torch.device(DEVICE))[2]
+    if arch is not None:  # other GPUs of this architecture without a file of their own use this one
+        meta = {"arch": arch, **meta}
     base = json.loads(out.read_text(encoding="utf-8")) if args.update and out.is_file() else None
     incumbent = None
     if base is not None:  # what the existing file gives each bucket's call, through the package's own lookup
-        launch = sys.modules[mm.__name__ + "._launch"]
         buckets = launch.parse_buckets(base, str(out))
         warp = launch.device_info(torch.device(DEVICE))[1]
 

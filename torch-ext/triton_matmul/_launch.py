@@ -15,8 +15,11 @@ tile width that is not a power of two, e.g. 192 = 3 x 64, fills the SMs in fewer
 sm_90, the warp-specialised Gluon kernel of ``matmul_sm90``, cooperative (1) or ping-pong (2) consumers, where it is
 eligible (see ``MatmulConfig.gluon``)).
 ``"tuned": false`` marks files written by hand; ``triton-collection
-tune`` writes ``"tuned": true`` files with the measured TFLOP/s per bucket. A GPU without a file, and the Triton interpreter (CPU tensors), use
-``configs/default.json``: small tiles and 3 stages that fit every supported GPU.
+tune`` writes ``"tuned": true`` files with the measured TFLOP/s per bucket and the GPU's architecture
+(``"arch": "sm_90"``, NVIDIA CUDA only). A GPU without a file of its own uses a tuned file of its architecture
+(the first by file name: the H200's serves every sm_90 GPU, e.g. H100 SXM / PCIe, H800, GH200, whose SMs
+are the same; the persistent grids size themselves to the device's SM count), else, like the Triton
+interpreter (CPU tensors), ``configs/default.json``: small tiles and 3 stages that fit every supported GPU.
 
 Optional per bucket: ``"epilogue"``, one of :data:`EPILOGUES` (``matmul``'s ``activation`` names): the entry
 serves only calls with that activation, e.g. ``{"M": 4096, "N": 12288, "K": 3072, "epilogue": "gelu_tanh", ...}``
@@ -180,12 +183,25 @@ def parse_buckets(data: dict, source: str = "config file") -> Tuple[Bucket, ...]
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=16)
-def load_buckets(gpu_name: Optional[str]) -> Tuple[Bucket, ...]:
-    """The buckets of ``gpu_name``'s file, or of ``default.json`` when there is none (or ``gpu_name`` is None)."""
+def config_path(gpu_name: Optional[str], arch: Optional[str] = None) -> Path:
+    """The config file a GPU uses: ``gpu_name``'s own; else the first (by name) tuned file whose ``"arch"`` is
+    ``arch`` (e.g. ``"sm_90"``); else ``default.json`` (also for ``gpu_name`` None: CPU tensors). Read through
+    :func:`load_buckets`, which caches the result."""
     path = CONFIG_DIR / config_file_name(gpu_name) if gpu_name else None
-    if path is None or not path.is_file():
-        path = CONFIG_DIR / "default.json"
+    if path is not None and path.is_file():
+        return path
+    if gpu_name and arch:
+        for candidate in sorted(CONFIG_DIR.glob("*.json")):
+            data = json.loads(candidate.read_text(encoding="utf-8"))
+            if isinstance(data, dict) and data.get("tuned") is True and data.get("arch") == arch:
+                return candidate
+    return CONFIG_DIR / "default.json"
+
+
+@functools.lru_cache(maxsize=16)
+def load_buckets(gpu_name: Optional[str], arch: Optional[str] = None) -> Tuple[Bucket, ...]:
+    """The buckets of the config file ``gpu_name`` (of architecture ``arch``) uses: :func:`config_path`."""
+    path = config_path(gpu_name, arch)
     return parse_buckets(json.loads(path.read_text(encoding="utf-8")), str(path))
 
 
@@ -239,9 +255,11 @@ def lookup(buckets: Tuple[Bucket, ...], M: int, N: int, K: int, gated: bool = Fa
 
 @functools.lru_cache(maxsize=4096)
 def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: bool = False,
-                warp_size: int = 32, itemsize: int = 2, activation: Optional[str] = None) -> MatmulConfig:
-    """:func:`lookup` in ``gpu_name``'s config file (``default.json`` when it has none): the tiles, warps and
-    stages ``matmul`` launches an (M, K) @ (K, N) product with.
+                warp_size: int = 32, itemsize: int = 2, activation: Optional[str] = None,
+                arch: Optional[str] = None) -> MatmulConfig:
+    """:func:`lookup` in ``gpu_name``'s config file (where it has none, a tuned file of its architecture ``arch``,
+    e.g. ``"sm_90"``, else ``default.json``: :func:`config_path`): the tiles, warps and stages ``matmul`` launches
+    an (M, K) @ (K, N) product with.
 
     ``itemsize``: bytes per operand element; 4 (fp32) halves BLOCK_K so a stage takes the shared memory
     that the bucket (tuned on 16-bit operands) planned for. ``activation``: the call's ``matmul`` activation
@@ -259,18 +277,22 @@ def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: b
     if activation is not None and (not isinstance(activation, str) or activation not in EPILOGUES):
         raise ValueError(f"pick_config: activation must be None or one of {', '.join(map(repr, EPILOGUES))}, "
                          f"got {activation!r}")
-    return lookup(load_buckets(gpu_name), M, N, K, gated, warp_size, itemsize, activation)
+    if arch is not None and not isinstance(arch, str):
+        raise ValueError(f"pick_config: arch must be None or a string such as 'sm_90', got {arch!r}")
+    return lookup(load_buckets(gpu_name, arch), M, N, K, gated, warp_size, itemsize, activation)
 
 
 @functools.lru_cache(maxsize=64)
-def device_info(device: torch.device) -> Tuple[Optional[str], int]:
-    """(GPU name or None on CPU, warp size) of ``device``."""
+def device_info(device: torch.device) -> Tuple[Optional[str], int, Optional[str]]:
+    """(GPU name or None on CPU, warp size, architecture ``"sm_<major><minor>"`` on NVIDIA CUDA else None) of
+    ``device``."""
     if device.type == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(device)
-        return props.name, int(getattr(props, "warp_size", 32))
+        arch = None if torch.version.hip is not None else f"sm_{props.major}{props.minor}"
+        return props.name, int(getattr(props, "warp_size", 32)), arch
     if device.type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
-        return torch.xpu.get_device_name(device), 32
-    return None, 32
+        return torch.xpu.get_device_name(device), 32, None
+    return None, 32, None
 
 
 @functools.lru_cache(maxsize=64)
@@ -284,5 +306,5 @@ def tma_capable(device: torch.device) -> Tuple[bool, int]:
 
 def config_for(M: int, N: int, K: int, device: torch.device, gated: bool, itemsize: int = 2,
                activation: Optional[str] = None) -> MatmulConfig:
-    name, warp = device_info(device)
-    return pick_config(M, N, K, name, gated, warp, itemsize, activation)
+    name, warp, arch = device_info(device)
+    return pick_config(M, N, K, name, gated, warp, itemsize, activation, arch)
