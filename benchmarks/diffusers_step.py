@@ -10,7 +10,8 @@ of 38 x 64 heads, 4096 + 333 tokens), Wan2.1-1.3B (30 blocks, 81 frames of 480 x
 Per model: a copy of the eager model goes through ``triton_collection.integrations.diffusers.kernelize`` with its
 defaults (packages built from this checkout and installed in a private cache, loaded by Hub name); then ``rounds`` rounds each time eager and the shim in turn (2
 warm-up calls, then the CUDA-event median of 5 calls, ``torch.inference_mode``); then the eager model gets
-``compile_repeated_blocks(fullgraph=True)`` (torch.compile of each repeated block, diffusers' regional compile)
+``compile_repeated_blocks(fullgraph=True)`` (torch.compile of each repeated block, diffusers' regional compile;
+for a class that names none, SD3, each of its ``transformer_blocks``)
 and ``rounds`` more rounds time it against the shim again. The shim's output is compared with eager's
 (max |difference| / max |eager|, cosine). Writes ``OUT/<tag>.json`` and ``OUT/<tag>.md``.
 Before this script (untracked, session 6): ``results/diffusers_step_2026-12-01.md`` and ``_interleaved_``.
@@ -162,7 +163,11 @@ def run_model(name: str, args, packages, device, dtype, say) -> dict:
             row["rounds"].append({"eager_ms": eager_ms, "shim_ms": shim_ms})
             say(f"  round {i}: eager {eager_ms:.1f} ms, shim {shim_ms:.1f} ms ({eager_ms / shim_ms:.3f}x)")
     if args.compile:
-        model.compile_repeated_blocks(fullgraph=True)
+        if getattr(model, "_repeated_blocks", None):
+            model.compile_repeated_blocks(fullgraph=True)
+        else:  # a class that names no repeated blocks (SD3): each of its transformer blocks, as the regional compile
+            for block in model.transformer_blocks:
+                block.compile(fullgraph=True)
         start = time.perf_counter()
         with torch.inference_mode():
             row["compile_vs_eager"] = compare(model(**inputs, return_dict=False)[0], ref)
@@ -212,6 +217,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument("--tag", default="diffusers_step_" + time.strftime("%Y-%m-%d", time.gmtime()))
+    ap.add_argument("--tree", help="the commit measured, for the report (default: git's HEAD here)")
     ap.add_argument("--smoke", action="store_true", help="tiny models on the CPU under the Triton interpreter")
     args = ap.parse_args()
     if args.rounds < 1:
@@ -225,7 +231,7 @@ def main() -> int:
 
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
-    tree = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+    tree = args.tree or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "?"
     data = {"device": "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": triton.__version__, "diffusers": diffusers.__version__, "tree": tree, "rounds": args.rounds,
