@@ -1453,3 +1453,31 @@ def test_sm90_forward_compiles_for_hopper(built):
         fields = dict(f.split("=") for f in ln.split()[1:])
         assert int(fields["hgmma"]) > 0 and int(fields["setmaxnreg"]) > 0, ln
         assert 0 < int(fields["shared"]) <= 232448, ln
+
+
+def test_export_with_dynamic_sizes(attention, norms, device):
+    """``torch.export.export`` (non-strict, its default) and ``make_fx`` symbolic tracing with a dynamic sequence
+    length: the ops' checks run on symbolic sizes (rotary's shape check was cached with ``lru_cache``, which cannot
+    hash a SymInt: a TypeError), and the exported program gives eager's values at another length."""
+    from torch.export import Dim, export
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    class Block(torch.nn.Module):
+        def forward(self, x, cos, sin, w):
+            q = attention.rotary_embedding(x, cos, sin)
+            return attention.flash_attention(norms.rms_norm(q, w), q, x, causal=True)
+
+    S = Dim("S", min=2, max=64)
+    shapes = ({2: S}, {0: S}, {0: S}, None)
+
+    def args(s, seed):
+        g = torch.Generator().manual_seed(seed)
+        return tuple(torch.randn(*shape, generator=g).to(device) for shape in ((1, 2, s, 16), (s, 16), (s, 16), (16,)))
+
+    program = export(Block(), args(8, 0), dynamic_shapes=shapes)
+    for s in (5, 13):
+        new = args(s, s)
+        assert torch.equal(program.module()(*new), Block()(*new))
+    traced = make_fx(lambda *a: attention.rotary_embedding(*a[:3]), tracing_mode="symbolic")(*args(8, 1))
+    new = args(11, 2)
+    assert torch.equal(traced(*new), attention.rotary_embedding(*new[:3]))

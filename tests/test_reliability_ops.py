@@ -23,6 +23,8 @@ import contextlib
 import sys
 from unittest import mock
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -301,6 +303,39 @@ def test_case10_negative_bit_inputs_every_op(request, package, device):
             for j, (x, y) in enumerate(zip(gb, ga)):
                 if y is not None:
                     _assert_same(f"{name} negative-bit input {i} and dy, grad {j}", x, y, y.dtype)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_jit_trace_records_every_op(request, package, device):
+    """``torch.jit.trace`` (also the legacy ``torch.onnx.export`` path) of each op records its custom op and the
+    traced function gives eager's values on fresh inputs of the same shapes. The inference fast paths planned a
+    launch from the traced sizes (tensors under the tracer): an AttributeError or ValueError from the planning."""
+    pkg = _pkg(request, package)
+    torch.manual_seed(11)
+    traced_ops = 0
+    for name, fn, make, _, _, dtype, params in _runs(pkg, CATALOG[package], device, dtype_index=0):
+        if params:  # a module's sample (parameters): the tracer would record them as constants
+            continue
+        traced_ops += 1
+        data = make(device, dtype)
+        where = [i for i, t in enumerate(data) if isinstance(t, torch.Tensor)]
+
+        def call(*tensors, data=data, where=where, fn=fn):
+            args = list(data)
+            for i, t in zip(where, tensors):
+                args[i] = t
+            out = fn(*args)
+            return tuple(o for o in as_tuple(out) if isinstance(o, torch.Tensor))
+
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on Python values it records as constants
+            traced = torch.jit.trace(call, tuple(clone_inputs(data)[i] for i in where), check_trace=False)
+            assert "::" in str(traced.graph), f"{name}: no op recorded"
+            fresh = [t.clone().normal_() if t.is_floating_point() else t.clone() for t in (data[i] for i in where)]
+            got, want = traced(*clone_inputs(fresh)), call(*clone_inputs(fresh))
+        for j, (g, w) in enumerate(zip(as_tuple(got), want)):
+            _assert_same(f"{name} traced output {j}", g, w, dtype)
+    assert traced_ops
 
 
 # ----------------------------------------------------------------------------- case 5: compile, CUDA graphs, streams

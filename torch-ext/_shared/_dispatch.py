@@ -31,14 +31,14 @@ OP, IMPL, AUTOGRAD, FUNCTORCH = 0, 1, 2, 3
 
 
 def _route(args) -> int:
-    """OP under compile tracing, a dispatch mode or for a tensor subclass; FUNCTORCH under a functorch
+    """OP under compile tracing, ``torch.jit.trace``, a dispatch mode or for a tensor subclass; FUNCTORCH under a functorch
     transform; AUTOGRAD when forward-mode AD is on (a dual level entered: the ops have no forward-mode
     formula, and a Function raises for a tangent where the op would drop it; :func:`call_op` resolves
     negative bits first); OP for a tensor with the negative bit set (the op resolves it; the implementation
     would read the negated memory); else AUTOGRAD when a tensor needs a gradient, IMPL otherwise. (The
     conjugate bit needs no check: only complex tensors carry it, and every op rejects complex dtypes.)"""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
-        return OP
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0 or torch._C._is_tracing():
+        return OP  # torch.jit.trace records the custom op (its launch planning would see traced sizes)
     if torch._C._are_functorch_transforms_active():
         return FUNCTORCH
     grad = torch.is_grad_enabled()
@@ -64,9 +64,9 @@ def eager_mode(tensors: tuple) -> int:
     and one does (:func:`call_op` would run the eager ``torch.autograd.Function``); OP otherwise, where the caller
     leaves the call to :func:`call_op`, which decides: compile tracing, a dispatch mode, a functorch transform
     (vmap / jvp wrap their tensors: no data_ptr()), a dual level (tangents), an argument that is neither None nor a
-    plain tensor, or a tensor with the negative bit set."""
+    plain tensor, or a tensor with the negative bit set; ``torch.jit.trace`` (it records the custom op)."""
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0):
+            or torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0 or torch._C._is_tracing()):
         return OP
     grad = torch.is_grad_enabled()
     route = IMPL

@@ -312,13 +312,25 @@ def _check(name: str, x: Tensor, cos: Tensor, sin: Tensor) -> None:
                              f"cos/sin; detach them (they are buffers in transformers and diffusers models)")
 
 
-@functools.lru_cache(maxsize=1024)
 def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
-    """Whether ``shape`` broadcasts to exactly ``target`` (cached: host time of every call)."""
+    """Whether ``shape`` broadcasts to exactly ``target``: cached for plain sizes (host time of every call);
+    symbolic sizes (``torch.export``, ``make_fx``: unhashable SymInts) and traced calls are not cached."""
+    if torch.compiler.is_compiling():  # dynamo would warn about tracing into an lru_cache
+        return _broadcasts(shape, target)
+    try:
+        return _broadcasts_cached(shape, target)
+    except TypeError:  # a SymInt in a shape
+        return _broadcasts(shape, target)
+
+
+def _broadcasts(shape: torch.Size, target: torch.Size) -> bool:
     try:
         return torch.broadcast_shapes(shape, target) == target
     except RuntimeError:
         return False
+
+
+_broadcasts_cached = functools.lru_cache(maxsize=1024)(_broadcasts)
 
 
 def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False,
