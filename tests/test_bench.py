@@ -299,6 +299,22 @@ def test_cli_plot_redraws_from_json(tmp_path, capsys):
         main(["bench", "--plot", str(src), "--notes", str(tmp_path / "missing.txt")])
     with pytest.raises(SystemExit, match="--plot only redraws"):
         main(["bench", "--plot", str(src), "--e2e", "smollm2-135m"])
+    # found by a fresh-eyes trial: tracebacks (not JSON, rows without 'env'), files written outside --out
+    (tmp_path / "notes.md").write_text("# not json")
+    with pytest.raises(SystemExit, match=r"bench --plot: .*notes.md is not JSON"):
+        main(["bench", "--plot", str(tmp_path / "notes.md")])
+    (tmp_path / "r1.json").write_text(json.dumps({"rows": [{"package": "x"}]}))
+    with pytest.raises(SystemExit, match="not a results file of the op sweep"):
+        main(["bench", "--plot", str(tmp_path / "r1.json")])
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit, match=r"bench --out .*a_file.*: cannot create it"):
+        main(["bench", "--plot", str(src), "--out", str(tmp_path / "a_file" / "out")])
+    for bad in (["--name", "../../escaped"], ["--rep", "0"], ["--batch", "1", "-3"], ["--repeats", "x"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["bench", "--plot", str(src), *bad])
+        assert exit_info.value.code == 2, bad
+        assert f"argument {bad[0]}" in capsys.readouterr().err
+    assert not (tmp_path.parent / "escaped.json").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU error path")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 
 import pytest
 
@@ -85,3 +86,37 @@ def test_max_new_tokens_below_one_refused_before_the_model_loads(capsys, monkeyp
 def test_unknown_families_named():
     with pytest.raises(ValueError, match="families must be one of"):
         demo.run_demo(families="everything")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--org", "../../evil"], "argument --org: org '../../evil' is not a Hub organisation name"),
+    (["--version", "0"], "argument --version: must be >= 1, got 0"),
+    (["--device", "xyz"], "argument --device: Expected one of"),
+    (["--model", "/nonexistent/model"], "argument --model: /nonexistent/model: no such folder"),
+])
+def test_bad_arguments_refused_before_the_model_loads(args, message, capsys, monkeypatch):
+    """--org, --version, --device and --model were checked only after the model had loaded and generated (~20 s
+    on the CPU), then failed with a traceback; now argparse refuses them in one line."""
+    from triton_collection import cli
+
+    monkeypatch.setattr(demo, "run_demo", lambda **kwargs: pytest.fail("the model would load"))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", *args])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_kernels_load_before_the_model_and_a_missing_version_is_one_line(monkeypatch):
+    """A version the cache does not hold is named before the model loads (the packages load first)."""
+    monkeypatch.setattr(demo, "_load", lambda *a: pytest.fail("the model would load"))
+    monkeypatch.setattr(demo, "ensure_installed", lambda org, version, package: (_ for _ in ()).throw(
+        ValueError(f"Version {version} not found, available versions: 1")))
+    with pytest.raises(SystemExit, match="demo: cannot load triton-collection/triton-norms v2: Version 2 not found"):
+        demo.run_demo(version=2, device="cpu")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu:0"])
+def test_any_cpu_device_runs_the_interpreter(device, monkeypatch):
+    """``--device cpu:0`` is a CPU device too: the interpreter is switched on for it (it was only for "cpu")."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    demo._prepare_environment(device)
+    assert os.environ["TRITON_INTERPRET"] == "1"

@@ -118,6 +118,13 @@ def test_candidates_and_shapes(tmp_path):
     (tmp_path / "per_m.json").write_text(json.dumps(per_m))
     pick = tune._load_candidates(str(tmp_path / "per_m.json"))
     assert pick(1) == one and pick(2048) == one * 2 and pick(100) == one
+    # a bad file is one line naming it (it was a traceback after the build, or log2(0) for a key "0")
+    (tmp_path / "zero.json").write_text(json.dumps({"0": one}))
+    (tmp_path / "text.json").write_text("configs: none")
+    for name, message in (("missing.json", "cannot read it"), ("text.json", "not JSON"),
+                          ("zero.json", "expected a list of configs")):
+        with pytest.raises(SystemExit, match=f"tune --candidates .*{name}: {message}"):
+            tune._load_candidates(str(tmp_path / name))
     assert tune._parse_shape("1,4096,14336") == (1, 4096, 14336)
     for bad in ("1,2", "a,b,c", "0,4,4"):
         with pytest.raises(Exception, match="M,N,K|>= 1"):

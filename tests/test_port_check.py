@@ -157,6 +157,7 @@ def test_evaluate(text, env, expected):
     ("M // 0", "by zero"),
     ("M +", "cannot parse"),
     ("min(M, key=1)", "may be called"),
+    ("M ** 1000000000", "exponent 1000000000 is beyond"),  # ran for minutes (a huge int power)
 ])
 def test_evaluate_rejects(text, message):
     with pytest.raises(pc.PortError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -220,6 +221,18 @@ BAD = [
     ("fewer args than the kernel takes", lambda t: t.replace('args = ["out", "x", "weight", "float eps", "int N"]',
                                                              'args = ["out", "x", "weight", "float eps"]'),
      "args: 4 given, but 'rms_norm_kernel' in rms_norm_kernel.cu takes 5"),
+    # values the check would run with silently wrong (found by a fresh-eyes trial)
+    ("NaN input scale", lambda t: t.replace('x = { shape = ["M", "N"]', 'x = { scale = nan, shape = ["M", "N"]'),
+     "scale: must be a finite number, got nan"),
+    ("int scalar of a float", lambda t: t.replace('"int N"', '"int eps"'), 'args "int eps": \'eps\' must give a whole number, got 1e-06'),
+    ("int scalar beyond int32", lambda t: t.replace('"int N"', '"int N * 2 ** 40"'), "does not fit the C type int"),
+    ("negative bytes", lambda t: t.replace('bytes = "2 * M * N * elem + N * elem"', 'bytes = "-1"'), "gives -1 < 0"),
+    ("output returned twice", lambda t: t.replace('triton_returns = ["out"]', 'triton_returns = ["out", "out"]'),
+     "each output may be named once"),
+    ("unknown triton package", lambda t: t.replace('triton = "triton-norms:rms_norm"', 'triton = "triton-nope:rms_norm"'),
+     "triton: no package 'triton-nope'"),
+    ("unknown triton function", lambda t: t.replace('triton = "triton-norms:rms_norm"', 'triton = "triton-norms:nope"'),
+     "triton: triton-norms exports no 'nope'"),
 ]
 
 
@@ -230,6 +243,26 @@ def test_bad_descriptions_give_clear_errors(tmp_path, label, edit, message):
         pc.load_port(folder)
     assert message in str(err.value)
     assert "port.toml" in str(err.value)  # names the file
+
+
+def test_cli_refuses_duplicate_fixture_names_and_unusable_outputs(tmp_path, capsys):
+    """Two fixtures of one name would share one compiled CUDA launcher (the second kernel run for both); an
+    unwritable --out / --log-jsonl lost a whole check at its end; --validate --out x.png wrote text into a .png.
+    All are refused before anything runs, exit 2, one line."""
+    from triton_collection.cli import main
+
+    copy = _fixture(tmp_path, lambda t: t)  # same name = "rms_norm"
+    cases = [([str(RMS_DIR), str(copy), "--validate"], "two fixtures are named 'rms_norm'"),
+             ([str(RMS_DIR), "--validate", "--out", str(tmp_path / "plan.png")], "--validate writes its plan as .json"),
+             ([str(RMS_DIR), "--validate", "--out", str(tmp_path)], "cannot be written"),
+             ([str(RMS_DIR), "--log-jsonl", str(tmp_path)], "--log-jsonl"),
+             ([str(RMS_DIR), "--out", str(tmp_path / "a_file" / "r.json")], "r.json: cannot be written")]
+    (tmp_path / "a_file").write_text("")
+    for args, message in cases:
+        assert main(["port-check", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("port-check: ") and message in err and err.count("\n") == 1, err
+    assert main(["port-check", str(RMS_DIR), "--validate", "--out", str(tmp_path / "plan.json")]) == 0
 
 
 def test_missing_description(tmp_path):
@@ -472,7 +505,7 @@ def test_cli_validate_and_no_cuda_error(capsys, device, tmp_path):
         pytest.skip("this machine has a GPU")
     assert main(["port-check", str(RMS_DIR)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("port-check: port-check needs a CUDA GPU") and "--validate" in err
+    assert err.startswith("port-check: needs a CUDA GPU") and "--validate" in err
 
 
 def test_cli_bad_description(tmp_path, capsys):

@@ -512,6 +512,38 @@ def write_report(result: dict, out: Path, *, name: str | None = None, title: str
     return paths
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _stem(text: str) -> str:
+    """argparse type: a results file stem (a name, not a path: the files go into --out)."""
+    if not text or "/" in text or "\\" in text or text in (".", "..") or text.startswith("."):
+        raise argparse.ArgumentTypeError(f"expected a file name stem without folders, got {text!r} (use --out for the folder)")
+    return text
+
+
+def _writable_folder(out: Path) -> Path:
+    """``out`` created if missing; one line naming it where it cannot be (before a measurement, not after)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise SystemExit(f"bench --out {out}: cannot create it ({err.strerror})") from None
+    if not out.is_dir() or not os.access(out, os.W_OK):
+        raise SystemExit(f"bench --out {out}: not a writable folder")
+    return out
+
+
+_ROW_KEYS = ("package", "op", "mode", "shape", "provider")
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``bench`` subcommand on an ``argparse`` subparsers object."""
     p = subparsers.add_parser("bench", help="time every op of the packages (and peers) on the GPU; JSON + PNG",
@@ -520,21 +552,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--shapes", default="quick", choices=["quick", "full"], help="shape sweep (default: quick)")
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="input dtype (default: bf16)")
     p.add_argument("--out", help="results folder (default: <checkout>/benchmarks/results)")
-    p.add_argument("--name", help="results file stem (default: bench_<date>, e2e_<model>_<date>)")
+    p.add_argument("--name", type=_stem, help="results file stem (default: bench_<date>, e2e_<model>_<date>)")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated peer kinds to run (default: {','.join(PEERS)}; '' = none)")
-    p.add_argument("--rep", type=int, default=100, help="do_bench rep in ms (default: 100)")
-    p.add_argument("--warmup", type=int, default=25, help="do_bench warmup in ms (default: 25)")
+    p.add_argument("--rep", type=_positive_int, default=100, help="do_bench rep in ms (default: 100)")
+    p.add_argument("--warmup", type=_positive_int, default=25, help="do_bench warmup in ms (default: 25)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replays (kernel time alone) of each row")
     p.add_argument("--plot", metavar="JSON", help="only redraw the PNG (and Markdown) of an earlier results JSON; no GPU needed")
     p.add_argument("--notes", metavar="FILE", help="with --plot: store these notes (one per line: why a peer is faster) in the JSON and Markdown")
     p.add_argument("--e2e", nargs="+", metavar="MODEL", help="end-to-end greedy decode instead of the op sweep (see triton_collection.e2e)")
-    p.add_argument("--batch", nargs="+", type=int, default=[1, 64], help="--e2e batch sizes (default: 1 64)")
-    p.add_argument("--new-tokens", type=int, default=32, help="--e2e tokens generated per sequence (default: 32)")
-    p.add_argument("--prompt-len", type=int, default=128, help="--e2e prompt length (default: 128)")
-    p.add_argument("--layers", type=int, help="--e2e: override the number of decoder layers (the report says so)")
+    p.add_argument("--batch", nargs="+", type=_positive_int, default=[1, 64], help="--e2e batch sizes (default: 1 64)")
+    p.add_argument("--new-tokens", type=_positive_int, default=32, help="--e2e tokens generated per sequence (default: 32)")
+    p.add_argument("--prompt-len", type=_positive_int, default=128, help="--e2e prompt length (default: 128)")
+    p.add_argument("--layers", type=_positive_int, help="--e2e: override the number of decoder layers (the report says so)")
     p.add_argument("--compile", action="store_true", help="--e2e: also time a torch.compile'd decode (slow to compile)")
-    p.add_argument("--repeats", type=int, default=3, help="--e2e: runs per timing, the median is kept (default: 3)")
+    p.add_argument("--repeats", type=_positive_int, default=3, help="--e2e: runs per timing, the median is kept (default: 3)")
     p.set_defaults(func=run)
     return p
 
@@ -550,14 +582,18 @@ def run(args: argparse.Namespace) -> int:
                              "pass one of them")
         if args.notes and not Path(args.notes).is_file():
             raise SystemExit(f"bench --notes: no such file: {args.notes}")
-        result = json.loads(src.read_text())
-        if not isinstance(result, dict) or not isinstance(result.get("rows"), list) \
-                or any(not isinstance(r, dict) or "package" not in r for r in result["rows"]):
-            raise SystemExit(f"bench --plot: {src} is not a results file of the op sweep (its rows need 'package', "
-                             "'op', 'mode', 'shape'); end-to-end results (--e2e) have their own Markdown")
+        try:
+            result = json.loads(src.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise SystemExit(f"bench --plot: {src} is not JSON ({err})") from None
+        if not isinstance(result, dict) or not isinstance(result.get("env"), dict) or not result.get("rows") \
+                or not isinstance(result["rows"], list) \
+                or any(not isinstance(r, dict) or any(k not in r for k in _ROW_KEYS) for r in result["rows"]):
+            raise SystemExit(f"bench --plot: {src} is not a results file of the op sweep (an 'env' table and rows "
+                             f"with {', '.join(map(repr, _ROW_KEYS))}); end-to-end results (--e2e) have their own Markdown")
         if args.notes:
             result["notes"] = [line.strip().removeprefix("- ") for line in Path(args.notes).read_text().splitlines() if line.strip()]
-        out = Path(args.out) if args.out else src.parent
+        out = _writable_folder(Path(args.out) if args.out else src.parent)
         paths = write_report(result, out, name=args.name or src.stem)
         print("\n".join(map(str, paths)))
         return 0
@@ -567,7 +603,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("bench: needs a GPU (torch.cuda.is_available() is False; this torch is "
                          f"{torch.__version__}). Timings under the CPU interpreter would mean nothing. "
                          "Use --plot JSON to redraw earlier results.")
-    out = Path(args.out) if args.out else _root() / "benchmarks" / "results"
+    out = _writable_folder(Path(args.out) if args.out else _root() / "benchmarks" / "results")
     if args.e2e:
         from .e2e import run_e2e_cli
 

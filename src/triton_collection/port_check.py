@@ -131,8 +131,15 @@ class PortError(ValueError):
 _BINOPS = {
     ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
     ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b,
-    ast.Pow: lambda a, b: a ** b,
+    ast.Pow: lambda a, b: _power(a, b),
 }
+_MAX_EXPONENT = 64  # sizes and byte counts need no more; a larger power of a big int would run for minutes
+
+
+def _power(a, b):
+    if abs(b) > _MAX_EXPONENT:
+        raise OverflowError(f"exponent {b} is beyond +-{_MAX_EXPONENT}")
+    return a ** b
 _CMPOPS = {
     ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
     ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b,
@@ -321,8 +328,9 @@ def _parse_tensors(table, where: str) -> tuple[TensorSpec, ...]:
         if not isinstance(t.get("output", False), bool):
             raise PortError(f"{w}.output: must be true or false")
         for key in ("scale", "shift"):
-            if key in t and (isinstance(t[key], bool) or not isinstance(t[key], (int, float))):
-                raise PortError(f"{w}.{key}: must be a number, got {t[key]!r}")
+            if key in t and (isinstance(t[key], bool) or not isinstance(t[key], (int, float))
+                             or not math.isfinite(t[key])):
+                raise PortError(f"{w}.{key}: must be a finite number, got {t[key]!r}")
         out.append(TensorSpec(name, _expr_list(t["shape"], f"{w}.shape", lo=1, hi=8), t.get("output", False),
                               float(t.get("scale", 1.0)), float(t.get("shift", 0.0)), dtype))
     if not any(t.output for t in out):
@@ -490,6 +498,8 @@ def _parse_kernel(k, i: int, top: dict, shape_vars: set[str], fixture: str, wher
             raise PortError(f"{where_}: unknown name(s) {', '.join(sorted(unknown))} in {text!r}; "
                             f"known: {', '.join(sorted(env))}")
     outputs = {t.name for t in tensors if t.output}
+    if len(set(map(str, triton_returns))) != len(triton_returns):
+        raise PortError(f"{w}.triton_returns: each output may be named once, got {triton_returns!r}")
     for r in triton_returns:
         if r not in outputs:
             raise PortError(f"{w}.triton_returns: {r!r} is not an output tensor ({', '.join(sorted(outputs))})")
@@ -540,8 +550,9 @@ def load_port(folder: Path | str) -> PortSpec:
     Every expression is parsed and checked for unknown names, every kernel's ``cuda`` name must be a
     ``__global__`` function of the source taking as many parameters as ``args`` passes, and every
     kernel's launch geometry is evaluated at every shape and dtype (at most 1024 threads per block,
-    CUDA's grid limits), so a description that loads here runs without a description error (the
-    ``triton`` function is looked up when the check runs).
+    CUDA's grid limits, scalar arguments that fit their C type), so a description that loads here runs without a
+    description error. Inside a collection checkout each ``triton`` target's package must be in its build.toml
+    and the function in the package's ``__all__`` (outside one, the packages come from the cache at run time).
 
     Raises:
         PortError: a missing file or key, an unknown key, a bad value, fewer than 3 shapes or
@@ -588,6 +599,7 @@ def load_port(folder: Path | str) -> PortSpec:
         raise PortError(f"{where}: kernel names must be unique; repeated: {', '.join(dup)}")
     for i, k in enumerate(kernels):
         _check_cuda_signature(source, k, f"{where}: kernel[{i}] ({k.name})", source_path.name)
+    _check_triton_targets(kernels, where)
     spec = PortSpec(str(name), desc.parent, source_path, source, shapes, kernels)
     for k in kernels:
         for shape in shapes:
@@ -596,9 +608,46 @@ def load_port(folder: Path | str) -> PortSpec:
                     launch_geometry(spec, k, shape, dtype)
                     tensor_shapes(spec, k, shape, dtype)
                     bytes_moved(spec, k, shape, dtype)
+                    scalar_args(spec, k, shape, dtype)
                 except PortError as err:
                     raise PortError(f"{where}: {err}") from None
     return spec
+
+
+def _check_triton_targets(kernels: Sequence[KernelSpec], where: str) -> None:
+    """Each kernel's ``triton = "<package>:<function>"``: the package in the checkout's build.toml and the function
+    in its ``__all__`` (read from source, nothing imported); nothing to check outside a checkout."""
+    root = _find_collection_root()
+    if root is None:
+        return
+    from .api_surface import surface_of_dir
+    from .manifest import load_manifest
+
+    collection = load_manifest(root)
+    for i, k in enumerate(kernels):
+        package, function = k.triton.split(":")
+        try:
+            pkg = collection.package(package)
+        except KeyError as err:
+            raise PortError(f"{where}: kernel[{i}] ({k.name}).triton: {err.args[0]}") from None
+        names = surface_of_dir(root / "torch-ext" / pkg.python_name).names
+        if function not in names:
+            raise PortError(f"{where}: kernel[{i}] ({k.name}).triton: {package} exports no {function!r} "
+                            f"(its __all__: {', '.join(n for n in names if n != 'layers')})")
+
+
+def check_fixture_names(specs: Sequence[PortSpec]) -> None:
+    """Fixture names must differ across one run: the compiled CUDA launchers and the report rows are keyed by them.
+
+    Raises:
+        PortError: naming the repeated name and its folders.
+    """
+    seen: dict[str, Path] = {}
+    for spec in specs:
+        if spec.name in seen:
+            raise PortError(f"two fixtures are named {spec.name!r} ({seen[spec.name]} and {spec.folder}): their CUDA "
+                            "kernels would share one compiled launcher; give one another `name` in its port.toml")
+        seen[spec.name] = spec.folder
 
 
 # ---------------------------------------------------------------- per-case values
@@ -659,7 +708,38 @@ def tensor_shapes(spec: PortSpec, kernel: KernelSpec, shape, dtype: str) -> dict
 def bytes_moved(spec: PortSpec, kernel: KernelSpec, shape, dtype: str) -> int:
     env = case_env(spec, kernel, shape, dtype)
     where = f"{spec.name}/{kernel.name} at {shape['name']}: bytes"
-    return _as_int(evaluate(kernel.bytes, env, where), kernel.bytes, where)
+    value = _as_int(evaluate(kernel.bytes, env, where), kernel.bytes, where)
+    if value < 0:
+        raise PortError(f"{where}: {kernel.bytes!r} gives {value} < 0")
+    return value
+
+
+_SCALAR_RANGES = {"int": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+
+
+def scalar_args(spec: PortSpec, kernel: KernelSpec, shape, dtype: str) -> list:
+    """The CUDA kernel's scalar arguments at one case, in ``args`` order: ``int`` / ``int64`` whole numbers within
+    their C type's range, ``float`` finite numbers.
+
+    Raises:
+        PortError: a value its C type would silently change (``int eps`` = 1e-6 would pass 0) or a NaN / inf.
+    """
+    env = case_env(spec, kernel, shape, dtype)
+    out = []
+    for kind, text in kernel.args:
+        if kind == "tensor":
+            continue
+        where = f"{spec.name}/{kernel.name} at {shape['name']}: args \"{kind} {text}\""
+        value = evaluate(text, env, where)
+        if kind in _SCALAR_RANGES:
+            value = _as_int(value, text, where)
+            lo, hi = _SCALAR_RANGES[kind]
+            if not lo <= value <= hi:
+                raise PortError(f"{where}: {value} does not fit the C type {SCALAR_TYPES[kind]}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise PortError(f"{where}: must give a finite number, got {value!r}")
+        out.append((kind, value))
+    return out
 
 
 # ---------------------------------------------------------------- the CUDA side
@@ -748,17 +828,17 @@ def require_cuda_toolchain() -> None:
     import torch
 
     if torch.version.cuda is None:
-        raise PortError(f"port-check needs a CUDA GPU and a CUDA build of PyTorch; this torch ({torch.__version__}) "
+        raise PortError(f"needs a CUDA GPU and a CUDA build of PyTorch; this torch ({torch.__version__}) "
                         "is built without CUDA (use --validate to check the launch descriptions here)")
     if not torch.cuda.is_available():
-        raise PortError("port-check needs a CUDA GPU: torch.cuda.is_available() is False "
+        raise PortError("needs a CUDA GPU: torch.cuda.is_available() is False "
                         "(use --validate to check the launch descriptions here)")
     from torch.utils import cpp_extension
 
     home = cpp_extension.CUDA_HOME
     nvcc = Path(home) / "bin" / "nvcc" if home else None
     if not (nvcc and nvcc.is_file()) and shutil.which("nvcc") is None:
-        raise PortError("port-check needs nvcc (the CUDA compiler) to build the CUDA side: none found in "
+        raise PortError("needs nvcc (the CUDA compiler) to build the CUDA side: none found in "
                         f"CUDA_HOME ({home}) or on PATH; install the CUDA toolkit or set CUDA_HOME")
 
 
@@ -1223,11 +1303,13 @@ def _run_case(spec, kernel, fn, shape, dtype, cuda, device, seed, timer, row: Ch
         inputs, cuda_out = _make_tensors(spec, kernel, shape, dtype, device, seed)
         triton_out = {name: torch.full_like(t, math.nan) for name, t in cuda_out.items()}
 
+        scalars = iter(scalar_args(spec, kernel, shape, dtype))
+        scalar_values = [next(scalars) if kind != "tensor" else None for kind, _ in kernel.args]
+
         def cuda_call(outputs: dict) -> CudaCall:
             tensors = {**inputs, **outputs}
-            args = [("tensor", tensors[text]) if kind == "tensor" else
-                    (kind, evaluate(text, case_env(spec, kernel, shape, dtype), f"{spec.name}/{kernel.name}: args"))
-                    for kind, text in kernel.args]
+            args = [("tensor", tensors[text]) if kind == "tensor" else scalar
+                    for (kind, text), scalar in zip(kernel.args, scalar_values)]
             return CudaCall(kernel, dtype, grid, block, smem, tensors, args)
 
         call = cuda_call(cuda_out)
@@ -1273,7 +1355,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--shape", action="append", help="only the shape of this name (repeat)")
     parser.add_argument("--seed", type=int, help="base seed of the random inputs (default: fresh, printed)")
     parser.add_argument("--no-time", action="store_true", help="correctness only, no timing")
-    parser.add_argument("--rep-ms", type=int, default=50, help="do_bench repetition time per measurement (default 50)")
+    parser.add_argument("--rep-ms", type=_positive_int, default=50, help="do_bench repetition time per measurement, ms >= 1 (default 50)")
     parser.add_argument("--timer", choices=TIMERS, default="do_bench", help="do_bench (default: L2 flushed, host overhead "
                         "included) or cudagraph (replayed CUDA graph: kernel time only)")
     parser.add_argument("--validate", action="store_true", help="only parse and validate the launch descriptions; print the "
@@ -1321,10 +1403,45 @@ def _plan_text(plan: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _writable(path: Path) -> bool:
+    """Whether ``path`` can be written: not a folder, and its nearest existing ancestor folder writable."""
+    if path.is_dir():
+        return False
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    return folder.is_dir() and os.access(folder, os.W_OK)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """``--out`` / ``--log-jsonl`` checked before a check runs (a run's compile and timings are not lost to an
+    unwritable path at the end); with ``--validate``, ``--out`` takes .json or text (the plan has no table or plot)."""
+    for flag, value in [("--out", o) for o in args.out] + ([("--log-jsonl", args.log_jsonl)] if args.log_jsonl else []):
+        path = Path(value)
+        if not _writable(path):
+            raise PortError(f"{flag} {value}: cannot be written (a folder, or no write permission)")
+        if flag == "--out" and args.validate and path.suffix in (".md", ".png"):
+            raise PortError(f"--out {value}: --validate writes its plan as .json or text; .md and .png are a "
+                            "check's report formats")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the parsed ``port-check`` subcommand; exit code 0 all equal, 1 any mismatch/error, 2 unusable input/machine."""
     try:
+        _check_outputs(args)
         specs = [load_port(f) for f in args.fixtures]
+        check_fixture_names(specs)
         if args.validate:  # the plan of what a check would run, with this call's --kernel / --dtype / --shape
             plan = _plan(select(specs, args.kernel, args.dtype, args.shape), args.dtype, args.shape)
             as_json, as_text = json.dumps(plan, indent=2), _plan_text(plan)

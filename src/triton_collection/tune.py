@@ -333,12 +333,36 @@ def _parse_shape(text: str) -> tuple:
     return m, n, k
 
 
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
 def _load_candidates(path: Optional[str]) -> Callable[[int], list]:
+    """``--candidates``: a list of configs, or ``{"<M>": [configs]}`` with M >= 1.
+
+    Raises:
+        SystemExit: a missing file, not JSON, or another structure (one line naming the file).
+    """
     if path is None:
         return default_candidates
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if isinstance(data, list):
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SystemExit(f"tune --candidates {path}: cannot read it ({err.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SystemExit(f"tune --candidates {path}: not JSON ({err})") from None
+    if isinstance(data, list) and all(isinstance(c, dict) for c in data):
         return lambda M: data
+    if not isinstance(data, dict) or not data or not all(
+            isinstance(k, str) and k.isdigit() and int(k) >= 1 and isinstance(v, list) for k, v in data.items()):
+        raise SystemExit(f"tune --candidates {path}: expected a list of configs or {{\"<M >= 1>\": [configs]}}")
     per_m = sorted((int(k), v) for k, v in data.items())
     return lambda M: min(per_m, key=lambda item: abs(math.log2(item[0]) - math.log2(M)))[1]
 
@@ -348,6 +372,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import triton
 
+    candidates = _load_candidates(args.candidates)  # a bad file is named before the GPU and the build
     if not torch.cuda.is_available():
         print("tune needs a GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 1
@@ -376,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
         if any(r.best is not None for r in results):
             write_config_file(out, gpu, results, meta, base)
 
-    results = tune(mm, args.shape or DEFAULT_BUCKETS, _load_candidates(args.candidates), rep_ms=args.rep_ms,
+    results = tune(mm, args.shape or DEFAULT_BUCKETS, candidates, rep_ms=args.rep_ms,
                    budget_s=args.budget_s, on_bucket=write_so_far, cublas=not args.no_cublas,
                    epilogue=args.epilogue, incumbent=incumbent, min_gain=args.min_gain)
     try:
@@ -404,8 +429,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="bucket shape (repeat; default: M 1..16384 x Llama-3-8B and Flux projections)")
     p.add_argument("--candidates", help="JSON file: a list of configs, or {\"<M>\": [configs]} (nearest M in log2)")
     p.add_argument("--out", help="file to write (default: torch-ext/triton_matmul/configs/<GPU name>.json)")
-    p.add_argument("--budget-s", type=float, default=200.0, help="stop starting new measurements after this (default 200)")
-    p.add_argument("--rep-ms", type=float, default=30.0, help="timing window per measurement in ms (default 30)")
+    p.add_argument("--budget-s", type=_positive_float, default=200.0, help="stop starting new measurements after this (default 200)")
+    p.add_argument("--rep-ms", type=_positive_float, default=30.0, help="timing window per measurement in ms (default 30)")
     p.add_argument("--no-cublas", action="store_true", help="do not time torch.matmul per bucket (faster)")
     p.add_argument("--epilogue", choices=EPILOGUES,
                    help="measure with a bias and this activation fused; write \"epilogue\" entries "
