@@ -566,3 +566,13 @@ def test_gpu_port_check_real(device, tmp_path, ports):
     assert len(report.rows) == (11 + 1) * 3 * 3
     assert report.ok, report.table()
     assert report.env["compile_seconds"] >= 0 and report.env["arch"].startswith("sm_")  # 0.0: cached extension
+
+
+def test_a_selection_that_runs_nothing_is_refused(tmp_path):
+    """``--dtype bfloat16`` on kernels that take only float32 planned a kernel with no dtypes (exit 0) while the
+    check itself ran no row and failed at its end (exit 1); the selection is refused up front."""
+    spec = pc.load_port(_fixture(tmp_path, lambda t: t.replace('dtypes = ["float32", "float16", "bfloat16"]',
+                                                               'dtypes = ["float32"]')))
+    assert [k.name for s in pc.select([spec], dtypes=["float32"]) for k in s.kernels] == ["rms_norm"]
+    with pytest.raises(pc.PortError, match="nothing to run: no selected kernel takes bfloat16"):
+        pc.select([spec], dtypes=["bfloat16"])

@@ -1182,8 +1182,9 @@ def make_timer(kind: str = "do_bench", rep_ms: int = 50) -> Callable[[Callable[[
 
 def select(specs: Sequence[PortSpec], kernels: Optional[Sequence[str]] = None,
            dtypes: Optional[Sequence[str]] = None, shapes: Optional[Sequence[str]] = None) -> list[PortSpec]:
-    """The specs with only the named kernels (all by default; a spec left without any is dropped), after checking
-    that every name in ``kernels`` / ``dtypes`` / ``shapes`` exists (PortError naming the unknown ones)."""
+    """The specs with only the named kernels (all by default) that run in one of ``dtypes`` (any by default); a spec
+    left without any kernel is dropped. PortError names unknown names in ``kernels`` / ``dtypes`` / ``shapes``, and a
+    selection that leaves nothing to run (a check of no rows would fail at its end)."""
     known_k = {k.name for s in specs for k in s.kernels}
     known_s = {sh["name"] for s in specs for sh in s.shapes}
     for what, asked, known in (("kernel", kernels, known_k), ("dtype", dtypes, set(DTYPE_NAMES)), ("shape", shapes, known_s)):
@@ -1191,8 +1192,13 @@ def select(specs: Sequence[PortSpec], kernels: Optional[Sequence[str]] = None,
         if bad:
             raise PortError(f"unknown {what}(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
     selected = [PortSpec(s.name, s.folder, s.source_path, s.source, s.shapes,
-                         tuple(k for k in s.kernels if not kernels or k.name in kernels)) for s in specs]
-    return [s for s in selected if s.kernels]
+                         tuple(k for k in s.kernels if (not kernels or k.name in kernels)
+                               and (not dtypes or set(k.dtypes) & set(dtypes)))) for s in specs]
+    selected = [s for s in selected if s.kernels]
+    if not selected:
+        raise PortError("nothing to run: no selected kernel takes " + ", ".join(dtypes or ()) + " (a kernel's dtypes "
+                        "come from its port.toml)")
+    return selected
 
 
 def run_port_check(
