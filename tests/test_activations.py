@@ -1064,3 +1064,31 @@ def test_act_and_mul_and_the_plain_op_keep_their_own_plans(activations, device, 
         for y_plain, y_gated in (results[:2], results[2:]):
             assert_close_ref(y_plain, reference(activation, x))
             assert_close_ref(y_gated, reference(GATE_UP_ACTS[activation], torch.cat([g, u], -1)))
+
+
+@pytest.mark.gpu
+def test_gpu_a_row_of_more_than_2_31_elements(activations, device):
+    """A 1-D input of 2^31 + 65536 elements is one row: its column offsets pass 2^31. They were computed as
+    ``column_block * BLOCK_N`` in int32 and wrapped: the last 65536 outputs were never written and 65536 values
+    landed 2^31 elements before ``out``. Forward (out form and allocating) and backward."""
+    if device != "cuda":
+        pytest.skip("8.6 GB of fp16 tensors: GPU only")
+    N = (1 << 31) + 65536
+    buf = torch.zeros(N + 64, device=device, dtype=torch.float16)
+    out = buf[64:]
+    x = torch.full((N,), 1.0, device=device, dtype=torch.float16)
+    x[-3:] = 2.0
+    activations.silu(out, x)
+    want = torch.nn.functional.silu(torch.tensor([1.0, 2.0], device=device, dtype=torch.float16))
+    assert torch.all(buf[:64] == 0), "written before out"
+    assert torch.all(out[(1 << 31) - 4:-3] == want[0]) and torch.all(out[-3:] == want[1])
+    del buf, out
+    torch.cuda.empty_cache()
+    xg = x.requires_grad_()
+    y = activations.silu(xg)
+    assert torch.all(y[-3:] == want[1])
+    (dx,) = torch.autograd.grad(y, xg, torch.ones_like(y))
+    t = torch.tensor([1.0, 2.0], device=device, dtype=torch.float16, requires_grad=True)
+    (want_dx,) = torch.autograd.grad(torch.nn.functional.silu(t), t, torch.ones_like(t))
+    torch.testing.assert_close(dx[(1 << 31) - 4:], torch.cat([want_dx[:1].expand(4), want_dx[1:].expand(3)]),
+                               rtol=2e-3, atol=2e-3)

@@ -1481,3 +1481,23 @@ def test_export_with_dynamic_sizes(attention, norms, device):
     traced = make_fx(lambda *a: attention.rotary_embedding(*a[:3]), tracing_mode="symbolic")(*args(8, 1))
     new = args(11, 2)
     assert torch.equal(traced(*new), attention.rotary_embedding(*new[:3]))
+
+
+def test_more_programs_than_a_grid_axis_takes_is_refused(attention, norms, softmax, device):
+    """Batches over 65535 (window attention folds images x windows into B) and, with torch_order=True, more than
+    65535 x 2048 classes exceed a launch grid axis (CUDA's second and third axes take 65535): a clear ValueError
+    before any launch instead of the driver's invalid-argument error. 65535 still runs (on a GPU)."""
+    q = torch.randn(65536, 1, 2, 8, device=device)
+    with pytest.raises(ValueError, match=r"the batch \(65536\) and the query heads \(1\) may be at most 65535"):
+        attention.flash_attention(q, q, q)
+    if device == "cuda":  # 65535 programs: minutes under the interpreter
+        small = q[:65535, :, :1]
+        assert attention.flash_attention(small, small, small).shape == (65535, 1, 1, 8)
+    x = torch.randn(65536, 1, 8, device=device)
+    with pytest.raises(ValueError, match=r"x's batch \(65536\) may be at most 65535"):
+        norms.norm_modulate(x, x[0, 0], x[0, 0])
+    with pytest.raises(ValueError, match=r"x's batch \(65536\) may be at most 65535"):
+        norms.gated_residual(x, x, x[0, 0])
+    logits = torch.zeros(1, device=device).expand(65535 * 2048 + 1)
+    with pytest.raises(ValueError, match="torch_order=True takes at most 134215680 classes"):
+        softmax.cross_entropy(logits, torch.tensor(0, device=device), torch_order=True)

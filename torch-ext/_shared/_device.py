@@ -12,11 +12,12 @@ import os
 
 import torch
 
-__all__ = ["MAX_THREADS_PER_PROGRAM", "cdiv", "check_config_args", "check_launch_device", "check_warp_size",
+__all__ = ["MAX_GRID_YZ", "MAX_THREADS_PER_PROGRAM", "cdiv", "check_config_args", "check_launch_device", "check_warp_size",
            "device_warp_size", "is_interpreter", "launch_options", "next_power_of_2", "tma_descriptor_ok"]
 
 # Threads per program allowed by NVIDIA (32-lane warps) and AMD (64-lane wavefronts) hardware alike.
 MAX_THREADS_PER_PROGRAM = 1024
+MAX_GRID_YZ = 65535  # programs along a launch grid's second and third axes (CUDA; HIP allows more)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -100,9 +100,10 @@ def _act_fwd_kernel(
             row_block = tl.program_id(0)
             column_block = tl.program_id(1)
         rows = row_block.to(tl.int64) * ROWS + tl.arange(0, ROWS)
-        offs = column_block * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (rows < M)[:, None] & (offs < N)[None, :]
-        cols = offs.to(tl.int64)
+        col0 = column_block.to(tl.int64) * BLOCK_N  # int64: a row may pass 2^31 elements (the tile index may not)
+        offs = tl.arange(0, BLOCK_N)
+        mask = (rows < M)[:, None] & (offs < tl.minimum(N - col0, BLOCK_N).to(tl.int32))[None, :]
+        cols = col0 + offs
         x_off = _tile_offsets(rows, cols, D1, D2, stride_x0, stride_x1, stride_x2, stride_xn)
         u_off = _tile_offsets(rows, cols, D1, D2, stride_u0, stride_u1, stride_u2, stride_un)
         y_off = _tile_offsets(rows, cols, D1, D2, stride_y0, stride_y1, stride_y2, stride_yn)
@@ -133,9 +134,10 @@ def _act_bwd_kernel(
 ):
     # Reads dy and x, writes dx: 3 (plain) or 5 (gated) tiles per program.
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (offs < N)[None, :]
-    cols = offs.to(tl.int64)
+    col0 = tl.program_id(1).to(tl.int64) * BLOCK_N  # int64, as in the forward
+    offs = tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (offs < tl.minimum(N - col0, BLOCK_N).to(tl.int32))[None, :]
+    cols = col0 + offs
     dy_off = _tile_offsets(rows, cols, D1, D2, stride_dy0, stride_dy1, stride_dy2, stride_dyn)
     x_off = _tile_offsets(rows, cols, D1, D2, stride_x0, stride_x1, stride_x2, stride_xn)
     dx_off = _tile_offsets(rows, cols, D1, D2, stride_dx0, stride_dx1, stride_dx2, stride_dxn)

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from . import flash_sm90, flash_sm90_bwd
-from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2, tma_descriptor_ok
+from ._device import MAX_GRID_YZ, cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2, tma_descriptor_ok
 from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import FixedLaunch, PlanCache, descriptor_template, meta_items, rebase, signature
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
@@ -1198,6 +1198,9 @@ def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
         raise ValueError(f"q and k must have the same head dim, got {D} and {Dk}")
     if max(D, Dv) > MAX_HEAD_DIM or min(D, Dv) < 1:
         raise ValueError(f"head dims must be in [1, {MAX_HEAD_DIM}], got q/k {D}, v {Dv}")
+    if B > MAX_GRID_YZ or H > MAX_GRID_YZ:  # the launch grids' axes over heads and batch
+        raise ValueError(f"the batch ({B}) and the query heads ({H}) may be at most {MAX_GRID_YZ} each (launch grid "
+                         "axes): split the batch into calls of at most that many")
     if attn_mask is not None:
         if not isinstance(attn_mask, Tensor):
             raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")

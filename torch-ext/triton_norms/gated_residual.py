@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_float_tensor
-from ._device import cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options
+from ._device import MAX_GRID_YZ, cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._ops import add_op_namespace_prefix
@@ -129,6 +129,8 @@ def gated_residual(x: Tensor, y: Tensor, gate: Tensor, *, out_dtype: Optional[to
         raise ValueError(f"x must be 3-D [B, S, N], got shape {tuple(x.shape)}")
     if x.shape[-1] > MAX_N:
         raise ValueError(f"x rows (N = {x.shape[-1]}) must have at most {MAX_N} elements")
+    if x.shape[0] > MAX_GRID_YZ:  # one launch grid axis over the samples
+        raise ValueError(f"x's batch ({x.shape[0]}) may be at most {MAX_GRID_YZ} (a launch grid axis): split it")
     if y.shape != x.shape:
         raise ValueError(f"y must have x's shape {tuple(x.shape)}, got {tuple(y.shape)}")
     if y.device != x.device:

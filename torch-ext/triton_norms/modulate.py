@@ -30,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_eps, check_float_tensor
-from ._device import cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options, next_power_of_2
+from ._common import check_eps, check_float_tensor, vector
+from ._device import MAX_GRID_YZ, cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options, next_power_of_2
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._ops import add_op_namespace_prefix
@@ -45,7 +45,7 @@ MAX_N = 32768  # one row is held in registers
 @triton.jit
 def per_sample_row(ptr, b, stride_b, stride_n, offs, mask):
     """Sample b's row of a per-sample, per-column tensor (scale, shift, gate), fp32, 0 past N."""
-    return tl.load(ptr + b * stride_b + offs * stride_n, mask=mask, other=0.0).to(tl.float32)
+    return tl.load(ptr + b * stride_b + offs * stride_n.to(tl.int64), mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -179,6 +179,7 @@ def _meta(N: int, elem: int, warp: int, interp: bool):
 
 
 def _fwd(x, scale, shift, weight, bias, eps, rms, eager_rounding, out_dtype, save):
+    weight, bias = vector(weight), vector(bias)  # the kernels read them at unit stride
     xr, sxb, sxs = _rows(x)
     B, S, N = x.shape
     y = torch.empty((B, S, N), dtype=out_dtype, device=x.device)
@@ -230,6 +231,7 @@ def _modulate_bwd_impl(dy: Tensor, x: Tensor, scale: Tensor, weight: Optional[Te
                        mean: Tensor, rstd: Tensor, rms: bool, need_w: bool, need_b: bool
                        ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dx, dscale [B, N] fp32, dshift [B, N] fp32, dweight [N] fp32 or empty, dbias [N] fp32 or empty)."""
+    weight, bias = vector(weight), vector(bias)  # the kernels read them at unit stride
     xr, sxb, sxs = _rows(x)
     B, S, N = x.shape
     dx = torch.empty((B, S, N), dtype=x.dtype, device=x.device)
@@ -357,6 +359,8 @@ def norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, weight: Optional[Tens
         raise ValueError(f"x must be 3-D [B, S, N], got shape {tuple(x.shape)}")
     if x.shape[-1] > MAX_N:
         raise ValueError(f"x rows (N = {x.shape[-1]}) must have at most {MAX_N} elements")
+    if x.shape[0] > MAX_GRID_YZ:  # one launch grid axis over the samples
+        raise ValueError(f"x's batch ({x.shape[0]}) may be at most {MAX_GRID_YZ} (a launch grid axis): split it")
     _check_vec("scale", scale, x)
     _check_vec("shift", shift, x)
     N = x.shape[-1]

@@ -46,7 +46,7 @@ Tensor = torch.Tensor
 # log-softmax backward's `grad - exp(out) * sum` as one fused multiply-add (nvcc's default contraction)
 FMA_BACKWARD = True
 _ROWS_BLOCK = 128  # rows per program of the per-row kernel
-_BWD_BLOCK = 2048  # classes per program of the backward
+BWD_BLOCK = 2048  # classes per program of the backward
 _TILE = 8  # rows of slots the reduction loads per step
 
 
@@ -201,10 +201,10 @@ def _bwd_impl(logits: Tensor, target: Tensor, stats: Tensor, count: Tensor, dlos
     t1 = target.reshape(M)
     d1 = dloss.reshape(-1)
     mean = reduction == "mean" and logits.dim() == 2  # 1-D "mean" divides by a weight of 1
-    launch(_cross_entropy_torch_order_bwd_kernel, (M, cdiv(V, _BWD_BLOCK)),
+    launch(_cross_entropy_torch_order_bwd_kernel, (M, cdiv(V, BWD_BLOCK)),
            (x2, t1, stats, d1, count, dx, V, x2.stride(0), t1.stride(0), d1.stride(0) if reduction == "none" else 0,
             V, ignore_index),  # dx is contiguous: row stride V
-           meta_items(MEAN=mean, FMA=FMA_BACKWARD, BLOCK=_BWD_BLOCK, num_warps=4,
+           meta_items(MEAN=mean, FMA=FMA_BACKWARD, BLOCK=BWD_BLOCK, num_warps=4,
                       LIBDEVICE=use_libdevice(logits.device, _cross_entropy_torch_order_bwd_kernel),
                       DTYPE=round_dtype(logits.dtype), **launch_options(_cross_entropy_torch_order_bwd_kernel)),
            logits.device)
