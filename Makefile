@@ -11,7 +11,7 @@ TEST_WORKERS ?= 2
 
 setup: $(STAMP)
 
-# torch: keep an existing one (a GPU user's); otherwise torch==2.13.0 (a local CPU wheel on
+# torch: keep one already installed in .venv (a GPU user's CUDA build, put there before `make setup`); otherwise torch==2.13.0 (a local CPU wheel on
 # our CPU machines, the CUDA wheel from PyPI elsewhere).
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
