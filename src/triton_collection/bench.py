@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import DEFAULT_ORG
+from .argtypes import file_stem, positive_int
 from .bench_ops import REGISTRY, OpSpec, resolve_packages, specs_for
 
 __all__ = ["DTYPES", "PEERS", "add_parser", "best_peers", "gbps", "graph_median", "load_packages", "main",
@@ -512,24 +513,6 @@ def write_report(result: dict, out: Path, *, name: str | None = None, title: str
     return paths
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _stem(text: str) -> str:
-    """argparse type: a results file stem (a name, not a path: the files go into --out)."""
-    if not text or "/" in text or "\\" in text or text in (".", "..") or text.startswith("."):
-        raise argparse.ArgumentTypeError(f"expected a file name stem without folders, got {text!r} (use --out for the folder)")
-    return text
-
-
 def _writable_folder(out: Path) -> Path:
     """``out`` created if missing; one line naming it where it cannot be (before a measurement, not after)."""
     try:
@@ -552,21 +535,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--shapes", default="quick", choices=["quick", "full"], help="shape sweep (default: quick)")
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="input dtype (default: bf16)")
     p.add_argument("--out", help="results folder (default: <checkout>/benchmarks/results)")
-    p.add_argument("--name", type=_stem, help="results file stem (default: bench_<date>, e2e_<model>_<date>)")
+    p.add_argument("--name", type=file_stem, help="results file stem (default: bench_<date>, e2e_<model>_<date>)")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated peer kinds to run (default: {','.join(PEERS)}; '' = none)")
-    p.add_argument("--rep", type=_positive_int, default=100, help="do_bench rep in ms (default: 100)")
-    p.add_argument("--warmup", type=_positive_int, default=25, help="do_bench warmup in ms (default: 25)")
+    p.add_argument("--rep", type=positive_int, default=100, help="do_bench rep in ms (default: 100)")
+    p.add_argument("--warmup", type=positive_int, default=25, help="do_bench warmup in ms (default: 25)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replays (kernel time alone) of each row")
     p.add_argument("--plot", metavar="JSON", help="only redraw the PNG (and Markdown) of an earlier results JSON; no GPU needed")
     p.add_argument("--notes", metavar="FILE", help="with --plot: store these notes (one per line: why a peer is faster) in the JSON and Markdown")
     p.add_argument("--e2e", nargs="+", metavar="MODEL", help="end-to-end greedy decode instead of the op sweep (see triton_collection.e2e)")
-    p.add_argument("--batch", nargs="+", type=_positive_int, default=[1, 64], help="--e2e batch sizes (default: 1 64)")
-    p.add_argument("--new-tokens", type=_positive_int, default=32, help="--e2e tokens generated per sequence (default: 32)")
-    p.add_argument("--prompt-len", type=_positive_int, default=128, help="--e2e prompt length (default: 128)")
-    p.add_argument("--layers", type=_positive_int, help="--e2e: override the number of decoder layers (the report says so)")
+    p.add_argument("--batch", nargs="+", type=positive_int, default=[1, 64], help="--e2e batch sizes (default: 1 64)")
+    p.add_argument("--new-tokens", type=positive_int, default=32, help="--e2e tokens generated per sequence (default: 32)")
+    p.add_argument("--prompt-len", type=positive_int, default=128, help="--e2e prompt length (default: 128)")
+    p.add_argument("--layers", type=positive_int, help="--e2e: override the number of decoder layers (the report says so)")
     p.add_argument("--compile", action="store_true", help="--e2e: also time a torch.compile'd decode (slow to compile)")
-    p.add_argument("--repeats", type=_positive_int, default=3, help="--e2e: runs per timing, the median is kept (default: 3)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="--e2e: runs per timing, the median is kept (default: 3)")
     p.set_defaults(func=run)
     return p
 

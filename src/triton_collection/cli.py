@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from . import DEFAULT_ORG
+from .argtypes import hub_org
 
 __all__ = ["main"]
 
@@ -44,16 +45,6 @@ def _collection(args):
         except KeyError as err:
             raise SystemExit(f"--package: {err.args[0]}") from None
     return collection
-
-
-def _org(value: str) -> str:
-    """``--org``: a Hub organisation name, checked before anything is built, written or deleted."""
-    from .manifest import check_org
-
-    try:
-        return check_org(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _cmd_build(args) -> int:
@@ -122,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--root", help="collection folder (default: the one holding build.toml above the cwd)")
         p.add_argument("--package", action="append", help="Hub name of a package (repeat; default: all)")
         p.add_argument("--out", help=f"output folder (default: <root>/{out_default})")
-        p.add_argument("--org", type=_org, required=org_required,
+        p.add_argument("--org", type=hub_org, required=org_required,
                        help="Hub organisation" + ("" if org_required else f" (default: build.toml's, {DEFAULT_ORG})"))
         p.add_argument("--json", action="store_true", help="print the result as JSON")
 

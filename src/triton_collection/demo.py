@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import DEFAULT_ORG
+from .argtypes import hub_org, positive_int
 
 __all__ = ["DEFAULT_PROMPT", "FAMILY_SETS", "DemoResult", "add_parser", "main", "run", "run_demo"]
 
@@ -183,24 +184,6 @@ def _namespace_counter(namespaces: set[str]):
     return CountOps()
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an int >= 1 (checked before the model loads)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _org(text: str) -> str:
-    """argparse type: a Hub organisation name (``manifest.check_org``), checked before anything loads."""
-    from .manifest import check_org
-
-    try:
-        return check_org(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
 def _device(text: str) -> str:
     """argparse type: a device torch can parse (``cuda``, ``cuda:1``, ``cpu``, ...)."""
     import torch  # does not import triton
@@ -333,10 +316,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--device", type=_device, help="cuda, cpu, ... (default: cuda if available, else cpu with the Triton interpreter)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="model dtype (default: float32 on cpu, bfloat16 on gpu)")
-    parser.add_argument("--max-new-tokens", type=_positive_int, default=32,
+    parser.add_argument("--max-new-tokens", type=positive_int, default=32,
                         help="greedy generation length limit, >= 1 (default: 32)")
-    parser.add_argument("--org", type=_org, default=DEFAULT_ORG, help=f"Hub organisation of the kernels (default: {DEFAULT_ORG})")
-    parser.add_argument("--version", type=_positive_int, default=1, help="version of the packages to load, >= 1 (default: 1)")
+    parser.add_argument("--org", type=hub_org, default=DEFAULT_ORG, help=f"Hub organisation of the kernels (default: {DEFAULT_ORG})")
+    parser.add_argument("--version", type=positive_int, default=1, help="version of the packages to load, >= 1 (default: 1)")
     parser.add_argument("--families", default="all", choices=FAMILY_SETS,
                         help="what to swap: all (norms and activations, default) or norms")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")

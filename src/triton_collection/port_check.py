@@ -82,6 +82,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from . import DEFAULT_ORG
+from .argtypes import positive_int
 
 __all__ = [
     "CheckRow",
@@ -1361,7 +1362,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--shape", action="append", help="only the shape of this name (repeat)")
     parser.add_argument("--seed", type=int, help="base seed of the random inputs (default: fresh, printed)")
     parser.add_argument("--no-time", action="store_true", help="correctness only, no timing")
-    parser.add_argument("--rep-ms", type=_positive_int, default=50, help="do_bench repetition time per measurement, ms >= 1 (default 50)")
+    parser.add_argument("--rep-ms", type=positive_int, default=50, help="do_bench repetition time per measurement, ms >= 1 (default 50)")
     parser.add_argument("--timer", choices=TIMERS, default="do_bench", help="do_bench (default: L2 flushed, host overhead "
                         "included) or cudagraph (replayed CUDA graph: kernel time only)")
     parser.add_argument("--validate", action="store_true", help="only parse and validate the launch descriptions; print the "
@@ -1407,17 +1408,6 @@ def _plan_text(plan: list[dict]) -> str:
                         for name, g in row["shapes"].items())
         lines.append(f"  {row['kernel']}: {row['cuda']} -> {row['triton']} [{', '.join(row['dtypes'])}]; {geo}")
     return "\n".join(lines)
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _writable(path: Path) -> bool:

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from .argtypes import positive_float
+
 __all__ = ["DEFAULT_BUCKETS", "EPILOGUES", "BucketResult", "add_parser", "default_candidates", "load_matmul",
            "measure", "torch_forward", "tune", "write_config_file"]
 
@@ -333,17 +335,6 @@ def _parse_shape(text: str) -> tuple:
     return m, n, k
 
 
-def _positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
 def _load_candidates(path: Optional[str]) -> Callable[[int], list]:
     """``--candidates``: a list of configs, or ``{"<M>": [configs]}`` with M >= 1.
 
@@ -429,8 +420,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="bucket shape (repeat; default: M 1..16384 x Llama-3-8B and Flux projections)")
     p.add_argument("--candidates", help="JSON file: a list of configs, or {\"<M>\": [configs]} (nearest M in log2)")
     p.add_argument("--out", help="file to write (default: torch-ext/triton_matmul/configs/<GPU name>.json)")
-    p.add_argument("--budget-s", type=_positive_float, default=200.0, help="stop starting new measurements after this (default 200)")
-    p.add_argument("--rep-ms", type=_positive_float, default=30.0, help="timing window per measurement in ms (default 30)")
+    p.add_argument("--budget-s", type=positive_float, default=200.0, help="stop starting new measurements after this (default 200)")
+    p.add_argument("--rep-ms", type=positive_float, default=30.0, help="timing window per measurement in ms (default 30)")
     p.add_argument("--no-cublas", action="store_true", help="do not time torch.matmul per bucket (faster)")
     p.add_argument("--epilogue", choices=EPILOGUES,
                    help="measure with a bias and this activation fused; write \"epilogue\" entries "
