@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import cdiv, check_launch_device, launch_options
+from ._device import MAX_GRID_YZ, cdiv, check_launch_device, launch_options
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._libm import exp_f32, log_f32, use_libdevice
@@ -46,7 +46,7 @@ Tensor = torch.Tensor
 # log-softmax backward's `grad - exp(out) * sum` as one fused multiply-add (nvcc's default contraction)
 FMA_BACKWARD = True
 _ROWS_BLOCK = 128  # rows per program of the per-row kernel
-BWD_BLOCK = 2048  # classes per program of the backward
+_BWD_BLOCK = 2048  # classes per program of the backward
 _TILE = 8  # rows of slots the reduction loads per step
 
 
@@ -201,10 +201,10 @@ def _bwd_impl(logits: Tensor, target: Tensor, stats: Tensor, count: Tensor, dlos
     t1 = target.reshape(M)
     d1 = dloss.reshape(-1)
     mean = reduction == "mean" and logits.dim() == 2  # 1-D "mean" divides by a weight of 1
-    launch(_cross_entropy_torch_order_bwd_kernel, (M, cdiv(V, BWD_BLOCK)),
+    launch(_cross_entropy_torch_order_bwd_kernel, (M, cdiv(V, _BWD_BLOCK)),
            (x2, t1, stats, d1, count, dx, V, x2.stride(0), t1.stride(0), d1.stride(0) if reduction == "none" else 0,
             V, ignore_index),  # dx is contiguous: row stride V
-           meta_items(MEAN=mean, FMA=FMA_BACKWARD, BLOCK=BWD_BLOCK, num_warps=4,
+           meta_items(MEAN=mean, FMA=FMA_BACKWARD, BLOCK=_BWD_BLOCK, num_warps=4,
                       LIBDEVICE=use_libdevice(logits.device, _cross_entropy_torch_order_bwd_kernel),
                       DTYPE=round_dtype(logits.dtype), **launch_options(_cross_entropy_torch_order_bwd_kernel)),
            logits.device)
@@ -242,7 +242,13 @@ _AUTOGRAD = eager_autograd(_fwd, _fwd_impl, _setup_context, _backward)
 
 def cross_entropy_torch_order(logits: Tensor, target: Tensor, ignore_index: int, reduction: str) -> Tensor:
     """``F.cross_entropy(logits, target, ignore_index=..., reduction=...)`` bit for bit on CUDA (module
-    docstring); logits (C,) or (N, C), checked by the caller."""
+    docstring); logits (C,) or (N, C), checked by the caller.
+
+    Raises:
+        ValueError: more classes than the backward's grid takes (a program per 2048 classes on a grid axis of 65535).
+    """
+    if logits.shape[-1] > MAX_GRID_YZ * _BWD_BLOCK:
+        raise ValueError(f"torch_order=True takes at most {MAX_GRID_YZ * _BWD_BLOCK} classes, got {logits.shape[-1]}")
     loss, _, _ = call_op(_fwd, _fwd_impl, logits, target, ignore_index, reduction, autograd=_AUTOGRAD)
     return loss
 

@@ -60,7 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._cross_entropy_torch_order import BWD_BLOCK as TORCH_ORDER_BWD_BLOCK, cross_entropy_torch_order
+from ._cross_entropy_torch_order import cross_entropy_torch_order
 from .softmax import _chunk_max_exp, _chunk_start, _team_load, _team_max_sumexp, _team_phases
 from ._team import team_gather, team_publish, team_publish_pair, team_start
 from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, meta_like, row_layout,
@@ -69,7 +69,7 @@ from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._launch import PLAN_CACHES, config_for, team_for
 from ._libm import exp_approx, nvidia_approx
-from ._device import MAX_GRID_YZ, check_launch_device, launch_options
+from ._device import check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
 
 Tensor = torch.Tensor
@@ -765,9 +765,6 @@ def cross_entropy(
             raise ValueError("torch_order=True follows F.cross_entropy for (C,) or (N, C) logits without "
                              f"label_smoothing or z_loss (got logits of {logits.dim()} dims, label_smoothing="
                              f"{label_smoothing}, z_loss={z_loss})")
-        if logits.shape[-1] > MAX_GRID_YZ * TORCH_ORDER_BWD_BLOCK:  # the backward's grid: a program per block of classes
-            raise ValueError(f"torch_order=True takes at most {MAX_GRID_YZ * TORCH_ORDER_BWD_BLOCK} classes, got "
-                             f"{logits.shape[-1]}")
         return cross_entropy_torch_order(logits, target, ignore_index, reduction)
     grad_mode = 0
     if torch.is_grad_enabled() and logits.requires_grad:
