@@ -129,11 +129,6 @@ class PortError(ValueError):
 
 
 # ---------------------------------------------------------------- expressions
-_BINOPS = {
-    ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-    ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b,
-    ast.Pow: lambda a, b: _power(a, b),
-}
 _MAX_EXPONENT = 64  # sizes and byte counts need no more; a larger power of a big int would run for minutes
 
 
@@ -141,6 +136,13 @@ def _power(a, b):
     if abs(b) > _MAX_EXPONENT:
         raise OverflowError(f"exponent {b} is beyond +-{_MAX_EXPONENT}")
     return a ** b
+
+
+_BINOPS = {
+    ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b,
+    ast.Pow: _power,
+}
 _CMPOPS = {
     ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
     ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b,
@@ -625,13 +627,16 @@ def _check_triton_targets(kernels: Sequence[KernelSpec], where: str) -> None:
     from .manifest import load_manifest
 
     collection = load_manifest(root)
+    exports: dict[str, tuple[str, ...]] = {}  # package -> its __all__, read once
     for i, k in enumerate(kernels):
         package, function = k.triton.split(":")
-        try:
-            pkg = collection.package(package)
-        except KeyError as err:
-            raise PortError(f"{where}: kernel[{i}] ({k.name}).triton: {err.args[0]}") from None
-        names = surface_of_dir(root / "torch-ext" / pkg.python_name).names
+        if package not in exports:
+            try:
+                pkg = collection.package(package)
+            except KeyError as err:
+                raise PortError(f"{where}: kernel[{i}] ({k.name}).triton: {err.args[0]}") from None
+            exports[package] = surface_of_dir(root / "torch-ext" / pkg.python_name).names
+        names = exports[package]
         if function not in names:
             raise PortError(f"{where}: kernel[{i}] ({k.name}).triton: {package} exports no {function!r} "
                             f"(its __all__: {', '.join(n for n in names if n != 'layers')})")
@@ -719,8 +724,8 @@ _SCALAR_RANGES = {"int": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
 
 def scalar_args(spec: PortSpec, kernel: KernelSpec, shape, dtype: str) -> list:
-    """The CUDA kernel's scalar arguments at one case, in ``args`` order: ``int`` / ``int64`` whole numbers within
-    their C type's range, ``float`` finite numbers.
+    """Per entry of the CUDA kernel's ``args`` at one case: ``(kind, value)`` for a scalar (``int`` / ``int64`` whole
+    numbers within their C type's range, ``float`` finite numbers), None for a tensor.
 
     Raises:
         PortError: a value its C type would silently change (``int eps`` = 1e-6 would pass 0) or a NaN / inf.
@@ -729,6 +734,7 @@ def scalar_args(spec: PortSpec, kernel: KernelSpec, shape, dtype: str) -> list:
     out = []
     for kind, text in kernel.args:
         if kind == "tensor":
+            out.append(None)
             continue
         where = f"{spec.name}/{kernel.name} at {shape['name']}: args \"{kind} {text}\""
         value = evaluate(text, env, where)
@@ -1310,13 +1316,12 @@ def _run_case(spec, kernel, fn, shape, dtype, cuda, device, seed, timer, row: Ch
         inputs, cuda_out = _make_tensors(spec, kernel, shape, dtype, device, seed)
         triton_out = {name: torch.full_like(t, math.nan) for name, t in cuda_out.items()}
 
-        scalars = iter(scalar_args(spec, kernel, shape, dtype))
-        scalar_values = [next(scalars) if kind != "tensor" else None for kind, _ in kernel.args]
+        scalars = scalar_args(spec, kernel, shape, dtype)
 
         def cuda_call(outputs: dict) -> CudaCall:
             tensors = {**inputs, **outputs}
-            args = [("tensor", tensors[text]) if kind == "tensor" else scalar
-                    for (kind, text), scalar in zip(kernel.args, scalar_values)]
+            args = [("tensor", tensors[text]) if scalar is None else scalar
+                    for (_, text), scalar in zip(kernel.args, scalars)]
             return CudaCall(kernel, dtype, grid, block, smem, tensors, args)
 
         call = cuda_call(cuda_out)
