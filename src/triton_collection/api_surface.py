@@ -118,6 +118,22 @@ def _constructor(cls: ast.ClassDef) -> Signature | None:
 _FLAG_DEFAULTS = {"has_backward": "True", "can_torch_compile": "False"}  # kernels' getattr defaults
 
 
+def _layer_flags(cls: ast.ClassDef) -> dict[str, str]:
+    """``has_backward`` / ``can_torch_compile`` as the class body assigns them (source text), defaults elsewhere."""
+    flags = dict(_FLAG_DEFAULTS)
+    for stmt in cls.body:
+        if isinstance(stmt, ast.Assign):
+            targets = stmt.targets
+        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+            targets = [stmt.target]
+        else:
+            continue
+        for t in targets:
+            if isinstance(t, ast.Name) and t.id in flags:
+                flags[t.id] = ast.unparse(stmt.value)
+    return flags
+
+
 def _module_source(files: Mapping[str, str], module: str) -> tuple[str | None, str]:
     """Source of a module named relative to the package root (``""`` is the root) and its package."""
     if not module:
@@ -177,12 +193,7 @@ def read_surface(files: Mapping[str, str]) -> ApiSurface:
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 forward = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
                 layers[node.name] = _signature(forward, drop_self=True) if forward else ()
-                flags[node.name] = dict(_FLAG_DEFAULTS)
-                for stmt in node.body:
-                    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) and stmt.value else []
-                    for t in targets:
-                        if isinstance(t, ast.Name) and t.id in _FLAG_DEFAULTS:
-                            flags[node.name][t.id] = ast.unparse(stmt.value)
+                flags[node.name] = _layer_flags(node)
     return ApiSurface(names=names, functions=functions, layers=layers, layer_flags=flags)
 
 
@@ -242,8 +253,8 @@ def breaking_changes(old: ApiSurface, new: ApiSurface) -> list[str]:
         elif new.layers[layer] != sig:
             problems.append(f"layer {layer}.forward{format_signature(sig)} changed to forward{format_signature(new.layers[layer])}")
     for layer, old_flags in old.layer_flags.items():
-        new_flags = new.layer_flags.get(layer)
+        new_flags = new.layer_flags.get(layer)  # None: the layer was removed (reported above)
         for flag, value in old_flags.items():
-            if new_flags is not None and value == "True" and new_flags.get(flag, _FLAG_DEFAULTS[flag]) != "True":
-                problems.append(f"layer {layer}.{flag} changed from True to {new_flags.get(flag, _FLAG_DEFAULTS[flag])}")
+            if new_flags is not None and value == "True" and new_flags[flag] != "True":
+                problems.append(f"layer {layer}.{flag} changed from True to {new_flags[flag]}")
     return problems

@@ -376,14 +376,13 @@ def run(args: argparse.Namespace) -> int:
     meta = {"torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
     launch = sys.modules[mm.__name__ + "._launch"]
-    arch = launch.device_info(torch.device(DEVICE))[2]
+    _, warp, arch = launch.device_info(torch.device(DEVICE))
     if arch is not None:  # other GPUs of this architecture without a file of their own use this one
         meta = {"arch": arch, **meta}
     base = json.loads(out.read_text(encoding="utf-8")) if args.update and out.is_file() else None
     incumbent = None
     if base is not None:  # what the existing file gives each bucket's call, through the package's own lookup
         buckets = launch.parse_buckets(base, str(out))
-        warp = launch.device_info(torch.device(DEVICE))[1]
 
         def incumbent(shape):
             return launch.lookup(buckets, *shape, warp_size=warp, activation=args.epilogue).to_json()
