@@ -7,14 +7,13 @@ Routes, each launching the same compiled Triton copy kernel (or, for the torch r
 ``_fastlaunch``'s direct path does; ``torch static launcher``: ``torch._C._StaticCudaLauncher._launch_kernel`` (the
 launcher torch.compile's generated code uses for Triton kernels) with tensors and with integer addresses;
 ``torch.neg out=``: one ATen kernel through the dispatcher; plus ``torch.empty_like`` and, for reference,
-triton-norms' ``rms_norm`` and ``F.rms_norm`` on 16 x 4096 bf16. Per route: the median over rounds of the mean wall
-time of ``--calls`` calls back to back with one synchronize (routes in turn within each round: the host drifts).
+triton-norms' ``rms_norm`` and ``F.rms_norm`` on 16 x 4096 bf16. Per route: ``bench.wall_us_interleaved``, the median over
+rounds of the mean wall time of ``--calls`` calls back to back with one synchronize (routes in turn within each
+round: the host drifts).
 Every route's output is checked first. Writes ``OUT/launch_overhead.txt``.
 """
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -86,17 +85,10 @@ def main() -> int:
     for name in checked:
         want = -x if name == "neg" else x
         say(f"output of {name}: {'ok' if torch.equal(ys[name], want) else 'WRONG'}")
-    samples = {name: [] for name in routes}
-    for _ in range(args.rounds):
-        for name, fn in routes.items():
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(args.calls):
-                fn()
-            torch.cuda.synchronize()
-            samples[name].append((time.perf_counter() - start) / args.calls * 1e6)
-    for name, times in samples.items():
-        say(f"{name:40s} {statistics.median(times):7.2f} us per call (min {min(times):.2f}, max {max(times):.2f})")
+    from triton_collection.bench import wall_us_interleaved  # the harness's latency timer (routes in turn)
+
+    for name, us in zip(routes, wall_us_interleaved(list(routes.values()), calls=args.calls, rounds=args.rounds)):
+        say(f"{name:40s} {us:7.2f} us per call")
     return 0
 
 
