@@ -107,6 +107,35 @@ def act(name):
     return make
 
 
+
+def attention(grad=False, **kw):
+    def make(pk, S, D):  # 4 x 16 heads, bf16, [B, H, S, D]; bytes: q, k, v read and o written (grad: and dq, dk, dv)
+        q, k, v = (torch.randn(4, 16, S, D, device=DEV, dtype=BF16, requires_grad=grad) for _ in range(3))
+        mask = torch.randn(S, S, device=DEV, dtype=BF16) if kw.get("mask") else None
+        causal = kw.get("causal", False)
+        if not grad:
+            return (lambda: pk.flash_attention(q, k, v, attn_mask=mask, causal=causal)), 4 * q.numel() * 2
+        do = torch.randn_like(q)
+        return (lambda: torch.autograd.grad(pk.flash_attention(q, k, v, attn_mask=mask, causal=causal), (q, k, v),
+                                            do)), 8 * q.numel() * 2
+    return make
+
+
+def rotary(pk, S, D):  # transformers' apply_rotary_pos_emb on Llama-8B-shaped q and k ([1, H, S, D], cos [1, S, D])
+    q, k = torch.randn(1, 32, S, D, device=DEV, dtype=BF16), torch.randn(1, 8, S, D, device=DEV, dtype=BF16)
+    cos, sin = torch.randn(1, S, D, device=DEV, dtype=BF16), torch.randn(1, S, D, device=DEV, dtype=BF16)
+    return (lambda: pk.apply_rotary_pos_emb(q, k, cos, sin)), 2 * (q.numel() + k.numel()) * 2 + 2 * cos.numel() * 2
+
+
+def matmul(transposed_a):
+    def make(pk, M, N):  # K = 4096 bf16; a read transposed (the pointer kernel) or a small-M row block (GEMV)
+        a = torch.randn(4096, M, device=DEV, dtype=BF16).t() if transposed_a else \
+            torch.randn(M, 4096, device=DEV, dtype=BF16)
+        b = torch.randn(N, 4096, device=DEV, dtype=BF16).t()
+        return (lambda: pk.matmul(a, b)), (M * 4096 + 4096 * N + M * N) * 2
+    return make
+
+
 BIG = DEV == "cuda"
 CASES = {  # name: (package, builder, shapes)
     "rms_norm": ("triton-norms", rms(), [(65536, 2048), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536),
@@ -134,9 +163,16 @@ CASES = {  # name: (package, builder, shapes)
     "gelu_and_mul": ("triton-activations", gated("gelu_and_mul"), [(16384, 14336), (5, 96)]),
     "silu": ("triton-activations", act("silu"), [(16384, 14336)]),
     "gelu": ("triton-activations", act("gelu"), [(16384, 14336), (256, 4096), (5, 96)]),
+    "attention_fwd": ("triton-attention", attention(), [(2048, 48), (2048, 64)]),
+    "attention_fwd_mask": ("triton-attention", attention(mask=True), [(2048, 128)]),
+    "attention_fwd_bwd_causal": ("triton-attention", attention(grad=True, causal=True), [(2048, 64), (2048, 96)]),
+    "rotary": ("triton-attention", rotary, [(4096, 128)]),
+    "matmul_transposed_a": ("triton-matmul", matmul(True), [(4096, 4096)]),
+    "matmul_gemv": ("triton-matmul", matmul(False), [(4, 14336)]),
 }
 if not BIG:
-    CASES = {k: (p, b, [(5, 4096 if p != "triton-activations" else 640)]) for k, (p, b, _) in CASES.items()}
+    SMALL = {"triton-activations": (5, 640), "triton-attention": (17, 16), "triton-matmul": (5, 64)}
+    CASES = {k: (p, b, [SMALL.get(p, (5, 4096))]) for k, (p, b, _) in CASES.items()}
 if args.cases:
     CASES = {k: CASES[k] for k in args.cases.split(",")}
 if args.shapes:

@@ -1501,3 +1501,65 @@ def test_more_programs_than_a_grid_axis_takes_is_refused(attention, norms, softm
     logits = torch.zeros(1, device=device).expand(65535 * 2048 + 1)
     with pytest.raises(ValueError, match="torch_order=True takes at most 134215680 classes"):
         softmax.cross_entropy(logits, torch.tensor(0, device=device), torch_order=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [48, 128])
+def test_gpu_sequence_stride_times_a_tile_past_2_31(attention, device, D):
+    """q, k, v rows 2^25 elements apart (views of one 17 GB buffer): a key/query tile's step, ``BLOCK * stride``,
+    passes 2^31. It was an int32 product: 128 * 2^25 wraps to 0 (the loop read its first tile again), 64 * 2^25 to
+    -2^31. 260 rows: two full 128-row tiles and a tail. D = 48 takes the pointer kernels everywhere, D = 128 the
+    sm_90 ones where they apply. Forward and backward against fp64 of contiguous copies."""
+    if device != "cuda":
+        pytest.skip("a 17 GB buffer: GPU only")
+    torch.manual_seed(31)
+    S, step, dt = 260, 1 << 25, torch.float16
+    buf = torch.empty(S, step, device=device, dtype=dt)
+    buf[:, :3 * D] = rand(S, 3 * D, dtype=dt, device=device)
+    q, k, v = (buf[:, i * D:(i + 1) * D].detach()[None, :, None].requires_grad_() for i in range(3))
+    assert q.stride(1) == step
+    for causal in (False, True):
+        o = attention.flash_attention(q, k, v, causal=causal, layout="bshd")
+        qc, kc, vc = (t.detach().contiguous().requires_grad_() for t in (q, k, v))
+        want = ref_attention(qc, kc, vc, causal=causal, layout="bshd")
+        assert_close(o, want, TOL[dt], f"forward, causal={causal}")
+        do = rand(*o.shape, dtype=dt, device=device)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        want_grads = torch.autograd.grad(want, (qc, kc, vc), do.double())
+        for name, g, w in zip("qkv", grads, want_grads):
+            assert_close(g, w, GRAD_TOL[dt], f"d{name}, causal={causal}")
+    del buf, q, k, v
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+def test_gpu_head_dim_stride_times_d_past_2_31(attention, device):
+    """q, k, v whose head-dim stride is 2^24 + 2^18 (columns of one 4.4 GB buffer, read transposed): ``d * stride``
+    passes 2^31 at d = 127. The pointer kernels computed it in int32, and so did rotary's pair loads. Attention
+    forward and backward against fp64 of contiguous copies; apply_rotary_pos_emb bit-equal to the contiguous call."""
+    if device != "cuda":
+        pytest.skip("a 4.4 GB buffer: GPU only")
+    torch.manual_seed(32)
+    S, D, dt = 70, 128, torch.float16
+    cols = (1 << 24) + (1 << 18)
+    assert (D - 1) * cols >= 1 << 31
+    buf = torch.empty(D, cols, device=device, dtype=dt)
+    buf[:, :3 * S] = rand(D, 3 * S, dtype=dt, device=device)
+    q, k, v = (buf[:, i * S:(i + 1) * S].detach().t()[None, None].requires_grad_() for i in range(3))
+    assert q.stride(3) == cols
+    o = attention.flash_attention(q, k, v, causal=True)
+    qc, kc, vc = (t.detach().contiguous().requires_grad_() for t in (q, k, v))
+    want = ref_attention(qc, kc, vc, causal=True)
+    assert_close(o, want, TOL[dt], "forward")
+    do = rand(*o.shape, dtype=dt, device=device)
+    for name, g, w in zip("qkv", torch.autograd.grad(o, (q, k, v), do),
+                          torch.autograd.grad(want, (qc, kc, vc), do.double())):
+        assert_close(g, w, GRAD_TOL[dt], f"d{name}")
+    cos, sin = rand(1, S, D, dtype=dt, device=device), rand(1, S, D, dtype=dt, device=device)
+    with torch.no_grad():
+        got = attention.apply_rotary_pos_emb(q, k, cos, sin)
+        want_rope = attention.apply_rotary_pos_emb(qc, kc, cos, sin)
+    for g, w in zip(got, want_rope):
+        assert torch.equal(g, w)
+    del buf, q, k, v
+    torch.cuda.empty_cache()

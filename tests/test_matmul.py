@@ -858,3 +858,22 @@ def test_errors(matmul):
         meta = torch.empty(8, 6, dtype=f16, device="meta")
         with pytest.raises(ValueError, match="one device"):
             matmul.matmul(a, meta)
+
+
+@pytest.mark.gpu
+def test_gpu_k_stride_times_a_tile_past_2_31(matmul):
+    """a read transposed from a [K, M] buffer with M = 2^26 (13 GB): the k loop advanced its pointers by
+    ``BLOCK_K * M`` in int32, which passes 2^31 for BLOCK_K >= 32. Small-integer inputs make every product and sum
+    exact in fp16, so the rows checked at both ends and in the middle must equal fp64."""
+    if DEVICE != "cuda":
+        pytest.skip("a 13 GB operand: GPU only")
+    torch.manual_seed(33)
+    M, K, N = 1 << 26, 96, 8
+    a = torch.randint(-2, 3, (K, M), device=DEVICE).to(torch.float16).t()
+    b = torch.randint(-2, 3, (K, N), device=DEVICE).to(torch.float16)
+    assert a.stride() == (1, M)
+    y = matmul.matmul(a, b)
+    for rows in (slice(0, 512), slice(M // 2, M // 2 + 512), slice(M - 512, M)):
+        assert torch.equal(y[rows].double(), a[rows].double() @ b.double()), rows
+    del a, y
+    torch.cuda.empty_cache()

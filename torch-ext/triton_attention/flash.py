@@ -127,8 +127,8 @@ def _fwd_blocks(acc, l_i, m_i, q, k_ptr, v_ptr, m_ptr, offs_m, row_ok, lo, hi, S
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
     offs_0 = (lo + tl.arange(0, BLOCK_N)).to(tl.int64)
-    k_ptrs = k_ptr + offs_0[None, :] * sks + offs_d[:, None] * skd
-    v_ptrs = v_ptr + offs_0[:, None] * svs + offs_dv[None, :] * svd
+    k_ptrs = k_ptr + offs_0[None, :] * sks + offs_d[:, None].to(tl.int64) * skd
+    v_ptrs = v_ptr + offs_0[:, None] * svs + offs_dv[None, :].to(tl.int64) * svd
     m_ptrs = m_ptr + offs_m[:, None].to(tl.int64) * smq + offs_0[None, :] * smk
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -156,9 +156,9 @@ def _fwd_blocks(acc, l_i, m_i, q, k_ptr, v_ptr, m_ptr, offs_m, row_ok, lo, hi, S
             v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
         acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], PREC, F32)
         m_i = m_new
-        k_ptrs += BLOCK_N * sks
-        v_ptrs += BLOCK_N * svs
-        m_ptrs += BLOCK_N * smk
+        k_ptrs += BLOCK_N * tl.cast(sks, tl.int64)
+        v_ptrs += BLOCK_N * tl.cast(svs, tl.int64)
+        m_ptrs += BLOCK_N * tl.cast(smk, tl.int64)
     return acc, l_i, m_i
 
 
@@ -177,8 +177,8 @@ def _rope_rows(x, x_ptr, c_ptr, s_ptr, offs_m, row_ok, sxs, sxd, scs, scd, sss, 
     ok = row_ok[:, None] & (d < D)[None, :]
     rows = offs_m[:, None].to(tl.int64)
     xp = tl.load(x_ptr + rows * sxs + p[None, :] * sxd, mask=ok, other=0.0).to(tl.float32)
-    c = tl.load(c_ptr + rows * scs + d[None, :] * scd, mask=ok, other=0.0).to(tl.float32)
-    s = tl.load(s_ptr + rows * sss + d[None, :] * ssd, mask=ok, other=0.0).to(tl.float32)
+    c = tl.load(c_ptr + rows * scs + d[None, :].to(tl.int64) * scd, mask=ok, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + rows * sss + d[None, :].to(tl.int64) * ssd, mask=ok, other=0.0).to(tl.float32)
     a = x.to(tl.float32) * c
     b = xp * s
     y = tl.where(first[None, :], a - b, a + b)
@@ -235,7 +235,7 @@ def _attn_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     q_rows = head * sqh + offs_m.to(tl.int64) * sqs
-    q = tl.load(Q + b * sqb + q_rows[:, None] + offs_d[None, :] * sqd,
+    q = tl.load(Q + b * sqb + q_rows[:, None] + offs_d[None, :].to(tl.int64) * sqd,
                 mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
     if ROPE != 0:
         q = _rope_rows(q, Q + b * sqb + h * sqh, COS + b * scb + h * sch, SIN + b * ssb + h * ssh, offs_m, row_ok,
@@ -279,7 +279,7 @@ def _attn_fwd_kernel(
         lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # base 2
         tl.store(LSE + rows, lse, mask=row_ok)
         o_rows = b * sob + head * soh + offs_m.to(tl.int64) * sos
-        tl.store(O + o_rows[:, None] + offs_dv[None, :] * sod, out.to(O.dtype.element_ty),
+        tl.store(O + o_rows[:, None] + offs_dv[None, :].to(tl.int64) * sod, out.to(O.dtype.element_ty),
                  mask=row_ok[:, None] & (offs_dv < DV)[None, :])
 
 
@@ -379,7 +379,8 @@ def _attn_fwd_tma_kernel(
         row_ok = offs_m < Sq
         d = tl.arange(0, D)
         q_ptr = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
-        q = tl.load(q_ptr + offs_m[:, None].to(tl.int64) * sqs + d[None, :] * sqd, mask=row_ok[:, None], other=0.0)
+        q = tl.load(q_ptr + offs_m[:, None].to(tl.int64) * sqs + d[None, :].to(tl.int64) * sqd, mask=row_ok[:, None],
+                    other=0.0)
         q = _rope_rows(q, q_ptr, COS + b.to(tl.int64) * scb + h.to(tl.int64) * sch,
                        SIN + b.to(tl.int64) * ssb + h.to(tl.int64) * ssh, offs_m, row_ok,
                        sqs, sqd, scs, scd, sss, ssd, D, ROPE, D)
@@ -415,8 +416,9 @@ def _bwd_delta_kernel(O, DO, DELTA, sob, soh, sos, sod, sdb, sdh, sds, sdd, Sq, 
     offs_dv = tl.arange(0, BLOCK_DV)
     ok = (offs_m < Sq)[:, None] & (offs_dv < DV)[None, :]
     rows = offs_m[:, None].to(tl.int64)
-    o = tl.load(O + b * sob + h * soh + rows * sos + offs_dv[None, :] * sod, mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * sdb + h * sdh + rows * sds + offs_dv[None, :] * sdd, mask=ok, other=0.0).to(tl.float32)
+    cols = offs_dv[None, :].to(tl.int64)
+    o = tl.load(O + b * sob + h * soh + rows * sos + cols * sod, mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdb + h * sdh + rows * sds + cols * sdd, mask=ok, other=0.0).to(tl.float32)
     tl.store(DELTA + (b * tl.num_programs(1) + h) * Sq + offs_m, tl.sum(o * do, axis=1), mask=offs_m < Sq)
 
 
@@ -430,8 +432,8 @@ def _dkdv_blocks(dk, dv, k, v, q_ptr, do_ptr, m_ptr, lse_ptr, delta_ptr, offs_n,
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_0 = lo + tl.arange(0, BLOCK_M)
-    q_ptrs = q_ptr + offs_0[None, :].to(tl.int64) * sqs + offs_d[:, None] * sqd
-    do_ptrs = do_ptr + offs_0[:, None].to(tl.int64) * sds + offs_dv[None, :] * sdd
+    q_ptrs = q_ptr + offs_0[None, :].to(tl.int64) * sqs + offs_d[:, None].to(tl.int64) * sqd
+    do_ptrs = do_ptr + offs_0[:, None].to(tl.int64) * sds + offs_dv[None, :].to(tl.int64) * sdd
     m_ptrs = m_ptr + offs_0[None, :].to(tl.int64) * smq + offs_n[:, None].to(tl.int64) * smk
     for start in range(lo, hi, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
@@ -455,9 +457,9 @@ def _dkdv_blocks(dk, dv, k, v, q_ptr, do_ptr, m_ptr, lse_ptr, delta_ptr, offs_n,
         dp_t = _dot(v, tl.trans(do), PREC, F32)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = _dot_acc(ds_t.to(q_t.dtype), tl.trans(q_t), dk, PREC, F32)
-        q_ptrs += BLOCK_M * sqs
-        do_ptrs += BLOCK_M * sds
-        m_ptrs += BLOCK_M * smq
+        q_ptrs += BLOCK_M * tl.cast(sqs, tl.int64)
+        do_ptrs += BLOCK_M * tl.cast(sds, tl.int64)
+        m_ptrs += BLOCK_M * tl.cast(smq, tl.int64)
     return dk, dv
 
 
@@ -488,9 +490,9 @@ def _attn_bwd_dkdv_kernel(
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
     rows_n = offs_n[:, None].to(tl.int64)
-    k = tl.load(K + b * skb + hk * skh + rows_n * sks + offs_d[None, :] * skd,
+    k = tl.load(K + b * skb + hk * skh + rows_n * sks + offs_d[None, :].to(tl.int64) * skd,
                 mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-    v = tl.load(V + b * svb + hk * svh + rows_n * svs + offs_dv[None, :] * svd,
+    v = tl.load(V + b * svb + hk * svh + rows_n * svs + offs_dv[None, :].to(tl.int64) * svd,
                 mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
@@ -516,9 +518,11 @@ def _attn_bwd_dkdv_kernel(
                               mid, Sq, Sq, sqs, sqd, sds, sdd, smq, smk, qk_scale, D, DV, MASK_KIND, False,
                               PREC, F32, BLOCK_M, BLOCK_D, BLOCK_DV)
     dk = dk * scale
-    tl.store(DK + b * skgb + hk * skgh + rows_n * skgs + offs_d[None, :] * skgd, dk.to(DK.dtype.element_ty),
+    tl.store(DK + b * skgb + hk * skgh + rows_n * skgs + offs_d[None, :].to(tl.int64) * skgd,
+             dk.to(DK.dtype.element_ty),
              mask=col_ok[:, None] & d_ok[None, :])
-    tl.store(DV_ + b * svgb + hk * svgh + rows_n * svgs + offs_dv[None, :] * svgd, dv.to(DV_.dtype.element_ty),
+    tl.store(DV_ + b * svgb + hk * svgh + rows_n * svgs + offs_dv[None, :].to(tl.int64) * svgd,
+             dv.to(DV_.dtype.element_ty),
              mask=col_ok[:, None] & dv_ok[None, :])
 
 
@@ -532,8 +536,8 @@ def _dq_blocks(dq, q, do, lse, delta, k_ptr, v_ptr, m_ptr, ds_ptr, offs_m, row_o
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_0 = (lo + tl.arange(0, BLOCK_N)).to(tl.int64)
-    k_ptrs = k_ptr + offs_0[None, :] * sks + offs_d[:, None] * skd
-    v_ptrs = v_ptr + offs_0[None, :] * svs + offs_dv[:, None] * svd
+    k_ptrs = k_ptr + offs_0[None, :] * sks + offs_d[:, None].to(tl.int64) * skd
+    v_ptrs = v_ptr + offs_0[None, :] * svs + offs_dv[:, None].to(tl.int64) * svd
     m_ptrs = m_ptr + offs_m[:, None].to(tl.int64) * smq + offs_0[None, :] * smk
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -548,9 +552,9 @@ def _dq_blocks(dq, q, do, lse, delta, k_ptr, v_ptr, m_ptr, ds_ptr, offs_m, row_o
         if STORE_DS:
             tl.store(ds_ptr + offs_m[:, None].to(tl.int64) * Sk + offs_n[None, :], ds,
                      mask=row_ok[:, None] & col_ok[None, :])
-        k_ptrs += BLOCK_N * sks
-        v_ptrs += BLOCK_N * svs
-        m_ptrs += BLOCK_N * smk
+        k_ptrs += BLOCK_N * tl.cast(sks, tl.int64)
+        v_ptrs += BLOCK_N * tl.cast(svs, tl.int64)
+        m_ptrs += BLOCK_N * tl.cast(smk, tl.int64)
     return dq
 
 
@@ -581,9 +585,9 @@ def _attn_bwd_dq_kernel(
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
     rows_m = offs_m[:, None].to(tl.int64)
-    q = tl.load(Q + b * sqb + h * sqh + rows_m * sqs + offs_d[None, :] * sqd,
+    q = tl.load(Q + b * sqb + h * sqh + rows_m * sqs + offs_d[None, :].to(tl.int64) * sqd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    do = tl.load(DO + b * sdb + h * sdh + rows_m * sds + offs_dv[None, :] * sdd,
+    do = tl.load(DO + b * sdb + h * sdh + rows_m * sds + offs_dv[None, :].to(tl.int64) * sdd,
                  mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
     row_base = (b * H + h) * Sq
     lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
@@ -607,7 +611,7 @@ def _attn_bwd_dq_kernel(
                     sks, skd, svs, svd, smq, smk, qk_scale, D, DV, MASK_KIND, CAUSAL, True, PREC, F32, STORE_DS,
                     BLOCK_N, BLOCK_D, BLOCK_DV)
     dq = dq * scale
-    tl.store(DQ + b * sqgb + h * sqgh + rows_m * sqgs + offs_d[None, :] * sqgd, dq.to(DQ.dtype.element_ty),
+    tl.store(DQ + b * sqgb + h * sqgh + rows_m * sqgs + offs_d[None, :].to(tl.int64) * sqgd, dq.to(DQ.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
 
 
@@ -664,9 +668,9 @@ def _attn_bwd_dkdv_tma_kernel(desc_q, desc_k, desc_v, desc_do, LSE, DELTA, DK, D
     d = tl.arange(0, D)
     rows = offs_n[:, None].to(tl.int64)
     ok = (offs_n < Sk)[:, None]
-    tl.store(DK + b.to(tl.int64) * skgb + hk.to(tl.int64) * skgh + rows * skgs + d[None, :] * skgd,
+    tl.store(DK + b.to(tl.int64) * skgb + hk.to(tl.int64) * skgh + rows * skgs + d[None, :].to(tl.int64) * skgd,
              (dk * scale).to(DK.dtype.element_ty), mask=ok)
-    tl.store(DV_ + b.to(tl.int64) * svgb + hk.to(tl.int64) * svgh + rows * svgs + d[None, :] * svgd,
+    tl.store(DV_ + b.to(tl.int64) * svgb + hk.to(tl.int64) * svgh + rows * svgs + d[None, :].to(tl.int64) * svgd,
              dv.to(DV_.dtype.element_ty), mask=ok)
 
 
@@ -719,7 +723,8 @@ def _attn_bwd_dq_tma_kernel(desc_q, desc_k, desc_v, desc_do, LSE, DELTA, DQ,
     dq = _dq_tma_blocks(dq, q, do, lse, delta, desc_k, desc_v, b, hk, offs_m, full, hi, Sk, qk_scale,
                         True, CAUSAL, BLOCK_N, D)
     d = tl.arange(0, D)
-    tl.store(DQ + b.to(tl.int64) * sqgb + h.to(tl.int64) * sqgh + offs_m[:, None].to(tl.int64) * sqgs + d[None, :] * sqgd,
+    tl.store(DQ + b.to(tl.int64) * sqgb + h.to(tl.int64) * sqgh + offs_m[:, None].to(tl.int64) * sqgs
+             + d[None, :].to(tl.int64) * sqgd,
              (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 

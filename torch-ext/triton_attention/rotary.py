@@ -56,7 +56,7 @@ def _pair_offsets(BLOCK_H: tl.constexpr, D: tl.constexpr, INTERLEAVED: tl.conste
 @triton.jit
 def _load_pairs(ptr, base, offs, stride, mask):
     """(first, second) elements of each pair, [BLOCK_R, BLOCK_H] fp32 each (one vector load of the row)."""
-    v = tl.load(ptr + base[:, None, None] + offs * stride, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(ptr + base[:, None, None] + offs.to(tl.int64) * stride, mask=mask, other=0.0).to(tl.float32)
     return tl.split(v)
 
 
@@ -105,7 +105,7 @@ def _rope_rows(
         ya = a1 - b1
         yb = a2 + b2
     y = round_to(tl.join(ya, yb), OUT)
-    tl.store(O + (i0 * so0 + i1 * so1 + i2 * so2)[:, None, None] + offs * sod, y.to(OUT), mask=ok)
+    tl.store(O + (i0 * so0 + i1 * so1 + i2 * so2)[:, None, None] + offs.to(tl.int64) * sod, y.to(OUT), mask=ok)
 
 
 @triton.jit

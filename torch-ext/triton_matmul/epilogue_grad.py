@@ -54,7 +54,7 @@ def _epilogue_grad_kernel(dy_ptr, h_ptr, dh_ptr, N, blocks_n, stride_dym, stride
     dh_row = dh_ptr + row * stride_dhm
     if GATED:
         p = tl.load(h_cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(h_cols + N * stride_hn, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(h_cols + tl.cast(N, tl.int64) * stride_hn, mask=mask, other=0.0).to(tl.float32)
         act, dact = activation_and_grad(g, ACT, FAST_MATH)
         store_rounded(dh_row + cols, dy * act, mask)
         store_rounded(dh_row + N + cols, dy * p * dact, mask)

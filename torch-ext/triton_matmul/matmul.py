@@ -165,8 +165,8 @@ def _matmul_fwd_kernel(
             if UPCAST:
                 bg = bg.to(tl.float32)
             acc_g = tl.dot(a, bg, acc_g)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+        a_ptrs += BLOCK_K * tl.cast(stride_ak, tl.int64)
+        b_ptrs += BLOCK_K * tl.cast(stride_bk, tl.int64)
 
     # epilogue, all fp32: bias, (save h), activation, one rounding on the store
     y = _epilogue(acc, acc_g, bias_ptr, h_ptr, offs_m, offs_n, M, N, stride_hm, GATED, ACT, FAST_MATH)
@@ -212,8 +212,8 @@ def _gemv_kernel(
         if GATED:
             wg = tl.load(b_ptrs + gate_shift, mask=mask_b, other=0.0).to(tl.float32)
             acc_g += a[:, None, :] * wg[None, :, :]
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+        a_ptrs += BLOCK_K * tl.cast(stride_ak, tl.int64)
+        b_ptrs += BLOCK_K * tl.cast(stride_bk, tl.int64)
     y = _epilogue(tl.sum(acc, axis=2), tl.sum(acc_g, axis=2), bias_ptr, h_ptr, offs_m, offs_n, M, N, stride_hm,
                   GATED, ACT, FAST_MATH)
     store_rounded(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask_m[:, None] & mask_n[None, :])
