@@ -1090,5 +1090,5 @@ def test_gpu_a_row_of_more_than_2_31_elements(activations, device):
     (dx,) = torch.autograd.grad(y, xg, torch.ones_like(y))
     t = torch.tensor([1.0, 2.0], device=device, dtype=torch.float16, requires_grad=True)
     (want_dx,) = torch.autograd.grad(torch.nn.functional.silu(t), t, torch.ones_like(t))
-    torch.testing.assert_close(dx[(1 << 31) - 4:], torch.cat([want_dx[:1].expand(4), want_dx[1:].expand(3)]),
+    torch.testing.assert_close(dx[-7:], torch.cat([want_dx[:1].expand(4), want_dx[1:].expand(3)]),
                                rtol=2e-3, atol=2e-3)

@@ -45,7 +45,7 @@ MAX_N = 32768  # one row is held in registers
 @triton.jit
 def per_sample_row(ptr, b, stride_b, stride_n, offs, mask):
     """Sample b's row of a per-sample, per-column tensor (scale, shift, gate), fp32, 0 past N."""
-    return tl.load(ptr + b * stride_b + offs * stride_n.to(tl.int64), mask=mask, other=0.0).to(tl.float32)
+    return tl.load(ptr + b * stride_b + offs.to(tl.int64) * stride_n, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
