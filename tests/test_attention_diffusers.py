@@ -293,3 +293,192 @@ def test_kernelize_wan_blocks_fuse_the_inline_norm_chains(norms, installed, devi
         got = block(x, ctx, temb4, None)
         want = eager_block(x, ctx, temb4, None)
     assert not calls and torch.equal(got, want)
+
+
+def tiny_flux_batch(B, S_img, S_txt):
+    """tiny_flux with batch B and the given token counts (inputs drawn from the current seed)."""
+    model, inputs, n = tiny_flux()
+    inputs.update(hidden_states=torch.randn(B, S_img, 8), encoder_hidden_states=torch.randn(B, S_txt, 24),
+                  pooled_projections=torch.randn(B, 12), timestep=torch.full((B,), 0.5),
+                  img_ids=torch.randint(0, 6, (S_img, 3)).float(), txt_ids=torch.zeros(S_txt, 3))
+    return model, inputs, n
+
+
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+@pytest.mark.parametrize("B,S_img,S_txt", [(2, 11, 7), (3, 2, 1)], ids=["B2", "B-equals-S"])
+def test_flux_key_padding_mask_of_two_dims(attention, installed, device, backend, B, S_img, S_txt):
+    """A [B, S] boolean mask (joint_attention_kwargs) is a key-padding mask, as diffusers' native backend reads it:
+    B = 2 raised (the mask read as [1, 1, Sq, Sk]), and where B equals the joint length (3 = 2 + 1) it ran with
+    the batch taken as the query axis: 0.10 off."""
+    from triton_collection.integrations.diffusers import kernelize
+
+    model, inputs, _, _ = eager_reference(lambda: tiny_flux_batch(B, S_img, S_txt), device, seed=8)
+    mask = torch.ones(B, S_txt + S_img, dtype=torch.bool, device=device)
+    mask[1:, 0] = False
+    mask[-1, -1] = False
+    inputs["joint_attention_kwargs"] = {"attention_mask": mask}
+    with torch.no_grad():
+        ref = model(**inputs)[0]
+        kernelize(model, device=device, attention_backend=backend)
+        out = model(**inputs)[0]
+    err = (out - ref).abs().max().item()
+    assert err <= fp32_tol(device) * max(ref.abs().max().item(), 1.0), err
+
+
+def _processor_names(model):
+    return {type(p).__name__ for p in model.attn_processors.values()}
+
+
+def test_kernelize_checks_every_argument_before_the_first_swap(attention, installed, device):
+    """A mode without INFERENCE or TRAINING (it was taken, and the norm refusal it caused was reported as "no
+    diffusers RMSNorm"), norm_families that are not families, a device that is not one, and a float64 model: a
+    clear error naming the argument, and the model is left as it was (the processors had been swapped first)."""
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(9)
+    model = tiny_sd3()[0].to(device)
+    before = _processor_names(model)
+    for kwargs, err, match in [
+        (dict(mode=Mode.FALLBACK), ValueError, "mode must contain Mode.INFERENCE or Mode.TRAINING"),
+        (dict(mode=Mode.TORCH_COMPILE), ValueError, "mode must contain Mode.INFERENCE or Mode.TRAINING"),
+        (dict(norm_families="rms"), TypeError, "norm_families must be a tuple"),
+        (dict(device="banana"), ValueError, "device must be a device type .* got 'banana'"),
+    ]:
+        with pytest.raises(err, match=match):
+            kernelize(model, **kwargs)
+        assert _processor_names(model) == before, kwargs
+    with pytest.raises(ValueError, match=r"holds torch.float64 parameters"):
+        kernelize(model.double())
+    assert _processor_names(model) == before
+
+
+@pytest.mark.parametrize("make", [tiny_flux, tiny_sd3, tiny_wan], ids=["flux", "sd3", "wan"])
+def test_float64_after_kernelize_runs_the_original_forwards(attention, installed, device, make):
+    """A model converted to float64 after kernelize (the kernels take fp16/bf16/fp32): every swapped processor,
+    adaLN, Wan block and feed-forward module runs what it replaced, so the output equals the unkernelized model's
+    (the RoPE and the GELU matmul raised)."""
+    import copy
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    model, inputs, _, _ = eager_reference(make, device, seed=10)
+    plain = copy.deepcopy(model).double()
+    report = kernelize(model, norms=False, device=device, attention_backend="triton")
+    assert report.processors and report.modules
+    model.double()
+    inputs = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+              for k, v in inputs.items()}
+    with torch.no_grad():
+        assert torch.equal(model(**inputs)[0], plain(**inputs)[0])
+
+
+def test_deepcopy_keeps_the_swaps_and_pickling_gives_the_originals(attention, installed, device, tmp_path):
+    """copy.deepcopy of a kernelized model keeps our processors and module classes (it raised: the processors hold
+    the package module); torch.save(model) loads with diffusers' own processors and classes (it raised: the
+    swapped classes are made at run time), as the transformers shim's models do. Outputs unchanged either way."""
+    import copy
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    model, inputs, _, ref = eager_reference(tiny_flux, device, seed=11)
+    kernelize(model, device=device)
+    twin = copy.deepcopy(model)
+    assert _processor_names(twin) == {"TritonFluxAttnProcessor"}
+    assert [type(m).__name__ for m in twin.modules()] == [type(m).__name__ for m in model.modules()]
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    loaded = torch.load(path, weights_only=False)
+    assert _processor_names(loaded) == {"FluxAttnProcessor"}
+    assert not any(type(m).__name__.startswith("Triton") for m in loaded.modules())
+    with torch.no_grad():
+        outs = [m(**inputs)[0] for m in (model, twin, loaded)]
+    for out in outs:
+        assert (out - ref).abs().max().item() <= fp32_tol(device) * max(ref.abs().max().item(), 1.0)
+
+
+class _LowRank(torch.nn.Module):
+    """A LoRA-like wrapper of a Linear (base + B A x), as peft puts in place of a targeted ``proj``."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int = 2):
+        super().__init__()
+        self.base_layer = base
+        self.a = torch.nn.Linear(base.in_features, rank, bias=False)
+        self.b = torch.nn.Linear(rank, base.out_features, bias=False)
+
+    @property
+    def weight(self):
+        return self.base_layer.weight
+
+    @property
+    def bias(self):
+        return self.base_layer.bias
+
+    def forward(self, x):
+        return self.base_layer(x) + self.b(self.a(x))
+
+
+def test_feed_forward_runs_adapters_and_hooks_added_after_kernelize(attention, installed, device):
+    """A LoRA-like layer put in place of ``ff.net.0.proj`` after kernelize, or a forward hook on it, runs (the swap
+    read proj.weight and ignored both: 0.086 off with a real LoRA); a ``proj`` that is already such a layer at
+    kernelize is left alone and reported."""
+    import copy
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    model, inputs, _, _ = eager_reference(tiny_flux, device, seed=12)
+    plain = copy.deepcopy(model)
+    report = kernelize(model, device=device)
+    assert report.modules["transformer_blocks.0.ff.net.0"] == "TritonGELU", report.summary()
+    torch.manual_seed(13)
+    for m in (model, plain):
+        ff = m.transformer_blocks[0].ff.net[0]
+        ff.proj = _LowRank(ff.proj).to(device)
+    plain.transformer_blocks[0].ff.net[0].proj.load_state_dict(model.transformer_blocks[0].ff.net[0].proj.state_dict())
+    fired = []
+    model.single_transformer_blocks[0].norm.linear.register_forward_hook(lambda *a: fired.append(1))
+    hooked = model.transformer_blocks[0].ff_context.net[0].proj
+    hooked.register_forward_hook(lambda mod, args, out: out * 2)
+    plain.transformer_blocks[0].ff_context.net[0].proj.register_forward_hook(lambda mod, args, out: out * 2)
+    with torch.no_grad():
+        out, want = model(**inputs)[0], plain(**inputs)[0]
+    assert fired
+    assert (out - want).abs().max().item() <= fp32_tol(device) * max(want.abs().max().item(), 1.0)
+    again = kernelize(copy.deepcopy(plain), device=device)
+    assert "transformer_blocks.0.ff.net.0" in again.refused and "_LowRank" in again.refused[
+        "transformer_blocks.0.ff.net.0"], again.summary()
+
+
+def test_two_expert_pipeline_kernelizes_both_transformers(attention, installed, device):
+    """A pipeline with .transformer and .transformer_2 (Wan 2.2's two experts): both are kernelized and the report
+    names each module with its transformer (transformer_2 was left alone and not mentioned)."""
+    from types import SimpleNamespace
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(14)
+    pipe = SimpleNamespace(transformer=tiny_wan()[0].to(device), transformer_2=tiny_wan()[0].to(device))
+    report = kernelize(pipe, device=device)
+    assert report.model == "transformer: WanTransformer3DModel, transformer_2: WanTransformer3DModel"
+    for attr in ("transformer", "transformer_2"):
+        assert _processor_names(getattr(pipe, attr)) == {"TritonWanAttnProcessor"}
+        assert sum(name.startswith(attr + ".") for name in report.processors) == 4, report.summary()
+        assert sum(name.startswith(attr + ".blocks.") for name in report.modules) >= 2, report.summary()
+
+
+def test_all_norm_families_report_only_norms_that_run(attention, installed, device):
+    """norm_families=FAMILIES: the LayerNorms inside swapped adaLN modules are computed by norm_modulate (their
+    weights read there) and never called; the report listed them as swapped norms. Every reported norm runs."""
+    from triton_collection.integrations.diffusers import kernelize
+    from triton_collection.integrations.families import FAMILIES
+
+    model, inputs, _, ref = eager_reference(tiny_flux, device, seed=15)
+    report = kernelize(model, norm_families=FAMILIES, device=device)
+    assert report.norms and not any(name.endswith(".norm") or name == "norm_out.norm" for name in report.norms)
+    called = set()
+    for name, mod in model.named_modules():
+        if name in report.norms:
+            mod.register_forward_hook(lambda *a, name=name: called.add(name))
+    with torch.no_grad():
+        out = model(**inputs)[0]
+    assert called == set(report.norms), sorted(set(report.norms) - called)
+    assert (out - ref).abs().max().item() <= fp32_tol(device) * max(ref.abs().max().item(), 1.0)

@@ -44,7 +44,11 @@ H200 it took a Wan2.1-1.3B step from 1.08x to 1.21x over eager). Feed-forward
 (``feed_forward=True``): diffusers ``GELU`` / ``GEGLU`` projections (Flux, SD3, Wan ``FeedForward``) run
 as one triton-matmul launch with the bias and the activation fused into the store. All three swap the
 module's class for a subclass with our forward (parameters, state dict and other instances untouched);
-a call the kernels cannot take (other ranks, mixed dtypes) falls back to the original forward.
+a call the kernels cannot take (other ranks, mixed dtypes, float64, a ``proj`` that is no longer a plain
+``nn.Linear`` -- a LoRA layer added later -- or has hooks) falls back to the original forward, and so do the
+processors (the one they replaced runs a float64 call). ``copy.deepcopy`` keeps the swaps; a model pickled whole
+(``torch.save(model)``) loads with the original forwards and processors (as the transformers shim's).
+A 2-D attention mask of [B, S_k] is a key-padding mask, as diffusers' native backend reads it.
 
 Numerics: RoPE as diffusers computes it (fp32, one rounding); attention equals SDPA within bf16 tolerance (fp32 accumulation), so one
 denoising step of the kernelized transformer stays within bf16 tolerance of the original.
@@ -52,6 +56,8 @@ denoising step of the kernelized transformer stays within bf16 tolerance of the 
 
 from __future__ import annotations
 
+import copy
+import copyreg
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -63,6 +69,9 @@ import torch
 from kernels import Mode
 
 from .. import DEFAULT_ORG
+from .families import DIFFUSERS_RMS, Family
+from .transformers import _check_mode, _device_type, select_layers
+from .transformers import kernelize as kernelize_norms
 
 __all__ = ["DiffusersKernelizeReport", "TritonFluxAttnProcessor", "TritonJointAttnProcessor", "TritonWanAttnProcessor",
            "kernelize"]
@@ -80,13 +89,28 @@ class _TritonProcessor:
 
     replaces = ""
 
-    def __init__(self, kernel: ModuleType, backend: str = "triton"):
+    def __init__(self, kernel: ModuleType, backend: str = "triton", original: Any = None):
         if backend not in ("triton", "sdpa"):
             raise ValueError(f"backend must be 'triton' or 'sdpa', got {backend!r}")
         self.kernel = kernel
         self.backend = backend
+        self.original = original if original is not None else _diffusers_processor(self.replaces)()
+
+    def _takes(self, hidden_states: torch.Tensor) -> bool:
+        """Whether the kernels take this call; otherwise the replaced processor runs it (e.g. a float64 model)."""
+        return hidden_states.dtype in _KERNEL_DTYPES
+
+    def __deepcopy__(self, memo):  # the loaded package is shared, not copied (a module cannot be)
+        new = object.__new__(type(self))  # (not copy.copy: it would pickle-reduce to the original)
+        new.__dict__.update(self.__dict__, original=copy.deepcopy(self.original, memo))
+        return new
+
+    def __reduce_ex__(self, protocol):  # pickled (torch.save(model)) as the processor it replaced: loads as a copy
+        return copy.copy, (self.original,)
 
     def _attention(self, q, k, v, mask=None):
+        if mask is not None and mask.dim() == 2 and mask.shape == (q.shape[0], k.shape[1]):
+            mask = mask[:, None, None, :]  # [B, S_k] key padding, as diffusers' native backend reads it
         if _autocast_on(q):  # SDPA casts its inputs to the autocast dtype
             dtype = torch.get_autocast_dtype(q.device.type)
             q, k, v, mask = (t.to(dtype) if t is not None and t.is_floating_point() else t for t in (q, k, v, mask))
@@ -122,6 +146,8 @@ class TritonFluxAttnProcessor(_TritonProcessor):
                  attention_mask: Optional[torch.Tensor] = None, image_rotary_emb: Any = None) -> Any:
         from diffusers.models.transformers.transformer_flux import _get_qkv_projections
 
+        if not self._takes(hidden_states):
+            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
         q, k, v, eq, ek, ev = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
         heads = (-1, attn.head_dim)
         q, k, v = attn.norm_q(q.unflatten(-1, heads)), attn.norm_k(k.unflatten(-1, heads)), v.unflatten(-1, heads)
@@ -155,6 +181,8 @@ class TritonJointAttnProcessor(_TritonProcessor):
 
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: Optional[torch.Tensor] = None,
                  attention_mask: Optional[torch.Tensor] = None, *args, **kwargs) -> Any:
+        if not self._takes(hidden_states):
+            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask, *args, **kwargs)
         B, n_img = hidden_states.shape[0], hidden_states.shape[1]
         q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
         head_dim = k.shape[-1] // attn.heads
@@ -197,6 +225,8 @@ class TritonWanAttnProcessor(_TritonProcessor):
                  attention_mask: Optional[torch.Tensor] = None, rotary_emb: Any = None) -> torch.Tensor:
         from diffusers.models.transformers.transformer_wan import _get_added_kv_projections, _get_qkv_projections
 
+        if not self._takes(hidden_states):
+            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
         img_ctx = None
         if attn.add_k_proj is not None:
             n_img = encoder_hidden_states.shape[1] - 512  # the text context is the last 512 tokens
@@ -227,6 +257,18 @@ class TritonWanAttnProcessor(_TritonProcessor):
 
 
 _PROCESSORS = {cls.replaces: cls for cls in (TritonFluxAttnProcessor, TritonJointAttnProcessor, TritonWanAttnProcessor)}
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _diffusers_processor(name: str) -> type:
+    """The diffusers processor class ``name`` (one that ``_PROCESSORS`` replaces)."""
+    from diffusers.models import attention_processor
+    from diffusers.models.transformers import transformer_flux, transformer_wan
+
+    for module in (transformer_flux, transformer_wan, attention_processor):
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise ValueError(f"diffusers has no attention processor {name!r}")
 
 
 # ----------------------------------------------------------------------------- adaLN modulate and feed-forward
@@ -285,25 +327,33 @@ def _ada_continuous_forward(base):
     return forward
 
 
+def _proj_ok(self, x: torch.Tensor) -> bool:
+    """Whether ``self.proj`` (x @ W^T + b) can run as a triton-matmul launch: a plain ``nn.Linear`` without hooks
+    (a LoRA layer or a hook that peft / a user put there after kernelize must run), x in its dtype and on its
+    device, a dtype the kernels take, autocast off."""
+    proj = self.proj
+    if type(proj) is not torch.nn.Linear or proj._forward_hooks or proj._forward_pre_hooks:
+        return False
+    w, b = proj.weight, proj.bias
+    return (x.dtype == w.dtype and x.dtype in _KERNEL_DTYPES and (b is None or b.dtype == w.dtype)
+            and x.device == w.device and not _autocast_on(x))
+
+
 def _gelu_forward(base):
     def forward(self, hidden_states):
-        w, b = self.proj.weight, self.proj.bias
-        if hidden_states.dtype != w.dtype or (b is not None and b.dtype != w.dtype) or hidden_states.device != w.device \
-                or _autocast_on(hidden_states):
+        if not _proj_ok(self, hidden_states):
             return base.forward(self, hidden_states)
         act = "gelu_tanh" if self.approximate == "tanh" else "gelu"
-        return type(self)._triton_kernel.matmul(hidden_states, w.t(), b, act)
+        return type(self)._triton_kernel.matmul(hidden_states, self.proj.weight.t(), self.proj.bias, act)
 
     return forward
 
 
 def _geglu_forward(base):
     def forward(self, hidden_states, *args, **kwargs):
-        w, b = self.proj.weight, self.proj.bias
-        if hidden_states.dtype != w.dtype or (b is not None and b.dtype != w.dtype) or hidden_states.device != w.device \
-                or _autocast_on(hidden_states):
+        if not _proj_ok(self, hidden_states):
             return base.forward(self, hidden_states, *args, **kwargs)
-        return type(self)._triton_kernel.matmul(hidden_states, w.t(), b, "geglu")
+        return type(self)._triton_kernel.matmul(hidden_states, self.proj.weight.t(), self.proj.bias, "geglu")
 
     return forward
 
@@ -347,24 +397,44 @@ def _swap_forward(module: torch.nn.Module, make_forward, kernel: ModuleType) -> 
     cls = _SWAP_CLASSES.get(key)
     if cls is None:
         cls = type(f"Triton{base.__name__}", (base,), {"forward": make_forward(base), "_triton_kernel": kernel,
-                                                      "__module__": __name__, "__doc__": base.__doc__})
+                                                      "__module__": __name__, "__doc__": base.__doc__,
+                                                      "__reduce_ex__": _reduce_as_base,
+                                                      "__deepcopy__": _deepcopy_keeping_class})
         _SWAP_CLASSES[key] = cls
     module.__class__ = cls
     return cls.__name__
 
 
-def _swap_all(targets: list, kernel: Optional[ModuleType], package: str, hub: dict, report) -> Optional[ModuleType]:
-    """Swaps the forwards of ``targets`` ((name, module, factory or None if swapped before)) to ``kernel``,
-    loaded as ``<org>/<package>`` first when it is None and something is to be swapped; returns the kernel."""
+def _reduce_as_base(self, protocol):
+    """Pickles a swapped module (``torch.save(model)``) as an instance of the class it had: the class made at run
+    time cannot be found by name when loading, so the loaded model has the original forwards (as kernels' own
+    swaps, see the transformers shim)."""
+    return copyreg._reconstructor, (type(self).__bases__[0], object, None), self.__dict__
+
+
+def _deepcopy_keeping_class(self, memo):
+    """``copy.deepcopy`` of a swapped module keeps the swap (the class is shared, the state copied)."""
+    new = type(self).__new__(type(self))
+    memo[id(self)] = new
+    new.__setstate__(copy.deepcopy(self.__dict__, memo))
+    return new
+
+
+def _load_package(kernel: Optional[ModuleType], package: str, hub: dict, targets: list) -> Optional[ModuleType]:
+    """``kernel``, or ``<org>/<package>`` loaded when it is None and ``targets`` has something to swap."""
     if kernel is None and any(make is not None for _, _, make in targets):
         kernel = kernels.get_kernel(f"{hub['org']}/{package}", version=hub["version"],
                                     trust_remote_code=hub["trust_remote_code"])
-    for name, mod, make in targets:
-        report.modules[name] = type(mod).__name__ if make is None else _swap_forward(mod, make, kernel)
     return kernel
 
 
-def _ada_targets(model: torch.nn.Module, report) -> list:
+def _apply(targets: list, kernel: Optional[ModuleType], prefix: str, report) -> None:
+    """Swaps the forwards of ``targets`` ((name, module, factory or None if swapped before)) to ``kernel``."""
+    for name, mod, make in targets:
+        report.modules[prefix + name] = type(mod).__name__ if make is None else _swap_forward(mod, make, kernel)
+
+
+def _ada_targets(model: torch.nn.Module, report, prefix: str) -> list:
     """(name, module, forward factory) of every adaLN module whose norm is a LayerNorm over the last dim."""
     from diffusers.models import normalization as dn
 
@@ -380,13 +450,14 @@ def _ada_targets(model: torch.nn.Module, report) -> list:
             continue
         norm = getattr(mod, "norm", None)
         if not isinstance(norm, torch.nn.LayerNorm) or len(norm.normalized_shape) != 1:
-            report.refused[name] = f"{type(mod).__name__} with a {type(norm).__name__} norm (only LayerNorm is fused)"
+            report.refused[prefix + name] = (f"{type(mod).__name__} with a {type(norm).__name__} norm (only "
+                                             "LayerNorm is fused)")
             continue
         out.append((name, mod, make))
     return out
 
 
-def _block_targets(model: torch.nn.Module, report) -> list:
+def _block_targets(model: torch.nn.Module, report, prefix: str) -> list:
     """(name, module, forward factory) of every Wan transformer block whose norm1 / norm3 are LayerNorms."""
     try:
         from diffusers.models.transformers.transformer_wan import WanTransformerBlock
@@ -401,18 +472,27 @@ def _block_targets(model: torch.nn.Module, report) -> list:
             if all(isinstance(n, torch.nn.LayerNorm) and len(n.normalized_shape) == 1 for n in (mod.norm1, mod.norm3)):
                 out.append((name, mod, _wan_block_forward))
             else:
-                report.refused[name] = "WanTransformerBlock whose norm1/norm3 are not LayerNorms over the last dim"
+                report.refused[prefix + name] = "WanTransformerBlock whose norm1/norm3 are not LayerNorms over the last dim"
     return out
 
 
-def _ff_targets(model: torch.nn.Module) -> list:
+def _ff_targets(model: torch.nn.Module, report, prefix: str) -> list:
+    """(name, module, forward factory) of every diffusers GELU / GEGLU whose ``proj`` is an ``nn.Linear``."""
     from diffusers.models import activations as da
 
     kinds = {da.GELU: _gelu_forward, da.GEGLU: _geglu_forward}
-    return [(name, mod, None if _already_swapped(mod, kinds) else kinds[type(mod)])
-            for name, mod in model.named_modules()
-            if _already_swapped(mod, kinds)
-            or (type(mod) in kinds and isinstance(getattr(mod, "proj", None), torch.nn.Linear))]
+    out = []
+    for name, mod in model.named_modules():
+        if _already_swapped(mod, kinds):
+            out.append((name, mod, None))
+        elif type(mod) in kinds:
+            proj = getattr(mod, "proj", None)
+            if type(proj) is torch.nn.Linear:
+                out.append((name, mod, kinds[type(mod)]))
+            else:
+                report.refused[prefix + name] = (f"{type(mod).__name__} whose proj is a {type(proj).__name__}, not an "
+                                                 "nn.Linear (e.g. a LoRA layer): its own forward runs")
+    return out
 
 
 def _already_swapped(mod: torch.nn.Module, kinds: dict) -> bool:
@@ -426,10 +506,14 @@ class DiffusersKernelizeReport:
     """What :func:`kernelize` did.
 
     Attributes:
-        model: the class name of the transformer that was kernelized.
+        model: the class name of the transformer that was kernelized (a two-expert pipeline, Wan 2.2:
+            ``"transformer: <class>, transformer_2: <class>"``, and every module name below starts with
+            ``transformer.`` or ``transformer_2.``).
         processors: attention module name -> our processor class name, for every swapped processor.
-        refused: attention module name (or ``"norms"``) -> why it was left alone.
-        norms: module name -> Hub layer name for the norm modules swapped (``norms=True``).
+        refused: module name (or ``"norms"``) -> why it was left alone.
+        norms: module name -> Hub layer name for the norm modules swapped (``norms=True``) that run as modules;
+            a norm inside a swapped adaLN module or Wan block is computed by that module's kernel (its weights
+            read there) and is listed with that module only.
         modules: module name -> new class name for the adaLN modules (``modulate=True``), the
             GELU/GEGLU projections (``feed_forward=True``) and the Wan blocks (``blocks=True``) whose
             forward now runs our kernels.
@@ -462,12 +546,18 @@ class DiffusersKernelizeReport:
         return "\n".join(lines)
 
 
-def _transformer(pipe_or_model) -> torch.nn.Module:
-    model = getattr(pipe_or_model, "transformer", None)
-    if isinstance(model, torch.nn.Module):
-        return model
+def _transformers(pipe_or_model) -> list:
+    """(name prefix, model) of what :func:`kernelize` swaps in: a pipeline's ``.transformer`` (and the second
+    expert ``.transformer_2`` of two-expert pipelines such as Wan 2.2, then both named with a prefix), or the
+    model itself."""
+    found = [(attr, m) for attr in ("transformer", "transformer_2")
+             if isinstance(m := getattr(pipe_or_model, attr, None), torch.nn.Module)]
+    if len(found) > 1:
+        return [(f"{attr}.", m) for attr, m in found]
+    if found:
+        return [("", found[0][1])]
     if isinstance(pipe_or_model, torch.nn.Module):
-        return pipe_or_model
+        return [("", pipe_or_model)]
     raise TypeError(f"kernelize needs a diffusers pipeline with a .transformer or an nn.Module, got "
                     f"{type(pipe_or_model).__name__}")
 
@@ -482,6 +572,41 @@ def _default_norms_note(model: torch.nn.Module) -> str:
                "families.FAMILIES swaps them too)" if torch_norms else ""))
 
 
+def _plan(model: torch.nn.Module, prefix: str, report, *, attention: bool, norms: bool, families: tuple,
+          modulate: bool, blocks: bool, feed_forward: bool) -> dict:
+    """What :func:`kernelize` will swap in ``model``, found without changing it: ``processors`` (attention module
+    name -> our processor class), ``norms`` (whether a norm module of ``families`` is there), ``ada`` / ``blocks``
+    / ``ff`` (targets of :func:`_apply`); what is left alone goes to ``report.refused`` (names with ``prefix``)."""
+    plan = {"processors": {}, "norms": False, "ada": [], "blocks": [], "ff": []}
+    if attention:
+        procs = getattr(model, "attn_processors", None)
+        if procs is None:
+            report.refused[prefix + "attention"] = ("the model has no attn_processors (not a diffusers AttentionMixin "
+                                                    "model)")
+        for name, proc in (procs or {}).items():
+            # a processor of an earlier kernelize is made again: this call's backend and package, reported
+            cls = type(proc) if isinstance(proc, _TritonProcessor) else _PROCESSORS.get(type(proc).__name__)
+            if cls is None:
+                report.refused[prefix + name] = f"processor {type(proc).__name__} has no Triton counterpart"
+            else:
+                plan["processors"][name] = cls
+    if norms:
+        chosen, refused = select_layers(model, families=families)
+        plan["norms"] = bool(chosen)
+        if not chosen:
+            report.refused[prefix + "norms"] = (_default_norms_note(model) if families == (DIFFUSERS_RMS,) else
+                                                "no norm module of the families "
+                                                f"{', '.join(f.name for f in families)} can be swapped"
+                                                + "".join(f"; {k}: {v}" for k, v in refused.items()))
+    if modulate:
+        plan["ada"] = _ada_targets(model, report, prefix)
+    if blocks:
+        plan["blocks"] = _block_targets(model, report, prefix)
+    if feed_forward:
+        plan["ff"] = _ff_targets(model, report, prefix)
+    return plan
+
+
 def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = True, norms: bool = True,
               modulate: bool = True, feed_forward: bool = True, blocks: bool = True,
               attention_backend: str = "sdpa", norm_families: Optional[tuple] = None,
@@ -492,9 +617,10 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
     """Swaps the attention processors (and norms) of a Flux / SD3 / Wan transformer for triton-collection kernels.
 
     Args:
-        pipe_or_model: a diffusers pipeline (its ``.transformer`` is used) or the transformer model.
-        mode: ``kernels.Mode`` for the norm layers (the processors serve every mode: they have a backward
-            and compile with ``torch.compile``).
+        pipe_or_model: a diffusers pipeline (its ``.transformer`` is used, and ``.transformer_2`` too where a
+            pipeline has two experts, Wan 2.2) or the transformer model.
+        mode: ``kernels.Mode`` for the norm layers, containing ``INFERENCE`` or ``TRAINING`` (the processors serve
+            every mode: they have a backward and compile with ``torch.compile``).
         attention: swap the known attention processors (loads ``<org>/triton-attention``).
         norms: swap the norm modules through :func:`.transformers.kernelize` (loads ``<org>/triton-norms``);
             a model without a swappable norm is reported, not an error.
@@ -526,55 +652,67 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
     A second call on a kernelized model makes its Triton processors again with this call's ``attention_backend``
     (and reports them), and reports the modules it swapped before: calling again switches the backend.
 
+    Every argument and the models' dtypes are checked, and the packages loaded, before the first swap: an error
+    leaves the models as they were.
+
     Raises:
-        TypeError: not a pipeline or module. ValueError: ``attention_backend`` neither "sdpa" nor "triton";
-            nothing at all could be swapped (never a silent no-op).
+        TypeError: not a pipeline or module; ``mode`` not a ``kernels.Mode``; ``norm_families`` not a tuple of
+            families. ValueError: ``attention_backend`` neither "sdpa" nor "triton"; ``mode`` without
+            ``INFERENCE`` or ``TRAINING``; a ``device`` that is not a device (or not available); a model holding
+            parameters of another floating dtype than float16, bfloat16 or float32 (e.g. float64); a norm layer
+            that cannot serve ``mode``; nothing at all could be swapped (never a silent no-op).
+        RuntimeError: a package cannot be loaded.
     """
-    model = _transformer(pipe_or_model)
+    models = _transformers(pipe_or_model)
     if attention_backend not in ("triton", "sdpa"):
         raise ValueError(f"kernelize: attention_backend must be 'triton' or 'sdpa', got {attention_backend!r}")
-    report = DiffusersKernelizeReport(model=type(model).__name__)
-    if attention:
-        procs = getattr(model, "attn_processors", None)
-        if procs is None:
-            report.refused["attention"] = "the model has no attn_processors (not a diffusers AttentionMixin model)"
-        else:
-            if kernel is None:
-                from .transformers_attention import load
-
-                kernel = load(org=org, version=version, trust_remote_code=trust_remote_code)
-            new = {}
-            for name, proc in procs.items():
-                # a processor of an earlier kernelize is made again: this call's backend and package, reported
-                cls = type(proc) if isinstance(proc, _TritonProcessor) else _PROCESSORS.get(type(proc).__name__)
-                if cls is None:
-                    new[name] = proc
-                    report.refused[name] = f"processor {type(proc).__name__} has no Triton counterpart"
-                    continue
-                new[name] = cls(kernel, attention_backend)
-                report.processors[name] = cls.__name__ + ("" if attention_backend == "triton" else "(sdpa)")
-            if report.processors:
-                model.set_attn_processor(new)
-    if norms:
-        from .families import DIFFUSERS_RMS
-        from .transformers import kernelize as kernelize_norms
-
-        try:
-            norm_report = kernelize_norms(model, mode=mode, device=device, org=org, version=version,
-                                          trust_remote_code=trust_remote_code,
-                                          families=norm_families if norm_families is not None else (DIFFUSERS_RMS,))
-            report.norms = dict(norm_report.swapped)
-            for cls_name, why in norm_report.refused.items():
-                report.refused[f"norms:{cls_name}"] = why
-        except ValueError as err:
-            report.refused["norms"] = str(err) if norm_families is not None else _default_norms_note(model)
+    _check_mode(mode)
+    if norm_families is not None and (not isinstance(norm_families, (tuple, list))
+                                      or not all(isinstance(f, Family) for f in norm_families)):
+        raise TypeError("kernelize: norm_families must be a tuple of integrations.families.Family (e.g. "
+                        f"families.FAMILIES) or None, got {norm_families!r}")
+    families = tuple(norm_families) if norm_families is not None else (DIFFUSERS_RMS,)
+    for _, model in models:  # every check before the first swap: a refused call leaves the models as they were
+        if norms:
+            _device_type(model, device)
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype not in _KERNEL_DTYPES),
+                     None)
+        if dtype is not None:
+            raise ValueError(f"kernelize: {type(model).__name__} holds {dtype} parameters; the kernels take float16, "
+                             "bfloat16 and float32 (convert the model first, e.g. model.float())")
+    report = DiffusersKernelizeReport(model=", ".join(f"{p[:-1]}: {type(m).__name__}" if p else type(m).__name__
+                                                      for p, m in models))
+    plans = [(prefix, model, _plan(model, prefix, report, attention=attention, norms=norms, families=families,
+                                   modulate=modulate, blocks=blocks, feed_forward=feed_forward))
+             for prefix, model in models]
     hub = dict(org=org, version=version, trust_remote_code=trust_remote_code)
-    if modulate:
-        norms_kernel = _swap_all(_ada_targets(model, report), norms_kernel, "triton-norms", hub, report)
-    if blocks:
-        norms_kernel = _swap_all(_block_targets(model, report), norms_kernel, "triton-norms", hub, report)
-    if feed_forward:
-        _swap_all(_ff_targets(model), matmul_kernel, "triton-matmul", hub, report)
+    if kernel is None and any(plan["processors"] for *_, plan in plans):
+        from .transformers_attention import load
+
+        kernel = load(org=org, version=version, trust_remote_code=trust_remote_code)
+    norms_kernel = _load_package(norms_kernel, "triton-norms", hub,
+                                 [t for *_, plan in plans for t in plan["ada"] + plan["blocks"]])
+    matmul_kernel = _load_package(matmul_kernel, "triton-matmul", hub, [t for *_, plan in plans for t in plan["ff"]])
+    for prefix, model, plan in plans:
+        if plan["norms"]:  # all or nothing (transformers.kernelize), before anything else of this model is swapped
+            norm_report = kernelize_norms(model, mode=mode, device=device, org=org, version=version,
+                                          trust_remote_code=trust_remote_code, families=families)
+            inside = {f"{name}.{child}" for name, _, _ in plan["ada"] + plan["blocks"]
+                      for child in ("norm", "norm1", "norm2", "norm3")}
+            report.norms.update({prefix + name: layer for name, layer in norm_report.swapped.items()
+                                 if name not in inside})
+            for cls_name, why in norm_report.refused.items():
+                report.refused[f"{prefix}norms:{cls_name}"] = why
+        if plan["processors"]:
+            new = {name: proc for name, proc in model.attn_processors.items()}
+            for name, cls in plan["processors"].items():
+                original = new[name].original if isinstance(new[name], _TritonProcessor) else new[name]
+                new[name] = cls(kernel, attention_backend, original)
+                report.processors[prefix + name] = cls.__name__ + ("" if attention_backend == "triton" else "(sdpa)")
+            model.set_attn_processor(new)
+        _apply(plan["ada"], norms_kernel, prefix, report)
+        _apply(plan["blocks"], norms_kernel, prefix, report)
+        _apply(plan["ff"], matmul_kernel, prefix, report)
     if not len(report):
         raise ValueError(f"kernelize: nothing to swap in {report.model}:\n{report.summary()}")
     log.info("%s", report.summary())

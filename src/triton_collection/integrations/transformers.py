@@ -82,11 +82,19 @@ def _device_type(model: nn.Module, device: str | torch.device | None) -> str:
     elif isinstance(device, str) and device in _DEVICE_TYPES:
         kind = device
     else:
-        kind = torch.device(device).type
+        try:
+            kind = torch.device(device).type
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(f"kernelize: device must be a device type ({', '.join(sorted(_DEVICE_TYPES))}) or a "
+                             f"torch.device, got {device!r}") from err
     if kind == "cuda" and torch.version.hip is not None:
         kind = "rocm"
     if kind not in _DEVICE_TYPES:
         raise ValueError(f"kernelize: triton-norms has no build for device type {kind!r} (has {sorted(_DEVICE_TYPES)})")
+    available = {"cuda": torch.cuda.is_available, "rocm": torch.cuda.is_available,
+                 "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available()}.get(kind, lambda: True)
+    if not available():
+        raise ValueError(f"kernelize: device {device!r}: this PyTorch has no {kind} device")
     if kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         log.warning("Triton kernels run on CPU tensors only under TRITON_INTERPRET=1 (set before triton is imported)")
     return kind
