@@ -689,6 +689,38 @@ def test_integration_register_and_kernelize_rotary(attention, installed, device)
         ta.kernelize_rotary(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.parametrize("model_type,why", [
+    ("nanochat", "values differ"),  # rotate_half = cat(x2, -x1): the opposite rotation (7.85 off)
+    ("gpt_oss", "fails on Llama-form inputs"),  # half-width cos / sin (every forward raised after the swap)
+    ("esm", "values differ"),  # fp32 math rounded once (1 fp16 ulp off)
+    ("modernbert", "values differ"),
+    ("olmo2", "values differ"),  # casts back to q's dtype (fp32 reached an fp16 Linear: every forward raised)
+])
+def test_kernelize_rotary_leaves_other_rotary_formulas_alone(attention, installed, model_type, why):
+    """transformers attaches a kernelizable ``rotary_pos_emb`` to 97 models, 13 of which compute something else
+    than Llama's formula (the one RotaryPosEmb reproduces). They were all swapped; now each function is probed
+    bitwise first and only Llama's formula is swapped, the others refused with the reason (and left running)."""
+    import importlib
+
+    from triton_collection.integrations import transformers_attention as ta
+
+    try:
+        fn = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}").apply_rotary_pos_emb
+    except ImportError:
+        pytest.skip(f"this transformers has no {model_type}")
+    if getattr(type(fn), "kernel_layer_name", None) != "rotary_pos_emb":
+        pytest.skip(f"{model_type}'s apply_rotary_pos_emb is not kernelizable in this transformers")
+    holder = torch.nn.Module()
+    holder._kernel_funcs = {"rotary_pos_emb": fn}
+    forward = vars(fn).get("forward")
+    with pytest.raises(ValueError, match=f"no rotary function of the model is one RotaryPosEmb replaces exactly.*{why}"):
+        ta.kernelize_rotary(holder, device="cpu")
+    assert vars(fn).get("forward") is forward
+    for llama_like in ("llama", "qwen2", "gemma3"):
+        fn = importlib.import_module(f"transformers.models.{llama_like}.modeling_{llama_like}").apply_rotary_pos_emb
+        assert ta._rotary_mismatch(fn) is None, llama_like
+
+
 @pytest.mark.parametrize("causal,layout,rope,ws", [(False, "bhsd", False, False), (True, "bshd", False, False),
                                                     (True, "bshd", True, False), (True, "bhsd", False, True)])
 def test_flash_tma_forward_path(attention, device, causal, layout, rope, ws):
