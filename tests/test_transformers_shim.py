@@ -234,6 +234,25 @@ def test_exact_types_only_and_plain_torch_modules(installed, device):
         torch.testing.assert_close(model(x), ref, **LOGIT_TOL[torch.float32])
 
 
+def test_norms_over_several_trailing_dims(installed, device):
+    """nn.LayerNorm / nn.RMSNorm over two trailing dims (the layers flatten them into one row) are swapped; the
+    probe refused them ("normalises over 2 dims") though the layers serve them. Values and gradients as the
+    modules'."""
+    torch.manual_seed(16)
+    model = nn.Sequential(nn.LayerNorm((4, 6)), nn.RMSNorm((4, 6), eps=1e-5)).to(device)
+    for p in model.parameters():
+        p.data = torch.randn_like(p) * 0.5 + 1.0
+    x = torch.randn(3, 5, 4, 6, device=device, requires_grad=True)
+    ref = model(x)
+    (ref_dx,) = torch.autograd.grad(ref.sum(), x)
+    report = kernelize(model, mode=Mode.TRAINING, org=ORG)
+    assert report.swapped == {"0": "LayerNorm", "1": "TorchRMSNorm"}, report
+    out = model(x)
+    (dx,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(out, ref, **LOGIT_TOL[torch.float32])
+    torch.testing.assert_close(dx, ref_dx, rtol=1e-4, atol=1e-4)
+
+
 def test_training_mode_gradients(installed, device):
     import copy
 

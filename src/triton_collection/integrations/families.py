@@ -327,20 +327,22 @@ def _missing_attrs(module: nn.Module, family: Family) -> list[str]:
     return missing
 
 
-def _hidden_size(module: nn.Module) -> int:
+def _feature_shape(module: nn.Module) -> tuple[int, ...]:
+    """The trailing dims a probe input needs: the normalized shape (one or several dims: torch's LayerNorm and
+    RMSNorm layers flatten several), a gated MLP's hidden size, any width for an elementwise activation."""
     if _is_gated_mlp(module):
-        return module.gate_proj.in_features
+        return (module.gate_proj.in_features,)
     if _is_gate_up_mlp(module):
-        return module.gate_up_proj.in_features
+        return (module.gate_up_proj.in_features,)
     if module.__class__.__dict__.get("kernel_layer_name") in _HF_ACTIVATIONS or not hasattr(module, "weight"):
-        return 64  # an elementwise activation: any width
+        return (64,)  # an elementwise activation: any width
     shape = getattr(module, "normalized_shape", None) or getattr(module, "dim", None)
     if shape is not None:
         shape = tuple(shape) if not isinstance(shape, int) else (shape,)
-        if len(shape) != 1:
+        if len(shape) != 1 and type(module) not in (nn.LayerNorm, nn.RMSNorm):
             raise ValueError(f"normalises over {len(shape)} dims; only the last dim is served")
-        return shape[0]
-    return module.weight.shape[0]
+        return shape
+    return (module.weight.shape[0],)
 
 
 @torch.no_grad()
@@ -351,7 +353,7 @@ def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed
     ``1 + w`` differ and the weight multiply rounds; matrices ``randn / sqrt(fan_in)``, so that a
     gated MLP's values stay finite in fp16); the class's own ``forward`` (not an
     already-kernelized instance forward, not hooks) runs on random input of shape
-    (3, 5, hidden) in fp16 and, if different, in the module's parameter dtype, then with fp16 input and
+    (3, 5, *features) in fp16 and, if different, in the module's parameter dtype, then with fp16 input and
     fp32 parameters and with fp32 input and bf16 parameters (runs whose forward refuses mixed dtypes
     are skipped), on the module's device. A family matches when output dtype, shape and every bit
     agree in all runs.
@@ -382,7 +384,7 @@ def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed
                                  "reproduces (steps beyond the formula: a clamp, dropout, a scale, a branch)")
     families = formed
     try:
-        hidden = _hidden_size(module)
+        features = _feature_shape(module)
     except ValueError as err:
         return ProbeResult(None, str(err))
 
@@ -404,7 +406,7 @@ def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed
         for p in twin.parameters():
             r = torch.randn(p.shape, generator=gen)
             p.copy_(1.0 + 0.5 * r if p.dim() < 2 else r / p.shape[-1] ** 0.5)  # matrices: unit-scale outputs
-        x = torch.randn((3, 5, hidden), generator=gen).to(device=device, dtype=dtype)
+        x = torch.randn((3, 5, *features), generator=gen).to(device=device, dtype=dtype)
         with warnings.catch_warnings():  # torch's "Mismatch dtype ... fused implementation" of mixed runs
             warnings.simplefilter("ignore")
             try:
