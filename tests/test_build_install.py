@@ -238,7 +238,7 @@ def test_a_bad_org_is_refused_before_anything_is_written(org, tmp_path, capsys):
 
 @pytest.mark.parametrize("member", ["    def __init__(self):\n        super().__init__()\n", "    foo = 1\n",
                                     "    def helper(self):\n        pass\n", "    eps: float = 1e-6\n"])
-def test_a_layer_breaking_the_kernels_rules_is_refused_at_build(member, tmp_path):
+def test_a_layer_breaking_the_kernels_rules_is_refused_at_build(member, tmp_path, capsys):
     """A layer with its own ``__init__`` or a member ``nn.Module`` lacks (other than has_backward /
     can_torch_compile) is refused when the package is built, naming the layer and the member, before anything is
     written: ``kernels`` would refuse it only at ``kernelize`` time, in a user's process. Bare annotations (the
@@ -264,3 +264,10 @@ def test_a_layer_breaking_the_kernels_rules_is_refused_at_build(member, tmp_path
     with pytest.raises(ValueError, match=f"layer LlamaRMSNorm defines '{name}': a kernels layer may define only"):
         build_package(collection, collection.packages[0], tmp_path / "out", org=ORG)
     assert not (tmp_path / "out").exists()
+    from triton_collection.cli import main  # the CLI says it in one line (it printed a traceback)
+
+    for command in ("build", "install-local"):
+        assert main([command, "--root", str(root), "--out", str(tmp_path / "cli"), "--org", ORG]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"{command} failed: ") and "layer LlamaRMSNorm defines" in err and "Traceback" not in err
+    assert not (tmp_path / "cli").exists()

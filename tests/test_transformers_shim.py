@@ -253,6 +253,27 @@ def test_norms_over_several_trailing_dims(installed, device):
     torch.testing.assert_close(dx, ref_dx, rtol=1e-4, atol=1e-4)
 
 
+def test_deepcopy_keeps_the_swap_and_pickling_gives_the_original_forwards(installed, device, tmp_path):
+    """As the README says: copy.deepcopy keeps the kernelized forwards; torch.save(model) loads with the modules'
+    own forwards (kernelize again after loading); values unchanged both ways."""
+    import copy
+
+    torch.manual_seed(17)
+    model = nn.Sequential(nn.LayerNorm(64), nn.RMSNorm(64)).to(device)
+    x = torch.randn(4, 64, device=device)
+    with torch.no_grad():
+        ref = model(x)
+    kernelize(model, mode=Mode.INFERENCE, org=ORG)
+    twin = copy.deepcopy(model)
+    assert all(m.forward.__func__ is not type(m).forward for m in twin)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert all(m.forward.__func__ is type(m).forward for m in loaded)  # (kernels pickles it as the class's own)
+    with torch.no_grad():
+        for m in (twin, loaded):
+            torch.testing.assert_close(m(x), ref, **LOGIT_TOL[torch.float32])
+
+
 def test_training_mode_gradients(installed, device):
     import copy
 

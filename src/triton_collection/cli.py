@@ -52,7 +52,11 @@ def _cmd_build(args) -> int:
 
     collection = _collection(args)
     out = Path(args.out) if args.out else collection.root / "dist" / "hub"
-    built = build_collection(collection, out, org=args.org, packages=args.package, cpu_variant=args.cpu_variant)
+    try:
+        built = build_collection(collection, out, org=args.org, packages=args.package, cpu_variant=args.cpu_variant)
+    except ValueError as err:  # a tree the build refuses (a layer breaking the kernels rules, ...): nothing written
+        print(f"build failed: {err}", file=sys.stderr)
+        return 1
     rows = [{"package": b.package.name, "version": b.package.version, "path": str(b.path), "backends": list(b.backends)} for b in built]
     print(json.dumps(rows, indent=2) if args.json else "\n".join(f"{r['package']} v{r['version']}: {r['path']} ({', '.join(r['backends'])})" for r in rows))
     return 0
@@ -66,7 +70,11 @@ def _cmd_install_local(args) -> int:
     org = args.org or collection.org
     # local builds carry the cpu variant: keep them apart from the publishable dist/hub trees
     out = Path(args.out) if args.out else collection.root / "dist" / "local" / org
-    built = build_collection(collection, out, org=org, packages=args.package, cpu_variant=True)
+    try:
+        built = build_collection(collection, out, org=org, packages=args.package, cpu_variant=True)
+    except ValueError as err:
+        print(f"install-local failed: {err}", file=sys.stderr)
+        return 1
     installed = [install_local(b, org=org) for b in built]
     rows = [{"repo_id": i.repo_id, "version": i.version, "commit": i.commit, "snapshot": str(i.snapshot)} for i in installed]
     if args.json:
