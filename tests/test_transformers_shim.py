@@ -274,6 +274,29 @@ def test_deepcopy_keeps_the_swap_and_pickling_gives_the_original_forwards(instal
             torch.testing.assert_close(m(x), ref, **LOGIT_TOL[torch.float32])
 
 
+@pytest.mark.parametrize("model_type,cls_name,why", [
+    ("cohere", "CohereLayerNorm", "lacks attributes"),
+    ("olmo", "OlmoLayerNorm", "lacks attributes"),
+    ("nemotron", "NemotronLayerNorm1P", "matches no family bitwise"),
+])
+def test_model_layer_norms_are_probed_and_reported(model_type, cls_name, why):
+    """A model's own LayerNorm classes (not torch's) were neither swapped nor listed in ``refused``: now each is
+    probed against the LayerNorm layer's formula and, where it differs, refused with the reason."""
+    from triton_collection.integrations.transformers import select_layers
+
+    try:
+        cfg = transformers.AutoConfig.for_model(model_type, hidden_size=64, num_attention_heads=4,
+                                                num_key_value_heads=4, num_hidden_layers=1, intermediate_size=96,
+                                                vocab_size=64)
+    except ValueError:
+        pytest.skip(f"this transformers has no {model_type}")
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    chosen, refused = select_layers(model)
+    key = next((k for k in refused if k.endswith("." + cls_name)), None)
+    assert key is not None and why in refused[key], refused
+    assert not any(c.__name__ == cls_name for c in chosen)
+
+
 def test_training_mode_gradients(installed, device):
     import copy
 

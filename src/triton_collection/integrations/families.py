@@ -259,6 +259,8 @@ def candidate_families(module: nn.Module) -> tuple[Family, ...]:
     decorated = layer_name in _HF_KERNEL_LAYER_NAMES
     if decorated or "rmsnorm" in cls.__name__.lower():
         return _HF_RMS_FAMILIES
+    if cls.__module__.startswith("transformers.") and "layernorm" in cls.__name__.lower():
+        return (LAYER_NORM,)  # a model's own LayerNorm (Cohere, OLMo, Nemotron): swapped if the probe finds it exact
     return ()
 
 
