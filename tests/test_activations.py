@@ -1092,3 +1092,37 @@ def test_gpu_a_row_of_more_than_2_31_elements(activations, device):
     (want_dx,) = torch.autograd.grad(torch.nn.functional.silu(t), t, torch.ones_like(t))
     torch.testing.assert_close(dx[-7:], torch.cat([want_dx[:1].expand(4), want_dx[1:].expand(3)]),
                                rtol=2e-3, atol=2e-3)
+
+
+def test_out_partly_overlapping_x_is_refused(activations, device):
+    """An out that shares memory with x without being x (or, gated, one of x's halves): a shifted or transposed
+    view ran and wrote elements other programs had still to read (0.47-3.1 off); PyTorch's out= refuses it. x
+    itself and a half of x stay allowed."""
+    x = torch.randn(64, 64, device=device)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="out shares memory with x"):
+            activations.silu(x.t(), x)
+        buf = torch.randn(4096, device=device)
+        with pytest.raises(ValueError, match="out shares memory with x"):
+            activations.silu(buf[1:], buf[:-1])
+        g = torch.randn(2, 2 * 11, device=device)
+        with pytest.raises(ValueError, match="out shares memory with x without being x itself or one of its halves"):
+            activations.silu_and_mul(g[:, 1:12], g)
+        want = activations.silu(x.clone())
+        assert torch.equal(activations.silu(x, x), want)
+        for half in (slice(0, 11), slice(11, 22)):
+            h = g.clone()
+            want = activations.silu_and_mul(g)
+            assert torch.equal(activations.silu_and_mul(h[:, half], h), want)
+
+
+def test_none_is_a_type_error(activations, matmul):
+    """None where a tensor belongs raised AttributeError on the inference path (its plan key read .dtype / .dim)."""
+    with pytest.raises(TypeError):
+        activations.silu(None)
+    with pytest.raises(TypeError):
+        activations.silu_and_mul(None)
+    with pytest.raises(TypeError, match="a must be a torch.Tensor"):
+        matmul.matmul(None, torch.randn(3, 4))
+    with pytest.raises(TypeError, match="b must be a torch.Tensor"):
+        matmul.matmul(torch.randn(2, 3), None)

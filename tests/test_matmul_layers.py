@@ -82,3 +82,29 @@ def test_linear_layer_errors_name_input_and_weight(matmul, device):
         module(torch.randn(2, 8, device=device, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match=r"layer: input \(2, 7\) torch.float32, weight \(4, 8\)"):
         module(torch.randn(2, 7, device=device))
+
+
+def test_gelu_geglu_layers_run_adapters_hooks_and_float64_as_the_module(matmul, device):
+    """A ``proj`` with a forward hook or replaced by a Linear subclass with its own forward (a LoRA layer) was read
+    as weight and bias only (0.95 / 6.49 off with a doubling hook), and a float64 module raised: those calls run
+    the module's own ops now; a plain proj still runs the fused launch."""
+    diffusers_act = pytest.importorskip("diffusers.models.activations")
+
+    class Halved(torch.nn.Linear):
+        def forward(self, x):
+            return 0.5 * super().forward(x)
+
+    torch.manual_seed(18)
+    x = torch.randn(3, 8, device=device)
+    for cls, layer in ((diffusers_act.GELU, matmul.layers.GELU), (diffusers_act.GEGLU, matmul.layers.GEGLU)):
+        hooked = cls(8, 6).to(device)
+        hooked.proj.register_forward_hook(lambda mod, args, out: 2 * out)
+        adapted = cls(8, 6).to(device)
+        halved = Halved(8, adapted.proj.out_features).to(device)
+        halved.load_state_dict(adapted.proj.state_dict())
+        adapted.proj = halved
+        wide = cls(8, 6).to(device).double()
+        for module, inp in ((hooked, x), (adapted, x), (wide, x.double())):
+            with torch.no_grad():
+                want, got = module(inp), layer.forward(module, inp)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -131,6 +131,34 @@ def check_out(name: str, out, x: torch.Tensor, gated: bool) -> None:
         raise ValueError(f"{name}: out must have shape {what}, got {tuple(out.shape)}")
     if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape)):
         raise ValueError(f"{name}: out has overlapping elements (a stride-0, expanded dim): it cannot be written")
+    if _partial_overlap(out, x, gated):
+        raise ValueError(f"{name}: out shares memory with x without being x itself"
+                         f"{' or one of its halves' if gated else ''} (a shifted or transposed view): elements of x "
+                         "would be overwritten before they are read; write into x, a separate tensor or a copy")
+
+
+def _partial_overlap(out: torch.Tensor, x: torch.Tensor, gated: bool) -> bool:
+    """Whether ``out`` and ``x`` share bytes without ``out`` being x itself or, for a gated op, one of x's halves
+    (views a program reads element by element before writing them: safe in place). As PyTorch's ``out=`` functions
+    refuse a partial overlap. Conservative: two views whose byte ranges interleave count as overlapping."""
+    if torch.compiler.is_compiling() or out.numel() == 0 or x.numel() == 0:
+        return False  # (compile traces the op: its graph carries the aliasing; fake tensors have no addresses)
+    try:
+        base = out.untyped_storage().data_ptr()
+        if base == 0 or base != x.untyped_storage().data_ptr():  # (0: meta tensors, no memory)
+            return False
+    except RuntimeError:  # a tensor without memory (FakeTensor under export / make_fx)
+        return False
+    d = x.shape[-1] // 2
+    for view in ((x[..., :d], x[..., d:]) if gated else (x,)):
+        if out.data_ptr() == view.data_ptr() and out.stride() == view.stride():
+            return False
+
+    def span(t):  # (first byte, one past the last byte); torch strides are never negative
+        return t.data_ptr(), t.data_ptr() + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(out), span(x)
+    return a0 < b1 and b0 < a1
 
 
 def check_rounding(name: str, rounding: str) -> bool:

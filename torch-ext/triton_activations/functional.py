@@ -65,7 +65,7 @@ _GENERAL = object()  # plan of a call the general path serves
 
 
 def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, threshold: float = 0.0) -> Tensor:
-    if second is None and inference((first,)):
+    if second is None and isinstance(first, Tensor) and inference((first,)):
         # plain eager inference: one validated plan per call signature (host time of small calls), x's 16-byte
         # alignment included (the plan's launch is pinned to it)
         key = (name, rounding, threshold, first.dtype, first.shape, first.stride(), first.device,

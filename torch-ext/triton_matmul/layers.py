@@ -7,7 +7,8 @@
 * ``Linear``: ``torch.nn.Linear``: ``F.linear(input, weight, bias)``.
 
 Rules of ``kernels``: no ``__init__``, no members but ``has_backward`` / ``can_torch_compile``;
-a layer reads the replaced module's own attributes (``proj``, ``approximate``, ``weight``, ``bias``).
+a layer reads the replaced module's own attributes (``proj``, ``approximate``, ``weight``, ``bias``). A ``proj``
+that is not a plain ``nn.Linear`` (a LoRA layer) or has hooks, and float64 modules, run the module's own ops.
 Values equal the modules' within matmul tolerances: the kernel rounds once from fp32 where the
 modules round the linear output before the activation (~1 ulp of the dtype), and sums K in a
 different order. Under ``torch.autocast`` the inputs and parameters are cast as ``F.linear``'s are.
@@ -22,7 +23,18 @@ from ._autocast import autocast_to, cast
 from .matmul import matmul
 
 
-def _linear(x: torch.Tensor, linear: nn.Module, activation=None) -> torch.Tensor:
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _fused(x: torch.Tensor, proj: nn.Module) -> bool:
+    """Whether ``proj`` (a GELU / GEGLU module's projection) can run inside the fused launch: a plain ``nn.Linear``
+    without hooks (a LoRA layer or a hook put there must run as the module would run it) and a dtype the kernel
+    takes (a float64 module runs the module's own ops)."""
+    return (type(proj) is nn.Linear and not proj._forward_hooks and not proj._forward_pre_hooks
+            and x.dtype in _KERNEL_DTYPES and proj.weight.dtype in _KERNEL_DTYPES)
+
+
+def _linear(x: torch.Tensor, linear: nn.Module, activation=None, layer=None) -> torch.Tensor:
     """``activation(F.linear(x, linear.weight, linear.bias))`` in one ``matmul``; under ``torch.autocast`` in the
     dtype ``F.linear`` computes in (the autocast dtype), as the module does."""
     w, b = linear.weight, linear.bias
@@ -32,7 +44,7 @@ def _linear(x: torch.Tensor, linear: nn.Module, activation=None) -> torch.Tensor
     try:
         return matmul(x, w.t(), b, activation)
     except (TypeError, ValueError) as err:  # matmul names its operands a and b: say which tensors they are here
-        raise type(err)(f"{type(linear).__name__} layer: input {tuple(x.shape)} {x.dtype}, weight {tuple(w.shape)} "
+        raise type(err)(f"{layer or type(linear).__name__} layer: input {tuple(x.shape)} {x.dtype}, weight {tuple(w.shape)} "
                         f"{w.dtype} (out_features, in_features): matmul(input, weight.T) refused them: {err}") from err
 
 
@@ -51,7 +63,9 @@ class GELU(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return _linear(hidden_states, self.proj, "gelu_tanh" if self.approximate == "tanh" else "gelu")
+        if not _fused(hidden_states, self.proj):
+            return torch.nn.functional.gelu(self.proj(hidden_states), approximate=self.approximate)
+        return _linear(hidden_states, self.proj, "gelu_tanh" if self.approximate == "tanh" else "gelu", "GELU")
 
 
 class GEGLU(nn.Module):
@@ -68,7 +82,10 @@ class GEGLU(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        return _linear(hidden_states, self.proj, "geglu")
+        if not _fused(hidden_states, self.proj):
+            hidden_states, gate = self.proj(hidden_states).chunk(2, dim=-1)
+            return hidden_states * torch.nn.functional.gelu(gate)
+        return _linear(hidden_states, self.proj, "geglu", "GEGLU")
 
 
 class Linear(nn.Module):
@@ -86,4 +103,6 @@ class Linear(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dtype not in _KERNEL_DTYPES or self.weight.dtype not in _KERNEL_DTYPES:  # e.g. a float64 module
+            return torch.nn.functional.linear(input, self.weight, self.bias)
         return _linear(input, self)
