@@ -719,3 +719,17 @@ def test_kernelize_swaps_both_layers_and_compiles(installed, device):
     out_ref.backward()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_layer_takes_byte_targets_and_ignore_index_must_fit_int64(softmax, device):
+    """nn.CrossEntropyLoss takes uint8 targets (the layer refused them); an ignore_index outside int64 was taken
+    silently at 2**63 (torch: an overflow error) and failed without naming the argument at 2**64."""
+    torch.manual_seed(19)
+    x = torch.randn(4, 6, device=device)
+    t = torch.tensor([0, 1, 5, 3], device=device)
+    module = torch.nn.CrossEntropyLoss()
+    want = softmax.layers.CrossEntropyLoss.forward(module, x, t)
+    assert torch.equal(softmax.layers.CrossEntropyLoss.forward(module, x, t.to(torch.uint8)), want)
+    for bad in (2**63, 2**64, -(2**63) - 1):
+        with pytest.raises(ValueError, match="ignore_index must fit in int64"):
+            softmax.cross_entropy(x, t, ignore_index=bad)

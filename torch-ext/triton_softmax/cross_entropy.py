@@ -694,6 +694,8 @@ def _check(logits, target, ignore_index, reduction, label_smoothing, z_loss):
     check_same_device("target", target, logits, "logits")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not -(2**63) <= ignore_index < 2**63:  # the kernels compare it with int64 targets (torch: "Overflow")
+        raise ValueError(f"ignore_index must fit in int64, got {ignore_index}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     label_smoothing = check_real("label_smoothing", label_smoothing, low=0.0, high=1.0)

@@ -71,7 +71,7 @@ class CrossEntropyLoss(nn.Module):
 
     Shapes:
         - input: (C,), (N, C) or (N, C, d1, ...), fp16/bf16/fp32
-        - target: int64 class indices of input's shape without the class dim
+        - target: int64 (int32, uint8) class indices of input's shape without the class dim
         - output: scalar, or target's shape for ``reduction="none"``; input's dtype
     """
 
@@ -90,6 +90,8 @@ class CrossEntropyLoss(nn.Module):
         to = autocast_to("cross_entropy", input)
         if to is not None:  # under autocast F.cross_entropy computes in another dtype (fp32 on CUDA and the CPU)
             input = input.to(to)
+        if isinstance(target, torch.Tensor) and target.dtype == torch.uint8:  # nn.CrossEntropyLoss takes Byte targets
+            target = target.long()
         return cross_entropy(input, target, ignore_index=self.ignore_index, reduction=self.reduction,
                              label_smoothing=self.label_smoothing,
                              torch_order=self.label_smoothing == 0.0 and input.dim() <= 2)
