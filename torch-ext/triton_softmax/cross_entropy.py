@@ -3,8 +3,8 @@
 Math, per row i with logits x (V classes, fp32) and target t:
 
     lse    = log(sum_j exp(x_j))                        (online over chunks: max m, sum s; lse = m + log s)
-    nll    = lse - x_t
-    smooth = lse - mean_j x_j                           (= -(1/V) sum_j log p_j)
+    nll    = lse - x_t                                  (computed as (m - x_t) + log s, as torch's log-softmax:
+    smooth = lse - mean_j x_j                            no fp32 rounding of lse at large logits; p_j likewise)
     loss_i = (1 - eps) * nll + eps * smooth + z * lse^2 (eps = label_smoothing, z = z_loss)
     loss_i = 0 where t == ignore_index;  NaN where t is outside [0, V) (torch raises; no host sync here)
 
@@ -20,7 +20,7 @@ torch's ``label_smoothing`` (same mean denominator).
 
 Gradient of loss_i with respect to x_j, written by the same kernel (the softmax is never stored):
 
-    g_ij = p_j * (1 + 2 z lse) - eps / V - (1 - eps) [j == t],   p_j = exp(x_j - m) / s
+    g_ij = p_j * (1 + 2 z lse) - eps / V - (1 - eps) [j == t],   p_j = exp((x_j - m) - log s)
     g_ij = 0 on ignored rows
 
 The forward stores ``w * g`` (w = 1/count for "mean", else 1): the gradient of the reduced loss for
@@ -87,9 +87,12 @@ def _load_logits(x_ptr, x_row, sxc, offs, mask_n, EVICT: tl.constexpr):
 
 
 @triton.jit
-def _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range):
-    """w * g for one chunk of logits ``x`` (fp32) given the row's logsumexp and z-loss factor."""
-    return _grad_of_p(tl.exp(x - lse), offs, t, coef, smoothing, V, w, valid, in_range)
+def _grad_chunk(x, offs, t, mx, log_s, coef, smoothing, V, w, valid, in_range):
+    """w * g for one chunk of logits ``x`` (fp32) given the row's max ``mx`` and ``log_s`` (logsumexp = mx + log_s;
+    a caller holding only the logsumexp passes it as ``mx`` and 0) and z-loss factor. ``p = exp((x - mx) - log_s)``:
+    subtracting the max first keeps p as accurate as torch's at any logit magnitude (``exp(x - lse)`` with lse
+    rounded to fp32 lost ~|lse| * 2^-24: 28 ulp of the loss at logits near 1000)."""
+    return _grad_of_p(tl.exp((x - mx) - log_s), offs, t, coef, smoothing, V, w, valid, in_range)
 
 
 @triton.jit
@@ -101,7 +104,7 @@ def _grad_of_p(p, offs, t, coef, smoothing, V, w, valid, in_range):
 
 
 @triton.jit
-def _team_grad(e, m_own, lse, coef, smoothing, V, w, valid, in_range):
+def _team_grad(e, m_own, mx, log_s, coef, smoothing, V, w, valid, in_range):
     """``_grad_of_p`` for a team member's chunk ``e = exp(x - m_own)`` as if no column were the target, with the row-wide
     factors folded into scalars: ``(w * g = e * a - b, a, bt)``; the target column's value is ``e_t * a - bt``, which
     the kernel writes separately, so that no element needs a compare. NaN through ``w`` for a target outside [0, V),
@@ -109,8 +112,8 @@ def _team_grad(e, m_own, lse, coef, smoothing, V, w, valid, in_range):
     (benchmarks/NOTES.md, sessions 12 and 14)."""
     if valid:
         w_in = tl.where(in_range, w, float("nan"))
-        # p = e * exp(m_own - lse): exp(x - lse) from the chunk's own exp, one exp per element in all
-        a = tl.exp(tl.where(m_own == float("-inf"), lse, m_own) - lse) * coef * w_in
+        # p = e * exp((m_own - mx) - log_s): exp(x - lse) from the chunk's own exp, one exp per element in all
+        a = tl.exp(tl.where(m_own == float("-inf"), log_s, m_own - mx) - log_s) * coef * w_in
         b = smoothing / V * w_in
         bt = b + (1.0 - smoothing) * w_in
         g = e * a - b
@@ -122,21 +125,25 @@ def _team_grad(e, m_own, lse, coef, smoothing, V, w, valid, in_range):
 
 
 @triton.jit
-def _store_loss(loss_ptr, lse_ptr, applied_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range,
+def _store_loss(loss_ptr, lse_ptr, applied_ptr, row, mx, log_s, x_t, sum_x, smoothing, z_loss, V, valid, in_range,
                 SMOOTH: tl.constexpr):
     """loss_i of a row (module docstring: smoothing and z-loss terms only when on; 0 on an ignored row, NaN
-    for a target outside [0, V)) into ``loss_ptr[row]`` (rounded to its dtype), its logsumexp into
-    ``lse_ptr[row]`` and 1 (the upstream gradient applied to the stored gradient) into ``applied_ptr[row]``
-    (each if given)."""
-    loss = lse - x_t
+    for a target outside [0, V)) into ``loss_ptr[row]`` (rounded to its dtype), the row's max and the log of its sum
+    of exp into ``lse_ptr[2 row]`` and ``lse_ptr[2 row + 1]``, and 1 (the upstream gradient applied to the stored
+    gradient) into ``applied_ptr[row]`` (each if given). The logits' terms are taken from the max first,
+    ``(mx - x_t) + log_s``, as torch's log-softmax does (``lse - x_t`` rounded lse to fp32 first: off by
+    ~|lse| * 2^-24)."""
+    lse = mx + log_s
+    loss = (mx - x_t) + log_s
     # the optional terms only when on, so that eps = 0 never multiplies an infinite mean of x
     if SMOOTH:
-        loss = (1.0 - smoothing) * loss + smoothing * (lse - sum_x / V)
+        loss = (1.0 - smoothing) * loss + smoothing * ((mx - sum_x / V) + log_s)
     loss = tl.where(z_loss > 0.0, loss + z_loss * lse * lse, loss)
     loss = tl.where(in_range, loss, float("nan"))
     store_rounded(loss_ptr, row, tl.where(valid, loss, 0.0), True)
-    if lse_ptr is not None:
-        tl.store(lse_ptr + row, lse)
+    if lse_ptr is not None:  # the backward's p = exp((x - mx) - log_s), as the forward's
+        tl.store(lse_ptr + 2 * row, mx)
+        tl.store(lse_ptr + 2 * row + 1, log_s)
     if applied_ptr is not None:
         tl.store(applied_ptr + row, 1.0)
 
@@ -158,7 +165,7 @@ def _cross_entropy_fwd_kernel(
     t_ptr,  # int targets, expanded over the class dim (column stride 0)
     loss_ptr,  # (rows,) per-row loss, contiguous: fp32 (reduced afterwards) or the logits' dtype ("none")
     g_ptr,  # w * gradient of loss_i wrt logits, logits' shape, contiguous; None: no gradient
-    lse_ptr,  # (rows,) fp32 logsumexp per row (for a backward that recomputes the gradient); None: not stored
+    lse_ptr,  # (rows, 2) fp32 max and log of the sum of exp per row (for a backward that recomputes the gradient)
     count_ptr,  # int64 number of non-ignored targets (reduction "mean": w = 1 / count); None: w = 1
     applied_ptr,  # (rows,) fp32, set to 1 with a stored gradient (see _scale_grad_kernel); None: not set
     R1, R2,  # sizes of the two inner leading dims (see _common.row_layout)
@@ -219,13 +226,15 @@ def _cross_entropy_fwd_kernel(
                 acc_x += tl.where(mask_n, x, 0.0)
         if SMOOTH:
             sum_x = tl.sum(acc_x, axis=0)
-    lse = mx + tl.log(s)
+    log_s = tl.log(s)
+    lse = mx + log_s
     x_t = tl.load(x_ptr + x_row + tl.where(in_range, t, 0) * sxc, mask=valid & in_range, other=0.0).to(tl.float32)
-    _store_loss(loss_ptr, lse_ptr, applied_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid, in_range, SMOOTH)
+    _store_loss(loss_ptr, lse_ptr, applied_ptr, row, mx, log_s, x_t, sum_x, smoothing, z_loss, V, valid, in_range,
+                SMOOTH)
     if g_ptr is not None:
         coef, w = _grad_factors(z_loss, lse, count_ptr)
         if not LOOP:
-            g = _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range)
+            g = _grad_chunk(x, offs, t, mx, log_s, coef, smoothing, V, w, valid, in_range)
             store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)
         else:
             if PREFETCH:
@@ -240,7 +249,7 @@ def _cross_entropy_fwd_kernel(
                     x_next = _load_logits(x_ptr, x_row, sxc, offs_next, (offs_next >= 0) & (offs_next < V), EVICT2)
                 else:
                     x = _load_logits(x_ptr, x_row, sxc, offs, mask_n, EVICT2)
-                g = _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range)
+                g = _grad_chunk(x, offs, t, mx, log_s, coef, smoothing, V, w, valid, in_range)
                 store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)
 
 
@@ -284,19 +293,20 @@ def _cross_entropy_team_fwd_kernel(
             valid = t != ignore_index
             in_range = (t >= 0) & (t < V)
             mx, s = _team_max_sumexp(slots, k, TEAM)
-            lse = mx + tl.log(s)  # fixed order: equal in every member
+            log_s = tl.log(s)
+            lse = mx + log_s  # fixed order: equal in every member
             if member == 0:
                 x_t = tl.load(x_ptr + x_row + tl.where(in_range, t, 0) * sxc, mask=valid & in_range,
                               other=0.0).to(tl.float32)
                 sum_x = 0.0
                 if SMOOTH:
                     sum_x = tl.sum(team_gather(slots + TEAM, k, TEAM, 0.0), axis=0)
-                _store_loss(loss_ptr, lse_ptr, applied_ptr, row, lse, x_t, sum_x, smoothing, z_loss, V, valid,
-                            in_range, SMOOTH)
+                _store_loss(loss_ptr, lse_ptr, applied_ptr, row, mx, log_s, x_t, sum_x, smoothing, z_loss, V,
+                            valid, in_range, SMOOTH)
             if g_ptr is not None:
                 coef, w = _grad_factors(z_loss, lse, count_ptr)
                 g_row = row_start(row, R1, R2, sg0, sg1, sg2)
-                g, a, bt = _team_grad(e, m_own, lse, coef, smoothing, V, w, valid, in_range)
+                g, a, bt = _team_grad(e, m_own, mx, log_s, coef, smoothing, V, w, valid, in_range)
                 store_rounded(g_ptr + g_row, offs.to(tl.int64) * sgc, g, mask_n)
                 if valid & in_range & (t // BLOCK_N == member):
                     # the target's element, which the chunk's store wrote as a non-target: after a barrier (the
@@ -350,7 +360,7 @@ def _scale_grad_kernel(
 def _cross_entropy_bwd_kernel(
     x_ptr,  # logits, any strides
     t_ptr,  # targets, expanded over the class dim
-    lse_ptr,  # (rows,) fp32 logsumexp from the forward
+    lse_ptr,  # (rows, 2) fp32 max and log of the sum of exp from the forward
     d_ptr,  # upstream gradient of loss_i (stride 0 for a reduced loss)
     count_ptr,  # int64 count of non-ignored targets ("mean"); None: w = 1
     dx_ptr,  # gradient, logits' shape, contiguous
@@ -367,7 +377,9 @@ def _cross_entropy_bwd_kernel(
     t = tl.load(t_ptr + row_start(row, R1, R2, st0, st1, st2)).to(tl.int64)
     valid = t != ignore_index
     in_range = (t >= 0) & (t < V)
-    lse = tl.load(lse_ptr + row)
+    mx = tl.load(lse_ptr + 2 * row)
+    log_s = tl.load(lse_ptr + 2 * row + 1)
+    lse = mx + log_s
     w = tl.load(d_ptr + row_start(row, R1, R2, sd0, sd1, sd2)).to(tl.float32)
     if count_ptr is not None:
         w = w / tl.load(count_ptr).to(tl.float32)
@@ -379,7 +391,7 @@ def _cross_entropy_bwd_kernel(
         offs = start + tl.arange(0, BLOCK_N)
         mask_n = offs < V
         x = _load_logits(x_ptr, x_row, sxc, offs, offs < v_read, "")
-        g = _grad_chunk(x, offs, t, lse, coef, smoothing, V, w, valid, in_range)
+        g = _grad_chunk(x, offs, t, mx, log_s, coef, smoothing, V, w, valid, in_range)
         store_rounded(dx_ptr + dx_row, offs.to(tl.int64) * sdxc, g, mask_n)
 
 
@@ -426,8 +438,8 @@ def _cross_entropy_fwd_impl(
     rounded once. ``grad_mode`` 0: no gradient (g and aux empty). 1 (fused): g of logits' shape and dtype,
     the gradient of the reduced loss for an upstream gradient of 1 (w = 1/count for "mean", else 1); aux
     = ``applied``, fp32 (rows,) of ones: the upstream gradient already applied to each row of g (updated
-    in place by the backward). 2 (recompute): g empty, aux = fp32 (rows,) logsumexp, for a backward that
-    recomputes the gradient from the logits in one pass.
+    in place by the backward). 2 (recompute): g empty, aux = fp32 (rows, 2) flat: each row's max and log of its sum
+    of exp (their sum is the logsumexp), for a backward that recomputes the gradient from the logits in one pass.
     Launches (one plan per call signature): the count of non-ignored targets ("mean"), the rows, the
     reduction ("mean"/"sum").
     """
@@ -435,7 +447,7 @@ def _cross_entropy_fwd_impl(
     reduced = reduction != "none"
     rows = torch.empty(target.shape, dtype=torch.float32 if reduced else logits.dtype, device=device)
     g = torch.empty(logits.shape if grad_mode == 1 else (0,), dtype=logits.dtype, device=device)
-    aux = torch.empty(target.numel() if grad_mode else 0, dtype=torch.float32, device=device)
+    aux = torch.empty(target.numel() * grad_mode, dtype=torch.float32, device=device)  # (rows,) or (rows, 2) flat
     if rows.numel() == 0:  # no row: torch's empty reductions ("mean": 0 / 0), no launch
         return (torch.full((), math.nan if reduction == "mean" else 0.0, dtype=logits.dtype, device=device)
                 if reduced else rows), g, aux
@@ -522,7 +534,7 @@ _cross_entropy_fwd = torch.library.custom_op(
 @_cross_entropy_fwd.register_fake
 def _(logits, target, class_dim, ignore_index, label_smoothing, z_loss, reduction, grad_mode):
     g = logits.new_empty(logits.shape if grad_mode == 1 else (0,))
-    aux = logits.new_empty((target.numel() if grad_mode else 0,), dtype=torch.float32)
+    aux = logits.new_empty((target.numel() * grad_mode,), dtype=torch.float32)
     loss = logits.new_empty(target.shape if reduction == "none" else ())
     return loss, g, aux
 
