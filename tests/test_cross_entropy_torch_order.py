@@ -216,3 +216,17 @@ def test_cross_entropy_layer_is_torch_order(softmax, device):
         want, want_grad = _model(x, t, "mean", "warp", 0, 1.0)
     assert torch.equal(loss.detach().cpu(), want.detach().cpu())
     assert torch.equal(xd.grad.cpu(), want_grad.cpu())
+
+
+def test_out_of_range_target_gives_a_nan_gradient_row(softmax, device):
+    """torch_order=True (the CrossEntropyLoss layer's mode) with a target outside [0, V): the loss was NaN but the
+    row's gradient finite (the plain softmax), so a check of the gradients alone (GradScaler) passed it. The row is
+    NaN now, as on the fused path; the other rows keep their gradients."""
+    torch.manual_seed(21)
+    x = torch.randn(3, 4, device=device, requires_grad=True)
+    t = torch.tensor([0, 9, 2], device=device)
+    for reduction in ("mean", "sum", "none"):
+        loss = softmax.cross_entropy(x, t, reduction=reduction, torch_order=True)
+        (g,) = torch.autograd.grad(loss.sum(), x)
+        assert loss.isnan().any()
+        assert g[1].isnan().all() and g[[0, 2]].isfinite().all(), (reduction, g)

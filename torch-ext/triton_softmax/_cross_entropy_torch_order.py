@@ -126,6 +126,9 @@ def _cross_entropy_torch_order_bwd_kernel(x_ptr, t_ptr, stats_ptr, dloss_ptr, co
     if MEAN:  # grad_output / total_weight, both in DTYPE, the quotient rounded to DTYPE
         d = round_to(tl.math.div_rn(d, round_to(tl.load(count_ptr), DTYPE)), DTYPE)
     g = tl.where(t != ignore_index, -d, 0.0)  # nll's gradient at the target = the row's sum of gradients
+    # a target outside [0, V) (torch raises): a NaN row, as its NaN loss and the fused path's gradient (a finite
+    # gradient would pass a check of the gradients only, e.g. GradScaler's)
+    g = tl.where((t != ignore_index) & ((t < 0) | (t >= V)), float("nan"), g)
     mx = tl.load(stats_ptr + 2 * row)
     logsum = log_f32(tl.load(stats_ptr + 2 * row + 1), LIBDEVICE)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
