@@ -288,7 +288,7 @@ def _autocast_on(x: torch.Tensor) -> bool:
 
 
 def _modulate_ok(self, x: torch.Tensor) -> bool:
-    return (x.dim() == 3 and x.shape[-1] <= 32768 and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    return (x.dim() == 3 and x.shape[-1] <= 32768 and x.dtype in _KERNEL_DTYPES
             and not _autocast_on(x))
 
 
