@@ -111,22 +111,21 @@ def _rms_exact_fwd_kernel(
     ALIGNED: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
 ):
     # Bytes: read M*N*x twice (the second time mostly from cache) + N*(w [+ b]); write M*N*y + 4M.
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: M may pass 2^31
     rmask = rows < M
-    rows64 = rows.to(tl.int64)
-    base = x_ptr + rows64[:, None] * stride_x_row
+    base = x_ptr + rows[:, None] * stride_x_row
     rm = rmask[:, None]
     var = _rms_stats(base, rm, rows, N, factor, STATS, ROWS, ITERS, VEC, BW, BHR, CTAS, CP, LOG_BHR, LOG_BW,
                      LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, SPLIT)
     rstd = tl.math.rsqrt(var + eps)
     if rstd_ptr is not None:  # None in inference
-        tl.store(rstd_ptr + rows64, rstd, mask=rmask)
+        tl.store(rstd_ptr + rows, rstd, mask=rmask)
     r = rstd[:, None]
     if LOOP:
         for start in range(0, N, BLOCK_N):
-            _rms_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, r, start, N, weight_offset, CAST_DTYPE, BLOCK_N)
+            _rms_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows, rm, r, start, N, weight_offset, CAST_DTYPE, BLOCK_N)
     else:
-        _rms_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, r, 0, N, weight_offset, CAST_DTYPE, BLOCK_N)
+        _rms_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows, rm, r, 0, N, weight_offset, CAST_DTYPE, BLOCK_N)
 
 
 @triton.jit
@@ -136,10 +135,9 @@ def _ln_exact_fwd_kernel(
     STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr, ITERS: tl.constexpr,
     MEAN_FMA: tl.constexpr, UNROLL: tl.constexpr, FULL: tl.constexpr,
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: M may pass 2^31
     rmask = rows < M
-    rows64 = rows.to(tl.int64)
-    base = x_ptr + rows64[:, None] * stride_x_row
+    base = x_ptr + rows[:, None] * stride_x_row
     rm = rmask[:, None]
     if STATS == 2:
         mean, s = fused_ln_stats_vec(base, rm, N, ROWS, ITERS, MEAN_FMA, UNROLL, FULL)
@@ -148,15 +146,15 @@ def _ln_exact_fwd_kernel(
         mean, var = rowwise_welford(base, rm, N, ROWS, ITERS, UNROLL)
     rstd = tl.math.rsqrt(var + eps)
     if rstd_ptr is not None:  # None in inference
-        tl.store(mean_ptr + rows64, mean, mask=rmask)
-        tl.store(rstd_ptr + rows64, rstd, mask=rmask)
+        tl.store(mean_ptr + rows, mean, mask=rmask)
+        tl.store(rstd_ptr + rows, rstd, mask=rmask)
     mu = mean[:, None]
     r = rstd[:, None]
     if LOOP:
         for start in range(0, N, BLOCK_N):
-            _ln_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, mu, r, start, N, STATS, BLOCK_N)
+            _ln_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows, rm, mu, r, start, N, STATS, BLOCK_N)
     else:
-        _ln_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, mu, r, 0, N, STATS, BLOCK_N)
+        _ln_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows, rm, mu, r, 0, N, STATS, BLOCK_N)
 
 
 def _interp_rows(M: int, kernel, rows: Optional[int]) -> Optional[int]:

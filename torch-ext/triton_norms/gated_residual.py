@@ -47,13 +47,12 @@ def _gated_residual_kernel(X, Y, G, OUT, S, N, sxb, sxs, syb, sys_, sgb, sgn,
     offs = tl.arange(0, BLOCK_N)
     g = per_sample_row(G, b, sgb, sgn, offs, offs < N)
     for r in range(ROWS):
-        s = tl.program_id(0) * ROWS + r
+        s = tl.program_id(0).to(tl.int64) * ROWS + r  # int64: S may pass 2^31
         if s < S:
-            s64 = b * 0 + s  # int64 (b is), also under the interpreter where s is a Python int
-            x = tl.load(X + b * sxb + s64 * sxs + offs, mask=offs < N, other=0.0).to(tl.float32)
-            y = tl.load(Y + b * syb + s64 * sys_ + offs, mask=offs < N, other=0.0).to(tl.float32)
+            x = tl.load(X + b * sxb + s * sxs + offs, mask=offs < N, other=0.0).to(tl.float32)
+            y = tl.load(Y + b * syb + s * sys_ + offs, mask=offs < N, other=0.0).to(tl.float32)
             out = x + y * g  # two roundings: launched without fp fusion
-            tl.store(OUT + (b * S + s64) * N + offs, round_to(out, OUT.dtype.element_ty).to(OUT.dtype.element_ty),
+            tl.store(OUT + (b * S + s) * N + offs, round_to(out, OUT.dtype.element_ty).to(OUT.dtype.element_ty),
                      mask=offs < N)
 
 

@@ -55,7 +55,7 @@ def _modulate_fwd_kernel(X, SCALE, SHIFT, W, B_, Y, MEAN, RSTD,
                          ROUND_X: tl.constexpr, ROUND_S: tl.constexpr, ROUND_Y: tl.constexpr,
                          ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
     # one program: ROWS consecutive rows of sample b (scale / shift loaded once)
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)  # int64: S may pass 2^31
     b = tl.program_id(1).to(tl.int64)
     offs = tl.arange(0, BLOCK_N)
     mask = offs < N
@@ -69,8 +69,7 @@ def _modulate_fwd_kernel(X, SCALE, SHIFT, W, B_, Y, MEAN, RSTD,
     for r in range(ROWS):
         s = pid * ROWS + r
         if s < S:
-            s64 = b * 0 + s  # int64 (b is), also under the interpreter where s is a Python int
-            x = tl.load(X + b * sxb + s64 * sxs + offs, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(X + b * sxb + s * sxs + offs, mask=mask, other=0.0).to(tl.float32)
             if RMS:
                 mean = 0.0
                 xc = x
@@ -98,7 +97,7 @@ def _modulate_bwd_kernel(DY, X, SCALE, W, B_, MEAN, RSTD, DX, DSC, DSH, DW, DB,
                          RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                          NEED_W: tl.constexpr, NEED_B: tl.constexpr, BLOCK_N: tl.constexpr):
     # one program: rows [pid * rows_per_program, ...) of sample b; partial column sums to [B, P, N]
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)  # int64: S may pass 2^31
     b = tl.program_id(1).to(tl.int64)
     offs = tl.arange(0, BLOCK_N)
     mask = offs < N
@@ -115,8 +114,7 @@ def _modulate_bwd_kernel(DY, X, SCALE, W, B_, MEAN, RSTD, DX, DSC, DSH, DW, DB,
     hi = tl.minimum(lo + rows_per_program, S)
     for s in range(lo, hi):
         row = b * S + s
-        s64 = b * 0 + s  # int64
-        x = tl.load(X + b * sxb + s64 * sxs + offs, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + b * sxb + s * sxs + offs, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + row * N + offs, mask=mask, other=0.0).to(tl.float32)
         mean = tl.load(MEAN + row)
         rstd = tl.load(RSTD + row)

@@ -78,7 +78,7 @@ def _target_logp(x_ptr, t_ptr, stats_ptr, rows, rmask, stride_x, stride_t, V, ig
 def _nll_rows_kernel(x_ptr, t_ptr, stats_ptr, nll_ptr, M, V, stride_x, stride_t, ignore_index,
                      BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr, DTYPE: tl.constexpr):
     # nll_ptr[i] = -logp at row i's target (exact in DTYPE), 0 on an ignored row
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: M may pass 2^31
     rmask = rows < M
     lp, valid = _target_logp(x_ptr, t_ptr, stats_ptr, rows, rmask, stride_x, stride_t, V, ignore_index,
                              LIBDEVICE, DTYPE)

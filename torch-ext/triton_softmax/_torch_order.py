@@ -87,9 +87,9 @@ def _softmax_warp_order_kernel(x_ptr, y_ptr, stats_ptr, M, N, stride_x, stride_y
                                W: tl.constexpr, LOG_W: tl.constexpr, ITERS: tl.constexpr, LIBDEVICE: tl.constexpr):
     # ROWS rows per program, each as W lanes x ITERS steps (element l + i * W): softmax_warp_forward's order.
     # stats_ptr given: store each row's (max, sum of exp) there instead of writing y.
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: M may pass 2^31
     rm = (rows < M)[:, None]
-    rows64 = rows.to(tl.int64)[:, None]
+    rows64 = rows[:, None]
     lane = tl.arange(0, W)[None, :]
     xb = x_ptr + rows64 * stride_x
     m = tl.full((ROWS, W), float("-inf"), tl.float32)
