@@ -821,6 +821,16 @@ def test_case10_config_picker_respects_warp_size(softmax, warp_size):
         softmax.pick_config(0, 2, warp_size)
 
 
+@pytest.mark.parametrize("args, name", [(("4096", 2), "N"), ((4096.0, 2), "N"), ((True, 2), "N"),
+                                        ((4096, 2.0), "element_size"), ((4096, None), "element_size"),
+                                        ((4096, 2, "32"), "warp_size"), ((4096, 2, 32.0), "warp_size")])
+def test_config_pickers_refuse_wrong_types_naming_the_argument(softmax, norms, activations, args, name):
+    # every package's pick_config shares these checks (softmax, norms and activations export one)
+    for pick in (softmax.pick_config, norms.pick_config, activations.pick_config):
+        with pytest.raises(ValueError, match=f"^{name} must be an int >= 1, got"):
+            pick(*args)
+
+
 # ----------------------------------------------------------------------------- errors
 
 

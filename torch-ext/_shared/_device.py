@@ -39,18 +39,24 @@ def device_warp_size(device: torch.device) -> int:
     return 32
 
 
+def _check_int(name: str, value, low: int) -> None:
+    """ValueError unless ``value`` is an int (not a bool) >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
 def check_warp_size(warp_size: int) -> None:
-    """ValueError unless ``warp_size`` is a power of two in [1, 1024]."""
-    if warp_size < 1 or warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
+    """ValueError unless ``warp_size`` is an int, a power of two in [1, 1024]."""
+    _check_int("warp_size", warp_size, 1)
+    if warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
         raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
 
 
 def check_config_args(N: int, element_size: int, warp_size: int) -> None:
-    """The arguments every ``pick_config`` takes: ValueError for N < 1, element_size < 1 or a bad warp_size."""
-    if N < 1:
-        raise ValueError(f"N must be >= 1, got {N}")
-    if element_size < 1:
-        raise ValueError(f"element_size must be >= 1, got {element_size}")
+    """The arguments every ``pick_config`` takes: ValueError unless N and element_size are ints >= 1 and
+    warp_size passes :func:`check_warp_size`."""
+    _check_int("N", N, 1)
+    _check_int("element_size", element_size, 1)
     check_warp_size(warp_size)
 
 
