@@ -185,16 +185,18 @@ def test_kernelize_diffusers_all_norm_families(attention, installed, device):
 
 @pytest.mark.parametrize("make,n_ada,n_ff", [(tiny_flux, 5, 2), (tiny_sd3, 4, 3), (tiny_wan, 0, 2)],
                          ids=["flux", "sd3", "wan"])
-def test_kernelize_modulate_and_feed_forward(attention, norms, matmul, installed, device, make, n_ada, n_ff):
-    """adaLN modules run triton-norms norm_modulate, GELU/GEGLU projections triton-matmul; outputs unchanged."""
+def test_kernelize_modulate_and_feed_forward(attention, norms, matmul, installed, device, make, n_ada, n_ff,
+                                            monkeypatch):
+    """adaLN modules run triton-norms norm_modulate, GELU/GEGLU projections triton-matmul's Hub layers (one
+    matmul launch each); outputs unchanged."""
     from triton_collection.integrations.diffusers import kernelize
 
     model, inputs, _, ref = eager_reference(make, device, seed=4)
     calls = []
     spy_norms = type("SpyNorms", (), {"norm_modulate": counted(calls, norms.norm_modulate)})
-    spy_mm = type("SpyMatmul", (), {"matmul": counted(calls, matmul.matmul)})
+    monkeypatch.setattr(matmul.layers, "matmul", counted(calls, matmul.matmul).__func__)  # the layers' own launches
     report = kernelize(model, attention=False, norms=False, blocks=False, device=device, norms_kernel=spy_norms,
-                       matmul_kernel=spy_mm)
+                       matmul_kernel=matmul)
     kinds = list(report.modules.values())
     assert sum(k.startswith("TritonAdaLayerNorm") for k in kinds) == n_ada, report.summary()
     assert sum(k in ("TritonGELU", "TritonGEGLU") for k in kinds) == n_ff, report.summary()
@@ -206,7 +208,7 @@ def test_kernelize_modulate_and_feed_forward(attention, norms, matmul, installed
     # the state dict and the modules' parameters are untouched; kernelize twice swaps nothing new
     assert set(model.state_dict()) == set(make()[0].state_dict())
     again = kernelize(model, attention=False, norms=False, blocks=False, device=device, norms_kernel=spy_norms,
-                      matmul_kernel=spy_mm)
+                      matmul_kernel=matmul)
     assert set(again.modules.values()) == set(report.modules.values())
 
 
@@ -215,7 +217,8 @@ def test_kernelize_under_autocast_follows_the_eager_dtypes(attention, installed,
     """An fp32 transformer run under ``torch.autocast`` (bf16), everything swapped (processors with the Triton
     backend, norms, adaLN modulate, feed-forward, Wan blocks): the output has eager's dtype and is within bf16
     tolerance of eager's under the same autocast (the processors cast q, k, v as SDPA does; the modulate and
-    feed-forward swaps run the module's own forward, whose LayerNorm and Linear autocast recasts)."""
+    feed-forward layers cast as F.linear does; the modulate swaps run the module's own forward, whose LayerNorm
+    autocast recasts)."""
     from triton_collection.integrations.diffusers import kernelize
 
     torch.manual_seed(5)

@@ -42,11 +42,12 @@ forwards (Flux/SD3 ``norm2``) are left alone, except Wan's (``blocks=True``: the
 norm chains in ``norm_modulate`` / ``layer_norm`` and its two gated residuals in ``gated_residual``; on the
 H200 it took a Wan2.1-1.3B step from 1.08x to 1.21x over eager). Feed-forward
 (``feed_forward=True``): diffusers ``GELU`` / ``GEGLU`` projections (Flux, SD3, Wan ``FeedForward``) run
-as one triton-matmul launch with the bias and the activation fused into the store. All three swap the
-module's class for a subclass with our forward (parameters, state dict and other instances untouched);
-a call the kernels cannot take (other ranks, mixed dtypes, float64, a ``proj`` that is no longer a plain
-``nn.Linear`` -- a LoRA layer added later -- or has hooks) falls back to the original forward, and so do the
-processors (the one they replaced runs a float64 call). ``copy.deepcopy`` keeps the swaps; a model pickled whole
+triton-matmul's Hub layers of those names: one launch with the bias and the activation fused into the store
+(cast as ``F.linear`` under autocast); a ``proj`` that is no longer a plain ``nn.Linear`` (a LoRA layer added
+later) or has hooks, and float64, run the module's own ops. All three swap the module's class for a subclass
+with our forward (parameters, state dict and other instances untouched); a call the norm kernels cannot take
+(other ranks, mixed dtypes, float64, autocast) falls back to the original forward, and so do the processors
+(the one they replaced runs a float64 call). ``copy.deepcopy`` keeps the swaps; a model pickled whole
 (``torch.save(model)``) loads with the original forwards and processors (as the transformers shim's).
 A 2-D attention mask of [B, S_k] is a key-padding mask, as diffusers' native backend reads it.
 
@@ -327,35 +328,23 @@ def _ada_continuous_forward(base):
     return forward
 
 
-def _proj_ok(self, x: torch.Tensor) -> bool:
-    """Whether ``self.proj`` (x @ W^T + b) can run as a triton-matmul launch: a plain ``nn.Linear`` without hooks
-    (a LoRA layer or a hook that peft / a user put there after kernelize must run), x in its dtype and on its
-    device, a dtype the kernels take, autocast off."""
-    proj = self.proj
-    if type(proj) is not torch.nn.Linear or proj._forward_hooks or proj._forward_pre_hooks:
-        return False
-    w, b = proj.weight, proj.bias
-    return (x.dtype == w.dtype and x.dtype in _KERNEL_DTYPES and (b is None or b.dtype == w.dtype)
-            and x.device == w.device and not _autocast_on(x))
+def _matmul_layer_forward(name: str):
+    """A forward factory running triton-matmul's Hub layer ``layers.<name>`` (diffusers ``GELU`` / ``GEGLU``): the
+    projection and its activation in one launch; the layer runs the module's own ops where that cannot fuse (a
+    LoRA layer or hooks on ``proj``, which peft / a user may add after kernelize; float64) and casts as
+    ``F.linear`` under autocast."""
+    def make(base):
+        def forward(self, hidden_states, *args, **kwargs):
+            layer = getattr(type(self)._triton_kernel.layers, name)
+            return layer.forward(self, hidden_states, *args, **kwargs)
+
+        return forward
+
+    return make
 
 
-def _gelu_forward(base):
-    def forward(self, hidden_states):
-        if not _proj_ok(self, hidden_states):
-            return base.forward(self, hidden_states)
-        act = "gelu_tanh" if self.approximate == "tanh" else "gelu"
-        return type(self)._triton_kernel.matmul(hidden_states, self.proj.weight.t(), self.proj.bias, act)
-
-    return forward
-
-
-def _geglu_forward(base):
-    def forward(self, hidden_states, *args, **kwargs):
-        if not _proj_ok(self, hidden_states):
-            return base.forward(self, hidden_states, *args, **kwargs)
-        return type(self)._triton_kernel.matmul(hidden_states, self.proj.weight.t(), self.proj.bias, "geglu")
-
-    return forward
+_gelu_forward = _matmul_layer_forward("GELU")
+_geglu_forward = _matmul_layer_forward("GEGLU")
 
 
 def _wan_block_forward(base):
