@@ -324,6 +324,20 @@ def test_launch_configs_respect_thread_limit(attention, warp_size):
         assert min(f.block_m, f.block_n, b.block_m1, b.block_n1, b.block_m2, b.block_n2) >= 16
 
 
+@pytest.mark.parametrize("args, message", [
+    ((None, False), "head_dim must be an int >= 16"), (("128", False), "head_dim must be an int"),
+    ((128.0, False), "head_dim must be an int"), ((True, False), "head_dim must be an int"),
+    ((96, False), "head_dim must be a power of two"), ((128, "no"), "interpret must be a bool"),
+    ((128, False, 48), "warp_size must be a power of two"), ((128, False, 32, 2.0), "element_size must be an int"),
+])
+def test_launch_config_pickers_refuse_bad_arguments(attention, args, message):
+    # both took anything (None, strings, floats, a head dim of 96) and returned a config
+    for pick in (attention.pick_fwd_config, attention.pick_bwd_config):
+        pick(128, False, 32, 2)  # cached: an equal key (2.0 == 2) must not return it unchecked
+        with pytest.raises(ValueError, match=message):
+            pick(*args)
+
+
 def test_bwd_config_dq_launch(attention):
     """The dQ kernel takes the dK/dV kernel's warps and stages unless its own are given."""
     assert attention.BwdConfig(64, 64, 64, 64, 4, 2).dq_launch == {"num_warps": 4, "num_stages": 2}
@@ -509,6 +523,15 @@ def test_rotary_errors(attention, device):
         attention.rotary_embedding(x, c.requires_grad_(True), c.detach())
     with pytest.raises(TypeError, match="must be torch.float16"):
         attention.rotary_embedding(x.long(), c.detach(), c.detach())
+    # None for a tensor (plain inference read its shape first: AttributeError)
+    c = c.detach()
+    for args in ((None, c, c), (x, None, c), (x, c, None)):
+        with pytest.raises(TypeError, match="must be a torch.Tensor"):
+            attention.rotary_embedding(*args)
+    q = x.transpose(1, 2)
+    for args in ((None, q, c, c), (q, None, c, c), (q, q, None, c), (q, q, c, None)):
+        with pytest.raises(TypeError, match="must be a torch.Tensor"):
+            attention.apply_rotary_pos_emb(*args)
 
 
 def _skip_without_kernelizable_rotary(device):
@@ -601,6 +624,14 @@ def test_transformers_attention_refuses_unsupported(attention, device):
         attention.transformers_attention_forward(mod, q, q, q, None, dropout=0.1)
     with pytest.raises(ValueError, match="softcap"):
         attention.transformers_attention_forward(mod, q, q, q, None, softcap=30.0)
+    for i, name in enumerate(("query", "key", "value")):  # AttributeError / IndexError before
+        args = [q, q, q]
+        args[i] = None
+        with pytest.raises(TypeError, match=f"{name} must be a torch.Tensor"):
+            attention.transformers_attention_forward(mod, *args, None)
+        args[i] = q[0]
+        with pytest.raises(ValueError, match=f"{name} must be 4-D"):
+            attention.transformers_attention_forward(mod, *args, None)
     out, w = attention.transformers_attention_forward(mod, q, q, q, None, scaling=0.5)
     assert w is None and out.shape == (1, 4, 2, 16)
     assert_close(out, ref_attention(q, q, q, causal=True, scale=0.5).transpose(1, 2), TOL[torch.float32])

@@ -67,6 +67,7 @@ for _name in ("rms_norm", "layer_norm"):
     bad("norms", f"{_name}-x-fp64", TypeError, ["x", "dtype"])(
         lambda p, d, f=_f: f(p)(r(2, N, device=d, dtype=torch.float64), None))
     bad("norms", f"{_name}-x-list", TypeError, ["x", "Tensor"])(lambda p, d, f=_f: f(p)([[1.0, 2.0]], None))
+    bad("norms", f"{_name}-x-none", TypeError, ["x", "Tensor"])(lambda p, d, f=_f: f(p)(None, None))
     bad("norms", f"{_name}-x-0d", ValueError, ["x", "dimension"])(lambda p, d, f=_f: f(p)(r(device=d), None))
     bad("norms", f"{_name}-weight-int", TypeError, ["weight", "dtype"])(
         lambda p, d, f=_f: f(p)(r(2, N, device=d), torch.ones(N, dtype=INT, device=d)))
@@ -181,6 +182,7 @@ for _name in ("softmax", "log_softmax"):
     bad("softmax", f"{_name}-x-fp64", TypeError, ["x", "dtype"])(
         lambda p, d, f=f: f(p)(r(2, 5, device=d, dtype=torch.float64)))
     bad("softmax", f"{_name}-x-list", TypeError, ["x", "Tensor"])(lambda p, d, f=f: f(p)([1.0, 2.0]))
+    bad("softmax", f"{_name}-x-none", TypeError, ["x", "Tensor"])(lambda p, d, f=f: f(p)(None))
     bad("softmax", f"{_name}-dim-range", IndexError, ["Dimension out of range"])(
         lambda p, d, f=f: f(p)(r(2, 5, device=d), 2))
     bad("softmax", f"{_name}-dim-float", TypeError, ["dim"])(lambda p, d, f=f: f(p)(r(2, 5, device=d), 1.0))

@@ -827,8 +827,16 @@ def test_case10_config_picker_respects_warp_size(softmax, warp_size):
 def test_config_pickers_refuse_wrong_types_naming_the_argument(softmax, norms, activations, args, name):
     # every package's pick_config shares these checks (softmax, norms and activations export one)
     for pick in (softmax.pick_config, norms.pick_config, activations.pick_config):
+        pick(4096, 2, 32)  # cached: an equal key (2.0 == 2, True == 1) must not return it unchecked
         with pytest.raises(ValueError, match=f"^{name} must be an int >= 1, got"):
             pick(*args)
+
+
+@pytest.mark.parametrize("value", [0, -5, 64.0, "64"])
+def test_norms_pick_config_refuses_a_bad_bytes_per_thread(norms, value):
+    # 0 silently meant the default and -5 gave one warp
+    with pytest.raises(ValueError, match="bytes_per_thread must be an int >= 1"):
+        norms.pick_config(4096, 2, 32, value)
 
 
 # ----------------------------------------------------------------------------- errors

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-__all__ = ["MAX_GRID_YZ", "MAX_THREADS_PER_PROGRAM", "cdiv", "check_config_args", "check_launch_device", "check_warp_size",
+__all__ = ["MAX_GRID_YZ", "MAX_THREADS_PER_PROGRAM", "cdiv", "check_config_args", "check_int", "check_launch_device", "check_warp_size",
            "device_warp_size", "is_interpreter", "launch_options", "next_power_of_2", "tma_descriptor_ok"]
 
 # Threads per program allowed by NVIDIA (32-lane warps) and AMD (64-lane wavefronts) hardware alike.
@@ -39,7 +39,7 @@ def device_warp_size(device: torch.device) -> int:
     return 32
 
 
-def _check_int(name: str, value, low: int) -> None:
+def check_int(name: str, value, low: int) -> None:
     """ValueError unless ``value`` is an int (not a bool) >= ``low``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -47,7 +47,7 @@ def _check_int(name: str, value, low: int) -> None:
 
 def check_warp_size(warp_size: int) -> None:
     """ValueError unless ``warp_size`` is an int, a power of two in [1, 1024]."""
-    _check_int("warp_size", warp_size, 1)
+    check_int("warp_size", warp_size, 1)
     if warp_size > MAX_THREADS_PER_PROGRAM or warp_size & (warp_size - 1):
         raise ValueError(f"warp_size must be a power of two in [1, 1024], got {warp_size}")
 
@@ -55,8 +55,8 @@ def check_warp_size(warp_size: int) -> None:
 def check_config_args(N: int, element_size: int, warp_size: int) -> None:
     """The arguments every ``pick_config`` takes: ValueError unless N and element_size are ints >= 1 and
     warp_size passes :func:`check_warp_size`."""
-    _check_int("N", N, 1)
-    _check_int("element_size", element_size, 1)
+    check_int("N", N, 1)
+    check_int("element_size", element_size, 1)
     check_warp_size(warp_size)
 
 

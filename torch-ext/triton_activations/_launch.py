@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, next_power_of_2
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, check_int, next_power_of_2
 
 # Bytes of one operand one program handles: forward of the gated ops on rows of at most
 # GATED_NARROW_ROW_BYTES of an operand (wider rows: TILE_BYTES), forward of the plain ops; backward.
@@ -85,7 +85,7 @@ def tile_for(backward: bool, gated: bool, row_bytes: int) -> tuple:
     return TILE_BYTES, PLAIN_THREADS
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
 def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile_bytes: int = TILE_BYTES,
                 fill_gpu: bool = True, threads: int = THREADS) -> LaunchConfig:
     """Picks the tile (ROWS x BLOCK_N), warps and grid for ``M`` rows of ``N`` output columns.
@@ -102,12 +102,14 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
             ONE_WAVE_PLAIN_THREADS for their one-wave launches with the exact math).
 
     Raises:
-        ValueError: for N < 1, M < 1, element_size < 1 or a warp_size that is not a
-            power of two in [1, 1024].
+        ValueError: N, M, element_size, tile_bytes or threads not an int >= 1, a warp_size that is not a
+            power of two in [1, 1024], fill_gpu not a bool.
     """
     check_config_args(N, element_size, warp_size)
-    if M < 1:
-        raise ValueError(f"M must be >= 1, got {M}")
+    for name, value in (("M", M), ("tile_bytes", tile_bytes), ("threads", threads)):
+        check_int(name, value, 1)
+    if not isinstance(fill_gpu, bool):
+        raise ValueError(f"fill_gpu must be a bool, got {fill_gpu!r}")
     tile = max(tile_bytes // element_size, 1)
     block = min(next_power_of_2(N), tile)
     # keep the second grid axis within CUDA's gridDim.y limit for absurdly wide rows

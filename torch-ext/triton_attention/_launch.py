@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ._device import MAX_THREADS_PER_PROGRAM, check_warp_size, device_warp_size, next_power_of_2
+from ._device import MAX_THREADS_PER_PROGRAM, check_int, check_warp_size, device_warp_size, next_power_of_2
 
 
 
@@ -58,7 +58,20 @@ def clamp_warps(num_warps: int, warp_size: int) -> int:
     return max(1, min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size))
 
 
-@functools.lru_cache(maxsize=1024)
+def _check_config_args(head_dim: int, interpret: bool, warp_size: int, element_size: int, masked: bool = False):
+    """ValueError naming the argument: head_dim not a padded head dim (:func:`padded_head_dim`), element_size not
+    an int >= 1, a bad warp_size, interpret / masked not bools."""
+    check_int("head_dim", head_dim, 16)
+    if head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two >= 16 (padded_head_dim(d)), got {head_dim}")
+    check_int("element_size", element_size, 1)
+    check_warp_size(warp_size)
+    for name, value in (("interpret", interpret), ("masked", masked)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+@functools.lru_cache(maxsize=1024, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
 def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element_size: int = 2,
                     masked: bool = False) -> FwdConfig:
     """Forward tiles for a (padded) head dim ``head_dim`` (a power of two >= 16) and input element size.
@@ -66,6 +79,7 @@ def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element
     ``masked``: a mask tile is pipelined too; 128x128 tiles then overflow the H200's 227 KiB of shared
     memory (measured: OutOfResources), so masked calls use 64-key tiles.
     """
+    _check_config_args(head_dim, interpret, warp_size, element_size, masked)
     if interpret:
         return FwdConfig(16, 16, 1, 1)
     if element_size >= 4:  # fp32 operands: half the tiles (shared memory)
@@ -81,9 +95,10 @@ def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element
     return replace(cfg, num_warps=clamp_warps(cfg.num_warps, warp_size))
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
 def pick_bwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element_size: int = 2) -> BwdConfig:
     """Backward tiles for a (padded) head dim ``head_dim`` (a power of two >= 16) and input element size."""
+    _check_config_args(head_dim, interpret, warp_size, element_size)
     if interpret:
         return BwdConfig(16, 16, 16, 16, 1, 1)
     if element_size >= 4:

@@ -40,6 +40,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     Returns:
         (output [B, Sq, Hq, Dv] contiguous in q's dtype, None); no attention weights.
+
+    Raises:
+        TypeError: query / key / value not tensors (and as :func:`flash_attention`). ValueError: query / key /
+            value not 4-D, dropout, the refused kwargs above (and as :func:`flash_attention`).
     """
     for name in _UNSUPPORTED:
         if kwargs.get(name) is not None:
@@ -48,6 +52,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise ValueError("triton attention does not return attention weights (output_attentions=True)")
     if dropout:
         raise ValueError(f"triton attention has no attention dropout; got dropout={dropout} (use model.eval())")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"triton attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"triton attention: {name} must be 4-D [B, H, S, D], got shape {tuple(t.shape)}")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
     to = autocast_to("scaled_dot_product_attention", query)

@@ -253,7 +253,7 @@ def lookup(buckets: Tuple[Bucket, ...], M: int, N: int, K: int, gated: bool = Fa
     )
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
 def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: bool = False,
                 warp_size: int = 32, itemsize: int = 2, activation: Optional[str] = None,
                 arch: Optional[str] = None) -> MatmulConfig:

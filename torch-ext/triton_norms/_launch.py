@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, next_power_of_2
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, check_int, next_power_of_2
 
 # Largest row (in bytes of input) kept in registers in one block.
 MAX_FUSED_BYTES = 65536
@@ -50,7 +50,7 @@ class LaunchConfig:
     loop: bool  # True: several chunks of BLOCK_N per row (wide rows)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
 def pick_config(N: int, element_size: int, warp_size: int = 32,
                 bytes_per_thread: Optional[int] = None) -> LaunchConfig:
     """Picks (BLOCK_N, num_warps, loop) for rows of ``N`` elements.
@@ -63,15 +63,18 @@ def pick_config(N: int, element_size: int, warp_size: int = 32,
             the call, so that a sweep can set it; cached, so call ``pick_config.cache_clear()`` after).
 
     Raises:
-        ValueError: for N < 1, element_size < 1 or a warp_size that is not a
+        ValueError: N, element_size or bytes_per_thread not an int >= 1, a warp_size that is not a
             power of two in [1, 1024].
     """
     check_config_args(N, element_size, warp_size)
+    if bytes_per_thread is None:
+        bytes_per_thread = BYTES_PER_THREAD
+    check_int("bytes_per_thread", bytes_per_thread, 1)
     block = next_power_of_2(N)
     loop = block * element_size > MAX_FUSED_BYTES
     if loop:
         block = LOOP_BLOCK_BYTES // element_size
-    threads = max(block * element_size // (bytes_per_thread or BYTES_PER_THREAD), 1)
+    threads = max(block * element_size // bytes_per_thread, 1)
     num_warps = next_power_of_2(max(threads // warp_size, 1))
     num_warps = min(num_warps, MAX_THREADS_PER_PROGRAM // warp_size)
     return LaunchConfig(block_n=block, num_warps=num_warps, loop=loop)

@@ -145,8 +145,8 @@ class DiffusersRMSNorm(nn.Module):
     """``diffusers.models.normalization.RMSNorm`` (diffusers 0.42.1), non-NPU path.
 
     ``xn = x * rsqrt(mean(x_f32**2) + eps)`` in fp32; with a half (fp16/bf16)
-    weight ``xn.to(w.dtype) * w`` in w.dtype, then ``+ bias`` in w.dtype (rounded
-    again); with an fp32 weight ``xn * w (+ bias)`` in fp32 and an **fp32 output**
+    weight ``xn.to(w.dtype) * w`` in w.dtype, then ``+ bias`` in the promoted dtype of
+    w and bias (rounded again); with an fp32 weight ``xn * w (+ bias)`` in fp32 and an **fp32 output**
     even for half inputs; without a weight ``xn.to(x.dtype)``.
 
     Shapes:
@@ -168,8 +168,11 @@ class DiffusersRMSNorm(nn.Module):
             return rms_norm(hidden_states, eps=self.eps, torch_order="mean")
         b = getattr(self, "bias", None)
         if w.dtype in _HALF:
-            out = w.dtype if b is None else torch.promote_types(w.dtype, b.dtype)
-            return rms_norm(hidden_states, w, b, eps=self.eps, cast_dtype=w.dtype, out_dtype=out, torch_order="mean")
+            if b is not None and b.dtype != w.dtype:  # the product rounds to w's dtype, then + b in the promoted one
+                return rms_norm(hidden_states, w, eps=self.eps, cast_dtype=w.dtype, out_dtype=w.dtype,
+                                torch_order="mean") + b
+            return rms_norm(hidden_states, w, b, eps=self.eps, cast_dtype=w.dtype, out_dtype=w.dtype,
+                            torch_order="mean")
         out = torch.promote_types(torch.float32, w.dtype)
         if b is not None:
             out = torch.promote_types(out, b.dtype)

@@ -67,7 +67,7 @@ class LaunchConfig:
         return {"REVERSE": self.reverse, "EVICT1": self.evict[0], "EVICT2": self.evict[1], "PREFETCH": self.prefetch}
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
 def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
     """Picks (BLOCK_N, num_warps, loop) for rows of ``N`` elements.
 
@@ -77,7 +77,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
         warp_size: lanes per warp of the device (32 NVIDIA, 64 on AMD CDNA).
 
     Raises:
-        ValueError: for N < 1, element_size < 1 or a warp_size that is not a
+        ValueError: N or element_size not an int >= 1, a warp_size that is not a
             power of two in [1, 1024].
     """
     check_config_args(N, element_size, warp_size)
