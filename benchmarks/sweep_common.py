@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -31,7 +30,10 @@ def prepare(out: str, cpu: bool) -> Path:
     if cpu:
         os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, "src")
-    os.environ.setdefault("HF_HOME", tempfile.mkdtemp())
+    from triton_collection.scratch import scratch_dir
+
+    if "HF_HOME" not in os.environ:
+        os.environ["HF_HOME"] = str(scratch_dir("sweep-hf-"))
     os.environ["HF_HUB_OFFLINE"] = "1"
     return path
 
@@ -156,8 +158,9 @@ def load_packages(names, cpu: bool, root: Path = _CHECKOUT) -> list:
     import kernels
     from triton_collection.build import build_collection
     from triton_collection.manifest import load_manifest
+    from triton_collection.scratch import scratch_dir
 
-    builds = build_collection(load_manifest(root), Path(tempfile.mkdtemp()) / "hub", packages=list(names),
+    builds = build_collection(load_manifest(root), scratch_dir("sweep-build-") / "hub", packages=list(names),
                               cpu_variant=cpu)
     by_name = {b.package.name: b for b in builds}
     return [kernels.get_local_kernel(by_name[n].variant("cpu" if cpu else "cuda")) for n in names]

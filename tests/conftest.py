@@ -2,12 +2,14 @@
 
 Environment is fixed here, before torch/triton/huggingface_hub are imported by any test:
 - ``TRITON_INTERPRET=1`` unless ``TEST_DEVICE=cuda`` (the GPU run), so kernels run on CPU tensors;
-- ``HF_HOME`` points at a fresh temporary folder and ``HF_HUB_OFFLINE=1``: tests load the
+- ``HF_HOME`` points at a fresh temporary folder (removed at exit) and ``HF_HUB_OFFLINE=1``: tests load the
   kernels exactly as users do (``kernels.get_kernel("<org>/triton-norms", version=1)``),
   never by importing ``torch-ext/``.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -15,6 +17,7 @@ DEVICE = os.environ.get("TEST_DEVICE", "cpu")
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 _HF_HOME = tempfile.mkdtemp(prefix="triton-collection-hf-")
+atexit.register(shutil.rmtree, _HF_HOME, ignore_errors=True)  # each process (xdist worker) removes its own
 os.environ["HF_HOME"] = _HF_HOME
 os.environ.pop("HF_HUB_CACHE", None)
 os.environ.pop("KERNELS_CACHE", None)

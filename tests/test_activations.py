@@ -241,6 +241,40 @@ def test_backward_matches_fp64(activations, device, op, dtype):
         assert_close_ref(xl.grad, x64.grad, rel_atol=GRAD_REL, ulps=ULPS[dtype] + (rounding == "eager"))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fatrelu_gradient_at_the_threshold_is_zero(activations, device, dtype):
+    """x > threshold strictly: an input equal to the threshold passes no gradient (as torch.where's)."""
+    d = 37
+    x = rand((3, 2 * d), dtype, device)
+    x[:, : d : 2] = THRESHOLD
+    xl = x.clone().requires_grad_()
+    y = call(activations, "fatrelu_and_mul", xl)
+    y.backward(torch.ones_like(y))
+    x64 = x.double().requires_grad_()
+    reference("fatrelu_and_mul", x64).backward(torch.ones(y.shape, dtype=torch.float64, device=device))
+    assert (xl.grad[:, : d : 2] == 0).all() and (y[:, ::2] == 0).all()
+    assert_close_ref(xl.grad, x64.grad, rel_atol=GRAD_REL, ulps=ULPS[dtype])
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("op", GATED)
+def test_eager_rounding_multiplier_gradient_is_exact(activations, device, op, dtype):
+    """rounding="eager": the multiplier's gradient is ``dy * round(act(g))`` rounded once, bit for bit (the ulp
+    tolerance of the test above would let ``dy * act(g)`` pass). round(act(g)) is the op's own output with a
+    multiplier of ones."""
+    d = 257
+    x = rand((64, 2 * d), dtype, device, scale=2.0)
+    mul = slice(0, d) if op == "mul_and_silu" else slice(d, 2 * d)  # the multiplier half
+    ones = x.clone()
+    ones[:, mul] = 1.0
+    act_r = call(activations, op, ones, rounding="eager")
+    xl = x.clone().requires_grad_()
+    y = call(activations, op, xl, rounding="eager")
+    dy = torch.randn(y.shape, device=device).to(dtype)
+    y.backward(dy)
+    assert torch.equal(xl.grad[:, mul], (dy.float() * act_r.float()).to(dtype))
+
+
 @pytest.mark.parametrize("op", ["silu_and_mul", "gelu_tanh", "mul_and_silu"])
 def test_case8_expanded_and_transposed_upstream_gradient(activations, device, op):
     x = rand((6, width(op, 40)), torch.float32, device).requires_grad_()

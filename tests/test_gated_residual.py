@@ -42,19 +42,20 @@ def test_strided_inputs(norms, device):
     assert torch.equal(out, x + yt * gate[:, None, :])
 
 
-@pytest.mark.parametrize("gate_shape", ["N", "B1N"])
+@pytest.mark.parametrize("gate_shape", ["N", "B1N", "BN", "1N"])  # a 2-D gate is per sample: gate[:, None, :]
 def test_backward_matches_fp64(norms, device, gate_shape):
     gen = torch.Generator().manual_seed(5)
     B, S, N = 2, 6, 37
     x = _rand(B, S, N, device=device, dtype=torch.float32, gen=gen).requires_grad_(True)
     y = _rand(B, S, N, device=device, dtype=torch.float32, gen=gen).requires_grad_(True)
-    shape = (N,) if gate_shape == "N" else (B, 1, N)
+    shape = {"N": (N,), "B1N": (B, 1, N), "BN": (B, N), "1N": (1, N)}[gate_shape]
     gate = _rand(*shape, device=device, dtype=torch.float32, gen=gen).requires_grad_(True)
     out = norms.gated_residual(x, y, gate)
     dout = _rand(B, S, N, device=device, dtype=torch.float32, gen=gen)
     grads = torch.autograd.grad(out, (x, y, gate), dout)
     x64, y64, g64 = (t.detach().double().requires_grad_(True) for t in (x, y, gate))
-    want = torch.autograd.grad(x64 + y64 * g64, (x64, y64, g64), dout.double())
+    g3 = g64[:, None, :] if g64.dim() == 2 else g64
+    want = torch.autograd.grad(x64 + y64 * g3, (x64, y64, g64), dout.double())
     for name, got, ref in zip(("dx", "dy", "dgate"), grads, want):
         assert got.shape == ref.shape, name
         assert (got.double() - ref).abs().max().item() <= 1e-5 * max(ref.abs().max().item(), 1.0), name

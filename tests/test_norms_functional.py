@@ -211,6 +211,33 @@ def test_layer_norm_backward(norms, device, N, dtype):
 
 
 @pytest.mark.parametrize("which", ["rms", "ln"])
+def test_add_norm_with_a_padded_x_and_a_contiguous_residual(norms, device, which):
+    """x's rows 64 elements apart in a wider buffer, the residual contiguous: each read at its own row stride."""
+    N = 1000
+    x = rand((4, N + 64), torch.float32, device)[:, :N]
+    r, w = rand((4, N), torch.float32, device), rand(N, torch.float32, device)
+    y, h = (norms.add_rms_norm if which == "rms" else norms.add_layer_norm)(x, r, w)
+    h_ref = x.double() + r.double()
+    y_ref = rms_ref(h_ref, w.double()) if which == "rms" else ln_ref(h_ref, w.double())
+    assert_close_ref(h, h_ref)
+    assert_close_ref(y, y_ref, rel_atol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["rms", "ln"])
+@pytest.mark.parametrize("N", [4097, 32771])  # one block; looped
+def test_backward_with_a_column_strided_upstream_gradient(norms, device, which, N):
+    """dy transposed in memory (column stride M): the backward kernels read it at its strides, also looped."""
+    x, w, b = rand((3, N), torch.float32, device) + 1, rand(N, torch.float32, device), rand(N, torch.float32, device)
+    g = rand((N, 3), torch.float32, device).t()
+    assert g.stride() == (1, 3)
+    ours_fn = (lambda x, w, b: norms.rms_norm(x, w, b, eps=1e-6)) if which == "rms" else norms.layer_norm
+    ref_fn = (lambda x, w, b: rms_ref(x, w, b)) if which == "rms" else ln_ref
+    _, ours = _grads(ours_fn, (x, w, b), g)
+    _, ref = _grads(ref_fn, (x.double(), w.double(), b.double()), g.double())
+    _check_grads(ours, ref, _dx_scale(x, w, g, centre=which == "ln"))
+
+
+@pytest.mark.parametrize("which", ["rms", "ln"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_add_norm_backward_reaches_x_and_residual(norms, device, which, dtype):
     N = 4097

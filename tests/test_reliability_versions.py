@@ -21,12 +21,13 @@ import textwrap
 from .conftest import DEVICE, ROOT
 
 SCRIPT = textwrap.dedent(r'''
-    import dataclasses, os, shutil, sys, tempfile
+    import dataclasses, os, shutil, sys
     from pathlib import Path
     device = sys.argv[2]
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-    os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="two-versions-")
+    from triton_collection.scratch import scratch_dir
+    os.environ["HF_HOME"] = str(scratch_dir("two-versions-"))
     os.environ["HF_HUB_OFFLINE"] = "1"
     for k in ("HF_HUB_CACHE", "KERNELS_CACHE", "LOCAL_KERNELS"):
         os.environ.pop(k, None)
@@ -38,7 +39,7 @@ SCRIPT = textwrap.dedent(r'''
     root = Path(sys.argv[1])
     col = load_manifest(root)
     pkg = col.package("triton-activations")
-    tmp = Path(tempfile.mkdtemp())
+    tmp = scratch_dir("two-versions-build-")
     # v2: a copy of the sources whose op table swaps the silu and gelu kernels
     root2 = tmp / "root2"
     shutil.copytree(root / "torch-ext", root2 / "torch-ext")

@@ -667,6 +667,18 @@ def test_scale_and_broadcast_mask_forward_backward(softmax, device, log, mask_dt
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("N", [37, 4099])
+def test_scale_alone_backward(softmax, device, log, N):
+    """A scale without a mask through the public API: the one-block backward's dx carries the scale."""
+    x = rand((5, N), torch.float32, device).requires_grad_()
+    dy = rand((5, N), torch.float32, device)
+    (g,) = torch.autograd.grad(fn(softmax, log)(x, scale=0.5), x, dy)
+    xr = x.detach().double().requires_grad_()
+    (gr,) = torch.autograd.grad(sm_ref(xr, scale=0.5, log=log), xr, dy.double())
+    assert_close_ref(g, gr, rel_atol=1e-5)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7), (9, 6), (1, 5, 20011)])
 def test_causal_mask_forward_backward(softmax, device, log, shape):
     """Top-left aligned causal mask over the last two dims (SDPA's is_causal), with and without a tensor mask."""
@@ -681,12 +693,14 @@ def test_causal_mask_forward_backward(softmax, device, log, shape):
         assert_close_ref(g, gr, rel_atol=1e-5)
 
 
-@pytest.mark.parametrize("N", [7, 20011])  # one block; looped (the first chunks entirely -inf)
-def test_fully_masked_rows_match_torch(softmax, device, N):
-    x = rand((3, N), torch.float32, device)
-    mask = torch.zeros((3, N), device=device)
+# one block; looped (the first chunks entirely -inf): 3 rows split over programs, 40 rows one program per row
+@pytest.mark.parametrize("M, N", [(3, 7), (3, 20011), (40, 20011)])
+def test_fully_masked_rows_match_torch(softmax, device, M, N):
+    x = rand((M, N), torch.float32, device)
+    mask = torch.zeros((M, N), device=device)
     mask[0] = float("-inf")  # every position dropped: torch gives NaN
     mask[1, : N - 2] = float("-inf")  # only the last two positions alive
+    mask[2:, : max(N - 5000, 0)] = float("-inf")  # several chunks alive after the dead ones
     for log in (False, True):
         y = fn(softmax, log)(x, mask=mask)
         ref = sm_ref(x, mask=mask, log=log)

@@ -83,6 +83,17 @@ def test_label_smoothing_and_z_loss(softmax, device, V, reduction, label_smoothi
     check(softmax, x, t, torch.bfloat16, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss)
 
 
+@pytest.mark.parametrize("V", [7, 4099, 20011])  # one block; looped for fp32
+def test_label_smoothing_sums_every_column(softmax, device, V):
+    """Large first and last logits: the smoothing term's sum over the classes must hold both (with randn logits a
+    column left out costs ~5e-6, inside the loss tolerance; here 1e-3)."""
+    x = rand((4, V), torch.float32, device)
+    x[:, 0], x[:, -1] = 40.0, -40.0
+    t = torch.tensor([1, 2, 0, V - 1], device=device) % V
+    loss = softmax.cross_entropy(x, t, reduction="none", label_smoothing=0.5)
+    assert_close_ref(loss, ce_ref(x, t, reduction="none", label_smoothing=0.5), rel_atol=2e-6)
+
+
 @pytest.mark.parametrize("ignore_index", [-100, 0, 3, -1])
 def test_ignore_index_everywhere(softmax, device, ignore_index):
     x = rand((8, 11), torch.float32, device)

@@ -40,7 +40,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -49,6 +48,7 @@ from typing import Any, Callable
 from . import DEFAULT_ORG
 from .argtypes import file_stem, positive_int
 from .bench_ops import REGISTRY, OpSpec, resolve_packages, specs_for
+from .scratch import scratch_dir
 
 __all__ = ["DTYPES", "PEERS", "add_parser", "best_peers", "gbps", "graph_median", "load_packages", "main",
            "measure_ceilings", "plot_results", "run", "run_bench", "write_report"]
@@ -79,7 +79,8 @@ def load_packages(names: list[str], *, org: str = DEFAULT_ORG, root: Path | None
     ``HF_HOME`` defaults to a fresh temporary folder (set it before ``huggingface_hub`` is imported
     to use another cache). Returns ``{hub name: kernel module}``.
     """
-    os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="triton-collection-bench-hf-"))
+    if "HF_HOME" not in os.environ:
+        os.environ["HF_HOME"] = str(scratch_dir("triton-collection-bench-hf-"))
     os.environ["HF_HUB_OFFLINE"] = "1"
     import kernels
 
@@ -93,7 +94,7 @@ def load_packages(names: list[str], *, org: str = DEFAULT_ORG, root: Path | None
     missing = sorted(set(names) - known)
     if missing:
         log.warning("bench: %s not in build.toml: skipped", ", ".join(missing))
-    out = Path(tempfile.mkdtemp(prefix="triton-collection-bench-")) / "hub"
+    out = scratch_dir("triton-collection-bench-") / "hub"
     cpu = not _has_gpu()
     loaded = {}
     for name in wanted:  # one broken package must not stop the others' measurements

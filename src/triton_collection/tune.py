@@ -39,13 +39,13 @@ import argparse
 import json
 import math
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from .argtypes import positive_float
+from .scratch import scratch_dir
 
 __all__ = ["DEFAULT_BUCKETS", "EPILOGUES", "BucketResult", "add_parser", "default_candidates", "load_matmul",
            "measure", "torch_forward", "tune", "write_config_file"]
@@ -105,7 +105,7 @@ def load_matmul(root: Path):
     from .build import build_collection
     from .manifest import load_manifest
 
-    out = Path(tempfile.mkdtemp(prefix="triton-matmul-tune-")) / "hub"
+    out = scratch_dir("triton-matmul-tune-") / "hub"
     built = build_collection(load_manifest(root), out, packages=["triton-matmul"], cpu_variant=True)[0]
     if torch.cuda.is_available():
         backend = "rocm" if torch.version.hip else "cuda"
