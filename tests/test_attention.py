@@ -14,6 +14,7 @@ dot products: 1e-5 relative.
 
 import contextlib
 import itertools
+import math
 
 import pytest
 import torch
@@ -151,6 +152,36 @@ def test_flash_masks(attention, device, kind):
     ins64 = (q64, k64, v64) + ((m64,) if mask.requires_grad else ())
     for g, rg in zip(torch.autograd.grad(o, ins, do), torch.autograd.grad(r, ins64, do.double())):
         assert_close(g, rg, GRAD_TOL[torch.float32])
+
+
+def test_flash_value_dim_differs_over_many_key_blocks(attention, device):
+    """Dv != D over more key blocks than one (k and v pointers step apart) with the default scale 1/sqrt(D)."""
+    torch.manual_seed(50)
+    q, k, v = make_qkv(2, 2, 1, 19, 67, 32, torch.float32, device, Dv=48, grad=True)
+    o = attention.flash_attention(q, k, v)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    r = ref_attention(q64, k64, v64)
+    assert_close(o, r, TOL[torch.float32], "o")
+    do = torch.randn_like(o)
+    for name, g, rg in zip(("dq", "dk", "dv"), torch.autograd.grad(o, (q, k, v), do),
+                           torch.autograd.grad(r, (q64, k64, v64), do.double())):
+        assert_close(g, rg, GRAD_TOL[torch.float32], name)
+
+
+def test_key_splits_more_than_one_combine_load(attention, device, monkeypatch):
+    """70 key splits: more than the 64 partial results the combine loads at once, the largest score in the last."""
+    import sys
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    monkeypatch.setattr(flash, "FORCE_SPLITS", 70)
+    monkeypatch.setattr(flash, "_FWD_PLANS", type(flash._FWD_PLANS)())
+    torch.manual_seed(51)
+    q, k, v = make_qkv(1, 2, 1, 1, 1115, 16, torch.float32, device)
+    k[0, 0, -8:] = 2 * q[0, 0, 0]
+    o, lse = flash._attn_fwd_launch(q, k, v, None, 0.25, False, False, False)
+    assert_close(o, ref_attention(q, k, v, scale=0.25), TOL[torch.float32], "o")
+    want_lse = torch.logsumexp((q.double() @ k.double().transpose(-1, -2)) * 0.25, -1) / math.log(2)
+    assert torch.allclose(lse.double(), want_lse, atol=1e-5)
 
 
 def test_flash_fully_masked_rows_are_zero(attention, device):
@@ -617,6 +648,30 @@ def test_transformers_attention_under_autocast_computes_in_the_autocast_dtype(at
     assert_close(out, ref.transpose(1, 2).double(), TOL[torch.bfloat16])
 
 
+def test_transformers_attention_single_query_is_not_causal(attention, device):
+    """A decode step (one query, no mask) attends to every key, though the module is causal (as SDPA's path)."""
+    torch.manual_seed(53)
+
+    class Attn(torch.nn.Module):
+        is_causal = True
+
+    q, k, v = rand(2, 4, 1, 16, device=device), rand(2, 2, 9, 16, device=device), rand(2, 2, 9, 16, device=device)
+    out, _ = attention.transformers_attention_forward(Attn(), q, k, v, None)
+    assert_close(out, ref_attention(q, k, v).transpose(1, 2), TOL[torch.float32])
+
+
+def test_transformers_attention_autocast_casts_a_float_mask(attention, device):
+    """Under autocast the mask is cast with q, k, v (values near 100: bf16's spacing there is 0.5)."""
+    torch.manual_seed(54)
+    kind = torch.device(device).type
+    q, k, v = rand(1, 4, 5, 16, device=device), rand(1, 2, 7, 16, device=device), rand(1, 2, 7, 16, device=device)
+    mask = 100 + 2 * torch.randn(1, 1, 5, 7, device=device)
+    with torch.autocast(kind, dtype=torch.bfloat16):
+        out, _ = attention.transformers_attention_forward(torch.nn.Module(), q, k, v, mask)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert_close(out, ref.transpose(1, 2).double(), TOL[torch.bfloat16])
+
+
 def test_transformers_attention_refuses_unsupported(attention, device):
     q = rand(1, 2, 4, 16, device=device)
     mod = torch.nn.Module()
@@ -635,6 +690,26 @@ def test_transformers_attention_refuses_unsupported(attention, device):
     out, w = attention.transformers_attention_forward(mod, q, q, q, None, scaling=0.5)
     assert w is None and out.shape == (1, 4, 2, 16)
     assert_close(out, ref_attention(q, q, q, causal=True, scale=0.5).transpose(1, 2), TOL[torch.float32])
+
+
+def test_flash_attention_rope_per_batch_positions(attention, device):
+    """cos / sin of shape [B, 1, S, D] (each sample its own positions), forward and backward."""
+    torch.manual_seed(52)
+    B, H, S, D = 2, 2, 21, 16
+    q, k, v = make_qkv(B, H, H, S, S, D, torch.float32, device, grad=True)
+    pos = torch.arange(S, device=device)[None, :] + torch.tensor([[0], [5]], device=device)
+    ang = pos[..., None] * (0.5 ** torch.arange(D // 2, device=device))
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None]
+    o = attention.flash_attention_rope(q, k, v, cos, sin, causal=True)
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    want = attention.flash_attention(attention.rotary_embedding(q2, cos, sin, fp32_math=True),
+                                     attention.rotary_embedding(k2, cos, sin, fp32_math=True), v2, causal=True)
+    assert_close(o, want.double(), 1e-6, "o")
+    do = torch.randn_like(o)
+    for name, g, w in zip(("dq", "dk", "dv"), torch.autograd.grad(o, (q, k, v), do),
+                          torch.autograd.grad(want, (q2, k2, v2), do)):
+        assert_close(g, w.double(), 1e-5, name)
 
 
 # ----------------------------------------------------------------------------- fused RoPE attention

@@ -552,6 +552,18 @@ def test_checked_inference_calls(matmul, monkeypatch):
     assert len(mod._CHECKED) == 2
 
 
+@pytest.mark.parametrize("activation", ["geglu", "swiglu"])
+def test_epilogue_grad_h_with_a_column_stride(matmul, activation):
+    """epilogue_grad takes h at any strides (its docstring): a gated h transposed in memory, the same bits."""
+    import sys
+
+    grad = sys.modules[matmul.__name__ + ".epilogue_grad"].epilogue_grad
+    torch.manual_seed(56)
+    h = torch.randn(2 * 13, 5, device=DEVICE).t()
+    dy = torch.randn(5, 13, device=DEVICE)
+    assert torch.equal(grad(dy, h, activation), grad(dy, h.contiguous(), activation))
+
+
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu", "relu", "geglu", "swiglu"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_epilogue_grad(matmul, activation, dtype):

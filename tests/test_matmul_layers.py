@@ -71,6 +71,14 @@ def test_layer_rules(matmul):
     assert list(inspect.signature(matmul.layers.Linear.forward).parameters) == list(inspect.signature(torch.nn.Linear.forward).parameters)
 
 
+def test_linear_layer_float64_module_keeps_its_bias(matmul, device):
+    torch.manual_seed(55)
+    module = torch.nn.Linear(8, 5).to(device).double()
+    x = torch.randn(3, 8, device=device, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(matmul.layers.Linear.forward(module, x), module(x), rtol=0, atol=0)
+
+
 def test_linear_layer_errors_name_input_and_weight(matmul, device):
     """A bad input to the Linear layer is refused in the layer's own terms: the input's and the weight's shapes and
     dtypes, not only matmul's operands a and b."""
