@@ -485,3 +485,97 @@ def test_all_norm_families_report_only_norms_that_run(attention, installed, devi
         out = model(**inputs)[0]
     assert called == set(report.norms), sorted(set(report.norms) - called)
     assert (out - ref).abs().max().item() <= fp32_tol(device) * max(ref.abs().max().item(), 1.0)
+
+
+# ----------------------------------------------------------------------------- gaps a mutation run found
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "triton"])
+def test_key_padding_mask_of_cross_attention(attention, device, backend):
+    """A [B, S_k] mask with S_q != S_k (cross-attention) is a key-padding mask: read by k's length, not q's."""
+    from triton_collection.integrations.diffusers import TritonWanAttnProcessor
+
+    proc = TritonWanAttnProcessor(attention, backend, original=object())
+    torch.manual_seed(11)
+    q = torch.randn(2, 3, 2, 16, device=device)
+    k, v = torch.randn(2, 5, 2, 16, device=device), torch.randn(2, 5, 2, 16, device=device)
+    mask = torch.ones(2, 5, dtype=torch.bool, device=device)
+    mask[1, -2:] = False
+    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                           attn_mask=mask[:, None, None, :]).transpose(1, 2)
+    torch.testing.assert_close(proc._attention(q, k, v, mask), ref, rtol=fp32_tol(device), atol=fp32_tol(device))
+
+
+def test_report_names_the_attention_backend(attention, installed, device):
+    from triton_collection.integrations.diffusers import kernelize
+
+    model, _, _, _ = eager_reference(tiny_flux, device, seed=3)
+    first = kernelize(model, norms=False, modulate=False, feed_forward=False, blocks=False, device=device)
+    assert set(first.processors.values()) == {"TritonFluxAttnProcessor(sdpa)"}
+    again = kernelize(model, norms=False, modulate=False, feed_forward=False, blocks=False, device=device,
+                      attention_backend="triton")
+    assert set(again.processors.values()) == {"TritonFluxAttnProcessor"}
+
+
+def test_wan_i2v_attends_to_the_image_context_separately(attention, installed, device):
+    """Wan I2V (added_kv_proj_dim): the image tokens are the context before the last 512 (text) tokens."""
+    from diffusers import WanTransformer3DModel
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    def make():
+        m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+                                  out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1,
+                                  cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+                                  image_dim=8, added_kv_proj_dim=24)
+        inputs = dict(hidden_states=torch.randn(1, 4, 2, 6, 4), timestep=torch.tensor([7]),
+                      encoder_hidden_states=torch.randn(1, 512, 16), encoder_hidden_states_image=torch.randn(1, 6, 8),
+                      return_dict=False)
+        return m, inputs, 2
+
+    model, inputs, _, ref = eager_reference(make, device, seed=9)
+    report = kernelize(model, norms=False, device=device)
+    assert len(report.processors) == 2, report.summary()
+    with torch.no_grad():
+        out = model(**inputs)[0]
+    assert (out - ref).abs().max().item() <= fp32_tol(device) * max(ref.abs().max().item(), 1.0)
+
+
+def test_adaln_with_an_rms_norm_is_left_alone(norms, installed, device):
+    """Only a LayerNorm is fused: an AdaLayerNormContinuous with an RMSNorm is refused and runs its own forward."""
+    from diffusers.models.normalization import AdaLayerNormContinuous
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(12)
+    model = torch.nn.ModuleDict({
+        "ln": AdaLayerNormContinuous(16, 12, elementwise_affine=False, eps=1e-6),
+        "rms": AdaLayerNormContinuous(16, 12, elementwise_affine=False, eps=1e-6, norm_type="rms_norm")}).to(device)
+    x, c = torch.randn(2, 5, 16, device=device), torch.randn(2, 12, device=device)
+    with torch.no_grad():
+        ref = model["rms"](x, c)
+    report = kernelize(model, attention=False, norms=False, feed_forward=False, blocks=False, device=device,
+                       norms_kernel=norms)
+    assert report.modules == {"ln": "TritonAdaLayerNormContinuous"}, report.summary()
+    assert report.refused == {"rms": "AdaLayerNormContinuous with a RMSNorm norm (only LayerNorm is fused)"}
+    with torch.no_grad():
+        assert torch.equal(model["rms"](x, c), ref)
+
+
+def test_modulate_swap_under_autocast_runs_the_module_own_forward(norms, installed, device):
+    """Under autocast the adaLN swap runs the module's own forward (bit for bit), not norm_modulate."""
+    from diffusers.models.normalization import AdaLayerNormZero
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(13)
+    mod = AdaLayerNormZero(48).to(device)
+    x, emb = torch.randn(2, 17, 48, device=device), torch.randn(2, 48, device=device)
+    calls = []
+    spy = type("SpyNorms", (), {"norm_modulate": counted(calls, norms.norm_modulate)})
+    with torch.no_grad(), torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        ref = mod(x, emb=emb)
+        kernelize(mod, attention=False, norms=False, feed_forward=False, device=device, norms_kernel=spy)
+        out = mod(x, emb=emb)
+    assert calls == []
+    assert all(torch.equal(a, r) for a, r in zip(out, ref))

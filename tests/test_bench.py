@@ -503,3 +503,36 @@ def test_graph_replays_give_kernel_rates_and_a_failed_capture_is_noted(packages,
     bwd = bench.run_case(_spec("triton-norms", "rms_norm", "bwd"), shape, packages["triton-norms"], torch.float32, device,
                          peers=("aten",), timer=_fake_timer(1.0), host_timer=lambda fn: 1.0, graph_timer=graph_timer)
     assert not seen and all("graph_ms" not in r and "graph_error" not in r for r in bwd)  # backward alone: not replayed
+
+
+# ----------------------------------------------------------------------------- gaps a mutation run found
+
+
+def test_decode_work_counts_the_query_and_the_output():
+    spec = next(s for s in REGISTRY["triton-attention"] if s.op == "flash_attention decode")
+    B, H, Sk, D = 2, 32, 16, 8
+    assert spec.work((B, H, Sk, D), 2) == (2 * B * (H // 4) * Sk * D + 2 * B * H * D) * 2  # k, v + q, o
+
+
+class _FakeLM:
+    """generate() appends ``max_new_tokens`` tokens, each run different unless ``fixed``."""
+
+    def __init__(self, fixed: bool):
+        self.fixed, self.runs = fixed, 0
+
+    def __call__(self, ids, **kwargs):
+        return None
+
+    def generate(self, ids, max_new_tokens, **kwargs):
+        self.runs += 1
+        new = torch.arange(max_new_tokens) + (0 if self.fixed else self.runs)
+        return torch.cat([ids, new.expand(ids.shape[0], -1)], dim=1)
+
+
+def test_e2e_measure_returns_the_new_tokens_and_notes_unrepeatable_runs():
+    ids = torch.full((2, 5), 7, dtype=torch.long)
+    measured = e2e._measure({"eager": _FakeLM(True), "other": _FakeLM(False)}, ids, new_tokens=3, device="cpu",
+                            repeats=2)
+    row, tokens = measured["eager"]
+    assert torch.equal(tokens, torch.arange(3).expand(2, -1)) and row["repeatable"] is True
+    assert measured["other"][0]["repeatable"] is False

@@ -271,3 +271,11 @@ def test_a_layer_breaking_the_kernels_rules_is_refused_at_build(member, tmp_path
         err = capsys.readouterr().err
         assert err.startswith(f"{command} failed: ") and "layer LlamaRMSNorm defines" in err and "Traceback" not in err
     assert not (tmp_path / "cli").exists()
+
+
+def test_manifest_reads_each_package_version(tmp_path):
+    (tmp_path / "torch-ext" / "triton_x").mkdir(parents=True)
+    (tmp_path / "torch-ext" / "triton_x" / "__init__.py").write_text("")
+    (tmp_path / "build.toml").write_text('[general]\nname = "c"\n\n[general.hub]\norg = "o"\n\n'
+                                         '[package.triton-x]\npython-name = "triton_x"\nversion = 3\n')
+    assert load_manifest(tmp_path).package("triton-x").version == 3

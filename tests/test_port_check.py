@@ -576,3 +576,44 @@ def test_a_selection_that_runs_nothing_is_refused(tmp_path):
     assert [k.name for s in pc.select([spec], dtypes=["float32"]) for k in s.kernels] == ["rms_norm"]
     with pytest.raises(pc.PortError, match="nothing to run: no selected kernel takes bfloat16"):
         pc.select([spec], dtypes=["bfloat16"])
+
+
+# ----------------------------------------------------------------------------- gaps a mutation run found
+
+
+def test_tolerance_is_read_as_atol_then_rtol(ports):
+    act, _ = ports
+    assert act.kernels[0].tolerance["bfloat16"] == (1e-2, 1.6e-2)  # port.toml: { atol = 1e-2, rtol = 1.6e-2 }
+
+
+def test_compare_tolerance_is_relative_to_the_reference():
+    assert not pc.compare(torch.tensor([2.0]), torch.tensor([1.0]), atol=0.0, rtol=0.6)["ok"]  # 1 > 0.6 * |1|
+    assert pc.compare(torch.tensor([1.0]), torch.tensor([2.0]), atol=0.0, rtol=0.6)["ok"]  # 1 <= 0.6 * |2|
+
+
+def _wrapped_port(loader, step):
+    def load(package, function):
+        fn = loader(package, function)
+
+        def port(out, x, *a, **k):
+            r = fn(out, x, *a, **k)
+            step(out, x)
+            return r
+        return port
+    return load
+
+
+def test_the_cuda_output_is_the_reference(small_ports, loader):
+    doubling = _wrapped_port(loader, lambda out, x: out.mul_(2.0))
+    report = pc.run_port_check(small_ports[:1], cuda=TorchClassic(), triton_loader=doubling, device="cpu", seed=3,
+                               time_results=False, kernels=["gelu_fast"], dtypes=["float32"], shapes=["small"])
+    (row,) = report.rows
+    assert not row.ok and row.max_rel == pytest.approx(1.0, rel=1e-3)  # |2r - r| / |r|, not / |2r|
+
+
+def test_a_port_that_writes_its_input_is_an_error_row(small_ports, loader):
+    writing = _wrapped_port(loader, lambda out, x: x.add_(1.0))
+    report = pc.run_port_check(small_ports[:1], cuda=TorchClassic(), triton_loader=writing, device="cpu", seed=3,
+                               time_results=False, kernels=["gelu_fast"], dtypes=["float32"], shapes=["small"])
+    (row,) = report.rows
+    assert not row.ok and "input 'x' was modified" in row.error

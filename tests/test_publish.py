@@ -459,3 +459,9 @@ def test_cli_private_create_pr_and_missing_token(hub, tmp_path):
     no_token = _run([sys.executable, "-m", "triton_collection.cli", "publish", "--root", str(root), "--out", str(root / "dist"), "--org", org],
                     {k: v for k, v in _env(hub, tmp_path / "hf").items() if k != "HF_TOKEN"})
     assert no_token.returncode == 1 and "authenticate: no Hugging Face token" in no_token.stderr
+
+
+def test_api_rules_refuse_a_layer_flag_set_to_anything_but_true():
+    on = read_surface(_flagged("True", "True"))
+    assert breaking_changes(on, read_surface(_flagged("None", "True"))) == [
+        "layer LlamaRMSNorm.has_backward changed from True to None"]

@@ -426,3 +426,60 @@ def test_failure_half_way_leaves_no_module_swapped(installed, device, monkeypatc
     with pytest.raises(RuntimeError, match="simulated failure"):
         kernelize(model, mode=Mode.INFERENCE, org=ORG)
     assert all("forward" not in vars(m) for m in model.modules())
+
+
+# ----------------------------------------------------------------------------- refusal paths (a mutation run's gaps)
+
+
+def test_probe_refuses_a_known_class_whose_numerics_are_another_family():
+    """A class named as a known member of one family (Olmo2RMSNorm: fp32_weight) whose forward is Llama's is
+    refused with the reason, not swapped for the layer its probe happens to match."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    impostor = type("Olmo2RMSNorm", (LlamaRMSNorm,), {})(64)
+    result = probe(impostor)
+    assert result.family is None and "known as fp32_weight but its probe matches llama" in result.reason
+
+
+def test_probe_refuses_two_families_of_one_formula():
+    import dataclasses
+
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from triton_collection.integrations.families import LLAMA
+
+    twin = dataclasses.replace(LLAMA, name="llama_twin", known_classes=frozenset())
+    result = probe(LlamaRMSNorm(64), (LLAMA, twin))
+    assert result.family is None and result.reason == "ambiguous: matches llama, llama_twin"
+
+
+def test_subclass_of_torch_layer_norm_is_not_probed():
+    """Exact type only: a LayerNorm subclass with a step the probe's inputs never reach (a clamp at 100) is not a
+    candidate, though its probe would match the LayerNorm family bitwise."""
+    class ClampedLayerNorm(nn.LayerNorm):
+        def forward(self, x):
+            return super().forward(x).clamp(-100.0, 100.0)
+
+    assert probe(ClampedLayerNorm(64)).family is None
+
+
+def test_probe_refuses_a_model_norm_over_several_dims():
+    normalization = pytest.importorskip("diffusers.models.normalization")
+    result = probe(normalization.RMSNorm((4, 6), eps=1e-6))
+    assert result.family is None and "normalises over 2 dims" in result.reason
+
+
+def test_layer_without_can_torch_compile_cannot_serve_torch_compile(norms, device, monkeypatch):
+    monkeypatch.delattr(norms.layers.LlamaRMSNorm, "can_torch_compile")
+    model = _tiny("llama", torch.float32, device)
+    with pytest.raises(ValueError, match="does not support torch.compile"):
+        kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE, org=ORG)
+
+
+def test_a_forward_left_unreplaced_is_an_error(installed, device, monkeypatch):
+    import kernels
+
+    monkeypatch.setattr(kernels, "kernelize", lambda module, **kwargs: module)  # a kernels that swaps nothing
+    model = _tiny("llama", torch.float32, device)
+    with pytest.raises(RuntimeError, match=r"still runs .*, not LlamaRMSNorm"):
+        kernelize(model, mode=Mode.INFERENCE, org=ORG)
