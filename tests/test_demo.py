@@ -120,3 +120,12 @@ def test_any_cpu_device_runs_the_interpreter(device, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     demo._prepare_environment(device)
     assert os.environ["TRITON_INTERPRET"] == "1"
+
+
+def test_same_tokens_needs_every_id_and_the_shape():
+    import torch
+
+    base = torch.tensor([5, 6, 7, 8])
+    assert demo.same_tokens(base, base.clone())
+    assert not demo.same_tokens(base, torch.tensor([5, 6, 7, 9]))  # one token off (the last)
+    assert not demo.same_tokens(base, base[:3])

@@ -33,7 +33,7 @@ from pathlib import Path
 from . import DEFAULT_ORG
 from .argtypes import hub_org, positive_int
 
-__all__ = ["DEFAULT_PROMPT", "FAMILY_SETS", "DemoResult", "add_parser", "main", "run", "run_demo"]
+__all__ = ["DEFAULT_PROMPT", "FAMILY_SETS", "DemoResult", "add_parser", "main", "run", "run_demo", "same_tokens"]
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +215,11 @@ def _generate(lm, inputs, max_new_tokens: int):
     return out[0, inputs["input_ids"].shape[1]:]
 
 
+def same_tokens(baseline, tokens) -> bool:
+    """Whether two generations (token id tensors) are identical: the same shape and every id equal."""
+    return baseline.shape == tokens.shape and bool((baseline == tokens).all())
+
+
 def run_demo(
     *,
     prompt: str = DEFAULT_PROMPT,
@@ -279,7 +284,7 @@ def run_demo(
     with _step("generate with kernels", seconds), counter:
         tokens = _generate(lm, inputs, max_new_tokens)
 
-    equal = baseline.shape == tokens.shape and bool((baseline == tokens).all())
+    equal = same_tokens(baseline, tokens)
     return DemoResult(
         answer=tokenizer.decode(tokens, skip_special_tokens=True).strip(),
         baseline_answer=tokenizer.decode(baseline, skip_special_tokens=True).strip(),
