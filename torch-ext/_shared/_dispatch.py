@@ -57,9 +57,9 @@ def _route(args) -> int:
     return OP if neg else route
 
 
-def eager_mode(tensors: tuple) -> int:
-    """Whether a call with these tensor arguments (``tensors``: every tensor argument, None for an absent one) is
-    plain eager code, which a caller that keeps a validated launch plan per call signature may run itself: IMPL
+def eager_mode(tensors: tuple, required: int = 1) -> int:
+    """Whether a call with these tensor arguments (``tensors``: every tensor argument, None for an absent one; the
+    first ``required`` must be present: a None there is OP, whose checks name it) is plain eager code, which a caller that keeps a validated launch plan per call signature may run itself: IMPL
     where no tensor needs a gradient (:func:`call_op` would call the implementation), AUTOGRAD where grad mode is on
     and one does (:func:`call_op` would run the eager ``torch.autograd.Function``); OP otherwise, where the caller
     leaves the call to :func:`call_op`, which decides: compile tracing, a dispatch mode, a functorch transform
@@ -71,18 +71,21 @@ def eager_mode(tensors: tuple) -> int:
     grad = torch.is_grad_enabled()
     route = IMPL
     for t in tensors:
-        if t is not None:
-            if type(t) not in _PLAIN_TYPES or t.is_neg():
+        if t is None:
+            if required > 0:
                 return OP
-            if grad and t.requires_grad:
-                route = AUTOGRAD
+        elif type(t) not in _PLAIN_TYPES or t.is_neg():
+            return OP
+        elif grad and t.requires_grad:
+            route = AUTOGRAD
+        required -= 1
     return route
 
 
-def inference(tensors: tuple) -> bool:
+def inference(tensors: tuple, required: int = 1) -> bool:
     """True where :func:`call_op` would call the implementation directly (plain eager code, no
     gradient needed) for these arguments: :func:`eager_mode` is IMPL."""
-    return eager_mode(tensors) == IMPL
+    return eager_mode(tensors, required) == IMPL
 
 
 def eager_autograd(op, impl, setup_context, backward) -> type:

@@ -65,7 +65,7 @@ _GENERAL = object()  # plan of a call the general path serves
 
 
 def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, threshold: float = 0.0) -> Tensor:
-    if second is None and isinstance(first, Tensor) and inference((first,)):
+    if second is None and inference((first,)):
         # plain eager inference: one validated plan per call signature (host time of small calls), x's 16-byte
         # alignment included (the plan's launch is pinned to it)
         key = (name, rounding, threshold, first.dtype, first.shape, first.stride(), first.device,
@@ -127,7 +127,7 @@ def act_and_mul(gate: Tensor, up: Tensor, *, activation: str = "silu", rounding:
         ValueError: an unknown activation or rounding, shapes that differ, two devices.
         RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
     """
-    if inference((gate, up)) and gate is not None and up is not None:  # (inference() lets None through)
+    if inference((gate, up), 2):
         # plain eager inference: one validated plan per call signature (host time of a decode step's MLP)
         key = (activation, rounding, gate.dtype, gate.shape, gate.stride(), gate.device, gate.data_ptr() & 15,
                up.dtype, up.shape, up.stride(), up.device, up.data_ptr() & 15)

@@ -1269,7 +1269,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
     padding queries, whose upstream gradient is normally zero). Source: Dao, "FlashAttention-2"
     (2023), online softmax of Milakov & Gimelshein (2018); equals ``F.scaled_dot_product_attention``.
     """
-    if inference((q, k, v, attn_mask)) and (scale is None or type(scale) is float) and type(causal) is bool:
+    if inference((q, k, v, attn_mask), 3) and (scale is None or type(scale) is float) and type(causal) is bool:
         # plain eager inference: the checks run once per call signature (host time of decode steps). Python
         # floats and bools only, so that no other type (an int, a tensor) can equal a checked value
         signatures = signature(q), signature(k), signature(v), signature(attn_mask)

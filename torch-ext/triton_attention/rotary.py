@@ -359,7 +359,7 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
     diffusers' ``apply_rotary_emb``.
     """
     interleaved, fp32_math = bool(interleaved), bool(fp32_math)
-    if x is not None and cos is not None and sin is not None and inference((x, cos, sin)):
+    if inference((x, cos, sin), 3):
         # plain eager inference: one validated plan per call signature, 16-byte alignment included (its launch
         # is pinned: host time of small calls)
         key = (x.dtype, x.shape, x.stride(), x.device, cos.dtype, cos.shape, cos.stride(), cos.device,
@@ -396,8 +396,7 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
 
     Raises: as :func:`rotary_embedding`.
     """
-    if (type(unsqueeze_dim) is int and q is not None and k is not None and cos is not None and sin is not None
-            and inference((q, k, cos, sin))):
+    if type(unsqueeze_dim) is int and inference((q, k, cos, sin), 4):
         # plain eager inference: one plan per call signature (16-byte alignment included: its launch is pinned
         # and takes the addresses); cos/sin are passed as they are (their unsqueezed views start at the same
         # addresses), which saves two views per call

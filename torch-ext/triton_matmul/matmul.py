@@ -860,8 +860,7 @@ def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, activation: Opti
     with ceil(N_out / BLOCK_N) programs. Backward: one elementwise kernel for dh (with an activation) plus two
     ``torch.matmul`` calls (dgrad, wgrad).
     """
-    if (config is None and isinstance(a, Tensor) and isinstance(b, Tensor) and inference((a, b, bias)) and a.dim() >= 1
-            and b.dim() == 2):
+    if config is None and inference((a, b, bias), 2) and a.dim() >= 1 and b.dim() == 2:
         # plain eager inference: the checks run once per call signature (host time of small calls), keyed like
         # the launch plan (a as the 2-d rows the kernel reads: its checks depend on nothing else of a)
         flat = a.dim() == 2

@@ -77,7 +77,7 @@ def planned_grads(plans, dy: torch.Tensor, xs: torch.Tensor, weight: Optional[to
         dx_dtype, db_dtype: dx's dtype (x's) and db's (the bias'; None without a bias).
         kernel_plan, kernel_args: the op's ``_bwd_plan`` and its arguments after the strides.
     """
-    if dy is None or eager_mode((dy, xs, weight, *stats)) != IMPL:  # None: y unused (the op's zeros)
+    if eager_mode((dy, xs, weight, *stats), 2) != IMPL:  # (dy None: y unused, the op's zeros)
         return None
     # every tensor's signature: a saved-tensor hook (offloading, compression) may unpack x, the weight or the
     # statistics as new tensors of another alignment, layout or dtype than the forward's plan had

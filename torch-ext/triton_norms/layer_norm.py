@@ -395,7 +395,7 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
     the backward on NVIDIA above 16 KiB) over a persistent team of programs on a GPU, still read once, forward and
     backward (``_wide``). Source: Ba et al. 2016, https://arxiv.org/abs/1607.06450.
     """
-    mode = eager_mode((x, weight, bias)) if x is not None and type(eps) is float else None
+    mode = eager_mode((x, weight, bias)) if type(eps) is float else None
     if mode == IMPL or mode == AUTOGRAD:
         # plain eager code: one validated plan per call signature, 16-byte alignment included (its launch is pinned
         # and takes the addresses: host time of small calls and of training steps); a Python float eps only, so

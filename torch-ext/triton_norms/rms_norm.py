@@ -451,7 +451,7 @@ def rms_norm(
     GPU, still read once, forward and backward (``_wide``). Source: Zhang & Sennrich 2019,
     https://arxiv.org/abs/1910.07467; numerics of transformers' LlamaRMSNorm et al.
     """
-    mode = eager_mode((x, weight, bias)) if x is not None and type(eps) is float and type(weight_offset) is float else None
+    mode = eager_mode((x, weight, bias)) if type(eps) is float and type(weight_offset) is float else None
     if mode == IMPL or mode == AUTOGRAD:
         # plain eager code: one validated plan per call signature (host time of small calls and of training
         # steps), the inputs' 16-byte alignment included (its launch is pinned and takes their addresses); Python

@@ -891,7 +891,7 @@ def _forward(x, mask, dim, scale, causal: bool, log: bool, torch_order) -> Tenso
     """softmax / log_softmax after their checks. Plain eager inference checks a call signature once (host time
     of small calls): only Python ints, floats and bools, so that no other type (a tensor, a bool dim) can equal
     a checked value."""
-    if (x is not None and inference((x, mask)) and type(dim) is int and (scale is None or type(scale) is float)
+    if (inference((x, mask)) and type(dim) is int and (scale is None or type(scale) is float)
             and type(causal) is bool and type(torch_order) is bool):
         key = (x.shape, x.stride(), x.dtype, x.device, mask if mask is None else (mask.shape, mask.dtype, mask.device),
                dim, scale, causal, log, torch_order)
