@@ -12,8 +12,9 @@ import os
 
 import torch
 
-__all__ = ["MAX_GRID_YZ", "MAX_THREADS_PER_PROGRAM", "cdiv", "check_config_args", "check_int", "check_launch_device", "check_warp_size",
-           "device_warp_size", "is_interpreter", "launch_options", "next_power_of_2", "tma_descriptor_ok"]
+__all__ = ["MAX_GRID_YZ", "MAX_THREADS_PER_PROGRAM", "cdiv", "check_bool", "check_config_args", "check_int",
+           "check_launch_device", "check_warp_size", "device_warp_size", "is_interpreter", "launch_options",
+           "next_power_of_2", "tma_descriptor_ok"]
 
 # Threads per program allowed by NVIDIA (32-lane warps) and AMD (64-lane wavefronts) hardware alike.
 MAX_THREADS_PER_PROGRAM = 1024
@@ -43,6 +44,12 @@ def check_int(name: str, value, low: int) -> None:
     """ValueError unless ``value`` is an int (not a bool) >= ``low``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def check_bool(name: str, value) -> None:
+    """ValueError unless ``value`` is a bool."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
 
 
 def check_warp_size(warp_size: int) -> None:

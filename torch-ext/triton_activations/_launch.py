@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, check_int, next_power_of_2
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_bool, check_config_args, check_int, next_power_of_2
 
 # Bytes of one operand one program handles: forward of the gated ops on rows of at most
 # GATED_NARROW_ROW_BYTES of an operand (wider rows: TILE_BYTES), forward of the plain ops; backward.
@@ -108,8 +108,7 @@ def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile
     check_config_args(N, element_size, warp_size)
     for name, value in (("M", M), ("tile_bytes", tile_bytes), ("threads", threads)):
         check_int(name, value, 1)
-    if not isinstance(fill_gpu, bool):
-        raise ValueError(f"fill_gpu must be a bool, got {fill_gpu!r}")
+    check_bool("fill_gpu", fill_gpu)
     tile = max(tile_bytes // element_size, 1)
     block = min(next_power_of_2(N), tile)
     # keep the second grid axis within CUDA's gridDim.y limit for absurdly wide rows

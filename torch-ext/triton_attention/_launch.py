@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ._device import MAX_THREADS_PER_PROGRAM, check_int, check_warp_size, device_warp_size, next_power_of_2
+from ._device import MAX_THREADS_PER_PROGRAM, check_bool, check_int, check_warp_size, device_warp_size, next_power_of_2
 
 
 
@@ -66,9 +66,8 @@ def _check_config_args(head_dim: int, interpret: bool, warp_size: int, element_s
         raise ValueError(f"head_dim must be a power of two >= 16 (padded_head_dim(d)), got {head_dim}")
     check_int("element_size", element_size, 1)
     check_warp_size(warp_size)
-    for name, value in (("interpret", interpret), ("masked", masked)):
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be a bool, got {value!r}")
+    check_bool("interpret", interpret)
+    check_bool("masked", masked)
 
 
 @functools.lru_cache(maxsize=1024, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1

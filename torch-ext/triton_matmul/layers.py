@@ -20,10 +20,7 @@ import torch
 from torch import nn
 
 from ._autocast import autocast_to, cast
-from .matmul import matmul
-
-
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from .matmul import SUPPORTED_DTYPES, matmul
 
 
 def _fused(x: torch.Tensor, proj: nn.Module) -> bool:
@@ -31,7 +28,7 @@ def _fused(x: torch.Tensor, proj: nn.Module) -> bool:
     without hooks (a LoRA layer or a hook put there must run as the module would run it) and a dtype the kernel
     takes (a float64 module runs the module's own ops)."""
     return (type(proj) is nn.Linear and not proj._forward_hooks and not proj._forward_pre_hooks
-            and x.dtype in _KERNEL_DTYPES and proj.weight.dtype in _KERNEL_DTYPES)
+            and x.dtype in SUPPORTED_DTYPES and proj.weight.dtype in SUPPORTED_DTYPES)
 
 
 def _linear(x: torch.Tensor, linear: nn.Module, activation=None, layer=None) -> torch.Tensor:
@@ -103,6 +100,6 @@ class Linear(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if input.dtype not in _KERNEL_DTYPES or self.weight.dtype not in _KERNEL_DTYPES:  # e.g. a float64 module
+        if input.dtype not in SUPPORTED_DTYPES or self.weight.dtype not in SUPPORTED_DTYPES:  # e.g. a float64 module
             return torch.nn.functional.linear(input, self.weight, self.bias)
         return _linear(input, self)

@@ -88,8 +88,8 @@ def _load_logits(x_ptr, x_row, sxc, offs, mask_n, EVICT: tl.constexpr):
 
 @triton.jit
 def _grad_chunk(x, offs, t, mx, log_s, coef, smoothing, V, w, valid, in_range):
-    """w * g for one chunk of logits ``x`` (fp32) given the row's max ``mx`` and ``log_s`` (logsumexp = mx + log_s;
-    a caller holding only the logsumexp passes it as ``mx`` and 0) and z-loss factor. ``p = exp((x - mx) - log_s)``:
+    """w * g for one chunk of logits ``x`` (fp32) given the row's max ``mx`` and ``log_s`` (logsumexp = mx + log_s)
+    and z-loss factor. ``p = exp((x - mx) - log_s)``:
     subtracting the max first keeps p as accurate as torch's at any logit magnitude (``exp(x - lse)`` with lse
     rounded to fp32 lost ~|lse| * 2^-24: 28 ulp of the loss at logits near 1000)."""
     return _grad_of_p(tl.exp((x - mx) - log_s), offs, t, coef, smoothing, V, w, valid, in_range)

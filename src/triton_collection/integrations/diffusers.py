@@ -71,6 +71,7 @@ from kernels import Mode
 
 from .. import DEFAULT_ORG
 from .families import DIFFUSERS_RMS, Family
+from .transformers import _LAYER_DTYPES as _KERNEL_DTYPES  # the dtypes every triton kernel takes
 from .transformers import _check_mode, _device_type, select_layers
 from .transformers import kernelize as kernelize_norms
 
@@ -258,7 +259,6 @@ class TritonWanAttnProcessor(_TritonProcessor):
 
 
 _PROCESSORS = {cls.replaces: cls for cls in (TritonFluxAttnProcessor, TritonJointAttnProcessor, TritonWanAttnProcessor)}
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _diffusers_processor(name: str) -> type:
