@@ -288,6 +288,30 @@ def test_weight_gradient_partials_sum_in_one_launch(norms, device, parts, dtype)
         assert_close_ref(out, ref, ulps=1, rel_atol=1e-6 * 131)
 
 
+def test_weight_gradient_column_block(norms, device):
+    """The column sums' programs cover 32 columns each on a GPU and 1024 under the interpreter (P = 200, N = 1500:
+    masked row steps and column blocks). Every tile sums within fp32 accuracy; under the interpreter every tile
+    gives the bits of 32 (one summation order per column), on a GPU the default stays 32 (the tile sets the tree
+    reduction's order there: other bits at 128 on an H100)."""
+    partials = sys.modules[norms.__name__ + "._partials"]
+    dw_part = rand((200, 1500), torch.float32, device, scale=3.0)
+    db_part = rand((200, 1500), torch.float32, device)
+    sums = {}
+    for block_n in (32, 128, 1024):
+        dw = torch.full((1500,), float("nan"), dtype=torch.bfloat16, device=device)
+        db = torch.full((1500,), float("nan"), dtype=torch.float32, device=device)
+        partials.column_sums_plan(200, 1500, 2, dw_part.device, block_n)((dw_part, db_part, dw, db))
+        sums[block_n] = (dw, db)
+    for block_n, (dw, db) in sums.items():
+        assert_close_ref(dw, dw_part.double().sum(0), ulps=1, rel_atol=3e-6 * 200)
+        assert_close_ref(db, db_part.double().sum(0), ulps=1, rel_atol=1e-6 * 200)
+        if device == "cpu":
+            assert torch.equal(dw, sums[32][0]) and torch.equal(db, sums[32][1]), block_n
+    default = partials.column_sums(dw_part, db_part, torch.bfloat16, torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(default, sums[32]))
+    assert partials.column_sums_plan(200, 1500, 2, dw_part.device).grid[0] == (2 if device == "cpu" else 47)
+
+
 def test_case12_layer_norm_backward_3d(norms, device):
     """(2, 8, 64) normalised over the last dim only (not 2 rows of 512)."""
     x, w, b = rand((2, 8, 64), torch.float32, device), rand(64, torch.float32, device), rand(64, torch.float32, device)
