@@ -71,7 +71,17 @@ def _record(request, package) -> list:
                     fn(*clone_inputs(inputs))
     finally:
         InterpretedFunction.run = original
-    return launches
+    return launches + _gpu_tiles(pkg, launches)
+
+
+def _gpu_tiles(pkg, launches) -> list:
+    """The GPU form of launches whose tile differs under the interpreter: triton-norms' column sums take 1024
+    columns a program on CPU tensors and ``_BLOCK_N`` on a GPU."""
+    partials = sys.modules.get(pkg.__name__ + "._partials")
+    if partials is None:
+        return []
+    return [{**rec, "meta": {**rec["meta"], "BLOCK_N": partials._BLOCK_N}} for rec in launches
+            if rec["kernel"] == "_column_sums_kernel" and rec["meta"]["BLOCK_N"] == partials._CPU_BLOCK_N]
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -81,6 +91,8 @@ def test_every_launch_compiles_for_gpu_targets(request, built, device, tmp_path,
         pytest.skip("records interpreted launches (the CPU suite)")
     launches = _record(request, package)
     assert launches, f"no launch of {package} was recorded"
+    if package == "norms":  # the column sums' GPU tile is compiled too, not only the interpreter's
+        assert {rec["meta"]["BLOCK_N"] for rec in launches if rec["kernel"] == "_column_sums_kernel"} == {32, 1024}
     script = os.path.join(os.path.dirname(__file__), "compile_launches.py")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     runs = {}
