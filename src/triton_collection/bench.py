@@ -530,7 +530,7 @@ _ROW_KEYS = ("package", "op", "mode", "shape", "provider")
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``bench`` subcommand on an ``argparse`` subparsers object."""
-    p = subparsers.add_parser("bench", help="time every op of the packages (and peers) on the GPU; JSON + PNG",
+    p = subparsers.add_parser("bench", help="time every op of the packages (and peers) on the GPU; JSON + Markdown + PNG",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("packages", nargs="*", metavar="PACKAGE", help=f"packages (default: all of {', '.join(REGISTRY)}); 'norms' = 'triton-norms'")
     p.add_argument("--shapes", default="quick", choices=["quick", "full"], help="shape sweep (default: quick)")

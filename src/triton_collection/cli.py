@@ -136,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
 
     publish = sub.add_parser("publish", help="build and upload the packages to the Kernels Hub (branch v<version>)")
     common(publish, org_required=True)
-    publish.add_argument("--dry-run", action="store_true", help="print the plan (repo, branch, files added/deleted); write nothing")
+    publish.add_argument("--dry-run", action="store_true", help="print the plan (repo, branch, files added/changed/deleted); write nothing")
     publish.add_argument("--private", action="store_true", help="create new repos private (existing repos keep their visibility)")
     publish.add_argument("--create-pr", action="store_true", help="open pull requests instead of committing to the branches")
     publish.add_argument("--endpoint", help="Hub URL (default: $HF_ENDPOINT or https://huggingface.co)")
