@@ -734,6 +734,27 @@ def _module(activations, name):
     return sys.modules[f"{activations.__name__}.{name}"]
 
 
+def test_libdevice_and_approximations_by_backend_and_toolkit(activations, monkeypatch):
+    """Where exp / erf come from (``_libm.use_libdevice``): 0 under the interpreter, CUDA tensors included, and off
+    CUDA; erf_nv (2) only for NVIDIA with torch built with CUDA 13 (a later toolkit's erff is not assumed to be the
+    same: 1, the vendor library's); 1 on ROCm. The inline-PTX approximations only for compiled kernels on NVIDIA."""
+    libm = _module(activations, "_libm")
+    compiled = object()  # anything but an InterpretedFunction
+    interpreted = type("InterpretedFunction", (), {})()
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.version, "hip", None)
+    for version, want in (("13.0", 2), ("13.1", 2), ("14.0", 1), ("12.8", 1), (None, 1)):
+        monkeypatch.setattr(torch.version, "cuda", version)
+        assert libm.use_libdevice(cuda, compiled) == want, version
+        assert libm.use_libdevice(cuda, interpreted) == 0
+        assert libm.use_libdevice(torch.device("cpu"), compiled) == 0
+    assert libm.nvidia_approx(cuda, compiled) and not libm.nvidia_approx(cuda, interpreted)
+    assert not libm.nvidia_approx(torch.device("cpu"), compiled)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    assert libm.use_libdevice(cuda, compiled) == 1 and not libm.nvidia_approx(cuda, compiled)
+
+
 def _clear_plans(activations):
     _module(activations, "activation")._PLANS.clear()
     _module(activations, "functional")._INFER_PLANS.clear()

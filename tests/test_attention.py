@@ -672,6 +672,21 @@ def test_transformers_attention_autocast_casts_a_float_mask(attention, device):
     assert_close(out, ref.transpose(1, 2).double(), TOL[torch.bfloat16])
 
 
+def test_transformers_attention_autocast_keeps_a_bool_mask(attention, device):
+    """Under autocast only floating tensors are cast: a boolean mask (True: attend) stays boolean, as in SDPA's path,
+    rather than becoming an additive mask of ones and zeros."""
+    torch.manual_seed(55)
+    kind = torch.device(device).type
+    q, k, v = rand(1, 4, 5, 16, device=device), rand(1, 2, 7, 16, device=device), rand(1, 2, 7, 16, device=device)
+    mask = torch.rand(1, 1, 5, 7, device=device) > 0.5
+    mask[..., 0] = True  # every query attends to at least one key
+    with torch.autocast(kind, dtype=torch.bfloat16):
+        out, _ = attention.transformers_attention_forward(torch.nn.Module(), q, k, v, mask)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert_close(out, ref.transpose(1, 2).double(), TOL[torch.bfloat16])
+
+
 def test_transformers_attention_refuses_unsupported(attention, device):
     q = rand(1, 2, 4, 16, device=device)
     mod = torch.nn.Module()

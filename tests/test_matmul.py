@@ -440,6 +440,32 @@ def test_stream_k_kernel(matmul, activation, b_layout):
             assert torch.equal(y, matmul.matmul(a, b, bias, activation, config=cfg))
 
 
+def test_gluon_capability_is_sm90_exactly(matmul, monkeypatch):
+    # wgmma and setmaxnreg exist on sm_90a only: the Gluon kernels are off on every other capability, later ones
+    # (sm_100, sm_120) included, on ROCm and without CUDA
+    import sys
+
+    gluon = sys.modules[matmul.__name__ + "._gluon"]
+    cap = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap[0])
+    monkeypatch.setattr(torch.version, "hip", None)
+    dev = torch.device("cuda", 0)
+    try:
+        for c, want in (((9, 0), True), ((10, 0), False), ((12, 0), False), ((8, 9), False), ((9, 1), False)):
+            cap[0] = c
+            gluon.capability_90.cache_clear()
+            assert gluon.capability_90(dev) is want, c
+        cap[0] = (9, 0)
+        gluon.capability_90.cache_clear()
+        assert not gluon.capability_90(torch.device("cpu"))
+        monkeypatch.setattr(torch.version, "hip", "6.4")
+        gluon.capability_90.cache_clear()
+        assert not gluon.capability_90(dev)
+    finally:
+        gluon.capability_90.cache_clear()
+
+
 def test_tma_kernel_grad_and_fallback(matmul):
     # h saved through pointers by the TMA kernel; unaligned strides (K = 31) fall back to the pointer kernel
     torch.manual_seed(7)

@@ -1118,6 +1118,94 @@ def test_fixed_launch_direct_path_and_rebase(norms, monkeypatch):
     assert not launch.at((1024,))
 
 
+def test_fast_launch_keys_separate_8_byte_from_16_byte_alignment(norms):
+    """Triton specialises pointers on 16-byte divisibility: an 8-byte aligned tensor gets its own compiled kernel,
+    so neither the launch cache key (``spec``) nor a plan's key (``signature``) may treat it as aligned."""
+    fl = norms._fastlaunch
+    store = torch.zeros(256, dtype=torch.float16)  # a zeros tensor's storage is 16-byte aligned
+    aligned, off8, off16 = store[0:128], store[4:132], store[8:136]  # byte offsets 0, 8, 16
+    assert not aligned.data_ptr() & 15 and off8.data_ptr() & 15 == 8
+    assert fl.spec((aligned,)) != fl.spec((off8,))
+    assert fl.spec((aligned,)) == fl.spec((off16,))
+    # same shape, strides, dtype and device: the alignment alone separates the plans
+    assert fl.signature(aligned) != fl.signature(off8)
+    assert fl.signature(aligned) == fl.signature(off16)
+    assert fl.signature(None) is None
+
+
+def test_launch_plan_one_dimensional_grid_and_8_byte_addresses(norms, monkeypatch):
+    """A plan over a 1-D grid hands the launcher (gx, 1, 1); ``at`` reuses a compiled kernel only for addresses of the
+    same 16-byte alignment: an 8-byte aligned address declines (the caller then passes tensors)."""
+    from types import SimpleNamespace
+
+    from triton.runtime import driver
+
+    fl = norms._fastlaunch
+    calls, firsts = [], []
+    compiled = SimpleNamespace(run=lambda *args: calls.append(args), function="fn", packed_metadata="md")
+    monkeypatch.setattr(fl, "_first_launch", lambda k, grid, args, meta: firsts.append(args) or (compiled, ("tail",)))
+    monkeypatch.setattr(fl, "_hooks_off", lambda: True)
+    monkeypatch.setattr(fl, "_knobs", object())
+    monkeypatch.setattr(fl, "_ADDRESSES_OK", [True])
+    monkeypatch.setattr(driver, "_active", SimpleNamespace(get_current_stream=lambda index: 77))
+    plan = fl.Launch(SimpleNamespace(device_caches={}), (6,), (("BLOCK", 8),), (5,), torch.device("cuda", 0))
+    plan._current = lambda: 0
+    store = torch.zeros(64, dtype=torch.float16)
+    x = store[8:24]  # 16-byte aligned
+    plan((x,))
+    assert len(firsts) == 1 and not calls
+    plan((x,))
+    assert calls[-1] == (6, 1, 1, 77, "fn", "md", None, None, None, x, 5, "tail")
+    assert plan.at((x.data_ptr(),)) and calls[-1] == (6, 1, 1, 77, "fn", "md", None, None, None, x.data_ptr(), 5,
+                                                      "tail")
+    n = len(calls)
+    assert not plan.at((x.data_ptr() + 8,)) and len(calls) == n  # 8-byte aligned: not what was compiled
+
+
+def test_direct_launch_only_on_the_current_device(norms, monkeypatch):
+    """``launch`` calls a compiled launcher directly only for a compiled kernel on the current GPU (where Triton
+    launches); another GPU, a CPU tensor or an interpreted kernel (no ``device_caches``) take another path."""
+    from types import SimpleNamespace
+
+    fl = norms._fastlaunch
+    monkeypatch.setattr(fl, "_current_index", lambda kind: 1)
+    monkeypatch.setattr(fl, "_hooks_off", lambda: True)
+    monkeypatch.setattr(fl, "_knobs", object())
+    monkeypatch.setattr(fl, "_DIRECT_OK", [True])
+    compiled, interpreted = SimpleNamespace(device_caches={}), SimpleNamespace()
+    assert fl._direct(compiled, torch.device("cuda", 1))
+    assert not fl._direct(compiled, torch.device("cuda", 0))
+    assert not fl._direct(compiled, torch.device("cpu"))
+    assert not fl._direct(interpreted, torch.device("cuda", 1))
+    monkeypatch.setattr(fl, "_hooks_off", lambda: False)
+    assert not fl._direct(compiled, torch.device("cuda", 1))
+
+
+def test_fast_launch_off_with_only_an_exit_hook(norms, monkeypatch):
+    """A profiler may set only the exit hook: the direct launch would skip it, so it is off then too."""
+    from triton import knobs
+
+    fl = norms._fastlaunch
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    for hook in (print, type("Chain", (), {"calls": [print]})()):
+        monkeypatch.setattr(knobs.runtime, "launch_exit_hook", hook)
+        assert not fl._hooks_off()
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", type("Chain", (), {"calls": []})())
+    assert fl._hooks_off()
+
+
+def test_eager_mode_is_inference_under_no_grad(norms):
+    """Under ``torch.no_grad`` a module's parameters (requires_grad) need no gradient: ``eager_mode`` is IMPL, the
+    plan-keeping fast paths run (``inference``); with grad mode on the same call is AUTOGRAD."""
+    d = norms._dispatch
+    x, w = torch.randn(3, 16), torch.nn.Parameter(torch.randn(16))
+    with torch.no_grad():
+        assert d.eager_mode((x, w, None)) == d.IMPL and d.inference((x, w, None))
+        assert d.eager_mode((x.requires_grad_(), w)) == d.IMPL
+    assert d.eager_mode((x, w, None)) == d.AUTOGRAD and not d.inference((x, w, None))
+    assert d.eager_mode((x.detach(), w.detach(), None)) == d.IMPL
+
+
 def test_plan_cache_drops_the_oldest(norms, monkeypatch):
     """A full PlanCache makes room for a new plan by dropping the oldest, so signatures seen later still get plans."""
     cache = norms._fastlaunch.PlanCache()

@@ -626,3 +626,25 @@ def test_team_kernels_compile_for_sm90_and_gfx942(built):
     res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(variant)], env=env, capture_output=True,
                          text=True, timeout=600)
     assert "COMPILED 50" in res.stdout, res.stdout + res.stderr
+
+
+def test_team_split_boundaries(norms):
+    """The rules' edges: a tier applies from exactly its ``min_row_bytes``; NVIDIA programs per SM are capped by 2048
+    threads (a grid the SMs cannot hold at once would spin for ever); no team where the rows' workspace slots
+    (rows x team) would pass 2**31."""
+    team_mod = sys.modules[norms.__name__ + "._team"]
+    small = {"min_row_bytes": 100, "chunk_bytes": 64, "num_warps": 1, "programs_per_sm": 8, "maxnreg": 32}
+    big = dict(small, min_row_bytes=1000, chunk_bytes=256)
+    assert team_mod.tier_for([big, small], 1000, 500) is big
+    assert team_mod.tier_for([big, small], 999, 500) is small
+    cuda = torch.device("cuda")
+    # 16 warps = 512 threads: 2048 // 512 = 4 programs, below the tuned 8 and the register bound 65536 // (16 * 512)
+    assert team_mod.programs_per_sm(cuda, 16, dict(small, maxnreg=16)) == 4
+    assert team_mod.programs_per_sm(cuda, 4, dict(small, maxnreg=16)) == 8  # 128 threads: the tuned 8
+    assert team_mod.programs_per_sm(cuda, 4, dict(small, maxnreg=255)) == 2  # 65536 // (255 * 128)
+    assert team_mod.programs_per_sm(torch.device("cpu"), 16, small) == 1
+    tuned = dict(small, min_row_bytes=1, chunk_bytes=1024)
+    cpu = torch.device("cpu")
+    plan = team_mod.team_split(4096, 2, 2**31 // 8 - 1, cpu, tuned, True)  # 4096 bf16 / 512 per member: 8
+    assert plan is not None and plan.team == 8
+    assert team_mod.team_split(4096, 2, 2**31 // 8, cpu, tuned, True) is None

@@ -17,6 +17,7 @@ fp64, because torch's CPU fp32/bf16 GELU returns NaN for +inf where fp64 and CUD
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -411,3 +412,47 @@ def test_nan_inf_propagate_as_pytorch(norms, activations, softmax, matmul, devic
     if dtype != torch.float32:
         wt = r(n, 6, device=device, dtype=dtype)
         _same_specials("matmul", matmul.matmul(x, wt, None, "gelu"), F.gelu((xf @ wt.float()).double()))
+
+
+_ROUND_KERNEL = """
+import sys
+import triton
+import triton.language as tl
+R = sys.modules[{name!r}]
+
+
+@triton.jit
+def rnd(x_ptr, y_ptr, n, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    live = offs < n
+    tl.store(y_ptr + offs, R.round_to(tl.load(x_ptr + offs, mask=live), DTYPE), mask=live)
+"""
+
+
+def test_round_to_bf16_keeps_every_nan_and_rounds_as_torch(norms, device, tmp_path):
+    """``_rounding.round_to`` (the kernels' rounding to the storage dtype) against torch's ``.to(bfloat16)`` over fp32
+    bit patterns: ties to even, overflow to inf, and NaN stays NaN whatever its payload (under the interpreter the
+    rounding is integer arithmetic on the bits, where a NaN's payload could carry into the exponent or the sign:
+    0x7F800001 would become inf, 0x7FFFFFFF -0.0, 0xFFFFFFFF +0.0)."""
+    import importlib.util
+
+    path = tmp_path / "round_kernel.py"
+    path.write_text(_ROUND_KERNEL.format(name=norms.__name__ + "._rounding"))
+    spec = importlib.util.spec_from_file_location("round_kernel_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rounding = sys.modules[norms.__name__ + "._rounding"]
+    nans = [0x7F800001, 0x7FBFFFFF, 0x7FC00000, 0x7FFF8000, 0x7FFFFFFF, 0xFF800001, 0xFFC00000, 0xFFFFFFFF]
+    ties = [0x3F808000, 0x3F818000, 0xBF808000, 0x00008000, 0x7F7F8000, 0x7F7FFFFF]  # even/odd ties, max -> inf
+    seed = int(torch.randint(0, 2**31, (1,)))
+    rng = torch.Generator().manual_seed(seed)
+    bits = nans + ties + [0, 0x80000000, 0x7F800000, 0xFF800000, 1] + torch.randint(0, 2**32, (237,),
+                                                                                       generator=rng).tolist()
+    x = torch.tensor([b - 2**32 if b >= 2**31 else b for b in bits], dtype=torch.int32).view(torch.float32)
+    y = torch.full_like(x, 123.0).to(device)
+    mod.rnd[(1,)](x.to(device), y, x.numel(), DTYPE=rounding.round_dtype(torch.bfloat16), BLOCK=256)
+    y, want = y.cpu(), x.to(torch.bfloat16).float()
+    assert torch.equal(y.isnan(), x.isnan()), [hex(b) for b, a in zip(bits, y.isnan()) if not a and b in nans]
+    keep = ~x.isnan()
+    assert torch.equal(y[keep].view(torch.int32), want[keep].view(torch.int32)), seed
+    assert rounding.round_dtype(torch.float32) is None and rounding.round_dtype(None) is None

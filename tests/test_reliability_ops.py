@@ -650,6 +650,21 @@ def test_meta_tensors_raise_a_clear_error_and_fake_tensors_trace(request, packag
                 assert (f.shape, f.dtype) == (r.shape, r.dtype), f"{sample.name} output {k} under FakeTensorMode"
 
 
+@pytest.mark.parametrize("package", PACKAGES)
+def test_meta_tensors_are_refused_before_any_launch(request, package, device):
+    """The refusal of meta tensors is the packages' own launch guard (``_device.check_launch_device``), with its
+    advice, not whatever a launch on them happens to raise: under the interpreter that is torch's "Cannot copy out
+    of meta tensor", a NotImplementedError; on a GPU a kernel would get null pointers."""
+    pkg = _pkg(request, package)
+    torch.manual_seed(43)
+    for sample in CATALOG[package].ops(pkg):
+        data = sample.make(device, sample.dtypes[0])
+        meta = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in data]
+        with pytest.raises(RuntimeError, match="got a meta tensor, which has no data to run a kernel on") as err:
+            sample.fn(*meta)
+        assert type(err.value) is RuntimeError and "FakeTensorMode" in str(err.value), sample.name
+
+
 def test_address_launches_pass_the_tensor_launches_pointers(norms, attention, activations, device, monkeypatch):
     """The pinned inference launches that pass integer addresses (``FixedLaunch.at``: rms_norm, layer_norm, the
     rotary pair, activations) give the launcher the same arguments, in the same order, as their tensor form. The

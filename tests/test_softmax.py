@@ -846,6 +846,16 @@ def test_config_pickers_refuse_wrong_types_naming_the_argument(softmax, norms, a
             pick(*args)
 
 
+@pytest.mark.parametrize("warp_size", [1, 1024])
+def test_config_pickers_take_every_power_of_two_warp_size(softmax, norms, activations, warp_size):
+    # warp_size may be any power of two in [1, 1024] (one warp may fill a program); 2048 is refused
+    for pick in (softmax.pick_config, norms.pick_config, activations.pick_config):
+        cfg = pick(4096, 2, warp_size)
+        assert 1 <= cfg.num_warps and cfg.num_warps * warp_size <= 1024
+        with pytest.raises(ValueError, match="warp_size must be a power of two in"):
+            pick(4096, 2, 2 * 1024)
+
+
 @pytest.mark.parametrize("value", [0, -5, 64.0, "64"])
 def test_norms_pick_config_refuses_a_bad_bytes_per_thread(norms, value):
     # 0 silently meant the default and -5 gave one warp
