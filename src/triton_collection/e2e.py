@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .demo import same_tokens
+
 __all__ = ["MODELS", "build_model", "decode_rate", "model_config", "run_e2e", "run_e2e_cli", "write_e2e_report"]
 
 log = logging.getLogger(__name__)
@@ -202,7 +204,7 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
                 eager_tokens[batch], eager_rate[batch] = tokens, measured["decode_tok_s"]
                 eager_runs[batch] = measured["decode_tok_s_runs"]
             elif batch in eager_tokens:
-                row["tokens_equal"] = bool(tokens.shape == eager_tokens[batch].shape and torch.equal(tokens, eager_tokens[batch]))
+                row["tokens_equal"] = same_tokens(eager_tokens[batch], tokens)
             if batch in eager_rate and variant != "eager":
                 row["speedup"] = measured["decode_tok_s"] / eager_rate[batch]
                 if paired:  # repeat by repeat against the eager run next to it: the host's drift cancels

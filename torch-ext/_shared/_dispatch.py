@@ -59,7 +59,8 @@ def _route(args) -> int:
 
 def eager_mode(tensors: tuple, required: int = 1) -> int:
     """Whether a call with these tensor arguments (``tensors``: every tensor argument, None for an absent one; the
-    first ``required`` must be present: a None there is OP, whose checks name it) is plain eager code, which a caller that keeps a validated launch plan per call signature may run itself: IMPL
+    first ``required`` must be present: a None there is OP, whose checks name it) is plain eager code, which a
+    caller that keeps a validated launch plan per call signature may run itself: IMPL
     where no tensor needs a gradient (:func:`call_op` would call the implementation), AUTOGRAD where grad mode is on
     and one does (:func:`call_op` would run the eager ``torch.autograd.Function``); OP otherwise, where the caller
     leaves the call to :func:`call_op`, which decides: compile tracing, a dispatch mode, a functorch transform

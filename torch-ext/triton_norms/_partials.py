@@ -22,13 +22,13 @@ import triton
 import triton.language as tl
 
 from ._fastlaunch import Launch, meta_items
-from ._device import launch_options
+from ._device import is_interpreter, launch_options
 
 __all__ = ["column_sums", "column_sums_plan"]
 
 _BLOCK_P = 64  # partial rows per step: a (64, 32) fp32 tile, 16 per thread over 4 warps
 _BLOCK_N = 32  # columns per program: 128 contiguous bytes of each partial row
-# Columns per program under the Triton interpreter (CPU tensors), which runs programs one after another at a fixed
+# Columns per program under the Triton interpreter, which runs programs one after another at a fixed
 # cost each: 262144 columns took 8192 programs a sum (~60 s a test). The interpreter sums each column in one order
 # whatever the tile, so its bits do not change; on a GPU the tile sets the layout, and with it the order of the tree
 # reduction over the BLOCK_P accumulator rows (different bits at 32 and 128, seen on an H100): GPUs keep _BLOCK_N.
@@ -67,8 +67,8 @@ def _column_sums_kernel(
 def column_sums_plan(P: int, N: int, outputs: int, device: torch.device, block_n: int = 0) -> Launch:
     """The launch of :func:`column_sums` for ``outputs`` (1 or 2) partials of shape (P, N) on ``device``; pointers
     (dw partials, db partials, dw, db), None for an absent pair. ``block_n``: columns per program (a power of two;
-    0: 32 on a GPU, 1024 on CPU tensors, where the interpreter's bits do not depend on it)."""
-    block_n = block_n or (_CPU_BLOCK_N if device.type == "cpu" else _BLOCK_N)
+    0: 32 compiled, 1024 under the interpreter, whose bits do not depend on it)."""
+    block_n = block_n or (_CPU_BLOCK_N if is_interpreter(_column_sums_kernel) else _BLOCK_N)
     meta = meta_items(BLOCK_P=_BLOCK_P, BLOCK_N=block_n, num_warps=4, **launch_options(_column_sums_kernel))
     return Launch(_column_sums_kernel, (triton.cdiv(N, block_n), outputs), meta, (P, N), device)
 
