@@ -778,3 +778,27 @@ def test_large_logits_keep_fp32_accuracy(softmax, device, path, request):
             assert (g.double() - gr).abs().max().item() < 1e-7, offset
     finally:
         mod.RECOMPUTE = False
+
+
+@pytest.mark.parametrize("path", ["block", "looped", "team"])
+def test_label_smoothing_keeps_fp32_accuracy_at_large_logits(softmax, device, path, request):
+    """Label smoothing's term ``lse - mean_j x_j`` is a difference of two numbers near the logits' offset; torch sums
+    the log-probabilities ``(x_j - max) - log s``, whose size is the row's spread, not its offset. The kernels summed
+    the logits themselves and took ``max - sum / V``: 9e-6 off at 1000, 1.4e-4 at 10000. They now sum ``x - max``
+    (the looped kernel rescales its sums when the max grows; a team adds each member's count times its max's
+    distance to the row's). Loss (fp32) against fp64 at offsets 0, 1000 and 10000, and a row whose maximum arrives
+    in its last chunk (the rescale)."""
+    if path == "team":
+        request.getfixturevalue("team_mode")
+    V = {"block": 50, "looped": 20011, "team": 3001}[path]
+    torch.manual_seed(21)
+    t = torch.randint(0, V, (4,), device=device)
+    x0 = torch.randn(4, V, device=device)
+    x0[1, -3:] += 40.0  # row 1's max in its last chunk, far above the rest
+    x0[2, : V // 2] -= 1e4  # row 2: a first half far below the rest
+    for offset in (0.0, 1000.0, 10000.0):
+        x = x0 + offset
+        loss = softmax.cross_entropy(x, t, reduction="none", label_smoothing=0.3)
+        ref = torch.nn.functional.cross_entropy(x.double(), t, reduction="none", label_smoothing=0.3)
+        tol = 4e-6 * ref.abs().clamp_min(1.0)
+        assert ((loss.double() - ref).abs() <= tol).all(), (offset, loss, ref)

@@ -4,7 +4,9 @@ Math, per row i with logits x (V classes, fp32) and target t:
 
     lse    = log(sum_j exp(x_j))                        (online over chunks: max m, sum s; lse = m + log s)
     nll    = lse - x_t                                  (computed as (m - x_t) + log s, as torch's log-softmax:
-    smooth = lse - mean_j x_j                            no fp32 rounding of lse at large logits; p_j likewise)
+    smooth = lse - mean_j x_j                            no fp32 rounding of lse at large logits; p_j likewise;
+                                                        smooth as (m - mean_j x_j) + log s, the mean taken of
+                                                        x_j - m: torch's sum of log-probabilities)
     loss_i = (1 - eps) * nll + eps * smooth + z * lse^2 (eps = label_smoothing, z = z_loss)
     loss_i = 0 where t == ignore_index;  NaN where t is outside [0, V) (torch raises; no host sync here)
 
@@ -62,7 +64,7 @@ import triton.language as tl
 
 from ._cross_entropy_torch_order import cross_entropy_torch_order
 from .softmax import _chunk_max_exp, _chunk_start, _team_load, _team_max_sumexp, _team_phases
-from ._team import team_gather, team_publish, team_publish_pair, team_start
+from ._team import team_gather, team_gather_pair, team_publish, team_publish_pair, team_start
 from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, meta_like, row_layout,
                       row_start, rows_aligned, run_plan, store_rounded)
 from ._dispatch import call_op, eager_autograd
@@ -125,19 +127,21 @@ def _team_grad(e, m_own, mx, log_s, coef, smoothing, V, w, valid, in_range):
 
 
 @triton.jit
-def _store_loss(loss_ptr, lse_ptr, applied_ptr, row, mx, log_s, x_t, sum_x, smoothing, z_loss, V, valid, in_range,
+def _store_loss(loss_ptr, lse_ptr, applied_ptr, row, mx, log_s, x_t, sum_dev, smoothing, z_loss, V, valid, in_range,
                 SMOOTH: tl.constexpr):
     """loss_i of a row (module docstring: smoothing and z-loss terms only when on; 0 on an ignored row, NaN
     for a target outside [0, V)) into ``loss_ptr[row]`` (rounded to its dtype), the row's max and the log of its sum
     of exp into ``lse_ptr[2 row]`` and ``lse_ptr[2 row + 1]``, and 1 (the upstream gradient applied to the stored
     gradient) into ``applied_ptr[row]`` (each if given). The logits' terms are taken from the max first,
     ``(mx - x_t) + log_s``, as torch's log-softmax does (``lse - x_t`` rounded lse to fp32 first: off by
-    ~|lse| * 2^-24)."""
+    ~|lse| * 2^-24). ``sum_dev``: the sum over the row of ``x - shift(mx)`` (``_shift``; label smoothing), so that
+    the mean's term has the size of the row's spread, not of its offset (a sum of the logits themselves rounded
+    ``max - sum / V`` by ~|x| * 2^-24 too)."""
     lse = mx + log_s
     loss = (mx - x_t) + log_s
     # the optional terms only when on, so that eps = 0 never multiplies an infinite mean of x
     if SMOOTH:
-        loss = (1.0 - smoothing) * loss + smoothing * ((mx - sum_x / V) + log_s)
+        loss = (1.0 - smoothing) * loss + smoothing * (((mx - _shift(mx)) - sum_dev / V) + log_s)
     loss = tl.where(z_loss > 0.0, loss + z_loss * lse * lse, loss)
     loss = tl.where(in_range, loss, float("nan"))
     store_rounded(loss_ptr, row, tl.where(valid, loss, 0.0), True)
@@ -146,6 +150,13 @@ def _store_loss(loss_ptr, lse_ptr, applied_ptr, row, mx, log_s, x_t, sum_x, smoo
         tl.store(lse_ptr + 2 * row + 1, log_s)
     if applied_ptr is not None:
         tl.store(applied_ptr + row, 1.0)
+
+
+@triton.jit
+def _shift(m):
+    """What the sums of label smoothing subtract from a row's (or chunk's) logits: its max ``m``, or 0 where every
+    logit is -inf (then the sum is -inf and the loss +inf or NaN, as torch's)."""
+    return tl.where(m == float("-inf"), 0.0, m)
 
 
 @triton.jit
@@ -192,7 +203,7 @@ def _cross_entropy_fwd_kernel(
     t = tl.load(t_ptr + row_start(row, R1, R2, st0, st1, st2)).to(tl.int64)
     valid = t != ignore_index
     in_range = (t >= 0) & (t < V)
-    sum_x = 0.0
+    sum_dev = 0.0
     if not LOOP:
         offs = tl.arange(0, BLOCK_N)
         mask_n = offs < V
@@ -200,11 +211,12 @@ def _cross_entropy_fwd_kernel(
         mx = tl.max(x, axis=0)
         s = tl.sum(tl.exp(x - mx), axis=0)
         if SMOOTH:
-            sum_x = tl.sum(tl.where(mask_n, x, 0.0), axis=0)
+            sum_dev = tl.sum(tl.where(mask_n, x - _shift(mx), 0.0), axis=0)
     else:
         mx = tl.full([], float("-inf"), tl.float32)
         s = tl.full([], 0.0, tl.float32)
-        acc_x = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_dev = tl.zeros([BLOCK_N], dtype=tl.float32)  # per lane: sum of x - base over chunks 0 .. i
+        shift = 0.0  # the base acc_dev holds sums from
         n_chunks = tl.cdiv(V, BLOCK_N)
         if PREFETCH:  # the next chunk's load is issued before this chunk's reductions
             offs0 = tl.arange(0, BLOCK_N)
@@ -222,14 +234,15 @@ def _cross_entropy_fwd_kernel(
             base = tl.where(new == float("-inf"), 0.0, new)  # all -inf so far: s stays 0
             s = s * tl.exp(mx - base) + tl.sum(tl.exp(x - base), axis=0)
             mx = new
-            if SMOOTH:
-                acc_x += tl.where(mask_n, x, 0.0)
+            if SMOOTH:  # each lane holds i logits (the chunks before the last are full): rebased to the new base
+                acc_dev += i * (shift - base) + tl.where(mask_n, x - base, 0.0)
+                shift = base
         if SMOOTH:
-            sum_x = tl.sum(acc_x, axis=0)
+            sum_dev = tl.sum(acc_dev, axis=0)
     log_s = tl.log(s)
     lse = mx + log_s
     x_t = tl.load(x_ptr + x_row + tl.where(in_range, t, 0) * sxc, mask=valid & in_range, other=0.0).to(tl.float32)
-    _store_loss(loss_ptr, lse_ptr, applied_ptr, row, mx, log_s, x_t, sum_x, smoothing, z_loss, V, valid, in_range,
+    _store_loss(loss_ptr, lse_ptr, applied_ptr, row, mx, log_s, x_t, sum_dev, smoothing, z_loss, V, valid, in_range,
                 SMOOTH)
     if g_ptr is not None:
         coef, w = _grad_factors(z_loss, lse, count_ptr)
@@ -284,7 +297,7 @@ def _cross_entropy_team_fwd_kernel(
         if PHASE != 2:
             team_publish_pair(slots + member, m_own, tl.sum(e, axis=0))
             if SMOOTH:
-                team_publish(slots + TEAM + member, tl.sum(tl.where(mask_n, x, 0.0), axis=0))
+                team_publish(slots + TEAM + member, tl.sum(tl.where(mask_n, x - _shift(m_own), 0.0), axis=0))
         nxt = row + TEAMS
         xr, _ = _team_load(x_ptr, None, nxt, R1, R2, sx0, sx1, sx2, sxc, 0, 0, 0, 0, offs, V, M, "")
         if PHASE != 1:
@@ -298,10 +311,13 @@ def _cross_entropy_team_fwd_kernel(
             if member == 0:
                 x_t = tl.load(x_ptr + x_row + tl.where(in_range, t, 0) * sxc, mask=valid & in_range,
                               other=0.0).to(tl.float32)
-                sum_x = 0.0
-                if SMOOTH:
-                    sum_x = tl.sum(team_gather(slots + TEAM, k, TEAM, 0.0), axis=0)
-                _store_loss(loss_ptr, lse_ptr, applied_ptr, row, mx, log_s, x_t, sum_x, smoothing, z_loss, V,
+                sum_dev = 0.0
+                if SMOOTH:  # each member's sum of x - its own max, rebased on the row's max (terms <= 0)
+                    m_k, _ = team_gather_pair(slots, k, TEAM, float("-inf"), 0.0)
+                    n_k = tl.minimum(tl.maximum(V - k * BLOCK_N, 0), BLOCK_N).to(tl.float32)
+                    dev_k = team_gather(slots + TEAM, k, TEAM, 0.0) + n_k * (_shift(m_k) - _shift(mx))
+                    sum_dev = tl.sum(tl.where(k < TEAM, dev_k, 0.0), axis=0)
+                _store_loss(loss_ptr, lse_ptr, applied_ptr, row, mx, log_s, x_t, sum_dev, smoothing, z_loss, V,
                             valid, in_range, SMOOTH)
             if g_ptr is not None:
                 coef, w = _grad_factors(z_loss, lse, count_ptr)
