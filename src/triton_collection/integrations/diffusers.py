@@ -70,8 +70,7 @@ import torch
 from kernels import Mode
 
 from .. import DEFAULT_ORG
-from .families import DIFFUSERS_RMS, Family
-from .transformers import _LAYER_DTYPES as _KERNEL_DTYPES  # the dtypes every triton kernel takes
+from .families import DIFFUSERS_RMS, KERNEL_DTYPES, Family
 from .transformers import _check_mode, _device_type, select_layers
 from .transformers import kernelize as kernelize_norms
 
@@ -100,7 +99,7 @@ class _TritonProcessor:
 
     def _takes(self, hidden_states: torch.Tensor) -> bool:
         """Whether the kernels take this call; otherwise the replaced processor runs it (e.g. a float64 model)."""
-        return hidden_states.dtype in _KERNEL_DTYPES
+        return hidden_states.dtype in KERNEL_DTYPES
 
     def __deepcopy__(self, memo):  # the loaded package is shared, not copied (a module cannot be)
         new = object.__new__(type(self))  # (not copy.copy: it would pickle-reduce to the original)
@@ -289,7 +288,7 @@ def _autocast_on(x: torch.Tensor) -> bool:
 
 
 def _modulate_ok(self, x: torch.Tensor) -> bool:
-    return (x.dim() == 3 and x.shape[-1] <= 32768 and x.dtype in _KERNEL_DTYPES
+    return (x.dim() == 3 and x.shape[-1] <= 32768 and x.dtype in KERNEL_DTYPES
             and not _autocast_on(x))
 
 
@@ -664,7 +663,7 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
     for _, model in models:  # every check before the first swap: a refused call leaves the models as they were
         if norms:
             _device_type(model, device)
-        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype not in _KERNEL_DTYPES),
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype not in KERNEL_DTYPES),
                      None)
         if dtype is not None:
             raise ValueError(f"kernelize: {type(model).__name__} holds {dtype} parameters; the kernels take float16, "

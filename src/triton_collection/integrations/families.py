@@ -48,7 +48,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ACTIVATION_FAMILIES", "ALL_FAMILIES", "FAMILIES", "Family", "ProbeResult", "candidate_families", "probe"]
+__all__ = ["ACTIVATION_FAMILIES", "ALL_FAMILIES", "FAMILIES", "Family", "KERNEL_DTYPES", "ProbeResult",
+           "candidate_families", "probe"]
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+"""The floating dtypes every triton-collection kernel and layer takes (the shims refuse models holding others)."""
 
 NORMS_PACKAGE = "triton-norms"
 """Hub package (``<org>/triton-norms``) that serves the norm families."""

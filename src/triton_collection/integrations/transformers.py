@@ -37,7 +37,7 @@ from kernels import LayerRepository, LocalLayerRepository, Mode
 from torch import nn
 
 from .. import DEFAULT_ORG
-from .families import FAMILIES, Family, candidate_families, probe
+from .families import FAMILIES, KERNEL_DTYPES, Family, candidate_families, probe
 
 __all__ = ["KernelizeReport", "kernelize", "select_layers"]
 
@@ -184,8 +184,6 @@ def _quiet_kernels_root_log():
         root.removeFilter(flt)
 
 
-_LAYER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the dtypes every triton layer serves
-
 
 def _check_mode(mode: Mode) -> None:
     if not isinstance(mode, Mode):
@@ -247,7 +245,7 @@ def kernelize(
 
     targets = [(name, module) for name, module in model.named_modules() if type(module) in chosen]
     for name, module in targets:  # before any swap: the layers would refuse these dtypes at the first forward
-        dtype = next((t.dtype for t in module.parameters() if t.dtype not in _LAYER_DTYPES), None)
+        dtype = next((t.dtype for t in module.parameters() if t.dtype not in KERNEL_DTYPES), None)
         if dtype is not None:
             raise ValueError(f"kernelize: {name or type(model).__name__} ({type(module).__name__}) holds {dtype} "
                              "parameters; the triton layers serve float16, bfloat16 and float32 (convert the model "
