@@ -87,10 +87,12 @@ def softmax_bwd(pk, M, N):
     return (lambda: impl(dy, y, 1, 1.0, False, False, BF16)), 3 * M * N * 2  # y, dy read, dx written
 
 
-def cross_entropy(pk, M, V):
-    x = torch.randn(M, V, device=DEV, dtype=BF16).requires_grad_(True)
-    t = torch.randint(0, V, (M,), device=DEV)
-    return (lambda: pk.cross_entropy(x, t)), 2 * M * V * 2  # the forward writes the gradient (x read, g written)
+def cross_entropy(**kw):
+    def make(pk, M, V):  # kw: e.g. label_smoothing
+        x = torch.randn(M, V, device=DEV, dtype=BF16).requires_grad_(True)
+        t = torch.randint(0, V, (M,), device=DEV)
+        return (lambda: pk.cross_entropy(x, t, **kw)), 2 * M * V * 2  # the forward writes the gradient (x read, g written)
+    return make
 
 
 def gated(name):
@@ -157,7 +159,8 @@ CASES = {  # name: (package, builder, shapes)
     "softmax_fp32": ("triton-softmax", softmax(torch.float32), [(16384, 8192), (8192, 12007), (4096, 16384),
                                                                 (8192, 20011), (4096, 24000), (2048, 32768)]),
     "softmax_bwd": ("triton-softmax", softmax_bwd, [(4096, 65536), (2048, 131072), (1024, 262144)]),
-    "cross_entropy": ("triton-softmax", cross_entropy, [(8192, 128256), (2048, 262144)]),
+    "cross_entropy": ("triton-softmax", cross_entropy(), [(8192, 128256), (2048, 262144)]),
+    "cross_entropy_smooth": ("triton-softmax", cross_entropy(label_smoothing=0.1), [(8192, 128256), (8192, 32000)]),
     "silu_and_mul": ("triton-activations", gated("silu_and_mul"), [(16384, 14336), (65536, 1536), (8192, 11008)]),
     "gelu_tanh_and_mul": ("triton-activations", gated("gelu_tanh_and_mul"), [(16384, 14336), (65536, 1536)]),
     "gelu_and_mul": ("triton-activations", gated("gelu_and_mul"), [(16384, 14336), (5, 96)]),
