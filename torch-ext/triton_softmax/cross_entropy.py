@@ -313,7 +313,7 @@ def _cross_entropy_team_fwd_kernel(
                               other=0.0).to(tl.float32)
                 sum_dev = 0.0
                 if SMOOTH:  # each member's sum of x - its own max, rebased on the row's max (terms <= 0)
-                    m_k, _ = team_gather_pair(slots, k, TEAM, float("-inf"), 0.0)
+                    m_k, sumexp_k = team_gather_pair(slots, k, TEAM, float("-inf"), 0.0)  # (sums unused)
                     n_k = tl.minimum(tl.maximum(V - k * BLOCK_N, 0), BLOCK_N).to(tl.float32)
                     dev_k = team_gather(slots + TEAM, k, TEAM, 0.0) + n_k * (_shift(m_k) - _shift(mx))
                     sum_dev = tl.sum(tl.where(k < TEAM, dev_k, 0.0), axis=0)
