@@ -1,16 +1,18 @@
 """Every op's options against its default call, at the harness's shapes: finds an option whose path is slow.
 
-    python3 benchmarks/options_probe.py --out DIR [--budget S] [--only PREFIX,...] [--cpu]
+    python3 benchmarks/options_probe.py --out DIR [--budget S] [--only PREFIX,...] [--base DIR] [--cpu]
 
 The harness (``triton-collection bench``) times each op's default call; an option (label smoothing, a mask, a bias,
 an output dtype, a torch order, separate gate and up tensors, ...) takes another kernel specialisation or another
 path, which it never times. Here each option is timed from CUDA-graph replays (the kernels alone) and reported as
 GB/s (the tensors a perfect kernel must read or write, once), fraction of the copy ceiling measured in the same run,
-and speed relative to the op's default call at the same shape. Records: DIR/options.jsonl; the table: stdout.
+and speed relative to the op's default call at the same shape (the ``inner`` group: relative to ``torch.softmax``,
+with ``--base`` also the base checkout's triton-softmax). Records: DIR/options.jsonl; the table: stdout.
 """
 
 import argparse
 import sys
+from pathlib import Path
 
 from sweep_common import Sweep, load_packages, prepare
 
@@ -18,6 +20,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
 ap.add_argument("--budget", type=float, default=400)
 ap.add_argument("--only", default="", help="comma list of case-name prefixes (default: all)")
+ap.add_argument("--base", default="", help="a base checkout: its triton-softmax in the inner group too")
 ap.add_argument("--cpu", action="store_true", help="dry run under the interpreter with tiny shapes")
 args = ap.parse_args()
 OUT = prepare(args.out, args.cpu)
@@ -28,6 +31,7 @@ import torch  # noqa: E402
 DEV, BF16, FP32 = RUN.dev, torch.bfloat16, torch.float32
 NORMS, SOFTMAX, ACT = load_packages(["triton-norms", "triton-softmax", "triton-activations"], args.cpu)
 SMALL = args.cpu
+BASE = load_packages(["triton-softmax"], args.cpu, Path(args.base))[0] if args.base else None
 
 
 def shape(*big):
@@ -89,6 +93,25 @@ def attention_softmax_cases(B, S):
             ("scale + causal", lambda: SOFTMAX.softmax(x, scale=0.125, causal=True), rw)]
 
 
+def inner_cases(*shp):
+    """Softmax over dim 1 with dims after it (``_inner``), and over dim 0 of a transposed (N, I) view."""
+    transposed = len(shp) == 2
+    x = torch.randn(*shp, device=DEV, dtype=BF16)
+    x = x.t() if transposed else x
+    dim = 0 if transposed else 1
+    xg = x.detach().clone().requires_grad_(True) if not transposed else x.detach().t().clone().t().requires_grad_(True)
+    dy = torch.randn(x.shape, device=DEV, dtype=BF16)
+    rw, n = 2 * x.numel() * 2, x.numel()
+    cases = [("torch.softmax", lambda: torch.softmax(x, dim), rw),
+             ("ours", lambda: SOFTMAX.softmax(x, dim), rw),
+             ("torch fwd+bwd", lambda: torch.autograd.grad(torch.softmax(xg, dim), xg, dy), 5 * n * 2),
+             ("ours fwd+bwd", lambda: torch.autograd.grad(SOFTMAX.softmax(xg, dim), xg, dy), 5 * n * 2)]
+    if BASE is not None:
+        cases += [("base", lambda: BASE.softmax(x, dim), rw),
+                  ("base fwd+bwd", lambda: torch.autograd.grad(BASE.softmax(xg, dim), xg, dy), 5 * n * 2)]
+    return cases
+
+
 def norm_cases(M, N):
     x = torch.randn(M, N, device=DEV, dtype=BF16)
     x16 = x.half()
@@ -137,6 +160,9 @@ GROUPS = [("ce", ce_cases, [shape(8192, 128256), shape(8192, 32000), shape(2048,
           ("softmax", softmax_cases, [shape(4096, 32768), shape(32768, 4096), shape(1024, 262144)]),
           ("attn-soft", attention_softmax_cases, [(2, 32) if SMALL else (16, 4096)]),
           ("norms", norm_cases, [shape(32768, 4096), shape(4096, 65536)]),
+          ("inner", inner_cases, [(4, 5, 3) if SMALL else s for s in ((8, 128, 65536), (16, 19, 262144), (64, 8, 16384),
+                                                                      (4, 1024, 1024), (2, 32768, 1024))]
+           + [(300, 7) if SMALL else (32768, 4096)]),
           ("act", act_cases, [shape(16384, 14336)])]
 if args.only:
     GROUPS = [g for g in GROUPS if any(g[0].startswith(p) for p in args.only.split(","))]

@@ -18,6 +18,7 @@ and, for each launch that failed, ``FAILED <kernel>: <error>``; exit status 1 if
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -61,7 +62,7 @@ def main(records: Path, arch: str) -> int:
     driver.set_active(_TargetDriver(target))
     compiled, failed = 0, []
     for rec in data["launches"]:
-        module = sys.modules[f"{packages[rec['package']].__name__}.{rec['module']}"]
+        module = importlib.import_module(f"{packages[rec['package']].__name__}.{rec['module']}")  # also one imported lazily
         kernel = getattr(module, rec["kernel"])
         try:
             kernel.warmup(*[_argument(a) for a in rec["args"]], grid=(1,), **rec["meta"])

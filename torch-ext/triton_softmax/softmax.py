@@ -653,6 +653,9 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
     check_launch_device(x, _softmax_fwd_kernel)
     xs, ys = _as_1d(x), _as_1d(y)
     ms = _as_1d(mask.expand(x.shape)) if mask is not None else None
+    inner = _inner_plan([xs, ms, ys], dim, (float(scale),), x.device, False, LOG=log, SCALED=scale != 1.0)
+    if inner is not None:  # dims after the reduced one (y's reduced stride is not 1): tiles along them (_inner)
+        return inner
     layout = row_layout([xs, ms, ys], dim)
     copy = layout is None
     if copy:  # the layout of the contiguous copies (no data needed: "meta" tensors of their strides)
@@ -703,6 +706,16 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
                                     (0, 1, 2)),))
 
 
+def _inner_plan(tensors: list, dim: int, kernel_args: tuple, device: torch.device, backward: bool,
+                **consts) -> Optional[LaunchPlan]:
+    """The plan of ``_inner`` (softmax over a dim with inner dims after it) for these tensors, or None (the row
+    kernels). Imported here: ``_inner`` takes its jit helpers from this module."""
+    from ._inner import inner_layout, inner_plan
+
+    layout = inner_layout(tensors, normalize_dim(dim, tensors[0].dim()))
+    return None if layout is None else inner_plan(kernel_args, layout, device, backward, **consts)
+
+
 _softmax_fwd = torch.library.custom_op(add_op_namespace_prefix("softmax_fwd"), _softmax_fwd_impl, mutates_args=())
 """The registered op (autograd, fake, compile); eager inference calls ``_softmax_fwd_impl`` directly."""
 
@@ -732,6 +745,9 @@ def _bwd_plan(dy: Tensor, y: Tensor, dx: Tensor, dim: int, scale: float, causal:
     workspace."""
     check_launch_device(y, _softmax_bwd_kernel)
     ys, dys, dxs = _as_1d(y), _as_1d(dy), _as_1d(dx)
+    inner = _inner_plan([ys, dys, dxs], dim, (float(scale),), y.device, True, LOG=log)
+    if inner is not None:  # dims after the reduced one: tiles along them (_inner)
+        return inner
     layout = row_layout([ys, dys, dxs], dim)
     copy = layout is None
     if copy:  # the layout of contiguous copies of y and dy ("meta" tensors of their strides)

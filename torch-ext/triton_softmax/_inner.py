@@ -1,0 +1,209 @@
+"""Softmax over a dim that has inner dims after it: ``softmax(x, dim=1)`` of (B, C, H, W), ``softmax(x.t(), dim=0)``.
+
+The output is contiguous, so its reduced dim then has stride I (the product of the sizes after ``dim``): a program
+per row (the row kernels of ``softmax``) writes each element into a memory sector of its own, and reads x the same
+way where x is contiguous too. On an H100 that ran at 2-8% of the copy bandwidth (``benchmarks/options_probe.py``,
+session 50). Here the tensors are seen as (O, N, I): every dim before ``dim`` merged into O, the reduced dim N,
+every dim after it merged into I. A program owns BLOCK_I consecutive inner positions of one outer index and reduces
+over N in [BLOCK_N, BLOCK_I] tiles, so the stores (and x's loads where x's inner stride is 1) are contiguous along
+the inner axis; where x's reduced dim has unit stride instead (a transposed view), its loads are contiguous along N
+and the compiler converts the tile's layout between the load and the store. One pass when N fits a tile, else two
+(the statistics, then the output), as the row kernels' looped form. Forward and backward; any mask that merges the
+same way. Same math as the row kernels (fp32, max first, one rounding at the store); the reduction order differs.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import LaunchPlan, store_rounded
+from ._device import cdiv, launch_options, next_power_of_2
+from ._fastlaunch import Launch, meta_items
+from ._team import sm_count
+from .softmax import _dz, _load_bwd, _load_scores
+
+TILE = 8192  # elements per [BLOCK_N, BLOCK_I] tile (fp32: 32 registers a thread at 8 warps of 32)
+MIN_INNER = 16  # inner positions per program where occupancy asks for narrower blocks (32-byte bf16 stores)
+
+
+@triton.jit
+def _inner_fwd_kernel(
+    x_ptr,  # input, (O, N, I) strides below
+    m_ptr,  # additive mask expanded to x's shape (stride 0 where broadcast), or None
+    y_ptr,  # output
+    I,  # inner size (product of the dims after the reduced one)
+    N,  # reduced size
+    IBLOCKS,  # programs per outer index: cdiv(I, BLOCK_I)
+    sxo, sxn, sxi,  # elements x moves per outer / reduced / inner index
+    smo, smn, smi,  # the same for the mask
+    syo, syn, syi,  # the same for y
+    scale,  # fp32 multiplier of x
+    LOG: tl.constexpr,  # log_softmax
+    SCALED: tl.constexpr,  # scale != 1
+    BLOCK_N: tl.constexpr,  # reduced positions per tile
+    BLOCK_I: tl.constexpr,  # inner positions per program
+    LOOP: tl.constexpr,  # N spans several tiles: two passes
+):
+    # DRAM bytes: read N*I*x (+ mask), write N*I*y; looped: x is read twice.
+    pid = tl.program_id(0)
+    o = (pid // IBLOCKS).to(tl.int64)
+    i = ((pid % IBLOCKS) * BLOCK_I + tl.arange(0, BLOCK_I)).to(tl.int64)[None, :]
+    i_ok = i < I
+    x_col, m_col, y_col = o * sxo + i * sxi, o * smo + i * smi, o * syo + i * syi
+    n = tl.arange(0, BLOCK_N)[:, None]
+    if not LOOP:
+        keep = (n < N) & i_ok
+        z = _load_scores(x_ptr, m_ptr, x_col, m_col, sxn, smn, n, keep, scale, 0, False, "", SCALED)
+        zm = z - tl.max(z, axis=0)[None, :]  # a column of -inf: NaN, as torch
+        e = tl.exp(zm)
+        s = tl.sum(e, axis=0)[None, :]
+        if LOG:
+            y = zm - tl.log(s)
+        else:
+            y = e / s
+        store_rounded(y_ptr + y_col, n.to(tl.int64) * syn, y, keep)
+    else:
+        mx = tl.full([BLOCK_I], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK_I], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            keep = (start + n < N) & i_ok
+            z = _load_scores(x_ptr, m_ptr, x_col, m_col, sxn, smn, start + n, keep, scale, 0, False, "evict_last",
+                             SCALED)
+            new = tl.maximum(mx, tl.max(z, axis=0))
+            base = tl.where(new == float("-inf"), 0.0, new)  # all -inf so far: s stays 0
+            s = s * tl.exp(mx - base) + tl.sum(tl.exp(z - base[None, :]), axis=0)
+            mx = new
+        mx2, s2 = mx[None, :], s[None, :]
+        log_s = tl.log(s2)
+        for start in range(0, N, BLOCK_N):
+            keep = (start + n < N) & i_ok
+            z = _load_scores(x_ptr, m_ptr, x_col, m_col, sxn, smn, start + n, keep, scale, 0, False, "evict_first",
+                             SCALED)
+            zm = z - mx2
+            if LOG:
+                y = zm - log_s
+            else:
+                y = tl.exp(zm) / s2
+            store_rounded(y_ptr + y_col, (start + n).to(tl.int64) * syn, y, keep)
+
+
+@triton.jit
+def _inner_bwd_kernel(
+    y_ptr,  # saved output
+    dy_ptr,  # upstream gradient (stride 0 where expanded)
+    dx_ptr,  # input gradient (never dy's buffer)
+    I, N, IBLOCKS,
+    syo, syn, syi,
+    sdyo, sdyn, sdyi,
+    sdxo, sdxn, sdxi,
+    scale,  # dx = scale * dz
+    LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    LOOP: tl.constexpr,
+):
+    # DRAM bytes: read N*I*(y + dy), write N*I*dx; looped: y and dy are read twice.
+    pid = tl.program_id(0)
+    o = (pid // IBLOCKS).to(tl.int64)
+    i = ((pid % IBLOCKS) * BLOCK_I + tl.arange(0, BLOCK_I)).to(tl.int64)[None, :]
+    i_ok = i < I
+    y_col, dy_col, dx_col = o * syo + i * syi, o * sdyo + i * sdyi, o * sdxo + i * sdxi
+    n = tl.arange(0, BLOCK_N)[:, None]
+    if not LOOP:
+        keep = (n < N) & i_ok
+        p, dy = _load_bwd(y_ptr, dy_ptr, y_col, dy_col, syn, sdyn, n, keep, LOG, "")
+        if LOG:
+            red = tl.sum(dy, axis=0)[None, :]
+        else:
+            red = tl.sum(p * dy, axis=0)[None, :]
+        store_rounded(dx_ptr + dx_col, n.to(tl.int64) * sdxn, _dz(p, dy, red, n, 0, False, LOG) * scale, keep)
+    else:
+        acc = tl.zeros([BLOCK_I], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            keep = (start + n < N) & i_ok
+            p, dy = _load_bwd(y_ptr, dy_ptr, y_col, dy_col, syn, sdyn, start + n, keep, LOG, "evict_last")
+            if LOG:
+                acc += tl.sum(dy, axis=0)
+            else:
+                acc += tl.sum(p * dy, axis=0)
+        red = acc[None, :]
+        for start in range(0, N, BLOCK_N):
+            keep = (start + n < N) & i_ok
+            p, dy = _load_bwd(y_ptr, dy_ptr, y_col, dy_col, syn, sdyn, start + n, keep, LOG, "evict_first")
+            store_rounded(dx_ptr + dx_col, (start + n).to(tl.int64) * sdxn,
+                          _dz(p, dy, red, start + n, 0, False, LOG) * scale, keep)
+
+
+def _merged(t: Optional[torch.Tensor], dims: range) -> Optional[tuple]:
+    """(size, stride) of ``t``'s dims ``dims`` seen as one (sizes of 1 skipped; (1, 0) when all are), or None where
+    they do not merge (a dim's stride is not the next one's times its size)."""
+    size, stride = 1, 0
+    for d in reversed(dims):
+        n = t.shape[d]
+        if n == 1:
+            continue
+        if size == 1:
+            size, stride = n, t.stride(d)
+        elif t.stride(d) == stride * size:
+            size *= n
+        else:
+            return None
+    return size, stride
+
+
+def inner_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int) -> Optional[tuple]:
+    """``(O, N, I, strides)`` of same-shaped tensors reduced over ``dim`` (in [0, ndim)) where the dims after it
+    hold more than one element (I > 1) and, in every tensor, the dims before it merge into one (O) and the dims
+    after it into one (I); ``strides``: per tensor (outer, reduced, inner) strides, zeros for a None entry. None
+    otherwise (the row kernels' layout serves it)."""
+    shape = next(t for t in tensors if t is not None).shape
+    strides = []
+    for t in tensors:
+        if t is None:
+            strides.append((0, 0, 0))
+            continue
+        outer, inner = _merged(t, range(dim)), _merged(t, range(dim + 1, len(shape)))
+        if outer is None or inner is None:
+            return None
+        strides.append((outer[1], t.stride(dim) if shape[dim] > 1 else 0, inner[1]))
+        size_o, size_i = outer[0], inner[0]
+    if size_i == 1:
+        return None
+    return size_o, shape[dim], size_i, tuple(strides)
+
+
+def _config(O: int, N: int, I: int, device: torch.device) -> tuple:
+    """``(BLOCK_N, BLOCK_I, LOOP, num_warps)``: one pass where N fits a tile of at least ``MIN_INNER`` inner
+    positions, else tiles of 64 inner positions; narrower (down to ``MIN_INNER``) while there are fewer than two
+    programs per multiprocessor."""
+    block_i = min(next_power_of_2(I), 128)
+    full_n = next_power_of_2(N)
+    loop = full_n * min(block_i, MIN_INNER) > TILE
+    if loop:
+        block_i = min(block_i, 64)
+    else:
+        block_i = min(block_i, TILE // full_n)
+    while O * cdiv(I, block_i) < 2 * sm_count(device) and block_i > MIN_INNER:
+        block_i //= 2
+    block_n = TILE // block_i if loop else full_n
+    return block_n, block_i, loop, min(8, max(1, block_n * block_i // 1024))
+
+
+def inner_plan(kernel_args: tuple, layout: tuple, device: torch.device, backward: bool, **consts) -> Optional[LaunchPlan]:
+    """The one-launch plan of the forward (pointers x, mask, y; ``consts``: LOG, SCALED) or the backward (y, dy, dx;
+    LOG) over ``layout`` (:func:`inner_layout`), or None where the grid would not fit int32. ``kernel_args``: the
+    scalars after the strides (scale)."""
+    O, N, I, strides = layout
+    block_n, block_i, loop, warps = _config(O, N, I, device)
+    iblocks = cdiv(I, block_i)
+    if O * iblocks >= 2**31:
+        return None
+    kernel = _inner_bwd_kernel if backward else _inner_fwd_kernel
+    meta = meta_items(BLOCK_N=block_n, BLOCK_I=block_i, LOOP=loop, num_warps=warps, **consts,
+                      **launch_options(kernel))
+    fixed = (I, N, iblocks, *[s for per in strides for s in per], *kernel_args)
+    return LaunchPlan(False, None, ((Launch(kernel, (O * iblocks,), meta, fixed, device), (0, 1, 2)),))
