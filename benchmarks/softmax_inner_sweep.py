@@ -1,0 +1,58 @@
+"""Tile settings of triton-softmax's inner-dim kernels (``_inner``: softmax over a dim with dims after it).
+
+    python3 benchmarks/softmax_inner_sweep.py --out DIR [--budget S] [--cpu]
+
+For each (O, N, I) shape, softmax over dim 1 of a contiguous bf16 (O, N, I) tensor, forward: every
+(BLOCK_I, num_warps) setting (one pass where N fits: BLOCK_N = next_power_of_2(N); else two, BLOCK_N = TILE /
+BLOCK_I), timed with ``do_bench`` (L2 flushed), against the package's own choice (``_config``) and torch.softmax.
+Records: DIR/inner.jsonl.
+"""
+
+import argparse
+import importlib
+import sys
+
+from sweep_common import Sweep, load_packages, prepare
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--out", required=True)
+ap.add_argument("--budget", type=float, default=300)
+ap.add_argument("--cpu", action="store_true")
+args = ap.parse_args()
+OUT = prepare(args.out, args.cpu)
+RUN = Sweep(OUT / "inner.jsonl", args.budget, args.cpu, rep=40, widths=(8, 30, 18, 9, 6))
+
+import torch  # noqa: E402
+
+(SM,) = load_packages(["triton-softmax"], args.cpu)
+INNER = importlib.import_module(SM.__name__ + "._inner")
+SOFT = sys.modules[SM.__name__ + ".softmax"]
+CHOSEN = INNER._config
+SHAPES = [(2, 19, 8)] if args.cpu else [(16, 19, 262144), (8, 128, 65536), (32, 4, 1 << 20), (64, 32, 32768),
+                                         (4, 1024, 1024), (2, 32768, 1024)]
+
+
+def forced(block_i: int, warps: int):
+    def config(O, N, I, device):
+        full = INNER.next_power_of_2(N)
+        loop = full * block_i > INNER.TILE
+        return (INNER.TILE // block_i if loop else full), block_i, loop, warps
+    return config
+
+
+if RUN.dev == "cuda":
+    RUN.copy_ceiling()
+for O, N, I in SHAPES:
+    x = torch.randn(O, N, I, device=RUN.dev, dtype=torch.bfloat16)
+    nbytes, label = 2 * x.numel() * 2, f"{O}x{N}x{I}"
+    RUN.timeit("inner", "torch.softmax", lambda: torch.softmax(x, 1), nbytes, shape=label)
+    settings = [("package", CHOSEN)] + [(f"BLOCK_I {bi} w{w}", forced(bi, w)) for bi in (16, 32, 64, 128, 256)
+                                        for w in (2, 4, 8)]
+    for name, config in settings:
+        INNER._config = config
+        SOFT._FWD_PLANS.clear()
+        RUN.timeit("inner", name, lambda: SM.softmax(x, 1), nbytes, shape=label)
+    INNER._config = CHOSEN
+    SOFT._FWD_PLANS.clear()
+    del x
+RUN.log("done")
