@@ -28,7 +28,8 @@ from .softmax import _dz, _load_bwd, _load_scores
 
 TILE = 8192  # elements per [BLOCK_N, BLOCK_I] tile of the two-pass form
 ONE_PASS_TILE = 4096  # at most this many in the one-pass form
-PER_WARP = 2048  # elements a warp holds (64 a thread): fewer warps than 8 for smaller tiles
+PER_WARP = 2048  # elements a warp holds in the one-pass form (64 a thread): fewer warps than 8 for smaller tiles
+LOOP_PER_WARP = 1024  # the same in the two-pass form (8 warps on a TILE)
 MIN_INNER = 16  # inner positions per program where occupancy asks for narrower blocks (32-byte bf16 stores)
 
 
@@ -182,9 +183,11 @@ def _config(O: int, N: int, I: int, device: torch.device) -> tuple:
     """``(BLOCK_N, BLOCK_I, LOOP, num_warps)``: one pass where N fits a tile of ``TILE`` with ``MIN_INNER`` inner
     positions (up to ``ONE_PASS_TILE`` elements where N leaves room for more inner positions), else two passes over
     tiles of ``TILE`` with 64 inner positions; narrower (down to ``MIN_INNER``) while there are fewer than two
-    programs per multiprocessor; a warp per ``PER_WARP`` elements. H100, bf16 (O, N, I) forwards over N
-    (``benchmarks/softmax_inner_sweep.py``, session 50; copy 2986 GB/s): a warp per 1024 elements and tiles of up to
-    8192 gave 2576 GB/s at 8 x 128 x 65536 and 1030 at 16 x 19 x 262144; these settings 2701 and 2228."""
+    programs per multiprocessor; a warp per ``PER_WARP`` (two passes: ``LOOP_PER_WARP``) elements. H100, bf16
+    (O, N, I) forwards over N (``benchmarks/softmax_inner_sweep.py``, session 50; copy 2986 GB/s): a warp per 1024
+    elements and one-pass tiles of up to 8192 gave 2576 GB/s at 8 x 128 x 65536 and 1030 at 16 x 19 x 262144; these
+    settings 2701 and 2228. Two passes: 8 warps 882 and 1831 GB/s at 2 x 32768 x 1024 and over dim 0 of a
+    transposed 4096 x 32768, 4 warps 816 and 1574."""
     block_i = min(next_power_of_2(I), 128)
     full_n = next_power_of_2(N)
     loop = full_n * min(block_i, MIN_INNER) > TILE
@@ -195,7 +198,7 @@ def _config(O: int, N: int, I: int, device: torch.device) -> tuple:
     while O * cdiv(I, block_i) < 2 * sm_count(device) and block_i > MIN_INNER:
         block_i //= 2
     block_n = TILE // block_i if loop else full_n
-    return block_n, block_i, loop, min(8, max(1, block_n * block_i // PER_WARP))
+    return block_n, block_i, loop, min(8, max(1, block_n * block_i // (LOOP_PER_WARP if loop else PER_WARP)))
 
 
 def inner_plan(kernel_args: tuple, layout: tuple, device: torch.device, backward: bool, **consts) -> Optional[LaunchPlan]:
