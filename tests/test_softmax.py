@@ -607,6 +607,42 @@ def test_inner_dims_after_the_reduced_one(softmax, device, case, log):
     assert _inner_kernels(softmax) == ["_inner_bwd_kernel", "_inner_fwd_kernel"]
 
 
+@pytest.mark.parametrize("mask_shape", [(37, 53), (1, 37, 53), (4, 1, 1, 53)])
+def test_broadcast_mask_rows_run_innermost(softmax, device, mask_shape):
+    """A mask broadcast over outer dims (one (Sq, Sk) mask for every batch and head) has its rows' readers enumerated
+    one after another (``_common.broadcast_innermost``); every row's value is the same bits as with the mask
+    expanded into memory (nothing but the order of the rows changes), and matches fp64, forward and the mask's
+    gradient. The layout moves exactly the broadcast groups."""
+    common = sys.modules[softmax.__name__ + "._common"]
+    x = rand((4, 3, 37, 53), torch.float32, device, scale=3.0)
+    mask = rand(mask_shape, torch.float32, device)
+    mask.view(-1)[::7] = float("-inf")
+    full = mask.expand(x.shape).contiguous()
+    mod = sys.modules[softmax.__name__ + ".softmax"]
+    mod._FWD_PLANS.clear()
+    softmax.softmax(x, mask=mask)
+    ((run, _),) = next(iter(mod._FWD_PLANS.values())).launches
+    # (R1, R2) of the launch: the broadcast rows innermost (12 batch x head rows per query row for a (37, 53) mask)
+    assert run.fixed[:2] == {2: (1, 12), 3: (1, 12), 4: (1, 111)}[mask.dim()], run.fixed[:2]
+    for log in (False, True):
+        y = fn(softmax, log)(x, scale=0.5, mask=mask)
+        assert torch.equal(y, fn(softmax, log)(x, scale=0.5, mask=full))
+        assert_close_ref(y, sm_ref(x, log=log, scale=0.5, mask=mask))
+    mg = mask.clone().requires_grad_()
+    dy = rand(tuple(x.shape), torch.float32, device)
+    (g,) = torch.autograd.grad(softmax.softmax(x, mask=mg), mg, dy)
+    md = mask.double().requires_grad_()
+    (gr,) = torch.autograd.grad(sm_ref(x.double(), mask=md), md, dy.double())
+    assert_close_ref(g, gr, rel_atol=1e-5)
+    ms = mask.expand(x.shape)
+    layout = common.row_layout([x, ms, x], 3)
+    moved = common.broadcast_innermost(layout, 1)
+    assert moved.rows == layout.rows
+    zero = [g for g in range(3) if moved.sizes[g] > 1 and moved.strides[1][g] == 0]
+    assert zero and zero == list(range(3 - len(zero), 3)), (layout, moved)  # the broadcast groups last
+    assert common.broadcast_innermost(common.row_layout([x, full, x], 3), 1) == common.row_layout([x, full, x], 3)
+
+
 def test_inner_layout_merges_or_refuses(softmax, device):
     """``inner_layout``: (O, N, I, strides) where the dims before and after the reduced one merge in every tensor;
     None for an inner size of 1 (the row kernels) and for inner dims that do not merge (a strided slice of them),

@@ -120,6 +120,20 @@ def _row_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int, shape: torc
     return RowLayout(sizes, tuple(strides))  # immutable: row_layout hands the same object to every caller
 
 
+def broadcast_innermost(layout: RowLayout, i: int) -> RowLayout:
+    """``layout`` with the leading groups along which tensor ``i`` (a mask broadcast over them) has stride 0 and more
+    than one index moved innermost, enumerated fastest: the programs that read the same mask row then run one after
+    another, so that the mask comes from DRAM about once rather than once per index of those groups (a (4096, 4096)
+    mask over 16 x 4096 x 4096 scores was read 16 times). Every row maps to the same elements; only the order of the
+    rows changes (not for causal rows, whose query index is the row number modulo Sq)."""
+    moved = [g for g in range(MAX_LEAD) if layout.sizes[g] > 1 and layout.strides[i][g] == 0]
+    order = [g for g in range(MAX_LEAD) if g not in moved] + moved
+    if not moved or order == list(range(MAX_LEAD)):
+        return layout
+    return RowLayout(tuple(layout.sizes[g] for g in order),
+                     tuple((*(s[g] for g in order), s[3]) for s in layout.strides))
+
+
 def rows_aligned(layout: RowLayout, tensors: Sequence[Optional[torch.Tensor]]) -> bool:
     """Whether the compiler can see that every row of each tensor given (``None``: skipped; the order of
     ``row_layout``'s call) starts on 16 bytes: a 16-byte-aligned base, unit column stride and leading strides

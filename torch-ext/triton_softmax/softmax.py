@@ -47,8 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, meta_like, normalize_dim,
-                      row_layout, row_start, run_plan, store_rounded)
+from ._common import (LaunchPlan, broadcast_innermost, check_float_tensor, check_real, check_same_device, meta_like,
+                      normalize_dim, row_layout, row_start, run_plan, store_rounded)
 from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import Launch, PlanCache, meta_items
 from ._libm import exp_approx, nvidia_approx
@@ -661,6 +661,8 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
     if copy:  # the layout of the contiguous copies (no data needed: "meta" tensors of their strides)
         xs, ms = _as_1d(meta_like(x)), ms if ms is None else _as_1d(meta_like(ms))
         layout = row_layout([xs, ms, ys], dim)
+    if mask is not None and not causal:  # a mask broadcast over outer dims: its row's readers one after another
+        layout = broadcast_innermost(layout, 1)
     N = xs.shape[dim]
     big = x if mask is None or x.element_size() >= mask.element_size() else mask
     sq = xs.shape[-2] if causal else 1
