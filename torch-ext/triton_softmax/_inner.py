@@ -34,6 +34,14 @@ MIN_INNER = 16  # inner positions per program where occupancy asks for narrower 
 
 
 @triton.jit
+def _tile_start(I, IBLOCKS, BLOCK_I: tl.constexpr):
+    """This program's outer index (int64), its inner positions ([1, BLOCK_I], int64) and their mask < I."""
+    pid = tl.program_id(0)
+    i = ((pid % IBLOCKS) * BLOCK_I + tl.arange(0, BLOCK_I)).to(tl.int64)[None, :]
+    return (pid // IBLOCKS).to(tl.int64), i, i < I
+
+
+@triton.jit
 def _inner_fwd_kernel(
     x_ptr,  # input, (O, N, I) strides below
     m_ptr,  # additive mask expanded to x's shape (stride 0 where broadcast), or None
@@ -52,10 +60,7 @@ def _inner_fwd_kernel(
     LOOP: tl.constexpr,  # N spans several tiles: two passes
 ):
     # DRAM bytes: read N*I*x (+ mask), write N*I*y; looped: x is read twice.
-    pid = tl.program_id(0)
-    o = (pid // IBLOCKS).to(tl.int64)
-    i = ((pid % IBLOCKS) * BLOCK_I + tl.arange(0, BLOCK_I)).to(tl.int64)[None, :]
-    i_ok = i < I
+    o, i, i_ok = _tile_start(I, IBLOCKS, BLOCK_I)
     x_col, m_col, y_col = o * sxo + i * sxi, o * smo + i * smi, o * syo + i * syi
     n = tl.arange(0, BLOCK_N)[:, None]
     if not LOOP:
@@ -110,10 +115,7 @@ def _inner_bwd_kernel(
     LOOP: tl.constexpr,
 ):
     # DRAM bytes: read N*I*(y + dy), write N*I*dx; looped: y and dy are read twice.
-    pid = tl.program_id(0)
-    o = (pid // IBLOCKS).to(tl.int64)
-    i = ((pid % IBLOCKS) * BLOCK_I + tl.arange(0, BLOCK_I)).to(tl.int64)[None, :]
-    i_ok = i < I
+    o, i, i_ok = _tile_start(I, IBLOCKS, BLOCK_I)
     y_col, dy_col, dx_col = o * syo + i * syi, o * sdyo + i * sdyi, o * sdxo + i * sdxi
     n = tl.arange(0, BLOCK_N)[:, None]
     if not LOOP:
