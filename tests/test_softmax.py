@@ -569,14 +569,17 @@ def _inner_kernels(softmax) -> list:
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-@pytest.mark.parametrize("case", ["nchw-dim1", "prime-channels", "transposed-dim0", "looped", "permuted", "masked"])
+@pytest.mark.parametrize("case", ["nchw-dim1", "prime-channels", "transposed-dim0", "looped", "permuted", "masked",
+                                  "masked-size-one-dim"])
 def test_inner_dims_after_the_reduced_one(softmax, device, case, log):
     """A reduced dim with dims after it (the contiguous output's reduced stride is then the inner size) runs in
     (outer, reduced, inner) tiles (``_inner``): a program per row wrote each element to a sector of its own, 2-8% of
     the H100's copy bandwidth. Forward and backward against fp64 for each layout: (B, C, H, W) over C, a prime channel
     count, a transposed view over dim 0 (x's reduced dim unit-stride, y's not), a reduced dim of 20011 (two passes
-    over tiles), a permuted view (x's inner stride not 1), a scaled mask broadcast over batch and space; the plans
-    cached are the tile kernels'. Poisoned upstream gradients are not needed: dx is a new tensor."""
+    over tiles), a permuted view (x's inner stride not 1), a scaled mask broadcast over batch and space, the same
+    with a size-1 inner dim (where the expanded mask's stride does not continue its inner stride: size-1 dims are
+    skipped when merging); the plans cached are the tile kernels'. Poisoned upstream gradients are not needed: dx is
+    a new tensor."""
     mod = sys.modules[softmax.__name__ + ".softmax"]
     mod._FWD_PLANS.clear()
     mod._BWD_PLANS.clear()
@@ -591,8 +594,12 @@ def test_inner_dims_after_the_reduced_one(softmax, device, case, log):
         x, dim = rand((2, 20011, 3), torch.float32, device), 1
     elif case == "permuted":
         x, dim = rand((2, 5, 7, 6), torch.float32, device).permute(0, 3, 1, 2), 1  # (2, 6, 5, 7), inner stride 6
-    else:
+    elif case == "masked":
         x, dim = rand((2, 6, 5, 7), torch.float32, device), 1
+        kw = dict(scale=0.5, mask=rand((6, 1, 1), torch.float32, device))
+        kw["mask"][2] = float("-inf")
+    else:  # a size-1 inner dim: the expanded mask's stride there (1) is not its inner stride (0) times 7
+        x, dim = rand((2, 6, 1, 7), torch.float32, device), 1
         kw = dict(scale=0.5, mask=rand((6, 1, 1), torch.float32, device))
         kw["mask"][2] = float("-inf")
     x = x.requires_grad_()
@@ -660,6 +667,98 @@ def test_inner_layout_merges_or_refuses(softmax, device):
     xs = rand((2, 3, 8, 5), torch.float32, device)[:, :, ::2]  # (2, 3, 4, 5): H stride 10, W stride 1: not 1 * 5
     assert inner.inner_layout([xs, None, x], 1) is None
     assert_close_ref(softmax.softmax(xs, 1), sm_ref(xs, 1))
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_inner_looped_tiles_with_scale_and_mask(softmax, device, log):
+    """The two-pass form of ``_inner`` (a reduced dim of 601 with 17 inner positions: over 512 x 16) with a scale and
+    a mask broadcast over the batch and the inner dim (its reduced stride 1, x's 17): the second pass reads the
+    mask through its own stride and scales x, and the looped backward's dx carries the scale (the mask does not
+    require grad, so the kernel applies it). Forward and backward against fp64; the plans are the tile kernels'."""
+    mod = sys.modules[softmax.__name__ + ".softmax"]
+    mod._FWD_PLANS.clear()
+    mod._BWD_PLANS.clear()
+    x = rand((2, 601, 17), torch.float32, device, scale=3.0).requires_grad_()
+    mask = rand((601, 1), torch.float32, device)
+    mask[::7] = float("-inf")
+    dy = rand((2, 601, 17), torch.float32, device)
+    y = fn(softmax, log)(x, 1, scale=0.5, mask=mask)
+    assert_close_ref(y, sm_ref(x.detach(), 1, scale=0.5, mask=mask, log=log))
+    (gx,) = torch.autograd.grad(y, x, dy)
+    xr = x.detach().double().requires_grad_()
+    (gr,) = torch.autograd.grad(sm_ref(xr, 1, scale=0.5, mask=mask, log=log), xr, dy.double())
+    assert_close_ref(gx, gr, rel_atol=1e-5)
+    assert _inner_kernels(softmax) == ["_inner_bwd_kernel", "_inner_fwd_kernel"]
+    assert all(dict(run.meta)["LOOP"] for cache in (mod._FWD_PLANS, mod._BWD_PLANS) for plan in cache.values()
+               for run, _ in plan.launches)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape", [(2, 6, 5, 7), (2, 601, 17)], ids=["one-pass", "looped"])
+def test_backward_op_inner_tiles_with_strided_y_and_dy(softmax, device, shape, log):
+    """The backward op called directly (opcheck, custom code) over dim 1 with y, dy and dx of three different
+    layouts that all merge into (O, N, I): y a permuted view (reduced stride 1), dy a slice (inner stride 2), dx
+    contiguous; each tensor is read or written through its own strides. One-pass and two-pass tiles, against the
+    fp64 backward formula on the same y."""
+    mod = sys.modules[softmax.__name__ + ".softmax"]
+    mod._FWD_PLANS.clear()
+    mod._BWD_PLANS.clear()
+    B, N, *inner = shape
+    perm = (0, len(shape) - 1, *range(1, len(shape) - 1))
+    z = rand((B, *inner, N), torch.float32, device, scale=2.0)
+    y = (torch.log_softmax(z, -1) if log else torch.softmax(z, -1)).permute(perm)
+    assert y.shape == shape and y.stride(1) == 1
+    dy = rand((*shape[:-1], 2 * shape[-1]), torch.float32, device)[..., ::2]
+    dx = _op(softmax, "softmax_bwd")(dy, y, 1, 0.5, False, log, torch.float32)
+    assert dx.is_contiguous()
+    assert_close_ref(dx, bwd_ref(y, dy, 1, scale=0.5, log=log), rel_atol=1e-5)
+    assert _inner_kernels(softmax) == ["_inner_bwd_kernel"]
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_causal_with_a_mask_broadcast_over_batch_and_heads(softmax, device, log):
+    """causal=True with a (Sq, Sk) mask over (B, H, Sq, Sk) scores: the causal query index is the row number modulo
+    Sq, so the rows keep their order (``broadcast_innermost`` is not applied: it would enumerate batch and head
+    innermost). Forward and the gradients of x and the mask against fp64."""
+    B, H, Sq, Sk = 2, 3, 7, 11
+    x = rand((B, H, Sq, Sk), torch.float32, device, scale=2.0).requires_grad_()
+    mask = rand((Sq, Sk), torch.float32, device)
+    mask[:, 1::3] = float("-inf")  # column 0 stays: no fully masked row
+    mask.requires_grad_()
+    dy = rand((B, H, Sq, Sk), torch.float32, device)
+    y = fn(softmax, log)(x, scale=0.5, mask=mask, causal=True)
+    assert_close_ref(y, sm_ref(x.detach(), scale=0.5, mask=mask.detach(), causal=True, log=log))
+    gx, gm = torch.autograd.grad(y, (x, mask), dy)
+    xr, mr = x.detach().double().requires_grad_(), mask.detach().double().requires_grad_()
+    rx, rm = torch.autograd.grad(sm_ref(xr, scale=0.5, mask=mr, causal=True, log=log), (xr, mr), dy.double())
+    assert_close_ref(gx, rx, rel_atol=1e-5)
+    assert_close_ref(gm, rm, rel_atol=1e-5)
+
+
+def test_inner_config_rules(softmax):
+    """``_inner._config``'s documented rules for any (O, N, I): one pass where N fits a tile of ``TILE`` with
+    ``MIN_INNER`` inner positions (N <= 512 whatever I), its BLOCK_N covering N; two passes over tiles of exactly
+    ``TILE``; never narrower than ``MIN_INNER`` inner positions (or I's power of 2 where smaller), never wider than
+    I's power of 2 or 128; one to eight warps. Only the tiles' shapes: values are checked by the tests above."""
+    import importlib
+
+    inner = importlib.import_module(softmax.__name__ + "._inner")
+    p2 = lambda v: 1 << (v - 1).bit_length()  # noqa: E731
+    for O in (1, 3, 64):
+        for N in (1, 3, 19, 300, 512, 513, 601, 4099, 20011):
+            for I in (2, 3, 17, 128, 1000):
+                block_n, block_i, loop, warps = inner._config(O, N, I, torch.device("cpu"))
+                case = (O, N, I, block_n, block_i, loop, warps)
+                assert p2(block_n) == block_n and p2(block_i) == block_i, case
+                assert min(p2(I), inner.MIN_INNER) <= block_i <= min(p2(I), 128), case
+                assert 1 <= warps <= 8, case
+                assert loop == (p2(N) * min(p2(I), inner.MIN_INNER) > inner.TILE), case
+                if N <= inner.TILE // inner.MIN_INNER:
+                    assert not loop, case
+                if loop:
+                    assert block_n * block_i == inner.TILE, case
+                else:
+                    assert block_n >= N and block_n * block_i <= inner.TILE, case
 
 
 def test_strided_and_non_contiguous_inputs(softmax, device):
