@@ -957,6 +957,19 @@ def test_backward_op_with_unmergeable_strided_y(softmax, device):
     assert_close_ref(dx, bwd_ref(y, dy, scale=0.5), rel_atol=1e-6)
 
 
+def test_registered_ops_keep_causal_off_the_inner_tiles(softmax, device):
+    """The public functions refuse causal with a dim other than the last; the registered ops, called directly, take
+    it (the row kernels' causal mask, query index = row number modulo the second-to-last size). The inner tiles have
+    no causal mask, so such a call stays on the row kernels, forward and backward."""
+    mod = sys.modules[softmax.__name__ + ".softmax"]
+    mod._FWD_PLANS.clear()
+    mod._BWD_PLANS.clear()
+    x = rand((5, 7), torch.float32, device)
+    y = _op(softmax, "softmax_fwd")(x, None, 0, 1.0, True, False, False)
+    _op(softmax, "softmax_bwd")(rand((5, 7), torch.float32, device), y, 0, 1.0, True, False, torch.float32)
+    assert not any(k.startswith("_inner") for k in _inner_kernels(softmax)), _inner_kernels(softmax)
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_case5_compile_fullgraph(softmax, device, backend):
     def f(x, mask):

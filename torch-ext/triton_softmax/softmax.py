@@ -653,8 +653,10 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
     check_launch_device(x, _softmax_fwd_kernel)
     xs, ys = _as_1d(x), _as_1d(y)
     ms = _as_1d(mask.expand(x.shape)) if mask is not None else None
-    inner = _inner_plan([xs, ms, ys], dim, (float(scale),), x.device, False, LOG=log, SCALED=scale != 1.0)
-    if inner is not None:  # dims after the reduced one (y's reduced stride is not 1): tiles along them (_inner)
+    # dims after the reduced one (y's reduced stride is not 1): tiles along them (_inner), which have no causal mask
+    inner = None if causal else _inner_plan([xs, ms, ys], dim, (float(scale),), x.device, False, LOG=log,
+                                            SCALED=scale != 1.0)
+    if inner is not None:
         return inner
     layout = row_layout([xs, ms, ys], dim)
     copy = layout is None
@@ -747,7 +749,7 @@ def _bwd_plan(dy: Tensor, y: Tensor, dx: Tensor, dim: int, scale: float, causal:
     workspace."""
     check_launch_device(y, _softmax_bwd_kernel)
     ys, dys, dxs = _as_1d(y), _as_1d(dy), _as_1d(dx)
-    inner = _inner_plan([ys, dys, dxs], dim, (float(scale),), y.device, True, LOG=log)
+    inner = None if causal else _inner_plan([ys, dys, dxs], dim, (float(scale),), y.device, True, LOG=log)
     if inner is not None:  # dims after the reduced one: tiles along them (_inner)
         return inner
     layout = row_layout([ys, dys, dxs], dim)
