@@ -130,11 +130,13 @@ def _teams_on_cpu(pkg, package):
     that no program waits on one not yet run; a GPU runs it as one, PHASE 0)."""
     team = importlib.import_module(pkg.__name__ + "._team")
     cpu_sms, team.CPU_SMS = team.CPU_SMS, 132
+    team.sm_count.cache_clear()  # cached per device: an earlier call has kept CPU_SMS
     try:
         with _team_switch(pkg, package):
             yield
     finally:
         team.CPU_SMS = cpu_sms
+        team.sm_count.cache_clear()
 
 
 @contextlib.contextmanager
