@@ -128,7 +128,7 @@ def broadcast_innermost(layout: RowLayout, i: int) -> RowLayout:
     rows changes (not for causal rows, whose query index is the row number modulo Sq)."""
     moved = [g for g in range(MAX_LEAD) if layout.sizes[g] > 1 and layout.strides[i][g] == 0]
     order = [g for g in range(MAX_LEAD) if g not in moved] + moved
-    if not moved or order == list(range(MAX_LEAD)):
+    if order == list(range(MAX_LEAD)):  # nothing moved, or the moved groups are innermost already
         return layout
     return RowLayout(tuple(layout.sizes[g] for g in order),
                      tuple((*(s[g] for g in order), s[3]) for s in layout.strides))

@@ -14,6 +14,7 @@ same way. Same math as the row kernels (fp32, max first, one rounding at the sto
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -166,6 +167,9 @@ def inner_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int) -> Optiona
     after it into one (I); ``strides``: per tensor (outer, reduced, inner) strides, zeros for a None entry. None
     otherwise (the row kernels' layout serves it)."""
     shape = next(t for t in tensors if t is not None).shape
+    size_i = math.prod(shape[dim + 1:])
+    if size_i == 1:
+        return None
     strides = []
     for t in tensors:
         if t is None:
@@ -175,10 +179,7 @@ def inner_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int) -> Optiona
         if outer is None or inner is None:
             return None
         strides.append((outer[1], t.stride(dim) if shape[dim] > 1 else 0, inner[1]))
-        size_o, size_i = outer[0], inner[0]
-    if size_i == 1:
-        return None
-    return size_o, shape[dim], size_i, tuple(strides)
+    return math.prod(shape[:dim]), shape[dim], size_i, tuple(strides)
 
 
 def _config(O: int, N: int, I: int, device: torch.device) -> tuple:

@@ -63,7 +63,7 @@ import triton
 import triton.language as tl
 
 from ._cross_entropy_torch_order import cross_entropy_torch_order
-from .softmax import _chunk_max_exp, _chunk_start, _team_load, _team_max_sumexp, _team_phases
+from .softmax import _chunk_max_exp, _chunk_start, _max_sumexp_of, _team_load, _team_phases
 from ._team import team_gather, team_gather_pair, team_publish, team_publish_pair, team_start
 from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, meta_like, row_layout,
                       row_start, rows_aligned, run_plan, store_rounded)
@@ -305,7 +305,8 @@ def _cross_entropy_team_fwd_kernel(
             t = tl.load(t_ptr + row_start(row, R1, R2, st0, st1, st2)).to(tl.int64)
             valid = t != ignore_index
             in_range = (t >= 0) & (t < V)
-            mx, s = _team_max_sumexp(slots, k, TEAM)
+            m_k, s_k = team_gather_pair(slots, k, TEAM, float("-inf"), 0.0)  # each member's (max, sum of exp)
+            mx, s = _max_sumexp_of(m_k, s_k)
             log_s = tl.log(s)
             lse = mx + log_s  # fixed order: equal in every member
             if member == 0:
@@ -313,7 +314,6 @@ def _cross_entropy_team_fwd_kernel(
                               other=0.0).to(tl.float32)
                 sum_dev = 0.0
                 if SMOOTH:  # each member's sum of x - its own max, rebased on the row's max (terms <= 0)
-                    m_k, sumexp_k = team_gather_pair(slots, k, TEAM, float("-inf"), 0.0)  # (sums unused)
                     n_k = tl.minimum(tl.maximum(V - k * BLOCK_N, 0), BLOCK_N).to(tl.float32)
                     dev_k = team_gather(slots + TEAM, k, TEAM, 0.0) + n_k * (_shift(m_k) - _shift(mx))
                     sum_dev = tl.sum(tl.where(k < TEAM, dev_k, 0.0), axis=0)

@@ -452,6 +452,12 @@ def _team_max_sumexp(slots, k, TEAM):
     """(max, sum of exp(z - max)) of a whole row from its ``TEAM`` members' published pairs (max, sum of exp) in
     ``slots[k]`` (``_team.team_publish_pair``), combined in member order: the same bits in every member and run."""
     mi, si = team_gather_pair(slots, k, TEAM, float("-inf"), 0.0)
+    return _max_sumexp_of(mi, si)
+
+
+@triton.jit
+def _max_sumexp_of(mi, si):
+    """(max, sum of exp(z - max)) of a row from its members' gathered maxima ``mi`` and sums ``si``."""
     mx = tl.max(mi, axis=0)
     return mx, tl.sum(si * tl.exp(mi - tl.where(mx == float("-inf"), 0.0, mx)), axis=0)
 

@@ -184,7 +184,6 @@ def _quiet_kernels_root_log():
         root.removeFilter(flt)
 
 
-
 def _check_mode(mode: Mode) -> None:
     if not isinstance(mode, Mode):
         raise TypeError(f"kernelize: mode must be a kernels.Mode, got {mode!r}")
