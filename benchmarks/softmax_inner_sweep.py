@@ -1,6 +1,6 @@
 """Tile settings of triton-softmax's inner-dim kernels (``_inner``: softmax over a dim with dims after it).
 
-    python3 benchmarks/softmax_inner_sweep.py --out DIR [--budget S] [--cpu]
+    python3 benchmarks/softmax_inner_sweep.py --out DIR [--budget S] [--shapes OxNxI,...] [--cpu]
 
 For each (O, N, I) shape, softmax over dim 1 of a contiguous bf16 (O, N, I) tensor, forward: every
 (BLOCK_I, num_warps) setting (one pass where N fits: BLOCK_N = next_power_of_2(N); else two, BLOCK_N = TILE /
@@ -17,6 +17,7 @@ from sweep_common import Sweep, load_packages, prepare
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
 ap.add_argument("--budget", type=float, default=300)
+ap.add_argument("--shapes", help="comma list of OxNxI (default: six shapes, see SHAPES)")
 ap.add_argument("--cpu", action="store_true")
 args = ap.parse_args()
 OUT = prepare(args.out, args.cpu)
@@ -30,6 +31,8 @@ SOFT = sys.modules[SM.__name__ + ".softmax"]
 CHOSEN = INNER._config
 SHAPES = [(2, 19, 8)] if args.cpu else [(16, 19, 262144), (8, 128, 65536), (32, 4, 1 << 20), (64, 32, 32768),
                                          (4, 1024, 1024), (2, 32768, 1024)]
+if args.shapes:
+    SHAPES = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
 
 
 def forced(block_i: int, warps: int):
@@ -47,7 +50,7 @@ for O, N, I in SHAPES:
     nbytes, label = 2 * x.numel() * 2, f"{O}x{N}x{I}"
     RUN.timeit("inner", "torch.softmax", lambda: torch.softmax(x, 1), nbytes, shape=label)
     settings = [("package", CHOSEN)] + [(f"BLOCK_I {bi} w{w}", forced(bi, w)) for bi in (16, 32, 64, 128, 256)
-                                        for w in (2, 4, 8)]
+                                        for w in (1, 2, 4, 8)]
     for name, config in settings:
         INNER._config = config
         SOFT._FWD_PLANS.clear()
