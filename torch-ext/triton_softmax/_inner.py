@@ -29,8 +29,9 @@ from .softmax import _dz, _load_bwd, _load_scores
 
 TILE = 8192  # elements per [BLOCK_N, BLOCK_I] tile of the two-pass form
 ONE_PASS_TILE = 4096  # at most this many in the one-pass form
-PER_WARP = 2048  # elements a warp holds in the one-pass form (64 a thread): fewer warps than 8 for smaller tiles
-LOOP_PER_WARP = 1024  # the same in the two-pass form (8 warps on a TILE)
+SHORT_TILE = 2048  # ... where N needs at most SHORT_N rows (a short class dim: 19 or 21 classes padded to 32)
+SHORT_N = 32
+PER_WARP = 1024  # elements a warp holds (32 a thread): fewer warps than 8 for smaller tiles
 MIN_INNER = 16  # inner positions per program where occupancy asks for narrower blocks (32-byte bf16 stores)
 
 
@@ -184,24 +185,28 @@ def inner_layout(tensors: Sequence[Optional[torch.Tensor]], dim: int) -> Optiona
 
 def _config(O: int, N: int, I: int, device: torch.device) -> tuple:
     """``(BLOCK_N, BLOCK_I, LOOP, num_warps)``: one pass where N fits a tile of ``TILE`` with ``MIN_INNER`` inner
-    positions (up to ``ONE_PASS_TILE`` elements where N leaves room for more inner positions), else two passes over
-    tiles of ``TILE`` with 64 inner positions; narrower (down to ``MIN_INNER``) while there are fewer than two
-    programs per multiprocessor; a warp per ``PER_WARP`` (two passes: ``LOOP_PER_WARP``) elements. H100, bf16
-    (O, N, I) forwards over N (``benchmarks/softmax_inner_sweep.py``, session 50; copy 2986 GB/s): a warp per 1024
-    elements and one-pass tiles of up to 8192 gave 2576 GB/s at 8 x 128 x 65536 and 1030 at 16 x 19 x 262144; these
-    settings 2701 and 2228. Two passes: 8 warps 882 and 1831 GB/s at 2 x 32768 x 1024 and over dim 0 of a
-    transposed 4096 x 32768, 4 warps 816 and 1574."""
+    positions (up to ``ONE_PASS_TILE`` elements where N leaves room for more inner positions, ``SHORT_TILE`` where
+    N needs at most ``SHORT_N`` rows), else two passes over tiles of ``TILE`` with 64 inner positions; narrower
+    (down to ``MIN_INNER``) while there are fewer than two programs per multiprocessor; a warp per ``PER_WARP``
+    elements. H100, bf16 (O, N, I) forwards over N (``benchmarks/softmax_inner_sweep.py``; copy ~2990 GB/s):
+    - session 50: a warp per 1024 elements and one-pass tiles of up to 8192 gave 2576 GB/s at 8 x 128 x 65536 and
+      1030 at 16 x 19 x 262144 (tiles of 4096 and a warp per 2048: 2701 and 2228). Two passes: 8 warps 882 and
+      1831 GB/s at 2 x 32768 x 1024 and over dim 0 of a transposed 4096 x 32768, 4 warps 816 and 1574.
+    - session 51 (class dims of segmentation heads): 19 or 21 classes took 2550 / 2347 / 2509 / 1853 GB/s in
+      [32, 64] tiles of 2 warps at 16 x 19 x 262144, 16 x 21 x 65536, 4 x 19 x 1048576, 2 x 19 x 262144, against
+      2213 / 2039 / 2172 / 1613 in [32, 128] tiles of 2 warps (4 warps: 1040-1674); 150 classes 1913 in [256, 16]
+      of 4 warps, 1766 of 2. At 64 x 32 x 32768, [32, 64] 2806, [32, 128] 2837."""
     block_i = min(next_power_of_2(I), 128)
     full_n = next_power_of_2(N)
     loop = full_n * min(block_i, MIN_INNER) > TILE
     if loop:
         block_i = min(block_i, 64)
     else:
-        block_i = min(block_i, max(ONE_PASS_TILE // full_n, MIN_INNER))
+        block_i = min(block_i, max((SHORT_TILE if full_n <= SHORT_N else ONE_PASS_TILE) // full_n, MIN_INNER))
     while O * cdiv(I, block_i) < 2 * sm_count(device) and block_i > MIN_INNER:
         block_i //= 2
     block_n = TILE // block_i if loop else full_n
-    return block_n, block_i, loop, min(8, max(1, block_n * block_i // (LOOP_PER_WARP if loop else PER_WARP)))
+    return block_n, block_i, loop, min(8, max(1, block_n * block_i // PER_WARP))
 
 
 def inner_plan(kernel_args: tuple, layout: tuple, device: torch.device, backward: bool, **consts) -> Optional[LaunchPlan]:
