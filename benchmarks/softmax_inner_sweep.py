@@ -1,10 +1,11 @@
 """Tile settings of triton-softmax's inner-dim kernels (``_inner``: softmax over a dim with dims after it).
 
-    python3 benchmarks/softmax_inner_sweep.py --out DIR [--budget S] [--shapes OxNxI,...] [--cpu]
+    python3 benchmarks/softmax_inner_sweep.py --out DIR [--budget S] [--shapes OxNxI,...] [--bwd] [--cpu]
 
 For each (O, N, I) shape, softmax over dim 1 of a contiguous bf16 (O, N, I) tensor, forward: every
 (BLOCK_I, num_warps) setting (one pass where N fits: BLOCK_N = next_power_of_2(N); else two, BLOCK_N = TILE /
-BLOCK_I), timed with ``do_bench`` (L2 flushed), against the package's own choice (``_config``) and torch.softmax.
+BLOCK_I), timed with ``do_bench`` (L2 flushed), against the package's own choice (``_config``) and torch.softmax; ``--bwd``: forward and backward
+(``torch.autograd.grad``; x read, y written, y and dy read, dx written).
 Records: DIR/inner.jsonl.
 """
 
@@ -18,6 +19,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
 ap.add_argument("--budget", type=float, default=300)
 ap.add_argument("--shapes", help="comma list of OxNxI (default: six shapes, see SHAPES)")
+ap.add_argument("--bwd", action="store_true", help="time forward + backward")
 ap.add_argument("--cpu", action="store_true")
 args = ap.parse_args()
 OUT = prepare(args.out, args.cpu)
@@ -46,16 +48,23 @@ def forced(block_i: int, warps: int):
 if RUN.dev == "cuda":
     RUN.copy_ceiling()
 for O, N, I in SHAPES:
-    x = torch.randn(O, N, I, device=RUN.dev, dtype=torch.bfloat16)
-    nbytes, label = 2 * x.numel() * 2, f"{O}x{N}x{I}"
-    RUN.timeit("inner", "torch.softmax", lambda: torch.softmax(x, 1), nbytes, shape=label)
+    x = torch.randn(O, N, I, device=RUN.dev, dtype=torch.bfloat16, requires_grad=args.bwd)
+    dy = torch.randn_like(x) if args.bwd else None
+    nbytes, label = (5 if args.bwd else 2) * x.numel() * 2, f"{O}x{N}x{I}"
+
+    def call(fn):
+        return (lambda: torch.autograd.grad(fn(x, 1), x, dy)) if args.bwd else (lambda: fn(x, 1))
+
+    RUN.timeit("inner", "torch.softmax", call(torch.softmax), nbytes, shape=label)
     settings = [("package", CHOSEN)] + [(f"BLOCK_I {bi} w{w}", forced(bi, w)) for bi in (16, 32, 64, 128, 256)
                                         for w in (1, 2, 4, 8)]
     for name, config in settings:
         INNER._config = config
         SOFT._FWD_PLANS.clear()
-        RUN.timeit("inner", name, lambda: SM.softmax(x, 1), nbytes, shape=label)
+        SOFT._BWD_PLANS.clear()
+        RUN.timeit("inner", name, call(SM.softmax), nbytes, shape=label)
     INNER._config = CHOSEN
     SOFT._FWD_PLANS.clear()
-    del x
+    SOFT._BWD_PLANS.clear()
+    del x, dy
 RUN.log("done")

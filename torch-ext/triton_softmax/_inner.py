@@ -29,9 +29,11 @@ from .softmax import _dz, _load_bwd, _load_scores
 
 TILE = 8192  # elements per [BLOCK_N, BLOCK_I] tile of the two-pass form
 ONE_PASS_TILE = 4096  # at most this many in the one-pass form
-SHORT_TILE = 2048  # ... where N needs at most SHORT_N rows (a short class dim: 19 or 21 classes padded to 32)
-SHORT_N = 32
-PER_WARP = 1024  # elements a warp holds (32 a thread): fewer warps than 8 for smaller tiles
+SHORT_TILE = 2048  # ... where N needs at most SHORT_N rows (class dims of segmentation heads: 12, 19, 21, 50)
+SHORT_N = 64
+PER_WARP = 2048  # elements a warp holds in the one-pass form (64 a thread): fewer warps than 8 for smaller tiles
+TALL_PER_WARP = 1024  # the same where N needs more than TALL_N rows, and in the two-pass form (8 warps on a TILE)
+TALL_N = 128
 MIN_INNER = 16  # inner positions per program where occupancy asks for narrower blocks (32-byte bf16 stores)
 
 
@@ -188,14 +190,15 @@ def _config(O: int, N: int, I: int, device: torch.device) -> tuple:
     positions (up to ``ONE_PASS_TILE`` elements where N leaves room for more inner positions, ``SHORT_TILE`` where
     N needs at most ``SHORT_N`` rows), else two passes over tiles of ``TILE`` with 64 inner positions; narrower
     (down to ``MIN_INNER``) while there are fewer than two programs per multiprocessor; a warp per ``PER_WARP``
-    elements. H100, bf16 (O, N, I) forwards over N (``benchmarks/softmax_inner_sweep.py``; copy ~2990 GB/s):
+    elements (``TALL_PER_WARP`` where N needs more than ``TALL_N`` rows, and in two passes). H100, bf16
+    (O, N, I) forwards over N (``benchmarks/softmax_inner_sweep.py``; copy ~2990 GB/s):
     - session 50: a warp per 1024 elements and one-pass tiles of up to 8192 gave 2576 GB/s at 8 x 128 x 65536 and
       1030 at 16 x 19 x 262144 (tiles of 4096 and a warp per 2048: 2701 and 2228). Two passes: 8 warps 882 and
       1831 GB/s at 2 x 32768 x 1024 and over dim 0 of a transposed 4096 x 32768, 4 warps 816 and 1574.
-    - session 51 (class dims of segmentation heads): 19 or 21 classes took 2550 / 2347 / 2509 / 1853 GB/s in
-      [32, 64] tiles of 2 warps at 16 x 19 x 262144, 16 x 21 x 65536, 4 x 19 x 1048576, 2 x 19 x 262144, against
-      2213 / 2039 / 2172 / 1613 in [32, 128] tiles of 2 warps (4 warps: 1040-1674); 150 classes 1913 in [256, 16]
-      of 4 warps, 1766 of 2. At 64 x 32 x 32768, [32, 64] 2806, [32, 128] 2837."""
+    - session 51, class dims (session 50's rule -> this one): 16 x 19 x 262144 2213 -> 2569, 16 x 21 x 65536
+      2008 -> 2294 ([32, 128] of 2 warps -> [32, 64] of 1), 16 x 50 x 65536 2510 -> 2672 ([64, 64] of 2 ->
+      [64, 32] of 1), 8 x 150 x 16384 1766 -> 1889 ([256, 16] of 2 -> 4 warps), 8 x 400 x 16384 2176 -> 2222
+      (4 -> 8 warps); 64 x 32 x 32768 2839 -> 2802 (-1.3%); 4, 8, 12 and 128 rows unchanged (2564-2893)."""
     block_i = min(next_power_of_2(I), 128)
     full_n = next_power_of_2(N)
     loop = full_n * min(block_i, MIN_INNER) > TILE
@@ -206,7 +209,8 @@ def _config(O: int, N: int, I: int, device: torch.device) -> tuple:
     while O * cdiv(I, block_i) < 2 * sm_count(device) and block_i > MIN_INNER:
         block_i //= 2
     block_n = TILE // block_i if loop else full_n
-    return block_n, block_i, loop, min(8, max(1, block_n * block_i // PER_WARP))
+    per_warp = TALL_PER_WARP if loop or full_n > TALL_N else PER_WARP
+    return block_n, block_i, loop, min(8, max(1, block_n * block_i // per_warp))
 
 
 def inner_plan(kernel_args: tuple, layout: tuple, device: torch.device, backward: bool, **consts) -> Optional[LaunchPlan]:
