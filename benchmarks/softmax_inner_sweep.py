@@ -5,7 +5,8 @@
 For each (O, N, I) shape, softmax over dim 1 of a contiguous bf16 (O, N, I) tensor, forward: every
 (BLOCK_I, num_warps) setting (one pass where N fits: BLOCK_N = next_power_of_2(N); else two, BLOCK_N = TILE /
 BLOCK_I), timed with ``do_bench`` (L2 flushed), against the package's own choice (``_config``) and torch.softmax; ``--bwd``: forward and backward
-(``torch.autograd.grad``; x read, y written, y and dy read, dx written).
+(``torch.autograd.grad``; x read, y written, y and dy read, dx written) from CUDA-graph replays (from Python the
+autograd's host time blurred the kernels' differences: session 51).
 Records: DIR/inner.jsonl.
 """
 
@@ -55,14 +56,15 @@ for O, N, I in SHAPES:
     def call(fn):
         return (lambda: torch.autograd.grad(fn(x, 1), x, dy)) if args.bwd else (lambda: fn(x, 1))
 
-    RUN.timeit("inner", "torch.softmax", call(torch.softmax), nbytes, shape=label)
+    graph = args.bwd and not args.cpu
+    RUN.timeit("inner", "torch.softmax", call(torch.softmax), nbytes, graph=graph, shape=label)
     settings = [("package", CHOSEN)] + [(f"BLOCK_I {bi} w{w}", forced(bi, w)) for bi in (16, 32, 64, 128, 256)
                                         for w in (1, 2, 4, 8)]
     for name, config in settings:
         INNER._config = config
         SOFT._FWD_PLANS.clear()
         SOFT._BWD_PLANS.clear()
-        RUN.timeit("inner", name, call(SM.softmax), nbytes, shape=label)
+        RUN.timeit("inner", name, call(SM.softmax), nbytes, graph=graph, shape=label)
     INNER._config = CHOSEN
     SOFT._FWD_PLANS.clear()
     SOFT._BWD_PLANS.clear()

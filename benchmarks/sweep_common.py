@@ -111,14 +111,14 @@ class Sweep:
         self.record(kind="copy", gbps=self.copy)
         return self.copy
 
-    def timeit(self, section, name, fn, nbytes, need=None, **extra):
-        """Times ``fn`` (one warm-up call first) through ``safe``; logs and records us, GB/s and the fraction of
-        the copy ceiling; returns the GB/s (None when skipped or failed)."""
+    def timeit(self, section, name, fn, nbytes, need=None, graph: bool = False, **extra):
+        """Times ``fn`` (one warm-up call first; ``graph``: CUDA-graph replays, see ``bench``) through ``safe``; logs
+        and records us, GB/s and the fraction of the copy ceiling; returns the GB/s (None when skipped or failed)."""
         ws, wn, wshape, wus, wgb = self.widths
 
         def run():
             fn()  # compile / warm up
-            ms = self.bench(fn)
+            ms = self.bench(fn, graph)
             gbps = nbytes / ms / 1e6
             self.log(f"{section:{ws}s} {name:{wn}s} {extra.get('shape', '')!s:{wshape}s} {ms * 1e3:{wus}.1f} us "
                      f"{gbps:{wgb}.0f} GB/s ({gbps / self.copy:.0%})")
