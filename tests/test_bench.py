@@ -518,13 +518,14 @@ class _FakeLM:
     """generate() appends ``max_new_tokens`` tokens, each run different unless ``fixed``."""
 
     def __init__(self, fixed: bool):
-        self.fixed, self.runs = fixed, 0
+        self.fixed, self.runs, self.lengths = fixed, 0, []
 
     def __call__(self, ids, **kwargs):
         return None
 
     def generate(self, ids, max_new_tokens, **kwargs):
         self.runs += 1
+        self.lengths.append(max_new_tokens)
         new = torch.arange(max_new_tokens) + (0 if self.fixed else self.runs)
         return torch.cat([ids, new.expand(ids.shape[0], -1)], dim=1)
 
@@ -536,3 +537,10 @@ def test_e2e_measure_returns_the_new_tokens_and_notes_unrepeatable_runs():
     row, tokens = measured["eager"]
     assert torch.equal(tokens, torch.arange(3).expand(2, -1)) and row["repeatable"] is True
     assert measured["other"][0]["repeatable"] is False
+
+
+def test_e2e_measure_warms_up_every_model_over_the_timed_length():
+    models = {"eager": _FakeLM(True), "kernelize": _FakeLM(True)}
+    e2e._measure(models, torch.full((1, 5), 7, dtype=torch.long), new_tokens=6, device="cpu", repeats=1)
+    for model in models.values():  # the warm-up, then the repeat's one-token and full generate
+        assert model.lengths == [6, 1, 6]

@@ -136,7 +136,10 @@ def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int) -
 
     with torch.no_grad():
         for model in models.values():
-            generate(model, min(4, new_tokens))  # warm-up: Triton JIT / compile for these shapes
+            # warm-up over every length the timed calls reach: Triton JIT / compile, and the first calls at each
+            # cache length (H200, session 51: with 4 warm-up tokens eager's first timed repeat ran at 37% of its
+            # rate, and the kernelized model, timed after it on the same lengths, did not pay it)
+            generate(model, new_tokens)
         order = list(models)
         for rep in range(repeats):
             for v in (order if rep % 2 == 0 else order[::-1]):
