@@ -161,7 +161,8 @@ GROUPS = [("ce", ce_cases, [shape(8192, 128256), shape(8192, 32000), shape(2048,
           ("attn-soft", attention_softmax_cases, [(2, 32) if SMALL else (16, 4096)]),
           ("norms", norm_cases, [shape(32768, 4096), shape(4096, 65536)]),
           ("inner", inner_cases, [(4, 5, 3) if SMALL else s for s in ((8, 128, 65536), (16, 19, 262144), (64, 8, 16384),
-                                                                      (4, 1024, 1024), (2, 32768, 1024))]
+                                                                      (4, 1024, 1024), (2, 32768, 1024),
+                                                                      (8, 131072, 64))]
            + [(300, 7) if SMALL else (32768, 4096)]),
           ("act", act_cases, [shape(16384, 14336)])]
 if args.only:

@@ -254,8 +254,11 @@ def _softmax_ops(pkg) -> List[OpSample]:
     def x3(device, dtype):
         return (randn((2, 3, 37), device, dtype, 3.0),)
 
-    def x_long(device, dtype):  # a reduced dim of 600 with 20 inner positions: the looped tiles of _inner
-        return (randn((1, 600, 20), device, dtype, 3.0),)
+    def x_long(device, dtype):  # a reduced dim of 600 with 20 inner positions: the looped tiles of _inner, N split
+        return (randn((1, 600, 20), device, dtype, 3.0),)  # over 2 programs (2 column blocks: < 2 per SM)
+
+    def x_long_whole(device, dtype):  # ... with 16 column blocks of 16: both passes in one program (CPU's 8 SMs)
+        return (randn((2, 520, 128), device, dtype, 3.0),)
 
     def x_mask(device, dtype):
         mask = torch.zeros((2, 1, 37), device=device, dtype=dtype)
@@ -276,6 +279,7 @@ def _softmax_ops(pkg) -> List[OpSample]:
         out.append(OpSample(name, (lambda x, f=f: f(x)), x3, grad=(0,)))
         out.append(OpSample(f"{name}[dim=1]", (lambda x, f=f: f(x, 1)), x3, grad=(0,)))
         out.append(OpSample(f"{name}[dim=1,long]", (lambda x, f=f: f(x, 1)), x_long, grad=(0,)))
+        out.append(OpSample(f"{name}[dim=1,long,whole]", (lambda x, f=f: f(x, 1)), x_long_whole, grad=(0,)))
         out.append(OpSample(f"{name}[scale,mask]", (lambda x, m, f=f: f(x, scale=0.5, mask=m)), x_mask, grad=(0,)))
         out.append(OpSample(f"{name}[causal]", (lambda x, f=f: f(x, causal=True)), x3, grad=(0,)))
     ce = pkg.cross_entropy

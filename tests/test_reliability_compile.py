@@ -102,6 +102,9 @@ def test_every_launch_compiles_for_gpu_targets(request, built, device, tmp_path,
     assert launches, f"no launch of {package} was recorded"
     if package == "norms":  # the column sums' GPU tile is compiled too, not only the interpreter's
         assert {rec["meta"]["BLOCK_N"] for rec in launches if rec["kernel"] == "_column_sums_kernel"} == {32, 1024}
+    if package == "softmax":  # the inner tiles' looped forms: both passes in one program, and N split (two phases)
+        for kernel in ("_inner_fwd_kernel", "_inner_bwd_kernel"):
+            assert {rec["meta"].get("PHASE") for rec in launches if rec["kernel"] == kernel} == {0, 1, 2}, kernel
     _compile_for_targets(built, package, launches, tmp_path)
 
 

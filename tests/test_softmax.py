@@ -12,6 +12,7 @@ gradients are checked against the fp64 backward formula evaluated on the kernel'
 rounded output (what the kernel and torch both use), so rounding of y is not counted twice.
 """
 
+import importlib
 import os
 import subprocess
 import sys
@@ -669,13 +670,18 @@ def test_inner_layout_merges_or_refuses(softmax, device):
     assert_close_ref(softmax.softmax(xs, 1), sm_ref(xs, 1))
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-program", "split"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-def test_inner_looped_tiles_with_scale_and_mask(softmax, device, log):
+def test_inner_looped_tiles_with_scale_and_mask(softmax, device, log, split, monkeypatch):
     """The two-pass form of ``_inner`` (a reduced dim of 601 with 17 inner positions: over 512 x 16) with a scale and
     a mask broadcast over the batch and the inner dim (its reduced stride 1, x's 17): the second pass reads the
     mask through its own stride and scales x, and the looped backward's dx carries the scale (the mask does not
-    require grad, so the kernel applies it). Forward and backward against fp64; the plans are the tile kernels'."""
+    require grad, so the kernel applies it). Both passes in one program, or (4 programs, fewer than 2 per SM) N
+    split in two parts over two launches. Forward and backward against fp64; the plans are the tile kernels'."""
     mod = sys.modules[softmax.__name__ + ".softmax"]
+    inner = importlib.import_module(softmax.__name__ + "._inner")
+    if not split:
+        monkeypatch.setattr(inner, "SPLIT_BELOW_PER_SM", 0)
     mod._FWD_PLANS.clear()
     mod._BWD_PLANS.clear()
     x = rand((2, 601, 17), torch.float32, device, scale=3.0).requires_grad_()
@@ -689,8 +695,55 @@ def test_inner_looped_tiles_with_scale_and_mask(softmax, device, log):
     (gr,) = torch.autograd.grad(sm_ref(xr, 1, scale=0.5, mask=mask, log=log), xr, dy.double())
     assert_close_ref(gx, gr, rel_atol=1e-5)
     assert _inner_kernels(softmax) == ["_inner_bwd_kernel", "_inner_fwd_kernel"]
-    assert all(dict(run.meta)["LOOP"] for cache in (mod._FWD_PLANS, mod._BWD_PLANS) for plan in cache.values()
-               for run, _ in plan.launches)
+    plans = [plan for cache in (mod._FWD_PLANS, mod._BWD_PLANS) for plan in cache.values()]
+    assert all(dict(run.meta)["LOOP"] for plan in plans for run, _ in plan.launches)
+    assert all([dict(run.meta)["PHASE"] for run, _ in plan.launches] == ([1, 2] if split else [0]) for plan in plans)
+    assert all(run.fixed[-2:] == ((2, 512) if split else (1, 1024)) for plan in plans for run, _ in plan.launches)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_inner_split_over_a_long_reduced_dim(softmax, device, log):
+    """Attention pooling over the tokens of (B, S, heads): softmax over dim 1 of (2, 5000, 3), 2 programs of
+    (outer, column block) on a device of 8 SMs (the CPU's), so N is split over 3 parts of 2048 (the last 904): a
+    part's statistics of -inf only (the mask's rows 2048-4095 of column 1, with rows of other parts finite) and a
+    column masked in every part (NaN, as torch); large offsets between the parts' maxima. Forward and backward
+    (a non-contiguous upstream gradient) against fp64."""
+    mod = sys.modules[softmax.__name__ + ".softmax"]
+    mod._FWD_PLANS.clear()
+    mod._BWD_PLANS.clear()
+    x = rand((2, 5000, 3), torch.float32, device, scale=2.0)
+    x[:, 4500:] += 40.0  # the last part holds the maximum
+    x = x.requires_grad_()
+    mask = torch.zeros((5000, 3), dtype=torch.float32, device=device)
+    mask[2048:4096, 1] = float("-inf")
+    mask[:, 2] = float("-inf")
+    dy = rand((2, 3, 5000), torch.float32, device).transpose(1, 2)
+    y = fn(softmax, log)(x, 1, mask=mask)
+    ref = sm_ref(x.detach(), 1, mask=mask, log=log)
+    assert torch.isnan(y[..., 2]).all() and torch.isnan(ref[..., 2]).all()
+    assert_close_ref(y[..., :2], ref[..., :2])
+    (gx,) = torch.autograd.grad(y, x, dy)
+    xr = x.detach().double().requires_grad_()
+    (gr,) = torch.autograd.grad(sm_ref(xr, 1, mask=mask, log=log)[..., :2], xr, dy[..., :2].double())
+    assert_close_ref(gx[..., :2], gr[..., :2], rel_atol=1e-5)
+    for cache in (mod._FWD_PLANS, mod._BWD_PLANS):
+        (plan,) = cache.values()
+        assert [dict(run.meta)["PHASE"] for run, _ in plan.launches] == [1, 2]
+        assert plan.launches[0][0].fixed[-2:] == (3, 2048) and plan.workspace[1] == torch.float32
+
+
+def test_inner_split_rule(softmax):
+    """``_inner._split``: one part in one pass or with at least ``SPLIT_BELOW_PER_SM`` programs per SM; otherwise
+    parts of whole tiles for about ``SPLIT_PER_SM`` programs per SM, never more parts than tiles."""
+    inner = importlib.import_module(softmax.__name__ + "._inner")
+    cpu = torch.device("cpu")
+    sms = inner.sm_count(cpu)
+    assert inner._split(2, 5000, 512, False, cpu) == 1
+    assert inner._split(inner.SPLIT_BELOW_PER_SM * sms, 10**6, 512, True, cpu) == 1
+    assert inner._split(2, 10**6, 512, True, cpu) == inner.SPLIT_PER_SM * sms // 2
+    assert inner._split(3, 1025, 512, True, cpu) == 3  # cdiv(1025, 512) tiles
+    few = inner.SPLIT_BELOW_PER_SM * sms - 1
+    assert inner._split(few, 10**6, 512, True, cpu) == -(-inner.SPLIT_PER_SM * sms // few)
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])

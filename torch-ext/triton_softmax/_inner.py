@@ -8,8 +8,13 @@ every dim after it merged into I. A program owns BLOCK_I consecutive inner posit
 over N in [BLOCK_N, BLOCK_I] tiles, so the stores (and x's loads where x's inner stride is 1) are contiguous along
 the inner axis; where x's reduced dim has unit stride instead (a transposed view), its loads are contiguous along N
 and the compiler converts the tile's layout between the load and the store. One pass when N fits a tile, else two
-(the statistics, then the output), as the row kernels' looped form. Forward and backward; any mask that merges the
-same way. Same math as the row kernels (fp32, max first, one rounding at the store); the reduction order differs.
+(the statistics, then the output), as the row kernels' looped form. Where the outer and inner positions give too
+few programs to fill the GPU (a long reduced dim: (2, 32768, 1024) over dim 1, attention pooling over the tokens
+of (B, S, heads)), the two passes are two launches and N is split over several programs per column block: each
+part writes its (max, sum of exp) (backward: its sum of y * dy) per inner position to an fp32 workspace, and the
+second launch combines the parts' partials before it writes its part of the output (the row kernels' split, along
+N). Forward and backward; any mask that merges the same way. Same math as the row kernels (fp32, max first, one
+rounding at the store); the reduction order differs.
 """
 
 from __future__ import annotations
@@ -35,14 +40,28 @@ PER_WARP = 2048  # elements a warp holds in the one-pass form (64 a thread): few
 TALL_PER_WARP = 1024  # the same where N needs more than TALL_N rows, and in the two-pass form (8 warps on a TILE)
 TALL_N = 128
 MIN_INNER = 16  # inner positions per program where occupancy asks for narrower blocks (32-byte bf16 stores)
+SPLIT_BELOW_PER_SM = 2  # two passes with fewer programs than this per SM: N split over programs ...
+SPLIT_PER_SM = 4  # ... to about this many per SM
 
 
 @triton.jit
-def _tile_start(I, IBLOCKS, BLOCK_I: tl.constexpr):
-    """This program's outer index (int64), its inner positions ([1, BLOCK_I], int64) and their mask < I."""
+def _tile_start(I, IBLOCKS, SPLIT, SPAN, N, BLOCK_I: tl.constexpr):
+    """This program's outer index (int64), its inner positions ([1, BLOCK_I], int64) and their mask < I, its part
+    of N (0 ... SPLIT - 1; the programs of one column block are consecutive) and that part's [lo, hi)."""
     pid = tl.program_id(0)
-    i = ((pid % IBLOCKS) * BLOCK_I + tl.arange(0, BLOCK_I)).to(tl.int64)[None, :]
-    return (pid // IBLOCKS).to(tl.int64), i, i < I
+    part = pid % SPLIT
+    block = pid // SPLIT
+    i = ((block % IBLOCKS) * BLOCK_I + tl.arange(0, BLOCK_I)).to(tl.int64)[None, :]
+    lo = part * SPAN
+    return (block // IBLOCKS).to(tl.int64), i, i < I, part, lo, tl.minimum(lo + SPAN, N)
+
+
+@triton.jit
+def _parts(ws_ptr, o, i, i_ok, SPLIT, I, SPLIT_P2: tl.constexpr):
+    """Pointers ([SPLIT_P2, BLOCK_I]) to the workspace words of outer index ``o`` and inner positions ``i``, one row
+    per part of N, and their mask."""
+    k = tl.arange(0, SPLIT_P2)[:, None]
+    return ws_ptr + (o * SPLIT + k) * I + i, (k < SPLIT) & i_ok
 
 
 @triton.jit
@@ -50,6 +69,7 @@ def _inner_fwd_kernel(
     x_ptr,  # input, (O, N, I) strides below
     m_ptr,  # additive mask expanded to x's shape (stride 0 where broadcast), or None
     y_ptr,  # output
+    ws_ptr,  # split: fp32 workspace, each part's max per inner position, then (grid * BLOCK_I words on) its sum of exp
     I,  # inner size (product of the dims after the reduced one)
     N,  # reduced size
     IBLOCKS,  # programs per outer index: cdiv(I, BLOCK_I)
@@ -57,14 +77,18 @@ def _inner_fwd_kernel(
     smo, smn, smi,  # the same for the mask
     syo, syn, syi,  # the same for y
     scale,  # fp32 multiplier of x
+    SPLIT,  # parts of N per column block (1: not split)
+    SPAN,  # reduced positions per part (N when not split)
     LOG: tl.constexpr,  # log_softmax
     SCALED: tl.constexpr,  # scale != 1
     BLOCK_N: tl.constexpr,  # reduced positions per tile
     BLOCK_I: tl.constexpr,  # inner positions per program
     LOOP: tl.constexpr,  # N spans several tiles: two passes
+    PHASE: tl.constexpr = 0,  # looped: 0 both passes; split: 1 the parts' statistics, 2 combine them and write
+    SPLIT_P2: tl.constexpr = 1,  # next power of 2 of SPLIT
 ):
     # DRAM bytes: read N*I*x (+ mask), write N*I*y; looped: x is read twice.
-    o, i, i_ok = _tile_start(I, IBLOCKS, BLOCK_I)
+    o, i, i_ok, part, lo, hi = _tile_start(I, IBLOCKS, SPLIT, SPAN, N, BLOCK_I)
     x_col, m_col, y_col = o * sxo + i * sxi, o * smo + i * smi, o * syo + i * syi
     n = tl.arange(0, BLOCK_N)[:, None]
     if not LOOP:
@@ -79,28 +103,41 @@ def _inner_fwd_kernel(
             y = e / s
         store_rounded(y_ptr + y_col, n.to(tl.int64) * syn, y, keep)
     else:
-        mx = tl.full([BLOCK_I], float("-inf"), tl.float32)
-        s = tl.zeros([BLOCK_I], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            keep = (start + n < N) & i_ok
-            z = _load_scores(x_ptr, m_ptr, x_col, m_col, sxn, smn, start + n, keep, scale, 0, False, "evict_last",
-                             SCALED)
-            new = tl.maximum(mx, tl.max(z, axis=0))
-            base = tl.where(new == float("-inf"), 0.0, new)  # all -inf so far: s stays 0
-            s = s * tl.exp(mx - base) + tl.sum(tl.exp(z - base[None, :]), axis=0)
-            mx = new
-        mx2, s2 = mx[None, :], s[None, :]
-        log_s = tl.log(s2)
-        for start in range(0, N, BLOCK_N):
-            keep = (start + n < N) & i_ok
-            z = _load_scores(x_ptr, m_ptr, x_col, m_col, sxn, smn, start + n, keep, scale, 0, False, "evict_first",
-                             SCALED)
-            zm = z - mx2
-            if LOG:
-                y = zm - log_s
-            else:
-                y = tl.exp(zm) / s2
-            store_rounded(y_ptr + y_col, (start + n).to(tl.int64) * syn, y, keep)
+        half = tl.num_programs(0).to(tl.int64) * BLOCK_I  # O * SPLIT * I rounded up to whole column blocks
+        if PHASE != 2:  # this program's statistics over its [lo, hi)
+            mx = tl.full([BLOCK_I], float("-inf"), tl.float32)
+            s = tl.zeros([BLOCK_I], dtype=tl.float32)
+            for start in range(lo, hi, BLOCK_N):
+                keep = (start + n < hi) & i_ok
+                z = _load_scores(x_ptr, m_ptr, x_col, m_col, sxn, smn, start + n, keep, scale, 0, False,
+                                 "evict_last", SCALED)
+                new = tl.maximum(mx, tl.max(z, axis=0))
+                base = tl.where(new == float("-inf"), 0.0, new)  # all -inf so far: s stays 0
+                s = s * tl.exp(mx - base) + tl.sum(tl.exp(z - base[None, :]), axis=0)
+                mx = new
+            if PHASE == 1:
+                w = ws_ptr + (o * SPLIT + part) * I + i
+                tl.store(w, mx[None, :], mask=i_ok)
+                tl.store(w + half, s[None, :], mask=i_ok)
+        else:  # the parts' (max, sum of exp) of these inner positions, combined
+            w, ok = _parts(ws_ptr, o, i, i_ok, SPLIT, I, SPLIT_P2)
+            mi = tl.load(w, mask=ok, other=float("-inf"))
+            mx = tl.max(mi, axis=0)
+            base = tl.where(mx == float("-inf"), 0.0, mx)
+            s = tl.sum(tl.load(w + half, mask=ok, other=0.0) * tl.exp(mi - base[None, :]), axis=0)
+        if PHASE != 1:
+            mx2, s2 = mx[None, :], s[None, :]
+            log_s = tl.log(s2)
+            for start in range(lo, hi, BLOCK_N):
+                keep = (start + n < hi) & i_ok
+                z = _load_scores(x_ptr, m_ptr, x_col, m_col, sxn, smn, start + n, keep, scale, 0, False,
+                                 "evict_first", SCALED)
+                zm = z - mx2
+                if LOG:
+                    y = zm - log_s
+                else:
+                    y = tl.exp(zm) / s2
+                store_rounded(y_ptr + y_col, (start + n).to(tl.int64) * syn, y, keep)
 
 
 @triton.jit
@@ -108,18 +145,22 @@ def _inner_bwd_kernel(
     y_ptr,  # saved output
     dy_ptr,  # upstream gradient (stride 0 where expanded)
     dx_ptr,  # input gradient (never dy's buffer)
+    ws_ptr,  # split: fp32 workspace (O * SPLIT * I), each part's sum of y * dy (log: of dy); else None
     I, N, IBLOCKS,
     syo, syn, syi,
     sdyo, sdyn, sdyi,
     sdxo, sdxn, sdxi,
     scale,  # dx = scale * dz
+    SPLIT, SPAN,  # as the forward's
     LOG: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_I: tl.constexpr,
     LOOP: tl.constexpr,
+    PHASE: tl.constexpr = 0,
+    SPLIT_P2: tl.constexpr = 1,
 ):
     # DRAM bytes: read N*I*(y + dy), write N*I*dx; looped: y and dy are read twice.
-    o, i, i_ok = _tile_start(I, IBLOCKS, BLOCK_I)
+    o, i, i_ok, part, lo, hi = _tile_start(I, IBLOCKS, SPLIT, SPAN, N, BLOCK_I)
     y_col, dy_col, dx_col = o * syo + i * syi, o * sdyo + i * sdyi, o * sdxo + i * sdxi
     n = tl.arange(0, BLOCK_N)[:, None]
     if not LOOP:
@@ -131,20 +172,27 @@ def _inner_bwd_kernel(
             red = tl.sum(p * dy, axis=0)[None, :]
         store_rounded(dx_ptr + dx_col, n.to(tl.int64) * sdxn, _dz(p, dy, red, n, 0, False, LOG) * scale, keep)
     else:
-        acc = tl.zeros([BLOCK_I], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            keep = (start + n < N) & i_ok
-            p, dy = _load_bwd(y_ptr, dy_ptr, y_col, dy_col, syn, sdyn, start + n, keep, LOG, "evict_last")
-            if LOG:
-                acc += tl.sum(dy, axis=0)
-            else:
-                acc += tl.sum(p * dy, axis=0)
-        red = acc[None, :]
-        for start in range(0, N, BLOCK_N):
-            keep = (start + n < N) & i_ok
-            p, dy = _load_bwd(y_ptr, dy_ptr, y_col, dy_col, syn, sdyn, start + n, keep, LOG, "evict_first")
-            store_rounded(dx_ptr + dx_col, (start + n).to(tl.int64) * sdxn,
-                          _dz(p, dy, red, start + n, 0, False, LOG) * scale, keep)
+        if PHASE != 2:  # this program's sum over its [lo, hi)
+            acc = tl.zeros([BLOCK_I], dtype=tl.float32)
+            for start in range(lo, hi, BLOCK_N):
+                keep = (start + n < hi) & i_ok
+                p, dy = _load_bwd(y_ptr, dy_ptr, y_col, dy_col, syn, sdyn, start + n, keep, LOG, "evict_last")
+                if LOG:
+                    acc += tl.sum(dy, axis=0)
+                else:
+                    acc += tl.sum(p * dy, axis=0)
+            if PHASE == 1:
+                tl.store(ws_ptr + (o * SPLIT + part) * I + i, acc[None, :], mask=i_ok)
+        else:  # the parts' sums of these inner positions
+            w, ok = _parts(ws_ptr, o, i, i_ok, SPLIT, I, SPLIT_P2)
+            acc = tl.sum(tl.load(w, mask=ok, other=0.0), axis=0)
+        if PHASE != 1:
+            red = acc[None, :]
+            for start in range(lo, hi, BLOCK_N):
+                keep = (start + n < hi) & i_ok
+                p, dy = _load_bwd(y_ptr, dy_ptr, y_col, dy_col, syn, sdyn, start + n, keep, LOG, "evict_first")
+                store_rounded(dx_ptr + dx_col, (start + n).to(tl.int64) * sdxn,
+                              _dz(p, dy, red, start + n, 0, False, LOG) * scale, keep)
 
 
 def _merged(t: Optional[torch.Tensor], dims: range) -> Optional[tuple]:
@@ -213,17 +261,39 @@ def _config(O: int, N: int, I: int, device: torch.device) -> tuple:
     return block_n, block_i, loop, min(8, max(1, block_n * block_i // per_warp))
 
 
+def _split(programs: int, N: int, block_n: int, loop: bool, device: torch.device) -> int:
+    """Parts of N per column block: 1 unless two passes would run fewer than ``SPLIT_BELOW_PER_SM`` programs per
+    multiprocessor (after ``_config`` narrowed the blocks), then enough for about ``SPLIT_PER_SM`` of them, each
+    part at least a tile."""
+    sms = sm_count(device)
+    if not loop or programs >= SPLIT_BELOW_PER_SM * sms:
+        return 1
+    return max(1, min(cdiv(N, block_n), cdiv(SPLIT_PER_SM * sms, programs)))
+
+
 def inner_plan(kernel_args: tuple, layout: tuple, device: torch.device, backward: bool, **consts) -> Optional[LaunchPlan]:
-    """The one-launch plan of the forward (pointers x, mask, y; ``consts``: LOG, SCALED) or the backward (y, dy, dx;
-    LOG) over ``layout`` (:func:`inner_layout`), or None where the grid would not fit int32. ``kernel_args``: the
-    scalars after the strides (scale)."""
+    """The plan of the forward (pointers x, mask, y; ``consts``: LOG, SCALED) or the backward (y, dy, dx; LOG) over
+    ``layout`` (:func:`inner_layout`): one launch, or two over a workspace where N is split (:func:`_split`); None
+    where the grid would not fit int32. ``kernel_args``: the scalars after the strides (scale)."""
     O, N, I, strides = layout
     block_n, block_i, loop, warps = _config(O, N, I, device)
     iblocks = cdiv(I, block_i)
-    if O * iblocks >= 2**31:
+    split = _split(O * iblocks, N, block_n, loop, device)
+    span = cdiv(cdiv(N, split), block_n) * block_n  # whole tiles per part: the last part takes the rest
+    split = cdiv(N, span)
+    grid = O * iblocks * split
+    if grid >= 2**31:
         return None
     kernel = _inner_bwd_kernel if backward else _inner_fwd_kernel
-    meta = meta_items(BLOCK_N=block_n, BLOCK_I=block_i, LOOP=loop, num_warps=warps, **consts,
-                      **launch_options(kernel))
     fixed = (I, N, iblocks, *[s for per in strides for s in per], *kernel_args)
-    return LaunchPlan(False, None, ((Launch(kernel, (O * iblocks,), meta, fixed, device), (0, 1, 2)),))
+
+    def launch(phase: int, picks: tuple) -> tuple:
+        meta = meta_items(BLOCK_N=block_n, BLOCK_I=block_i, LOOP=loop, num_warps=warps, PHASE=phase,
+                          SPLIT_P2=next_power_of_2(split), **consts, **launch_options(kernel))
+        return Launch(kernel, (grid,), meta, (*fixed, split, span), device), picks
+
+    if split == 1:
+        return LaunchPlan(False, None, (launch(0, (0, 1, 2, 3)),))
+    # one word per (outer, part, inner position) and statistic; the kernel indexes the second half from its grid
+    words = grid * block_i * (1 if backward else 2)
+    return LaunchPlan(False, (words, torch.float32, False), (launch(1, (0, 1, 2, 3)), launch(2, (0, 1, 2, 3))))
