@@ -870,7 +870,7 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
     Args:
         x: fp16/bf16/fp32 of any shape and strides (a 0-d tensor is one row of one).
         dim: the reduced dim; any dim (not the last: read through its stride, no copy; with dims after it, in
-            tiles along them, ``_inner``).
+            tiles along them, ``_inner``, a long one split over programs where the tiles alone are too few).
         scale: Python float multiplying x (default 1); a tensor is refused (it would need a host sync).
         mask: additive float mask broadcastable to x (0 keeps, -inf drops; any of the three dtypes, read in
             fp32); its gradient is computed when it requires grad. Boolean masks are refused.
