@@ -747,6 +747,76 @@ def test_inner_split_rule(softmax):
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_inner_split_column_far_below_zero(softmax, device, log):
+    """N split in 3 parts (combined over a power-of-2 block of 4 part rows, one of them padding) where a column's
+    scores are all far below 0 (about -1000, as after a large finite fill): the combine must take a padding row's
+    maximum as -inf, not 0, or every exp underflows and the column becomes NaN (log: inf). (1, 4100, 3) over dim 1,
+    parts of 2048, 2048 and 4. Forward against fp64."""
+    mod = sys.modules[softmax.__name__ + ".softmax"]
+    mod._FWD_PLANS.clear()
+    x = rand((1, 4100, 3), torch.float32, device, scale=2.0)
+    x[..., 1] -= 1000.0
+    y = fn(softmax, log)(x, 1)
+    assert_close_ref(y, sm_ref(x, 1, log=log))
+    (plan,) = mod._FWD_PLANS.values()
+    assert plan.launches[0][0].fixed[-2:] == (3, 2048)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-program", "split"])
+def test_inner_looped_last_tile_of_one_row(softmax, device, split, monkeypatch):
+    """A reduced dim one row past whole tiles, (1, 4097, 3) over dim 1 (tiles of 2048 x 4): the last tile (split:
+    the third part, [4096, 4097)) holds a single row, which the second pass must still write. Both passes in one
+    program, or N split in 3 parts. Forward and backward against fp64."""
+    mod = sys.modules[softmax.__name__ + ".softmax"]
+    inner = importlib.import_module(softmax.__name__ + "._inner")
+    if not split:
+        monkeypatch.setattr(inner, "SPLIT_BELOW_PER_SM", 0)
+    mod._FWD_PLANS.clear()
+    mod._BWD_PLANS.clear()
+    x = rand((1, 4097, 3), torch.float32, device, scale=2.0).requires_grad_()
+    dy = rand((1, 4097, 3), torch.float32, device)
+    y = softmax.softmax(x, 1)
+    assert_close_ref(y, sm_ref(x.detach(), 1))
+    (gx,) = torch.autograd.grad(y, x, dy)
+    xr = x.detach().double().requires_grad_()
+    (gr,) = torch.autograd.grad(sm_ref(xr, 1), xr, dy.double())
+    assert_close_ref(gx, gr, rel_atol=1e-5)
+    for cache in (mod._FWD_PLANS, mod._BWD_PLANS):
+        (plan,) = cache.values()
+        assert plan.launches[0][0].fixed[-2:] == ((3, 2048) if split else (1, 6144))
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_inner_split_stays_inside_its_workspace(softmax, device, backward):
+    """The split's two launches write only inside the workspace their plan sizes: run on the first half of a
+    NaN-filled buffer of twice that size, the second half stays NaN (the interpreter checks no bounds; on a GPU such
+    a write lands in another tensor). (1, 1100, 24) over dim 1: 2 column blocks of 16 inner positions (the second
+    one 8 wide), N in 3 parts of 512. Results against fp64."""
+    inner = importlib.import_module(softmax.__name__ + "._inner")
+    x = rand((1, 1100, 24), torch.float32, device, scale=2.0)
+    ref = sm_ref(x, 1)
+    if backward:
+        y, dy = ref.float(), rand((1, 1100, 24), torch.float32, device)
+        tensors = [y, dy, torch.empty_like(y)]
+        expected = bwd_ref(y, dy, 1)
+    else:
+        tensors = [x, None, torch.empty_like(x)]
+        expected = ref
+    layout = inner.inner_layout(tensors, 1)
+    consts = dict(LOG=False) if backward else dict(LOG=False, SCALED=False)
+    plan = inner.inner_plan((1.0,), layout, x.device, backward, **consts)
+    assert [dict(run.meta)["PHASE"] for run, _ in plan.launches] == [1, 2]
+    assert plan.launches[0][0].fixed[-2:] == (3, 512)
+    words, dtype, _ = plan.workspace
+    buf = torch.full((2 * words,), float("nan"), dtype=dtype, device=device)
+    ptrs = (*tensors, buf[:words])
+    for run, picks in plan.launches:
+        run(tuple(ptrs[i] for i in picks))
+    assert torch.isnan(buf[words:]).all(), "a write past the workspace"
+    assert_close_ref(tensors[2], expected, rel_atol=1e-5)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("shape", [(2, 6, 5, 7), (2, 601, 17)], ids=["one-pass", "looped"])
 def test_backward_op_inner_tiles_with_strided_y_and_dy(softmax, device, shape, log):
     """The backward op called directly (opcheck, custom code) over dim 1 with y, dy and dx of three different
