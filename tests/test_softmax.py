@@ -670,6 +670,16 @@ def test_inner_layout_merges_or_refuses(softmax, device):
     assert_close_ref(softmax.softmax(xs, 1), sm_ref(xs, 1))
 
 
+def _inner_fresh_plans(softmax, monkeypatch, split: bool):
+    """The softmax module with its plan caches cleared; with ``split`` False, two-pass inner tiles never split N."""
+    if not split:
+        monkeypatch.setattr(importlib.import_module(softmax.__name__ + "._inner"), "SPLIT_BELOW_PER_SM", 0)
+    mod = sys.modules[softmax.__name__ + ".softmax"]
+    mod._FWD_PLANS.clear()
+    mod._BWD_PLANS.clear()
+    return mod
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["one-program", "split"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_inner_looped_tiles_with_scale_and_mask(softmax, device, log, split, monkeypatch):
@@ -678,12 +688,7 @@ def test_inner_looped_tiles_with_scale_and_mask(softmax, device, log, split, mon
     mask through its own stride and scales x, and the looped backward's dx carries the scale (the mask does not
     require grad, so the kernel applies it). Both passes in one program, or (4 programs, fewer than 2 per SM) N
     split in two parts over two launches. Forward and backward against fp64; the plans are the tile kernels'."""
-    mod = sys.modules[softmax.__name__ + ".softmax"]
-    inner = importlib.import_module(softmax.__name__ + "._inner")
-    if not split:
-        monkeypatch.setattr(inner, "SPLIT_BELOW_PER_SM", 0)
-    mod._FWD_PLANS.clear()
-    mod._BWD_PLANS.clear()
+    mod = _inner_fresh_plans(softmax, monkeypatch, split)
     x = rand((2, 601, 17), torch.float32, device, scale=3.0).requires_grad_()
     mask = rand((601, 1), torch.float32, device)
     mask[::7] = float("-inf")
@@ -767,12 +772,7 @@ def test_inner_looped_last_tile_of_one_row(softmax, device, split, monkeypatch):
     """A reduced dim one row past whole tiles, (1, 4097, 3) over dim 1 (tiles of 2048 x 4): the last tile (split:
     the third part, [4096, 4097)) holds a single row, which the second pass must still write. Both passes in one
     program, or N split in 3 parts. Forward and backward against fp64."""
-    mod = sys.modules[softmax.__name__ + ".softmax"]
-    inner = importlib.import_module(softmax.__name__ + "._inner")
-    if not split:
-        monkeypatch.setattr(inner, "SPLIT_BELOW_PER_SM", 0)
-    mod._FWD_PLANS.clear()
-    mod._BWD_PLANS.clear()
+    mod = _inner_fresh_plans(softmax, monkeypatch, split)
     x = rand((1, 4097, 3), torch.float32, device, scale=2.0).requires_grad_()
     dy = rand((1, 4097, 3), torch.float32, device)
     y = softmax.softmax(x, 1)
