@@ -4,9 +4,9 @@
 
 For each (O, N, I) shape, softmax over dim 1 of a contiguous bf16 (O, N, I) tensor, forward: every
 (BLOCK_I, num_warps) setting (one pass where N fits: BLOCK_N = next_power_of_2(N); else two, BLOCK_N = TILE /
-BLOCK_I), timed with ``do_bench`` (L2 flushed), against the package's own choice (``_config``) and torch.softmax; ``--bwd``: forward and backward
-(``torch.autograd.grad``; x read, y written, y and dy read, dx written) from CUDA-graph replays (from Python the
-autograd's host time blurred the kernels' differences: session 51).
+BLOCK_I), timed with ``do_bench`` (L2 flushed), against the package's own choice (``_config``) and torch.softmax.
+``--bwd``: forward and backward (``torch.autograd.grad``; x read, y written, y and dy read, dx written) from
+CUDA-graph replays (from Python the autograd's host time blurred the kernels' differences: session 51).
 Records: DIR/inner.jsonl.
 """
 

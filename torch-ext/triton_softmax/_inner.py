@@ -30,7 +30,7 @@ from ._common import LaunchPlan, store_rounded
 from ._device import cdiv, launch_options, next_power_of_2
 from ._fastlaunch import Launch, meta_items
 from ._team import sm_count
-from .softmax import _dz, _load_bwd, _load_scores
+from .softmax import _dz, _load_bwd, _load_scores, _max_sumexp_of
 
 TILE = 8192  # elements per [BLOCK_N, BLOCK_I] tile of the two-pass form
 ONE_PASS_TILE = 4096  # at most this many in the one-pass form
@@ -121,10 +121,7 @@ def _inner_fwd_kernel(
                 tl.store(w + half, s[None, :], mask=i_ok)
         else:  # the parts' (max, sum of exp) of these inner positions, combined
             w, ok = _parts(ws_ptr, o, i, i_ok, SPLIT, I, SPLIT_P2)
-            mi = tl.load(w, mask=ok, other=float("-inf"))
-            mx = tl.max(mi, axis=0)
-            base = tl.where(mx == float("-inf"), 0.0, mx)
-            s = tl.sum(tl.load(w + half, mask=ok, other=0.0) * tl.exp(mi - base[None, :]), axis=0)
+            mx, s = _max_sumexp_of(tl.load(w, mask=ok, other=float("-inf")), tl.load(w + half, mask=ok, other=0.0))
         if PHASE != 1:
             mx2, s2 = mx[None, :], s[None, :]
             log_s = tl.log(s2)
@@ -268,7 +265,7 @@ def _split(programs: int, N: int, block_n: int, loop: bool, device: torch.device
     sms = sm_count(device)
     if not loop or programs >= SPLIT_BELOW_PER_SM * sms:
         return 1
-    return max(1, min(cdiv(N, block_n), cdiv(SPLIT_PER_SM * sms, programs)))
+    return min(cdiv(N, block_n), cdiv(SPLIT_PER_SM * sms, programs))
 
 
 def inner_plan(kernel_args: tuple, layout: tuple, device: torch.device, backward: bool, **consts) -> Optional[LaunchPlan]:
@@ -287,13 +284,13 @@ def inner_plan(kernel_args: tuple, layout: tuple, device: torch.device, backward
     kernel = _inner_bwd_kernel if backward else _inner_fwd_kernel
     fixed = (I, N, iblocks, *[s for per in strides for s in per], *kernel_args)
 
-    def launch(phase: int, picks: tuple) -> tuple:
+    def launch(phase: int) -> tuple:  # (Launch, picks): the call's three pointers and the workspace (None)
         meta = meta_items(BLOCK_N=block_n, BLOCK_I=block_i, LOOP=loop, num_warps=warps, PHASE=phase,
                           SPLIT_P2=next_power_of_2(split), **consts, **launch_options(kernel))
-        return Launch(kernel, (grid,), meta, (*fixed, split, span), device), picks
+        return Launch(kernel, (grid,), meta, (*fixed, split, span), device), (0, 1, 2, 3)
 
     if split == 1:
-        return LaunchPlan(False, None, (launch(0, (0, 1, 2, 3)),))
+        return LaunchPlan(False, None, (launch(0),))
     # one word per (outer, part, inner position) and statistic; the kernel indexes the second half from its grid
     words = grid * block_i * (1 if backward else 2)
-    return LaunchPlan(False, (words, torch.float32, False), (launch(1, (0, 1, 2, 3)), launch(2, (0, 1, 2, 3))))
+    return LaunchPlan(False, (words, torch.float32, False), (launch(1), launch(2)))

@@ -659,10 +659,8 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
     check_launch_device(x, _softmax_fwd_kernel)
     xs, ys = _as_1d(x), _as_1d(y)
     ms = _as_1d(mask.expand(x.shape)) if mask is not None else None
-    # dims after the reduced one (y's reduced stride is not 1): tiles along them (_inner), which have no causal mask
-    inner = None if causal else _inner_plan([xs, ms, ys], dim, (float(scale),), x.device, False, LOG=log,
-                                            SCALED=scale != 1.0)
-    if inner is not None:
+    inner = _inner_plan([xs, ms, ys], dim, causal, (float(scale),), x.device, False, LOG=log, SCALED=scale != 1.0)
+    if inner is not None:  # dims after the reduced one (y's reduced stride is not 1): tiles along them (_inner)
         return inner
     layout = row_layout([xs, ms, ys], dim)
     copy = layout is None
@@ -716,10 +714,13 @@ def _fwd_plan(x: Tensor, mask: Optional[Tensor], y: Tensor, dim: int, scale: flo
                                     (0, 1, 2)),))
 
 
-def _inner_plan(tensors: list, dim: int, kernel_args: tuple, device: torch.device, backward: bool,
+def _inner_plan(tensors: list, dim: int, causal: bool, kernel_args: tuple, device: torch.device, backward: bool,
                 **consts) -> Optional[LaunchPlan]:
     """The plan of ``_inner`` (softmax over a dim with inner dims after it) for these tensors, or None (the row
-    kernels). Imported here: ``_inner`` takes its jit helpers from this module."""
+    kernels; always with ``causal``: the tiles have no causal mask). Imported here: ``_inner`` takes its jit
+    helpers from this module."""
+    if causal:
+        return None
     from ._inner import inner_layout, inner_plan
 
     layout = inner_layout(tensors, normalize_dim(dim, tensors[0].dim()))
@@ -755,7 +756,7 @@ def _bwd_plan(dy: Tensor, y: Tensor, dx: Tensor, dim: int, scale: float, causal:
     workspace."""
     check_launch_device(y, _softmax_bwd_kernel)
     ys, dys, dxs = _as_1d(y), _as_1d(dy), _as_1d(dx)
-    inner = None if causal else _inner_plan([ys, dys, dxs], dim, (float(scale),), y.device, True, LOG=log)
+    inner = _inner_plan([ys, dys, dxs], dim, causal, (float(scale),), y.device, True, LOG=log)
     if inner is not None:  # dims after the reduced one: tiles along them (_inner)
         return inner
     layout = row_layout([ys, dys, dxs], dim)
