@@ -110,6 +110,10 @@ def _norm_ops(pkg) -> List[OpSample]:
         OpSample("layer_norm[fused]", lambda x, w, b: pkg.layer_norm(x, w, b, 1e-5, torch_order="fused"), x_w_b,
                  grad=(0, 1, 2)),
         OpSample("add_rms_norm", lambda x, r, w, b: pkg.add_rms_norm(x, r, w, None, 1e-6), x_r_w_b, grad=(0, 1, 2)),
+        OpSample("add_rms_norm[llama,mean]", lambda x, r, w, b: pkg.add_rms_norm(x, r, w, None, 1e-6,
+                                                                                  cast_dtype=x.dtype,
+                                                                                  torch_order="mean"),
+                 x_r_w_b, grad=(0, 1, 2)),
         OpSample("add_layer_norm", lambda x, r, w, b: pkg.add_layer_norm(x, r, w, b, 1e-5), x_r_w_b,
                  grad=(0, 1, 2, 3)),
         OpSample("norm_modulate", lambda x, sc, sh, w, b: pkg.norm_modulate(x, sc, sh, w, b, 1e-6), x_sc_sh_w_b,
@@ -142,9 +146,42 @@ def _diffusers_rms_norm(device, dtype):
     return _randomised(RMSNorm(N_NORM, eps=1e-6, elementwise_affine=True, bias=True), device, dtype)
 
 
+D_MODEL = 48  # the decoder layer's hidden size: 4 heads of 12, 2 key/value heads
+COMPOSITE_LAYERS = {"layers.LlamaDecoderLayer"}
+"""Layers that run the replaced module's own submodules (attention, MLP): under functorch those are PyTorch's own
+decompositions, which differ from autograd in the last bits (transformers' layer alone: 1.4e-6), so transforms of
+them are compared within tolerance, not bit for bit."""
+
+
+def _llama_decoder_layer(device, dtype):
+    """transformers' LlamaDecoderLayer with random weights (norm weights around 1)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    config = LlamaConfig(hidden_size=D_MODEL, intermediate_size=D_ACT, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=1, vocab_size=8, attn_implementation="eager")  # plain ops: exact under
+    # functorch and compile (a standalone layer has no model to pick the attention for it)
+    layer = LlamaDecoderLayer(config, layer_idx=0)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape) * 0.5 + 1.0 if p.dim() == 1 else torch.randn(p.shape) / p.shape[-1] ** 0.5)
+    return layer.to(device=device, dtype=dtype)
+
+
+def _decoder_inputs(device, dtype):
+    """(hidden_states, attention_mask, position_ids, past_key_values, use_cache, position_embeddings): 5 tokens,
+    no mask, the rotary (cos, sin) of positions 0..4."""
+    inv = 1.0 / 10000 ** (torch.arange(0, 12, 2).float() / 12)
+    angles = torch.arange(5).float()[:, None] * inv[None, :]
+    emb = torch.cat((angles, angles), dim=-1)[None]
+    return (randn((1, 5, D_MODEL), device, dtype), None, None, None, False,
+            (emb.cos().to(device, dtype), emb.sin().to(device, dtype)))
+
+
 def _norm_layers(pkg) -> List[LayerSample]:
     x = lambda device, dtype: (randn((2, 3, N_NORM), device, dtype),)  # noqa: E731
     return [
+        LayerSample("LlamaDecoderLayer", _llama_decoder_layer, _decoder_inputs),
         LayerSample("LlamaRMSNorm", lambda d, t: _randomised(_hf_norm("LlamaRMSNorm")(N_NORM, eps=1e-6), d, t), x),
         LayerSample("Olmo2RMSNorm", lambda d, t: _randomised(_hf_norm("Olmo2RMSNorm")(N_NORM, eps=1e-6), d, t), x),
         LayerSample("GemmaRMSNorm", lambda d, t: _randomised(_hf_norm("GemmaRMSNorm")(N_NORM, eps=1e-6), d, t), x),

@@ -57,6 +57,39 @@ def test_fused_orders_match_model(norms, device, M, N):
     assert np.array_equal(rstd.cpu().numpy(), _rstd(v, 1e-5, device))
 
 
+@pytest.mark.parametrize("M, N", [(1, 576), (3, 100), (5, 5121), (2, 2050), (1, 4096), (2, 65537)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_add_rms_norm_mean_order_matches_model(norms, device, M, N, dtype):
+    """``add_rms_norm(..., torch_order="mean")``: h is ``residual + x`` rounded once to the model dtype (torch's own
+    add, bit for bit), the statistics are the mean order's of that h (the numpy model), and y is what the exact
+    rms_norm gives for h, on strided x and residual rows and for rows that global-reduce (65537)."""
+    torch.manual_seed(M * N)
+    xb = (torch.randn(M, N + 3, device=device) * 3).to(dtype)
+    rb = (torch.randn(M, 2 * N, device=device) * 2).to(dtype)
+    x, r = xb[:, 1:N + 1], rb[:, N:]  # rows N + 3 and 2N apart, x starting off 16 bytes
+    w = torch.randn(N, device=device).to(dtype)
+    want_h = r + x
+    y, h = norms.add_rms_norm(x, r, w, eps=1e-6, cast_dtype=dtype, torch_order="mean")
+    assert torch.equal(h, want_h)
+    assert torch.equal(y, norms.rms_norm(want_h, w, eps=1e-6, cast_dtype=dtype, torch_order="mean"))
+    _, h2, rstd = norms._ops.ops.rms_norm_fwd(x, r, w, None, 1e-6, 0.0, dtype, dtype, 1)
+    assert torch.equal(h2, want_h)
+    cfg = norms._torch_order.mean_config(M, N, *norms._torch_order.device_limits(x.device))
+    want = _rstd(ref.mean_sq(want_h.float().cpu().numpy(), cfg), 1e-6, device)
+    assert np.array_equal(rstd.cpu().numpy(), want)
+    fp64 = want_h.double() * torch.rsqrt(want_h.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(y.double(), (fp64.to(dtype) * w).double(), rtol=2e-3 if dtype != torch.float32 else
+                               1e-5, atol=1e-5)
+
+
+def test_add_rms_norm_torch_order_argument(norms, device):
+    x = torch.randn(2, 8, device=device)
+    with pytest.raises(ValueError, match="torch_order"):
+        norms.add_rms_norm(x, x, torch_order="fused")
+    with pytest.raises(TypeError, match="torch_order"):
+        norms.add_rms_norm(x, x, torch_order=1)
+
+
 @pytest.mark.parametrize("M, N, want", [
     (333, 4096, (True, 32, 1, 1)),  # a warp per row, 32 vectors per lane
     (7, 576, (True, 128, 1, 1)),  # shared-memory stage, then the warp

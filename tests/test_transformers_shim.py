@@ -388,6 +388,103 @@ def test_gated_mlp_swapped_without_its_activation_family(installed, device):
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-5, atol=1e-5)
 
 
+def _count_fused(model, monkeypatch) -> list:
+    """Counts the decoder layer's add_rms_norm calls (the swapped forward's module globals)."""
+    calls = []
+    layer_globals = model.model.layers[0].forward.__func__.__globals__
+    fused = layer_globals["add_rms_norm"]
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("torch_order"))
+        return fused(*args, **kwargs)
+
+    monkeypatch.setitem(layer_globals, "add_rms_norm", counting)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_decoder_layer_fuses_the_residual_add_into_its_norm(installed, device, dtype, monkeypatch):
+    """ALL_FAMILIES swaps Llama decoder layers: ``residual + attn_out`` and ``post_attention_layernorm`` become one
+    add_rms_norm in the mean order. fp16 logits and greedy tokens stay the eager ones bit for bit (bf16 too on
+    CUDA; under the interpreter bf16 stores may truncate, so logits are compared within a tolerance there);
+    a forward hook on the norm makes the layer take the original steps, and the hook runs."""
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    model = _tiny("llama", dtype, device)
+    ids = _prompt(device)
+    with torch.no_grad():
+        ref_logits = model(ids).logits
+    ref_tokens = _greedy(model, ids)
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+    assert [report.swapped[f"model.layers.{i}"] for i in range(2)] == ["LlamaDecoderLayer"] * 2
+    calls = _count_fused(model, monkeypatch)
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert calls == ["mean", "mean"]
+    if dtype == torch.float16 or device != "cpu":
+        assert torch.equal(logits, ref_logits)
+        assert torch.equal(_greedy(model, ids), ref_tokens)
+    else:
+        torch.testing.assert_close(logits, ref_logits, rtol=0.05, atol=0.05)
+    seen = []
+    model.model.layers[1].post_attention_layernorm.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    calls.clear()
+    with torch.no_grad():
+        hooked = model(ids).logits
+    assert calls == ["mean"] and seen == [(*ids.shape, _TINY["hidden_size"])]
+    if dtype == torch.float16 or device != "cpu":
+        assert torch.equal(hooked, ref_logits)
+
+
+def test_decoder_layer_probe_and_training(installed, device):
+    """The decoder family needs the Llama forward and a llama-family post_attention_layernorm: Gemma's layer (the
+    same forward), a forward with one step more and a LayerNorm after attention are refused, naming why; in
+    training the fused layer's gradients follow eager's (fp32)."""
+    import copy
+
+    from triton_collection.integrations.families import ALL_FAMILIES, LLAMA_DECODER
+
+    result = probe(_tiny("gemma", torch.float32, "cpu").model.layers[0])  # Llama's forward, a 1 + w norm
+    assert result.family is None and "post_attention_layernorm is not a LlamaRMSNorm" in result.reason, result
+    model = _tiny("llama", torch.float32, "cpu")
+    assert probe(model.model.layers[0]).family is LLAMA_DECODER
+
+    class ScaledResidual(type(model.model.layers[0])):  # one step more than the form: must not be fused away
+        def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                    use_cache=False, position_embeddings=None, **kwargs):
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+            hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                              position_ids=position_ids, past_key_values=past_key_values,
+                                              use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+            hidden_states = residual + 0.5 * hidden_states
+            residual = hidden_states
+            hidden_states = self.post_attention_layernorm(hidden_states)
+            hidden_states = self.mlp(hidden_states)
+            hidden_states = residual + hidden_states
+            return hidden_states
+
+    model.model.layers[0].__class__ = ScaledResidual
+    result = probe(model.model.layers[0])
+    assert result.family is None and "not the Llama decoder layer's" in result.reason, result
+    model = _tiny("llama", torch.float32, "cpu")
+    model.model.layers[0].post_attention_layernorm = nn.LayerNorm(_TINY["hidden_size"])
+    result = probe(model.model.layers[0])
+    assert result.family is None and "post_attention_layernorm" in result.reason
+
+    model = _tiny("llama", torch.float32, device)
+    reference = copy.deepcopy(model)
+    report = kernelize(model, mode=Mode.TRAINING, org=ORG, families=ALL_FAMILIES)
+    assert report.swapped["model.layers.1"] == "LlamaDecoderLayer"
+    ids = _prompt(device)
+    for m in (model, reference):
+        m.train()
+        m(ids, labels=ids).loss.backward()
+    grads = dict(reference.named_parameters())
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_float64_model_is_an_error_at_kernelize(installed, device):
     """A float64 model (the layers serve fp16 / bf16 / fp32) is refused by kernelize, naming the module and the dtype,
     before any swap; the same model in float32 then kernelizes."""

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ._common import offset_for_kernel, round_to
-from ._exact_stats import fused_ln_stats_vec, fused_rms_sumsq_vec, mean_sq_torch_order, rowwise_welford
+from ._exact_stats import fused_ln_stats_vec, fused_rms_sumsq_vec, mean_sq_torch_order, row_values, rowwise_welford
 from ._device import cdiv, is_interpreter, launch_options, next_power_of_2
 from ._fastlaunch import Launch, meta_items
 from ._rounding import round_dtype
@@ -37,14 +37,14 @@ LN_MEAN_FMA = 0
 
 
 @triton.jit
-def _rms_stats(base, rm, rows, N, factor, STATS: tl.constexpr, ROWS: tl.constexpr, ITERS: tl.constexpr,
+def _rms_stats(base, rbase, rm, rows, N, factor, STATS: tl.constexpr, ROWS: tl.constexpr, ITERS: tl.constexpr,
                VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr, CP: tl.constexpr,
                LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
                ALIGNED: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr):
-    """Mean of squares of ROWS rows, (ROWS,) fp32."""
+    """Mean of squares of ROWS rows, (ROWS,) fp32; ``rbase`` (a residual's rows: the mean order only) or None."""
     if STATS == 1:
-        var = mean_sq_torch_order(base, rm, rows, N, factor, ROWS, VEC, BW, BHR, CTAS, CP, ITERS, LOG_BHR, LOG_BW,
-                                  LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, SPLIT)
+        var = mean_sq_torch_order(base, rbase, rm, rows, N, factor, ROWS, VEC, BW, BHR, CTAS, CP, ITERS, LOG_BHR,
+                                  LOG_BW, LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, SPLIT)
     elif STATS == 2:
         ss = fused_rms_sumsq_vec(base, rm, N, ROWS, ITERS, UNROLL, SPLIT)
         var = tl.math.div_rn(ss, tl.zeros_like(ss) + N)
@@ -55,14 +55,16 @@ def _rms_stats(base, rm, rows, N, factor, STATS: tl.constexpr, ROWS: tl.constexp
 
 
 @triton.jit
-def _rms_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, r, start, N, weight_offset, CAST_DTYPE: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
+def _rms_apply_chunk(base, rbase, w_ptr, b_ptr, y_ptr, h_ptr, rows64, rm, r, start, N, weight_offset,
+                     CAST_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
     OUT_DTYPE: tl.constexpr = y_ptr.dtype.element_ty
     offs = start + tl.arange(0, BLOCK_N)
     cm = offs < N
     m = rm & cm[None, :]
     # the re-read of rows the statistics loaded evict_last (see _exact_stats' docstring): evict_first now
-    x = tl.load(base + offs[None, :], mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    x = row_values(base, rbase, offs[None, :], m, "evict_first")
+    if h_ptr is not None:  # x + residual, rounded (exactly representable in h's dtype)
+        tl.store(h_ptr + rows64[:, None] * N + offs[None, :], x.to(h_ptr.dtype.element_ty), mask=m)
     y = round_to(x * r, CAST_DTYPE)
     if w_ptr is not None:
         w = tl.load(w_ptr + offs, mask=cm, other=0.0).to(tl.float32)
@@ -102,6 +104,41 @@ def _ln_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, mu, r, start, N, STAT
 
 
 @triton.jit
+def _rms_exact_rows(
+    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, rstd_ptr,
+    M, N, stride_x_row, stride_res_row, eps, weight_offset, factor,
+    CAST_DTYPE: tl.constexpr, STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
+    ITERS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
+    CP: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
+    ALIGNED: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """This program's ROWS rows: the statistics, then the normalisation; with ``res_ptr`` (and ``h_ptr``) the rows
+    normalised are ``x + residual`` rounded to the residual's dtype (``row_values``), recomputed in both passes
+    from the same loads and stored to h by the second."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: M may pass 2^31
+    rmask = rows < M
+    base = x_ptr + rows[:, None] * stride_x_row
+    if res_ptr is not None:
+        rbase = res_ptr + rows[:, None] * stride_res_row
+    else:
+        rbase = None
+    rm = rmask[:, None]
+    var = _rms_stats(base, rbase, rm, rows, N, factor, STATS, ROWS, ITERS, VEC, BW, BHR, CTAS, CP, LOG_BHR, LOG_BW,
+                     LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, SPLIT)
+    rstd = tl.math.rsqrt(var + eps)
+    if rstd_ptr is not None:  # None in inference
+        tl.store(rstd_ptr + rows, rstd, mask=rmask)
+    r = rstd[:, None]
+    if LOOP:
+        for start in range(0, N, BLOCK_N):
+            _rms_apply_chunk(base, rbase, w_ptr, b_ptr, y_ptr, h_ptr, rows, rm, r, start, N, weight_offset,
+                             CAST_DTYPE, BLOCK_N)
+    else:
+        _rms_apply_chunk(base, rbase, w_ptr, b_ptr, y_ptr, h_ptr, rows, rm, r, 0, N, weight_offset, CAST_DTYPE,
+                         BLOCK_N)
+
+
+@triton.jit
 def _rms_exact_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, rstd_ptr,
     M, N, stride_x_row, eps, weight_offset, factor,
@@ -111,21 +148,26 @@ def _rms_exact_fwd_kernel(
     ALIGNED: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
 ):
     # Bytes: read M*N*x twice (the second time mostly from cache) + N*(w [+ b]); write M*N*y + 4M.
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: M may pass 2^31
-    rmask = rows < M
-    base = x_ptr + rows[:, None] * stride_x_row
-    rm = rmask[:, None]
-    var = _rms_stats(base, rm, rows, N, factor, STATS, ROWS, ITERS, VEC, BW, BHR, CTAS, CP, LOG_BHR, LOG_BW,
-                     LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, SPLIT)
-    rstd = tl.math.rsqrt(var + eps)
-    if rstd_ptr is not None:  # None in inference
-        tl.store(rstd_ptr + rows, rstd, mask=rmask)
-    r = rstd[:, None]
-    if LOOP:
-        for start in range(0, N, BLOCK_N):
-            _rms_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows, rm, r, start, N, weight_offset, CAST_DTYPE, BLOCK_N)
-    else:
-        _rms_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows, rm, r, 0, N, weight_offset, CAST_DTYPE, BLOCK_N)
+    _rms_exact_rows(x_ptr, None, w_ptr, b_ptr, y_ptr, None, rstd_ptr, M, N, stride_x_row, 0, eps, weight_offset,
+                    factor, CAST_DTYPE, STATS, ROWS, BLOCK_N, LOOP, ITERS, VEC, BW, BHR, CTAS, CP, LOG_BHR, LOG_BW,
+                    LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, SPLIT)
+
+
+@triton.jit
+def _add_rms_exact_fwd_kernel(
+    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, rstd_ptr,
+    M, N, stride_x_row, stride_res_row, eps, weight_offset, factor,
+    CAST_DTYPE: tl.constexpr, STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
+    ITERS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
+    CP: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
+    ALIGNED: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
+):
+    # h = x + residual (rounded), then the mean order's RMSNorm of h: transformers' decoder layer's
+    # ``hidden_states = residual + hidden_states`` and ``post_attention_layernorm`` in one launch.
+    # Bytes: read M*N*(x + residual) twice (the second time mostly from cache) + N*(w [+ b]); write M*N*(y + h) + 4M.
+    _rms_exact_rows(x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, rstd_ptr, M, N, stride_x_row, stride_res_row, eps,
+                    weight_offset, factor, CAST_DTYPE, STATS, ROWS, BLOCK_N, LOOP, ITERS, VEC, BW, BHR, CTAS, CP,
+                    LOG_BHR, LOG_BW, LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, SPLIT)
 
 
 @triton.jit
@@ -260,12 +302,16 @@ def _fused_stats(N: int, vectorized: bool) -> tuple:
 def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.device, eps: float, weight_offset: float,
                    cast_dtype: Optional[torch.dtype], order: int, vectorized: bool, rows: Optional[int] = None,
                    num_warps: Optional[int] = None, unroll: Optional[int] = None,
-                   apply_bytes: Optional[int] = None, split: Optional[bool] = None) -> Launch:
+                   apply_bytes: Optional[int] = None, split: Optional[bool] = None,
+                   residual_stride: Optional[int] = None) -> Launch:
     """The launch of the RMS forward in torch's order ``order`` (ORDER_MEAN / ORDER_FUSED; ``vectorized``:
     :func:`fused_vectorized` of the call) on M rows of N elements ``stride_row`` apart, whose pointer
     arguments are (x, weight, bias, y, rstd): a pure function of its arguments, cached because it runs on
     every call of a layer (host time matters for small inputs). ``rows`` ... ``apply_bytes``: see :func:`_tiles`;
-    ``split``: the sum trees' layout, as ``rows`` ... ."""
+    ``split``: the sum trees' layout, as ``rows`` ... . ``residual_stride``: None, or the row stride of a residual
+    added first (ORDER_MEAN only): then the pointer arguments are (x, residual, weight, bias, y, h, rstd)."""
+    if residual_stride is not None and order != ORDER_MEAN:
+        raise ValueError("a residual is added in the exact forward only in the 'mean' order")
     factor = 1.0
     meta = dict(VEC=False, BW=1, BHR=1, CTAS=1, CP=1, LOG_BHR=0, LOG_BW=0, LOG_PAD=0, LOG_WRAP=0)
     if order == ORDER_MEAN:
@@ -280,21 +326,31 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
                                                     iters, unroll, apply_bytes, stats, split=split)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps,
                 ALIGNED=stats == STATS_MEAN and N % 4 == 0, UNROLL=unroll, SPLIT=split)
-    return Launch(_rms_exact_fwd_kernel, (cdiv(M, R),),
-                  meta_items(CAST_DTYPE=round_dtype(cast_dtype), **meta, **launch_options(_rms_exact_fwd_kernel)),
-                  (M, N, stride_row, eps, offset_for_kernel(weight_offset), factor), device)
+    kernel = _rms_exact_fwd_kernel if residual_stride is None else _add_rms_exact_fwd_kernel
+    strides = (stride_row,) if residual_stride is None else (stride_row, residual_stride)
+    return Launch(kernel, (cdiv(M, R),),
+                  meta_items(CAST_DTYPE=round_dtype(cast_dtype), **meta, **launch_options(kernel)),
+                  (M, N, *strides, eps, offset_for_kernel(weight_offset), factor), device)
 
 
 def rms_exact_forward(x2: torch.Tensor, M: int, stride_row: int, weight, bias, y, rstd, eps: float,
                       weight_offset: float, cast_dtype: Optional[torch.dtype], order: int, x_orig: torch.Tensor,
                       rows: Optional[int] = None, num_warps: Optional[int] = None, unroll: Optional[int] = None,
-                      apply_bytes: Optional[int] = None, split: Optional[bool] = None):
+                      apply_bytes: Optional[int] = None, split: Optional[bool] = None, residual: tuple = ()):
     """Launches the RMS forward with torch's order ``order`` (ORDER_MEAN / ORDER_FUSED) on the M rows of
-    x2 (row 0 at its data pointer, ``stride_row`` elements apart, unit last-dim stride)."""
+    x2 (row 0 at its data pointer, ``stride_row`` elements apart, unit last-dim stride). ``residual``: empty, or
+    ``(r2, stride, h)`` (ORDER_MEAN): r2's rows (as x2's) are added to x2's first, rounded to h's dtype, and
+    stored to h (contiguous)."""
     N = x2.shape[-1]
     vectorized = order != ORDER_MEAN and fused_vectorized(x_orig, N, weight)
-    rms_exact_plan(M, N, stride_row, x2.element_size(), x2.device, eps, weight_offset, cast_dtype, order, vectorized,
-                   rows, num_warps, unroll, apply_bytes, split)((x2, weight, bias, y, rstd))
+    plan = rms_exact_plan(M, N, stride_row, x2.element_size(), x2.device, eps, weight_offset, cast_dtype, order,
+                          vectorized, rows, num_warps, unroll, apply_bytes, split,
+                          residual[1] if residual else None)
+    if residual:
+        r2, _, h = residual
+        plan((x2, r2, weight, bias, y, h, rstd))
+    else:
+        plan((x2, weight, bias, y, rstd))
 
 
 @functools.lru_cache(maxsize=4096)

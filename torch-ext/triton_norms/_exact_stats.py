@@ -97,26 +97,39 @@ def _y_then_x(t, BHR: tl.constexpr, BW: tl.constexpr, LOG_BHR: tl.constexpr, LOG
 
 
 @triton.jit
-def _mean_chunk(acc, base, rm, c, it, head, nvec, inner, tid, N, T: tl.constexpr, NT: tl.constexpr,
+def row_values(base, rbase, off, mask, EVICT: tl.constexpr):
+    """fp32 values of the rows at ``base + off`` (0 where ``mask`` is false); with ``rbase`` (the residual's rows,
+    or None) the sum ``base[off] + rbase[off]`` computed in fp32 and rounded once to the residual's dtype, as
+    ``residual + hidden_states`` rounds in a model's dtype, then widened."""
+    v = tl.load(base + off, mask=mask, other=0.0, eviction_policy=EVICT)
+    if rbase is not None:
+        r = tl.load(rbase + off, mask=mask, other=0.0, eviction_policy=EVICT)
+        v = (v.to(tl.float32) + r.to(tl.float32)).to(rbase.dtype.element_ty)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _mean_chunk(acc, base, rbase, rm, c, it, head, nvec, inner, tid, N, T: tl.constexpr, NT: tl.constexpr,
                 VEC: tl.constexpr):
     if VEC:
         q0 = it * T + c * NT
         m = rm & (q0 + tid < nvec)
-        v = tl.load(base + head + q0 * 4 + inner, mask=m, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        v = row_values(base, rbase, head + q0 * 4 + inner, m, "evict_last")
     else:
         e = (4 * it + inner // NT) * T + c * NT + inner % NT
-        v = tl.load(base + e, mask=rm & (e < N), other=0.0, eviction_policy="evict_last").to(tl.float32)
+        v = row_values(base, rbase, e, rm & (e < N), "evict_last")
     return acc + v * v
 
 
 @triton.jit
 def mean_sq_torch_order(
-    base, rm, rows, N, factor,
+    base, rbase, rm, rows, N, factor,
     ROWS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
     CP: tl.constexpr, ITERS: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr,
     LOG_WRAP: tl.constexpr, ALIGNED: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """``x.float().pow(2).mean(-1)`` of ROWS rows, summed as ATen's generic reduce kernel does. Returns (ROWS,).
+    ``rbase``: None, or the residual's rows: then x is ``row_values``' rounded sum of both.
 
     ``ALIGNED``: N is a multiple of 4, so every row of the fp32 copy starts on a 16-byte boundary (no head
     elements; the loads then vectorise). ``UNROLL``: loop trips per unrolled group (each thread still adds its
@@ -144,25 +157,25 @@ def mean_sq_torch_order(
     for c in range(CTAS):
         if VEC and not ALIGNED:
             hm = rm & (c == 0) & (s > 0) & (lane == 0) & (tid >= s) & (tid < 4)
-            acc = tl.load(base + (tid - s), mask=hm, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            acc = row_values(base, rbase, tid - s, hm, "evict_last")
             acc = acc * acc
         else:
             acc = tl.zeros([ROWS, INNER], tl.float32)
         if UNROLL >= ITERS:
             for it in tl.static_range(ITERS):
-                acc = _mean_chunk(acc, base, rm, c, it, head, nvec, inner, tid, N, T, NT, VEC)
+                acc = _mean_chunk(acc, base, rbase, rm, c, it, head, nvec, inner, tid, N, T, NT, VEC)
         else:
             for g in range(ITERS // UNROLL):
                 for u in tl.static_range(UNROLL):
-                    acc = _mean_chunk(acc, base, rm, c, g * UNROLL + u, head, nvec, inner, tid, N, T, NT, VEC)
+                    acc = _mean_chunk(acc, base, rbase, rm, c, g * UNROLL + u, head, nvec, inner, tid, N, T, NT,
+                                      VEC)
             for u in tl.static_range(ITERS % UNROLL):
-                acc = _mean_chunk(acc, base, rm, c, ITERS - ITERS % UNROLL + u, head, nvec, inner, tid, N, T, NT,
-                                  VEC)
+                acc = _mean_chunk(acc, base, rbase, rm, c, ITERS - ITERS % UNROLL + u, head, nvec, inner, tid, N,
+                                  T, NT, VEC)
         if VEC:
             if not ALIGNED:
                 tm = rm & (c == 0) & (lane == 0) & (tid < (N - head) % 4)
-                v = tl.load(base + head + 4 * nvec + tid, mask=tm, other=0.0,
-                            eviction_policy="evict_last").to(tl.float32)
+                v = row_values(base, rbase, head + 4 * nvec + tid, tm, "evict_last")
                 acc = acc + v * v  # the row's tail, after the vectors (threads 0..2)
             a0, a1, a2, a3 = _lanes4(tl.reshape(acc, (ROWS, NT, 4)))
         else:

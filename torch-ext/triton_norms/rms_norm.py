@@ -213,7 +213,8 @@ def _rms_norm_fwd_impl(
     weight_offset: float, cast_dtype: Optional[torch.dtype], out_dtype: torch.dtype, order: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Returns (y, h, rstd); h is x + residual (empty without residual), rstd fp32 of shape x.shape[:-1].
-    ``order``: ``_torch_order.ORDER_*``, the summation order of the statistics (not with a residual)."""
+    ``order``: ``_torch_order.ORDER_*``, the summation order of the statistics (with a residual: ORDER_FAST or
+    ORDER_MEAN)."""
     return _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order, True)
 
 
@@ -234,11 +235,11 @@ def _rms_norm_forward(x, residual, weight, bias, eps, weight_offset, cast_dtype,
     check_launch_device(x, _rms_norm_fwd_kernel)
     N = x.shape[-1]
     x2, M, stride_x = rows_of(x)
-    if order != ORDER_FAST and residual is None:
-        rms_exact_forward(x2, M, stride_x, vector(weight), vector(bias), y, rstd, eps, weight_offset,
-                          cast_dtype, order, x)
-        return y, h, rstd
     r2, _, stride_r = rows_of(residual) if residual is not None else (None, 0, 0)
+    if order != ORDER_FAST:
+        rms_exact_forward(x2, M, stride_x, vector(weight), vector(bias), y, rstd, eps, weight_offset,
+                          cast_dtype, order, x, residual=() if residual is None else (r2, stride_r, h))
+        return y, h, rstd
     elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
     if N * elem > MAX_FUSED_BYTES and rms_wide_forward(
             x2, r2, vector(weight), vector(bias), y, h if residual is not None else None, rstd, M, N, stride_x,
@@ -573,11 +574,15 @@ def add_rms_norm(
     weight_offset: float = 0.0,
     cast_dtype: Optional[torch.dtype] = None,
     out_dtype: Optional[torch.dtype] = None,
+    torch_order: Optional[str] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Fused ``h = x + residual``; ``out = rms_norm(h)`` in one kernel pass.
 
     Args: as :func:`rms_norm`, plus ``residual`` of x's shape (fp16/bf16/fp32).
-    ``out_dtype`` defaults to residual.dtype (the dtype of h).
+    ``out_dtype`` defaults to residual.dtype (the dtype of h). ``torch_order``: None (fastest) or ``"mean"``
+    (h's squares summed in the order of CUDA ``h.float().pow(2).mean(-1)``: with ``cast_dtype=h.dtype``,
+    transformers' ``hidden_states = residual + hidden_states`` then its LlamaRMSNorm, bit for bit on CUDA);
+    ``"fused"`` is not offered with a residual (ValueError).
 
     Returns:
         ``(out, h)``: h = x + residual computed in fp32 and rounded once to
@@ -585,8 +590,58 @@ def add_rms_norm(
         is normalised from that rounded h. Gradients flow to x and residual
         (both receive dh_total = d(out)/dh + d(h)).
     """
+    if type(eps) is float and type(weight_offset) is float and eager_mode((x, residual, weight, bias), 2) == IMPL:
+        # plain eager inference: one validated plan per call signature, as rms_norm's (a decoder layer's call per
+        # token at batch 1 is host time)
+        xp, wp, bp, tensors = addressed_signature(x, weight, bias)
+        rp = residual.data_ptr()
+        key = (tensors, residual.dtype, residual.shape, residual.device, residual.is_contiguous(), rp & 15, eps,
+               weight_offset, cast_dtype, out_dtype, torch_order)
+        try:
+            plan = _ADD_PLANS.get(key)
+        except TypeError:  # an unhashable argument: the general path names it
+            plan = _GENERAL
+        if plan is None:
+            plan = _ADD_PLANS.add(key, _add_infer_plan(x, residual, weight, bias, eps, weight_offset, cast_dtype,
+                                                       out_dtype, torch_order))
+        if plan is not _GENERAL:
+            y_dtype, run = plan
+            y, h = torch.empty_like(x, dtype=y_dtype), torch.empty_like(residual)
+            if not run.at((xp, rp, wp, bp, y.data_ptr(), h.data_ptr(), None)):
+                run((x, residual, weight, bias, y, h, None))
+            return y, h
     check_float_tensor("residual", residual)  # required here (None would silently be rms_norm)
     eps, out_dtype = prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype)
-    y, h, _ = call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, residual, weight, bias, eps, check_weight_offset(weight_offset), cast_dtype, out_dtype, ORDER_FAST,
+    order = parse_order(torch_order, ("mean",))
+    y, h, _ = call_op(_rms_norm_fwd, _rms_norm_fwd_impl, x, residual, weight, bias, eps,
+                      check_weight_offset(weight_offset), cast_dtype, out_dtype, order,
                       autograd=_RMS_AUTOGRAD, infer=_rms_norm_infer)
     return y, h
+
+
+_ADD_PLANS = PlanCache()
+
+
+def _add_infer_plan(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order):
+    """Validates a plain eager inference call of :func:`add_rms_norm` (raising as it does) and returns
+    ``(y's dtype, FixedLaunch)``, the launch :func:`_rms_norm_infer` makes for every call of this signature, whose
+    pointers are (x, residual, weight, bias, y, h, rstd = None); or ``_GENERAL`` for calls it leaves to the
+    general path (empty or non-contiguous tensors, wide rows in the free order)."""
+    check_float_tensor("residual", residual)
+    eps, out_dtype = prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype)
+    order = parse_order(torch_order, ("mean",))
+    weight_offset = check_weight_offset(weight_offset)
+    N, device = x.shape[-1], x.device
+    elem = max(x.element_size(), residual.element_size())
+    if (x.numel() == 0 or not all(t is None or t.is_contiguous() for t in (x, residual, weight, bias))
+            or order == ORDER_FAST and N * elem > MAX_FUSED_BYTES):
+        return _GENERAL
+    check_launch_device(x, _rms_norm_fwd_kernel)
+    M = x.numel() // N
+    if order != ORDER_FAST:
+        run = rms_exact_plan(M, N, N, x.element_size(), device, eps, weight_offset, cast_dtype, order, False,
+                             residual_stride=N)
+    else:
+        run = Launch(_rms_norm_fwd_kernel, (M,), _fwd_meta(N, elem, device, cast_dtype, True),
+                     (N, N, N, eps, weight_offset), device)
+    return out_dtype, run.pinned()

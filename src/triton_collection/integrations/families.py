@@ -48,8 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ACTIVATION_FAMILIES", "ALL_FAMILIES", "FAMILIES", "Family", "KERNEL_DTYPES", "ProbeResult",
-           "candidate_families", "probe"]
+__all__ = ["ACTIVATION_FAMILIES", "ALL_FAMILIES", "FAMILIES", "Family", "KERNEL_DTYPES", "LLAMA_DECODER",
+           "ProbeResult", "STRUCTURE_FAMILIES", "candidate_families", "probe", "signature_form"]
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 """The floating dtypes every triton-collection kernel and layer takes (the shims refuse models holding others)."""
@@ -215,8 +215,36 @@ GATE_UP_MLP = Family("gate_up_mlp", "Phi3MLP", ACTIVATIONS_PACKAGE, _ref_gate_up
 kernel."""
 ACTIVATION_FAMILIES: tuple[Family, ...] = (*_HF_ACTIVATIONS.values(), GATED_MLP, GATE_UP_MLP)
 """transformers' decorated activation classes and gated MLPs (``kernelize(..., families=ALL_FAMILIES)``)."""
-ALL_FAMILIES: tuple[Family, ...] = FAMILIES + ACTIVATION_FAMILIES
-"""Norms, activations and gated MLPs."""
+
+
+def _ref_decoder_layer(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError("a decoder layer is classified by its form and its norm's probe, not run")
+
+
+LLAMA_DECODER = Family(
+    "llama_decoder", "LlamaDecoderLayer", NORMS_PACKAGE, _ref_decoder_layer,
+    ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"),
+    frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}),
+    forms=("def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,\n"
+           "            use_cache=False, position_embeddings=None, **kwargs):\n"
+           "    residual = hidden_states\n"
+           "    hidden_states = self.input_layernorm(hidden_states)\n"
+           "    hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,\n"
+           "        position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,\n"
+           "        position_embeddings=position_embeddings, **kwargs)\n"
+           "    hidden_states = residual + hidden_states\n"
+           "    residual = hidden_states\n"
+           "    hidden_states = self.post_attention_layernorm(hidden_states)\n"
+           "    hidden_states = self.mlp(hidden_states)\n"
+           "    hidden_states = residual + hidden_states\n"
+           "    return hidden_states\n",))
+"""transformers' Llama-form decoder layers (transformers 5.x): the residual add after attention and
+``post_attention_layernorm`` in one ``add_rms_norm``; mapped where the class's forward is this one (up to
+annotations and a docstring) and its ``post_attention_layernorm`` probes as the ``llama`` family."""
+STRUCTURE_FAMILIES: tuple[Family, ...] = (LLAMA_DECODER,)
+"""Layers that fuse steps across a model's modules (``kernelize(..., families=ALL_FAMILIES)``)."""
+ALL_FAMILIES: tuple[Family, ...] = FAMILIES + ACTIVATION_FAMILIES + STRUCTURE_FAMILIES
+"""Norms, activations, gated MLPs and decoder layers."""
 
 _HF_RMS_FAMILIES = (LLAMA, FP32_WEIGHT, GEMMA)
 _HF_KERNEL_LAYER_NAMES = {"RMSNorm", "RMSNormZeroCentered"}  # transformers' decorator names
@@ -252,6 +280,8 @@ def candidate_families(module: nn.Module) -> tuple[Family, ...]:
         return (DIFFUSERS_RMS,)
     if _is_gated_mlp(module):
         return (GATED_MLP,)
+    if all(isinstance(getattr(module, a, None), nn.Module) for a in LLAMA_DECODER.attrs):
+        return (LLAMA_DECODER,)
     if _is_gate_up_mlp(module):
         return (GATE_UP_MLP,)
     # `kernel_layer_name` is read from the class dict of the transformers-decorated class only.
@@ -287,6 +317,50 @@ def forward_form(source: str) -> str | None:
             return ast.Name(id=names.setdefault(node.id, f"v{len(names)}"), ctx=node.ctx)
 
     return ast.dump(ast.Module(body=[Rename().visit(s) for s in body], type_ignores=[]), annotate_fields=False)
+
+
+def signature_form(source: str) -> str | None:
+    """The shape of a ``forward``'s whole definition (parameters, defaults and body; names kept), with its
+    docstring, annotations and decorators' absence normalised away; None for anything but a plain ``def``."""
+    tree = ast.parse(textwrap.dedent(source))
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list:
+        return None
+    body = fn.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        body = body[1:]
+    args = fn.args
+    for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
+        if a is not None:
+            a.annotation = None
+    for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+        if isinstance(node, ast.AnnAssign):  # annotated assignments inside the body are not steps
+            return None
+    return ast.dump(ast.Module(body=[ast.FunctionDef(name="forward", args=args, body=body, decorator_list=[],
+                                                     returns=None, type_comment=None, type_params=[])],
+                               type_ignores=[]), annotate_fields=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _class_signature_form(forward) -> str | None:
+    try:
+        return signature_form(inspect.getsource(forward))
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+
+
+def _probe_decoder(module: nn.Module) -> ProbeResult:
+    """A Llama-form decoder layer: its class's forward is the family's form, and its ``post_attention_layernorm``
+    probes as the ``llama`` norm (whose numerics the fused ``add_rms_norm`` reproduces)."""
+    forms = frozenset(signature_form(f) for f in LLAMA_DECODER.forms)
+    if _class_signature_form(type(module).forward) not in forms:
+        return ProbeResult(None, "its forward is not the Llama decoder layer's that the LlamaDecoderLayer layer "
+                                 "reproduces")
+    norm = probe(module.post_attention_layernorm, (LLAMA,))
+    if norm.family is not LLAMA:
+        return ProbeResult(None, f"its post_attention_layernorm is not a LlamaRMSNorm-family norm ({norm.reason})")
+    return ProbeResult(LLAMA_DECODER, "its forward is the Llama decoder layer's and its post_attention_layernorm "
+                                      "probes as llama")
 
 
 @functools.lru_cache(maxsize=None)
@@ -376,6 +450,8 @@ def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed
     families = candidate_families(module) if families is None else families
     if not families:
         return ProbeResult(None, "not a class the collection's layers serve")
+    if families == (LLAMA_DECODER,):
+        return _probe_decoder(module)
     problem = _structure_problem(module)
     if problem is not None:
         return ProbeResult(None, problem)

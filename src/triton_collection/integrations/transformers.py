@@ -265,6 +265,10 @@ def kernelize(
         for cls in passed_over:
             cls.kernel_condition = staticmethod(lambda m: False)
         prior = [(module, vars(module).get("forward")) for _, module in targets]
+        # kernel functions attached inside a target (a decoder layer's attention holds transformers' rotary_pos_emb):
+        # kernels.kernelize would look each up in this call's mapping, which maps none (kernelize_rotary does)
+        hidden = {id(m): (m, vars(m).pop("_kernel_funcs")) for _, t in targets for m in t.modules()
+                  if "_kernel_funcs" in vars(m)}
         try:
             with kernels.use_kernel_mapping(mapping), _quiet_kernels_root_log():
                 for _, module in targets:
@@ -276,6 +280,9 @@ def kernelize(
                 else:
                     module.forward = forward
             raise
+        finally:
+            for module, funcs in hidden.values():
+                vars(module)["_kernel_funcs"] = funcs
     finally:
         for cls, attrs in saved.items():
             for attr in ("kernel_layer_name", "kernel_condition"):
