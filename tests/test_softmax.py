@@ -13,6 +13,7 @@ rounded output (what the kernel and torch both use), so rounding of y is not cou
 """
 
 import importlib
+import math
 import os
 import subprocess
 import sys
@@ -671,9 +672,11 @@ def test_inner_layout_merges_or_refuses(softmax, device):
 
 
 def _inner_fresh_plans(softmax, monkeypatch, split: bool):
-    """The softmax module with its plan caches cleared; with ``split`` False, two-pass inner tiles never split N."""
-    if not split:
-        monkeypatch.setattr(importlib.import_module(softmax.__name__ + "._inner"), "SPLIT_BELOW_PER_SM", 0)
+    """The softmax module with its plan caches cleared; two-pass inner tiles split N below 2 programs per SM,
+    forward and backward, with ``split``, else never."""
+    inner = importlib.import_module(softmax.__name__ + "._inner")
+    monkeypatch.setattr(inner, "SPLIT_BELOW_PER_SM", 2 if split else 0)
+    monkeypatch.setattr(inner, "SPLIT_BELOW_PER_SM_BWD", 2 if split else 0)
     mod = sys.modules[softmax.__name__ + ".softmax"]
     mod._FWD_PLANS.clear()
     mod._BWD_PLANS.clear()
@@ -738,17 +741,22 @@ def test_inner_split_over_a_long_reduced_dim(softmax, device, log):
 
 
 def test_inner_split_rule(softmax):
-    """``_inner._split``: one part in one pass or with at least ``SPLIT_BELOW_PER_SM`` programs per SM; otherwise
-    parts of whole tiles for about ``SPLIT_PER_SM`` programs per SM, never more parts than tiles."""
+    """``_inner._split``: one part in one pass or with at least ``SPLIT_BELOW_PER_SM`` programs per SM
+    (``SPLIT_BELOW_PER_SM_BWD`` in the backward); otherwise parts of whole tiles for about ``SPLIT_PER_SM`` programs
+    per SM, never more parts than tiles."""
     inner = importlib.import_module(softmax.__name__ + "._inner")
     cpu = torch.device("cpu")
     sms = inner.sm_count(cpu)
     assert inner._split(2, 5000, 512, False, cpu) == 1
-    assert inner._split(inner.SPLIT_BELOW_PER_SM * sms, 10**6, 512, True, cpu) == 1
-    assert inner._split(2, 10**6, 512, True, cpu) == inner.SPLIT_PER_SM * sms // 2
-    assert inner._split(3, 1025, 512, True, cpu) == 3  # cdiv(1025, 512) tiles
-    few = inner.SPLIT_BELOW_PER_SM * sms - 1
-    assert inner._split(few, 10**6, 512, True, cpu) == -(-inner.SPLIT_PER_SM * sms // few)
+    for backward in (False, True):
+        below = math.ceil((inner.SPLIT_BELOW_PER_SM_BWD if backward else inner.SPLIT_BELOW_PER_SM) * sms)
+        assert inner._split(below, 10**6, 512, True, cpu, backward) == 1
+        assert inner._split(2, 10**6, 512, True, cpu, backward) == inner.SPLIT_PER_SM * sms // 2
+        assert inner._split(3, 1025, 512, True, cpu, backward) == 3  # cdiv(1025, 512) tiles
+        few = below - 1
+        assert inner._split(few, 10**6, 512, True, cpu, backward) == -(-inner.SPLIT_PER_SM * sms // few)
+    # between the two thresholds the forward splits and the backward does not
+    assert inner._split(sms - 1, 10**6, 512, True, cpu) > 1 and inner._split(sms - 1, 10**6, 512, True, cpu, True) == 1
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])

@@ -9,8 +9,9 @@ over N in [BLOCK_N, BLOCK_I] tiles, so the stores (and x's loads where x's inner
 the inner axis; where x's reduced dim has unit stride instead (a transposed view), its loads are contiguous along N
 and the compiler converts the tile's layout between the load and the store. One pass when N fits a tile, else two
 (the statistics, then the output), as the row kernels' looped form. Where the outer and inner positions give too
-few programs to fill the GPU (a long reduced dim: (2, 32768, 1024) over dim 1, attention pooling over the tokens
-of (B, S, heads)), the two passes are two launches and N is split over several programs per column block: each
+few programs to fill the GPU (fewer than the multiprocessors, half of them in the backward; a long reduced dim:
+(2, 32768, 1024) over dim 1, attention pooling over the tokens of (B, S, heads)), the two passes are two launches
+and N is split over several programs per column block: each
 part writes its (max, sum of exp) (backward: its sum of y * dy) per inner position to an fp32 workspace, and the
 second launch combines the parts' partials before it writes its part of the output (the row kernels' split, along
 N). Forward and backward; any mask that merges the same way. Same math as the row kernels (fp32, max first, one
@@ -40,7 +41,8 @@ PER_WARP = 2048  # elements a warp holds in the one-pass form (64 a thread): few
 TALL_PER_WARP = 1024  # the same where N needs more than TALL_N rows, and in the two-pass form (8 warps on a TILE)
 TALL_N = 128
 MIN_INNER = 16  # inner positions per program where occupancy asks for narrower blocks (32-byte bf16 stores)
-SPLIT_BELOW_PER_SM = 2  # two passes with fewer programs than this per SM: N split over programs ...
+SPLIT_BELOW_PER_SM = 1.0  # forward: two passes with fewer programs than this per SM: N split over programs ...
+SPLIT_BELOW_PER_SM_BWD = 0.5  # backward: the same, below this many per SM
 SPLIT_PER_SM = 4  # ... to about this many per SM
 
 
@@ -258,12 +260,15 @@ def _config(O: int, N: int, I: int, device: torch.device) -> tuple:
     return block_n, block_i, loop, min(8, max(1, block_n * block_i // per_warp))
 
 
-def _split(programs: int, N: int, block_n: int, loop: bool, device: torch.device) -> int:
+def _split(programs: int, N: int, block_n: int, loop: bool, device: torch.device, backward: bool = False) -> int:
     """Parts of N per column block: 1 unless two passes would run fewer than ``SPLIT_BELOW_PER_SM`` programs per
-    multiprocessor (after ``_config`` narrowed the blocks), then enough for about ``SPLIT_PER_SM`` of them, each
-    part at least a tile."""
+    multiprocessor (``SPLIT_BELOW_PER_SM_BWD`` in the backward; after ``_config`` narrowed the blocks), then enough
+    for about ``SPLIT_PER_SM`` of them, each part at least a tile. H100, bf16, against the same tiles unsplit
+    (session 52, ``options_probe.py --only inner``): 8 x 131072 x 64 (0.24 programs per SM) forward 292 -> 1026 GB/s,
+    forward + backward 377 -> 1036; 2 x 32768 x 1024 (0.97) forward 900 -> 1086 but forward + backward 1067 -> 975;
+    4 x 1024 x 1024 (1.94, 16 MiB) forward 1629 -> 1132 (the second launch)."""
     sms = sm_count(device)
-    if not loop or programs >= SPLIT_BELOW_PER_SM * sms:
+    if not loop or programs >= (SPLIT_BELOW_PER_SM_BWD if backward else SPLIT_BELOW_PER_SM) * sms:
         return 1
     return min(cdiv(N, block_n), cdiv(SPLIT_PER_SM * sms, programs))
 
@@ -275,7 +280,7 @@ def inner_plan(kernel_args: tuple, layout: tuple, device: torch.device, backward
     O, N, I, strides = layout
     block_n, block_i, loop, warps = _config(O, N, I, device)
     iblocks = cdiv(I, block_i)
-    split = _split(O * iblocks, N, block_n, loop, device)
+    split = _split(O * iblocks, N, block_n, loop, device, backward)
     span = cdiv(cdiv(N, split), block_n) * block_n  # whole tiles per part: the last part takes the rest
     split = cdiv(N, span)
     grid = O * iblocks * split
