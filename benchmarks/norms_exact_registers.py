@@ -46,7 +46,7 @@ def launch_of(ex, kind: str, M: int, N: int, dtype: str = "bf16"):
         order = ex.ORDER_MEAN if kind == "mean" else ex.ORDER_FUSED
         plan = ex.rms_exact_plan(M, N, N, elem, cpu, 1e-6, 0.0, DTYPES[dtype] if kind == "mean" else None, order,
                                  N % 4 == 0)
-        absent = ("b_ptr", "rstd_ptr")
+        absent = ("b_ptr", "rstd_ptr", "res_ptr", "h_ptr")
     meta = dict(plan.meta, **dict.fromkeys(absent))
     kernel = plan.kernel
     options = {k: meta.pop(k) for k in OPTIONS if k in meta}
@@ -99,7 +99,7 @@ def main() -> int:
             for shape in args.shapes.split(","):
                 M, N = (int(v) for v in shape.split("x"))
                 kernel, consts, options = launch_of(ex, kind, M, N, args.dtype)
-                ints = {"M": M, "N": N, "stride_x_row": N}
+                ints = {"M": M, "N": N, "stride_x_row": N, "stride_res_row": 0}
                 usage = compile_for(kernel, consts, options, ints, target, Path(args.scratch), args.dtype)
                 if usage is not None:
                     regs, stack = usage

@@ -364,19 +364,18 @@ def test_shim_kernelizes_tiny_llama_norms_and_silu(installed, device, dtype):
     from triton_collection.integrations.families import ALL_FAMILIES
     from triton_collection.integrations.transformers import kernelize
 
-    from .test_transformers_shim import _greedy, _prompt, _tiny
+    from .test_transformers_shim import _eager_reference, _greedy, _prompt, _tiny
 
     model = _tiny("llama", dtype, device)
     ids = _prompt(device)
-    with torch.no_grad():
-        ref_logits = model(ids).logits
-    ref_tokens = _greedy(model, ids)
+    ref_logits, ref_tokens = _eager_reference(model, ids)
 
     report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
 
     assert report.swapped["model.layers.0.mlp.act_fn"] == "SiLUActivation"
     assert report.swapped["model.layers.1.mlp"] == "LlamaMLP"
-    assert sorted(report.swapped.values()) == ["LlamaMLP"] * 2 + ["LlamaRMSNorm"] * 5 + ["SiLUActivation"] * 2
+    assert sorted(report.swapped.values()) == (["LlamaDecoderLayer"] * 2 + ["LlamaMLP"] * 2 + ["LlamaRMSNorm"] * 5
+                                               + ["SiLUActivation"] * 2)
     assert report.layers["transformers.activations.SiLUActivation"] == f"{ORG}/triton-activations:SiLUActivation"
     assert report.layers["transformers.models.llama.modeling_llama.LlamaMLP"] == f"{ORG}/triton-activations:LlamaMLP"
     with torch.no_grad():

@@ -379,8 +379,8 @@ def test_e2e_per_run_column_skips_nan_repeats():
 
 
 def test_e2e_tiny_model_on_cpu(device, tmp_path, installed):
-    """The whole e2e flow on a tiny Llama: eager and kernelized (norms, MLPs, SiLU, rotary) give the same greedy
-    tokens."""
+    """The whole e2e flow on a tiny Llama: eager and kernelized (norms, MLPs, SiLU, decoder layers, rotary) give the
+    same greedy tokens."""
     if device != "cpu":
         pytest.skip("CPU flow check; the GPU runs the real shapes")
     result = e2e.run_e2e("tiny-llama", batches=(1, 3), new_tokens=3, prompt_len=5, device="cpu", dtype="float32", repeats=2)
@@ -398,12 +398,13 @@ def test_e2e_tiny_model_on_cpu(device, tmp_path, installed):
         for s, kr, er in zip(k["speedup_runs"], k["decode_tok_s_runs"], e["decode_tok_s_runs"]):
             assert (math.isnan(s) and (math.isnan(kr) or math.isnan(er))) or s == pytest.approx(kr / er)
         assert "speedup_runs" not in e
-    assert rows[("kernelize", 1)]["swapped"] == {"LlamaRMSNorm": 5, "LlamaMLP": 2, "SiLUActivation": 2,
-                                                 "RotaryPosEmb": 1}
+    assert rows[("kernelize", 1)]["swapped"] == {"LlamaDecoderLayer": 2, "LlamaRMSNorm": 5, "LlamaMLP": 2,
+                                                 "SiLUActivation": 2, "RotaryPosEmb": 1}
     paths = e2e.write_e2e_report(result, tmp_path, "e2e_tiny")
     md = paths[1].read_text()
     assert "| tiny-llama | 2 | 3 | kernelize |" in md and "| yes | yes |" in md and "| vs eager | per run |" in md
-    assert "kernelize swapped 2 × LlamaMLP, 5 × LlamaRMSNorm, 1 × RotaryPosEmb, 2 × SiLUActivation" in md
+    assert ("kernelize swapped 2 × LlamaDecoderLayer, 2 × LlamaMLP, 5 × LlamaRMSNorm, 1 × RotaryPosEmb, "
+            "2 × SiLUActivation") in md
 
 
 

@@ -64,6 +64,13 @@ def _greedy(model: nn.Module, ids: torch.Tensor, n: int = 6) -> torch.Tensor:
     return out[:, ids.shape[1]:]
 
 
+def _eager_reference(model: nn.Module, ids: torch.Tensor) -> tuple:
+    """(logits, greedy tokens) of ``model`` before kernelize."""
+    with torch.no_grad():
+        logits = model(ids).logits
+    return logits, _greedy(model, ids)
+
+
 def _prompt(device: str) -> torch.Tensor:
     return torch.randint(1, _TINY["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(1)).to(device)
 
@@ -412,9 +419,7 @@ def test_decoder_layer_fuses_the_residual_add_into_its_norm(installed, device, d
 
     model = _tiny("llama", dtype, device)
     ids = _prompt(device)
-    with torch.no_grad():
-        ref_logits = model(ids).logits
-    ref_tokens = _greedy(model, ids)
+    ref_logits, ref_tokens = _eager_reference(model, ids)
     report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
     assert [report.swapped[f"model.layers.{i}"] for i in range(2)] == ["LlamaDecoderLayer"] * 2
     calls = _count_fused(model, monkeypatch)

@@ -104,17 +104,21 @@ def _ln_apply_chunk(base, w_ptr, b_ptr, y_ptr, rows64, rm, mu, r, start, N, STAT
 
 
 @triton.jit
-def _rms_exact_rows(
-    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, rstd_ptr,
+def _rms_exact_fwd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, rstd_ptr,
+    res_ptr,  # (M, N) residual rows, or None
+    h_ptr,  # (M, N) contiguous output for x + residual, or None
     M, N, stride_x_row, stride_res_row, eps, weight_offset, factor,
     CAST_DTYPE: tl.constexpr, STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
     ITERS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
     CP: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
     ALIGNED: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """This program's ROWS rows: the statistics, then the normalisation; with ``res_ptr`` (and ``h_ptr``) the rows
-    normalised are ``x + residual`` rounded to the residual's dtype (``row_values``), recomputed in both passes
-    from the same loads and stored to h by the second."""
+    # Bytes: read M*N*x twice (the second time mostly from cache) + N*(w [+ b]); write M*N*y + 4M. With a residual
+    # (the mean order only: transformers' decoder layer's ``hidden_states = residual + hidden_states`` and
+    # ``post_attention_layernorm`` in one launch) the rows normalised are x + residual rounded to the residual's
+    # dtype (``row_values``), recomputed in both passes from the same loads and stored to h by the second: reads
+    # M*N*(x + residual) twice, writes M*N*h more.
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: M may pass 2^31
     rmask = rows < M
     base = x_ptr + rows[:, None] * stride_x_row
@@ -136,38 +140,6 @@ def _rms_exact_rows(
     else:
         _rms_apply_chunk(base, rbase, w_ptr, b_ptr, y_ptr, h_ptr, rows, rm, r, 0, N, weight_offset, CAST_DTYPE,
                          BLOCK_N)
-
-
-@triton.jit
-def _rms_exact_fwd_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, rstd_ptr,
-    M, N, stride_x_row, eps, weight_offset, factor,
-    CAST_DTYPE: tl.constexpr, STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
-    ITERS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
-    CP: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
-    ALIGNED: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
-):
-    # Bytes: read M*N*x twice (the second time mostly from cache) + N*(w [+ b]); write M*N*y + 4M.
-    _rms_exact_rows(x_ptr, None, w_ptr, b_ptr, y_ptr, None, rstd_ptr, M, N, stride_x_row, 0, eps, weight_offset,
-                    factor, CAST_DTYPE, STATS, ROWS, BLOCK_N, LOOP, ITERS, VEC, BW, BHR, CTAS, CP, LOG_BHR, LOG_BW,
-                    LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, SPLIT)
-
-
-@triton.jit
-def _add_rms_exact_fwd_kernel(
-    x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, rstd_ptr,
-    M, N, stride_x_row, stride_res_row, eps, weight_offset, factor,
-    CAST_DTYPE: tl.constexpr, STATS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, LOOP: tl.constexpr,
-    ITERS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BHR: tl.constexpr, CTAS: tl.constexpr,
-    CP: tl.constexpr, LOG_BHR: tl.constexpr, LOG_BW: tl.constexpr, LOG_PAD: tl.constexpr, LOG_WRAP: tl.constexpr,
-    ALIGNED: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
-):
-    # h = x + residual (rounded), then the mean order's RMSNorm of h: transformers' decoder layer's
-    # ``hidden_states = residual + hidden_states`` and ``post_attention_layernorm`` in one launch.
-    # Bytes: read M*N*(x + residual) twice (the second time mostly from cache) + N*(w [+ b]); write M*N*(y + h) + 4M.
-    _rms_exact_rows(x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, h_ptr, rstd_ptr, M, N, stride_x_row, stride_res_row, eps,
-                    weight_offset, factor, CAST_DTYPE, STATS, ROWS, BLOCK_N, LOOP, ITERS, VEC, BW, BHR, CTAS, CP,
-                    LOG_BHR, LOG_BW, LOG_PAD, LOG_WRAP, ALIGNED, UNROLL, SPLIT)
 
 
 @triton.jit
@@ -309,7 +281,7 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
     arguments are (x, weight, bias, y, rstd): a pure function of its arguments, cached because it runs on
     every call of a layer (host time matters for small inputs). ``rows`` ... ``apply_bytes``: see :func:`_tiles`;
     ``split``: the sum trees' layout, as ``rows`` ... . ``residual_stride``: None, or the row stride of a residual
-    added first (ORDER_MEAN only): then the pointer arguments are (x, residual, weight, bias, y, h, rstd)."""
+    added first (ORDER_MEAN only): then the pointer arguments are (x, weight, bias, y, rstd, residual, h)."""
     if residual_stride is not None and order != ORDER_MEAN:
         raise ValueError("a residual is added in the exact forward only in the 'mean' order")
     factor = 1.0
@@ -326,11 +298,10 @@ def rms_exact_plan(M: int, N: int, stride_row: int, elem: int, device: torch.dev
                                                     iters, unroll, apply_bytes, stats, split=split)
     meta.update(STATS=stats, ROWS=R, BLOCK_N=block_n, LOOP=loop, ITERS=iters, num_warps=warps,
                 ALIGNED=stats == STATS_MEAN and N % 4 == 0, UNROLL=unroll, SPLIT=split)
-    kernel = _rms_exact_fwd_kernel if residual_stride is None else _add_rms_exact_fwd_kernel
-    strides = (stride_row,) if residual_stride is None else (stride_row, residual_stride)
-    return Launch(kernel, (cdiv(M, R),),
-                  meta_items(CAST_DTYPE=round_dtype(cast_dtype), **meta, **launch_options(kernel)),
-                  (M, N, *strides, eps, offset_for_kernel(weight_offset), factor), device)
+    scalars = (M, N, stride_row, residual_stride or 0, eps, offset_for_kernel(weight_offset), factor)
+    return Launch(_rms_exact_fwd_kernel, (cdiv(M, R),),
+                  meta_items(CAST_DTYPE=round_dtype(cast_dtype), **meta, **launch_options(_rms_exact_fwd_kernel)),
+                  scalars if residual_stride is not None else (None, None, *scalars), device)
 
 
 def rms_exact_forward(x2: torch.Tensor, M: int, stride_row: int, weight, bias, y, rstd, eps: float,
@@ -346,11 +317,7 @@ def rms_exact_forward(x2: torch.Tensor, M: int, stride_row: int, weight, bias, y
     plan = rms_exact_plan(M, N, stride_row, x2.element_size(), x2.device, eps, weight_offset, cast_dtype, order,
                           vectorized, rows, num_warps, unroll, apply_bytes, split,
                           residual[1] if residual else None)
-    if residual:
-        r2, _, h = residual
-        plan((x2, r2, weight, bias, y, h, rstd))
-    else:
-        plan((x2, weight, bias, y, rstd))
+    plan((x2, weight, bias, y, rstd, residual[0], residual[2]) if residual else (x2, weight, bias, y, rstd))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -605,9 +605,12 @@ def add_rms_norm(
             plan = _ADD_PLANS.add(key, _add_infer_plan(x, residual, weight, bias, eps, weight_offset, cast_dtype,
                                                        out_dtype, torch_order))
         if plan is not _GENERAL:
-            y_dtype, run = plan
+            y_dtype, exact, run = plan
             y, h = torch.empty_like(x, dtype=y_dtype), torch.empty_like(residual)
-            if not run.at((xp, rp, wp, bp, y.data_ptr(), h.data_ptr(), None)):
+            if exact:
+                if not run.at((xp, wp, bp, y.data_ptr(), None, rp, h.data_ptr())):
+                    run((x, weight, bias, y, None, residual, h))
+            elif not run.at((xp, rp, wp, bp, y.data_ptr(), h.data_ptr(), None)):
                 run((x, residual, weight, bias, y, h, None))
             return y, h
     check_float_tensor("residual", residual)  # required here (None would silently be rms_norm)
@@ -624,9 +627,10 @@ _ADD_PLANS = PlanCache()
 
 def _add_infer_plan(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order):
     """Validates a plain eager inference call of :func:`add_rms_norm` (raising as it does) and returns
-    ``(y's dtype, FixedLaunch)``, the launch :func:`_rms_norm_infer` makes for every call of this signature, whose
-    pointers are (x, residual, weight, bias, y, h, rstd = None); or ``_GENERAL`` for calls it leaves to the
-    general path (empty or non-contiguous tensors, wide rows in the free order)."""
+    ``(y's dtype, torch-order kernel, FixedLaunch)``, the launch :func:`_rms_norm_infer` makes for every call of this
+    signature, whose pointers are (x, weight, bias, y, rstd = None, residual, h) in the torch order, else (x,
+    residual, weight, bias, y, h, rstd = None); or ``_GENERAL`` for calls it leaves to the general path (empty or
+    non-contiguous tensors, wide rows in the free order)."""
     check_float_tensor("residual", residual)
     eps, out_dtype = prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype)
     order = parse_order(torch_order, ("mean",))
@@ -644,4 +648,4 @@ def _add_infer_plan(x, residual, weight, bias, eps, weight_offset, cast_dtype, o
     else:
         run = Launch(_rms_norm_fwd_kernel, (M,), _fwd_meta(N, elem, device, cast_dtype, True),
                      (N, N, N, eps, weight_offset), device)
-    return out_dtype, run.pinned()
+    return out_dtype, order != ORDER_FAST, run.pinned()
