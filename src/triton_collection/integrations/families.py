@@ -320,8 +320,9 @@ def forward_form(source: str) -> str | None:
 
 
 def signature_form(source: str) -> str | None:
-    """The shape of a ``forward``'s whole definition (parameters, defaults and body; names kept), with its
-    docstring, annotations and decorators' absence normalised away; None for anything but a plain ``def``."""
+    """The shape of a ``forward``'s whole definition (parameters, defaults and body; names kept) without its
+    docstring and annotations; None for anything but an undecorated ``def`` (or for a body with an annotated
+    assignment, which this comparison does not normalise)."""
     tree = ast.parse(textwrap.dedent(source))
     fn = tree.body[0] if tree.body else None
     if not isinstance(fn, ast.FunctionDef) or fn.decorator_list:
@@ -334,7 +335,7 @@ def signature_form(source: str) -> str | None:
         if a is not None:
             a.annotation = None
     for node in ast.walk(ast.Module(body=body, type_ignores=[])):
-        if isinstance(node, ast.AnnAssign):  # annotated assignments inside the body are not steps
+        if isinstance(node, ast.AnnAssign):
             return None
     return ast.dump(ast.Module(body=[ast.FunctionDef(name="forward", args=args, body=body, decorator_list=[],
                                                      returns=None, type_comment=None, type_params=[])],
