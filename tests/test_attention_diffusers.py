@@ -166,11 +166,15 @@ def test_wan_training_backward_through_processors(attention, installed, device):
             assert (p.grad - rp.grad).abs().max().item() <= 1e-2 * scale, n
 
 
-def test_kernelize_diffusers_all_norm_families(attention, installed, device):
-    """norm_families=FAMILIES also swaps nn.LayerNorm / nn.RMSNorm (opt-in); outputs unchanged."""
+def test_kernelize_diffusers_all_norm_families(attention, installed, device, monkeypatch):
+    """norm_families=FAMILIES also swaps nn.LayerNorm / nn.RMSNorm (opt-in); outputs unchanged. Each norm class is
+    probed once (the plan's classification is the one the swap uses)."""
+    import triton_collection.integrations.transformers as shim
     from triton_collection.integrations.diffusers import kernelize
-    from triton_collection.integrations.families import FAMILIES
+    from triton_collection.integrations.families import FAMILIES, probe
 
+    probed = []
+    monkeypatch.setattr(shim, "probe", lambda module, *a, **k: probed.append(type(module)) or probe(module, *a, **k))
     torch.manual_seed(3)
     model, inputs, _ = on_device(tiny_flux(), device)
     model.eval()
@@ -178,6 +182,7 @@ def test_kernelize_diffusers_all_norm_families(attention, installed, device):
         ref = model(**inputs)[0]
     report = kernelize(model, norm_families=FAMILIES, device=device)
     assert {"LayerNorm", "TorchRMSNorm"} <= set(report.norms.values()), report.summary()
+    assert probed and len(probed) == len(set(probed)), probed
     with torch.no_grad():
         out = model(**inputs)[0]
     assert (out - ref).abs().max().item() <= fp32_tol(device) * max(ref.abs().max().item(), 1.0)
