@@ -71,7 +71,7 @@ from kernels import Mode
 
 from .. import DEFAULT_ORG
 from .families import DIFFUSERS_RMS, KERNEL_DTYPES, Family
-from .transformers import _check_mode, _device_type, kernelize_selected, select_layers
+from .transformers import _check_mode, _device_type, _kernelize_selected, select_layers
 
 __all__ = ["DiffusersKernelizeReport", "TritonFluxAttnProcessor", "TritonJointAttnProcessor", "TritonWanAttnProcessor",
            "kernelize"]
@@ -581,7 +581,7 @@ def _plan(model: torch.nn.Module, prefix: str, report, *, attention: bool, norms
                 plan["processors"][name] = cls
     if norms:
         chosen, refused = select_layers(model, families=families)
-        plan["norms"] = (chosen, refused) if chosen else None  # what kernelize_selected swaps: probed once
+        plan["norms"] = (chosen, refused) if chosen else None  # what _kernelize_selected swaps: probed once
         if not chosen:
             report.refused[prefix + "norms"] = (_default_norms_note(model) if families == (DIFFUSERS_RMS,) else
                                                 "no norm module of the families "
@@ -684,9 +684,9 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
     matmul_kernel = _load_package(matmul_kernel, "triton-matmul", hub, [t for *_, plan in plans for t in plan["ff"]])
     for prefix, model, plan in plans:
         if plan["norms"]:  # all or nothing (transformers.kernelize), before anything else of this model is swapped
-            norm_report = kernelize_selected(model, *plan["norms"], mode=mode, device_type=_device_type(model, device),
-                                             org=org, version=version, trust_remote_code=trust_remote_code,
-                                             families=families)
+            norm_report = _kernelize_selected(model, *plan["norms"], mode=mode,
+                                              device_type=_device_type(model, device), org=org, version=version,
+                                              trust_remote_code=trust_remote_code, families=families)
             inside = {f"{name}.{child}" for name, _, _ in plan["ada"] + plan["blocks"]
                       for child in ("norm", "norm1", "norm2", "norm3")}
             report.norms.update({prefix + name: layer for name, layer in norm_report.swapped.items()

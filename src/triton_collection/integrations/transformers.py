@@ -39,7 +39,7 @@ from torch import nn
 from .. import DEFAULT_ORG
 from .families import FAMILIES, KERNEL_DTYPES, Family, candidate_families, probe
 
-__all__ = ["KernelizeReport", "kernelize", "kernelize_selected", "select_layers"]
+__all__ = ["KernelizeReport", "kernelize", "select_layers"]
 
 log = logging.getLogger(__name__)
 
@@ -226,13 +226,13 @@ def kernelize(
     """
     _check_mode(mode)
     device_type = _device_type(model, device)
-    return kernelize_selected(model, *select_layers(model, families=families), mode=mode, device_type=device_type,
-                              org=org, version=version, trust_remote_code=trust_remote_code, families=families)
+    return _kernelize_selected(model, *select_layers(model, families=families), mode=mode, device_type=device_type,
+                               org=org, version=version, trust_remote_code=trust_remote_code, families=families)
 
 
-def kernelize_selected(model: nn.Module, chosen: dict[type, Family], refused: dict[str, str], *, mode: Mode,
-                       device_type: str, org: str, version: int, trust_remote_code: bool | list[str],
-                       families: tuple[Family, ...]) -> KernelizeReport:
+def _kernelize_selected(model: nn.Module, chosen: dict[type, Family], refused: dict[str, str], *, mode: Mode,
+                        device_type: str, org: str, version: int, trust_remote_code: bool | list[str],
+                        families: tuple[Family, ...]) -> KernelizeReport:
     """:func:`kernelize` after :func:`select_layers` (``chosen, refused``) for a caller that has classified the
     model itself (the diffusers shim plans before it swaps): the same swaps, report and errors, no second probe.
     ``mode`` checked and ``device_type`` resolved (``_device_type``) by the caller."""
