@@ -20,7 +20,7 @@ module of its own tests (or here) with its fixture name and two sample builders.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
@@ -153,8 +153,9 @@ decompositions, which differ from autograd in the last bits (transformers' layer
 them are compared within tolerance, not bit for bit."""
 
 
-def _llama_decoder_layer(device, dtype):
-    """transformers' LlamaDecoderLayer with random weights (norm weights around 1)."""
+def _llama_decoder_layer(pkg, device, dtype):
+    """transformers' LlamaDecoderLayer with random weights (norm weights around 1), its post_attention_layernorm
+    running the package's LlamaRMSNorm layer as kernelize leaves it (the decoder layer fuses only then)."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
@@ -165,6 +166,8 @@ def _llama_decoder_layer(device, dtype):
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(torch.randn(p.shape) * 0.5 + 1.0 if p.dim() == 1 else torch.randn(p.shape) / p.shape[-1] ** 0.5)
+    norm = layer.post_attention_layernorm
+    norm.forward = MethodType(pkg.layers.LlamaRMSNorm.forward, norm)
     return layer.to(device=device, dtype=dtype)
 
 
@@ -181,7 +184,7 @@ def _decoder_inputs(device, dtype):
 def _norm_layers(pkg) -> List[LayerSample]:
     x = lambda device, dtype: (randn((2, 3, N_NORM), device, dtype),)  # noqa: E731
     return [
-        LayerSample("LlamaDecoderLayer", _llama_decoder_layer, _decoder_inputs),
+        LayerSample("LlamaDecoderLayer", lambda d, t: _llama_decoder_layer(pkg, d, t), _decoder_inputs),
         LayerSample("LlamaRMSNorm", lambda d, t: _randomised(_hf_norm("LlamaRMSNorm")(N_NORM, eps=1e-6), d, t), x),
         LayerSample("Olmo2RMSNorm", lambda d, t: _randomised(_hf_norm("Olmo2RMSNorm")(N_NORM, eps=1e-6), d, t), x),
         LayerSample("GemmaRMSNorm", lambda d, t: _randomised(_hf_norm("GemmaRMSNorm")(N_NORM, eps=1e-6), d, t), x),

@@ -585,3 +585,79 @@ def test_a_forward_left_unreplaced_is_an_error(installed, device, monkeypatch):
     model = _tiny("llama", torch.float32, device)
     with pytest.raises(RuntimeError, match=r"still runs .*, not LlamaRMSNorm"):
         kernelize(model, mode=Mode.INFERENCE, org=ORG)
+
+
+def _doubled(norm: nn.Module) -> nn.Module:
+    """A user's subclass of ``norm``'s class that returns twice the norm, with ``norm``'s weight."""
+
+    class Doubled(type(norm)):
+        def forward(self, hidden_states):
+            return super().forward(hidden_states) * 2
+
+    new = Doubled(norm.weight.shape[0], eps=norm.variance_epsilon).to(device=norm.weight.device,
+                                                                      dtype=norm.weight.dtype)
+    new.load_state_dict(norm.state_dict())
+    return new
+
+
+def test_decoder_layer_fuses_only_a_norm_that_runs_the_llama_layer(installed, device, monkeypatch):
+    """A post_attention_layernorm replaced after kernelize (here by a user's subclass in layer 0) is not fused: the
+    layer fuses only where the norm runs triton-norms' LlamaRMSNorm layer, which kernelize put there after the
+    norm's class probed as the llama family. Logits match the eager model with the same replacement."""
+    import copy
+
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    model = _tiny("llama", torch.float16, device)
+    reference = copy.deepcopy(model)
+    kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+    for m in (model, reference):
+        m.model.layers[0].post_attention_layernorm = _doubled(m.model.layers[0].post_attention_layernorm)
+    calls = _count_fused(model, monkeypatch)
+    ids = _prompt(device)
+    with torch.no_grad():  # a fused doubled layer would be ~0.2 off; the other norms' fp32 sums may move an fp16 ulp
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=0, atol=2e-3)
+    assert calls == ["mean"]  # layer 1 only
+
+
+def test_decoder_layer_refuses_an_instance_whose_norm_is_another_class(installed, device):
+    """The decoder class is probed on its first instance; a later instance whose post_attention_layernorm is a user
+    subclass with another forward (here, twice the norm) is not that probe's norm: kernelize leaves that layer (and
+    its norm) as it was, naming it in ``refused``, and the logits stay the eager ones."""
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    model = _tiny("llama", torch.float16, device)
+    model.model.layers[1].post_attention_layernorm = _doubled(model.model.layers[1].post_attention_layernorm)
+    ids = _prompt(device)
+    with torch.no_grad():
+        ref = model(ids).logits
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+    assert report.swapped["model.layers.0"] == "LlamaDecoderLayer" and "model.layers.1" not in report.swapped
+    assert "post_attention_layernorm" in report.refused["model.layers.1"], report.refused
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref)
+
+
+def test_decoder_layer_runs_backward_and_global_hooks_of_its_norm(installed, device):
+    """A full backward hook on post_attention_layernorm and a global module forward hook (``torch.nn.modules.module.
+    register_module_forward_hook``) run as in the eager model: the layer takes the original steps while any hook
+    that ``nn.Module.__call__`` would run is registered."""
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    model = _tiny("llama", torch.float32, device)
+    kernelize(model, mode=Mode.TRAINING, org=ORG, families=ALL_FAMILIES)
+    norm = model.model.layers[0].post_attention_layernorm
+    ids = _prompt(device)
+    model.train()
+    backward, forward = [], []
+    handle = norm.register_full_backward_hook(lambda m, gi, go: backward.append(gi[0].shape))
+    model(ids, labels=ids).loss.backward()
+    handle.remove()
+    assert backward == [(*ids.shape, _TINY["hidden_size"])]
+    handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: forward.append(m) if m is norm else None)
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        handle.remove()
+    assert forward == [norm]

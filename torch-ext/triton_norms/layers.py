@@ -24,8 +24,9 @@ LayerNorm          torch.nn.LayerNorm                          --               
 
 ``LlamaDecoderLayer`` (transformers' Llama-form decoder layers) is the one layer that is not a norm: it runs the
 module's own ``input_layernorm``, ``self_attn`` and ``mlp`` and replaces ``residual + attention output`` and
-``post_attention_layernorm`` (a LlamaRMSNorm-family module) by one ``add_rms_norm`` call in the mean order, which
-gives the same bits on CUDA: one launch and one dispatch fewer per layer, which is host time in batch-1 decoding.
+``post_attention_layernorm`` (when it runs the LlamaRMSNorm layer) by one ``add_rms_norm`` call in the mean order,
+which gives the same bits on CUDA: one launch and one dispatch fewer per layer, which is host time in batch-1
+decoding.
 """
 
 from __future__ import annotations
@@ -69,6 +70,15 @@ class LlamaRMSNorm(nn.Module):
                         torch_order="mean")
 
 
+def _runs_hooks(module: nn.Module) -> bool:
+    """Whether calling ``module`` would run any hook (``nn.Module._call_impl``'s test): its own forward, forward-pre
+    and backward hooks, or global module hooks (``torch.nn.modules.module.register_module_forward_hook`` ...)."""
+    hooks = torch.nn.modules.module
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or hooks._global_forward_hooks or hooks._global_forward_pre_hooks
+                or hooks._global_backward_hooks or hooks._global_backward_pre_hooks)
+
+
 class LlamaDecoderLayer(nn.Module):
     """transformers' LlamaDecoderLayer (and the decoder layers of the same forward: Mistral, Qwen2, ...) with the
     residual add after attention fused into ``post_attention_layernorm``.
@@ -76,9 +86,11 @@ class LlamaDecoderLayer(nn.Module):
     ``h = residual + attn_out`` (rounded to the model dtype) and ``LlamaRMSNorm(h)`` come from one
     ``add_rms_norm(attn_out, residual, w, eps, cast_dtype=h.dtype, torch_order="mean")``: the same bits as the two
     steps on CUDA. Everything else is the module's own (``input_layernorm``, ``self_attn``, ``mlp``, and the second
-    residual add). Where the fusion would not be exact, the layer takes the original steps: the attention output
-    and the residual of different dtypes (torch would promote), or ``post_attention_layernorm`` running anything but
-    its class's forward or the LlamaRMSNorm layer (hooks, another swap).
+    residual add). The fusion needs ``post_attention_layernorm`` to run this package's LlamaRMSNorm layer (kernelize
+    swaps it there only after its class probed as a llama-family norm): otherwise (a norm left as it was, replaced
+    after kernelize, or swapped for something else), where calling it would run a hook (its forward, forward-pre or
+    backward hooks, global module hooks), or where the attention output and the residual differ in dtype (torch
+    would promote), the layer takes the original steps.
 
     Shapes: hidden_states (batch, seq, hidden), fp16/bf16/fp32; the rest as the replaced module's forward.
     """
@@ -100,10 +112,8 @@ class LlamaDecoderLayer(nn.Module):
                                           position_ids=position_ids, past_key_values=past_key_values,
                                           use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
         norm = self.post_attention_layernorm
-        own = vars(norm).get("forward")
-        if (hidden_states.dtype != residual.dtype or norm._forward_hooks or norm._forward_pre_hooks
-                or own is not None and getattr(own, "__func__", None) not in (LlamaRMSNorm.forward,
-                                                                               type(norm).forward)):
+        if (hidden_states.dtype != residual.dtype or _runs_hooks(norm)
+                or getattr(vars(norm).get("forward"), "__func__", None) is not LlamaRMSNorm.forward):
             hidden_states = residual + hidden_states
             residual = hidden_states
             hidden_states = norm(hidden_states)

@@ -37,7 +37,7 @@ from kernels import LayerRepository, LocalLayerRepository, Mode
 from torch import nn
 
 from .. import DEFAULT_ORG
-from .families import FAMILIES, KERNEL_DTYPES, Family, candidate_families, probe
+from .families import FAMILIES, KERNEL_DTYPES, LLAMA, LLAMA_DECODER, Family, candidate_families, probe
 
 __all__ = ["KernelizeReport", "kernelize", "select_layers"]
 
@@ -56,7 +56,8 @@ class KernelizeReport:
         mode: the ``kernels.Mode`` requested.
         swapped: qualified module name -> Hub layer name, for every module whose forward was replaced.
         layers: class (``module.QualName``) -> ``"<repo_id>:<layer>"`` chosen for it.
-        refused: class -> reason, for norm-like classes left untouched.
+        refused: class -> reason, for norm-like classes left untouched; module name -> reason for a decoder layer
+            left untouched (its post_attention_layernorm is not swapped for the LlamaRMSNorm layer).
     """
 
     device: str
@@ -125,6 +126,26 @@ def select_layers(model: nn.Module, *, families: tuple[Family, ...] = FAMILIES) 
             chosen[cls] = result.family
             log.debug("%s -> %s (%s)", _class_key(cls), result.family.layer, result.reason)
     return chosen, refused
+
+
+def _targets(model: nn.Module, chosen: dict[type, Family], refused: dict[str, str]) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of every instance of a chosen class, but a decoder layer only where its own
+    ``post_attention_layernorm`` is an instance of a class chosen for the llama norm layer (a class is probed on
+    its first instance; a user's norm subclass in one layer is another class): others go to ``refused`` by module
+    name. Classes left without an instance leave ``chosen``."""
+    targets = []
+    for name, module in model.named_modules():
+        family = chosen.get(type(module))
+        if family is LLAMA_DECODER and chosen.get(type(module.post_attention_layernorm)) is not LLAMA:
+            refused[name or type(model).__name__] = (
+                f"its post_attention_layernorm ({type(module.post_attention_layernorm).__name__}) is not swapped for "
+                "the LlamaRMSNorm layer (its class is refused, or the llama family is not among the families), so "
+                "the fused add_rms_norm would not be that norm")
+        elif family is not None:
+            targets.append((name, module))
+    for cls in set(chosen) - {type(m) for _, m in targets}:
+        del chosen[cls]
+    return targets
 
 
 def _local_override(repo_id: str) -> Path | None:
@@ -236,6 +257,7 @@ def _kernelize_selected(model: nn.Module, chosen: dict[type, Family], refused: d
     """:func:`kernelize` after :func:`select_layers` (``chosen, refused``) for a caller that has classified the
     model itself (the diffusers shim plans before it swaps): the same swaps, report and errors, no second probe.
     ``mode`` checked and ``device_type`` resolved (``_device_type``) by the caller."""
+    targets = _targets(model, chosen, refused)
     if not chosen:
         detail = "; ".join(f"{k}: {v}" for k, v in refused.items()) \
             or f"no module of the families {', '.join(f.name for f in families)} found"
@@ -251,7 +273,6 @@ def _kernelize_selected(model: nn.Module, chosen: dict[type, Family], refused: d
     key = {family: f"{_MAPPING_PREFIX}/{family.package}:{family.layer}" for family in repos}
     mapping = {key[family]: {device_type: repo} for family, (_, repo, _) in repos.items()}
 
-    targets = [(name, module) for name, module in model.named_modules() if type(module) in chosen]
     for name, module in targets:  # before any swap: the layers would refuse these dtypes at the first forward
         dtype = next((t.dtype for t in module.parameters() if t.dtype not in KERNEL_DTYPES), None)
         if dtype is not None:
