@@ -490,6 +490,39 @@ def test_decoder_layer_probe_and_training(installed, device):
         torch.testing.assert_close(param.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_accelerate_hooks_stay_around_the_swapped_forwards(installed, device):
+    """accelerate's hooks (``dispatch_model`` / ``device_map="auto"`` put one on each block it places) wrap a
+    module's forward and call ``module._old_forward``: kernelize swaps that, so the hook still runs around the Hub
+    layer (before, the swap replaced the hook's wrapper and the hook never ran). A decoder layer and the final norm
+    carry hooks here; fp16 logits equal eager's and every hook ran once per forward."""
+    accelerate_hooks = pytest.importorskip("accelerate.hooks")
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    class Count(accelerate_hooks.ModelHook):
+        def __init__(self):
+            self.calls = 0
+
+        def pre_forward(self, module, *args, **kwargs):
+            self.calls += 1
+            return args, kwargs
+
+    model = _tiny("llama", torch.float16, device)
+    ids = _prompt(device)
+    hooks = {name: Count() for name in ("model.layers.0", "model.norm")}
+    modules = dict(model.named_modules())
+    for name, hook in hooks.items():
+        accelerate_hooks.add_hook_to_module(modules[name], hook)
+    with torch.no_grad():
+        ref = model(ids).logits
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+    assert report.swapped["model.layers.0"] == "LlamaDecoderLayer" and report.swapped["model.norm"] == "LlamaRMSNorm"
+    assert modules["model.norm"]._old_forward.__func__.__qualname__ == "LlamaRMSNorm.forward"
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert torch.equal(logits, ref)
+    assert {name: hook.calls for name, hook in hooks.items()} == {"model.layers.0": 2, "model.norm": 2}
+
+
 def test_float64_model_is_an_error_at_kernelize(installed, device):
     """A float64 model (the layers serve fp16 / bf16 / fp32) is refused by kernelize, naming the module and the dtype,
     before any swap; the same model in float32 then kernelizes."""

@@ -299,10 +299,16 @@ def _kernelize_selected(model: nn.Module, chosen: dict[type, Family], refused: d
         # kernels.kernelize would look each up in this call's mapping, which maps none (kernelize_rotary does)
         hidden = {id(m): (m, vars(m).pop("_kernel_funcs")) for _, t in targets for m in t.modules()
                   if "_kernel_funcs" in vars(m)}
+        # accelerate's hooks (dispatch_model, device_map="auto": one on each block it places, moving inputs and
+        # offloaded weights) wrap the forward and call module._old_forward: the swap goes there, under the hook
+        hooked = {id(module): (module, vars(module)["forward"]) for _, module in targets
+                  if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward") and "forward" in vars(module)}
         try:
             with kernels.use_kernel_mapping(mapping), _quiet_kernels_root_log():
                 for _, module in targets:
                     kernels.kernelize(module, mode=mode, device=device_type, use_fallback=False)
+            for module, wrapper in hooked.values():
+                module._old_forward, module.forward = module.forward, wrapper
         except BaseException:
             for module, forward in prior:  # all or nothing: no half-kernelized model
                 if forward is None:
@@ -327,7 +333,7 @@ def _kernelize_selected(model: nn.Module, chosen: dict[type, Family], refused: d
     for name, module in targets:
         family = chosen[type(module)]
         expected = repos[family][2].forward
-        func = getattr(module.forward, "__func__", None)
+        func = getattr(module._old_forward if id(module) in hooked else module.forward, "__func__", None)
         if func is None or (func.__module__, func.__qualname__) != (expected.__module__, expected.__qualname__):
             raise RuntimeError(f"kernelize: {name or type(model).__name__} still runs {module.forward!r}, not {family.layer}")
         report.swapped[name] = family.layer
