@@ -27,6 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._rounding import round_to
+
 
 @triton.jit
 def _fold_mid(t, LEVELS: tl.constexpr, SPLIT: tl.constexpr):
@@ -101,11 +103,11 @@ def row_values(base, rbase, off, mask, EVICT: tl.constexpr):
     """fp32 values of the rows at ``base + off`` (0 where ``mask`` is false); with ``rbase`` (the residual's rows,
     or None) the sum ``base[off] + rbase[off]`` computed in fp32 and rounded once to the residual's dtype, as
     ``residual + hidden_states`` rounds in a model's dtype, then widened."""
-    v = tl.load(base + off, mask=mask, other=0.0, eviction_policy=EVICT)
-    if rbase is not None:
-        r = tl.load(rbase + off, mask=mask, other=0.0, eviction_policy=EVICT)
-        v = (v.to(tl.float32) + r.to(tl.float32)).to(rbase.dtype.element_ty)
-    return v.to(tl.float32)
+    v = tl.load(base + off, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    if rbase is not None:  # the rounding of _common.input_of (nearest even under the interpreter too)
+        v = round_to(v + tl.load(rbase + off, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32),
+                     rbase.dtype.element_ty)
+    return v
 
 
 @triton.jit

@@ -465,7 +465,8 @@ def rms_norm(
         except TypeError:  # an unhashable argument: the general path names it
             plan = _GENERAL
         if plan is None:
-            plan = plans.add(key, _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order)
+            plan = plans.add(key, _infer_plan(x, None, weight, bias, eps, weight_offset, cast_dtype, out_dtype,
+                                              torch_order)
                              if mode == IMPL else
                              _train_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order))
         if plan is not _GENERAL:
@@ -489,29 +490,33 @@ _INFER_PLANS = PlanCache()
 _GENERAL = object()  # plan of a call the general path serves
 
 
-def _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order):
-    """Validates a plain eager call of :func:`rms_norm` (raising as it does) and returns its inference plan (of which
-    :func:`_train_plan` takes the launch):
+def _infer_plan(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order):
+    """Validates a plain eager call of :func:`rms_norm` (``residual`` None) or of :func:`add_rms_norm` (raising as
+    they do) and returns its inference plan (of which :func:`_train_plan` takes the launch):
     ``(output dtype, or None for x's; torch-order kernel; FixedLaunch)``, the launch :func:`_rms_norm_infer`
     makes for every call of this signature (the key fixes the pointers' alignment, which also decides
     ``F.rms_norm``'s kernel; y is a new allocation, which starts on 16 bytes), or ``_GENERAL`` for calls it leaves
-    to the general path (empty or non-contiguous tensors, wide rows in the free order)."""
-    eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
-    order = parse_order(torch_order)
+    to the general path (empty or non-contiguous tensors, wide rows in the free order). Its pointers: (x, weight,
+    bias, y, rstd[, residual, h]) in a torch order, (x, residual, weight, bias, y, h, rstd) in the free order."""
+    if residual is not None:
+        check_float_tensor("residual", residual)
+    eps, out_dtype = prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype)
+    order = parse_order(torch_order) if residual is None else parse_order(torch_order, ("mean",))
     weight_offset = check_weight_offset(weight_offset)
-    N, elem, device = x.shape[-1], x.element_size(), x.device
-    if (x.numel() == 0 or not x.is_contiguous()
-            or any(t is not None and not t.is_contiguous() for t in (weight, bias))
+    N, device = x.shape[-1], x.device
+    elem = max(x.element_size(), residual.element_size() if residual is not None else 1)
+    if (x.numel() == 0 or not all(t is None or t.is_contiguous() for t in (x, residual, weight, bias))
             or order == ORDER_FAST and N * elem > MAX_FUSED_BYTES):
         return _GENERAL
     check_launch_device(x, _rms_norm_fwd_kernel)
     M = x.numel() // N
     if order != ORDER_FAST:
-        run = rms_exact_plan(M, N, N, elem, device, eps, weight_offset, cast_dtype, order,
-                             order == ORDER_FUSED and fused_vectorized(x, N, weight))
+        run = rms_exact_plan(M, N, N, x.element_size(), device, eps, weight_offset, cast_dtype, order,
+                             order == ORDER_FUSED and fused_vectorized(x, N, weight),
+                             residual_stride=None if residual is None else N)
     else:
-        run = Launch(_rms_norm_fwd_kernel, (M,), _fwd_meta(N, elem, device, cast_dtype, False),
-                     (N, 0, N, eps, weight_offset), device)
+        run = Launch(_rms_norm_fwd_kernel, (M,), _fwd_meta(N, elem, device, cast_dtype, residual is not None),
+                     (N, 0 if residual is None else N, N, eps, weight_offset), device)
     return (None if out_dtype == x.dtype else out_dtype), order != ORDER_FAST, run.pinned()
 
 
@@ -521,7 +526,7 @@ def _train_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torc
     order), then ``(exact order, the forward launch that stores rstd, the backward plans)``; or ``_GENERAL`` where
     :func:`_infer_plan` leaves the call to the general path. The launch is a plan of its own: its kernel is
     compiled with an rstd pointer."""
-    infer = _infer_plan(x, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order)
+    infer = _infer_plan(x, None, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order)
     if infer is _GENERAL:
         return _GENERAL
     eps, out_dtype = prepare_rms_args(x, None, weight, bias, eps, cast_dtype, out_dtype)
@@ -602,8 +607,8 @@ def add_rms_norm(
         except TypeError:  # an unhashable argument: the general path names it
             plan = _GENERAL
         if plan is None:
-            plan = _ADD_PLANS.add(key, _add_infer_plan(x, residual, weight, bias, eps, weight_offset, cast_dtype,
-                                                       out_dtype, torch_order))
+            plan = _ADD_PLANS.add(key, _infer_plan(x, residual, weight, bias, eps, weight_offset, cast_dtype,
+                                                   out_dtype, torch_order))
         if plan is not _GENERAL:
             y_dtype, exact, run = plan
             y, h = torch.empty_like(x, dtype=y_dtype), torch.empty_like(residual)
@@ -623,29 +628,3 @@ def add_rms_norm(
 
 
 _ADD_PLANS = PlanCache()
-
-
-def _add_infer_plan(x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, torch_order):
-    """Validates a plain eager inference call of :func:`add_rms_norm` (raising as it does) and returns
-    ``(y's dtype, torch-order kernel, FixedLaunch)``, the launch :func:`_rms_norm_infer` makes for every call of this
-    signature, whose pointers are (x, weight, bias, y, rstd = None, residual, h) in the torch order, else (x,
-    residual, weight, bias, y, h, rstd = None); or ``_GENERAL`` for calls it leaves to the general path (empty or
-    non-contiguous tensors, wide rows in the free order)."""
-    check_float_tensor("residual", residual)
-    eps, out_dtype = prepare_rms_args(x, residual, weight, bias, eps, cast_dtype, out_dtype)
-    order = parse_order(torch_order, ("mean",))
-    weight_offset = check_weight_offset(weight_offset)
-    N, device = x.shape[-1], x.device
-    elem = max(x.element_size(), residual.element_size())
-    if (x.numel() == 0 or not all(t is None or t.is_contiguous() for t in (x, residual, weight, bias))
-            or order == ORDER_FAST and N * elem > MAX_FUSED_BYTES):
-        return _GENERAL
-    check_launch_device(x, _rms_norm_fwd_kernel)
-    M = x.numel() // N
-    if order != ORDER_FAST:
-        run = rms_exact_plan(M, N, N, x.element_size(), device, eps, weight_offset, cast_dtype, order, False,
-                             residual_stride=N)
-    else:
-        run = Launch(_rms_norm_fwd_kernel, (M,), _fwd_meta(N, elem, device, cast_dtype, True),
-                     (N, N, N, eps, weight_offset), device)
-    return out_dtype, order != ORDER_FAST, run.pinned()

@@ -350,11 +350,15 @@ def _class_signature_form(forward) -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=None)
+def _decoder_forms() -> frozenset:
+    return frozenset(signature_form(f) for f in LLAMA_DECODER.forms)
+
+
 def _probe_decoder(module: nn.Module) -> ProbeResult:
     """A Llama-form decoder layer: its class's forward is the family's form, and its ``post_attention_layernorm``
     probes as the ``llama`` norm (whose numerics the fused ``add_rms_norm`` reproduces)."""
-    forms = frozenset(signature_form(f) for f in LLAMA_DECODER.forms)
-    if _class_signature_form(type(module).forward) not in forms:
+    if _class_signature_form(type(module).forward) not in _decoder_forms():
         return ProbeResult(None, "its forward is not the Llama decoder layer's that the LlamaDecoderLayer layer "
                                  "reproduces")
     norm = probe(module.post_attention_layernorm, (LLAMA,))
