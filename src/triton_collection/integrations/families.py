@@ -298,19 +298,28 @@ def candidate_families(module: nn.Module) -> tuple[Family, ...]:
     return ()
 
 
+def _plain_def(source: str) -> tuple:
+    """``(the undecorated function definition of source, its body without the docstring)``, or ``(None, None)``."""
+    tree = ast.parse(textwrap.dedent(source))
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list:
+        return None, None
+    body = fn.body
+    first = body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        body = body[1:]
+    return fn, body
+
+
 def forward_form(source: str) -> str | None:
     """The shape of a one-tensor ``forward``'s source: its body's syntax tree with the docstring dropped, the two
     parameters named ``self`` and ``x`` and every other name numbered in order of appearance (annotations are not
     part of it); None for anything but a plain ``def`` of two positional parameters."""
-    tree = ast.parse(textwrap.dedent(source))
-    fn = tree.body[0] if tree.body else None
-    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list or fn.args.vararg or fn.args.kwarg \
-            or fn.args.kwonlyargs or fn.args.posonlyargs or len(fn.args.args) != 2:
+    fn, body = _plain_def(source)
+    if fn is None or fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs or fn.args.posonlyargs \
+            or len(fn.args.args) != 2:
         return None
     names = {fn.args.args[0].arg: "self", fn.args.args[1].arg: "x"}
-    body = fn.body
-    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-        body = body[1:]
 
     class Rename(ast.NodeTransformer):
         def visit_Name(self, node: ast.Name) -> ast.Name:
@@ -323,13 +332,9 @@ def signature_form(source: str) -> str | None:
     """The shape of a ``forward``'s whole definition (parameters, defaults and body; names kept) without its
     docstring and annotations; None for anything but an undecorated ``def`` (or for a body with an annotated
     assignment, which this comparison does not normalise)."""
-    tree = ast.parse(textwrap.dedent(source))
-    fn = tree.body[0] if tree.body else None
-    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list:
+    fn, body = _plain_def(source)
+    if fn is None:
         return None
-    body = fn.body
-    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-        body = body[1:]
     args = fn.args
     for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
         if a is not None:
