@@ -279,3 +279,93 @@ def test_manifest_reads_each_package_version(tmp_path):
     (tmp_path / "build.toml").write_text('[general]\nname = "c"\n\n[general.hub]\norg = "o"\n\n'
                                          '[package.triton-x]\npython-name = "triton_x"\nversion = 3\n')
     assert load_manifest(tmp_path).package("triton-x").version == 3
+
+
+def _norms_only_root(tmp_path, manifest_edit=None):
+    """A collection of triton-norms alone (its source and the shared modules), build.toml optionally edited."""
+    import shutil
+
+    root = tmp_path / "coll"
+    shutil.copytree(ROOT / "torch-ext" / "_shared", root / "torch-ext" / "_shared")
+    shutil.copytree(ROOT / "torch-ext" / "triton_norms", root / "torch-ext" / "triton_norms")
+    manifest = (ROOT / "build.toml").read_text().split("[package.triton-activations]")[0]
+    (root / "build.toml").write_text(manifest_edit(manifest) if manifest_edit else manifest)
+    return root
+
+
+@pytest.mark.parametrize("version", ['"abc"', "1.5", "true", "0", "-1"])
+def test_a_version_that_is_not_a_whole_number_is_refused_in_one_line(version, tmp_path, capsys):
+    """``version = 1.5`` (or ``true``) in build.toml was truncated to v1 without a word, ``"abc"`` ended the CLI with
+    a traceback, ``-1`` left a half-written tree: the manifest refuses them, and the CLI says so in one line."""
+    from triton_collection.cli import main
+
+    root = _norms_only_root(tmp_path, lambda m: m.replace("\nversion = 1\n", f"\nversion = {version}\n", 1))
+    with pytest.raises(ValueError, match=r"\[package.triton-norms\]: version must be a whole number >= 1"):
+        load_manifest(root)
+    for command in ("build", "install-local"):
+        with pytest.raises(SystemExit, match=r"build.toml: \[package.triton-norms\]: version must be a whole number"):
+            main([command, "--root", str(root), "--out", str(tmp_path / "out")])
+    (root / "build.toml").write_text("[general\n")  # not TOML at all: one line too
+    with pytest.raises(SystemExit, match=r"build.toml: "):
+        main(["build", "--root", str(root), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_rendered_build_toml_is_checked_with_kernels_parser_before_writing(tmp_path, capsys):
+    """A key kernel-builder does not know in the collection's ``[general]`` was rendered into the package's build.toml
+    without a word (the README says the rendered build.toml is validated with kernels' parser): now the build refuses
+    it, naming the key, before anything is written."""
+    from triton_collection.cli import main
+
+    root = _norms_only_root(tmp_path, lambda m: m.replace("edition = 5\n", "edition = 5\nmaintainer = \"me\"\n", 1))
+    assert main(["build", "--root", str(root), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("build failed: triton-norms: the rendered build.toml is not valid") and "Unknown field maintainer" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+    """``--out`` naming a file (or below one) ended build, install-local and publish with a traceback."""
+    from triton_collection import publish
+    from triton_collection.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for command in ("build", "install-local"):
+        assert main([command, "--root", str(ROOT), "--package", "triton-norms", "--out", str(blocker)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"{command} failed: ") and "Not a directory" in err and "Traceback" not in err
+    monkeypatch.setattr(publish.constants, "is_offline_mode", lambda: False)  # the build fails before any request
+    assert main(["publish", "--root", str(ROOT), "--package", "triton-norms", "--org", ORG, "--dry-run", "--out", str(blocker)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"publish failed: {ORG}: build: ") and "Not a directory" in err
+
+
+def test_publish_refuses_a_layer_breaking_the_kernels_rules_in_one_line(tmp_path, capsys, monkeypatch):
+    """README: every build, ``publish``'s too, refuses such a layer before writing anything; ``publish`` did, but
+    with a traceback (a ValueError out of its build), and its advice to run the same command again would not help."""
+    from triton_collection import publish
+    from triton_collection.cli import main
+
+    root = _norms_only_root(tmp_path)
+    layers_py = root / "torch-ext" / "triton_norms" / "layers.py"
+    anchor = "class LlamaRMSNorm(nn.Module):\n"
+    layers_py.write_text(layers_py.read_text().replace(anchor, anchor + "    foo = 1\n"))
+    monkeypatch.setattr(publish.constants, "is_offline_mode", lambda: False)  # the build fails before any request
+    for dry_run in (["--dry-run"], []):
+        assert main(["publish", "--root", str(root), "--org", ORG, "--out", str(tmp_path / "out"), *dry_run]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"publish failed: {ORG}: build: ") and "layer LlamaRMSNorm defines 'foo'" in err
+        assert "run the same command again" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_package_named_twice_is_built_once(tmp_path, capsys):
+    """``--package triton-norms --package triton_norms`` (Hub and Python name) built, installed and listed it twice."""
+    from triton_collection.build import build_collection
+    from triton_collection.cli import main
+
+    built = build_collection(load_manifest(ROOT), tmp_path / "out", org=ORG, packages=["triton-norms", "triton_norms", "triton-norms"])
+    assert [b.package.name for b in built] == ["triton-norms"]
+    assert main(["build", "--root", str(ROOT), "--package", "triton-norms", "--package", "triton_norms", "--out", str(tmp_path / "cli")]) == 0
+    assert capsys.readouterr().out.count("triton-norms v1: ") == 1

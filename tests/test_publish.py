@@ -459,6 +459,7 @@ def test_cli_private_create_pr_and_missing_token(hub, tmp_path):
     no_token = _run([sys.executable, "-m", "triton_collection.cli", "publish", "--root", str(root), "--out", str(root / "dist"), "--org", org],
                     {k: v for k, v in _env(hub, tmp_path / "hf").items() if k != "HF_TOKEN"})
     assert no_token.returncode == 1 and "authenticate: no Hugging Face token" in no_token.stderr
+    assert "run the same command again" not in no_token.stderr  # it would fail the same way: log in first
 
 
 def test_api_rules_refuse_a_layer_flag_set_to_anything_but_true():

@@ -29,8 +29,8 @@ import kernels_data
 
 from .manifest import Collection, Package, check_org, render_package_build_toml
 
-__all__ = ["BACKENDS", "SHARED_DIR", "BuiltPackage", "build_collection", "build_package", "check_layer_rules", "package_files",
-           "source_hash", "tree_commit"]
+__all__ = ["BACKENDS", "SHARED_DIR", "BuiltPackage", "build_collection", "build_package", "check_build_toml", "check_layer_rules",
+           "package_files", "source_hash", "tree_commit"]
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,26 @@ def check_layer_rules(layers_py: Path) -> None:
                                      "forward, has_backward and can_torch_compile (no __init__, no other members)")
 
 
+def check_build_toml(text: str) -> None:
+    """Parse a rendered package ``build.toml`` with the parser ``kernels`` itself uses (the one kernel-builder shares),
+    before anything is written: a key of the collection's ``[general]`` or ``[torch-noarch]`` that kernel-builder does
+    not know would otherwise be rendered into every tree.
+
+    Raises:
+        ValueError: the parser's message.
+    """
+    import tempfile
+
+    from kernels._rust import Build
+
+    with tempfile.TemporaryDirectory(prefix="triton-collection-build-toml-") as tmp:
+        (Path(tmp) / "build.toml").write_text(text, encoding="utf-8")
+        try:
+            Build.open(tmp)
+        except ValueError as err:
+            raise ValueError(f"the rendered build.toml is not valid for kernel-builder: {str(err).replace(tmp, '<package>')}") from None
+
+
 def _write_variant(variant: Path, files: dict[str, Path], package: Package, backend: str, collection: Collection, namespace: str) -> None:
     variant.mkdir(parents=True)
     _copy_files(files, variant)
@@ -200,8 +220,9 @@ def build_package(collection: Collection, package: Package, out: Path, *, org: s
         The rendered package.
 
     Raises:
-        ValueError: ``org`` is not a Hub organisation name (:func:`check_org`), or a layer breaks the ``kernels``
-            layer rules (:func:`check_layer_rules`), before anything is written.
+        ValueError: ``org`` is not a Hub organisation name (:func:`check_org`), a layer breaks the ``kernels``
+            layer rules (:func:`check_layer_rules`), or kernels' parser refuses the rendered build.toml
+            (:func:`check_build_toml`), before anything is written.
     """
     check_org(org)
     src = collection.root / "torch-ext" / package.python_name
@@ -209,12 +230,17 @@ def build_package(collection: Collection, package: Package, out: Path, *, org: s
         check_layer_rules(src / "layers.py")
     files = package_files(collection, package)
     backends = BACKENDS + (("cpu",) if cpu_variant else ())
+    build_toml = render_package_build_toml(collection, package, org=org, backends=list(backends))
+    try:
+        check_build_toml(build_toml)
+    except ValueError as err:
+        raise ValueError(f"{package.name}: {err}") from None
     dest = out / package.name
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
 
-    (dest / "build.toml").write_text(render_package_build_toml(collection, package, org=org, backends=list(backends)), encoding="utf-8")
+    (dest / "build.toml").write_text(build_toml, encoding="utf-8")
     (dest / "flake.nix").write_text(_template("flake.nix.tmpl").format(name=package.name), encoding="utf-8")
     functions, layers = _public_names(src)
     (dest / "README.md").write_text(
@@ -246,6 +272,7 @@ def build_package(collection: Collection, package: Package, out: Path, *, org: s
 
 
 def build_collection(collection: Collection, out: Path, *, org: str | None = None, packages: list[str] | None = None, cpu_variant: bool = False) -> list[BuiltPackage]:
-    """Render every package (or those named in ``packages``) into ``out``. See :func:`build_package`."""
-    chosen = [collection.package(name) for name in packages] if packages else list(collection.packages)
+    """Render every package (or those named in ``packages``, each once however often it is named, by Hub or Python
+    name) into ``out``. See :func:`build_package`."""
+    chosen = list({p.name: p for p in map(collection.package, packages)}.values()) if packages else list(collection.packages)
     return [build_package(collection, pkg, Path(out), org=org or collection.org, cpu_variant=cpu_variant) for pkg in chosen]

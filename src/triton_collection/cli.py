@@ -32,13 +32,16 @@ def _find_root(start: Path) -> Path:
 
 def _collection(args):
     """The collection of ``--root`` (or the checkout around the working folder), its ``--package`` names checked:
-    a missing build.toml or an unknown package ends the command with one line naming it (no traceback)."""
+    a missing or invalid build.toml or an unknown package ends the command with one line naming it (no traceback)."""
     from .manifest import load_manifest
 
     root = Path(args.root) if args.root else _find_root(Path.cwd())
     if not (root / "build.toml").is_file():
         raise SystemExit(f"--root {root}: no build.toml there (a collection checkout holds build.toml and torch-ext/)")
-    collection = load_manifest(root)
+    try:
+        collection = load_manifest(root)
+    except ValueError as err:  # not TOML, a bad [package.*] table (tomllib's error is a ValueError too)
+        raise SystemExit(f"{root / 'build.toml'}: {err}") from None
     for name in getattr(args, "package", None) or ():
         try:
             collection.package(name)
@@ -54,8 +57,8 @@ def _cmd_build(args) -> int:
     out = Path(args.out) if args.out else collection.root / "dist" / "hub"
     try:
         built = build_collection(collection, out, org=args.org, packages=args.package, cpu_variant=args.cpu_variant)
-    except ValueError as err:  # a tree the build refuses (a layer breaking the kernels rules, ...): nothing written
-        print(f"build failed: {err}", file=sys.stderr)
+    except (ValueError, OSError) as err:  # a tree the build refuses (a layer breaking the kernels rules, ...): nothing
+        print(f"build failed: {err}", file=sys.stderr)  # written; or an --out that is a file / not writable
         return 1
     rows = [{"package": b.package.name, "version": b.package.version, "path": str(b.path), "backends": list(b.backends)} for b in built]
     print(json.dumps(rows, indent=2) if args.json else "\n".join(f"{r['package']} v{r['version']}: {r['path']} ({', '.join(r['backends'])})" for r in rows))
@@ -72,10 +75,10 @@ def _cmd_install_local(args) -> int:
     out = Path(args.out) if args.out else collection.root / "dist" / "local" / org
     try:
         built = build_collection(collection, out, org=org, packages=args.package, cpu_variant=True)
-    except ValueError as err:
+        installed = [install_local(b, org=org) for b in built]
+    except (ValueError, OSError) as err:  # OSError: an --out or cache folder that is a file or not writable
         print(f"install-local failed: {err}", file=sys.stderr)
         return 1
-    installed = [install_local(b, org=org) for b in built]
     rows = [{"repo_id": i.repo_id, "version": i.version, "commit": i.commit, "snapshot": str(i.snapshot)} for i in installed]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -84,6 +87,10 @@ def _cmd_install_local(args) -> int:
             print(f"{r['repo_id']} v{r['version']} -> revision {r['commit']}")
             print(f"  load: HF_HUB_OFFLINE=1 python -c \"import kernels; kernels.get_kernel('{r['repo_id']}', version={r['version']})\"")
     return 0
+
+
+# publish steps that fail before anything is sent to the Hub, and fail again unchanged when rerun
+_REFUSED_BEFORE_WRITING = ("check org", "connect", "build", "check versioning rules", "authenticate")
 
 
 def _cmd_publish(args) -> int:
@@ -99,7 +106,7 @@ def _cmd_publish(args) -> int:
         print(f"publish failed: {err}", file=sys.stderr)
         if args.dry_run:  # the plan compares with the Hub's current branches: it needs the Hub too
             print("A dry run reads the Hub's current version branches to plan; nothing was written.", file=sys.stderr)
-        elif err.step != "check versioning rules":
+        elif err.step not in _REFUSED_BEFORE_WRITING:  # a refusal before writing fails again the same way
             print("Every step is idempotent: run the same command again to finish.", file=sys.stderr)
         return 1
     if args.json:

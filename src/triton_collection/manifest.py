@@ -86,7 +86,8 @@ def load_manifest(root: Path | str) -> Collection:
 
     Raises:
         FileNotFoundError: no build.toml in ``root``.
-        ValueError: a package table misses a key, has an unknown key, or its source folder is absent.
+        ValueError: build.toml is not TOML, or a package table misses a key, has an unknown key, a version that is
+            not a whole number >= 1, or its source folder is absent.
     """
     root = Path(root).resolve()
     data = tomllib.loads((root / "build.toml").read_text(encoding="utf-8"))
@@ -101,13 +102,19 @@ def load_manifest(root: Path | str) -> Collection:
         for key in ("python-name", "version"):
             if key not in table:
                 raise ValueError(f"[package.{name}] needs `{key}`")
+        version = table["version"]
+        if type(version) is not int or version < 1:  # 1.5 or true became v1 silently, "abc" a traceback
+            raise ValueError(f"[package.{name}]: version must be a whole number >= 1 (the Hub branch v<version>), "
+                             f"got {version!r}")
+        if not isinstance(table["python-name"], str) or not table["python-name"].isidentifier():
+            raise ValueError(f"[package.{name}]: python-name must be a Python package name, got {table['python-name']!r}")
         if not (root / "torch-ext" / table["python-name"] / "__init__.py").is_file():
             raise ValueError(f"[package.{name}]: torch-ext/{table['python-name']}/__init__.py does not exist")
         packages.append(
             Package(
                 name=name,
                 python_name=table["python-name"],
-                version=int(table["version"]),
+                version=version,
                 description=table.get("description", ""),
                 noarch={**shared_noarch, **table.get("torch-noarch", {})},
             )

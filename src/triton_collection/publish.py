@@ -393,8 +393,8 @@ def publish_collection(
         ``(plan, result)`` per package; ``result`` is None on a dry run.
 
     Raises:
-        PublishError: a package's plan is refused (then nothing is written), or a publish step
-            fails (packages before it are published; running again finishes the rest).
+        PublishError: the build is refused or cannot be written, a package's plan is refused (then nothing is
+            written), or a publish step fails (packages before it are published; running again finishes the rest).
     """
     try:
         check_org(org)
@@ -403,7 +403,10 @@ def publish_collection(
     if constants.is_offline_mode():
         raise PublishError(org, "connect", "HF_HUB_OFFLINE is set: publishing needs the Hub")
     api = HfApi(endpoint=endpoint)
-    built = build_collection(collection, Path(out) if out else collection.root / "dist" / "hub", org=org, packages=packages, cpu_variant=cpu_variant)
+    try:
+        built = build_collection(collection, Path(out) if out else collection.root / "dist" / "hub", org=org, packages=packages, cpu_variant=cpu_variant)
+    except (ValueError, OSError) as err:  # a layer breaking the kernels rules, an --out that is a file, ...: nothing sent
+        raise PublishError(org, "build", str(err)) from None
     # plan every package before writing anything: a refused package stops the whole publish
     plans = [(b, plan_publish(api, b, org=org, private=private, create_pr=create_pr)) for b in built]
     for _, plan in plans:
