@@ -129,3 +129,35 @@ def test_same_tokens_needs_every_id_and_the_shape():
     assert demo.same_tokens(base, base.clone())
     assert not demo.same_tokens(base, torch.tensor([5, 6, 7, 9]))  # one token off (the last)
     assert not demo.same_tokens(base, base[:3])
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu:0"])
+def test_auto_dtype_is_float32_on_any_cpu_device(device, monkeypatch):
+    """``--dtype auto`` is float32 on the CPU (the interpreter's bf16 is not exact); ``--device cpu:0`` got bfloat16."""
+    import torch
+    import transformers
+
+    seen = {}
+
+    class FakeModel:
+        def to(self, device):
+            return self
+
+        def eval(self):
+            return self
+
+    def from_pretrained(folder, dtype=None, **kwargs):
+        seen["dtype"] = dtype
+        return FakeModel()
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: object())
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    demo._load("/some/model", device, "auto")
+    assert seen["dtype"] is torch.float32
+
+
+def test_a_folder_without_a_model_is_one_line(tmp_path, monkeypatch):
+    """``--model`` naming a folder transformers cannot load ended the demo with a traceback (after the kernels loaded)."""
+    monkeypatch.setattr(demo, "ensure_installed", lambda org, version, package: demo)
+    with pytest.raises(SystemExit, match=rf"demo: cannot load the model from {tmp_path}: \S"):
+        demo.run_demo(model=str(tmp_path), device="cpu", families="norms")

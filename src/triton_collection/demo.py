@@ -118,8 +118,8 @@ def _load(model: str | None, device: str, dtype: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if dtype == "auto":
-        torch_dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    if dtype == "auto":  # any CPU device ("cpu:0" too): the interpreter's bf16 is not exact
+        torch_dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
     else:
         torch_dtype = getattr(torch, dtype)
     if model is None:
@@ -263,7 +263,11 @@ def run_demo(
         namespaces.append(getattr(getattr(kernel, "ops", None), "name", kernel.__name__))
 
     with _step("load model", seconds):
-        tokenizer, lm = _load(model, device, dtype)
+        try:
+            tokenizer, lm = _load(model, device, dtype)
+        except (OSError, ValueError) as err:  # a folder without a model or tokenizer transformers can read
+            raise SystemExit(f"demo: cannot load the model from {model or SMOLLM2_PACKAGE}: "
+                             f"{' '.join(str(err).split())}") from None
     messages = [{"role": "user", "content": prompt}]
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     inputs = {k: v.to(device) for k, v in inputs.items()}
