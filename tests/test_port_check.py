@@ -617,3 +617,15 @@ def test_a_port_that_writes_its_input_is_an_error_row(small_ports, loader):
                                time_results=False, kernels=["gelu_fast"], dtypes=["float32"], shapes=["small"])
     (row,) = report.rows
     assert not row.ok and "input 'x' was modified" in row.error
+
+
+@pytest.mark.parametrize("org", ["../../victim", "a/b", "a--b"])
+def test_cli_refuses_a_bad_org_in_one_line(org, capsys):
+    """``--org`` names ``dist/local/<org>`` and the repo id the ports load from, as in build / install-local / demo,
+    where such a name is refused by argparse; port-check took any text and failed only on the GPU, mid-run."""
+    from triton_collection.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["port-check", str(RMS_DIR), "--validate", "--org", org])
+    assert exit_info.value.code == 2
+    assert f"argument --org: org {org!r} is not a Hub organisation name" in capsys.readouterr().err

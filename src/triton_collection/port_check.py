@@ -82,7 +82,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from . import DEFAULT_ORG
-from .argtypes import positive_int
+from .argtypes import hub_org, positive_int
 
 __all__ = [
     "CheckRow",
@@ -1376,7 +1376,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--out", action="append", default=[], help="also write the report to FILE (.json: JSON, .md: Markdown "
                         "table, .png: GB/s bar chart of the throughput shapes, else text); repeat for several")
     parser.add_argument("--log-jsonl", help="append each finished row to FILE as one JSON line (survives a killed run)")
-    parser.add_argument("--org", default=DEFAULT_ORG, help=f"Hub organisation the ports are loaded from (default: {DEFAULT_ORG})")
+    parser.add_argument("--org", type=hub_org, default=DEFAULT_ORG, help=f"Hub organisation the ports are loaded from (default: {DEFAULT_ORG})")
     parser.add_argument("--build-dir", default=str(DEFAULT_BUILD_ROOT), help=f"extension build cache (default: {DEFAULT_BUILD_ROOT})")
     parser.add_argument("--verbose-build", action="store_true", help="show the compiler's command lines")
     parser.set_defaults(func=run)
