@@ -325,6 +325,11 @@ def test_cli_without_gpu_says_so():
         main(["bench", "norms"])
     with pytest.raises(SystemExit, match="needs a GPU"):
         main(["bench", "--e2e", "llama3-8b"])
+    # misspelt arguments are named before the GPU check (the machine is not what is wrong)
+    with pytest.raises(SystemExit, match="unknown package 'nope'"):
+        main(["bench", "nope"])
+    with pytest.raises(SystemExit, match="unknown peer kind.*lgr"):
+        main(["bench", "norms", "--peers", "eager,lgr"])
 
 
 def test_run_bench_on_cpu_with_fake_timings(packages, device, tmp_path):

@@ -583,6 +583,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import torch
 
+    if not args.e2e:  # the arguments first: a misspelt package or peer is named on any machine
+        peers = tuple(p for p in args.peers.split(",") if p)
+        unknown = sorted(set(peers) - set(PEERS))
+        if unknown:
+            raise SystemExit(f"bench: unknown peer kind(s) {', '.join(unknown)}; known: {', '.join(PEERS)}")
+        try:
+            packages = resolve_packages(args.packages)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
     if not torch.cuda.is_available():
         raise SystemExit("bench: needs a GPU (torch.cuda.is_available() is False; this torch is "
                          f"{torch.__version__}). Timings under the CPU interpreter would mean nothing. "
@@ -592,14 +601,6 @@ def run(args: argparse.Namespace) -> int:
         from .e2e import run_e2e_cli
 
         return run_e2e_cli(args, out)
-    peers = tuple(p for p in args.peers.split(",") if p)
-    unknown = sorted(set(peers) - set(PEERS))
-    if unknown:
-        raise SystemExit(f"bench: unknown peer kind(s) {', '.join(unknown)}; known: {', '.join(PEERS)}")
-    try:
-        packages = resolve_packages(args.packages)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
     result = run_bench(packages, shapes=args.shapes, dtype=args.dtype, peers=peers, progress=not args.no_progress, rep=args.rep, warmup=args.warmup,
                        graph_timer=None if args.no_graph else graph_median,
                        on_case=lambda partial: write_report(partial, out, name=args.name, png=False))
