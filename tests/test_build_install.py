@@ -357,6 +357,7 @@ def test_publish_refuses_a_layer_breaking_the_kernels_rules_in_one_line(tmp_path
         err = capsys.readouterr().err
         assert err.startswith(f"publish failed: {ORG}: build: ") and "layer LlamaRMSNorm defines 'foo'" in err
         assert "run the same command again" not in err
+        assert "A dry run reads the Hub" not in err  # the build failed, not the Hub
     assert not (tmp_path / "out").exists()
 
 

@@ -104,7 +104,7 @@ def _cmd_publish(args) -> int:
                                   create_pr=args.create_pr, endpoint=args.endpoint, out=Path(args.out) if args.out else None)
     except PublishError as err:
         print(f"publish failed: {err}", file=sys.stderr)
-        if args.dry_run:  # the plan compares with the Hub's current branches: it needs the Hub too
+        if args.dry_run and err.step not in ("check org", "build"):  # the plan reads the Hub's branches too
             print("A dry run reads the Hub's current version branches to plan; nothing was written.", file=sys.stderr)
         elif err.step not in _REFUSED_BEFORE_WRITING:  # a refusal before writing fails again the same way
             print("Every step is idempotent: run the same command again to finish.", file=sys.stderr)
