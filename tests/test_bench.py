@@ -306,6 +306,11 @@ def test_cli_plot_redraws_from_json(tmp_path, capsys):
     (tmp_path / "r1.json").write_text(json.dumps({"rows": [{"package": "x"}]}))
     with pytest.raises(SystemExit, match="not a results file of the op sweep"):
         main(["bench", "--plot", str(tmp_path / "r1.json")])
+    broken = _fake_result()  # the right keys, a value of the wrong type (a hand-edited file): a traceback before
+    broken["rows"][0]["shape"] = 7
+    (tmp_path / "r2.json").write_text(json.dumps(broken))
+    with pytest.raises(SystemExit, match="r2.json is not a results file of the op sweep: TypeError"):
+        main(["bench", "--plot", str(tmp_path / "r2.json"), "--out", str(tmp_path / "r2")])
     (tmp_path / "a_file").write_text("")
     with pytest.raises(SystemExit, match=r"bench --out .*a_file.*: cannot create it"):
         main(["bench", "--plot", str(src), "--out", str(tmp_path / "a_file" / "out")])

@@ -578,7 +578,11 @@ def run(args: argparse.Namespace) -> int:
         if args.notes:
             result["notes"] = [line.strip().removeprefix("- ") for line in Path(args.notes).read_text().splitlines() if line.strip()]
         out = _writable_folder(Path(args.out) if args.out else src.parent)
-        paths = write_report(result, out, name=args.name or src.stem)
+        try:
+            paths = write_report(result, out, name=args.name or src.stem)
+        except (TypeError, ValueError, KeyError, AttributeError) as err:  # rows of the right keys, wrong values
+            raise SystemExit(f"bench --plot: {src} is not a results file of the op sweep: "
+                             f"{type(err).__name__}: {err}") from None
         print("\n".join(map(str, paths)))
         return 0
     import torch
