@@ -32,8 +32,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
-
 from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_bool, check_config_args, check_int, next_power_of_2
 
 # Bytes of one operand one program handles: forward of the gated ops on rows of at most

@@ -831,7 +831,7 @@ def _descriptor_template(t: Tensor, block_rows: int):
     return descriptor_template(TensorDescriptor, t, [1, 1, block_rows, t.shape[3]])
 
 
-def _fwd_tma_plan(qv, kv, vv, o, scale, causal, cfg, interp, cs, ss, rope, ws=None):
+def _fwd_tma_plan(qv, kv, vv, o, scale, causal, cfg, interp, cs, ss, rope):
     """``(launch, args)`` of the tensor-descriptor forward for these [B, H, S, D] views: ``launch(args(q, k, v, o,
     lse, cos, sin))`` runs one call (cos / sin None without the fused RoPE); the tensors may be those the views were
     taken of, with the views' first elements."""
@@ -841,7 +841,7 @@ def _fwd_tma_plan(qv, kv, vv, o, scale, causal, cfg, interp, cs, ss, rope, ws=No
     q_t, k_t, v_t, o_t = (_descriptor_template(t, bs) for t, bs in ((qv, BM), (kv, BN), (vv, BN), (o, BM)))
     extra = {} if interp else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
                                **launch_options(_attn_fwd_tma_kernel, fp_fusion=True)}
-    meta = meta_items(D=D, CAUSAL=causal, ROPE=rope, BLOCK_M=BM, BLOCK_N=BN, WS=bool(TMA_WS if ws is None else ws),
+    meta = meta_items(D=D, CAUSAL=causal, ROPE=rope, BLOCK_M=BM, BLOCK_N=BN, WS=bool(TMA_WS),
                       REVERSE=TMA_REVERSE and causal, **extra)
     scalars = (*qv.stride(), *cs, *ss, Sq, Sk, H // Hk, scale * LOG2E)
 

@@ -65,7 +65,7 @@ def _gated_residual_impl(x: Tensor, y: Tensor, gate: Tensor, out_dtype: torch.dt
     (x, sxb, sxs), (y, syb, sys_) = _rows(x), _rows(y)
     interp = is_interpreter(_gated_residual_kernel)
     block, warps, rows = _meta(N, x.element_size(), device_warp_size(x.device), interp)
-    g, sgb, sgn = _vec2(gate, B, N)
+    g, sgb, sgn = _vec2(gate)
     launch(_gated_residual_kernel, (cdiv(S, rows), B), (x, y, g, out, S, N, sxb, sxs, syb, sys_, sgb, sgn),
            meta_items(ROWS=rows, BLOCK_N=block, **({} if interp else {"num_warps": warps}),
                       **launch_options(_gated_residual_kernel)), out.device)

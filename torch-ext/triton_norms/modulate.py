@@ -160,7 +160,7 @@ def _rows(x: Tensor):
     return x, x.stride(0), x.stride(1)
 
 
-def _vec2(t: Tensor, B: int, N: int):
+def _vec2(t: Tensor):
     """(t, strides over (sample, column)) for t of shape [N], [B|1, N] or [B|1, 1, N]."""
     sb = t.stride(0) if t.dim() >= 2 and t.shape[0] > 1 else 0
     return t, sb, t.stride(-1)
@@ -188,8 +188,8 @@ def _fwd(x, scale, shift, weight, bias, eps, rms, eager_rounding, out_dtype, sav
     check_launch_device(x, _modulate_fwd_kernel)
     interp = is_interpreter(_modulate_fwd_kernel)
     block, warps, rows = _meta(N, x.element_size(), device_warp_size(x.device), interp)
-    sc, scb, scn = _vec2(scale, B, N)
-    sh, shb, shn = _vec2(shift, B, N)
+    sc, scb, scn = _vec2(scale)
+    sh, shb, shn = _vec2(shift)
     prod_dtype = torch.promote_types(x.dtype if weight is None else torch.promote_types(x.dtype, weight.dtype),
                                      scale.dtype)
     launch(_modulate_fwd_kernel, (cdiv(S, rows), B),
@@ -251,7 +251,7 @@ def _modulate_bwd_impl(dy: Tensor, x: Tensor, scale: Tensor, weight: Optional[Te
     dsc, dsh = part(), part()
     dw = part() if need_w else None
     db = part() if need_b else None
-    sc, scb, scn = _vec2(scale, B, N)
+    sc, scb, scn = _vec2(scale)
     launch(_modulate_bwd_kernel, (P, B),
            (dy, xr, sc, weight, bias, mean, rstd, dx, dsc, dsh, dw, db, S, N, per, P, sxb, sxs, scb, scn),
            meta_items(RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None, NEED_W=need_w, NEED_B=need_b,

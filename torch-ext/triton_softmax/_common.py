@@ -179,10 +179,10 @@ def run_plan(plan: LaunchPlan, ptrs: tuple, device: torch.device) -> None:
         run(tuple([ptrs[i] for i in picks]))
 
 
-def normalize_dim(dim, ndim: int, name: str = "dim") -> int:
+def normalize_dim(dim, ndim: int) -> int:
     """``dim`` in [0, ndim) (a 0-d tensor counts as 1-d); IndexError as torch raises it."""
     if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
     n = max(ndim, 1)
     if not -n <= dim < n:
         raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
