@@ -398,8 +398,10 @@ def test_case9_misaligned_inputs_and_sliced_weights(norms, device, dtype):
     w, b = wbuf[5:5 + N], wbuf[2 * N + 3:3 * N + 3]  # weights sliced out of a larger buffer
     assert_close_ref(norms.rms_norm(x, w, b), rms_ref(x, w, b))
     assert_close_ref(norms.layer_norm(x, w, b), ln_ref(x, w, b), rel_atol=2e-6)
-    out, h = norms.add_rms_norm(x, buf[:-1].view(3, N), w)
-    assert_close_ref(out, rms_ref((x.float() + buf[:-1].view(3, N).float()).to(dtype), w))
+    r = buf[:-1].view(3, N)  # residual overlapping x, base pointer aligned
+    out, h = norms.add_rms_norm(x, r, w)
+    assert_close_ref(h, x.double() + r.double())  # the residual sum is an output too
+    assert_close_ref(out, rms_ref((x.float() + r.float()).to(dtype), w))
 
 
 def test_row_strides_and_non_contiguous_inputs(norms, device):
