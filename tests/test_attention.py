@@ -1716,3 +1716,50 @@ def test_gpu_head_dim_stride_times_d_past_2_31(attention, device):
         assert torch.equal(g, w)
     del buf, q, k, v
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("Sq,Sk", [(37, 37), (29, 43), (43, 29)])
+def test_causal_tiles_of_other_shapes(attention, device, Sq, Sk):
+    """Correctness does not depend on the tiles (_launch's contract): causal forward and backward with key tiles
+    narrower than the query tiles (BLOCK_N1 16 < BLOCK_M1 32, where the dk/dv kernel's diagonal range must round
+    up to a whole query block) and wider ones, against fp64; top-left alignment with Sq != Sk."""
+    import sys
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    torch.manual_seed(57)
+    q, k, v = make_qkv(1, 2, 1, Sq, Sk, 24, torch.float32, device)
+    q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
+    want = ref_attention(q64, k64, v64, causal=True, scale=0.3)
+    do = rand(*want.shape, device=device)
+    want_g = torch.autograd.grad(want, (q64, k64, v64), do.double())
+    for fwd_cfg, bwd_cfg in ((attention.FwdConfig(32, 16, 1, 1), attention.BwdConfig(32, 16, 16, 32, 1, 1)),
+                             (attention.FwdConfig(16, 32, 1, 1), attention.BwdConfig(16, 32, 32, 16, 1, 1))):
+        o, lse = flash._attn_fwd_launch(q, k, v, None, 0.3, True, False, False, cfg=fwd_cfg)
+        assert_close(o, want.detach(), TOL[torch.float32], f"o {fwd_cfg}")
+        got = flash._attn_bwd_launch(do, q, k, v, None, o, lse, 0.3, True, False, False, False, cfg=bwd_cfg)
+        for name, g, w in zip(("dq", "dk", "dv"), got[:3], want_g):
+            assert_close(g, w, GRAD_TOL[torch.float32], f"{name} {bwd_cfg}")
+
+
+def test_key_splits_with_every_key_far_below_zero(attention, device, monkeypatch):
+    """Key splits whose count is not a power of two (the combine's last load has unused lanes) on a row whose every
+    score sits far below 0 (a large negative additive mask on every key): the merged output and lse are the
+    softmax's over the keys, not a dropped row (the unused lanes must not lift the running maximum to 0)."""
+    import sys
+
+    flash = sys.modules[attention.__name__ + ".flash"]
+    monkeypatch.setattr(flash, "FORCE_SPLITS", 3)
+    monkeypatch.setattr(flash, "_FWD_PLANS", type(flash._FWD_PLANS)())
+    torch.manual_seed(58)
+    q, k, v = make_qkv(2, 2, 2, 3, 45, 16, torch.float32, device)
+    mask = torch.zeros(3, 45, device=device)
+    mask[0] = -120.0  # every score of query 0 near -120 (-173 in base 2: exp2 underflows unless taken from the max)
+    mask[1, 5:] = -3e3  # query 1: keys 0-4 win outright
+    splits, original = [], flash._key_splits
+    monkeypatch.setattr(flash, "_key_splits", lambda *a: splits.append(original(*a)) or splits[-1])
+    o, lse = flash._attn_fwd_launch(q, k, v, mask, 0.25, False, False, False)
+    assert splits == [3]
+    want = torch.softmax((q.double() @ k.double().transpose(-1, -2)) * 0.25 + mask.double(), -1) @ v.double()
+    assert_close(o, want, TOL[torch.float32], "o")
+    want_lse = torch.logsumexp((q.double() @ k.double().transpose(-1, -2)) * 0.25 + mask.double(), -1) / math.log(2)
+    assert torch.allclose(lse.double(), want_lse, rtol=1e-6, atol=1e-3)

@@ -915,3 +915,26 @@ def test_gpu_k_stride_times_a_tile_past_2_31(matmul):
         assert torch.equal(y[rows].double(), a[rows].double() @ b.double()), rows
     del a, y
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_loss_and_gradient_penalty_in_one_backward(matmul, activation):
+    # a loss of y plus a penalty on y's input gradient (create_graph=True), differentiated in one backward: the
+    # matmul's backward then gets both y's gradient and the saved pre-activation's, and must add them
+    torch.manual_seed(22)
+    width = 20 if activation in GATED else 10
+    a, b, bias = rand(7, 13, dtype=torch.float32), rand(13, width, dtype=torch.float32, scale=0.5), rand(
+        width, dtype=torch.float32)
+    dy, w, v = rand(7, 10, dtype=torch.float32), rand(7, 10, dtype=torch.float32), rand(7, 13, dtype=torch.float32)
+
+    def grads(fn, tensors):
+        ins = [t.detach().clone().requires_grad_() for t in tensors]
+        y = fn(*ins)
+        (ga,) = torch.autograd.grad(y, ins[0], dy.to(y.dtype), create_graph=True)
+        return torch.autograd.grad((y * w.to(y.dtype)).sum() + (ga * v.to(ga.dtype)).sum(), ins)
+
+    got = grads(lambda a, b, bias: matmul.matmul(a, b, bias, activation), (a, b, bias))
+    want = grads(lambda a, b, bias: ref(a, b, bias, activation), (a.double(), b.double(), bias.double()))
+    rtol = 1e-4 if DEVICE == "cpu" else 5e-3
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g.double(), r, rtol=rtol, atol=rtol * r.abs().max().item())

@@ -166,3 +166,24 @@ def test_empty_sequence(norms, device):
     x = torch.randn(2, 0, 8, device=device)
     s = torch.randn(2, 8, device=device)
     assert norms.norm_modulate(x, s, s).shape == (2, 0, 8)
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_large_eps_inside_the_square_root(norms, device, norm):
+    """eps is added to the variance (mean square) under the square root, as nn.LayerNorm / nn.RMSNorm: with a large
+    eps and rows of small spread it dominates rstd, so forward and gradients show where it went."""
+    gen = torch.Generator().manual_seed(8 + (norm == "rms"))
+    B, S, N = 2, 5, 23
+    mk = lambda *s: _rand(*s, device=device, dtype=torch.float32, gen=gen, requires_grad=True)  # noqa: E731
+    x = (_rand(B, S, N, device=device, dtype=torch.float32, gen=gen) * 0.3 + 0.2).requires_grad_(True)
+    scale, shift, w, b = mk(B, N), mk(B, 1, N), mk(N), mk(N)
+    for eps in (0.5, 3.0):
+        y = norms.norm_modulate(x, scale, shift, w, b, eps, norm=norm)
+        ins64 = [t.detach().double().requires_grad_() for t in (x, scale, shift, w, b)]
+        ref = _ref(*ins64, eps, norm == "rms")
+        torch.testing.assert_close(y.double().cpu(), ref.detach().cpu(), rtol=1e-5, atol=1e-5)
+        g = torch.randn(y.shape, generator=gen).to(device)
+        got = torch.autograd.grad(y, (x, scale, shift, w, b), g)
+        want = torch.autograd.grad(ref, ins64, g.double())
+        for name, a, r in zip(["dx", "dscale", "dshift", "dweight", "dbias"], got, want):
+            torch.testing.assert_close(a.double().cpu(), r.cpu(), rtol=1e-4, atol=1e-4, msg=name)
