@@ -12,7 +12,7 @@ import os
 
 import torch
 
-__all__ = ["MAX_GRID_YZ", "MAX_THREADS_PER_PROGRAM", "cdiv", "check_bool", "check_config_args", "check_int",
+__all__ = ["MAX_GRID_YZ", "MAX_THREADS_PER_PROGRAM", "cdiv", "check_bool", "check_config_args", "check_dense", "check_int",
            "check_launch_device", "check_warp_size", "device_warp_size", "is_interpreter", "launch_options",
            "next_power_of_2", "tma_descriptor_ok"]
 
@@ -38,6 +38,15 @@ def device_warp_size(device: torch.device) -> int:
     if device.type == "cuda" and torch.cuda.is_available():
         return int(getattr(torch.cuda.get_device_properties(device), "warp_size", 32))
     return 32
+
+
+def check_dense(name: str, t: torch.Tensor) -> None:
+    """TypeError unless tensor ``t`` is dense (the strided layout, not nested): the kernels read memory through
+    strides. The plain-inference fast paths do not call this (host time): a sparse or nested tensor fails their
+    plan key (no strides or storage), and they leave such a call to the general path, whose checks call it."""
+    if t.layout is not torch.strided or t.is_nested:
+        kind = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
+        raise TypeError(f"{name} must be a dense (strided) tensor, got a {kind} tensor")
 
 
 def check_int(name: str, value, low: int) -> None:

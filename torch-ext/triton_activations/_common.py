@@ -16,6 +16,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from ._device import check_dense
 from ._math import ACT_IDS
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -63,6 +64,7 @@ def check_x(name: str, x, gated: bool) -> None:
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: x must be a torch.Tensor, got {type(x).__name__}")
+    check_dense(f"{name}: x", x)
     if x.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name}: x must have dtype {_DTYPE_NAMES}, got {x.dtype}")
     if gated:
@@ -92,6 +94,7 @@ def check_gate_up(gate, up, activation) -> str:
     for arg, t in (("gate", gate), ("up", up)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"act_and_mul: {arg} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(f"act_and_mul: {arg}", t)
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"act_and_mul: {arg} must have dtype {_DTYPE_NAMES}, got {t.dtype}")
     if up.dtype != gate.dtype:
@@ -115,6 +118,7 @@ def check_out(name: str, out, x: torch.Tensor, gated: bool) -> None:
     """
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{name}: out must be a torch.Tensor, got {type(out).__name__}")
+    check_dense(f"{name}: out", out)
     if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
         which = "x" if x.requires_grad else "out"
         raise RuntimeError(f"{name}: the (out, x) form does not support automatic differentiation, but {which} "

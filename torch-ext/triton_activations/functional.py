@@ -68,12 +68,12 @@ def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, th
     if second is None and inference((first,)):
         # plain eager inference: one validated plan per call signature (host time of small calls), x's 16-byte
         # alignment included (the plan's launch is pinned to it)
-        key = (name, rounding, threshold, first.dtype, first.shape, first.stride(), first.device,
-               first.data_ptr() & 15)
         try:
+            key = (name, rounding, threshold, first.dtype, first.shape, first.stride(), first.device,
+                   first.data_ptr() & 15)
             plan = _INFER_PLANS.get(key)
-        except TypeError:  # an unhashable rounding: the general path names it
-            plan = _GENERAL
+        except (TypeError, RuntimeError):  # an unhashable rounding, a sparse or nested x (no strides or storage):
+            plan = _GENERAL  # the general path names it
         if plan is None:
             eager = check_rounding(name, rounding)
             check_x(name, first, OPS[name].gated)
@@ -129,12 +129,12 @@ def act_and_mul(gate: Tensor, up: Tensor, *, activation: str = "silu", rounding:
     """
     if inference((gate, up), 2):
         # plain eager inference: one validated plan per call signature (host time of a decode step's MLP)
-        key = (activation, rounding, gate.dtype, gate.shape, gate.stride(), gate.device, gate.data_ptr() & 15,
-               up.dtype, up.shape, up.stride(), up.device, up.data_ptr() & 15)
         try:
+            key = (activation, rounding, gate.dtype, gate.shape, gate.stride(), gate.device, gate.data_ptr() & 15,
+                   up.dtype, up.shape, up.stride(), up.device, up.data_ptr() & 15)
             plan = _GATE_UP_PLANS.get(key)
-        except TypeError:  # an unhashable activation or rounding: the general path names it
-            plan = _GENERAL
+        except (TypeError, RuntimeError):  # an unhashable activation or rounding, a sparse or nested tensor: the
+            plan = _GENERAL  # general path names it
         if plan is None:
             op = check_gate_up(gate, up, activation)
             eager = check_rounding("act_and_mul", rounding)

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from . import flash_sm90, flash_sm90_bwd
-from ._device import MAX_GRID_YZ, cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2, tma_descriptor_ok
+from ._device import MAX_GRID_YZ, cdiv, check_dense, check_launch_device, is_interpreter, launch_options, next_power_of_2, tma_descriptor_ok
 from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import FixedLaunch, PlanCache, descriptor_template, meta_items, rebase, signature
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
@@ -1175,6 +1175,7 @@ def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(name, t)
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D ({layout.upper()}), got shape {tuple(t.shape)}")
         if t.dtype not in SUPPORTED_DTYPES:
@@ -1209,6 +1210,7 @@ def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
     if attn_mask is not None:
         if not isinstance(attn_mask, Tensor):
             raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+        check_dense("attn_mask", attn_mask)
         if attn_mask.dtype != torch.bool and attn_mask.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"attn_mask must be boolean (True = attend) or an additive float mask, got {attn_mask.dtype}")
         if attn_mask.device != device:
@@ -1272,11 +1274,11 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
     if inference((q, k, v, attn_mask), 3) and (scale is None or type(scale) is float) and type(causal) is bool:
         # plain eager inference: the checks run once per call signature (host time of decode steps). Python
         # floats and bools only, so that no other type (an int, a tensor) can equal a checked value
-        signatures = signature(q), signature(k), signature(v), signature(attn_mask)
-        key = (*signatures, scale, causal, layout, out_layout)
         try:
+            signatures = signature(q), signature(k), signature(v), signature(attn_mask)
+            key = (*signatures, scale, causal, layout, out_layout)
             checked = _CHECKED.get(key)
-        except TypeError:  # an unhashable layout: the checks name it
+        except (TypeError, RuntimeError):  # an unhashable layout, a sparse or nested tensor: the checks name it
             checked = _check_call(q, k, v, attn_mask, scale, causal, layout, out_layout)
         if checked is None:
             checked = _CHECKED.add(key, _check_call(q, k, v, attn_mask, scale, causal, layout, out_layout))

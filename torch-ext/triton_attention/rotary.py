@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
+from ._device import cdiv, check_dense, check_launch_device, is_interpreter, launch_options, next_power_of_2
 from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import FixedLaunch, Launch, PlanCache, meta_items
 from ._ops import add_op_namespace_prefix
@@ -296,6 +296,7 @@ def _check(name: str, x: Tensor, cos: Tensor, sin: Tensor) -> None:
     for n, t in ((name, x), ("cos", cos), ("sin", sin)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(n, t)
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{n} must be torch.float16, torch.bfloat16 or torch.float32, got {t.dtype}")
         if t.device != x.device:
@@ -362,13 +363,17 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
     if inference((x, cos, sin), 3):
         # plain eager inference: one validated plan per call signature, 16-byte alignment included (its launch
         # is pinned: host time of small calls)
-        key = (x.dtype, x.shape, x.stride(), x.device, cos.dtype, cos.shape, cos.stride(), cos.device,
-               sin.dtype, sin.shape, sin.stride(), sin.device, interleaved, fp32_math,
-               x.data_ptr() & 15, cos.data_ptr() & 15, sin.data_ptr() & 15)
-        plan = _INFER_PLANS.get(key)
-        if plan is None:
-            plan = _INFER_PLANS.add(key, _pinned(_infer_plan("x", x, cos, sin, interleaved, fp32_math)))
-        return _rope_run(plan, x, cos, sin)
+        try:
+            key = (x.dtype, x.shape, x.stride(), x.device, cos.dtype, cos.shape, cos.stride(), cos.device,
+                   sin.dtype, sin.shape, sin.stride(), sin.device, interleaved, fp32_math,
+                   x.data_ptr() & 15, cos.data_ptr() & 15, sin.data_ptr() & 15)
+        except RuntimeError:  # a sparse or nested tensor (no strides or storage): the checks below name it
+            key = None
+        if key is not None:
+            plan = _INFER_PLANS.get(key)
+            if plan is None:
+                plan = _INFER_PLANS.add(key, _pinned(_infer_plan("x", x, cos, sin, interleaved, fp32_math)))
+            return _rope_run(plan, x, cos, sin)
     _check("x", x, cos, sin)
     return call_op(_rope, _rope_impl, x, cos, sin, interleaved, fp32_math, autograd=_ROPE_AUTOGRAD)
 
@@ -400,23 +405,28 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
         # plain eager inference: one plan per call signature (16-byte alignment included: its launch is pinned
         # and takes the addresses); cos/sin are passed as they are (their unsqueezed views start at the same
         # addresses), which saves two views per call
-        qp, kp, cp, sp = q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr()
-        key = (q.dtype, q.shape, q.stride(), q.device, k.dtype, k.shape, k.stride(), k.device, cos.dtype, cos.shape,
-               cos.stride(), cos.device, sin.dtype, sin.shape, sin.stride(), sin.device, unsqueeze_dim,
-               qp & 15, kp & 15, cp & 15, sp & 15)
-        plan = _PAIR_PLANS.get(key)
-        if plan is None:
-            plan = _PAIR_PLANS.add(key, _pair_plan(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)))
-        q_plan, k_plan, launch = plan
-        if launch is None:
-            return _rope_run(q_plan, q, cos, sin), _rope_run(k_plan, k, cos, sin)
-        q_out, k_out = _new_output(q, *q_plan), _new_output(k, *k_plan)
-        if not launch.at((qp, cp, sp, q_out.data_ptr(), kp, k_out.data_ptr())):
-            launch((q, cos, sin, q_out, k, k_out))
-        return q_out, k_out
+        try:
+            qp, kp, cp, sp = q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr()
+            key = (q.dtype, q.shape, q.stride(), q.device, k.dtype, k.shape, k.stride(), k.device, cos.dtype, cos.shape,
+                   cos.stride(), cos.device, sin.dtype, sin.shape, sin.stride(), sin.device, unsqueeze_dim,
+                   qp & 15, kp & 15, cp & 15, sp & 15)
+        except RuntimeError:  # a sparse or nested tensor (no strides or storage): the checks below name it
+            key = None
+        if key is not None:
+            plan = _PAIR_PLANS.get(key)
+            if plan is None:
+                plan = _PAIR_PLANS.add(key, _pair_plan(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)))
+            q_plan, k_plan, launch = plan
+            if launch is None:
+                return _rope_run(q_plan, q, cos, sin), _rope_run(k_plan, k, cos, sin)
+            q_out, k_out = _new_output(q, *q_plan), _new_output(k, *k_plan)
+            if not launch.at((qp, cp, sp, q_out.data_ptr(), kp, k_out.data_ptr())):
+                launch((q, cos, sin, q_out, k, k_out))
+            return q_out, k_out
     for name, t in (("cos", cos), ("sin", sin)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(name, t)
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
     _check("q", q, cos, sin)  # errors name q and k (rotary_embedding's name x)

@@ -17,6 +17,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._autocast import autocast_to, cast
+from ._device import check_dense
 from .flash import flash_attention
 
 _UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")
@@ -55,6 +56,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"triton attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(f"triton attention: {name}", t)
         if t.dim() != 4:
             raise ValueError(f"triton attention: {name} must be 4-D [B, H, S, D], got shape {tuple(t.shape)}")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)

@@ -70,7 +70,7 @@ from . import matmul_sm90
 from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import FixedLaunch, PlanCache, meta_items, rebase, signature
 from ._launch import MatmulConfig, config_for, tma_capable
-from ._device import cdiv, check_launch_device, is_interpreter, launch_options, next_power_of_2
+from ._device import cdiv, check_dense, check_launch_device, is_interpreter, launch_options, next_power_of_2
 from ._epilogue_math import ACTIVATIONS, apply_activation, store_rounded
 from .epilogue_grad import epilogue_grad
 from ._libm import nvidia_approx
@@ -790,6 +790,7 @@ def _check(a, b, bias, activation) -> None:
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(name, t)
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{name} must have dtype torch.float16, torch.bfloat16 or torch.float32, got {t.dtype}")
     if not isinstance(activation, (str, type(None))) or activation not in ACTIVATIONS:  # a list is unhashable
@@ -811,6 +812,7 @@ def _check(a, b, bias, activation) -> None:
     if bias is not None:
         if not isinstance(bias, Tensor):
             raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        check_dense("bias", bias)
         if bias.shape != (b.shape[1],):
             raise ValueError(f"bias of shape {tuple(bias.shape)} does not match b of shape {tuple(b.shape)}: "
                              f"expected ({b.shape[1]},)")
@@ -864,8 +866,12 @@ def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, activation: Opti
         # plain eager inference: the checks run once per call signature (host time of small calls), keyed like
         # the launch plan (a as the 2-d rows the kernel reads: its checks depend on nothing else of a)
         flat = a.dim() == 2
-        a2, key = _keyed(a if flat else a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b, bias, activation,
-                         False, None)
+        try:
+            a2, key = _keyed(a if flat else a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b, bias, activation,
+                             False, None)
+        except RuntimeError:  # a sparse or nested tensor (no strides or storage): the checks name it
+            _check(a, b, bias, activation)
+            raise
         try:
             checked = _CHECKED.get(key)
         except TypeError:  # an unhashable activation: the checks name it

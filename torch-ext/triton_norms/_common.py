@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from ._device import check_dense
 from ._rounding import round_to
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -23,6 +24,7 @@ _DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
 def check_float_tensor(name: str, t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(name, t)
     if t.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name} must have dtype {_DTYPE_NAMES}, got {t.dtype}")
 

@@ -400,13 +400,13 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
         # plain eager code: one validated plan per call signature, 16-byte alignment included (its launch is pinned
         # and takes the addresses: host time of small calls and of training steps); a Python float eps only, so
         # that no other type can equal a planned one
-        xp, wp, bp, tensors = addressed_signature(x, weight, bias)
-        key = (tensors, eps, torch_order)
         plans = _INFER_PLANS if mode == IMPL else _TRAIN_PLANS
         try:
+            xp, wp, bp, tensors = addressed_signature(x, weight, bias)
+            key = (tensors, eps, torch_order)
             plan = plans.get(key)
-        except TypeError:  # an unhashable torch_order: the general path names it
-            plan = _GENERAL
+        except (TypeError, RuntimeError):  # an unhashable torch_order, a sparse or nested tensor (no storage or
+            plan = _GENERAL  # strides): the general path names it
         if plan is None:
             plan = _infer_plan(x, weight, bias, eps, torch_order)
             if mode == AUTOGRAD and plan is not _GENERAL:  # its own launch (compiled with the mean and rstd

@@ -457,13 +457,13 @@ def rms_norm(
         # plain eager code: one validated plan per call signature (host time of small calls and of training
         # steps), the inputs' 16-byte alignment included (its launch is pinned and takes their addresses); Python
         # floats only, so that no other type (a bool or a tensor) can equal a planned value
-        xp, wp, bp, tensors = addressed_signature(x, weight, bias)
-        key = (tensors, eps, weight_offset, cast_dtype, out_dtype, torch_order)
         plans = _INFER_PLANS if mode == IMPL else _TRAIN_PLANS
         try:
+            xp, wp, bp, tensors = addressed_signature(x, weight, bias)
+            key = (tensors, eps, weight_offset, cast_dtype, out_dtype, torch_order)
             plan = plans.get(key)
-        except TypeError:  # an unhashable argument: the general path names it
-            plan = _GENERAL
+        except (TypeError, RuntimeError):  # an unhashable argument, a sparse or nested tensor (no storage or
+            plan = _GENERAL  # strides): the general path names it
         if plan is None:
             plan = plans.add(key, _infer_plan(x, None, weight, bias, eps, weight_offset, cast_dtype, out_dtype,
                                               torch_order)
@@ -598,14 +598,14 @@ def add_rms_norm(
     if type(eps) is float and type(weight_offset) is float and eager_mode((x, residual, weight, bias), 2) == IMPL:
         # plain eager inference: one validated plan per call signature, as rms_norm's (a decoder layer's call per
         # token at batch 1 is host time)
-        xp, wp, bp, tensors = addressed_signature(x, weight, bias)
-        rp = residual.data_ptr()
-        key = (tensors, residual.dtype, residual.shape, residual.device, residual.is_contiguous(), rp & 15, eps,
-               weight_offset, cast_dtype, out_dtype, torch_order)
         try:
+            xp, wp, bp, tensors = addressed_signature(x, weight, bias)
+            rp = residual.data_ptr()
+            key = (tensors, residual.dtype, residual.shape, residual.device, residual.is_contiguous(), rp & 15, eps,
+                   weight_offset, cast_dtype, out_dtype, torch_order)
             plan = _ADD_PLANS.get(key)
-        except TypeError:  # an unhashable argument: the general path names it
-            plan = _GENERAL
+        except (TypeError, RuntimeError):  # an unhashable argument, a sparse or nested tensor: the general path
+            plan = _GENERAL  # names it
         if plan is None:
             plan = _ADD_PLANS.add(key, _infer_plan(x, residual, weight, bias, eps, weight_offset, cast_dtype,
                                                    out_dtype, torch_order))

@@ -30,6 +30,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 import torch
 import triton
 import triton.language as tl
+from ._device import check_dense
 from ._fastlaunch import PlanCache
 from ._rounding import round_to
 
@@ -192,6 +193,7 @@ def normalize_dim(dim, ndim: int) -> int:
 def check_float_tensor(name: str, t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(name, t)
     if t.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name} must have dtype {_DTYPE_NAMES}, got {t.dtype}")
 

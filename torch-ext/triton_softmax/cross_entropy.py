@@ -71,7 +71,7 @@ from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._launch import PLAN_CACHES, config_for, team_for
 from ._libm import exp_approx, nvidia_approx
-from ._device import check_launch_device, launch_options
+from ._device import check_dense, check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
 
 Tensor = torch.Tensor
@@ -709,6 +709,7 @@ def _check(logits, target, ignore_index, reduction, label_smoothing, z_loss):
         raise ValueError("logits must have at least one dimension (the classes), got a 0-d tensor")
     if not isinstance(target, Tensor):
         raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    check_dense("target", target)
     if target.dtype.is_floating_point:
         raise TypeError(f"target must hold class indices (torch.int64 or torch.int32), got {target.dtype}: "
                         "class-probability targets are not supported")

@@ -55,7 +55,7 @@ from ._libm import exp_approx, nvidia_approx
 from ._launch import PLAN_CACHES, SPLIT_BELOW_ROWS_PER_SM, config_for, split_for, team_for
 from ._torch_order import softmax_torch_order
 from ._team import sm_count, team_gather, team_gather_pair, team_phases, team_publish, team_publish_pair, team_start
-from ._device import cdiv, check_launch_device, launch_options, next_power_of_2
+from ._device import cdiv, check_dense, check_launch_device, launch_options, next_power_of_2
 from ._ops import add_op_namespace_prefix
 
 Tensor = torch.Tensor
@@ -841,6 +841,7 @@ def _prepare(x, dim, scale, mask, causal):
     if mask is not None:
         if not isinstance(mask, Tensor):
             raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
+        check_dense("mask", mask)
         if mask.dtype == torch.bool:
             raise TypeError("mask must be an additive float mask (0 keeps, -inf drops); for a boolean keep-mask "
                             "pass torch.zeros_like(x).masked_fill(~keep, float('-inf'))")
@@ -919,12 +920,17 @@ def _forward(x, mask, dim, scale, causal: bool, log: bool, torch_order) -> Tenso
     a checked value."""
     if (inference((x, mask)) and type(dim) is int and (scale is None or type(scale) is float)
             and type(causal) is bool and type(torch_order) is bool):
-        key = (x.shape, x.stride(), x.dtype, x.device, mask if mask is None else (mask.shape, mask.dtype, mask.device),
-               dim, scale, causal, log, torch_order)
-        checked = _CHECKED.get(key)
-        if checked is None:
-            checked = _CHECKED.add(key, _check_call(x, mask, dim, scale, causal, torch_order))
-        return _softmax_fwd_impl(x, mask, *checked, causal, log, torch_order)
+        try:
+            key = (x.shape, x.stride(), x.dtype, x.device,
+                   mask if mask is None else (mask.shape, mask.stride(), mask.dtype, mask.device),
+                   dim, scale, causal, log, torch_order)
+        except RuntimeError:  # a sparse or nested tensor (no strides): the checks below name it
+            key = None
+        if key is not None:
+            checked = _CHECKED.get(key)
+            if checked is None:
+                checked = _CHECKED.add(key, _check_call(x, mask, dim, scale, causal, torch_order))
+            return _softmax_fwd_impl(x, mask, *checked, causal, log, torch_order)
     dim, scale = _check_call(x, mask, dim, scale, causal, torch_order)
     return call_op(_softmax_fwd, _softmax_fwd_impl, x, mask, dim, scale, causal, log, torch_order,
                    autograd=_SOFTMAX_AUTOGRAD)
