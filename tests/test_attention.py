@@ -1763,3 +1763,42 @@ def test_key_splits_with_every_key_far_below_zero(attention, device, monkeypatch
     assert_close(o, want, TOL[torch.float32], "o")
     want_lse = torch.logsumexp((q.double() @ k.double().transpose(-1, -2)) * 0.25 + mask.double(), -1) / math.log(2)
     assert torch.allclose(lse.double(), want_lse, rtol=1e-6, atol=1e-3)
+
+
+def test_rotary_probe_needs_the_output_dtype():
+    """A rotary function with Llama's values returned in float32 (for half q / k Llama's stays half): torch.equal
+    alone would accept it, RotaryPosEmb would return another dtype; the probe refuses it."""
+    import kernels
+
+    from triton_collection.integrations import transformers_attention as ta
+
+    def rotate_half(x):
+        return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+    @kernels.use_kernel_forward_from_hub("rotary_pos_emb")
+    def upcast_rotary(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return (q * cos + rotate_half(q) * sin).float(), (k * cos + rotate_half(k) * sin).float()
+
+    @kernels.use_kernel_forward_from_hub("rotary_pos_emb")
+    def same_dtype_rotary(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    assert "values differ" in (ta._rotary_mismatch(upcast_rotary) or "")
+    assert ta._rotary_mismatch(same_dtype_rotary) is None
+
+
+def test_register_refuses_eager():
+    """"eager" is transformers' own implementation though it is not in AttentionInterface's mapping: register
+    refuses it (as "sdpa") before registering anything."""
+    import types
+
+    from transformers import AttentionInterface
+
+    from triton_collection.integrations import transformers_attention as ta
+
+    stub = types.SimpleNamespace(transformers_attention_forward=lambda *args, **kwargs: None)
+    with pytest.raises(ValueError, match="own attention"):
+        ta.register("eager", kernel=stub)
+    assert "eager" not in AttentionInterface._global_mapping

@@ -694,3 +694,234 @@ def test_decoder_layer_runs_backward_and_global_hooks_of_its_norm(installed, dev
     finally:
         handle.remove()
     assert forward == [norm]
+
+
+# ----------------------------------------------------------------------------- mutation run 53: report and check gaps
+
+
+def test_decoder_layer_whose_norm_is_chosen_for_another_family_is_refused(installed, device):
+    """Layer 1's post_attention_layernorm is a torch nn.RMSNorm (chosen itself, for the TorchRMSNorm layer): the
+    fused add_rms_norm reproduces LlamaRMSNorm only, so layer 1 is refused by name and left as it was, while its
+    nn.RMSNorm is swapped on its own; the exact sets of swapped and refused modules, and the eager logits."""
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    model = _tiny("llama", torch.float32, device)
+    old = model.model.layers[1].post_attention_layernorm
+    torch_norm = nn.RMSNorm(_TINY["hidden_size"], eps=old.variance_epsilon).to(device)
+    with torch.no_grad():
+        torch_norm.weight.copy_(old.weight)
+    model.model.layers[1].post_attention_layernorm = torch_norm
+    ids = _prompt(device)
+    with torch.no_grad():
+        ref = model(ids).logits
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+    decoders = {k for k, v in report.swapped.items() if v == "LlamaDecoderLayer"}
+    assert decoders == {"model.layers.0"}, report.swapped
+    assert report.swapped["model.layers.1.post_attention_layernorm"] == "TorchRMSNorm"
+    assert set(report.refused) == {"model.layers.1"} and "post_attention_layernorm (RMSNorm)" in report.refused[
+        "model.layers.1"], report.refused
+    assert "forward" not in vars(model.model.layers[1])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref, **LOGIT_TOL[torch.float32])
+
+
+def test_decoder_family_alone_with_no_llama_norm_family_is_an_error(installed, device):
+    """families=STRUCTURE_FAMILIES (the decoder layer without the llama norm family): every decoder layer is refused
+    (its post_attention_layernorm is not swapped), so nothing can be replaced: a ValueError naming the refusals, no
+    forward swapped; with the gated MLP family added, the report lists no layer for the refused decoder class."""
+    from triton_collection.integrations.families import GATED_MLP, STRUCTURE_FAMILIES
+
+    model = _tiny("llama", torch.float32, device)
+    with pytest.raises(ValueError, match=r"no module that triton-norms can replace \(model.layers.0: its "
+                                         r"post_attention_layernorm"):
+        kernelize(model, mode=Mode.INFERENCE, org=ORG, families=STRUCTURE_FAMILIES)
+    assert all("forward" not in vars(m) for m in model.modules())
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=STRUCTURE_FAMILIES + (GATED_MLP,))
+    assert set(report.swapped) == {"model.layers.0.mlp", "model.layers.1.mlp"}, report.swapped
+    assert [k.rsplit(".", 1)[-1] for k in report.layers] == ["LlamaMLP"], report.layers
+    assert set(report.refused) == {"model.layers.0", "model.layers.1"}, report.refused
+
+
+def test_float64_weights_inside_a_swapped_module_are_an_error(installed, device):
+    """A gated MLP whose projections hold float64 weights (the norms float32): the MLP is a target through its
+    children's parameters, so kernelize refuses it by name before any swap, as for a float64 norm."""
+    from triton_collection.integrations.families import FAMILIES, GATED_MLP
+
+    model = _tiny("llama", torch.float32, device)
+    model.model.layers[1].mlp.double()
+    with pytest.raises(ValueError, match=r"model.layers.1.mlp \(LlamaMLP\) holds torch.float64 parameters"):
+        kernelize(model, mode=Mode.INFERENCE, org=ORG, families=FAMILIES + (GATED_MLP,))
+    assert all("forward" not in vars(m) for m in model.modules())
+
+
+class _UpcastOutputRMSNorm(nn.Module):
+    """Llama's numerics, with the output returned in float32 (the same values, another dtype)."""
+
+    def __init__(self, n: int = 64):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, hidden_states):
+        dtype = hidden_states.dtype
+        h = hidden_states.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (self.weight * h.to(dtype)).float()
+
+
+class _HalfPathRMSNorm(nn.Module):
+    """Llama's numerics, except that fp16 input with an fp16 weight is normalised in fp16 (a half fast path)."""
+
+    def __init__(self, n: int = 64):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, hidden_states):
+        if hidden_states.dtype == self.weight.dtype == torch.float16:
+            rstd = torch.rsqrt(hidden_states.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+            return self.weight * (hidden_states * rstd)
+        dtype = hidden_states.dtype
+        h = hidden_states.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(dtype)
+
+
+def test_probe_needs_the_output_dtype_and_the_fp16_run():
+    """Two norms that equal Llama's values except in one respect the layer would not reproduce: one returns the
+    same values in float32 (the layer returns fp16 for fp16 input: torch.equal alone accepts it), one takes
+    another path for fp16 input and an fp16 weight (an fp32 module: only the probe's fp16 run reaches it). Both
+    are refused; the same classes without the difference probe as llama."""
+    upcast, half = probe(_UpcastOutputRMSNorm()), probe(_HalfPathRMSNorm())
+    assert upcast.family is None and "torch.float16 output matches no family" in upcast.reason, upcast
+    assert half.family is None and "torch.float16 output matches no family" in half.reason, half
+
+
+def test_probe_refuses_a_weight_of_two_dims():
+    """A Llama-named norm holding a [1, N] weight: the reference broadcasts it as the module does, but the layers
+    take a 1-D weight, so the probe refuses it (naming the attribute) instead of matching."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(64)
+    norm.weight = nn.Parameter(torch.ones(1, 64))
+    result = probe(norm)
+    assert result.family is None and "1-D weight" in result.reason, result
+
+
+def test_gated_mlp_form_is_matched_up_to_local_names():
+    """The gated-MLP form is compared up to names: a forward that names its local ``out`` (the form says
+    ``down_proj``) and its input ``hidden`` is the same form and probes as the gated MLP family; one step more
+    (a scale) is refused by its form."""
+    from triton_collection.integrations.families import ALL_FAMILIES, GATED_MLP
+
+    class RenamedMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj = nn.Linear(64, 96, bias=False), nn.Linear(64, 96, bias=False)
+            self.down_proj, self.act_fn = nn.Linear(96, 64, bias=False), nn.SiLU()
+
+        def forward(self, hidden):
+            out = self.down_proj(self.act_fn(self.gate_proj(hidden)) * self.up_proj(hidden))
+            return out
+
+    class ScaledMLP(RenamedMLP):
+        def forward(self, hidden):
+            out = self.down_proj(self.act_fn(self.gate_proj(hidden)) * self.up_proj(hidden))
+            return out * 2
+
+    assert probe(RenamedMLP()).family is GATED_MLP
+    result = probe(ScaledMLP(), tuple(f for f in ALL_FAMILIES if f is GATED_MLP))
+    assert result.family is None and "its forward is not one" in result.reason, result
+
+
+def test_training_with_a_layer_without_backward_is_an_error(norms, device, monkeypatch):
+    monkeypatch.setattr(norms.layers.LlamaRMSNorm, "has_backward", False)
+    model = _tiny("llama", torch.float32, device)
+    with pytest.raises(ValueError, match="has no backward, so it cannot serve"):
+        kernelize(model, mode=Mode.TRAINING, org=ORG)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert len(kernelize(model, mode=Mode.INFERENCE, org=ORG).swapped) == 5
+
+
+def test_decoder_layer_runs_pre_hooks_of_its_norm(installed, device):
+    """A forward-pre hook that rescales the norm's input, a backward-pre hook and a global forward-pre hook on
+    post_attention_layernorm run as in the eager model (the fused add_rms_norm would skip them): fp32 logits as the
+    eager model's with the same hook, and each hook ran."""
+    import copy
+
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    model = _tiny("llama", torch.float32, device)
+    reference = copy.deepcopy(model)
+    kernelize(model, mode=Mode.TRAINING, org=ORG, families=ALL_FAMILIES)
+    ids = _prompt(device)
+    for m in (model, reference):
+        m.model.layers[0].post_attention_layernorm.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, **LOGIT_TOL[torch.float32])
+    norm = model.model.layers[1].post_attention_layernorm
+    backward, forward = [], []
+    norm.register_full_backward_pre_hook(lambda mod, go: backward.append(go[0].shape))
+    model.train()
+    model(ids, labels=ids).loss.backward()
+    assert backward == [(*ids.shape, _TINY["hidden_size"])]
+    handle = nn.modules.module.register_module_forward_pre_hook(
+        lambda mod, args: forward.append(mod) if mod is norm else None)
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        handle.remove()
+    assert forward == [norm]
+
+
+def test_decoder_layer_with_an_accelerate_hook_on_its_norm(installed, device):
+    """accelerate's hook on post_attention_layernorm (its forward a wrapper calling ``_old_forward``, no module
+    hook): the layer takes the original steps, so the hook runs once per forward; fp16 logits equal eager's."""
+    accelerate_hooks = pytest.importorskip("accelerate.hooks")
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    class Count(accelerate_hooks.ModelHook):
+        calls = 0
+
+        def pre_forward(self, module, *args, **kwargs):
+            self.calls += 1
+            return args, kwargs
+
+    model = _tiny("llama", torch.float16, device)
+    ids = _prompt(device)
+    hook = Count()
+    accelerate_hooks.add_hook_to_module(model.model.layers[0].post_attention_layernorm, hook)
+    with torch.no_grad():
+        ref = model(ids).logits
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+    assert report.swapped["model.layers.0"] == "LlamaDecoderLayer"
+    hook.calls = 0
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref)
+    assert hook.calls == 1
+
+
+def test_decoder_layer_fused_norm_reads_the_norm_eps_and_promotes_to_its_weight(installed, device):
+    """The fused add_rms_norm uses the norm's own ``variance_epsilon`` (here 0.5, far from the 1e-6 default) and
+    its output dtype is eager's ``promote(weight, x)``: layer 1's post_attention_layernorm, mlp, the final norm and
+    lm_head kept in fp32 in an fp16 model (keep-in-fp32 style) give fp32 hidden states after the norm. Logits as
+    eager's, the norm fused in both layers."""
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    model = _tiny("llama", torch.float16, device)
+    for m in model.modules():
+        if type(m).__name__ == "LlamaRMSNorm":
+            m.variance_epsilon = 0.5
+    layer = model.model.layers[1]
+    for m in (layer.post_attention_layernorm, layer.mlp, model.model.norm, model.lm_head):
+        m.float()
+    ids = _prompt(device)
+    with torch.no_grad():
+        ref = model(ids).logits
+    assert ref.dtype == torch.float32
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+    assert [report.swapped[f"model.layers.{i}"] for i in range(2)] == ["LlamaDecoderLayer"] * 2
+    with torch.no_grad():
+        logits = model(ids).logits
+    torch.testing.assert_close(logits, ref, rtol=0, atol=1e-5)
