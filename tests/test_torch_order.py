@@ -82,6 +82,31 @@ def test_add_rms_norm_mean_order_matches_model(norms, device, M, N, dtype):
                                1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("x_dtype, r_dtype", [(torch.float32, torch.float16), (torch.float16, torch.float32)])
+def test_add_rms_norm_mean_order_rounds_h_to_the_residual_dtype(norms, device, x_dtype, r_dtype):
+    """x and the residual of two dtypes: h is ``x + residual`` summed in fp32 and rounded once to the residual's
+    dtype (not x's; fp32 x + fp16 residual rounds, fp16 x + fp32 residual does not), and y (of the residual's dtype
+    by default) is normalised from that h: h bit for bit against torch, y bit for bit against the exact rms_norm of
+    h and near fp64, rstd the numpy model's of h. The eager plan (``add_rms_norm``) and the op. (3, 389): N prime,
+    the mean order's head and tail."""
+    M, N = 3, 389
+    torch.manual_seed(N)
+    x = (torch.randn(M, N, device=device) * 3).to(x_dtype)
+    r = (torch.randn(M, N, device=device) * 2).to(r_dtype)
+    w = torch.randn(N, device=device).to(r_dtype)
+    want_h = (x.float() + r.float()).to(r_dtype)
+    y, h = norms.add_rms_norm(x, r, w, eps=1e-6, torch_order="mean")
+    assert h.dtype == r_dtype and y.dtype == r_dtype
+    assert torch.equal(h, want_h)
+    assert torch.equal(y, norms.rms_norm(want_h, w, eps=1e-6, torch_order="mean"))
+    fp64 = want_h.double() * torch.rsqrt(want_h.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    torch.testing.assert_close(y.double(), fp64, rtol=2e-3 if r_dtype == torch.float16 else 1e-5, atol=1e-5)
+    y2, h2, rstd = norms._ops.ops.rms_norm_fwd(x, r, w, None, 1e-6, 0.0, None, r_dtype, 1)
+    assert torch.equal(h2, want_h) and torch.equal(y2, y)
+    cfg = norms._torch_order.mean_config(M, N, *norms._torch_order.device_limits(x.device))
+    assert np.array_equal(rstd.cpu().numpy(), _rstd(ref.mean_sq(want_h.float().cpu().numpy(), cfg), 1e-6, device))
+
+
 def test_add_rms_norm_torch_order_argument(norms, device):
     x = torch.randn(2, 8, device=device)
     with pytest.raises(ValueError, match="torch_order"):
@@ -97,6 +122,8 @@ def test_add_rms_norm_torch_order_argument(norms, device):
     (2, 65537, (True, 256, 2, 1)),
     (1, 262144, (True, 512, 1, 32)),  # global reduce over 32 blocks
     (333, 64, (False, 32, 1, 1)),  # N < 128: 4 accumulators by step
+    (333, 127, (False, 32, 1, 1)),
+    (333, 128, (True, 32, 1, 1)),  # torch 2.13's Reduce.cuh vectorises from dim0 >= 128 (a head_dim of 128: q/k norms)
 ])
 def test_mean_config(norms, M, N, want):
     c = norms._torch_order.mean_config(M, N, 132, 2048)

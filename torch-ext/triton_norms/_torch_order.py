@@ -93,7 +93,7 @@ def _log2(n: int) -> int:
 class MeanConfig:
     """How ATen's generic reduce kernel sums one row of a contiguous fp32 (M, N) tensor."""
 
-    vec: bool  # 4-float vector loads along the row (N > 128)
+    vec: bool  # 4-float vector loads along the row (N >= 128: Reduce.cuh's dim0 >= 128)
     bw: int  # threads along the row in a block (block.x)
     bhr: int  # warps (block.y rows) sharing one row; 1 if each warp owns a row
     ctas: int  # blocks per row (> 1: partial sums staged in global memory)
