@@ -754,13 +754,17 @@ def test_float64_weights_inside_a_swapped_module_are_an_error(installed, device)
     assert all("forward" not in vars(m) for m in model.modules())
 
 
-class _UpcastOutputRMSNorm(nn.Module):
-    """Llama's numerics, with the output returned in float32 (the same values, another dtype)."""
+class _LlamaLikeRMSNorm(nn.Module):
+    """The parameters of transformers' LlamaRMSNorm; subclasses give the forward."""
 
     def __init__(self, n: int = 64):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(n))
         self.variance_epsilon = 1e-6
+
+
+class _UpcastOutputRMSNorm(_LlamaLikeRMSNorm):
+    """Llama's numerics, with the output returned in float32 (the same values, another dtype)."""
 
     def forward(self, hidden_states):
         dtype = hidden_states.dtype
@@ -769,13 +773,8 @@ class _UpcastOutputRMSNorm(nn.Module):
         return (self.weight * h.to(dtype)).float()
 
 
-class _HalfPathRMSNorm(nn.Module):
+class _HalfPathRMSNorm(_LlamaLikeRMSNorm):
     """Llama's numerics, except that fp16 input with an fp16 weight is normalised in fp16 (a half fast path)."""
-
-    def __init__(self, n: int = 64):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(n))
-        self.variance_epsilon = 1e-6
 
     def forward(self, hidden_states):
         if hidden_states.dtype == self.weight.dtype == torch.float16:
