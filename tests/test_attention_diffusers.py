@@ -584,3 +584,192 @@ def test_modulate_swap_under_autocast_runs_the_module_own_forward(norms, install
         out = mod(x, emb=emb)
     assert calls == []
     assert all(torch.equal(a, r) for a, r in zip(out, ref))
+
+
+def test_kernelize_again_keeps_the_diffusers_processor_as_the_original(attention, installed, device):
+    """A second kernelize makes each Triton processor again around the diffusers processor it first replaced (not
+    around the first call's Triton processor): the fallback and pickling reach diffusers' own processor directly."""
+    from triton_collection.integrations.diffusers import _TritonProcessor, kernelize
+
+    torch.manual_seed(21)
+    model = tiny_flux()[0].to(device)
+    before = {name: type(p) for name, p in model.attn_processors.items()}
+    kernelize(model, norms=False, modulate=False, feed_forward=False, blocks=False, device=device)
+    kernelize(model, norms=False, modulate=False, feed_forward=False, blocks=False, device=device,
+              attention_backend="triton")
+    for name, proc in model.attn_processors.items():
+        assert isinstance(proc, _TritonProcessor) and proc.backend == "triton"
+        assert not isinstance(proc.original, _TritonProcessor) and type(proc.original) is before[name], name
+
+
+def test_adaln_with_a_multi_dim_layer_norm_is_left_alone(norms, installed, device):
+    """Only a LayerNorm over the last dim is fused: an adaLN whose LayerNorm spans the last two dims is refused and
+    runs its own forward."""
+    from diffusers.models.normalization import AdaLayerNormContinuous
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(22)
+    model = torch.nn.ModuleDict({"ln": AdaLayerNormContinuous(16, 12, elementwise_affine=False, eps=1e-6),
+                                 "ln2d": AdaLayerNormContinuous(16, 12, elementwise_affine=False, eps=1e-6)})
+    model["ln2d"].norm = torch.nn.LayerNorm((5, 16), eps=1e-6, elementwise_affine=False)
+    model = model.to(device)
+    x, c = torch.randn(2, 5, 16, device=device), torch.randn(2, 12, device=device)
+    with torch.no_grad():
+        ref = model["ln2d"](x, c)
+    report = kernelize(model, attention=False, norms=False, feed_forward=False, blocks=False, device=device,
+                       norms_kernel=norms)
+    assert report.modules == {"ln": "TritonAdaLayerNormContinuous"}, report.summary()
+    assert set(report.refused) == {"ln2d"}, report.summary()
+    with torch.no_grad():
+        assert torch.equal(model["ln2d"](x, c), ref)
+
+
+class _ScaledLinear(torch.nn.Linear):
+    """An nn.Linear subclass with its own forward (as quantized layers such as bitsandbytes' Linear8bitLt are)."""
+
+    def forward(self, x):
+        return super().forward(x) * 0.5
+
+
+def test_feed_forward_leaves_a_linear_subclass_proj_alone(matmul, installed, device):
+    """Only a plain nn.Linear ``proj`` is swapped: a subclass may compute something else in its forward, so its
+    GELU is refused and runs its own forward."""
+    from diffusers.models.activations import GELU
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(23)
+    model = torch.nn.ModuleDict({"plain": GELU(16, 24), "sub": GELU(16, 24)})
+    model["sub"].proj = _ScaledLinear(16, 24)
+    model = model.to(device)
+    x = torch.randn(2, 5, 16, device=device)
+    with torch.no_grad():
+        ref = model["sub"](x)
+    report = kernelize(model, attention=False, norms=False, modulate=False, blocks=False, device=device,
+                       matmul_kernel=matmul)
+    assert report.modules == {"plain": "TritonGELU"}, report.summary()
+    assert "_ScaledLinear" in report.refused.get("sub", ""), report.summary()
+    with torch.no_grad():
+        assert torch.equal(model["sub"](x), ref)
+
+
+def test_adaln_swap_sends_other_ranks_to_the_module_own_forward(norms, installed, device):
+    """The adaLN swap fuses [B, S, D] inputs only: a 2-D x runs the module's own forward (same broadcast result)."""
+    from diffusers.models.normalization import AdaLayerNormContinuous
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(24)
+    mod = AdaLayerNormContinuous(16, 12, elementwise_affine=False, eps=1e-6).to(device)
+    x, c = torch.randn(3, 16, device=device), torch.randn(3, 12, device=device)
+    with torch.no_grad():
+        ref = mod(x, c)
+    kernelize(mod, attention=False, norms=False, feed_forward=False, blocks=False, device=device, norms_kernel=norms)
+    assert type(mod).__name__ == "TritonAdaLayerNormContinuous"
+    with torch.no_grad():
+        out = mod(x, c)
+    assert out.shape == ref.shape and torch.equal(out, ref)
+
+
+def test_wan_block_whose_norm3_is_not_a_layer_norm_is_left_alone(norms, installed, device):
+    """Both norm1 and norm3 are checked: a Wan block whose norm3 alone is an RMSNorm is refused and runs its own
+    forward (the fused chain would compute a LayerNorm there); the other block is still swapped."""
+    from triton_collection.integrations.diffusers import kernelize
+
+    model, inputs, _, _ = eager_reference(tiny_wan, device, seed=25)
+    model.blocks[0].norm3 = torch.nn.RMSNorm(model.blocks[0].norm1.normalized_shape, eps=1e-6,
+                                             elementwise_affine=False).to(device)
+    with torch.no_grad():
+        ref = model(**inputs)[0]
+    report = kernelize(model, attention=False, norms=False, modulate=False, feed_forward=False, device=device,
+                       norms_kernel=norms)
+    assert report.modules == {"blocks.1": "TritonWanTransformerBlock"}, report.summary()
+    assert set(report.refused) == {"blocks.0"}, report.summary()
+    with torch.no_grad():
+        out = model(**inputs)[0]
+    assert (out - ref).abs().max().item() <= fp32_tol(device) * max(ref.abs().max().item(), 1.0)
+
+
+class _DoubledRMSNorm(torch.nn.Module):
+    """Named like an RMSNorm (a norm candidate) but computing something else: the probe refuses it."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+        self.eps = 1e-6
+
+    def forward(self, x):
+        return x * self.weight * 2
+
+
+def test_norm_classes_the_probe_refuses_are_reported(installed, device):
+    """A norm class refused by the probe (named like an RMSNorm, computing something else; norm_families=FAMILIES)
+    is reported as ``norms:<class>`` and keeps its own forward, while the diffusers RMSNorm next to it is swapped."""
+    from diffusers.models.normalization import RMSNorm
+
+    from triton_collection.integrations.diffusers import kernelize
+    from triton_collection.integrations.families import FAMILIES
+
+    torch.manual_seed(26)
+    model = torch.nn.ModuleDict({"rms": RMSNorm(16, eps=1e-6), "odd": _DoubledRMSNorm(16)}).to(device)
+    report = kernelize(model, attention=False, modulate=False, feed_forward=False, blocks=False, device=device,
+                       norm_families=FAMILIES)
+    assert set(report.norms) == {"rms"}, report.summary()
+    assert [k for k in report.refused if k.startswith("norms:") and "_DoubledRMSNorm" in k], report.summary()
+    x = torch.randn(3, 16, device=device)
+    assert torch.equal(model["odd"](x), x * 2)
+
+
+def test_kernelize_again_reports_only_the_kinds_asked_for(norms, matmul, installed, device):
+    """A module swapped before is reported again only by its own kind: after a feed-forward-only kernelize, a
+    modulate-only one reports the adaLN modules, not the GELU projections swapped by the first call."""
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(27)
+    model = tiny_flux()[0].to(device)
+    first = kernelize(model, attention=False, norms=False, modulate=False, blocks=False, device=device,
+                      matmul_kernel=matmul)
+    assert set(first.modules.values()) == {"TritonGELU"}, first.summary()
+    again = kernelize(model, attention=False, norms=False, feed_forward=False, blocks=False, device=device,
+                      norms_kernel=norms)
+    assert again.modules and all(v.startswith("TritonAdaLayerNorm") for v in again.modules.values()), again.summary()
+    assert not set(again.modules) & set(first.modules), again.summary()
+
+
+def test_modulate_swap_output_dtype_follows_the_scale(norms, installed, device):
+    """A bf16 x modulated by an fp32 scale and shift (an fp32 AdaLayerNormZero fed bf16 hidden states) gives an fp32
+    output, as eager's ``norm(x) * (1 + scale) + shift`` promotes; not one rounded to bf16."""
+    from diffusers.models.normalization import AdaLayerNormZero
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(28)
+    mod = AdaLayerNormZero(48).to(device)
+    x = torch.randn(2, 17, 48, device=device, dtype=torch.bfloat16)
+    emb = torch.randn(2, 48, device=device)
+    with torch.no_grad():
+        ref = mod(x, emb=emb)[0]
+        kernelize(mod, attention=False, norms=False, feed_forward=False, device=device, norms_kernel=norms)
+        out = mod(x, emb=emb)[0]
+    assert ref.dtype == torch.float32 and out.dtype == ref.dtype
+    # bf16 rounding of an fp32 result is up to 2^-9 relative: the bound is well below that
+    assert ((out - ref).abs() <= 1e-5 * ref.abs().clamp_min(1.0)).all(), (out - ref).abs().max().item()
+
+
+def test_two_expert_pipeline_bad_device_leaves_both_transformers_alone(attention, installed, device):
+    """The device is checked up front for every transformer, before the first swap, whether or not a norm is
+    swapped: a bad device on a two-expert pipeline (tiny Wan: no diffusers RMSNorm) raises with neither
+    transformer changed."""
+    from types import SimpleNamespace
+
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(29)
+    pipe = SimpleNamespace(transformer=tiny_wan()[0].to(device), transformer_2=tiny_wan()[0].to(device))
+    before = [_processor_names(pipe.transformer), _processor_names(pipe.transformer_2)]
+    with pytest.raises(ValueError, match="device must be a device type .* got 'banana'"):
+        kernelize(pipe, device="banana")
+    assert [_processor_names(pipe.transformer), _processor_names(pipe.transformer_2)] == before
+    assert not any(type(m).__name__.startswith("Triton") for t in (pipe.transformer, pipe.transformer_2)
+                   for m in t.modules())
