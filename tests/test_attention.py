@@ -1785,7 +1785,15 @@ def test_rotary_probe_needs_the_output_dtype():
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
+    @kernels.use_kernel_forward_from_hub("rotary_pos_emb")
+    def fp64_math_rotary(q, k, cos, sin, unsqueeze_dim=1):  # fp32 q / k: computed in fp64, rounded once (1 ulp off)
+        if q.dtype != torch.float32:
+            return same_dtype_rotary(q, k, cos, sin, unsqueeze_dim)
+        cos, sin = cos.unsqueeze(unsqueeze_dim).double(), sin.unsqueeze(unsqueeze_dim).double()
+        return tuple((t.double() * cos + rotate_half(t.double()) * sin).float() for t in (q, k))
+
     assert "values differ" in (ta._rotary_mismatch(upcast_rotary) or "")
+    assert "values differ" in (ta._rotary_mismatch(fp64_math_rotary) or "")  # bit for bit, not within a tolerance
     assert ta._rotary_mismatch(same_dtype_rotary) is None
 
 
