@@ -680,14 +680,23 @@ def test_decoder_layer_runs_backward_and_global_hooks_of_its_norm(installed, dev
     model = _tiny("llama", torch.float32, device)
     kernelize(model, mode=Mode.TRAINING, org=ORG, families=ALL_FAMILIES)
     norm = model.model.layers[0].post_attention_layernorm
-    ids = _prompt(device)
-    model.train()
+    _assert_norm_hooks_run(
+        model, norm, _prompt(device),
+        lambda record: norm.register_full_backward_hook(lambda m, gi, go: record(gi[0].shape)),
+        lambda record: nn.modules.module.register_module_forward_hook(lambda m, i, o: record(m)))
+
+
+def _assert_norm_hooks_run(model, norm, ids, add_backward_hook, add_global_hook):
+    """A training step of ``model`` with a backward hook on ``norm`` (``add_backward_hook(record)`` registers one
+    recording the gradient's shape), then a no-grad forward with a global module hook (``add_global_hook(record)``
+    registers one recording each module): each ran once for ``norm``."""
     backward, forward = [], []
-    handle = norm.register_full_backward_hook(lambda m, gi, go: backward.append(gi[0].shape))
+    model.train()
+    handle = add_backward_hook(backward.append)
     model(ids, labels=ids).loss.backward()
     handle.remove()
     assert backward == [(*ids.shape, _TINY["hidden_size"])]
-    handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: forward.append(m) if m is norm else None)
+    handle = add_global_hook(lambda m: forward.append(m) if m is norm else None)
     try:
         with torch.no_grad():
             model(ids)
@@ -859,19 +868,10 @@ def test_decoder_layer_runs_pre_hooks_of_its_norm(installed, device):
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, **LOGIT_TOL[torch.float32])
     norm = model.model.layers[1].post_attention_layernorm
-    backward, forward = [], []
-    norm.register_full_backward_pre_hook(lambda mod, go: backward.append(go[0].shape))
-    model.train()
-    model(ids, labels=ids).loss.backward()
-    assert backward == [(*ids.shape, _TINY["hidden_size"])]
-    handle = nn.modules.module.register_module_forward_pre_hook(
-        lambda mod, args: forward.append(mod) if mod is norm else None)
-    try:
-        with torch.no_grad():
-            model(ids)
-    finally:
-        handle.remove()
-    assert forward == [norm]
+    _assert_norm_hooks_run(
+        model, norm, ids,
+        lambda record: norm.register_full_backward_pre_hook(lambda mod, go: record(go[0].shape)),
+        lambda record: nn.modules.module.register_module_forward_pre_hook(lambda mod, args: record(mod)))
 
 
 def test_decoder_layer_with_an_accelerate_hook_on_its_norm(installed, device):

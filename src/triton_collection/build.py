@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import shutil
+import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -173,8 +174,6 @@ def check_build_toml(text: str) -> None:
     Raises:
         ValueError: the parser's message.
     """
-    import tempfile
-
     from kernels._rust import Build
 
     with tempfile.TemporaryDirectory(prefix="triton-collection-build-toml-") as tmp:

@@ -368,8 +368,8 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
                    sin.dtype, sin.shape, sin.stride(), sin.device, interleaved, fp32_math,
                    x.data_ptr() & 15, cos.data_ptr() & 15, sin.data_ptr() & 15)
         except RuntimeError:  # a sparse or nested tensor (no strides or storage): the checks below name it
-            key = None
-        if key is not None:
+            pass
+        else:
             plan = _INFER_PLANS.get(key)
             if plan is None:
                 plan = _INFER_PLANS.add(key, _pinned(_infer_plan("x", x, cos, sin, interleaved, fp32_math)))
@@ -411,8 +411,8 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
                    cos.stride(), cos.device, sin.dtype, sin.shape, sin.stride(), sin.device, unsqueeze_dim,
                    qp & 15, kp & 15, cp & 15, sp & 15)
         except RuntimeError:  # a sparse or nested tensor (no strides or storage): the checks below name it
-            key = None
-        if key is not None:
+            pass
+        else:
             plan = _PAIR_PLANS.get(key)
             if plan is None:
                 plan = _PAIR_PLANS.add(key, _pair_plan(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)))

@@ -924,9 +924,9 @@ def _forward(x, mask, dim, scale, causal: bool, log: bool, torch_order) -> Tenso
             key = (x.shape, x.stride(), x.dtype, x.device,
                    mask if mask is None else (mask.shape, mask.stride(), mask.dtype, mask.device),
                    dim, scale, causal, log, torch_order)
-        except RuntimeError:  # a sparse or nested tensor (no strides): the checks below name it
-            key = None
-        if key is not None:
+        except RuntimeError:  # a sparse or nested tensor (no strides; a sparse mask has a shape, hence its strides
+            pass  # in the key): the checks below name it
+        else:
             checked = _CHECKED.get(key)
             if checked is None:
                 checked = _CHECKED.add(key, _check_call(x, mask, dim, scale, causal, torch_order))
