@@ -98,3 +98,17 @@ _LONGEST_FIRST = ("test_reliability_properties.py", "test_demo.py")
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keeps its order
+
+
+if DEVICE == "cuda":
+
+    @pytest.fixture(autouse=True)
+    def _release_cached_gpu_memory():
+        """On the GPU run, give each test's freed blocks back to the driver: the caching allocator otherwise keeps
+        every worker's peak (the all-values fp32 tests hold several GiB), and with `-n 14` processes on one GPU the
+        sum of those peaks ran out of memory (session 54, `--dist load` over the whole suite)."""
+        yield
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()

@@ -1751,14 +1751,17 @@ def test_key_splits_with_every_key_far_below_zero(attention, device, monkeypatch
     monkeypatch.setattr(flash, "FORCE_SPLITS", 3)
     monkeypatch.setattr(flash, "_FWD_PLANS", type(flash._FWD_PLANS)())
     torch.manual_seed(58)
-    q, k, v = make_qkv(2, 2, 2, 3, 45, 16, torch.float32, device)
-    mask = torch.zeros(3, 45, device=device)
+    # 377 keys: three splits of whole key tiles for every tile width the configs use (16 in the interpreter, 32 for
+    # fp32 on a GPU, up to 128), so the forced count is taken on every device (45 keys gave 2 splits on CUDA)
+    q, k, v = make_qkv(2, 2, 2, 3, 377, 16, torch.float32, device)
+    mask = torch.zeros(3, 377, device=device)
     mask[0] = -120.0  # every score of query 0 near -120 (-173 in base 2: exp2 underflows unless taken from the max)
     mask[1, 5:] = -3e3  # query 1: keys 0-4 win outright
     splits, original = [], flash._key_splits
     monkeypatch.setattr(flash, "_key_splits", lambda *a: splits.append(original(*a)) or splits[-1])
     o, lse = flash._attn_fwd_launch(q, k, v, mask, 0.25, False, False, False)
-    assert splits == [3]
+    block_n = sys.modules[attention.__name__ + "._launch"].fwd_config_for(q, 16, device == "cpu", True).block_n
+    assert splits == [3] and math.ceil(math.ceil(377 / 3) / block_n) * block_n * 2 < 377  # three non-empty splits
     want = torch.softmax((q.double() @ k.double().transpose(-1, -2)) * 0.25 + mask.double(), -1) @ v.double()
     assert_close(o, want, TOL[torch.float32], "o")
     want_lse = torch.logsumexp((q.double() @ k.double().transpose(-1, -2)) * 0.25 + mask.double(), -1) / math.log(2)

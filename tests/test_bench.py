@@ -510,6 +510,11 @@ def test_graph_replays_give_kernel_rates_and_a_failed_capture_is_noted(packages,
     assert "0.80 **below**" in md and "1 of 1 shapes at or above the best peer." in md
     assert "left out): 0 of 1 shapes at or above the best peer." in md
     assert "| n/a |" in md  # the failed capture in the all-rows table
+    assert "Ceilings measured in this run: none." in md
+    md = bench._markdown({"env": {}, "rows": rows, "summary": [s], "ceilings": {"copy_gbps": 3041.4}}, "t")
+    assert "Ceilings measured in this run: device copy 3041 GB/s." in md  # no empty matmul ceiling when not run
+    md = bench._markdown({"env": {}, "rows": rows, "ceilings": {"copy_gbps": 3041.4, "matmul_tflops": 702.2}}, "t")
+    assert "device copy 3041 GB/s; torch.matmul 8192³ 702 TFLOP/s." in md
     seen.clear()
     bwd = bench.run_case(_spec("triton-norms", "rms_norm", "bwd"), shape, packages["triton-norms"], torch.float32, device,
                          peers=("aten",), timer=_fake_timer(1.0), host_timer=lambda fn: 1.0, graph_timer=graph_timer)

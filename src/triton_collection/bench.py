@@ -384,10 +384,12 @@ def _fmt(v, digits: int = 0) -> str:
 
 def _markdown(result: dict, title: str) -> str:
     env, ceil = result["env"], result.get("ceilings", {})
+    measured = [f"{name} {_fmt(ceil.get(key))} {unit}" for key, name, unit in
+                (("copy_gbps", "device copy", "GB/s"), ("matmul_tflops", "torch.matmul 8192³", "TFLOP/s"))
+                if _fmt(ceil.get(key))]  # the matmul ceiling is measured only where a matmul op is benched
     lines = [f"# {title}", "", f"GPU: {env.get('gpu')}; torch {env.get('torch')}, triton {env.get('triton')}; "
              f"{env.get('dtype')}; sweep {env.get('shapes')}; {env.get('timing')}.",
-             f"Ceilings measured in this run: device copy {_fmt(ceil.get('copy_gbps'))} GB/s; "
-             f"torch.matmul 8192³ {_fmt(ceil.get('matmul_tflops'))} TFLOP/s.", "",
+             f"Ceilings measured in this run: {'; '.join(measured) or 'none'}.", "",
              "`ok`: the result matches an fp64 reference (rtol/atol 2e-2 unless noted). GB/s counts each tensor a "
              "perfect kernel must read or write once (column `count`).", ""]
     summary = result.get("summary", [])
