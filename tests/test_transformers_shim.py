@@ -335,6 +335,19 @@ def test_local_kernels_override(built, device, monkeypatch):
     assert set(kernelize(model, mode=Mode.INFERENCE, org=ORG).swapped.values()) == {"Olmo2RMSNorm"}
 
 
+def test_local_kernels_entries_match_whole_repo_ids(monkeypatch):
+    """An entry names one repository: ``org/triton`` is not a prefix that also serves ``org/triton-norms``."""
+    from pathlib import Path
+
+    from triton_collection.integrations.transformers import _local_override
+
+    monkeypatch.setenv("LOCAL_KERNELS", f"{ORG}/triton=/decoy:{ORG}/triton-norms-dev=/dev:{ORG}/triton-norms=/norms")
+    assert _local_override(f"{ORG}/triton-norms") == Path("/norms")
+    assert _local_override(f"{ORG}/triton-activations") is None
+    monkeypatch.setenv("LOCAL_KERNELS", f"{ORG}/triton-norms=/norms")
+    assert _local_override(f"{ORG}/triton-norms-dev") is None
+
+
 def test_works_with_transformers_hooks_disabled(installed):
     """USE_HUB_KERNELS=0 turns transformers' decorators into no-ops (read at import: a fresh process)."""
     import os
