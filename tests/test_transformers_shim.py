@@ -155,6 +155,18 @@ def test_probe_refuses_other_numerics_and_extra_arguments():
     assert probe(nn.Linear(4, 4)).family is None
 
 
+def test_probe_refuses_parameters_on_the_meta_device():
+    """A model built under ``torch.device("meta")`` (no storage yet) is refused with a reason: its probe cannot
+    compare outputs (torch.equal has no meta kernel and raised NotImplementedError out of probe)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    with torch.device("meta"):
+        norms = (LlamaRMSNorm(24), nn.RMSNorm(24), nn.LayerNorm(24))
+    for norm in norms:
+        result = probe(norm)
+        assert result.family is None and "meta device" in result.reason
+
+
 def test_probe_tells_formulas_apart_that_agree_only_at_one_dtype():
     """IdeficsRMSNorm casts the normalised value to the weight's dtype (``w * h.to(w.dtype)``): with input and
     weight of one dtype that is Llama's ``w * h.to(x.dtype)`` bit for bit, under autocast (bf16 input, fp32 weight)
