@@ -155,6 +155,24 @@ def test_probe_refuses_other_numerics_and_extra_arguments():
     assert probe(nn.Linear(4, 4)).family is None
 
 
+def test_probe_refuses_a_norm_that_ignores_its_weight():
+    """The probe's weights are random (``1 + 0.5 * randn``): with all-ones weights a norm that never multiplies by
+    its weight gives the fp32-weight family's bits in every run (dtypes included) and would be swapped for a layer
+    that does."""
+    class WeightlessRMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(40))
+            self.variance_epsilon = 1e-6
+
+        def forward(self, x):
+            h = x.to(torch.float32)
+            return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)).to(x.dtype)
+
+    result = probe(WeightlessRMSNorm())
+    assert result.family is None and "matches no family" in result.reason, result.reason
+
+
 def test_probe_refuses_parameters_on_the_meta_device():
     """A model built under ``torch.device("meta")`` (no storage yet) is refused with a reason: its probe cannot
     compare outputs (torch.equal has no meta kernel and raised NotImplementedError out of probe)."""
