@@ -227,12 +227,20 @@ def test_gated_mlp_layer_runs_an_act_fn_with_hooks_or_its_own_forward(activation
     mlp.act_fn.forward = types.MethodType(A.SiLUActivation.forward, mlp.act_fn)  # kernelized by our layer
     assert A._fusable_activation(mlp.act_fn) == "silu"
     del mlp.act_fn.forward
-    for register in (mlp.act_fn.register_full_backward_hook, torch.nn.modules.module.register_module_forward_hook):
+    hooks = torch.nn.modules.module
+    for register in (mlp.act_fn.register_full_backward_hook, mlp.act_fn.register_forward_pre_hook,
+                     mlp.act_fn.register_full_backward_pre_hook, hooks.register_module_forward_hook,
+                     hooks.register_module_forward_pre_hook, hooks.register_module_full_backward_hook,
+                     hooks.register_module_full_backward_pre_hook):
         handle = register(lambda *args: None)
-        assert A._fusable_activation(mlp.act_fn) is None
+        assert A._fusable_activation(mlp.act_fn) is None, register
         with torch.no_grad():
             assert torch.equal(A.LlamaMLP.forward(mlp, x), mlp(x))
         handle.remove()
+    handle = mlp.act_fn.register_forward_pre_hook(lambda m, args: (2 * args[0],))  # changes what the act sees
+    with torch.no_grad():
+        assert torch.equal(A.LlamaMLP.forward(mlp, x), mlp(x))
+    handle.remove()
     assert A._fusable_activation(mlp.act_fn) == "silu"
 
 
