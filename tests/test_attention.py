@@ -842,6 +842,43 @@ def test_kernelize_rotary_leaves_other_rotary_formulas_alone(attention, installe
         assert ta._rotary_mismatch(fn) is None, llama_like
 
 
+def test_kernelize_rotary_probes_the_class_forward_and_maps_the_model_device(monkeypatch):
+    """The rotary probe runs the function class's own forward, not an instance forward put there before (a kernelized
+    one launches on the probe's CPU tensors; a user's may hide the class's formula); without ``device`` the mapping
+    is for the device type of the model's first parameter (here ``cpu``, on a GPU host too), not a fixed one."""
+    from transformers.models.llama import modeling_llama
+
+    from triton_collection.integrations import transformers_attention as ta
+
+    modeling_nanochat = pytest.importorskip("transformers.models.nanochat.modeling_nanochat")
+    llama, nanochat = modeling_llama.apply_rotary_pos_emb, modeling_nanochat.apply_rotary_pos_emb
+    if any(getattr(type(fn), "kernel_layer_name", None) != "rotary_pos_emb" for fn in (llama, nanochat)):
+        pytest.skip("transformers' use_kernelized_func decorator is inactive in this environment")
+    saved = {id(fn): vars(fn).get("forward") for fn in (llama, nanochat)}
+
+    def broken(*args):
+        raise RuntimeError("an instance forward the probe must not run")
+
+    try:
+        llama.forward = broken
+        nanochat.forward = lambda q, k, cos, sin, unsqueeze_dim=1: ta._llama_rotary(q, k, cos, sin, unsqueeze_dim)
+        assert ta._rotary_mismatch(llama) is None
+        assert "values differ" in ta._rotary_mismatch(nanochat)
+    finally:
+        for fn in (llama, nanochat):
+            vars(fn).pop("forward", None)
+            if saved[id(fn)] is not None:
+                fn.forward = saved[id(fn)]
+    holder = torch.nn.Module()
+    holder.weight = torch.nn.Parameter(torch.zeros(3, device="cpu"))
+    holder._kernel_funcs = {"rotary_pos_emb": llama}
+    devices = []
+    monkeypatch.setattr(ta, "_load_layer", lambda *args: None)
+    monkeypatch.setattr(ta.kernels, "kernelize", lambda fn, *, device, **kwargs: devices.append(device))
+    assert ta.kernelize_rotary(holder) == 1
+    assert devices == ["cpu"]
+
+
 @pytest.mark.parametrize("causal,layout,rope,ws", [(False, "bhsd", False, False), (True, "bshd", False, False),
                                                     (True, "bshd", True, False), (True, "bhsd", False, True)])
 def test_flash_tma_forward_path(attention, device, causal, layout, rope, ws):
