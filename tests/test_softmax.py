@@ -775,6 +775,22 @@ def test_inner_split_column_far_below_zero(softmax, device, log):
     assert plan.launches[0][0].fixed[-2:] == (3, 2048)
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_inner_looped_running_max_falls_across_tiles(softmax, device, log, monkeypatch):
+    """The two-pass form in one program over tiles of 512 x 16, (2, 601, 17) over dim 1, where the first tile's
+    scores are about 120 above the second's: the running maximum must keep the first tile's (a maximum of the
+    last tile alone rescales the sum by exp(120), inf in fp32, and every output is NaN). Forward against fp64."""
+    mod = _inner_fresh_plans(softmax, monkeypatch, False)
+    x = rand((2, 601, 17), torch.float32, device, scale=2.0)
+    x[:, :512] += 60.0
+    x[:, 512:] -= 60.0
+    y = fn(softmax, log)(x, 1)
+    assert_close_ref(y, sm_ref(x, 1, log=log))
+    (plan,) = mod._FWD_PLANS.values()
+    assert [(dict(run.meta)["LOOP"], dict(run.meta)["BLOCK_N"], run.fixed[-2:]) for run, _ in plan.launches] == [
+        (True, 512, (1, 1024))]
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["one-program", "split"])
 def test_inner_looped_last_tile_of_one_row(softmax, device, split, monkeypatch):
     """A reduced dim one row past whole tiles, (1, 4097, 3) over dim 1 (tiles of 2048 x 4): the last tile (split:
