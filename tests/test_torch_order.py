@@ -107,6 +107,25 @@ def test_add_rms_norm_mean_order_rounds_h_to_the_residual_dtype(norms, device, x
     assert np.array_equal(rstd.cpu().numpy(), _rstd(ref.mean_sq(want_h.float().cpu().numpy(), cfg), 1e-6, device))
 
 
+@pytest.mark.parametrize("M, N", [(4, 389), (3, 5121)])
+def test_add_rms_norm_mean_order_with_a_broadcast_residual(norms, device, M, N):
+    """A residual expanded over the rows (row stride 0, one row read by every program): h is ``residual + x``
+    rounded once, y the exact rms_norm of h, rstd the numpy model's of h (a zero residual row stride must still
+    pass the residual to the kernel)."""
+    torch.manual_seed(N)
+    x = (torch.randn(M, N, device=device) * 3).to(torch.float16)
+    r = (torch.randn(1, N, device=device) * 2).to(torch.float16).expand(M, N)
+    w = torch.randn(N, device=device).to(torch.float16)
+    want_h = r + x
+    y, h = norms.add_rms_norm(x, r, w, eps=1e-6, torch_order="mean")
+    assert torch.equal(h, want_h)
+    assert torch.equal(y, norms.rms_norm(want_h, w, eps=1e-6, torch_order="mean"))
+    _, h2, rstd = norms._ops.ops.rms_norm_fwd(x, r, w, None, 1e-6, 0.0, None, torch.float16, 1)
+    assert torch.equal(h2, want_h)
+    cfg = norms._torch_order.mean_config(M, N, *norms._torch_order.device_limits(x.device))
+    assert np.array_equal(rstd.cpu().numpy(), _rstd(ref.mean_sq(want_h.float().cpu().numpy(), cfg), 1e-6, device))
+
+
 def test_add_rms_norm_torch_order_argument(norms, device):
     x = torch.randn(2, 8, device=device)
     with pytest.raises(ValueError, match="torch_order"):
