@@ -57,6 +57,28 @@ def test_fused_orders_match_model(norms, device, M, N):
     assert np.array_equal(rstd.cpu().numpy(), _rstd(v, 1e-5, device))
 
 
+@pytest.mark.parametrize("M, N", [(3, 576), (2, 1028)])
+def test_fused_order_with_a_misaligned_weight(norms, device, M, N):
+    """A weight not aligned to 4 elements (a slice one element in) makes ATen's F.rms_norm / F.layer_norm take the
+    row-wise Welford kernel, N a multiple of 4 or not: the eager call (its inference plan) and the op sum in that
+    order too (the numpy model's), not the vectorised one x alone would give."""
+    torch.manual_seed(N)
+    x = torch.randn(M, N, device=device) * 2 + 0.5
+    w = torch.randn(N + 1, device=device)[1:]
+    assert w.is_contiguous() and norms._torch_order.fused_vectorized(x, N) and not \
+        norms._torch_order.fused_vectorized(x, N, w)
+    m, v = ref.rowwise_welford(x.cpu().numpy())
+    want_rstd = _rstd(ref.fma(m, m, v), 1e-5, device)
+    y_op, _, rstd = norms._ops.ops.rms_norm_fwd(x, None, w, None, 1e-5, 0.0, None, torch.float32, 2)
+    assert np.array_equal(rstd.cpu().numpy(), want_rstd)
+    with torch.no_grad():
+        assert torch.equal(norms.rms_norm(x, w, eps=1e-5, torch_order="fused"), y_op)
+    y_ln, _, _, rstd = norms._ops.ops.layer_norm_fwd(x, None, w, None, 1e-5, 2)
+    assert np.array_equal(rstd.cpu().numpy(), _rstd(v, 1e-5, device))
+    with torch.no_grad():
+        assert torch.equal(norms.layer_norm(x, w, None, eps=1e-5, torch_order="fused"), y_ln)
+
+
 @pytest.mark.parametrize("M, N", [(1, 576), (3, 100), (5, 5121), (2, 2050), (1, 4096), (2, 65537)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_add_rms_norm_mean_order_matches_model(norms, device, M, N, dtype):
