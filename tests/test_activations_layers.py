@@ -445,6 +445,22 @@ def test_shim_probe_maps_gated_mlps(path, name):
     assert result.family is None and "not one the" in result.reason, result.reason
 
 
+def test_shim_gate_up_mlp_needs_twice_the_down_projection_width():
+    """A ``gate_up_proj`` that is not twice ``down_proj``'s input (its halves could not be act(gate) * up for that
+    down projection) is not a gate-up MLP candidate, whatever else it has."""
+    from types import SimpleNamespace
+
+    from transformers.models.phi3.modeling_phi3 import Phi3MLP
+
+    from triton_collection.integrations.families import GATE_UP_MLP, candidate_families
+
+    module = Phi3MLP(SimpleNamespace(hidden_size=24, intermediate_size=40, hidden_act="silu", mlp_bias=False))
+    assert candidate_families(module) == (GATE_UP_MLP,)
+    for width in (82, 78, 81):
+        module.gate_up_proj = nn.Linear(24, width, bias=False)
+        assert candidate_families(module) == (), width
+
+
 def _clamped_forward(self, x):
     return self.down_proj(self.act_fn(self.gate_proj(x).clamp(max=10.0)) * self.up_proj(x))
 
