@@ -197,6 +197,16 @@ def test_single_aten_op_activations_equal_torch(activations, device, op, dtype):
         assert_mostly_exact(call(activations, op, x, rounding=rounding), expected, tail_noise(op, x))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_quick_eager_rounding_equals_torch_expression(activations, device, dtype):
+    """gelu_quick(rounding="eager"): ``x * torch.sigmoid(1.702 * x)`` in x's dtype, each of the three results
+    rounded (the sigmoid too, before the multiply), as torch computes it. The CPU half of
+    test_gpu_sigmoid_bit_exact_every_value (the other rounding tests cover the gated ops only)."""
+    x = rand((16, 515), dtype, device)
+    expected = x * torch.sigmoid(1.702 * x)
+    assert_mostly_exact(call(activations, "gelu_quick", x, rounding="eager"), expected, tail_noise("gelu_quick", x))
+
+
 def test_fatrelu_threshold_forms(activations, device):
     x = rand((4, 64), torch.float32, device)
     a, b = x.chunk(2, dim=-1)
