@@ -139,7 +139,8 @@ def test_every_provider_matches_the_reference(spec, packages, device):
     assert len(measured) >= 2, rows  # ours and at least one peer
     for r in measured:
         assert r["ok"] is True, r
-        assert r["max_err"] < 1e-4, r
+        # fp32 matmul runs TF32 products on NVIDIA GPUs (matmul's docstring): about 1e-3 here (K = 11, values ~3)
+        assert r["max_err"] < (1e-2 if device == "cuda" and spec.package == "triton-matmul" else 1e-4), r
         if spec.mode != "latency":  # 420 us of host time in a 500 us measurement: at least HOST_BOUND of it
             assert r["host_us"] == 420.0 and r["host_bound"] is True
         if spec.mode == "latency":

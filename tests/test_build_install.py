@@ -72,9 +72,9 @@ def test_digest_detects_a_changed_file(built, tmp_path):
         metadata.digest.validate(kernels_data.Digest.hash_variant(kernels_data.DigestAlgorithm.SHA256, variant))
 
 
-def test_get_kernel_by_version_and_revision(installed, norms):
+def test_get_kernel_by_version_and_revision(installed, norms, device):
     inst = installed["triton-norms"]
-    assert norms.__name__.startswith("_triton_norms_cpu_")
+    assert norms.__name__.startswith(f"_triton_norms_{device}_")  # the variant of this machine
     assert "rms_norm" in norms.__all__
     pinned = kernels.get_kernel(f"{ORG}/triton-norms", revision=inst.commit)
     assert pinned.__file__ == norms.__file__
@@ -86,9 +86,9 @@ def test_unknown_version_fails_with_the_library_error(installed):
         kernels.get_kernel(f"{ORG}/triton-norms", version=2)
 
 
-def test_get_local_kernel_and_LOCAL_KERNELS(built, installed, hf_home):
+def test_get_local_kernel_and_LOCAL_KERNELS(built, installed, hf_home, device):
     path = built["triton-norms"].path
-    assert kernels.get_local_kernel(path).__name__.startswith("_triton_norms_cpu_")
+    assert kernels.get_local_kernel(path).__name__.startswith(f"_triton_norms_{device}_")
     # LOCAL_KERNELS is read per call; a fresh process shows a user's script.
     script = f"import kernels; k = kernels.get_kernel('someone/triton-norms', version=7); print(k.__file__)"
     env = {**os.environ, "LOCAL_KERNELS": f"someone/triton-norms={path}"}
@@ -97,7 +97,7 @@ def test_get_local_kernel_and_LOCAL_KERNELS(built, installed, hf_home):
     assert str(path) in out.stdout
 
 
-def test_install_local_cli_in_a_fresh_process(tmp_path):
+def test_install_local_cli_in_a_fresh_process(tmp_path, device):
     """What a user runs: the CLI installs into $HF_HOME; any script loads by name offline."""
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf")}
     cli = subprocess.run([sys.executable, "-m", "triton_collection.cli", "install-local", "--org", "acme", "--out", str(tmp_path / "dist"), "--json"],
@@ -109,7 +109,7 @@ def test_install_local_cli_in_a_fresh_process(tmp_path):
     script = "import kernels; k = kernels.get_kernel('acme/triton-norms', version=1); print(k.__name__)"
     out = subprocess.run([sys.executable, "-c", script], env={**env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().startswith("_triton_norms_cpu_")
+    assert out.stdout.strip().startswith(f"_triton_norms_{device}_")
 
 
 def test_shared_modules_ship_in_every_package(built):

@@ -300,9 +300,11 @@ def test_hopper_path_on_gpu(matmul, device):
         mod._matmul_tma_kernel, mod._PLANS = real, plans
 
 
-def test_tune_command_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
+def test_tune_command_end_to_end_on_cpu(device, tmp_path, monkeypatch, capsys):
     """The tune subcommand's whole path (build, load, measure, check, write) with the GPU parts stubbed: the
     interpreter runs the candidates (each checked against torch.matmul), timings are fake."""
+    if device != "cpu":
+        pytest.skip("runs the candidates under the interpreter; on a GPU `tune` itself is the run")
     import triton_collection.tune as T
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -356,10 +358,12 @@ def test_epilogue_names_agree(matmul):
     assert {k: v for k, v in _launch_module(matmul).EPILOGUES.items() if v} == {k: True for k in tune.GATED}
 
 
-def test_tune_epilogue_update_on_cpu(matmul, tmp_path, monkeypatch, capsys):
+def test_tune_epilogue_update_on_cpu(matmul, device, tmp_path, monkeypatch, capsys):
     """tune --epilogue --update: the config the existing file gives each bucket is timed first; a faster candidate is
     added as an "epilogue" entry only when a re-timing confirms --min-gain; every other entry stays as it was; the
     package's lookup then serves the activation from the new entry. Gated epilogues run with b of 2N columns."""
+    if device != "cpu":
+        pytest.skip("runs the candidates under the interpreter; on a GPU `tune` itself is the run")
     import triton_collection.tune as T
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -102,7 +102,11 @@ def small_ports(ports):
 
 
 @pytest.fixture(scope="module")
-def loader(activations, norms):
+def loader(activations, norms, device):
+    """The Triton ports by (package, function), for the harness tests that run on CPU tensors under the interpreter
+    (``device="cpu"`` with the TorchClassic backend); on the GPU run ``test_gpu_port_check_real`` is the real check."""
+    if device != "cpu":
+        pytest.skip("the harness tests run the ports on CPU tensors under the interpreter")
     mods = {"triton-activations": activations, "triton-norms": norms}
     return lambda package, function: getattr(mods[package], function)
 
@@ -472,10 +476,10 @@ def test_report_formats(small_ports, loader, tmp_path):
     assert report.plot(png) and png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_hub_loader_loads_by_name(installed):
+def test_hub_loader_loads_by_name(installed, device):
     loader = pc.HubLoader()
     fn = loader("triton-activations", "silu_and_mul")
-    x = torch.randn(2, 8)
+    x = torch.randn(2, 8, device=device)
     torch.testing.assert_close(fn(x), F.silu(x[:, :4]) * x[:, 4:])
     with pytest.raises(pc.PortError, match="has no function 'nope'"):
         loader("triton-activations", "nope")
