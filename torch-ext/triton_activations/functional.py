@@ -35,11 +35,7 @@ NVIDIA's approximate exp2 / reciprocal, after checking on the device that this g
 path's result for every one of the 65536 bf16 inputs (``_fast_math``); otherwise libdevice's
 exact functions.
 
-Raises (all functions): TypeError for a non-tensor or a dtype other than
-fp16/bf16/fp32, for ``out`` of another dtype; ValueError for an odd last dim of x
-(gated ops), an ``out`` of the wrong shape, on another device, or with overlapping
-(stride-0) elements, an unknown ``rounding``; RuntimeError for a CPU tensor without
-``TRITON_INTERPRET=1`` and for an ``(out, x)`` call whose x or out requires grad in grad mode.
+Raises: each function's docstring ends with its errors (``_raises`` appends the part they share).
 
 Performance: one program per (row, block of columns), one read of x and one write
 of the output; see ``activation.py``. Source: kernels-community/activation (names,
@@ -58,6 +54,28 @@ from ._fastlaunch import PlanCache
 from .activation import act_forward, act_forward_out, act_mul_forward, act_mul_infer, act_mul_plan, infer, infer_plan
 
 Tensor = torch.Tensor
+
+_RAISES = """
+    Raises:
+        TypeError: x or out not a tensor, a sparse or nested tensor, a dtype other than fp16/bf16/fp32, an
+            out of another dtype than x's{type_extra}.
+        ValueError: {gated}an out of the wrong shape, on another device, with overlapping (stride-0)
+            elements or sharing memory with x other than as x itself{half}; an unknown rounding{value_extra}.
+        RuntimeError: a CPU tensor without ``TRITON_INTERPRET=1``; an ``(out, x)`` call whose x or out
+            requires grad in grad mode.
+"""
+
+
+def _raises(gated: bool, type_extra: str = "", value_extra: str = ""):
+    """Appends the errors the ``(out, x)`` functions share (``_apply``'s checks) to a function's docstring."""
+    def deco(f):
+        if f.__doc__ is not None:  # (python -OO strips docstrings)
+            f.__doc__ += _RAISES.format(
+                gated="a 0-d x or an odd last dim of x;\n            " if gated else "",
+                half=" or one of its halves" if gated else "", type_extra=type_extra, value_extra=value_extra)
+        return f
+    return deco
+
 
 _INFER_PLANS = PlanCache()
 _GATE_UP_PLANS = PlanCache()  # act_and_mul's
@@ -92,11 +110,12 @@ def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, th
     return out
 
 
+@_raises(gated=True)
 def silu_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "eager") -> Tensor:
     """SwiGLU gate: ``silu(x[..., :d]) * x[..., d:]``, ``silu(a) = a / (1 + exp(-a))``.
 
     ``silu_and_mul(x)`` -> new (..., d) tensor with autograd; ``silu_and_mul(out, x)`` -> out.
-    See the module docstring for shapes, ``rounding``, errors and precision.
+    See the module docstring for shapes, ``rounding`` and precision.
     """
     return _apply("silu_and_mul", out_or_x, x, rounding)
 
@@ -123,7 +142,8 @@ def act_and_mul(gate: Tensor, up: Tensor, *, activation: str = "silu", rounding:
         (backward: ``dgate = dy * up * act'(gate)``, ``dup = dy * act(gate)``, in fp32, one rounding each).
 
     Raises:
-        TypeError: a non-tensor, a dtype other than fp16/bf16/fp32, or dtypes that differ.
+        TypeError: a non-tensor, a sparse or nested tensor, a dtype other than fp16/bf16/fp32, or dtypes that
+            differ.
         ValueError: an unknown activation or rounding, shapes that differ, two devices.
         RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
     """
@@ -145,6 +165,7 @@ def act_and_mul(gate: Tensor, up: Tensor, *, activation: str = "silu", rounding:
     return act_mul_forward(gate, up, op, check_rounding("act_and_mul", rounding))
 
 
+@_raises(gated=True)
 def mul_and_silu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "eager") -> Tensor:
     """``x[..., :d] * silu(x[..., d:])`` (the activation on the second half).
 
@@ -153,6 +174,7 @@ def mul_and_silu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: s
     return _apply("mul_and_silu", out_or_x, x, rounding)
 
 
+@_raises(gated=True)
 def gelu_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "eager") -> Tensor:
     """GeGLU gate: ``gelu(x[..., :d]) * x[..., d:]`` with the exact (erf) GELU.
 
@@ -161,6 +183,7 @@ def gelu_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: s
     return _apply("gelu_and_mul", out_or_x, x, rounding)
 
 
+@_raises(gated=True)
 def gelu_tanh_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "eager") -> Tensor:
     """``gelu_tanh(x[..., :d]) * x[..., d:]`` with ``F.gelu(approximate="tanh")``'s formula.
 
@@ -169,6 +192,8 @@ def gelu_tanh_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, roundi
     return _apply("gelu_tanh_and_mul", out_or_x, x, rounding)
 
 
+@_raises(gated=True, type_extra=", a threshold that is not a Python number",
+         value_extra=", a NaN threshold")
 def fatrelu_and_mul(
     out_or_x: Tensor, x=None, /, threshold: float = 0.0, *, rounding: str = "eager"
 ) -> Tensor:
@@ -177,15 +202,13 @@ def fatrelu_and_mul(
     ``fatrelu_and_mul(x, threshold=0.0)`` -> new (..., d) tensor with autograd (no
     gradient for threshold); ``fatrelu_and_mul(out, x, threshold=0.0)`` -> out, as in
     kernels-community. ``fatrelu_and_mul(x, 0.5)`` also reads 0.5 as the threshold.
-
-    Raises: additionally TypeError for a threshold that is not a Python number,
-    ValueError for a NaN threshold.
     """
     if x is not None and not isinstance(x, torch.Tensor):
         x, threshold = None, x  # fatrelu_and_mul(x, threshold)
     return _apply("fatrelu_and_mul", out_or_x, x, rounding, check_threshold(threshold))
 
 
+@_raises(gated=False)
 def silu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
     """``x / (1 + exp(-x))``, equal to ``F.silu`` (one rounding).
 
@@ -194,6 +217,7 @@ def silu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fu
     return _apply("silu", out_or_x, x, rounding)
 
 
+@_raises(gated=False)
 def gelu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
     """``x * 0.5 * (1 + erf(x / sqrt(2)))``, equal to ``F.gelu`` (exact erf, one rounding).
 
@@ -202,6 +226,7 @@ def gelu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fu
     return _apply("gelu", out_or_x, x, rounding)
 
 
+@_raises(gated=False)
 def gelu_tanh(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
     """``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``, equal to ``F.gelu(approximate="tanh")``.
 
@@ -210,6 +235,7 @@ def gelu_tanh(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str 
     return _apply("gelu_tanh", out_or_x, x, rounding)
 
 
+@_raises(gated=False)
 def gelu_new(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
     """transformers' ``NewGELUActivation``: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3))))``.
 
@@ -221,6 +247,7 @@ def gelu_new(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str =
     return _apply("gelu_new", out_or_x, x, rounding)
 
 
+@_raises(gated=False)
 def gelu_fast(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
     """transformers' ``FastGELUActivation``: ``0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x)))``.
 
@@ -230,6 +257,7 @@ def gelu_fast(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str 
     return _apply("gelu_fast", out_or_x, x, rounding)
 
 
+@_raises(gated=False)
 def gelu_quick(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
     """transformers' ``QuickGELUActivation``: ``x * sigmoid(1.702 * x)``.
 

@@ -1258,10 +1258,13 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
         masked gets 0 (as SDPA's math backend). Differentiable in q, k, v (and a float mask).
 
     Raises:
-        TypeError: unsupported dtypes, mixed dtypes, a non-tensor or integer mask, a scale that is not a
-            Python number (an int is taken as a float).
+        TypeError: non-tensors, a sparse or nested tensor, unsupported dtypes, mixed dtypes, a non-tensor or
+            integer mask, a non-bool causal, a scale that is not a finite Python number (an int is taken as a
+            float; NaN and inf are TypeError too).
         ValueError: wrong ranks, shapes that do not agree (batch, heads, head dims, kv lengths), Hq not a
-            multiple of Hk, head dim > 256, a mask that does not broadcast, an unknown layout.
+            multiple of Hk, a head dim outside [1, 256], a batch or Hq above 65535, tensors (mask included)
+            on different devices, a mask of more than 4 dims or that does not broadcast, an unknown layout or
+            out_layout.
         RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
 
     Precision: scores, softmax and output accumulated in fp32; P and dS cast to the input dtype before
@@ -1367,7 +1370,7 @@ def flash_attention_rope(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tens
     Args:
         q, k, v, attn_mask, causal, scale, layout, out_layout: as :func:`flash_attention` (Sq == Sk).
         cos, sin: broadcastable to q's and k's shapes in ``layout`` (e.g. [S, D] / [S, 1, D] for
-            [B, S, H, D], [1, S, 1, D] for Wan, [B, 1, S, D] for [B, H, S, D]); any float dtype; no gradient.
+            [B, S, H, D], [1, S, 1, D] for Wan, [B, 1, S, D] for [B, H, S, D]); fp16/bf16/fp32; no gradient.
         interleaved: rotate pairs (2j, 2j+1) (Flux, Wan) instead of halves (j, j + D/2).
 
     Returns / Raises: as :func:`flash_attention` and :func:`rotary_embedding` (odd D, cos/sin that do not

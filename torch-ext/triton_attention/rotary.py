@@ -353,8 +353,9 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
         with ``fp32_math``, else the promoted dtype. Differentiable in x.
 
     Raises:
-        TypeError: unsupported dtypes or non-tensors. ValueError: odd D, more than 4 dims, cos/sin that
-        do not broadcast, cos/sin that require grad. RuntimeError: CPU tensors without TRITON_INTERPRET=1.
+        TypeError: unsupported dtypes, non-tensors, a sparse or nested tensor. ValueError: odd D, x of 0 or
+        more than 4 dims, cos/sin on another device, cos/sin that do not broadcast, cos/sin that require grad
+        (in grad mode). RuntimeError: CPU tensors without TRITON_INTERPRET=1.
 
     Source: Su et al., "RoFormer" (2021); the formulas of transformers' ``apply_rotary_pos_emb`` and
     diffusers' ``apply_rotary_emb``.
@@ -399,7 +400,8 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
     Returns:
         (q_embed, k_embed): new tensors (inputs are never modified or aliased), dtype promoted as eager.
 
-    Raises: as :func:`rotary_embedding`.
+    Raises: as :func:`rotary_embedding` (naming q or k for x); IndexError (TypeError for a non-int) from
+    ``cos.unsqueeze`` where ``unsqueeze_dim`` is out of range for cos.
     """
     if type(unsqueeze_dim) is int and inference((q, k, cos, sin), 4):
         # plain eager inference: one plan per call signature (16-byte alignment included: its launch is pinned

@@ -43,8 +43,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         (output [B, Sq, Hq, Dv] contiguous in q's dtype, None); no attention weights.
 
     Raises:
-        TypeError: query / key / value not tensors (and as :func:`flash_attention`). ValueError: query / key /
-            value not 4-D, dropout, the refused kwargs above (and as :func:`flash_attention`).
+        TypeError: query / key / value not tensors, or sparse or nested (and as :func:`flash_attention`).
+        ValueError: query / key / value not 4-D, dropout, ``output_attentions=True``, the refused kwargs above
+            (and as :func:`flash_attention`).
     """
     for name in _UNSUPPORTED:
         if kwargs.get(name) is not None:

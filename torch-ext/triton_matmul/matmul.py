@@ -846,9 +846,11 @@ def matmul(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, activation: Opti
         (M, N) is saved in a's dtype (as eager PyTorch saves ``linear``'s output).
 
     Raises:
-        TypeError: unsupported or mismatched dtypes, non-tensor inputs.
-        ValueError: shapes that do not multiply (both shapes named), bad bias shape, unknown activation,
-            odd N for a gated activation, tensors on different devices.
+        TypeError: unsupported or mismatched dtypes, non-tensor inputs, a sparse or nested tensor, a config
+            that is not a :class:`MatmulConfig`.
+        ValueError: a 0-d a or a b that is not 2-D, shapes that do not multiply (both shapes named), bad bias
+            shape, unknown activation, odd N for a gated activation, tensors on different devices, a config
+            that ``MatmulConfig.check`` refuses or that does not fit the device's shared memory.
         RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
 
     Precision: fp32 accumulation; fp16/bf16 products are exact on tensor cores; **fp32 inputs use tf32**

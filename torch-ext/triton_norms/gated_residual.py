@@ -117,9 +117,10 @@ def gated_residual(x: Tensor, y: Tensor, gate: Tensor, *, out_dtype: Optional[to
         ``(x.float() + y.float() * gate.float()).to(out_dtype)``. Differentiable in x, y and gate.
 
     Raises:
-        TypeError: a non-tensor, a dtype other than fp16/bf16/fp32, or a bad ``out_dtype``.
-        ValueError: x not 3-D, N > 32768, y not of x's shape, a gate of the wrong shape, tensors on
-            different devices.
+        TypeError: a non-tensor, a sparse or nested tensor, a dtype other than fp16/bf16/fp32, or a bad
+            ``out_dtype``.
+        ValueError: x not 3-D, N > 32768, a batch above 65535, y not of x's shape, a gate of the wrong shape,
+            tensors on different devices.
         RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
     """
     check_float_tensor("x", x)

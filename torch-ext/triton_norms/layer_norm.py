@@ -386,9 +386,11 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
         (..., N) tensor of x.dtype, contiguous. Saves x, weight, fp32 mean and rstd (M,) for backward.
 
     Raises:
-        TypeError: unsupported dtype. ValueError: weight/bias shape != (N,),
-            tensors on different devices, eps < 0. RuntimeError: CPU tensor
-            without TRITON_INTERPRET=1.
+        TypeError: unsupported dtype (only fp16, bf16, fp32), non-tensor arguments, a sparse or nested
+            tensor, an eps that is not a Python number, a torch_order that is neither None nor a string.
+        ValueError: a 0-d x, weight/bias shape != (N,), tensors on different devices, eps < 0 or not
+            finite, a torch_order other than None and ``"fused"``.
+        RuntimeError: CPU tensor without TRITON_INTERPRET=1; a meta tensor (no data to run on).
 
     Precision: mean and variance in fp32 (two passes, like PyTorch), one rounding
     at the store. Performance: one program per row, x read once; a row above one block (64 KiB; in
@@ -500,9 +502,15 @@ def add_layer_norm(
 ) -> Tuple[Tensor, Tensor]:
     """Fused ``h = x + residual``; ``out = layer_norm(h)`` in one kernel pass.
 
+    Args: x, weight, bias, eps as :func:`layer_norm` (no ``torch_order``), plus ``residual`` of x's shape
+    (fp16/bf16/fp32).
+
     Returns:
         ``(out, h)``: h = x + residual in fp32 rounded once to residual.dtype; out
         (residual.dtype) normalised from that rounded h. Gradients flow to x and residual.
+
+    Raises: as :func:`layer_norm`; also TypeError for a residual that is not a dense fp16/bf16/fp32 tensor
+    (None included), ValueError for a residual not of x's shape or on another device.
     """
     check_float_tensor("residual", residual)  # required here (None would silently be layer_norm)
     check_inputs(x, residual, weight, bias)

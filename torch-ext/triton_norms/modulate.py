@@ -347,9 +347,10 @@ def norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, weight: Optional[Tens
         backward uses the fp32 formula whatever ``eager_rounding``).
 
     Raises:
-        TypeError: a non-tensor or a dtype other than fp16/bf16/fp32; an eps that is not a Python
-            number (an int is taken as a float).
-        ValueError: x not 3-D, N > 32768, scale/shift/weight/bias of the wrong shape or device, unknown norm.
+        TypeError: a non-tensor, a sparse or nested tensor, or a dtype other than fp16/bf16/fp32; an eps
+            that is not a Python number (an int is taken as a float); a bad ``out_dtype``.
+        ValueError: x not 3-D, N > 32768, a batch above 65535, scale/shift/weight/bias of the wrong shape or
+            device, eps < 0 or not finite, unknown norm.
         RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
     """
     check_float_tensor("x", x)

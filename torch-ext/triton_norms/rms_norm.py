@@ -441,10 +441,12 @@ def rms_norm(
         (..., N) tensor of out_dtype, contiguous. Saves x, weight and fp32 rstd (M,) for backward.
 
     Raises:
-        TypeError: unsupported dtype (only fp16, bf16, fp32), non-tensor arguments, a
-            weight_offset that is not a Python number. ValueError: weight/bias shape != (N,),
-            tensors on different devices, eps < 0 or not finite, a non-finite weight_offset.
-        RuntimeError: CPU tensor without TRITON_INTERPRET=1.
+        TypeError: unsupported dtype (only fp16, bf16, fp32) of a tensor, cast_dtype or out_dtype, non-tensor
+            arguments, a sparse or nested tensor, an eps or weight_offset that is not a Python number, a
+            torch_order that is neither None nor a string.
+        ValueError: a 0-d x, weight/bias shape != (N,), tensors on different devices, eps < 0 or not
+            finite, a non-finite weight_offset, an unknown torch_order.
+        RuntimeError: CPU tensor without TRITON_INTERPRET=1; a meta tensor (no data to run on).
 
     Precision: sum of squares, normalisation and affine in fp32; roundings only at
     the points above. Performance: one program per row reads x once and writes y once; a row
@@ -594,6 +596,10 @@ def add_rms_norm(
         residual.dtype (HF's ``residual + hidden_states`` in the model dtype); out
         is normalised from that rounded h. Gradients flow to x and residual
         (both receive dh_total = d(out)/dh + d(h)).
+
+    Raises: as :func:`rms_norm`; also TypeError for a residual that is not a dense fp16/bf16/fp32 tensor
+    (None included), ValueError for a residual not of x's shape or on another device and for
+    ``torch_order="fused"``.
     """
     if type(eps) is float and type(weight_offset) is float and eager_mode((x, residual, weight, bias), 2) == IMPL:
         # plain eager inference: one validated plan per call signature, as rms_norm's (a decoder layer's call per

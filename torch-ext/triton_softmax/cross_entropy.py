@@ -768,9 +768,12 @@ def cross_entropy(
         torch.compile the forward keeps each row's logsumexp and the backward recomputes the gradient.
 
     Raises:
-        TypeError: unsupported dtypes (float targets: class probabilities are not supported).
-        ValueError: target shape, reduction, label_smoothing outside [0, 1], z_loss < 0, devices;
-            torch_order with label smoothing, z-loss or logits of more than 2 dims.
+        TypeError: non-tensor logits or target, a sparse or nested tensor, unsupported dtypes (float
+            targets: class probabilities are not supported), an ignore_index that is not an int, a
+            label_smoothing or z_loss that is not a Python number, a non-bool torch_order.
+        ValueError: 0-d logits, logits with no classes, target shape, devices, an ignore_index outside
+            int64, reduction, label_smoothing outside [0, 1], z_loss < 0 or not finite; torch_order with
+            label smoothing, z-loss or logits of more than 2 dims.
         RuntimeError: CPU tensor without TRITON_INTERPRET=1; in the backward, a gradient of the gradient
             (``create_graph=True``), which the stored gradient cannot give.
 

@@ -886,10 +886,11 @@ def softmax(x: Tensor, dim: int = -1, *, scale: Optional[float] = None, mask: Op
         Tensor of x's shape and dtype, contiguous. Saves the output for backward.
 
     Raises:
-        TypeError: unsupported dtype, a boolean or non-tensor mask, a scale that is not a Python
-            number (an int is taken as a float), a non-bool torch_order.
-        ValueError: a mask that does not broadcast to x, a non-finite scale, causal with dim != -1,
-            torch_order with scale, mask or causal.
+        TypeError: a non-tensor x, unsupported dtype, a sparse or nested tensor, a boolean or non-tensor mask,
+            a dim that is not an int, a scale that is not a Python number (an int is taken as a float), a
+            non-bool causal or torch_order.
+        ValueError: a mask that does not broadcast to x or is on another device, a non-finite scale, causal
+            with dim != -1 (or x of fewer than 2 dims), torch_order with scale, mask or causal.
         IndexError: dim out of range. RuntimeError: CPU tensor without TRITON_INTERPRET=1.
 
     Precision: scale, mask add, max, exp and sum in fp32; one rounding to x.dtype at the store.
