@@ -1159,7 +1159,7 @@ def test_checked_inference_calls(attention, device, monkeypatch):
         attention.flash_attention(q, k, v, layout=["bhsd"])
     with pytest.raises(ValueError, match="out_layout"):
         attention.flash_attention(q, k, v, out_layout="bsd")
-    with pytest.raises(TypeError, match="scale"):
+    with pytest.raises(ValueError, match="scale must be a finite number"):
         attention.flash_attention(q, k, v, scale=float("nan"))
     with pytest.raises(ValueError, match="multiple of the key/value heads"):
         attention.flash_attention(q, k[:, :1].expand(1, 4, 29, 24), v[:, :1].expand(1, 4, 29, 24))

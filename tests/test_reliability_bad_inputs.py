@@ -151,6 +151,30 @@ for _kind, _make in (("sparse", _sparse), ("nested", _nested)):
         lambda p, d, m=_make: p.apply_rotary_pos_emb(r(1, 2, 5, 16, device=d), r(1, 2, 5, 16, device=d),
                                                      m(r(1, 5, 16, device=d)), r(1, 5, 16, device=d)))
 
+# flags and scalars that an unchecked bool() or a bare torch call would take silently or name vaguely: a string
+# "false" read as True (interleaved, fp32_math, eager_rounding), a NaN scale (a value, not a type), unsqueeze_dim
+_qkv = (lambda d: [r(1, 2, 5, 16, device=d, dtype=H) for _ in range(3)])
+bad("attention", "flash_attention-scale-nan", ValueError, ["scale", "finite"])(
+    lambda p, d: p.flash_attention(*_qkv(d), scale=float("nan")))
+bad("attention", "flash_attention-scale-str", TypeError, ["scale", "str"])(
+    lambda p, d: p.flash_attention(*_qkv(d), scale="0.1"))
+bad("attention", "flash_attention_rope-interleaved-str", TypeError, ["interleaved", "bool"])(
+    lambda p, d: p.flash_attention_rope(*_qkv(d), r(5, 16, device=d), r(5, 16, device=d), interleaved="false"))
+bad("attention", "rotary_embedding-interleaved-str", TypeError, ["interleaved", "bool"])(
+    lambda p, d: p.rotary_embedding(r(1, 5, 2, 16, device=d), r(5, 1, 16, device=d), r(5, 1, 16, device=d),
+                                    interleaved="false"))
+bad("attention", "rotary_embedding-fp32_math-int", TypeError, ["fp32_math", "bool"])(
+    lambda p, d: p.rotary_embedding(r(1, 5, 2, 16, device=d), r(5, 1, 16, device=d), r(5, 1, 16, device=d),
+                                    fp32_math=1))
+bad("attention", "apply_rotary_pos_emb-unsqueeze_dim-range", IndexError, ["unsqueeze_dim", "[-4, 3]"])(
+    lambda p, d: p.apply_rotary_pos_emb(r(1, 2, 5, 16, device=d), r(1, 2, 5, 16, device=d), r(1, 5, 16, device=d),
+                                        r(1, 5, 16, device=d), 5))
+bad("attention", "apply_rotary_pos_emb-unsqueeze_dim-str", TypeError, ["unsqueeze_dim", "str"])(
+    lambda p, d: p.apply_rotary_pos_emb(r(1, 2, 5, 16, device=d), r(1, 2, 5, 16, device=d), r(1, 5, 16, device=d),
+                                        r(1, 5, 16, device=d), "1"))
+bad("norms", "norm_modulate-eager_rounding-str", TypeError, ["eager_rounding", "bool"])(
+    lambda p, d: p.norm_modulate(r(2, 3, N, device=d), r(2, N, device=d), r(2, N, device=d), eager_rounding="false"))
+
 for _name in ("add_rms_norm", "add_layer_norm"):
     def _g(pkg, name=_name):
         return getattr(pkg, name)

@@ -1228,8 +1228,10 @@ def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    elif isinstance(scale, (Tensor, bool)) or not isinstance(scale, (int, float)) or not -math.inf < scale < math.inf:
-        raise TypeError(f"scale must be a finite Python float or None, got {scale!r}")
+    elif isinstance(scale, (Tensor, bool)) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
+    elif not -math.inf < scale < math.inf:
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
     return bshd, float(scale)
 
 
@@ -1259,12 +1261,12 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
 
     Raises:
         TypeError: non-tensors, a sparse or nested tensor, unsupported dtypes, mixed dtypes, a non-tensor or
-            integer mask, a non-bool causal, a scale that is not a finite Python number (an int is taken as a
-            float; NaN and inf are TypeError too).
-        ValueError: wrong ranks, shapes that do not agree (batch, heads, head dims, kv lengths), Hq not a
-            multiple of Hk, a head dim outside [1, 256], a batch or Hq above 65535, tensors (mask included)
-            on different devices, a mask of more than 4 dims or that does not broadcast, an unknown layout or
-            out_layout.
+            integer mask, a non-bool causal, a scale that is not a Python number (an int is taken as a
+            float).
+        ValueError: a NaN or infinite scale, wrong ranks, shapes that do not agree (batch, heads, head dims, kv
+            lengths), Hq not a multiple of Hk, a head dim outside [1, 256], a batch or Hq above 65535, tensors
+            (mask included) on different devices, a mask of more than 4 dims or that does not broadcast, an
+            unknown layout or out_layout.
         RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
 
     Precision: scores, softmax and output accumulated in fp32; P and dS cast to the input dtype before
@@ -1380,8 +1382,9 @@ def flash_attention_rope(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tens
     kernel may contract ``x * cos + y * sin`` into one fused multiply-add); the attention as
     :func:`flash_attention`.
     """
-    from .rotary import _check as _check_rope, rotary_embedding
+    from .rotary import _check as _check_rope, _check_flag, rotary_embedding
 
+    _check_flag("interleaved", interleaved)
     bshd, scale = _check_inputs(q, k, v, attn_mask, scale, causal, layout)
     out_layout = layout if out_layout is None else out_layout
     if out_layout not in ("bhsd", "bshd"):
@@ -1393,5 +1396,5 @@ def flash_attention_rope(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tens
     _check_rope("k", k, cos, sin)
     k_rot = rotary_embedding(k, cos, sin, interleaved=interleaved, fp32_math=True)
     o, _ = call_op(_attn_rope_fwd, _attn_rope_fwd_impl, q, k_rot, v, cos, sin, attn_mask, scale, causal, bshd,
-                   out_layout == "bshd", bool(interleaved), autograd=_ATTN_ROPE_AUTOGRAD)
+                   out_layout == "bshd", interleaved, autograd=_ATTN_ROPE_AUTOGRAD)
     return o

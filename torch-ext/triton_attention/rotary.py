@@ -313,6 +313,20 @@ def _check(name: str, x: Tensor, cos: Tensor, sin: Tensor) -> None:
                              f"cos/sin; detach them (they are buffers in transformers and diffusers models)")
 
 
+def _check_flag(name: str, value) -> None:
+    """TypeError unless ``value`` is a bool (a string such as "false" would read as True)."""
+    if type(value) is not bool:
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def _check_unsqueeze_dim(cos: Tensor, unsqueeze_dim) -> None:
+    if type(unsqueeze_dim) is not int:
+        raise TypeError(f"unsqueeze_dim must be an int, got {type(unsqueeze_dim).__name__}")
+    if not -cos.dim() - 1 <= unsqueeze_dim <= cos.dim():
+        raise IndexError(f"unsqueeze_dim must be in [{-cos.dim() - 1}, {cos.dim()}] for cos of {cos.dim()} dims, "
+                         f"got {unsqueeze_dim}")
+
+
 def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
     """Whether ``shape`` broadcasts to exactly ``target``: cached for plain sizes (host time of every call);
     symbolic sizes (``torch.export``, ``make_fx``: unhashable SymInts) and traced calls are not cached."""
@@ -353,14 +367,16 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
         with ``fp32_math``, else the promoted dtype. Differentiable in x.
 
     Raises:
-        TypeError: unsupported dtypes, non-tensors, a sparse or nested tensor. ValueError: odd D, x of 0 or
+        TypeError: unsupported dtypes, non-tensors, a sparse or nested tensor, an ``interleaved`` or
+        ``fp32_math`` that is not a bool. ValueError: odd D, x of 0 or
         more than 4 dims, cos/sin on another device, cos/sin that do not broadcast, cos/sin that require grad
         (in grad mode). RuntimeError: CPU tensors without TRITON_INTERPRET=1.
 
     Source: Su et al., "RoFormer" (2021); the formulas of transformers' ``apply_rotary_pos_emb`` and
     diffusers' ``apply_rotary_emb``.
     """
-    interleaved, fp32_math = bool(interleaved), bool(fp32_math)
+    _check_flag("interleaved", interleaved)
+    _check_flag("fp32_math", fp32_math)
     if inference((x, cos, sin), 3):
         # plain eager inference: one validated plan per call signature, 16-byte alignment included (its launch
         # is pinned: host time of small calls)
@@ -400,8 +416,8 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
     Returns:
         (q_embed, k_embed): new tensors (inputs are never modified or aliased), dtype promoted as eager.
 
-    Raises: as :func:`rotary_embedding` (naming q or k for x); IndexError (TypeError for a non-int) from
-    ``cos.unsqueeze`` where ``unsqueeze_dim`` is out of range for cos.
+    Raises: as :func:`rotary_embedding` (naming q or k for x); TypeError for an ``unsqueeze_dim`` that is not
+    an int; IndexError (the type ``cos.unsqueeze`` raises) for one out of range for cos.
     """
     if type(unsqueeze_dim) is int and inference((q, k, cos, sin), 4):
         # plain eager inference: one plan per call signature (16-byte alignment included: its launch is pinned
@@ -417,6 +433,7 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
         else:
             plan = _PAIR_PLANS.get(key)
             if plan is None:
+                _check_unsqueeze_dim(cos, unsqueeze_dim)
                 plan = _PAIR_PLANS.add(key, _pair_plan(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)))
             q_plan, k_plan, launch = plan
             if launch is None:
@@ -429,6 +446,7 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         check_dense(name, t)
+    _check_unsqueeze_dim(cos, unsqueeze_dim)
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
     _check("q", q, cos, sin)  # errors name q and k (rotary_embedding's name x)

@@ -348,7 +348,8 @@ def norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, weight: Optional[Tens
 
     Raises:
         TypeError: a non-tensor, a sparse or nested tensor, or a dtype other than fp16/bf16/fp32; an eps
-            that is not a Python number (an int is taken as a float); a bad ``out_dtype``.
+            that is not a Python number (an int is taken as a float); a bad ``out_dtype``; an
+            ``eager_rounding`` that is not a bool.
         ValueError: x not 3-D, N > 32768, a batch above 65535, scale/shift/weight/bias of the wrong shape or
             device, eps < 0 or not finite, unknown norm.
         RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
@@ -373,6 +374,8 @@ def norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, weight: Optional[Tens
     eps = check_eps(eps)
     if norm not in ("layer", "rms"):
         raise ValueError(f"norm must be 'layer' or 'rms', got {norm!r}")
+    if type(eager_rounding) is not bool:  # a string such as "false" would read as True
+        raise TypeError(f"eager_rounding must be a bool, got {type(eager_rounding).__name__}")
     if out_dtype is None:
         out_dtype = torch.promote_types(torch.promote_types(x.dtype, scale.dtype), shift.dtype)
         if weight is not None:
@@ -380,5 +383,5 @@ def norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, weight: Optional[Tens
     else:
         check_out_dtype(out_dtype)
     y, _, _ = call_op(_modulate_fwd, _modulate_fwd_impl, x, scale, shift, weight, bias, eps, norm == "rms",
-                      bool(eager_rounding), out_dtype, autograd=_MODULATE_AUTOGRAD, infer=_modulate_infer)
+                      eager_rounding, out_dtype, autograd=_MODULATE_AUTOGRAD, infer=_modulate_infer)
     return y
