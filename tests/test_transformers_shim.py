@@ -944,12 +944,29 @@ def test_decoder_layer_with_an_accelerate_hook_on_its_norm(installed, device):
     assert hook.calls == 1
 
 
+def _kernelized_llama_with_an_fp32_layer(device, edit):
+    """A tiny fp16 Llama after ``edit(model)``, whose layer 1 keeps post_attention_layernorm and mlp (with the final
+    norm and lm_head) in fp32: (model kernelized with every family, prompt ids, eager's fp32 logits before)."""
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    model = _tiny("llama", torch.float16, device)
+    edit(model)
+    layer = model.model.layers[1]
+    for m in (layer.post_attention_layernorm, layer.mlp, model.model.norm, model.lm_head):
+        m.float()
+    ids = _prompt(device)
+    with torch.no_grad():
+        ref = model(ids).logits
+    assert ref.dtype == torch.float32
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+    assert [report.swapped[f"model.layers.{i}"] for i in range(2)] == ["LlamaDecoderLayer"] * 2
+    return model, ids, ref
+
+
 def test_decoder_layer_does_not_fuse_an_attention_output_of_another_dtype(installed, device, monkeypatch):
     """Where the attention output's dtype is not the residual's (here layer 1's attention returns fp32 in an fp16
     model), eager adds them in the promoted dtype (h in fp32, not rounded to fp16): the layer takes the original
     steps there (a fused add_rms_norm would round h to the residual's fp16). Layer 0 still fuses; logits as eager's."""
-    from triton_collection.integrations.families import ALL_FAMILIES
-
     class Fp32Output(nn.Module):
         def __init__(self, attn):
             super().__init__()
@@ -959,17 +976,10 @@ def test_decoder_layer_does_not_fuse_an_attention_output_of_another_dtype(instal
             out, weights = self.attn(**kwargs)
             return out.float(), weights
 
-    model = _tiny("llama", torch.float16, device)
-    layer = model.model.layers[1]
-    layer.self_attn = Fp32Output(layer.self_attn)
-    for m in (layer.post_attention_layernorm, layer.mlp, model.model.norm, model.lm_head):
-        m.float()
-    ids = _prompt(device)
-    with torch.no_grad():
-        ref = model(ids).logits
-    assert ref.dtype == torch.float32
-    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
-    assert [report.swapped[f"model.layers.{i}"] for i in range(2)] == ["LlamaDecoderLayer"] * 2
+    def edit(model):
+        model.model.layers[1].self_attn = Fp32Output(model.model.layers[1].self_attn)
+
+    model, ids, ref = _kernelized_llama_with_an_fp32_layer(device, edit)
     calls = _count_fused(model, monkeypatch)
     with torch.no_grad():
         logits = model(ids).logits
@@ -982,21 +992,12 @@ def test_decoder_layer_fused_norm_reads_the_norm_eps_and_promotes_to_its_weight(
     its output dtype is eager's ``promote(weight, x)``: layer 1's post_attention_layernorm, mlp, the final norm and
     lm_head kept in fp32 in an fp16 model (keep-in-fp32 style) give fp32 hidden states after the norm. Logits as
     eager's, the norm fused in both layers."""
-    from triton_collection.integrations.families import ALL_FAMILIES
+    def edit(model):
+        for m in model.modules():
+            if type(m).__name__ == "LlamaRMSNorm":
+                m.variance_epsilon = 0.5
 
-    model = _tiny("llama", torch.float16, device)
-    for m in model.modules():
-        if type(m).__name__ == "LlamaRMSNorm":
-            m.variance_epsilon = 0.5
-    layer = model.model.layers[1]
-    for m in (layer.post_attention_layernorm, layer.mlp, model.model.norm, model.lm_head):
-        m.float()
-    ids = _prompt(device)
-    with torch.no_grad():
-        ref = model(ids).logits
-    assert ref.dtype == torch.float32
-    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
-    assert [report.swapped[f"model.layers.{i}"] for i in range(2)] == ["LlamaDecoderLayer"] * 2
+    model, ids, ref = _kernelized_llama_with_an_fp32_layer(device, edit)
     with torch.no_grad():
         logits = model(ids).logits
     torch.testing.assert_close(logits, ref, rtol=0, atol=1e-5)
