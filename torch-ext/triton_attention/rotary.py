@@ -368,9 +368,9 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
 
     Raises:
         TypeError: unsupported dtypes, non-tensors, a sparse or nested tensor, an ``interleaved`` or
-        ``fp32_math`` that is not a bool. ValueError: odd D, x of 0 or
-        more than 4 dims, cos/sin on another device, cos/sin that do not broadcast, cos/sin that require grad
-        (in grad mode). RuntimeError: CPU tensors without TRITON_INTERPRET=1.
+        ``fp32_math`` that is not a bool. ValueError: odd D, x of 0 or more than 4 dims, cos/sin on another
+        device, cos/sin that do not broadcast, cos/sin that require grad (in grad mode). RuntimeError: CPU
+        tensors without TRITON_INTERPRET=1.
 
     Source: Su et al., "RoFormer" (2021); the formulas of transformers' ``apply_rotary_pos_emb`` and
     diffusers' ``apply_rotary_emb``.
