@@ -12,7 +12,7 @@ import os
 
 import torch
 
-__all__ = ["MAX_GRID_YZ", "MAX_THREADS_PER_PROGRAM", "cdiv", "check_bool", "check_config_args", "check_dense", "check_int",
+__all__ = ["MAX_GRID_YZ", "MAX_THREADS_PER_PROGRAM", "cdiv", "check_bool", "check_config_args", "check_dense", "check_flag", "check_int",
            "check_launch_device", "check_warp_size", "device_warp_size", "is_interpreter", "launch_options",
            "next_power_of_2", "tma_descriptor_ok"]
 
@@ -59,6 +59,13 @@ def check_bool(name: str, value) -> None:
     """ValueError unless ``value`` is a bool."""
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+def check_flag(name: str, value) -> None:
+    """TypeError unless an op's flag argument is a bool (``bool("false")`` would read as True). Config pickers
+    use :func:`check_bool` (ValueError)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def check_warp_size(warp_size: int) -> None:

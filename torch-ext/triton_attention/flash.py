@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from . import flash_sm90, flash_sm90_bwd
-from ._device import MAX_GRID_YZ, cdiv, check_dense, check_launch_device, is_interpreter, launch_options, next_power_of_2, tma_descriptor_ok
+from ._device import MAX_GRID_YZ, cdiv, check_dense, check_flag, check_launch_device, is_interpreter, launch_options, next_power_of_2, tma_descriptor_ok
 from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import FixedLaunch, PlanCache, descriptor_template, meta_items, rebase, signature
 from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
@@ -1224,8 +1224,7 @@ def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
         if not ok:
             raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
                              f"[B, H, Sq, Sk] = {(B, H, Sq, Sk)}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    check_flag("causal", causal)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     elif isinstance(scale, (Tensor, bool)) or not isinstance(scale, (int, float)):
@@ -1382,9 +1381,9 @@ def flash_attention_rope(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tens
     kernel may contract ``x * cos + y * sin`` into one fused multiply-add); the attention as
     :func:`flash_attention`.
     """
-    from .rotary import _check as _check_rope, _check_flag, rotary_embedding
+    from .rotary import _check as _check_rope, rotary_embedding
 
-    _check_flag("interleaved", interleaved)
+    check_flag("interleaved", interleaved)
     bshd, scale = _check_inputs(q, k, v, attn_mask, scale, causal, layout)
     out_layout = layout if out_layout is None else out_layout
     if out_layout not in ("bhsd", "bshd"):

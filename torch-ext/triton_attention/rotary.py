@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import cdiv, check_dense, check_launch_device, is_interpreter, launch_options, next_power_of_2
+from ._device import cdiv, check_dense, check_flag, check_launch_device, is_interpreter, launch_options, next_power_of_2
 from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import FixedLaunch, Launch, PlanCache, meta_items
 from ._ops import add_op_namespace_prefix
@@ -313,12 +313,6 @@ def _check(name: str, x: Tensor, cos: Tensor, sin: Tensor) -> None:
                              f"cos/sin; detach them (they are buffers in transformers and diffusers models)")
 
 
-def _check_flag(name: str, value) -> None:
-    """TypeError unless ``value`` is a bool (a string such as "false" would read as True)."""
-    if type(value) is not bool:
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-
-
 def _check_unsqueeze_dim(cos: Tensor, unsqueeze_dim) -> None:
     if type(unsqueeze_dim) is not int:
         raise TypeError(f"unsqueeze_dim must be an int, got {type(unsqueeze_dim).__name__}")
@@ -375,8 +369,8 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
     Source: Su et al., "RoFormer" (2021); the formulas of transformers' ``apply_rotary_pos_emb`` and
     diffusers' ``apply_rotary_emb``.
     """
-    _check_flag("interleaved", interleaved)
-    _check_flag("fp32_math", fp32_math)
+    check_flag("interleaved", interleaved)
+    check_flag("fp32_math", fp32_math)
     if inference((x, cos, sin), 3):
         # plain eager inference: one validated plan per call signature, 16-byte alignment included (its launch
         # is pinned: host time of small calls)

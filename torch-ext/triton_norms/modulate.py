@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_eps, check_float_tensor, vector
-from ._device import MAX_GRID_YZ, cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options, next_power_of_2
+from ._device import MAX_GRID_YZ, cdiv, check_flag, check_launch_device, device_warp_size, is_interpreter, launch_options, next_power_of_2
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
 from ._ops import add_op_namespace_prefix
@@ -374,8 +374,7 @@ def norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, weight: Optional[Tens
     eps = check_eps(eps)
     if norm not in ("layer", "rms"):
         raise ValueError(f"norm must be 'layer' or 'rms', got {norm!r}")
-    if type(eager_rounding) is not bool:  # a string such as "false" would read as True
-        raise TypeError(f"eager_rounding must be a bool, got {type(eager_rounding).__name__}")
+    check_flag("eager_rounding", eager_rounding)
     if out_dtype is None:
         out_dtype = torch.promote_types(torch.promote_types(x.dtype, scale.dtype), shift.dtype)
         if weight is not None:

@@ -71,7 +71,7 @@ from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._launch import PLAN_CACHES, config_for, team_for
 from ._libm import exp_approx, nvidia_approx
-from ._device import check_dense, check_launch_device, launch_options
+from ._device import check_dense, check_flag, check_launch_device, launch_options
 from ._ops import add_op_namespace_prefix
 
 Tensor = torch.Tensor
@@ -792,8 +792,7 @@ def cross_entropy(
     Source: ``torch.nn.functional.cross_entropy``; z-loss from PaLM (arXiv:2204.02311).
     """
     class_dim, label_smoothing, z_loss = _check(logits, target, ignore_index, reduction, label_smoothing, z_loss)
-    if not isinstance(torch_order, bool):
-        raise TypeError(f"torch_order must be a bool, got {type(torch_order).__name__}")
+    check_flag("torch_order", torch_order)
     if torch_order:
         if label_smoothing > 0.0 or z_loss > 0.0 or logits.dim() > 2:
             raise ValueError("torch_order=True follows F.cross_entropy for (C,) or (N, C) logits without "

@@ -55,7 +55,7 @@ from ._libm import exp_approx, nvidia_approx
 from ._launch import PLAN_CACHES, SPLIT_BELOW_ROWS_PER_SM, config_for, split_for, team_for
 from ._torch_order import softmax_torch_order
 from ._team import sm_count, team_gather, team_gather_pair, team_phases, team_publish, team_publish_pair, team_start
-from ._device import cdiv, check_dense, check_launch_device, launch_options, next_power_of_2
+from ._device import cdiv, check_dense, check_flag, check_launch_device, launch_options, next_power_of_2
 from ._ops import add_op_namespace_prefix
 
 Tensor = torch.Tensor
@@ -853,8 +853,7 @@ def _prepare(x, dim, scale, mask, causal):
             shape = None
         if shape != x.shape:
             raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to x's shape {tuple(x.shape)}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    check_flag("causal", causal)
     if causal and (x.dim() < 2 or dim != x.dim() - 1):
         raise ValueError(f"causal=True masks over the last two dims and needs dim=-1 on a tensor with >= 2 dims; "
                          f"got dim={dim} for x of shape {tuple(x.shape)}")
@@ -940,8 +939,7 @@ def _forward(x, mask, dim, scale, causal: bool, log: bool, torch_order) -> Tenso
 def _check_call(x, mask, dim, scale, causal, torch_order) -> tuple:
     """(dim in [0, x.dim()), scale as a float) of checked arguments; raises as :func:`softmax` documents."""
     dim, scale = _prepare(x, dim, scale, mask, causal)
-    if not isinstance(torch_order, bool):
-        raise TypeError(f"torch_order must be a bool, got {type(torch_order).__name__}")
+    check_flag("torch_order", torch_order)
     if torch_order and (scale != 1.0 or mask is not None or causal):
         raise ValueError("torch_order=True follows torch.softmax(x, dim) alone: pass no scale, mask or causal")
     return dim, scale
