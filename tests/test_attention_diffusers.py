@@ -546,25 +546,33 @@ def test_wan_i2v_attends_to_the_image_context_separately(attention, installed, d
     assert (out - ref).abs().max().item() <= fp32_tol(device) * max(ref.abs().max().item(), 1.0)
 
 
-def test_adaln_with_an_rms_norm_is_left_alone(norms, installed, device):
-    """Only a LayerNorm is fused: an AdaLayerNormContinuous with an RMSNorm is refused and runs its own forward."""
+@pytest.mark.parametrize("other", ["rms_norm", "layer_norm_2d"])
+def test_adaln_with_another_norm_is_left_alone(norms, installed, device, other):
+    """Only a LayerNorm over the last dim is fused: an AdaLayerNormContinuous with an RMSNorm, or whose LayerNorm
+    spans the last two dims, is refused and runs its own forward."""
     from diffusers.models.normalization import AdaLayerNormContinuous
 
     from triton_collection.integrations.diffusers import kernelize
 
     torch.manual_seed(12)
-    model = torch.nn.ModuleDict({
-        "ln": AdaLayerNormContinuous(16, 12, elementwise_affine=False, eps=1e-6),
-        "rms": AdaLayerNormContinuous(16, 12, elementwise_affine=False, eps=1e-6, norm_type="rms_norm")}).to(device)
+    model = torch.nn.ModuleDict({"ln": AdaLayerNormContinuous(16, 12, elementwise_affine=False, eps=1e-6)})
+    if other == "rms_norm":
+        model["other"] = AdaLayerNormContinuous(16, 12, elementwise_affine=False, eps=1e-6, norm_type="rms_norm")
+    else:
+        model["other"] = AdaLayerNormContinuous(16, 12, elementwise_affine=False, eps=1e-6)
+        model["other"].norm = torch.nn.LayerNorm((5, 16), eps=1e-6, elementwise_affine=False)
+    model = model.to(device)
     x, c = torch.randn(2, 5, 16, device=device), torch.randn(2, 12, device=device)
     with torch.no_grad():
-        ref = model["rms"](x, c)
+        ref = model["other"](x, c)
     report = kernelize(model, attention=False, norms=False, feed_forward=False, blocks=False, device=device,
                        norms_kernel=norms)
     assert report.modules == {"ln": "TritonAdaLayerNormContinuous"}, report.summary()
-    assert report.refused == {"rms": "AdaLayerNormContinuous with a RMSNorm norm (only LayerNorm is fused)"}
+    assert set(report.refused) == {"other"}, report.summary()
+    if other == "rms_norm":
+        assert report.refused["other"] == "AdaLayerNormContinuous with a RMSNorm norm (only LayerNorm is fused)"
     with torch.no_grad():
-        assert torch.equal(model["rms"](x, c), ref)
+        assert torch.equal(model["other"](x, c), ref)
 
 
 def test_modulate_swap_under_autocast_runs_the_module_own_forward(norms, installed, device):
@@ -600,29 +608,6 @@ def test_kernelize_again_keeps_the_diffusers_processor_as_the_original(attention
     for name, proc in model.attn_processors.items():
         assert isinstance(proc, _TritonProcessor) and proc.backend == "triton"
         assert not isinstance(proc.original, _TritonProcessor) and type(proc.original) is before[name], name
-
-
-def test_adaln_with_a_multi_dim_layer_norm_is_left_alone(norms, installed, device):
-    """Only a LayerNorm over the last dim is fused: an adaLN whose LayerNorm spans the last two dims is refused and
-    runs its own forward."""
-    from diffusers.models.normalization import AdaLayerNormContinuous
-
-    from triton_collection.integrations.diffusers import kernelize
-
-    torch.manual_seed(22)
-    model = torch.nn.ModuleDict({"ln": AdaLayerNormContinuous(16, 12, elementwise_affine=False, eps=1e-6),
-                                 "ln2d": AdaLayerNormContinuous(16, 12, elementwise_affine=False, eps=1e-6)})
-    model["ln2d"].norm = torch.nn.LayerNorm((5, 16), eps=1e-6, elementwise_affine=False)
-    model = model.to(device)
-    x, c = torch.randn(2, 5, 16, device=device), torch.randn(2, 12, device=device)
-    with torch.no_grad():
-        ref = model["ln2d"](x, c)
-    report = kernelize(model, attention=False, norms=False, feed_forward=False, blocks=False, device=device,
-                       norms_kernel=norms)
-    assert report.modules == {"ln": "TritonAdaLayerNormContinuous"}, report.summary()
-    assert set(report.refused) == {"ln2d"}, report.summary()
-    with torch.no_grad():
-        assert torch.equal(model["ln2d"](x, c), ref)
 
 
 class _ScaledLinear(torch.nn.Linear):
