@@ -590,6 +590,41 @@ def test_epilogue_grad_h_with_a_column_stride(matmul, activation):
     assert torch.equal(grad(dy, h, activation), grad(dy, h.contiguous(), activation))
 
 
+def _bf16_grid(low, high):
+    """Every bfloat16 value in [low, high] with |x| >= 2^-20 or 0, in fp32 (exact under TF32 too)."""
+    bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    keep = torch.isfinite(bits) & (bits >= low) & (bits <= high) & ((bits.abs() >= 2.0 ** -20) | (bits == 0))
+    return bits[keep]
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu"])
+def test_epilogue_activation_accuracy(matmul, activation):
+    """The epilogue activations against fp64 on every bf16 value of [-12, 12] (a (M, 1) @ ones(1, 1) product, so y
+    = act(x) in fp32): gelu within 6e-6 relative for x >= -4 and 8e-5 down to -6 (its polynomial Phi), gelu_tanh
+    and silu within 1e-6 + 1e-7 |z| (z the sigmoid's argument, rounded before its exp); below -6 gelu is under 2x the true value (which is < 6e-9); +inf -> +inf, -inf and NaN
+    -> NaN for gelu (NaN -> NaN for all)."""
+    x = _bf16_grid(-12.0, 12.0)
+    specials = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    a = torch.cat([x, specials]).reshape(-1, 1).to(DEVICE)
+    y = matmul.matmul(a, torch.ones(1, 1, device=DEVICE), None, activation).reshape(-1).cpu().double()
+    x64 = x.double()
+    if activation == "gelu":
+        ref = x64 * 0.5 * torch.special.erfc(-x64 / math.sqrt(2.0))
+        rel = torch.where(x64 >= -4, 6e-6, 8e-5)
+    else:
+        z = 2 * math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3) if activation == "gelu_tanh" else x64
+        ref, rel = x64 * torch.sigmoid(z), 1e-6 + 1e-7 * z.abs()  # exp(-z) of a rounded z: ~|z| ulps
+    got, expected = y[: x.numel()], ref
+    near = x64 >= -6
+    bad = ~((got[near] - expected[near]).abs() <= rel[near] * expected[near].abs())
+    assert not bad.any(), f"{int(bad.sum())} off; worst at x = {x64[near][bad][0].item()}: {got[near][bad][0].item()} " \
+                          f"vs {expected[near][bad][0].item()}"
+    assert ((got[~near].abs() <= 2 * expected[~near].abs()) & (got[~near] <= 0)).all()
+    assert torch.isnan(y[-1])
+    if activation == "gelu":
+        assert y[-3] == float("inf") and torch.isnan(y[-2])
+
+
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu", "relu", "geglu", "swiglu"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_epilogue_grad(matmul, activation, dtype):
