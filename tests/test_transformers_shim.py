@@ -588,6 +588,25 @@ def test_invalid_mode_and_missing_package(installed, device):
     assert "trust_remote_code" not in str(err.value)  # no publisher check failed: that flag would not help
 
 
+def test_bad_org_version_and_families_name_the_argument(installed, device):
+    """``version="1"`` was reported by kernels as "Version 1 not found, available versions: 1", a bad org as a layer
+    that cannot be loaded ("check the org, the package and the version"), ``families=("llama",)`` as an
+    AttributeError on a str: each is now refused before anything is loaded, naming the argument."""
+    model = _tiny("llama", torch.float32, device)
+    with pytest.raises(TypeError, match=r"kernelize: version must be an int >= 1 .*got '1'"):
+        kernelize(model, mode=Mode.INFERENCE, org=ORG, version="1")
+    with pytest.raises(TypeError, match=r"kernelize: version must be an int"):
+        kernelize(model, mode=Mode.INFERENCE, org=ORG, version=True)
+    with pytest.raises(ValueError, match=r"kernelize: version must be >= 1 .*got 0"):
+        kernelize(model, mode=Mode.INFERENCE, org=ORG, version=0)
+    with pytest.raises(ValueError, match=r"kernelize: org 'bad org' is not a Hub organisation name"):
+        kernelize(model, mode=Mode.INFERENCE, org="bad org")
+    for families in (("llama",), "llama", (), None):
+        with pytest.raises(TypeError, match=r"kernelize: families must be a non-empty tuple"):
+            kernelize(model, mode=Mode.INFERENCE, org=ORG, families=families)
+    assert all("forward" not in vars(m) for m in model.modules())
+
+
 def test_failure_half_way_leaves_no_module_swapped(installed, device, monkeypatch):
     import kernels
 

@@ -37,6 +37,7 @@ from kernels import LayerRepository, LocalLayerRepository, Mode
 from torch import nn
 
 from .. import DEFAULT_ORG
+from ..manifest import check_org
 from .families import FAMILIES, KERNEL_DTYPES, LLAMA, LLAMA_DECODER, Family, candidate_families, probe
 
 __all__ = ["KernelizeReport", "kernelize", "select_layers"]
@@ -205,6 +206,27 @@ def _quiet_kernels_root_log():
         root.removeFilter(flt)
 
 
+def _check_hub_args(caller: str, org: str, version: int) -> None:
+    """``org`` a Hub organisation name and ``version`` a whole number >= 1 (the Hub branch ``v<version>``), checked
+    before anything is loaded: ``kernels`` would report ``version="1"`` as "Version 1 not found, available versions:
+    1", and a bad org as a package that cannot be loaded."""
+    try:
+        check_org(org)
+    except ValueError as err:
+        raise ValueError(f"{caller}: {err}") from None
+    if type(version) is not int:
+        raise TypeError(f"{caller}: version must be an int >= 1 (the Hub branch v<version>), got {version!r}")
+    if version < 1:
+        raise ValueError(f"{caller}: version must be >= 1 (the Hub branch v<version>), got {version}")
+
+
+def _check_families(families) -> tuple[Family, ...]:
+    if not isinstance(families, (tuple, list)) or not families or not all(isinstance(f, Family) for f in families):
+        raise TypeError("kernelize: families must be a non-empty tuple of integrations.families.Family (e.g. "
+                        f"families.FAMILIES or families.ALL_FAMILIES), got {families!r}")
+    return tuple(families)
+
+
 def _check_mode(mode: Mode) -> None:
     if not isinstance(mode, Mode):
         raise TypeError(f"kernelize: mode must be a kernels.Mode, got {mode!r}")
@@ -240,12 +262,17 @@ def kernelize(
         a :class:`KernelizeReport`; also logged at INFO level.
 
     Raises:
+        TypeError: ``mode`` not a ``kernels.Mode``; ``version`` not an int; ``families`` not a non-empty tuple of
+            :class:`.families.Family`.
         ValueError: no module of the model can be replaced; a mode the layer cannot serve
-            (training without backward, torch.compile without ``can_torch_compile``); bad mode/device; a module
+            (training without backward, torch.compile without ``can_torch_compile``); bad mode/device; ``org`` not a
+            Hub organisation name; ``version`` < 1; a module
             to replace holding parameters of another dtype than float16, bfloat16 or float32 (e.g. float64).
         RuntimeError: the package cannot be loaded, or a forward was not replaced after ``kernels.kernelize``.
     """
     _check_mode(mode)
+    _check_hub_args("kernelize", org, version)
+    families = _check_families(families)
     device_type = _device_type(model, device)
     return _kernelize_selected(model, *select_layers(model, families=families), mode=mode, device_type=device_type,
                                org=org, version=version, trust_remote_code=trust_remote_code, families=families)
