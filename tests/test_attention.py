@@ -1850,3 +1850,40 @@ def test_register_refuses_eager():
     with pytest.raises(ValueError, match="own attention"):
         ta.register("eager", kernel=stub)
     assert "eager" not in AttentionInterface._global_mapping
+
+
+def test_kernelize_rotary_checks_mode_device_org_and_version_as_kernelize(monkeypatch):
+    """``mode="inference"`` failed with "'in <string>' requires string as left operand", ``device="cuda"`` on a
+    CPU-only torch with an AssertionError from torch, ``device="cuda:0"`` with kernels' "Unknown device type: cuda:0",
+    ``version="1"`` as "Version 1 not found, available versions: 1": each is now refused naming the argument, and a
+    device index or torch.device maps the device type, as the transformers shim's kernelize does."""
+    from kernels import Mode
+    from transformers.models.llama import modeling_llama
+
+    from triton_collection.integrations import transformers_attention as ta
+
+    llama = modeling_llama.apply_rotary_pos_emb
+    if getattr(type(llama), "kernel_layer_name", None) != "rotary_pos_emb":
+        pytest.skip("transformers' use_kernelized_func decorator is inactive in this environment")
+    holder = torch.nn.Module()
+    holder.weight = torch.nn.Parameter(torch.zeros(3))
+    holder._kernel_funcs = {"rotary_pos_emb": llama}
+    devices = []
+    monkeypatch.setattr(ta, "_load_layer", lambda *args: None)
+    monkeypatch.setattr(ta.kernels, "kernelize", lambda fn, *, device, **kwargs: devices.append(device))
+    with pytest.raises(TypeError, match="mode must be a kernels.Mode"):
+        ta.kernelize_rotary(holder, mode="inference")
+    with pytest.raises(TypeError, match=r"kernelize_rotary: version must be an int"):
+        ta.kernelize_rotary(holder, version="1")
+    with pytest.raises(ValueError, match=r"kernelize_rotary: org 'a b' is not a Hub organisation name"):
+        ta.kernelize_rotary(holder, org="a b")
+    with pytest.raises(ValueError, match="device must be a device type"):
+        ta.kernelize_rotary(holder, device="junk")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="this PyTorch has no cuda device"):
+        ta.kernelize_rotary(holder, device="cuda")
+    assert devices == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert ta.kernelize_rotary(holder, device="cuda:0") == 1
+    assert ta.kernelize_rotary(holder, device=torch.device("cpu")) == 1
+    assert devices == ["rocm" if torch.version.hip else "cuda", "cpu"]

@@ -30,7 +30,7 @@ import torch
 from kernels import Mode
 
 from .. import DEFAULT_ORG
-from .transformers import _load_layer, _repository
+from .transformers import _check_hub_args, _check_mode, _device_type, _load_layer, _repository
 
 __all__ = ["PACKAGE", "kernelize_rotary", "load", "register"]
 
@@ -131,10 +131,14 @@ def kernelize_rotary(model: torch.nn.Module, *, mode: Mode = Mode.INFERENCE, dev
         instead, so nothing is silently left as it was).
 
     Raises:
+        TypeError: ``mode`` not a ``kernels.Mode``; ``version`` not an int.
         ValueError: the model has no kernelizable rotary function, none of its rotary functions is Llama's
-            formula (the reasons listed), or the mode cannot be served.
+            formula (the reasons listed), the mode cannot be served, a ``device`` that is not a device (or not
+            available), ``org`` not a Hub organisation name, ``version`` < 1.
         RuntimeError: the package cannot be loaded.
     """
+    _check_mode(mode)
+    _check_hub_args("kernelize_rotary", org, version)
     found = _rotary_modules(model)
     if not found:
         raise ValueError("kernelize_rotary: the model attaches no kernelizable `rotary_pos_emb` function "
@@ -150,9 +154,9 @@ def kernelize_rotary(model: torch.nn.Module, *, mode: Mode = Mode.INFERENCE, dev
     if not funcs:
         raise ValueError("kernelize_rotary: no rotary function of the model is one RotaryPosEmb replaces exactly: "
                          + "; ".join(f"{name}: {why}" for name, why in refused.items()))
-    if device is None:
-        param = next(model.parameters(), None)
-        device = param.device.type if param is not None else "cpu"
+    # "cuda:0" / torch.device: the device type kernels maps (it refused "cuda:0", and failed with an AssertionError
+    # for "cuda" on a CPU-only torch); without parameters (a bare holder of the function) the CPU
+    device = _device_type(model, device) if device is not None or next(model.parameters(), None) is not None else "cpu"
     repo_id = f"{org}/{PACKAGE}"
     repo = _repository(repo_id, ROTARY_LAYER, version=version, trust_remote_code=trust_remote_code)
     _load_layer(repo, repo_id, ROTARY_LAYER, mode)
