@@ -145,6 +145,29 @@ def test_kernelize_diffusers_refuses_unknown_processors(attention, installed, de
         kernelize(object())
 
 
+def test_kernelize_diffusers_load_failures_are_the_documented_runtime_error(installed, device):
+    """kernelize documents "RuntimeError: a package cannot be loaded", but a missing version raised kernels'
+    ValueError, a missing org its ValueError about the cache and a bad org huggingface_hub's HFValidationError; a
+    version "1" became "'str' object cannot be interpreted as an integer". Now a load failure is a RuntimeError
+    naming the package and the version, and a bad org or version is refused first, naming the argument; the model
+    is left as it was."""
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(1)
+    model = tiny_flux()[0].to(device)
+    processors = dict(model.attn_processors)
+    with pytest.raises(RuntimeError, match=r"kernelize: cannot load triton-collection/triton-attention v2: "
+                                           r"Version 2 not found.*check the org, the package and the version"):
+        kernelize(model, device=device, version=2)
+    with pytest.raises(RuntimeError, match=r"kernelize: cannot load no-such-org/triton-norms v1"):
+        kernelize(model, device=device, attention=False, norms=False, org="no-such-org")
+    with pytest.raises(ValueError, match=r"kernelize: org 'a b' is not a Hub organisation name"):
+        kernelize(model, device=device, org="a b")
+    with pytest.raises(TypeError, match=r"kernelize: version must be an int >= 1 .*got '1'"):
+        kernelize(model, device=device, version="1")
+    assert model.attn_processors == processors and all("forward" not in vars(m) for m in model.modules())
+
+
 def test_wan_training_backward_through_processors(attention, installed, device):
     """The processors have a backward: gradients of a kernelized Wan block equal the original's."""
     from triton_collection.integrations.diffusers import kernelize

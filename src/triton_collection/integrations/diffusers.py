@@ -71,7 +71,7 @@ from kernels import Mode
 
 from .. import DEFAULT_ORG
 from .families import DIFFUSERS_RMS, KERNEL_DTYPES, Family
-from .transformers import _check_mode, _device_type, _kernelize_selected, select_layers
+from .transformers import _check_hub_args, _check_mode, _device_type, _kernelize_selected, select_layers
 
 __all__ = ["DiffusersKernelizeReport", "TritonFluxAttnProcessor", "TritonJointAttnProcessor", "TritonWanAttnProcessor",
            "kernelize"]
@@ -407,11 +407,24 @@ def _deepcopy_keeping_class(self, memo):
     return new
 
 
+def _get_kernel(package: str, hub: dict) -> ModuleType:
+    """``<org>/<package>`` at ``version`` by Hub name; a failure is the RuntimeError :func:`kernelize` documents,
+    naming the package (kernels raises ValueError, FileNotFoundError, HFValidationError, ...)."""
+    repo_id = f"{hub['org']}/{package}"
+    try:
+        return kernels.get_kernel(repo_id, version=hub["version"], trust_remote_code=hub["trust_remote_code"])
+    except Exception as err:
+        hint = ("pass trust_remote_code=True for a Hub download from an untrusted publisher"
+                if "trust" in str(err).lower() else
+                "check the org, the package and the version (Hub branch v<version>), or install it locally "
+                "(`triton-collection install-local`, then HF_HUB_OFFLINE=1)")
+        raise RuntimeError(f"kernelize: cannot load {repo_id} v{hub['version']}: {str(err).rstrip('.')}. {hint}.") from err
+
+
 def _load_package(kernel: Optional[ModuleType], package: str, hub: dict, targets: list) -> Optional[ModuleType]:
     """``kernel``, or ``<org>/<package>`` loaded when it is None and ``targets`` has something to swap."""
     if kernel is None and any(make is not None for _, _, make in targets):
-        kernel = kernels.get_kernel(f"{hub['org']}/{package}", version=hub["version"],
-                                    trust_remote_code=hub["trust_remote_code"])
+        kernel = _get_kernel(package, hub)
     return kernel
 
 
@@ -646,13 +659,15 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
 
     Raises:
         TypeError: not a pipeline or module; ``mode`` not a ``kernels.Mode``; ``norm_families`` not a tuple of
-            families. ValueError: ``attention_backend`` neither "sdpa" nor "triton"; ``mode`` without
+            families; ``version`` not an int. ValueError: ``org`` not a Hub organisation name; ``version`` < 1;
+            ``attention_backend`` neither "sdpa" nor "triton"; ``mode`` without
             ``INFERENCE`` or ``TRAINING``; a ``device`` that is not a device (or not available); a model holding
             parameters of another floating dtype than float16, bfloat16 or float32 (e.g. float64); a norm layer
             that cannot serve ``mode``; nothing at all could be swapped (never a silent no-op).
         RuntimeError: a package cannot be loaded.
     """
     models = _transformers(pipe_or_model)
+    _check_hub_args("kernelize", org, version)
     if attention_backend not in ("triton", "sdpa"):
         raise ValueError(f"kernelize: attention_backend must be 'triton' or 'sdpa', got {attention_backend!r}")
     _check_mode(mode)
@@ -676,9 +691,9 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
              for prefix, model in models]
     hub = dict(org=org, version=version, trust_remote_code=trust_remote_code)
     if kernel is None and any(plan["processors"] for *_, plan in plans):
-        from .transformers_attention import load
+        from .transformers_attention import PACKAGE
 
-        kernel = load(org=org, version=version, trust_remote_code=trust_remote_code)
+        kernel = _get_kernel(PACKAGE, hub)
     norms_kernel = _load_package(norms_kernel, "triton-norms", hub,
                                  [t for *_, plan in plans for t in plan["ada"] + plan["blocks"]])
     matmul_kernel = _load_package(matmul_kernel, "triton-matmul", hub, [t for *_, plan in plans for t in plan["ff"]])
