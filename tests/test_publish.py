@@ -462,6 +462,17 @@ def test_cli_private_create_pr_and_missing_token(hub, tmp_path):
     assert "run the same command again" not in no_token.stderr  # it would fail the same way: log in first
 
 
+def test_cli_publish_failing_while_planning_says_nothing_was_written(hub, tmp_path):
+    """A publish whose reads fail (no Hub answers) stops while planning, before any write: it said "Every step is
+    idempotent: run the same command again to finish", as if half a publish were done."""
+    root = _source_root(tmp_path / "src")
+    failed = _cli(hub, root, "--org", "plan-org", HF_ENDPOINT="http://127.0.0.1:9")  # nothing answers there
+    assert failed.returncode == 1
+    assert "plan-org/triton-norms: read refs: " in failed.stderr and "nothing was written" in failed.stderr
+    assert "to finish" not in failed.stderr
+    assert "plan-org/triton-norms" not in hub.repos
+
+
 def test_api_rules_refuse_a_layer_flag_set_to_anything_but_true():
     on = read_surface(_flagged("True", "True"))
     assert breaking_changes(on, read_surface(_flagged("None", "True"))) == [

@@ -91,6 +91,8 @@ def _cmd_install_local(args) -> int:
 
 # publish steps that fail before anything is sent to the Hub, and fail again unchanged when rerun
 _REFUSED_BEFORE_WRITING = ("check org", "connect", "build", "check versioning rules", "authenticate")
+# the reads that plan every package before the first write (publish.plan_publish): a failure there wrote nothing
+_PLANNING = ("read refs", "list files of ", "read the API published on ", "read the card on main")
 
 
 def _cmd_publish(args) -> int:
@@ -106,6 +108,8 @@ def _cmd_publish(args) -> int:
         print(f"publish failed: {err}", file=sys.stderr)
         if args.dry_run and err.step not in ("check org", "build"):  # the plan reads the Hub's branches too
             print("A dry run reads the Hub's current version branches to plan; nothing was written.", file=sys.stderr)
+        elif err.step.startswith(_PLANNING):  # not "to finish": nothing was started
+            print("The Hub is read to plan every package before the first write: nothing was written.", file=sys.stderr)
         elif err.step not in _REFUSED_BEFORE_WRITING:  # a refusal before writing fails again the same way
             print("Every step is idempotent: run the same command again to finish.", file=sys.stderr)
         return 1
