@@ -1887,3 +1887,14 @@ def test_kernelize_rotary_checks_mode_device_org_and_version_as_kernelize(monkey
     assert ta.kernelize_rotary(holder, device="cuda:0") == 1
     assert ta.kernelize_rotary(holder, device=torch.device("cpu")) == 1
     assert devices == ["rocm" if torch.version.hip else "cuda", "cpu"]
+
+
+def test_register_checks_org_and_version_before_loading():
+    """``register(version="1")`` was kernels' "Version 1 not found, available versions: 1" and ``org="a b"``
+    huggingface_hub's HFValidationError; both are refused first, naming the argument."""
+    from triton_collection.integrations import transformers_attention as ta
+
+    with pytest.raises(TypeError, match=r"load: version must be an int >= 1 .*got '1'"):
+        ta.register(version="1")
+    with pytest.raises(ValueError, match=r"load: org 'a b' is not a Hub organisation name"):
+        ta.register(org="a b")

@@ -42,7 +42,13 @@ ROTARY_LAYER = "RotaryPosEmb"
 
 
 def load(*, org: str = DEFAULT_ORG, version: int = 1, trust_remote_code: bool = False) -> ModuleType:
-    """``kernels.get_kernel("<org>/triton-attention", version=version)`` (cache, LOCAL_KERNELS or the Hub)."""
+    """``kernels.get_kernel("<org>/triton-attention", version=version)`` (cache, LOCAL_KERNELS or the Hub).
+
+    Raises:
+        TypeError: ``version`` not an int. ValueError: ``org`` not a Hub organisation name, ``version`` < 1 (both
+            before the cache is read), or kernels' own errors for a version or package that is not there.
+    """
+    _check_hub_args("load", org, version)
     return kernels.get_kernel(f"{org}/{PACKAGE}", version=version, trust_remote_code=trust_remote_code)
 
 
