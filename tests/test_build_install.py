@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -110,6 +111,26 @@ def test_install_local_cli_in_a_fresh_process(tmp_path, device):
     out = subprocess.run([sys.executable, "-c", script], env={**env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith(f"_triton_norms_{device}_")
+
+
+def test_install_local_lays_again_a_snapshot_changed_in_the_cache(built, tmp_path):
+    """A snapshot folder of the same commit that no longer holds the tree (emptied, a file deleted or edited in the
+    cache) was kept as it was: install-local reported the revision, and get_kernel then found no build variant.
+    The install lays it again; an intact snapshot is left alone (same files, same inode)."""
+    from triton_collection.build import tree_commit
+    from triton_collection.install import install_local
+
+    b = built["triton-norms"]
+    first = install_local(b, org="acme", cache=tmp_path)
+    init = first.snapshot / "build" / "torch-cpu" / "__init__.py"
+    inode = init.stat().st_ino
+    assert install_local(b, org="acme", cache=tmp_path).snapshot == first.snapshot and init.stat().st_ino == inode
+    for damage in (lambda: init.unlink(), lambda: init.write_text("broken = True\n"),
+                   lambda: [shutil.rmtree(first.snapshot), first.snapshot.mkdir()]):
+        damage()
+        again = install_local(b, org="acme", cache=tmp_path)
+        assert again.commit == first.commit and tree_commit(again.snapshot) == first.commit
+    assert sorted(p.name for p in again.snapshot.parent.iterdir()) == [first.commit]  # no .partial / .stale left
 
 
 def test_shared_modules_ship_in_every_package(built):

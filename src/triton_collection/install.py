@@ -48,7 +48,8 @@ def cache_dir() -> Path:
 def install_local(built: BuiltPackage, *, org: str, cache: Path | None = None) -> InstalledPackage:
     """Install one rendered package into the cache as ``<org>/<name>`` at its version.
 
-    Reinstalling the same tree is a no-op apart from the ref; a changed tree gets a new
+    Reinstalling the same tree is a no-op apart from the ref (a snapshot of its commit whose files were changed in
+    the cache is laid again); a changed tree gets a new
     commit, and the ``v<version>`` ref moves to it (the old snapshot stays, so a
     ``revision=<old commit>`` pin keeps loading the old build).
 
@@ -66,11 +67,20 @@ def install_local(built: BuiltPackage, *, org: str, cache: Path | None = None) -
     commit = tree_commit(built.path)
     repo_dir = cache / repo_folder_name(repo_id=repo_id, repo_type="kernel")
     snapshot = repo_dir / "snapshots" / commit
-    if not snapshot.exists():
+    # a snapshot folder of this commit that no longer holds exactly the tree (files deleted or edited in the cache)
+    # is laid again: it was kept, and the install reported a revision that did not load
+    if not snapshot.is_dir() or tree_commit(snapshot) != commit:
         tmp = snapshot.with_name(commit + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(built.path, tmp)
-        tmp.rename(snapshot)  # atomic: a reader never sees half a snapshot
+        if snapshot.exists() or snapshot.is_symlink():
+            stale = snapshot.with_name(commit + ".stale")
+            shutil.rmtree(stale, ignore_errors=True)
+            snapshot.rename(stale)
+            tmp.rename(snapshot)
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            tmp.rename(snapshot)  # atomic: a reader never sees half a snapshot
     refs = repo_dir / "refs"
     refs.mkdir(parents=True, exist_ok=True)
     (refs / f"v{built.package.version}").write_text(commit, encoding="utf-8")
