@@ -13,8 +13,10 @@ dot products: 1e-5 relative.
 
 
 import contextlib
+import inspect
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -764,6 +766,37 @@ def test_flash_attention_rope_matches_rope_then_attention(attention, device, int
             return x * cos.double() + r * sin.double()
         assert_close(o, ref_attention(rot(q.detach()), rot(k.detach()), v.detach(), causal=True, layout=layout),
                      TOL[torch.float32], "o vs fp64")
+
+
+def test_flash_attention_rope_docstring_cos_shapes(attention, device):
+    """Every cos / sin shape the docstring gives as an example for a layout runs and rotates by position: the output
+    equals fp64 RoPE of q and k followed by fp64 attention. (The docstring listed [S, D] for [B, S, H, D], which
+    broadcasts over the heads: a ValueError, or a rotation by head index where S == H.)"""
+    doc = " ".join(inspect.getdoc(attention.flash_attention_rope).split())
+    examples = re.findall(r"((?:\[[BS1, D]+\](?: \(\w+\))?(?: or | / )?)+) for (\[B, [HS], [HS], D\])", doc)
+    assert {target for _, target in examples} == {"[B, H, S, D]", "[B, S, H, D]"}, examples
+    torch.manual_seed(61)
+    B, H, S, D = 2, 3, 5, 8
+    sizes = {"B": B, "S": S, "D": D, "1": 1}
+    ang = torch.rand(B, S, D // 2, device=device) * 6
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)  # [B, S, D]: per sample and position
+    for shapes, target in examples:
+        layout = "bshd" if target == "[B, S, H, D]" else "bhsd"
+        for shape in re.findall(r"\[([BS1, D]+)\]", shapes):
+            dims = [d.strip() for d in shape.split(",")]
+            c, s = (cos, sin) if "B" in dims else (cos[:1], sin[:1])
+            q, k, v = make_qkv(B, H, H, S, S, D, torch.float32, device, layout)
+            view = [sizes[d] for d in dims]
+            o = attention.flash_attention_rope(q, k, v, c.reshape(view), s.reshape(view), layout=layout)
+            head = 2 if layout == "bshd" else 1  # where the heads go in [B, S, D] -> q's layout
+            cf, sf = (t.double().unsqueeze(head) for t in (c, s))
+
+            def rot(x):
+                x = x.double()
+                return x * cf + torch.cat([-x[..., D // 2:], x[..., :D // 2]], -1) * sf
+
+            assert_close(o, ref_attention(rot(q), rot(k), v, layout=layout), TOL[torch.float32],
+                         f"[{shape}] for {target}")
 
 
 def test_flash_attention_rope_errors(attention, device):

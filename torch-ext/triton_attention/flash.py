@@ -1370,8 +1370,9 @@ def flash_attention_rope(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tens
 
     Args:
         q, k, v, attn_mask, causal, scale, layout, out_layout: as :func:`flash_attention` (Sq == Sk).
-        cos, sin: broadcastable to q's and k's shapes in ``layout`` (e.g. [S, D] / [S, 1, D] for
-            [B, S, H, D], [1, S, 1, D] for Wan, [B, 1, S, D] for [B, H, S, D]); fp16/bf16/fp32; no gradient.
+        cos, sin: broadcastable to q's and k's shapes in ``layout`` (e.g. [S, D] or [B, 1, S, D] for
+            [B, H, S, D]; [S, 1, D] or [1, S, 1, D] (Wan) for [B, S, H, D], where a 2-D [S, D] would broadcast
+            over the heads, not the positions); fp16/bf16/fp32; no gradient.
         interleaved: rotate pairs (2j, 2j+1) (Flux, Wan) instead of halves (j, j + D/2).
 
     Returns / Raises: as :func:`flash_attention` and :func:`rotary_embedding` (odd D, cos/sin that do not
