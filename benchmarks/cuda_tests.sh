@@ -1,9 +1,8 @@
 #!/bin/bash
 # The CUDA half of the tests most sessions need, in one device call (`run`, carry .whl and .gpu), then an optional A/B.
 #   bash benchmarks/cuda_tests.sh            # TEST_T (s, default 400) for the tests; FILES to override the list
-#   DIST=load bash benchmarks/cuda_tests.sh  # tests, not whole files, spread over the 14 processes: 3 files took 41 s
-#                                            # this way against > 330 s by file (session 54, H100); not yet run on the
-#                                            # whole list
+#                                            # tests (not whole files) spread over the 14 processes: the whole list
+#                                            # took 291 s on an H100 (session 55); DIST=loadfile for one process a file
 #   AB_BASE=.gpu/base AB_CASES=cross_entropy,rms_norm TOTAL=500 bash benchmarks/cuda_tests.sh
 # Wheels (the device has no network): `make device-wheels` (.whl), diffusers 0.42.1 into .gpu/whl, transformers
 # 5.22.2 / tokenizers 0.23.3 / safetensors 0.8.0 (Python 3.12 manylinux wheels) into .gpu/tf. Output under $OUT:
@@ -23,7 +22,7 @@ F=${FILES:-"tests/test_softmax_cross_entropy.py tests/test_cross_entropy_torch_o
  tests/test_attention_diffusers.py tests/test_transformers_shim.py tests/test_reliability_bad_inputs.py
  tests/test_reliability_ops.py"}
 TEST_DEVICE=cuda timeout ${TEST_T:-400} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short --maxfail=40 -n 14 \
-  --dist ${DIST:-loadfile} -m "not slow" --junitxml $OUT/junit.xml $F > $OUT/tests.log 2>&1
+  --dist ${DIST:-load} -m "not slow" --junitxml $OUT/junit.xml $F > $OUT/tests.log 2>&1
 echo "tests rc=$? after $(( $(date +%s) - T0 )) s"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/tests.log | tail -40
 if [ -n "${AB_BASE:-}" ]; then
   LEFT=$(( ${TOTAL:-500} - ($(date +%s) - T0) ))
