@@ -298,6 +298,8 @@ def test_cli_plot_redraws_from_json(tmp_path, capsys):
         main(["bench", "--plot", str(tmp_path / "missing.json")])
     with pytest.raises(SystemExit, match=r"bench --notes: no such file: .*missing.txt"):
         main(["bench", "--plot", str(src), "--notes", str(tmp_path / "missing.txt")])
+    with pytest.raises(SystemExit, match="bench --notes goes with --plot"):  # a measurement would drop them
+        main(["bench", "norms", "--notes", str(notes)])
     with pytest.raises(SystemExit, match="--plot only redraws"):
         main(["bench", "--plot", str(src), "--e2e", "smollm2-135m"])
     # found by a fresh-eyes trial: tracebacks (not JSON, rows without 'env'), files written outside --out

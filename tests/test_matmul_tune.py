@@ -142,6 +142,8 @@ def test_cli(capsys):
     if not torch.cuda.is_available():
         assert cli_main(["tune", "--root", str(ROOT)]) == 1
         assert "needs a GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--min-gain goes with --update"):  # it would be ignored
+        cli_main(["tune", "--root", str(ROOT), "--min-gain", "0.1"])
 
 
 def _benchmark_module():

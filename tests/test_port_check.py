@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -510,6 +512,16 @@ def test_cli_validate_and_no_cuda_error(capsys, device, tmp_path):
     assert main(["port-check", str(RMS_DIR)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("port-check: needs a CUDA GPU") and "--validate" in err
+
+
+def test_default_build_dir_honours_tmpdir(tmp_path):
+    """The extension build cache defaults to $TMPDIR/triton-collection-port-check (it was /tmp whatever TMPDIR said)."""
+    import subprocess
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", "from triton_collection import port_check; "
+                          "print(port_check.DEFAULT_BUILD_ROOT)"], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(tmp_path / "triton-collection-port-check")
 
 
 def test_cli_bad_description(tmp_path, capsys):

@@ -559,6 +559,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run the parsed ``bench`` subcommand."""
+    if args.notes and not args.plot:  # a measurement would have dropped them silently
+        raise SystemExit("bench --notes goes with --plot: measure first, then `bench --plot RESULTS.json --notes FILE`")
     if args.plot:
         src = Path(args.plot)
         if not src.is_file():

@@ -48,7 +48,7 @@ What it does (:func:`run_port_check`): validates every description (:class:`Port
 naming the file and key), checks for a CUDA GPU and ``nvcc``, compiles **all** kernels of all
 fixtures into one extension with ``torch.utils.cpp_extension.load_inline`` (generated
 launchers, ``-O3``, the GPU's own architecture, e.g. ``sm_90``; cached under
-``/tmp/triton-collection-port-check``), loads each Triton port the way the rest of the tooling
+``$TMPDIR/triton-collection-port-check``), loads each Triton port the way the rest of the tooling
 loads our packages (build + ``install_local`` + ``kernels.get_kernel`` by Hub name, offline),
 then for every kernel x dtype x shape: fresh random inputs (seeded, the seed is reported),
 poisoned outputs for each side, one launch of each, the elementwise comparison (max abs and
@@ -74,6 +74,7 @@ import platform
 import re
 import shutil
 import sys
+import tempfile
 import time
 import tomllib
 import zlib
@@ -113,7 +114,7 @@ SCALAR_TYPES = {"int": "int", "int64": "int64_t", "float": "float"}
 MAX_THREADS_PER_BLOCK = 1024
 MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_BLOCK = (1024, 1024, 64)
-DEFAULT_BUILD_ROOT = Path("/tmp/triton-collection-port-check")
+DEFAULT_BUILD_ROOT = Path(tempfile.gettempdir()) / "triton-collection-port-check"  # honours $TMPDIR
 _FUNCTIONS = {
     "min": min,
     "max": max,

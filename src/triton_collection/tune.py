@@ -363,6 +363,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import triton
 
+    if args.min_gain is not None and not args.update:  # it would be ignored silently
+        raise SystemExit("tune --min-gain goes with --update (the speedup a candidate needs over the file's config)")
+    min_gain = 0.03 if args.min_gain is None else args.min_gain
     candidates = _load_candidates(args.candidates)  # a bad file is named before the GPU and the build
     if not torch.cuda.is_available():
         print("tune needs a GPU (torch.cuda.is_available() is False)", file=sys.stderr)
@@ -393,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
 
     results = tune(mm, args.shape or DEFAULT_BUCKETS, candidates, rep_ms=args.rep_ms,
                    budget_s=args.budget_s, on_bucket=write_so_far, cublas=not args.no_cublas,
-                   epilogue=args.epilogue, incumbent=incumbent, min_gain=args.min_gain)
+                   epilogue=args.epilogue, incumbent=incumbent, min_gain=min_gain)
     try:
         write_config_file(out, gpu, results, meta, base)
     except RuntimeError as err:
@@ -428,7 +431,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--update", action="store_true",
                    help="merge into the existing --out file: an entry changes only when a candidate beats the config "
                         "the file gives now by --min-gain on a re-timing")
-    p.add_argument("--min-gain", type=float, default=0.03, help="with --update: required speedup (default 0.03)")
+    p.add_argument("--min-gain", type=float, default=None, help="with --update: required speedup (default 0.03)")
     p.add_argument("--json", action="store_true", help="also print every measurement as JSON")
     p.set_defaults(func=run)
     return p
