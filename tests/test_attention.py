@@ -1912,6 +1912,8 @@ def test_kernelize_rotary_checks_mode_device_org_and_version_as_kernelize(monkey
         ta.kernelize_rotary(holder, org="a b")
     with pytest.raises(ValueError, match="device must be a device type"):
         ta.kernelize_rotary(holder, device="junk")
+    with pytest.raises(ValueError, match=r"the kernel packages have no build for device type 'mps'"):
+        ta.kernelize_rotary(holder, device="mps")  # (it named triton-norms, not the package this loads)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="this PyTorch has no cuda device"):
         ta.kernelize_rotary(holder, device="cuda")

@@ -92,7 +92,7 @@ def _device_type(model: nn.Module, device: str | torch.device | None) -> str:
     if kind == "cuda" and torch.version.hip is not None:
         kind = "rocm"
     if kind not in _DEVICE_TYPES:
-        raise ValueError(f"kernelize: triton-norms has no build for device type {kind!r} (has {sorted(_DEVICE_TYPES)})")
+        raise ValueError(f"kernelize: the kernel packages have no build for device type {kind!r} (has {sorted(_DEVICE_TYPES)})")
     available = {"cuda": torch.cuda.is_available, "rocm": torch.cuda.is_available,
                  "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available()}.get(kind, lambda: True)
     if not available():
