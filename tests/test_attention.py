@@ -360,11 +360,12 @@ def test_launch_configs_respect_thread_limit(attention, warp_size):
 @pytest.mark.parametrize("args, message", [
     ((None, False), "head_dim must be an int >= 16"), (("128", False), "head_dim must be an int"),
     ((128.0, False), "head_dim must be an int"), ((True, False), "head_dim must be an int"),
-    ((96, False), "head_dim must be a power of two"), ((128, "no"), "interpret must be a bool"),
+    ((96, False), "head_dim must be a power of two"), ((512, False), r"power of two in \[16, 256\]"),
+    ((128, "no"), "interpret must be a bool"),
     ((128, False, 48), "warp_size must be a power of two"), ((128, False, 32, 2.0), "element_size must be an int"),
 ])
 def test_launch_config_pickers_refuse_bad_arguments(attention, args, message):
-    # both took anything (None, strings, floats, a head dim of 96) and returned a config
+    # both took anything (None, strings, floats, a head dim of 96 or, later, 512) and returned a config
     for pick in (attention.pick_fwd_config, attention.pick_bwd_config):
         pick(128, False, 32, 2)  # cached: an equal key (2.0 == 2) must not return it unchecked
         with pytest.raises(ValueError, match=message):

@@ -52,6 +52,10 @@ class BwdConfig:
                 "num_stages": self.num_stages if self.num_stages2 is None else self.num_stages2}
 
 
+# the largest head dim the kernels take (q/k and v; flash_attention refuses more)
+MAX_HEAD_DIM = 256
+
+
 def clamp_warps(num_warps: int, warp_size: int) -> int:
     """``num_warps`` capped so that ``num_warps * warp_size <= 1024``."""
     check_warp_size(warp_size)
@@ -59,11 +63,11 @@ def clamp_warps(num_warps: int, warp_size: int) -> int:
 
 
 def _check_config_args(head_dim: int, interpret: bool, warp_size: int, element_size: int, masked: bool = False):
-    """ValueError naming the argument: head_dim not a padded head dim (:func:`padded_head_dim`), element_size not
-    an int >= 1, a bad warp_size, interpret / masked not bools."""
+    """ValueError naming the argument: head_dim not a padded head dim (:func:`padded_head_dim`) of at most
+    ``MAX_HEAD_DIM``, element_size not an int >= 1, a bad warp_size, interpret / masked not bools."""
     check_int("head_dim", head_dim, 16)
-    if head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two >= 16 (padded_head_dim(d)), got {head_dim}")
+    if head_dim & (head_dim - 1) or head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be a power of two in [16, {MAX_HEAD_DIM}] (padded_head_dim(d)), got {head_dim}")
     check_int("element_size", element_size, 1)
     check_warp_size(warp_size)
     check_bool("interpret", interpret)
@@ -73,7 +77,7 @@ def _check_config_args(head_dim: int, interpret: bool, warp_size: int, element_s
 @functools.lru_cache(maxsize=1024, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
 def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element_size: int = 2,
                     masked: bool = False) -> FwdConfig:
-    """Forward tiles for a (padded) head dim ``head_dim`` (a power of two >= 16) and input element size.
+    """Forward tiles for a (padded) head dim ``head_dim`` (a power of two in [16, 256]) and input element size.
 
     ``masked``: a mask tile is pipelined too; 128x128 tiles then overflow the H200's 227 KiB of shared
     memory (measured: OutOfResources), so masked calls use 64-key tiles.
@@ -96,7 +100,7 @@ def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element
 
 @functools.lru_cache(maxsize=1024, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
 def pick_bwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element_size: int = 2) -> BwdConfig:
-    """Backward tiles for a (padded) head dim ``head_dim`` (a power of two >= 16) and input element size."""
+    """Backward tiles for a (padded) head dim ``head_dim`` (a power of two in [16, 256]) and element size."""
     _check_config_args(head_dim, interpret, warp_size, element_size)
     if interpret:
         return BwdConfig(16, 16, 16, 16, 1, 1)

@@ -56,7 +56,7 @@ from . import flash_sm90, flash_sm90_bwd
 from ._device import MAX_GRID_YZ, cdiv, check_dense, check_flag, check_launch_device, is_interpreter, launch_options, next_power_of_2, tma_descriptor_ok
 from ._dispatch import call_op, eager_autograd, inference
 from ._fastlaunch import FixedLaunch, PlanCache, descriptor_template, meta_items, rebase, signature
-from ._launch import BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
+from ._launch import MAX_HEAD_DIM, BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_to
 from ._team import sm_count
@@ -65,7 +65,6 @@ Tensor = torch.Tensor
 
 LOG2E = 1.4426950408889634
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 256
 
 # mask kinds (constexpr MASK_KIND)
 _NO_MASK, _ADD_MASK, _BOOL_MASK = 0, 1, 2
