@@ -71,7 +71,7 @@ from kernels import Mode
 
 from .. import DEFAULT_ORG
 from .families import DIFFUSERS_RMS, KERNEL_DTYPES, Family
-from .transformers import _check_hub_args, _check_mode, _device_type, _kernelize_selected, select_layers
+from .transformers import _check_hub_args, _check_mode, _device_type, _kernelize_selected, _load_hint, select_layers
 
 __all__ = ["DiffusersKernelizeReport", "TritonFluxAttnProcessor", "TritonJointAttnProcessor", "TritonWanAttnProcessor",
            "kernelize"]
@@ -414,11 +414,8 @@ def _get_kernel(package: str, hub: dict) -> ModuleType:
     try:
         return kernels.get_kernel(repo_id, version=hub["version"], trust_remote_code=hub["trust_remote_code"])
     except Exception as err:
-        hint = ("pass trust_remote_code=True for a Hub download from an untrusted publisher"
-                if "trust" in str(err).lower() else
-                "check the org, the package and the version (Hub branch v<version>), or install it locally "
-                "(`triton-collection install-local`, then HF_HUB_OFFLINE=1)")
-        raise RuntimeError(f"kernelize: cannot load {repo_id} v{hub['version']}: {str(err).rstrip('.')}. {hint}.") from err
+        raise RuntimeError(f"kernelize: cannot load {repo_id} v{hub['version']}: {str(err).rstrip('.')}. "
+                           f"{_load_hint(err)}.") from err
 
 
 def _load_package(kernel: Optional[ModuleType], package: str, hub: dict, targets: list) -> Optional[ModuleType]:

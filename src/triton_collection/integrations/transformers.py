@@ -170,17 +170,21 @@ def _repository(repo_id: str, layer: str, *, version: int, trust_remote_code: bo
     return LayerRepository(repo_id=repo_id, layer_name=layer, version=version, trust_remote_code=trust_remote_code)
 
 
+def _load_hint(err: Exception) -> str:
+    """What to do about a package that did not load: trust_remote_code is the remedy only for a publisher check;
+    a missing version or package needs another."""
+    if "trust" in str(err).lower():
+        return "pass trust_remote_code=True for a Hub download from an untrusted publisher"
+    return ("check the org, the package and the version (Hub branch v<version>), or install it locally "
+            "(`triton-collection install-local`, then HF_HUB_OFFLINE=1)")
+
+
 def _load_layer(repo: LayerRepository | LocalLayerRepository, repo_id: str, layer: str, mode: Mode) -> type[nn.Module]:
     """Load the Hub layer class and check that it can serve ``mode`` (clear errors, no silent fallback)."""
     try:
         layer_cls = repo.load()
     except Exception as err:
-        # trust_remote_code is the remedy only for a publisher check; a missing version or package needs another
-        hint = ("pass trust_remote_code=True for a Hub download from an untrusted publisher"
-                if "trust" in str(err).lower() else
-                "check the org, the package and the version (Hub branch v<version>), or install it locally "
-                "(`triton-collection install-local`, then HF_HUB_OFFLINE=1)")
-        raise RuntimeError(f"kernelize: cannot load layer {layer!r} of {repo_id}: {err}. {hint}.") from err
+        raise RuntimeError(f"kernelize: cannot load layer {layer!r} of {repo_id}: {err}. {_load_hint(err)}.") from err
     if Mode.TRAINING in mode and not getattr(layer_cls, "has_backward", True):
         raise ValueError(f"kernelize: layer {layer!r} of {repo_id} has no backward, so it cannot serve {mode}")
     if Mode.TORCH_COMPILE in mode and not getattr(layer_cls, "can_torch_compile", False):
