@@ -368,6 +368,18 @@ def test_bad_input_layers(norms, activations, softmax, device):
         norms.layers.LayerNorm.forward(nn.LayerNorm(5).to(device), r(2, 6, device=device))
 
 
+@pytest.mark.parametrize("make, layer", [(lambda: torch.nn.LayerNorm(()), "LayerNorm"),
+                                         (lambda: torch.nn.RMSNorm(()), "TorchRMSNorm")])
+def test_norm_layers_refuse_an_empty_normalized_shape_as_their_modules(norms, device, make, layer):
+    """``nn.LayerNorm(())`` / ``nn.RMSNorm(())`` raise on every call (no dim to normalise over); their layers gave a
+    result instead (every element its own row of one: zeros for LayerNorm, signs for RMSNorm)."""
+    module, x = make().to(device), r(2, 3, device=device)
+    with pytest.raises(RuntimeError, match="normalized_shape"):
+        module(x)
+    with pytest.raises(ValueError, match="normalized_shape"):
+        getattr(norms.layers, layer).forward(module, x)
+
+
 # ----------------------------------------------------------------------------- empty tensors: PyTorch's result
 
 

@@ -178,6 +178,10 @@ class TorchRMSNorm(nn.Module):
         - x: (..., *normalized_shape), fp16/bf16/fp32
         - weight: normalized_shape or None
         - output: shape of x, dtype of x
+
+    Raises:
+        ValueError: an empty ``normalized_shape`` (``nn.RMSNorm(())``, which ``F.rms_norm`` refuses), or an x
+            that does not end with ``normalized_shape``.
     """
 
     normalized_shape: Tuple[int, ...]
@@ -189,6 +193,8 @@ class TorchRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = tuple(self.normalized_shape)
+        if not shape:  # as F.rms_norm: no dim to normalise over (N would be 1 and every element its own row)
+            raise ValueError("normalized_shape must have at least one dimension, got ()")
         if tuple(x.shape[x.dim() - len(shape):]) != shape or x.dim() < len(shape):
             raise ValueError(f"x of shape {tuple(x.shape)} does not end with normalized_shape {shape}")
         eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
@@ -252,6 +258,10 @@ class LayerNorm(nn.Module):
         - input: (..., *normalized_shape), fp16/bf16/fp32
         - weight, bias: normalized_shape or None
         - output: shape and dtype of input
+
+    Raises:
+        ValueError: an empty ``normalized_shape`` (``nn.LayerNorm(())``, which ``F.layer_norm`` refuses), or an
+            input that does not end with ``normalized_shape``.
     """
 
     normalized_shape: Tuple[int, ...]
@@ -270,6 +280,8 @@ class LayerNorm(nn.Module):
         if len(shape) == 1 and input.dim() >= 1 and input.shape[-1] == shape[0]:  # one dim: no reshapes (host time)
             return layer_norm(input, w, b, eps=self.eps, torch_order="fused")
         shape = tuple(shape)
+        if not shape:  # as F.layer_norm: no dim to normalise over (N would be 1 and every output 0 + bias)
+            raise ValueError("normalized_shape must have at least one dimension, got ()")
         if tuple(input.shape[input.dim() - len(shape):]) != shape or input.dim() < len(shape):
             raise ValueError(f"input of shape {tuple(input.shape)} does not end with normalized_shape {shape}")
         N = math.prod(shape)
