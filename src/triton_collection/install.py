@@ -73,14 +73,12 @@ def install_local(built: BuiltPackage, *, org: str, cache: Path | None = None) -
         tmp = snapshot.with_name(commit + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(built.path, tmp)
+        stale = snapshot.with_name(commit + ".stale")  # a changed snapshot is moved aside, then removed
+        shutil.rmtree(stale, ignore_errors=True)
         if snapshot.exists() or snapshot.is_symlink():
-            stale = snapshot.with_name(commit + ".stale")
-            shutil.rmtree(stale, ignore_errors=True)
             snapshot.rename(stale)
-            tmp.rename(snapshot)
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            tmp.rename(snapshot)  # atomic: a reader never sees half a snapshot
+        tmp.rename(snapshot)  # atomic: a reader never sees half a snapshot
+        shutil.rmtree(stale, ignore_errors=True)
     refs = repo_dir / "refs"
     refs.mkdir(parents=True, exist_ok=True)
     (refs / f"v{built.package.version}").write_text(commit, encoding="utf-8")

@@ -160,9 +160,10 @@ def kernelize_rotary(model: torch.nn.Module, *, mode: Mode = Mode.INFERENCE, dev
     if not funcs:
         raise ValueError("kernelize_rotary: no rotary function of the model is one RotaryPosEmb replaces exactly: "
                          + "; ".join(f"{name}: {why}" for name, why in refused.items()))
-    # "cuda:0" / torch.device: the device type kernels maps (it refused "cuda:0", and failed with an AssertionError
-    # for "cuda" on a CPU-only torch); without parameters (a bare holder of the function) the CPU
-    device = _device_type(model, device) if device is not None or next(model.parameters(), None) is not None else "cpu"
+    if device is None and next(model.parameters(), None) is None:
+        device = "cpu"  # a bare holder of the function: nothing to infer the device from
+    else:  # "cuda:0" / torch.device -> the device type kernels maps (it refused "cuda:0"; "cuda" on a CPU-only
+        device = _device_type(model, device)  # torch failed with an AssertionError)
     repo_id = f"{org}/{PACKAGE}"
     repo = _repository(repo_id, ROTARY_LAYER, version=version, trust_remote_code=trust_remote_code)
     _load_layer(repo, repo_id, ROTARY_LAYER, mode)
