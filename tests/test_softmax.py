@@ -1040,6 +1040,44 @@ def test_causal_mask_forward_backward(softmax, device, log, shape):
         assert_close_ref(g, gr, rel_atol=1e-5)
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("case", ["plain", "scale_mask", "causal", "inner_dim"])
+def test_second_derivatives(softmax, device, log, case):
+    """create_graph=True (a gradient penalty): the second-order gradients of x and of a mask that requires grad,
+    through the backward op's own formula, against fp64 autograd through the reference; also through torch.func
+    (the ops' functorch Functions)."""
+    shape, dim, kw = {"plain": ((3, 7), -1, {}), "scale_mask": ((2, 3, 11), -1, {"scale": 0.5}),
+                      "causal": ((2, 4, 6), -1, {"causal": True}), "inner_dim": ((5, 3, 4), 0, {})}[case]
+    x = rand(shape, torch.float32, device, scale=2.0)
+    mask = rand(shape[-1:], torch.float32, device) if case == "scale_mask" else None
+    dy, v = rand(shape, torch.float32, device), rand(shape, torch.float32, device)
+
+    def ours(x, mask):
+        return fn(softmax, log)(x, dim, mask=mask, **kw)
+
+    def ref(x, mask):
+        return sm_ref(x, dim, mask=mask, log=log, **kw)
+
+    def second_order(f, x, mask):
+        ins = [t.detach().clone().requires_grad_() for t in (x, mask) if t is not None]
+        (gx,) = torch.autograd.grad(f(*ins, *[None] * (2 - len(ins))), ins[0], dy.to(x.dtype), create_graph=True)
+        return torch.autograd.grad((gx * v.to(x.dtype)).sum(), ins)
+
+    def second_order_functorch(f, x, mask):
+        def penalty(*ins):
+            _, vjp = torch.func.vjp(lambda a: f(a, *ins[1:], *[None] * (2 - len(ins))), ins[0])
+            return (vjp(dy)[0] * v).sum()
+        ins = [t for t in (x, mask) if t is not None]
+        return torch.func.grad(penalty, argnums=tuple(range(len(ins))))(*ins)
+
+    want = second_order(ref, x.double(), None if mask is None else mask.double())
+    for got in (second_order(ours, x, mask), second_order_functorch(ours, x, mask)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == torch.float32 and g.shape == w.shape
+            assert_close_ref(g, w, ulps=64, rel_atol=1e-5)
+
+
 # one block; looped (the first chunks entirely -inf): 3 rows split over programs, 40 rows one program per row
 @pytest.mark.parametrize("M, N", [(3, 7), (3, 20011), (40, 20011)])
 def test_fully_masked_rows_match_torch(softmax, device, M, N):

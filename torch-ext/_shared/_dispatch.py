@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-__all__ = ["AUTOGRAD", "IMPL", "OP", "call_op", "eager_autograd", "eager_mode", "inference"]
+__all__ = ["AUTOGRAD", "IMPL", "OP", "call_op", "eager_autograd", "eager_mode", "fp32_vjp", "inference"]
 
 # Plain tensors: a module's weights are nn.Parameter, which changes nothing for the dispatcher.
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -179,3 +179,17 @@ def call_op(op, impl, *args, autograd=None, infer=None):
         if autograd is not None:
             return autograd.apply(*args)
     return op(*args)
+
+
+def fp32_vjp(model, tensors: tuple, grads: tuple) -> tuple:
+    """The double backward of an op that computes a gradient: the vector-Jacobian product of ``model`` (the op's
+    math written as fp32 PyTorch ops, one tensor argument per entry of ``tensors``, returning a tuple of outputs)
+    at fp32 copies of ``tensors``, for the upstream ``grads`` of its outputs (None: a zero gradient). Returns one
+    gradient per tensor, in that tensor's dtype.
+
+    ``torch.func.vjp``, which functorch transforms allow where ``requires_grad_`` is refused; the results are not
+    differentiable again (a third derivative raises PyTorch's "does not require grad" error)."""
+    outputs, vjp = torch.func.vjp(model, *(t.detach().float() for t in tensors))
+    cotangents = tuple(torch.zeros_like(o) if g is None else g.float() for o, g in zip(outputs, grads))
+    return tuple(g.to(t.dtype) for g, t in zip(vjp(cotangents), tensors))
+

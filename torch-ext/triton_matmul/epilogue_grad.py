@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._device import check_launch_device, launch_options, next_power_of_2
-from ._dispatch import call_op, eager_autograd
+from ._dispatch import call_op, eager_autograd, fp32_vjp
 from ._epilogue_math import ACTIVATIONS, activation_and_grad, backprop, store_rounded
 from ._fastlaunch import launch, meta_items
 from ._libm import nvidia_approx
@@ -135,13 +135,10 @@ def _dh(dy: Tensor, h: Tensor, activation: str) -> Tensor:
 
 
 def _double_backward(ctx, ddh):
-    """The gradients of dh with respect to dy and h (a double backward through ``matmul``), from the same math in
-    fp32 PyTorch ops differentiated by ``torch.func.vjp`` (which functorch transforms allow, where
-    ``requires_grad_`` is refused; not itself differentiable again)."""
+    """The gradients of dh with respect to dy and h (a double backward through ``matmul``): the same math in fp32
+    PyTorch ops, differentiated by ``_dispatch.fp32_vjp``."""
     dy, h = ctx.saved_tensors
-    _, vjp = torch.func.vjp(lambda a, b: _dh(a, b, ctx.activation), dy.detach().float(), h.detach().float())
-    ddy, dh_of_h = vjp(ddh.float())
-    return ddy.to(dy.dtype), dh_of_h.to(h.dtype), None
+    return (*fp32_vjp(lambda a, b: (_dh(a, b, ctx.activation),), (dy, h), (ddh,)), None)
 
 
 _epilogue_grad_op.register_autograd(_double_backward, setup_context=_setup_context)

@@ -33,6 +33,9 @@ Backward, one kernel per row (y is the saved output, dy the upstream gradient):
     log_softmax:  dz = dy - exp(y) * sum(dy)      (0 where causal masks: masked_fill has no gradient)
     dx = scale * dz;  dmask = dz summed to the mask's shape (only if the mask requires grad)
 
+Second derivatives (``create_graph=True``): the backward op's own gradient is the same math as fp32 PyTorch
+ops (``_bwd_model``), differentiated by ``torch.func.vjp``.
+
 ``dim`` other than the last is a ``movedim`` view: the kernels read the row with its
 column stride (no copy), see ``_common``. Performance on the GPU is best for
 ``dim=-1`` (unit column stride, coalesced loads).
@@ -41,7 +44,7 @@ column stride (no copy), see ``_common``. Performance on the GPU is best for
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -49,7 +52,7 @@ import triton.language as tl
 
 from ._common import (LaunchPlan, broadcast_innermost, check_float_tensor, check_real, check_same_device, meta_like,
                       normalize_dim, row_layout, row_start, run_plan, store_rounded)
-from ._dispatch import call_op, eager_autograd, inference
+from ._dispatch import call_op, eager_autograd, fp32_vjp, inference
 from ._fastlaunch import Launch, PlanCache, meta_items
 from ._libm import exp_approx, nvidia_approx
 from ._launch import PLAN_CACHES, SPLIT_BELOW_ROWS_PER_SM, config_for, split_for, team_for
@@ -806,6 +809,37 @@ def _(dy, y, dim, scale, causal, log, dx_dtype):
     return torch.empty(y.shape, dtype=dx_dtype, device=y.device)
 
 
+def _bwd_model(dy: Tensor, y: Tensor, dim: int, scale: float, causal: bool, log: bool) -> Tuple[Tensor]:
+    """The backward kernels' dx (module docstring) as fp32 PyTorch ops, differentiable: the double backward's
+    model. Causal positions (j > i over the last two dims) get 0, as the kernels' ``_dz``."""
+    if log:
+        dz = dy - torch.exp(y) * dy.sum(dim, keepdim=True)
+    else:
+        dz = y * (dy - (y * dy).sum(dim, keepdim=True))
+    if causal:
+        keep = torch.ones(y.shape[-2], y.shape[-1], dtype=torch.bool, device=y.device).tril()
+        dz = torch.where(keep, dz, 0.0)
+    return (dz * scale,)
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    dy, y, dim, scale, causal, log, _ = inputs
+    ctx.save_for_backward(dy, y)
+    ctx.args = (dim, scale, causal, log)
+
+
+def _bwd_backward(ctx, ddx):
+    """The gradients of dx with respect to dy and y (a second derivative through softmax / log_softmax; y's flows
+    on through the forward to x and the mask): ``_bwd_model`` differentiated in fp32 (``_dispatch.fp32_vjp``)."""
+    dy, y = ctx.saved_tensors
+    ddy, dyy = fp32_vjp(lambda a, b: _bwd_model(a, b, *ctx.args), (dy, y), (ddx,))
+    return ddy, dyy, None, None, None, None, None
+
+
+_softmax_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
+_SOFTMAX_BWD_AUTOGRAD = eager_autograd(_softmax_bwd, _softmax_bwd_impl, _bwd_setup_context, _bwd_backward)
+
+
 def _setup_context(ctx, inputs, output):
     x, mask, dim, scale, causal, log, _ = inputs
     ctx.save_for_backward(output)
@@ -820,12 +854,14 @@ def _backward(ctx, dy):
     need_x, need_mask = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     dx = dmask = None
     if need_mask:
-        dz = call_op(_softmax_bwd, _softmax_bwd_impl, dy, y, dim, 1.0, causal, log, torch.float32)
+        dz = call_op(_softmax_bwd, _softmax_bwd_impl, dy, y, dim, 1.0, causal, log, torch.float32,
+                     autograd=_SOFTMAX_BWD_AUTOGRAD)
         dx = (dz * scale).to(ctx.x_dtype) if need_x else None
         shape, dtype = ctx.mask_meta
         dmask = dz.sum_to_size(shape).to(dtype)
     elif need_x:
-        dx = call_op(_softmax_bwd, _softmax_bwd_impl, dy, y, dim, scale, causal, log, ctx.x_dtype)
+        dx = call_op(_softmax_bwd, _softmax_bwd_impl, dy, y, dim, scale, causal, log, ctx.x_dtype,
+                     autograd=_SOFTMAX_BWD_AUTOGRAD)
     return dx, dmask, None, None, None, None, None
 
 
