@@ -418,6 +418,12 @@ def test_opcheck_every_op(activations, device):
     torch.library.opcheck(_op(A, "act_fwd_out"), (torch.empty(3, 17, dtype=torch.bfloat16, device=device),
                                                  xb, "gelu_and_mul", True, 0.0))
     torch.library.opcheck(_op(A, "act_bwd"), (torch.randn(3, 17, device=device), xb.float(), "silu_and_mul", False, 0.0))
+    # the backward ops' own autograd formula (second derivatives): inputs that require grad
+    dy = torch.randn(3, 2, 17, device=device).requires_grad_()
+    torch.library.opcheck(_op(A, "act_bwd"), (dy, x, "fatrelu_and_mul", True, THRESHOLD))
+    torch.library.opcheck(_op(A, "act_bwd"), (torch.randn(3, 2, 34, device=device), x, "gelu_new", False, 0.0))
+    g, u = x[..., :17], x[..., 17:]
+    torch.library.opcheck(_op(A, "act_mul_bwd"), (dy, g, u, "gelu_tanh_and_mul", True))
 
 
 def test_out_form_refuses_autograd(activations, device):
@@ -1073,6 +1079,41 @@ def test_act_and_mul_gradients(activations, device, activation):
     for got, ref in ((dg, dg64), (du, du64)):
         assert got.shape == ref.shape and got.dtype == torch.float32
         torch.testing.assert_close(got.double(), ref, rtol=GRAD_REL, atol=GRAD_REL * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("op", GATED + PLAIN + [f"act_and_mul:{a}" for a in GATE_UP_ACTS])
+def test_second_derivatives(activations, device, op):
+    """create_graph=True (a gradient penalty): the second-order gradients of ``sum(dx * v)`` with respect to x (the
+    gated ops: both halves; act_and_mul: gate and up) and dy, through the backward ops' own formula, against fp64
+    autograd through the reference; also through torch.func (the ops' functorch Functions)."""
+    if op.startswith("act_and_mul:"):
+        activation = op.split(":")[1]
+        ours = lambda g, u: activations.act_and_mul(g, u, activation=activation)  # noqa: E731
+        ref = lambda g, u: ACT64[activation](g) * u  # noqa: E731
+        xs = (rand((3, 7), torch.float32, device), rand((3, 7), torch.float32, device, scale=2.0))
+    else:
+        ours, ref = (lambda x: call(activations, op, x)), (lambda x: reference(op, x))
+        xs = (rand((3, width(op, 7)), torch.float32, device, scale=2.0),)
+    dy = rand((3, 7), torch.float32, device)
+    vs = tuple(rand(x.shape, torch.float32, device) for x in xs)
+
+    def second_order(f, xs, dy):
+        ins = [t.detach().clone().requires_grad_() for t in (*xs, dy)]
+        dxs = torch.autograd.grad(f(*ins[:-1]), ins[:-1], ins[-1], create_graph=True)
+        return torch.autograd.grad(sum((dx * v.to(dx.dtype)).sum() for dx, v in zip(dxs, vs)), ins)
+
+    def second_order_functorch(f, xs, dy):
+        def penalty(*ins):
+            _, vjp = torch.func.vjp(f, *ins[:-1])
+            return sum((dx * v).sum() for dx, v in zip(vjp(ins[-1]), vs))
+        return torch.func.grad(penalty, argnums=tuple(range(len(xs) + 1)))(*xs, dy)
+
+    want = second_order(ref, [x.double() for x in xs], dy.double())
+    for got in (second_order(ours, xs, dy), second_order_functorch(ours, xs, dy)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == torch.float32 and g.shape == w.shape
+            assert_close_ref(g, w, ulps=64, rel_atol=1e-5)
 
 
 def test_act_and_mul_inference_plans(activations, device):

@@ -17,6 +17,9 @@ Backward (roundings count as identity, as autograd treats ``.to``):
     dx = dy * act'(x)                                       plain
     dg = dy * u * act'(g),  du = dy * round_r(act(g))       gated
 
+Second derivatives (``create_graph=True``): the backward ops' own gradient is the same math as fp32 PyTorch ops
+(``_act_and_grad``, ``_gated_grads``), differentiated by ``torch.func.vjp``.
+
 Memory: every operand is addressed through its own strides (three merged leading
 dims plus the column stride, 64-bit offsets), so ``chunk``/``narrow`` halves, expanded
 (stride-0) or transposed inputs and outputs with a storage offset are read and
@@ -37,10 +40,11 @@ from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_
 from ._launch import MIN_PROGRAMS, ONE_WAVE_PLAIN_THREADS, pick_config, tile_for
 from ._libm import use_libdevice
 from ._device import cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options
-from ._dispatch import call_op, eager_autograd
+from ._dispatch import call_op, eager_autograd, fp32_vjp
 from ._fastlaunch import Launch, PlanCache, meta_items
 from ._fast_math import fast_math_eligible, fast_math_verified
-from ._math import GELU, GELU_FAST, GELU_NEW, GELU_TANH, activation, activation_and_grad, activation_grad, round_to
+from ._math import (ACT_IDS, GELU, GELU_FAST, GELU_NEW, GELU_TANH, activation, activation_and_grad, activation_grad,
+                    round_to)
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_dtype
 
@@ -432,6 +436,62 @@ def _(dy, x, op, eager, threshold):
     return x.new_empty(x.shape)
 
 
+def _act_and_grad(x: Tensor, act: int, threshold: float) -> Tuple[Tensor, Tensor]:
+    """``(act(x), act'(x))`` as differentiable PyTorch ops: ``_math``'s formulas and constants (roundings as
+    identity). FATRELU's derivative is a step: its own derivative is 0 (as torch's, where it exists)."""
+    if act == ACT_IDS["silu"]:
+        s = torch.sigmoid(x)
+        return x * s, s * (1.0 + x * (1.0 - s))
+    if act == ACT_IDS["gelu"]:
+        cdf = 0.5 * (1.0 + torch.erf(x * 0.7071067811865476))
+        return x * cdf, cdf + x * (torch.exp(-0.5 * x * x) * 0.3989422804014327)
+    if act == ACT_IDS["gelu_quick"]:
+        s = torch.sigmoid(1.702 * x)
+        return x * s, s + 1.702 * x * s * (1.0 - s)
+    if act == ACT_IDS["fatrelu"]:
+        keep = x > threshold
+        return torch.where(keep, x, 0.0), keep.to(x.dtype)
+    # GELU_TANH, GELU_NEW, GELU_FAST: 0.5 * x * (1 + tanh(k0 * (x + k1 * x**3)))
+    k0 = 0.7978845608 if act == ACT_IDS["gelu_fast"] else 0.7978845608028654
+    x2 = x * x
+    t = torch.tanh(k0 * x * (1.0 + 0.044715 * x2))
+    return 0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * ((1.0 - t) * (1.0 + t)) * (k0 * (1.0 + 3.0 * 0.044715 * x2))
+
+
+def _gated_grads(dy: Tensor, g: Tensor, u: Tensor, act: int, threshold: float) -> Tuple[Tensor, Tensor]:
+    """The backward kernel's ``(dg, du)`` of ``act(g) * u`` (module docstring) as fp32 PyTorch ops, differentiable."""
+    y, grad = _act_and_grad(g, act, threshold)
+    return dy * u * grad, dy * y
+
+
+def _bwd_model(dy: Tensor, x: Tensor, op: str, threshold: float) -> Tuple[Tensor]:
+    """``_act_bwd_impl``'s dx as fp32 PyTorch ops, differentiable: the double backward's model."""
+    spec = OPS[op]
+    g, u = _halves(x, spec)
+    if u is None:
+        return (dy * _act_and_grad(g, spec.act, threshold)[1],)
+    dg, du = _gated_grads(dy, g, u, spec.act, threshold)
+    return (torch.cat((du, dg) if spec.act_on_second else (dg, du), dim=-1),)
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    dy, x, op, eager, threshold = inputs
+    ctx.save_for_backward(dy, x)
+    ctx.op, ctx.threshold = op, threshold
+
+
+def _bwd_backward(ctx, ddx):
+    """The gradients of dx with respect to dy and x (a second derivative; x's flows on through the forward):
+    ``_bwd_model`` differentiated in fp32 (``_dispatch.fp32_vjp``)."""
+    dy, x = ctx.saved_tensors
+    ddy, dxx = fp32_vjp(lambda a, b: _bwd_model(a, b, ctx.op, ctx.threshold), (dy, x), (ddx,))
+    return ddy, dxx, None, None, None
+
+
+_act_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
+_ACT_BWD_AUTOGRAD = eager_autograd(_act_bwd, _act_bwd_impl, _bwd_setup_context, _bwd_backward)
+
+
 def _setup_context(ctx, inputs, output):
     x, op, eager, threshold = inputs
     ctx.save_for_backward(x)
@@ -440,7 +500,8 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     (x,) = ctx.saved_tensors
-    return call_op(_act_bwd, _act_bwd_impl, dy, x, ctx.op, ctx.eager, ctx.threshold), None, None, None
+    dx = call_op(_act_bwd, _act_bwd_impl, dy, x, ctx.op, ctx.eager, ctx.threshold, autograd=_ACT_BWD_AUTOGRAD)
+    return dx, None, None, None
 
 
 _act_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -530,6 +591,24 @@ def _(dy, gate, up, op, eager):
     return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
 
 
+def _act_mul_bwd_setup_context(ctx, inputs, output):
+    dy, gate, up, op, eager = inputs
+    ctx.save_for_backward(dy, gate, up)
+    ctx.act = OPS[op].act
+
+
+def _act_mul_bwd_backward(ctx, ddgate, ddup):
+    """The gradients of (dgate, dup) with respect to dy, gate and up: ``_gated_grads`` differentiated in fp32."""
+    dy, gate, up = ctx.saved_tensors
+    grads = fp32_vjp(lambda a, b, c: _gated_grads(a, b, c, ctx.act, 0.0), (dy, gate, up), (ddgate, ddup))
+    return *grads, None, None
+
+
+_act_mul_bwd.register_autograd(_act_mul_bwd_backward, setup_context=_act_mul_bwd_setup_context)
+_ACT_MUL_BWD_AUTOGRAD = eager_autograd(_act_mul_bwd, _act_mul_bwd_impl, _act_mul_bwd_setup_context,
+                                       _act_mul_bwd_backward)
+
+
 def _act_mul_setup_context(ctx, inputs, output):
     gate, up, op, eager = inputs
     ctx.save_for_backward(gate, up)
@@ -538,7 +617,8 @@ def _act_mul_setup_context(ctx, inputs, output):
 
 def _act_mul_backward(ctx, dy):
     gate, up = ctx.saved_tensors
-    dgate, dup = call_op(_act_mul_bwd, _act_mul_bwd_impl, dy, gate, up, ctx.op, ctx.eager)
+    dgate, dup = call_op(_act_mul_bwd, _act_mul_bwd_impl, dy, gate, up, ctx.op, ctx.eager,
+                         autograd=_ACT_MUL_BWD_AUTOGRAD)
     return dgate, dup, None, None
 
 
