@@ -336,6 +336,76 @@ def test_case1_wide_rows_forward_backward(norms, device, N, dtype):
     _check_grads(ours, ref)
 
 
+def _modulate_ref(x, scale, shift, w=None, b=None, *, norm):
+    mean = 0.0 if norm == "rms" else x.mean(-1, keepdim=True)
+    xn = (x - mean) * torch.rsqrt((x - mean).square().mean(-1, keepdim=True) + 1e-6)
+    xn = xn if w is None else xn * w
+    xn = xn if b is None else xn + b
+    return xn * (1 + scale.reshape(-1, 1, x.shape[-1])) + shift.reshape(-1, 1, x.shape[-1])
+
+
+# id: (public function, fp64 reference, shapes of the inputs (x first; every one takes a gradient), keyword arguments)
+_SECOND_ORDER = {
+    "rms_norm": ("rms_norm", rms_ref, [(3, 7)], {}),
+    "rms_norm_affine_offset": ("rms_norm", lambda x, w, b: rms_ref(x, w, b, offset=0.5), [(2, 3, 11), (11,), (11,)],
+                               {"weight_offset": 0.5}),
+    "rms_norm_mean_order": ("rms_norm", rms_ref, [(5, 13), (13,)], {"torch_order": "mean"}),
+    "rms_norm_fused_order": ("rms_norm", rms_ref, [(5, 13), (13,), (13,)], {"torch_order": "fused"}),
+    "layer_norm": ("layer_norm", ln_ref, [(3, 7)], {}),
+    "layer_norm_affine": ("layer_norm", ln_ref, [(2, 3, 11), (11,), (11,)], {}),
+    "layer_norm_fused_order": ("layer_norm", ln_ref, [(5, 13), (13,), (13,)], {"torch_order": "fused"}),
+    "add_rms_norm": ("add_rms_norm", lambda x, r, w: (rms_ref(x + r, w), x + r), [(3, 11), (3, 11), (11,)], {}),
+    "add_layer_norm": ("add_layer_norm", lambda x, r, w, b: (ln_ref(x + r, w, b), x + r),
+                       [(3, 11), (3, 11), (11,), (11,)], {}),
+    "norm_modulate_layer": ("norm_modulate", lambda *t: _modulate_ref(*t, norm="layer"),
+                            [(2, 3, 11), (2, 1, 11), (2, 11), (11,), (11,)], {"norm": "layer"}),
+    "norm_modulate_rms": ("norm_modulate", lambda *t: _modulate_ref(*t, norm="rms"), [(2, 3, 11), (11,), (1, 11)],
+                          {"norm": "rms"}),
+    "gated_residual": ("gated_residual", lambda x, y, gate: x + y * gate[:, None, :], [(2, 3, 11), (2, 3, 11), (2, 11)],
+                       {}),
+}
+
+
+@pytest.mark.parametrize("case", list(_SECOND_ORDER))
+def test_second_derivatives(norms, device, case):
+    """create_graph=True (a gradient penalty): the second-order gradients of every input (x, residual, weight, bias,
+    scale, ...) of sum(g * v) over the first-order gradients g of all inputs, through each backward op's own
+    formula, against fp64 autograd through the reference; also through torch.func (grad of a vjp: the ops'
+    functorch Functions). The contiguous rms_norm / layer_norm calls take the planned training path
+    (``_train_plans``), the torch orders their own forward kernels, the add forms and norm_modulate ``call_op``'s."""
+    name, ref, shapes, kw = _SECOND_ORDER[case]
+    ins = [rand(shape, torch.float32, device) for shape in shapes]
+    if name != "gated_residual":
+        ins[0] = ins[0] * 2 + 0.5  # rows not centred: the mean's terms count
+    ours = lambda *t: getattr(norms, name)(*t, **kw)  # noqa: E731
+    out = ref(*[t.double() for t in ins])
+    dy = tuple(rand(o.shape, torch.float32, device) for o in out) if isinstance(out, tuple) else \
+        rand(out.shape, torch.float32, device)
+    vs = [rand(t.shape, torch.float32, device) for t in ins]
+
+    def penalty(grads, vs):
+        return sum((g * v).sum() for g, v in zip(grads, vs))
+
+    def second_order(f, ins, dy, vs):
+        ins = [t.detach().clone().requires_grad_() for t in ins]
+        grads = torch.autograd.grad(f(*ins), ins, dy, create_graph=True)
+        return torch.autograd.grad(penalty(grads, vs), ins, allow_unused=True, materialize_grads=True)
+
+    def second_order_functorch(f, ins, dy, vs):
+        def of_inputs(*ins):
+            _, vjp = torch.func.vjp(f, *ins)
+            return penalty(vjp(dy), vs)
+        return torch.func.grad(of_inputs, argnums=tuple(range(len(ins))))(*ins)
+
+    as64 = lambda t: tuple(a.double() for a in t) if isinstance(t, tuple) else t.double()  # noqa: E731
+    want = second_order(ref, [t.double() for t in ins], as64(dy), [v.double() for v in vs])
+    for got in (second_order(ours, ins, dy, vs), second_order_functorch(ours, ins, dy, vs)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == torch.float32 and g.shape == w.shape
+            assert_close_ref(g, w, ulps=64, rel_atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- layouts
 
 
@@ -470,6 +540,16 @@ def test_opcheck_every_op(norms, device):
                           (dy, None, x.detach(), None, rstd, 0.0, None, torch.float32, None, False, torch.bfloat16))
     torch.library.opcheck(_op(norms, "layer_norm_bwd"),
                           (dy, None, x.detach(), w.detach(), rstd - 0.5, rstd, torch.float32, None, True, torch.bfloat16))
+    # inputs that take a gradient: the backward ops' own autograd formulas (second derivatives)
+    xg, wg, dyg = (t.detach().clone().requires_grad_() for t in (x, w, dy))
+    torch.library.opcheck(_op(norms, "rms_norm_bwd"),
+                          (dyg, dyg, xg, wg, rstd, 0.5, None, torch.float32, torch.bfloat16, True, torch.float32))
+    torch.library.opcheck(_op(norms, "layer_norm_bwd"),
+                          (dyg, None, xg, None, rstd - 0.5, rstd, torch.float32, None, False, torch.float32))
+    x3, dy3 = xg.detach().view(3, 1, N).requires_grad_(), dyg.detach().view(3, 1, N).requires_grad_()
+    torch.library.opcheck(_op(norms, "norm_modulate_bwd"),
+                          (dy3, x3, wg.detach()[None].requires_grad_(), wg, None, rstd[:, None] - 0.5, rstd[:, None],
+                           False, True, False))
     for flag in (True, False):  # the bool this argument replaced reaches the op as an integer dtype: refused
         with pytest.raises(TypeError, match="db_dtype"):
             _op(norms, "layer_norm_bwd")(dy, None, x.detach(), w.detach(), rstd - 0.5, rstd, torch.float32, None, True,

@@ -227,6 +227,32 @@ def test_layer_gradients_match_module_autograd(norms, device, make, layer):
         torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5 * r.abs().max().item())
 
 
+@pytest.mark.parametrize("make, layer", [
+    (lambda: _hf("LlamaRMSNorm")(13, eps=1e-6), "LlamaRMSNorm"),
+    (lambda: _hf("GemmaRMSNorm")(13, eps=1e-6), "GemmaRMSNorm"),
+    (lambda: nn.RMSNorm((13,)), "TorchRMSNorm"),
+    (lambda: nn.LayerNorm((3, 5)), "LayerNorm"),
+])
+def test_layer_second_derivatives(norms, device, make, layer):
+    """create_graph=True through a layer (a gradient penalty on the gradients of the input and of the parameters):
+    the second-order gradients of the input and the parameters equal those of the module's own autograd (fp32, up
+    to reduction order)."""
+    module = _randomise(make()).to(device)
+    x = torch.randn(4, 3, *module.weight.shape, device=device) * 2 + 0.5
+    dy = torch.randn_like(x)
+    vs = [torch.randn_like(t) for t in (x, *module.parameters())]
+
+    def second_order(fn):
+        ins = [x.clone().requires_grad_(), *module.parameters()]
+        grads = torch.autograd.grad(fn(ins[0]), ins, dy, create_graph=True)
+        return torch.autograd.grad(sum((g * v).sum() for g, v in zip(grads, vs)), ins, allow_unused=True,
+                                   materialize_grads=True)
+
+    ours = second_order(lambda x: _run_layer(getattr(norms.layers, layer), module, x))
+    for a, r in zip(ours, second_order(module)):
+        torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4 * r.abs().max().item())
+
+
 def test_diffusers_layer_gradients(norms, device):
     RMSNorm = pytest.importorskip("diffusers.models.normalization").RMSNorm
     module = _randomise(RMSNorm(64, eps=1e-6, bias=True)).to(device)

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 from ._device import check_dense
+from ._dispatch import fp32_vjp
 from ._rounding import round_to
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -177,6 +178,35 @@ def addressed_signature(x: torch.Tensor, weight: Optional[torch.Tensor], bias: O
                         None if weight is None else (weight.dtype, weight.shape, weight.device, weight.is_contiguous(),
                                                      wp & 15),
                         None if bias is None else (bias.dtype, bias.shape, bias.device, bias.is_contiguous(), bp & 15))
+
+
+def normalized_model(x: torch.Tensor, rstd: torch.Tensor, rms: bool) -> tuple:
+    """``(xhat, rstd)`` of a row (last dim) for the double-backward models of the norm backward ops, as fp32
+    PyTorch ops differentiable in x: ``xhat = (x - mean) * rstd`` (mean 0 for ``rms``) with the statistics
+    recomputed from x, because the forwards save mean and rstd as outputs without a gradient while they depend on
+    x. The saved ``rstd`` only fixes eps, per row (``1 / rstd**2 - var``, held constant), so the recomputed rstd has
+    its value (to fp32 rounding) whatever the order its kernel summed in."""
+    centred = x if rms else x - x.mean(-1, keepdim=True)
+    var = centred.square().mean(-1, keepdim=True)
+    rstd = torch.rsqrt(var + (rstd.unsqueeze(-1).pow(-2) - var).detach())
+    return centred * rstd, rstd
+
+
+def column_sum(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over every row (all dims but the last): a weight or bias gradient, in a model."""
+    return t.reshape(-1, t.shape[-1]).sum(0)
+
+
+def vjp_of_present(model, tensors: tuple, grads: tuple) -> tuple:
+    """``_dispatch.fp32_vjp`` of ``model`` over ``tensors`` of which some are None (absent optional arguments, given
+    to the model as None): one gradient per entry of ``tensors``, None for an absent one."""
+
+    def of_present(*present):
+        given = iter(present)
+        return model(*(None if t is None else next(given) for t in tensors))
+
+    got = iter(fp32_vjp(of_present, tuple(t for t in tensors if t is not None), grads))
+    return tuple(None if t is None else next(got) for t in tensors)
 
 
 def vector(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -17,6 +17,7 @@ expression, whose gate is fp32).
 
 Backward: ``dx = dout``, ``dy = dout * gate``, ``dgate = sum over the rows of each sample of dout * y``
 (summed to the gate's shape), in fp32, rounded to each input's dtype.
+Second derivatives (``create_graph=True``): that backward is PyTorch ops, differentiable as it stands.
 Source: Peebles & Xie (2023), "Scalable Diffusion Models with Transformers" (adaLN-Zero gating).
 """
 

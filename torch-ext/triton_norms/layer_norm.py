@@ -13,6 +13,9 @@ Backward, with xhat = (h - mean) * rstd and g = dy * w:
     dw = sum_rows(dy * xhat), db = sum_rows(dy)
 
 dw/db: fp32 partials per program, summed afterwards in one launch (``_partials``: deterministic, no atomics).
+
+Second derivatives (``create_graph=True``): the backward op's own gradient is the same math as fp32 PyTorch
+ops (``_bwd_model``, mean and rstd recomputed from x), differentiated by ``torch.func.vjp``.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ import triton.language as tl
 
 from ._common import (
     addressed_signature, bwd_op_fake, bwd_op_outputs, check_db_dtype, check_eps, check_float_tensor, check_inputs,
-    grad_rows, empty_rows, ln_apply, load_grad_chunk, load_grad_raw, load_input_chunk, rows_of, rows_view, store_dx,
-    vector,
+    column_sum, grad_rows, empty_rows, ln_apply, load_grad_chunk, load_grad_raw, load_input_chunk, normalized_model,
+    rows_of, rows_view, store_dx, vector, vjp_of_present,
 )
 from ._exact import ln_exact_forward, ln_exact_plan
 from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
@@ -336,6 +339,37 @@ def _(dy, dh, x, weight, mean, rstd, dx_dtype, dres_dtype, need_dw, db_dtype):
     return bwd_op_fake(x, weight, dx_dtype, dres_dtype, need_dw, db_dtype)
 
 
+def _bwd_model(dy: Tensor, dh: Optional[Tensor], x: Tensor, weight: Optional[Tensor], rstd: Tensor
+               ) -> Tuple[Tensor, Tensor, Tensor]:
+    """The backward kernels' (dx, dw, db) (module docstring; dres is dx) as fp32 PyTorch ops, differentiable: the
+    double backward's model, mean and rstd recomputed from x (``normalized_model``)."""
+    xhat, rstd = normalized_model(x, rstd, rms=False)
+    g = dy if weight is None else dy * weight
+    dx = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+    return dx if dh is None else dx + dh, column_sum(dy * xhat), column_sum(dy)
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    dy, dh, x, weight, _, rstd, _, dres_dtype, need_dw, db_dtype = inputs
+    ctx.save_for_backward(dy, dh, x, weight, rstd)
+    ctx.args = (dres_dtype is not None, need_dw, db_dtype is not None)
+
+
+def _bwd_backward(ctx, ddx, ddres, ddw, ddb):
+    """The gradients of (dx, dres, dw, db) with respect to dy, dh, x and the weight (a second derivative through
+    layer_norm; x's flows on through the forward, for add_layer_norm from h to x and the residual): ``_bwd_model``
+    differentiated in fp32."""
+    dy, dh, x, weight, rstd = ctx.saved_tensors
+    dres, need_dw, need_db = ctx.args
+    grads = (ddx + ddres if dres else ddx, ddw if need_dw else None, ddb if need_db else None)
+    ddy, ddh, dxx, dweight, _ = vjp_of_present(_bwd_model, (dy, dh, x, weight, rstd), grads)
+    return ddy, ddh, dxx, dweight, None, None, None, None, None, None
+
+
+_layer_norm_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
+_LN_BWD_AUTOGRAD = eager_autograd(_layer_norm_bwd, _layer_norm_bwd_impl, _bwd_setup_context, _bwd_backward)
+
+
 def _setup_context(ctx, inputs, output):
     x, residual, weight, bias, eps, order = inputs
     y, h, mean, rstd = output
@@ -358,7 +392,8 @@ def _backward(ctx, dy, dh, dmean, drstd):
     need_db = ctx.bias_dtype is not None and need[3]
     dx, dres, dw, db = call_op(
         _layer_norm_bwd, _layer_norm_bwd_impl, dy, dh if ctx.res_dtype is not None else None, xs, weight, mean, rstd,
-        ctx.x_dtype, ctx.res_dtype, need_dw, ctx.bias_dtype if need_db else None, infer=_layer_norm_bwd_grads,
+        ctx.x_dtype, ctx.res_dtype, need_dw, ctx.bias_dtype if need_db else None, autograd=_LN_BWD_AUTOGRAD,
+        infer=_layer_norm_bwd_grads,
     )
     return (dx, dres if ctx.res_dtype is not None else None, dw if need_dw else None, db if need_db else None,
             None, None)

@@ -18,6 +18,8 @@ Backward (per row, then summed over the rows of a sample for scale/shift and ove
 weight/bias): ``dshift = sum dy``, ``dscale = sum dy * xn``, ``g = dy * (1 + scale)``,
 ``dweight = sum g * xhat``, ``dbias = sum g``, and with ``gh = g * weight``:
 ``dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat))`` (LayerNorm; RMSNorm drops ``mean(gh)``).
+Second derivatives (``create_graph=True``): the backward op's own gradient is the same math as fp32 PyTorch
+ops (``_bwd_model``, mean and rstd recomputed from x), differentiated by ``torch.func.vjp``.
 Source: Ba et al. (2016) LayerNorm, Zhang & Sennrich (2019) RMSNorm, Peebles & Xie (2023) adaLN.
 """
 
@@ -30,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_eps, check_float_tensor, vector
+from ._common import check_eps, check_float_tensor, column_sum, normalized_model, vector, vjp_of_present
 from ._device import MAX_GRID_YZ, cdiv, check_flag, check_launch_device, device_warp_size, is_interpreter, launch_options, next_power_of_2
 from ._dispatch import call_op, eager_autograd
 from ._fastlaunch import launch, meta_items
@@ -273,6 +275,41 @@ def _(dy, x, scale, weight, bias, mean, rstd, rms, need_w, need_b):
             f(N) if need_b else x.new_empty(0))
 
 
+def _bwd_model(dy: Tensor, x: Tensor, scale: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], rstd: Tensor,
+               rms: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The backward kernel's (dx, dscale, dshift, dweight, dbias) (module docstring) as fp32 PyTorch ops,
+    differentiable: the double backward's model, the statistics recomputed from x (``normalized_model``)."""
+    xhat, rstd = normalized_model(x, rstd, rms)
+    xn = xhat if weight is None else xhat * weight
+    xn = xn if bias is None else xn + bias
+    g = dy * (1 + scale.reshape(-1, 1, x.shape[-1]))  # scale per sample [B, 1, N] or shared [1, 1, N]
+    gh = g if weight is None else g * weight
+    centred = gh if rms else gh - gh.mean(-1, keepdim=True)
+    dx = rstd * (centred - xhat * (gh * xhat).mean(-1, keepdim=True))
+    return dx, (dy * xn).sum(1), dy.sum(1), column_sum(g * xhat), column_sum(g)
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    dy, x, scale, weight, bias, _, rstd, rms, need_w, need_b = inputs
+    ctx.save_for_backward(dy, x, scale, weight, bias, rstd)
+    ctx.args = (rms, need_w, need_b)
+
+
+def _bwd_backward(ctx, ddx, ddsc, ddsh, ddw, ddb):
+    """The gradients of (dx, dscale, dshift, dweight, dbias) with respect to dy, x, scale, weight and bias (a second
+    derivative through norm_modulate): ``_bwd_model`` differentiated in fp32."""
+    dy, x, scale, weight, bias, rstd = ctx.saved_tensors
+    rms, need_w, need_b = ctx.args
+    grads = (ddx, ddsc, ddsh, ddw if need_w else None, ddb if need_b else None)
+    ddy, dxx, dscale, dweight, dbias, _ = vjp_of_present(lambda *t: _bwd_model(*t, rms),
+                                                         (dy, x, scale, weight, bias, rstd), grads)
+    return ddy, dxx, dscale, dweight, dbias, None, None, None, None, None
+
+
+_modulate_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
+_MODULATE_BWD_AUTOGRAD = eager_autograd(_modulate_bwd, _modulate_bwd_impl, _bwd_setup_context, _bwd_backward)
+
+
 def _setup_context(ctx, inputs, output):
     x, scale, shift, weight, bias, eps, rms, eager_rounding, out_dtype = inputs
     _, mean, rstd = output
@@ -288,7 +325,7 @@ def _backward(ctx, dy, dmean, drstd):
     need_w = weight is not None and need[3]
     need_b = bias is not None and need[4]
     dx, dsc, dsh, dw, db = call_op(_modulate_bwd, _modulate_bwd_impl, dy, x, scale, weight, bias, mean, rstd,
-                                   ctx.rms, need_w, need_b)
+                                   ctx.rms, need_w, need_b, autograd=_MODULATE_BWD_AUTOGRAD)
     sc_shape, sc_dtype, sh_shape, sh_dtype = ctx.meta
     B, N = dsc.shape
     as_param = lambda g, shape: g.sum_to_size(shape[:-1][:1] + (N,) if len(shape) >= 2 else (N,)  # noqa: E731

@@ -22,6 +22,9 @@ Backward (rounding treated as identity, as autograd does for ``.to``):
 
 dw/db are deterministic: each program of the backward grid sums its rows into
 its own fp32 partial row, and the partials are summed afterwards in one launch (``_partials``).
+
+Second derivatives (``create_graph=True``): the backward op's own gradient is the same math as fp32 PyTorch
+ops (``_bwd_model``, rstd recomputed from x), differentiated by ``torch.func.vjp``.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ import triton.language as tl
 
 from ._common import (
     addressed_signature, bwd_op_fake, bwd_op_outputs, check_db_dtype, check_float_tensor, check_weight_offset,
-    grad_rows, load_affine, load_grad_chunk, load_grad_raw, load_input_chunk, store_dx, empty_rows, offset_for_kernel,
-    prepare_rms_args, rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
+    column_sum, grad_rows, load_affine, load_grad_chunk, load_grad_raw, load_input_chunk, normalized_model, store_dx,
+    empty_rows, offset_for_kernel, prepare_rms_args, rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
+    vjp_of_present,
 )
 from ._exact import rms_exact_forward, rms_exact_plan
 from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
@@ -372,6 +376,38 @@ def _(dy, dh, x, weight, rstd, weight_offset, cast_dtype, dx_dtype, dres_dtype, 
     return bwd_op_fake(x, weight, dx_dtype, dres_dtype, need_dw, db_dtype)
 
 
+def _bwd_model(dy: Tensor, dh: Optional[Tensor], x: Tensor, weight: Optional[Tensor], rstd: Tensor,
+               weight_offset: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """The backward kernels' (dx, dw, db) (module docstring; dres is dx) as fp32 PyTorch ops, differentiable: the
+    double backward's model, rstd recomputed from x (``normalized_model``)."""
+    xn, rstd = normalized_model(x, rstd, rms=True)
+    g = dy if weight is None else dy * (weight + weight_offset)
+    dx = rstd * (g - xn * (g * xn).mean(-1, keepdim=True))
+    return dx if dh is None else dx + dh, column_sum(dy * xn), column_sum(dy)
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    dy, dh, x, weight, rstd, weight_offset, _, _, dres_dtype, need_dw, db_dtype = inputs
+    ctx.save_for_backward(dy, dh, x, weight, rstd)
+    ctx.args = (weight_offset, dres_dtype is not None, need_dw, db_dtype is not None)
+
+
+def _bwd_backward(ctx, ddx, ddres, ddw, ddb):
+    """The gradients of (dx, dres, dw, db) with respect to dy, dh, x and the weight (a second derivative through
+    rms_norm; x's flows on through the forward, for add_rms_norm from h to x and the residual): ``_bwd_model``
+    differentiated in fp32."""
+    dy, dh, x, weight, rstd = ctx.saved_tensors
+    weight_offset, dres, need_dw, need_db = ctx.args
+    grads = (ddx + ddres if dres else ddx, ddw if need_dw else None, ddb if need_db else None)
+    ddy, ddh, dxx, dweight, _ = vjp_of_present(lambda *t: _bwd_model(*t, weight_offset), (dy, dh, x, weight, rstd),
+                                               grads)
+    return ddy, ddh, dxx, dweight, None, None, None, None, None, None, None
+
+
+_rms_norm_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
+_RMS_BWD_AUTOGRAD = eager_autograd(_rms_norm_bwd, _rms_norm_bwd_impl, _bwd_setup_context, _bwd_backward)
+
+
 def _setup_context(ctx, inputs, output):
     x, residual, weight, bias, eps, weight_offset, cast_dtype, out_dtype, order = inputs
     y, h, rstd = output
@@ -397,7 +433,7 @@ def _backward(ctx, dy, dh, drstd):
     dx, dres, dw, db = call_op(
         _rms_norm_bwd, _rms_norm_bwd_impl, dy, dh if ctx.res_dtype is not None else None, xs, weight, rstd,
         ctx.weight_offset, ctx.cast_dtype, ctx.x_dtype, ctx.res_dtype, need_dw, ctx.bias_dtype if need_db else None,
-        infer=_rms_norm_bwd_grads,
+        autograd=_RMS_BWD_AUTOGRAD, infer=_rms_norm_bwd_grads,
     )
     return (dx, dres if ctx.res_dtype is not None else None, dw if need_dw else None, db if need_db else None,
             None, None, None, None, None)
