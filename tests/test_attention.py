@@ -303,8 +303,59 @@ def test_flash_opcheck(attention, device):
     torch.manual_seed(6)
     q, k, v = make_qkv(1, 2, 1, 9, 11, 16, torch.float32, device, grad=True)
     mask = rand(1, 1, 9, 11, device=device)
-    torch.library.opcheck(flash._attn_fwd, (q, k, v, mask, 0.25, False, False, True),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    utils = ("test_schema", "test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(flash._attn_fwd, (q, k, v, mask, 0.25, False, False, True), test_utils=utils)
+    o, lse = flash._attn_fwd_impl(q, k, v, mask, 0.25, False, False, True)
+    torch.library.opcheck(flash._attn_bwd, (torch.randn_like(o), q, k, v, mask, o, lse, 0.25, False, False, True, True),
+                          test_utils=utils)
+
+
+@pytest.mark.parametrize("functorch", [False, True], ids=["autograd", "functorch"])
+@pytest.mark.parametrize("entry", ["flash", "rope", "transformers"])
+def test_flash_second_derivative_raises(attention, device, entry, functorch):
+    """A gradient of attention's gradient (create_graph=True, then a backward through dq / dk / dv) raises a
+    RuntimeError naming flash_attention and SDPA's math backend, through every entry point and torch.func; the
+    first backward with create_graph=True itself works."""
+    torch.manual_seed(58)
+    q, k, v = make_qkv(1, 2, 1, 9, 9, 16, torch.float32, device)
+    cos, sin = rand(9, 16, device=device), rand(9, 16, device=device)
+    attn = {"flash": lambda q, k, v: attention.flash_attention(q, k, v, causal=True),
+            "rope": lambda q, k, v: attention.flash_attention_rope(q, k, v, cos, sin),
+            "transformers": lambda q, k, v: attention.transformers_attention_forward(torch.nn.Module(), q, k, v,
+                                                                                      None)[0]}[entry]
+    message = r"flash_attention: a gradient of the gradient \(create_graph=True\) is not supported.*math backend"
+    if functorch:
+        def penalty(q, k, v):
+            grads = torch.func.grad(lambda *a: attn(*a).sin().sum(), argnums=(0, 1, 2))(q, k, v)
+            return sum((g * g).sum() for g in grads)
+        with pytest.raises(RuntimeError, match=message):
+            torch.func.grad(penalty)(q, k, v)
+        return
+    ins = [t.requires_grad_() for t in (q, k, v)]
+    grads = torch.autograd.grad(attn(*ins).sin().sum(), ins, create_graph=True)
+    assert all(g.requires_grad for g in grads)
+    with pytest.raises(RuntimeError, match=message):
+        torch.autograd.grad(sum((g * g).sum() for g in grads), ins)
+
+
+def test_flash_create_graph_without_its_second_derivative(attention, device):
+    """create_graph=True through attention where the second backward never differentiates attention's backward: a
+    penalty on the gradient of a weight applied after attention (dq, dk, dv get a graph that the penalty does not
+    use) gives the second-order gradients of fp64 SDPA (math)."""
+    torch.manual_seed(59)
+    q, k, v = make_qkv(1, 2, 1, 9, 11, 16, torch.float32, device)
+    W = rand(16, 8, device=device)
+
+    def second_order(attn, q, k, v, W):
+        ins = [t.detach().clone().requires_grad_() for t in (q, k, v, W)]
+        grads = torch.autograd.grad((attn(*ins[:3]) @ ins[3]).sin().sum(), ins, create_graph=True)
+        return torch.autograd.grad((grads[3] ** 2).sum(), ins)
+
+    got = second_order(lambda q, k, v: attention.flash_attention(q, k, v, causal=True), q, k, v, W)
+    want = second_order(lambda q, k, v: ref_attention(q, k, v, causal=True), q.double(), k.double(), v.double(),
+                        W.double())
+    for name, g, r in zip(("q", "k", "v", "W"), got, want):
+        assert_close(g, r, GRAD_TOL[torch.float32], name)
 
 
 def test_rope_ops_opcheck(attention, device):
@@ -318,7 +369,7 @@ def test_rope_ops_opcheck(attention, device):
     c, s = rand(7, 1, 16, device=device), rand(7, 1, 16, device=device)
     utils = ("test_schema", "test_faketensor", "test_autograd_registration")
     torch.library.opcheck(rotary._rope, (x, c, s, True, True), test_utils=utils)
-    torch.library.opcheck(rotary._rope_bwd, (x.detach(), c, s, False, torch.float32), test_utils=utils)
+    torch.library.opcheck(rotary._rope_bwd, (x, c, s, False, torch.float32), test_utils=utils)
     q, k, v = make_qkv(1, 2, 2, 7, 7, 16, torch.float32, device, "bshd", grad=True)
     torch.library.opcheck(flash._attn_rope_fwd, (q, k, v, c, s, None, 0.25, True, True, True, True), test_utils=utils)
 
@@ -544,6 +595,71 @@ def test_rotary_head_dims_not_powers_of_two(attention, device, D, interleaved):
     g = torch.randn_like(y)
     (gx,), (gx64,) = torch.autograd.grad(y, x, g), torch.autograd.grad(y64, x64, g.double())
     assert_close(gx, gx64, 1e-6, "backward")
+
+
+def _rope_ref(x, cos, sin, interleaved):
+    """The rotation in plain PyTorch: diffusers' pairs, or transformers' ``x * cos + rotate_half(x) * sin``."""
+    if interleaved:
+        rot = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)
+    else:
+        rot = torch.cat([-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]], -1)
+    return x * cos + rot * sin
+
+
+@pytest.mark.parametrize("case", ["apply_bhsd", "apply_bshd", "interleaved_bshd", "apply_bf16_fp32_cos"])
+def test_rotary_second_derivatives(attention, device, case):
+    """create_graph=True (a gradient penalty sum(grad_q * v_q) + sum(grad_k * v_k) of a loss nonlinear in the rotated
+    q and k): the second-order gradients of q and k, through the rotary backward op's own formula, and the third-order
+    ones (the same penalty of those), against fp64 autograd through transformers' apply_rotary_pos_emb (or the
+    interleaved formula); the second order also through torch.func."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    torch.manual_seed(57)
+    dt = torch.bfloat16 if case == "apply_bf16_fp32_cos" else torch.float32
+    shape = (lambda h: (2, h, 5, 16)) if case in ("apply_bhsd", "apply_bf16_fp32_cos") else (lambda h: (2, 5, h, 16))
+    q, k = rand(*shape(3), dtype=dt, device=device), rand(*shape(1), dtype=dt, device=device)
+    if case == "interleaved_bshd":
+        cos, sin = rand(5, 1, 16, device=device), rand(5, 1, 16, device=device)
+
+        def ours(q, k):
+            return tuple(attention.rotary_embedding(t, cos, sin, interleaved=True, fp32_math=True) for t in (q, k))
+
+        def ref(q, k):
+            return tuple(_rope_ref(t, cos.double(), sin.double(), True) for t in (q, k))
+    else:
+        dim = 2 if case == "apply_bshd" else 1
+        cos, sin = rand(2, 5, 16, device=device), rand(2, 5, 16, device=device)
+
+        def ours(q, k):
+            return attention.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=dim)
+
+        def ref(q, k):
+            return apply_rotary_pos_emb(q, k, cos.double(), sin.double(), unsqueeze_dim=dim)
+    w = [rand(*t.shape, device=device) for t in (q, k)]  # the loss's weights
+    v = [rand(*t.shape, dtype=dt, device=device) for t in (q, k)]  # the penalty's (exact in q's dtype)
+
+    def loss(f, q, k):
+        return sum((o.sin() * a.to(o.dtype)).sum() for o, a in zip(f(q, k), w))
+
+    def penalty(grads):
+        return sum((g * b.to(g.dtype)).sum() for g, b in zip(grads, v))
+
+    def second_and_third_order(f, q, k):
+        ins = [t.detach().clone().requires_grad_() for t in (q, k)]
+        second = torch.autograd.grad(penalty(torch.autograd.grad(loss(f, *ins), ins, create_graph=True)), ins,
+                                     create_graph=True)
+        return (*second, *torch.autograd.grad(penalty(second), ins))
+
+    def second_order_functorch(f, q, k):
+        return torch.func.grad(lambda *ins: penalty(torch.func.grad(lambda *a: loss(f, *a), argnums=(0, 1))(*ins)),
+                               argnums=(0, 1))(q, k)
+
+    want = second_and_third_order(ref, q.double(), k.double())
+    tol = 1e-2 if dt == torch.bfloat16 else 1e-5  # one rounding of the bf16 result
+    for got in (second_and_third_order(ours, q, k), second_order_functorch(ours, q, k)):
+        for name, g, r in zip(("q", "k", "q third order", "k third order"), got, want):
+            assert g.dtype == dt
+            assert_close(g, r, tol, name)
 
 
 def test_rotary_errors(attention, device):

@@ -9,7 +9,8 @@ and ``apply_rotary_pos_emb`` (bit-exact to transformers) are the rotary op on it
 ``transformers_attention_forward`` plugs into transformers' ``AttentionInterface``; ``layers``
 holds ``RotaryPosEmb`` for transformers' kernelizable ``rotary_pos_emb`` function.
 Each op is a ``torch.library.custom_op`` with a fake implementation and an autograd
-formula, so it runs under ``torch.compile(fullgraph=True)`` and in CUDA graphs.
+formula, so it runs under ``torch.compile(fullgraph=True)`` and in CUDA graphs. Second derivatives
+(``create_graph=True``): the rotary embedding has them; flash attention's raise (use SDPA's math backend).
 
 On CPU tensors the kernels run under the Triton interpreter: set
 ``TRITON_INTERPRET=1`` before importing triton and this package.

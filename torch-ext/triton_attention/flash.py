@@ -36,6 +36,9 @@ rounding, see ``rotary.py``); k arrives rotated by one pass of the rotary kernel
 block reads k, so rotating it once is cheaper than on every load). The backward recomputes the
 rotated q, runs the same backward kernels and applies the rotation's transpose to dq.
 
+Second derivatives are not implemented: a backward through the backward op (``create_graph=True``, then a
+gradient of dq, dk or dv) raises naming SDPA's math backend; ``create_graph=True`` alone works.
+
 Layouts: q, k, v are read through their strides as [B, H, S, D] (transformers) or
 [B, S, H, D] (diffusers); nothing is copied. Head dims that are not a power of two are
 padded in registers (masked loads), up to 256. Offsets along the batch, head and sequence
@@ -1141,6 +1144,23 @@ def _(do, q, k, v, mask, o, lse, scale, causal, bshd, out_bshd, need_dmask):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
 
 
+def _bwd_setup_context(ctx, inputs, output):
+    """Nothing to save: the backward op's own backward raises."""
+
+
+def _bwd_backward(ctx, *grads):
+    """A gradient of the gradient raises, at the second backward, so that ``create_graph=True`` works wherever it
+    does not differentiate attention's backward (a penalty on a gradient that does not flow through dq, dk, dv)."""
+    raise RuntimeError("flash_attention: a gradient of the gradient (create_graph=True) is not supported: its backward "
+                       "(also flash_attention_rope's and the transformers attention function's) has no derivative; "
+                       "for higher-order gradients use torch.nn.functional.scaled_dot_product_attention with the math "
+                       "backend (torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH))")
+
+
+_attn_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
+_ATTN_BWD_AUTOGRAD = eager_autograd(_attn_bwd, _attn_bwd_launch, _bwd_setup_context, _bwd_backward)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, mask, scale, causal, bshd, out_bshd = inputs
     o, lse = output
@@ -1155,7 +1175,7 @@ def _backward(ctx, do, dlse):
     scale, causal, bshd, out_bshd = ctx.args
     need_dmask = ctx.needs_input_grad[3]
     dq, dk, dv, ds = call_op(_attn_bwd, _attn_bwd_launch, do, q, k, v, mask, o, lse, scale, causal, bshd, out_bshd,
-                             need_dmask)
+                             need_dmask, autograd=_ATTN_BWD_AUTOGRAD)
     dmask = None
     if need_dmask:
         shape, dtype = ctx.mask_meta
@@ -1265,7 +1285,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
             lengths), Hq not a multiple of Hk, a head dim outside [1, 256], a batch or Hq above 65535, tensors
             (mask included) on different devices, a mask of more than 4 dims or that does not broadcast, an
             unknown layout or out_layout.
-        RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``.
+        RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``; a gradient of the gradient (a backward through
+            dq, dk or dv made with ``create_graph=True``: use SDPA's math backend for second derivatives).
 
     Precision: scores, softmax and output accumulated in fp32; P and dS cast to the input dtype before
     their matmuls (as FlashAttention-2); fp32 inputs use IEEE fp32 dot products. The backward recomputes P from an
@@ -1335,15 +1356,15 @@ def _setup_rope_context(ctx, inputs, output):
 
 
 def _rope_backward(ctx, do, dlse):
-    from .rotary import _rope, _rope_bwd, _rope_bwd_impl, _rope_impl
+    from .rotary import _ROPE_AUTOGRAD, _ROPE_BWD_AUTOGRAD, _rope, _rope_bwd, _rope_bwd_impl, _rope_impl
 
     q, k, v, cos, sin, mask, o, lse = ctx.saved_tensors
     scale, causal, bshd, out_bshd, interleaved = ctx.args
     need_dmask = ctx.needs_input_grad[5]
-    q_rot = call_op(_rope, _rope_impl, q, cos, sin, interleaved, True)
+    q_rot = call_op(_rope, _rope_impl, q, cos, sin, interleaved, True, autograd=_ROPE_AUTOGRAD)
     dq_rot, dk, dv, ds = call_op(_attn_bwd, _attn_bwd_launch, do, q_rot, k, v, mask, o, lse, scale, causal, bshd,
-                                 out_bshd, need_dmask)
-    dq = call_op(_rope_bwd, _rope_bwd_impl, dq_rot, cos, sin, interleaved, q.dtype)
+                                 out_bshd, need_dmask, autograd=_ATTN_BWD_AUTOGRAD)
+    dq = call_op(_rope_bwd, _rope_bwd_impl, dq_rot, cos, sin, interleaved, q.dtype, autograd=_ROPE_BWD_AUTOGRAD)
     dmask = None
     if need_dmask:
         shape, dtype = ctx.mask_meta

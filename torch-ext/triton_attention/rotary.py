@@ -14,6 +14,8 @@ Rounding (``fp32_math``):
 Backward (the transpose of the rotation), in fp32 and rounded once:
     dx[d] = dy[d] * cos[d] - sign * dy[p(d)] * sin[p(d)] cos and sin get no gradient (they are buffers in every model
 we serve); a cos/sin that requires grad is refused.
+Second derivatives (``create_graph=True``): dx is linear in dy, so the backward op's own gradient is the rotation
+itself, run by the forward op (fp32 math), differentiable again.
 
 Addressing: x, cos, sin (expanded to x's shape: stride 0 where broadcast) and the output are
 read/written through up to 4 dims of strides (64-bit offsets); nothing is copied. The output has the
@@ -276,6 +278,26 @@ def _(dy, cos, sin, interleaved, dx_dtype):
     return torch.empty_strided(dy.shape, _eager_layout(dy, cos, sin).stride(), dtype=dx_dtype, device=dy.device)
 
 
+def _bwd_setup(ctx, inputs, output):
+    dy, cos, sin, interleaved, _ = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.interleaved = interleaved
+    ctx.dy_dtype = dy.dtype
+
+
+def _bwd_bwd(ctx, ddx):
+    """The gradient of dx with respect to dy (a second derivative through the rotation): dx is linear in dy, the
+    transposed rotation, so its gradient is the rotation itself (fp32 math, one rounding to dy's dtype, which holds
+    ddx's exactly: the promoted dtype of x, cos and sin, or x's)."""
+    cos, sin = ctx.saved_tensors
+    ddy = call_op(_rope, _rope_impl, ddx.to(ctx.dy_dtype), cos, sin, ctx.interleaved, True, autograd=_ROPE_AUTOGRAD)
+    return ddy, None, None, None, None
+
+
+_rope_bwd.register_autograd(_bwd_bwd, setup_context=_bwd_setup)
+_ROPE_BWD_AUTOGRAD = eager_autograd(_rope_bwd, _rope_bwd_impl, _bwd_setup, _bwd_bwd)
+
+
 def _setup(ctx, inputs, output):
     x, cos, sin, interleaved, fp32_math = inputs
     ctx.save_for_backward(cos, sin)
@@ -285,7 +307,8 @@ def _setup(ctx, inputs, output):
 
 def _bwd(ctx, dy):
     cos, sin = ctx.saved_tensors
-    return call_op(_rope_bwd, _rope_bwd_impl, dy, cos, sin, ctx.interleaved, ctx.x_dtype), None, None, None, None
+    return call_op(_rope_bwd, _rope_bwd_impl, dy, cos, sin, ctx.interleaved, ctx.x_dtype,
+                   autograd=_ROPE_BWD_AUTOGRAD), None, None, None, None
 
 
 _rope.register_autograd(_bwd, setup_context=_setup)
@@ -358,7 +381,7 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
     Returns:
         A new tensor of x's shape (never a view of x) with the strides eager PyTorch gives
         ``x * cos + rotate_half(x) * sin`` (x's memory order, as TensorIterator picks it); dtype: x's
-        with ``fp32_math``, else the promoted dtype. Differentiable in x.
+        with ``fp32_math``, else the promoted dtype. Differentiable in x, to any order (``create_graph=True``).
 
     Raises:
         TypeError: unsupported dtypes, non-tensors, a sparse or nested tensor, an ``interleaved`` or
@@ -409,6 +432,7 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
 
     Returns:
         (q_embed, k_embed): new tensors (inputs are never modified or aliased), dtype promoted as eager.
+        Differentiable in q and k, to any order (``create_graph=True``).
 
     Raises: as :func:`rotary_embedding` (naming q or k for x); TypeError for an ``unsqueeze_dim`` that is not
     an int; IndexError (the type ``cos.unsqueeze`` raises) for one out of range for cos.
