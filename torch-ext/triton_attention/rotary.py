@@ -278,11 +278,13 @@ def _(dy, cos, sin, interleaved, dx_dtype):
     return torch.empty_strided(dy.shape, _eager_layout(dy, cos, sin).stride(), dtype=dx_dtype, device=dy.device)
 
 
-def _bwd_setup(ctx, inputs, output):
-    dy, cos, sin, interleaved, _ = inputs
+def _setup(ctx, inputs, output):
+    """Both ops' (the rotation's and its backward's): the input rotated (x, or dy) first, then cos, sin and
+    interleaved; the gradient of either is the other op applied to the upstream gradient, in that input's dtype."""
+    t, cos, sin, interleaved, _ = inputs
     ctx.save_for_backward(cos, sin)
     ctx.interleaved = interleaved
-    ctx.dy_dtype = dy.dtype
+    ctx.in_dtype = t.dtype
 
 
 def _bwd_bwd(ctx, ddx):
@@ -290,24 +292,17 @@ def _bwd_bwd(ctx, ddx):
     transposed rotation, so its gradient is the rotation itself (fp32 math, one rounding to dy's dtype, which holds
     ddx's exactly: the promoted dtype of x, cos and sin, or x's)."""
     cos, sin = ctx.saved_tensors
-    ddy = call_op(_rope, _rope_impl, ddx.to(ctx.dy_dtype), cos, sin, ctx.interleaved, True, autograd=_ROPE_AUTOGRAD)
+    ddy = call_op(_rope, _rope_impl, ddx.to(ctx.in_dtype), cos, sin, ctx.interleaved, True, autograd=_ROPE_AUTOGRAD)
     return ddy, None, None, None, None
 
 
-_rope_bwd.register_autograd(_bwd_bwd, setup_context=_bwd_setup)
-_ROPE_BWD_AUTOGRAD = eager_autograd(_rope_bwd, _rope_bwd_impl, _bwd_setup, _bwd_bwd)
-
-
-def _setup(ctx, inputs, output):
-    x, cos, sin, interleaved, fp32_math = inputs
-    ctx.save_for_backward(cos, sin)
-    ctx.interleaved = interleaved
-    ctx.x_dtype = x.dtype
+_rope_bwd.register_autograd(_bwd_bwd, setup_context=_setup)
+_ROPE_BWD_AUTOGRAD = eager_autograd(_rope_bwd, _rope_bwd_impl, _setup, _bwd_bwd)
 
 
 def _bwd(ctx, dy):
     cos, sin = ctx.saved_tensors
-    return call_op(_rope_bwd, _rope_bwd_impl, dy, cos, sin, ctx.interleaved, ctx.x_dtype,
+    return call_op(_rope_bwd, _rope_bwd_impl, dy, cos, sin, ctx.interleaved, ctx.in_dtype,
                    autograd=_ROPE_BWD_AUTOGRAD), None, None, None, None
 
 
