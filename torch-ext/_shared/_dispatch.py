@@ -187,9 +187,11 @@ def fp32_vjp(model, tensors: tuple, grads: tuple) -> tuple:
     at fp32 copies of ``tensors``, for the upstream ``grads`` of its outputs (None: a zero gradient). Returns one
     gradient per tensor, in that tensor's dtype.
 
-    ``torch.func.vjp``, which functorch transforms allow where ``requires_grad_`` is refused; the results are not
-    differentiable again (a third derivative raises PyTorch's "does not require grad" error)."""
-    outputs, vjp = torch.func.vjp(model, *(t.detach().float() for t in tensors))
+    ``torch.func.vjp``, which functorch transforms allow where ``requires_grad_`` is refused. The tensors are not
+    detached: with ``create_graph=True`` the results keep their graph to ``tensors`` and ``grads`` (the model is
+    PyTorch ops), so third and higher derivatives are right; detached copies left only the path through ``grads``,
+    and a third derivative silently dropped every term through ``tensors``."""
+    outputs, vjp = torch.func.vjp(model, *(t.float() for t in tensors))
     cotangents = tuple(torch.zeros_like(o) if g is None else g.float() for o, g in zip(outputs, grads))
     return tuple(g.to(t.dtype) for g, t in zip(vjp(cotangents), tensors))
 
