@@ -644,6 +644,30 @@ def test_gradient_of_the_gradient_raises(softmax, device):
     assert_close_ref(x.grad, gr)
 
 
+@pytest.mark.parametrize("torch_order", [False, True], ids=["fused", "torch_order"])
+def test_gradient_of_the_gradient_raises_under_torch_func_and_torch_order(softmax, device, torch_order):
+    """A gradient of the gradient under torch.func (grad of grad, jacrev of grad: Hessians) raises the
+    cross_entropy message, as in eager code; before, the fused path's stored gradient (no graph back to the
+    logits) gave a second derivative of 0 without a word. The torch-order backward (the CrossEntropyLoss layer's)
+    raises it too at the second backward, in eager code (before: PyTorch's generic 'no autograd formula') and under
+    torch.func; torch.func's first-order gradient still equals autograd's."""
+    x = torch.randn(3, 8, device=device)
+    t = torch.randint(0, 8, (3,), device=device)
+    f = lambda x: softmax.cross_entropy(x, t, torch_order=torch_order)  # noqa: E731
+    message = r"cross_entropy: a gradient of the gradient \(create_graph=True\).*torch\.nn\.functional\.cross_entropy"
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.grad(lambda x: torch.func.grad(f)(x).square().sum())(x)
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.jacrev(torch.func.grad(f))(x)
+    xg = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(f(xg), xg)
+    assert torch.equal(torch.func.grad(f)(x), g)
+    if torch_order:  # create_graph=True alone works; the second backward raises
+        (g,) = torch.autograd.grad(f(xg), xg, create_graph=True)
+        with pytest.raises(RuntimeError, match=message):
+            torch.autograd.grad(g.square().sum(), xg)
+
+
 # ----------------------------------------------------------------------------- layers
 
 

@@ -223,6 +223,20 @@ def _(logits, target, stats, count, dloss, ignore_index, reduction):
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
+def _bwd_backward(ctx, *grads):
+    """The backward op's own backward: a gradient of the gradient raises, naming what to use instead."""
+    raise RuntimeError("cross_entropy: a gradient of the gradient (create_graph=True) is not supported: its "
+                       "backward has no derivative; use torch.nn.functional.cross_entropy for higher-order gradients")
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    """Nothing to save: the backward op's own backward raises."""
+
+
+_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
+_BWD_AUTOGRAD = eager_autograd(_bwd, _bwd_impl, _bwd_setup_context, _bwd_backward)
+
+
 def _setup_context(ctx, inputs, output):
     logits, target, ignore_index, reduction = inputs
     _, stats, count = output
@@ -235,7 +249,7 @@ def _backward(ctx, dloss, dstats, dcount):
     dx = None
     if ctx.needs_input_grad[0]:
         dx = call_op(_bwd, _bwd_impl, logits, target, stats, count, dloss.to(logits.dtype), ctx.ignore_index,
-                     ctx.reduction)
+                     ctx.reduction, autograd=_BWD_AUTOGRAD)
     return dx, None, None, None
 
 

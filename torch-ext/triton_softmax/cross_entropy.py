@@ -32,7 +32,9 @@ per row and on the device, whether the upstream gradient differs from the one al
 it reads 12 bytes per row and returns the stored tensor. Logits + gradient traffic of forward +
 backward: read V*x once, write V*g once (no host sync, no full-size elementwise pass).
 
-Under torch.compile (and in eager with ``RECOMPUTE = True``) the "recompute" mode is used instead:
+Under torch.compile, under torch.func transforms (whose second derivatives then raise at the backward op
+rather than come out 0 from a stored gradient without a graph) and in eager with ``RECOMPUTE = True``, the
+"recompute" mode is used instead:
 the forward only reads the logits and keeps each row's logsumexp; the backward
 (``cross_entropy_bwd``) recomputes ``g * dloss_i * w`` from the logits in one pass (read V*x,
 write V*dx). A traced graph cannot update a saved forward output in place, and the fused gradient
@@ -651,6 +653,21 @@ def _scaled_grad(g: Tensor, dloss: Tensor, target: Tensor, class_dim: int, ignor
     return (g.to(torch.float32) * d).to(g.dtype)
 
 
+def _no_second_order(ctx, *grads):
+    """The backward ops' own backward (recompute mode, ``torch.func``, the torch order): a gradient of the gradient
+    raises, at the second backward, as the fused eager backward raises at the first."""
+    raise RuntimeError("cross_entropy: a gradient of the gradient (create_graph=True) is not supported: its "
+                       "backward has no derivative; use torch.nn.functional.cross_entropy for higher-order gradients")
+
+
+def _no_context(ctx, inputs, output):
+    """Nothing to save: the backward op's own backward raises."""
+
+
+_cross_entropy_bwd.register_autograd(_no_second_order, setup_context=_no_context)
+_CE_BWD_AUTOGRAD = eager_autograd(_cross_entropy_bwd, _cross_entropy_bwd_impl, _no_context, _no_second_order)
+
+
 def _setup_context(ctx, inputs, output):
     logits, target, class_dim, ignore_index, label_smoothing, z_loss, reduction, grad_mode = inputs
     if grad_mode == 2:  # recompute: keep the logits and the logsumexp
@@ -674,7 +691,7 @@ def _backward(ctx, dloss, dg, dapplied):
     if ctx.grad_mode == 2:
         logits, lse, target = ctx.saved_tensors
         dx = call_op(_cross_entropy_bwd, _cross_entropy_bwd_impl, logits, target, lse, dloss, ctx.class_dim,
-                     ctx.ignore_index, *ctx.extra)
+                     ctx.ignore_index, *ctx.extra, autograd=_CE_BWD_AUTOGRAD)
         return dx, None, None, None, None, None, None, None
     g, applied, target = ctx.saved_tensors
     # g already holds the gradient for dloss = 1; rows with another upstream gradient are scaled in place
@@ -775,7 +792,8 @@ def cross_entropy(
             int64, reduction, label_smoothing outside [0, 1], z_loss < 0 or not finite; torch_order with
             label smoothing, z-loss or logits of more than 2 dims.
         RuntimeError: CPU tensor without TRITON_INTERPRET=1; in the backward, a gradient of the gradient
-            (``create_graph=True``), which the stored gradient cannot give.
+            (``create_graph=True``), which the stored gradient cannot give (under torch.func and in recompute
+            mode: at the second backward).
 
     Precision: logsumexp, loss and gradient in fp32; per-row losses summed in fp32 by one program (a fixed
     order: the same bits on every run; torch's sum may differ in the last fp32 bits); one rounding
@@ -802,7 +820,10 @@ def cross_entropy(
     grad_mode = 0
     if torch.is_grad_enabled() and logits.requires_grad:
         # fused (the forward writes the gradient) in eager; recompute under torch.compile, where the
-        # fused gradient would need one more elementwise pass (see the module docstring)
-        grad_mode = 2 if (RECOMPUTE or torch.compiler.is_compiling()) else 1
+        # fused gradient would need one more elementwise pass (see the module docstring), and under torch.func,
+        # where the backward op's formula raises for a gradient of the gradient (the fused g has no graph back to
+        # the logits: a second derivative would be 0 without a word)
+        grad_mode = 2 if (RECOMPUTE or torch.compiler.is_compiling()
+                          or torch._C._are_functorch_transforms_active()) else 1
     return call_op(_cross_entropy_fwd, _cross_entropy_fwd_impl, logits, target, class_dim, ignore_index,
                    label_smoothing, z_loss, reduction, grad_mode, autograd=_CE_AUTOGRAD)[0]
