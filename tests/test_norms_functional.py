@@ -406,6 +406,29 @@ def test_second_derivatives(norms, device, case):
             assert_close_ref(g, w, ulps=64, rel_atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm"])
+def test_planned_training_under_non_reentrant_checkpoint(norms, device, name):
+    """The planned eager training path falls back to the op's backward for create_graph=True (a gradient penalty)
+    and for an upstream gradient it would copy (a transposed one); that fallback unpacked ctx.saved_tensors a second
+    time, which non-reentrant activation checkpointing refuses ("Unpack is being triggered for a tensor that was
+    already unpacked once"). Values against fp64 autograd through the reference."""
+    from torch.utils.checkpoint import checkpoint
+
+    ref = rms_ref if name == "rms_norm" else lambda x, w: ln_ref(x, w, None)
+    x, w = rand((4, 3, 16), torch.float32, device) * 2 + 0.5, rand(16, torch.float32, device)
+    dy_t = rand((16, 3, 4), torch.float32, device).permute(2, 1, 0)  # rows that do not collapse to one stride
+
+    def run(f, x, w):
+        x, w = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        (g,) = torch.autograd.grad((checkpoint(f, x, w, use_reentrant=False) ** 3).sum(), x, create_graph=True)
+        second = torch.autograd.grad(g.square().sum(), (x, w))
+        checkpoint(f, x, w, use_reentrant=False).backward(dy_t.to(x.dtype))
+        return (*second, x.grad, w.grad)
+
+    for g, r in zip(run(getattr(norms, name), x, w), run(ref, x.double(), w.double())):
+        assert_close_ref(g, r, ulps=64, rel_atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- layouts
 
 

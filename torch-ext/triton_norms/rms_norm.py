@@ -424,7 +424,13 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dy, dh, drstd):
-    xs, weight, rstd = ctx.saved_tensors
+    return _backward_of(ctx, ctx.saved_tensors, dy, dh)
+
+
+def _backward_of(ctx, saved, dy, dh):
+    """``_backward`` with the saved tensors already unpacked (``_RmsNormEagerAutograd`` unpacks them once: a second
+    ``ctx.saved_tensors`` raises under non-reentrant activation checkpointing)."""
+    xs, weight, rstd = saved
     if dy is None:  # only h was used
         dy = torch.zeros(xs.shape, dtype=ctx.out_dtype, device=xs.device)
     need = ctx.needs_input_grad
@@ -599,7 +605,7 @@ class _RmsNormEagerAutograd(torch.autograd.Function):
         grads = planned_grads(ctx.bwd_plans, dy, xs, weight, (rstd,), ctx.x_dtype, ctx.bias_dtype, need_dw, need_db,
                               _bwd_plan, (ctx.cast_dtype, ctx.weight_offset, need_db))
         if grads is None:  # create_graph, a dispatch mode, wide rows, ...: the op's backward
-            return (*_backward(ctx, dy, None, None), None)
+            return (*_backward_of(ctx, (xs, weight, rstd), dy, None), None)
         dx, dw, db = grads
         return dx, None, dw, db, None, None, None, None, None, None
 
