@@ -223,18 +223,19 @@ def _(logits, target, stats, count, dloss, ignore_index, reduction):
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
-def _bwd_backward(ctx, *grads):
-    """The backward op's own backward: a gradient of the gradient raises, naming what to use instead."""
+def no_second_order(ctx, *grads):
+    """The cross-entropy backward ops' own backward (this one, and ``cross_entropy``'s recompute mode, also under
+    ``torch.func``): a gradient of the gradient raises at the second backward, naming what to use instead."""
     raise RuntimeError("cross_entropy: a gradient of the gradient (create_graph=True) is not supported: its "
                        "backward has no derivative; use torch.nn.functional.cross_entropy for higher-order gradients")
 
 
-def _bwd_setup_context(ctx, inputs, output):
+def no_context(ctx, inputs, output):
     """Nothing to save: the backward op's own backward raises."""
 
 
-_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
-_BWD_AUTOGRAD = eager_autograd(_bwd, _bwd_impl, _bwd_setup_context, _bwd_backward)
+_bwd.register_autograd(no_second_order, setup_context=no_context)
+_BWD_AUTOGRAD = eager_autograd(_bwd, _bwd_impl, no_context, no_second_order)
 
 
 def _setup_context(ctx, inputs, output):

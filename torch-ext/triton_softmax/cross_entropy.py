@@ -64,7 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._cross_entropy_torch_order import cross_entropy_torch_order
+from ._cross_entropy_torch_order import cross_entropy_torch_order, no_context, no_second_order
 from .softmax import _chunk_max_exp, _chunk_start, _max_sumexp_of, _team_load, _team_phases
 from ._team import team_gather, team_gather_pair, team_publish, team_publish_pair, team_start
 from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, meta_like, row_layout,
@@ -653,19 +653,8 @@ def _scaled_grad(g: Tensor, dloss: Tensor, target: Tensor, class_dim: int, ignor
     return (g.to(torch.float32) * d).to(g.dtype)
 
 
-def _no_second_order(ctx, *grads):
-    """The backward ops' own backward (recompute mode, ``torch.func``, the torch order): a gradient of the gradient
-    raises, at the second backward, as the fused eager backward raises at the first."""
-    raise RuntimeError("cross_entropy: a gradient of the gradient (create_graph=True) is not supported: its "
-                       "backward has no derivative; use torch.nn.functional.cross_entropy for higher-order gradients")
-
-
-def _no_context(ctx, inputs, output):
-    """Nothing to save: the backward op's own backward raises."""
-
-
-_cross_entropy_bwd.register_autograd(_no_second_order, setup_context=_no_context)
-_CE_BWD_AUTOGRAD = eager_autograd(_cross_entropy_bwd, _cross_entropy_bwd_impl, _no_context, _no_second_order)
+_cross_entropy_bwd.register_autograd(no_second_order, setup_context=no_context)
+_CE_BWD_AUTOGRAD = eager_autograd(_cross_entropy_bwd, _cross_entropy_bwd_impl, no_context, no_second_order)
 
 
 def _setup_context(ctx, inputs, output):
