@@ -546,6 +546,29 @@ def test_functorch_grad_and_per_sample_grads_equal_autograd(request, package, de
 
 
 @pytest.mark.parametrize("package", PACKAGES)
+def test_batched_upstream_gradients_equal_a_loop(request, package, device):
+    """``torch.autograd.grad(..., is_grads_batched=True)`` (what ``autograd.functional.jacobian`` / ``hessian`` with
+    ``vectorize=True`` use) through every op and layer with a backward equals one backward per upstream gradient:
+    PyTorch's legacy vmap hands the backward batched tensors without storage, which go through the ops
+    (``_dispatch.legacy_batched``), not to the kernels ("Cannot access storage of BatchedTensorImpl" before)."""
+    pkg = _pkg(request, package)
+    torch.manual_seed(40)
+    for name, fn, make, grad, out_arg, dtype, params in _runs(pkg, CATALOG[package], device, dtype_index=0):
+        if not grad:
+            continue
+        inputs = clone_inputs(make(device, dtype))
+        leaves = [inputs[i].requires_grad_(True) for i in grad if inputs[i].is_floating_point()]
+        loss = loss_of(fn(*inputs))
+        upstream = torch.tensor([1.0, -0.5], device=device, dtype=loss.dtype)
+        got = torch.autograd.grad(loss, leaves, upstream, is_grads_batched=True, retain_graph=True, allow_unused=True)
+        for b in range(2):
+            want = torch.autograd.grad(loss, leaves, upstream[b], retain_graph=True, allow_unused=True)
+            for k, (g, w) in enumerate(zip(got, want)):
+                if w is not None:
+                    _assert_same(f"{name} batched upstream {b} gradient {k}", g[b], w, w.dtype)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_forward_mode_ad_raises_instead_of_dropping_tangents(request, package, device):
     """Forward-mode AD (``torch.func.jvp``, ``torch.autograd.forward_ad`` dual tensors) has no formula in the ops:
     every op and layer raises for a tangent rather than returning its output with the tangent silently dropped

@@ -230,6 +230,25 @@ def test_backward_twice_and_loss_used_twice(softmax, device):
     assert_close_ref(x.grad, 2 * xr.grad, rel_atol=1e-6)
 
 
+def test_batched_upstream_gradients_after_an_in_place_backward(softmax, device):
+    """A backward with upstream gradients batched by PyTorch's legacy vmap (``is_grads_batched``, jacobian /
+    hessian with ``vectorize=True``) after an eager backward that rescaled the stored gradient in place: each
+    batch entry is the gradient for its own upstream gradient, not for that times the one applied before."""
+    x = rand((4, 11), torch.float32, device).requires_grad_()
+    t = targets((4,), 11, device)
+    t[1] = -100
+    rows = softmax.cross_entropy(x, t, reduction="none")
+    first = torch.tensor([2.0, 1.0, -3.0, 0.5], device=device)
+    torch.autograd.grad(rows, x, first, retain_graph=True)  # rescales g in place
+    batched = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.25, 4.0, -1.0, 2.0]], device=device)
+    (got,) = torch.autograd.grad(rows, x, batched, is_grads_batched=True)
+    xr = x.detach().double().requires_grad_()
+    ref_rows = ce_ref(xr, t, reduction="none")
+    for b in range(2):
+        (want,) = torch.autograd.grad(ref_rows, xr, batched[b].double(), retain_graph=True)
+        assert_close_ref(got[b], want, rel_atol=1e-6)
+
+
 def test_backward_rescales_only_rows_whose_upstream_gradient_is_not_one(softmax, device):
     """The forward stores the gradient for an upstream gradient of 1; the backward rescales in place only
     the rows whose upstream gradient differs from the one already applied. Repeated backwards through

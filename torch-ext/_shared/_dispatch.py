@@ -23,10 +23,16 @@ from __future__ import annotations
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-__all__ = ["AUTOGRAD", "IMPL", "OP", "call_op", "eager_autograd", "eager_mode", "fp32_vjp", "inference"]
+__all__ = ["AUTOGRAD", "IMPL", "OP", "call_op", "eager_autograd", "eager_mode", "fp32_vjp", "inference", "legacy_batched"]
 
 # Plain tensors: a module's weights are nn.Parameter, which changes nothing for the dispatcher.
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+# The batched tensors of PyTorch's legacy vmap (``autograd.grad(is_grads_batched=True)``,
+# ``autograd.functional.jacobian / hessian(vectorize=True)``, which batch the upstream gradients): plain tensors
+# without storage, which the dispatcher's batching fallback runs one slice at a time through the op. Checked only
+# where the implementation has failed (call_op) or on an upstream gradient: a check per tensor and call cost 5% of
+# a small call's host time.
+legacy_batched = torch._C._functorch.is_legacy_batchedtensor
 OP, IMPL, AUTOGRAD, FUNCTORCH = 0, 1, 2, 3
 
 
@@ -158,7 +164,12 @@ def call_op(op, impl, *args, autograd=None, infer=None):
     way (a caller of ``infer`` takes either form)."""
     route = _route(args)
     if route == IMPL:
-        return (infer or impl)(*args)
+        try:
+            return (infer or impl)(*args)
+        except (NotImplementedError, RuntimeError):  # no storage: a legacy-vmap batched tensor goes through the op
+            if not any(isinstance(a, torch.Tensor) and legacy_batched(a) for a in args):
+                raise
+            return op(*args)
     if route == FUNCTORCH:
         if autograd is not None:
             return autograd.functorch.apply(*args)

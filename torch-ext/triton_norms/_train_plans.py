@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import torch
 
 from ._common import grad_rows
-from ._dispatch import IMPL, eager_mode
+from ._dispatch import IMPL, eager_mode, legacy_batched
 from ._launch import backward_strides, bwd_max_fused_bytes
 from ._partials import column_sums_plan
 
@@ -77,8 +77,8 @@ def planned_grads(plans, dy: torch.Tensor, xs: torch.Tensor, weight: Optional[to
         dx_dtype, db_dtype: dx's dtype (x's) and db's (the bias'; None without a bias).
         kernel_plan, kernel_args: the op's ``_bwd_plan`` and its arguments after the strides.
     """
-    if eager_mode((dy, xs, weight, *stats), 2) != IMPL:  # (dy None: y unused, the op's zeros)
-        return None
+    if eager_mode((dy, xs, weight, *stats), 2) != IMPL or legacy_batched(dy):  # (dy None: y unused, the op's zeros;
+        return None  # a legacy-vmap batched dy has no storage: the op's backward)
     # every tensor's signature: a saved-tensor hook (offloading, compression) may unpack x, the weight or the
     # statistics as new tensors of another alignment, layout or dtype than the forward's plan had
     key = (need_dw, need_db, *[None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() & 15)

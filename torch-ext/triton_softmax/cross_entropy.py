@@ -69,7 +69,7 @@ from .softmax import _chunk_max_exp, _chunk_start, _max_sumexp_of, _team_load, _
 from ._team import team_gather, team_gather_pair, team_publish, team_publish_pair, team_start
 from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, meta_like, row_layout,
                       row_start, rows_aligned, run_plan, store_rounded)
-from ._dispatch import call_op, eager_autograd
+from ._dispatch import call_op, eager_autograd, legacy_batched
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._launch import PLAN_CACHES, config_for, team_for
 from ._libm import exp_approx, nvidia_approx
@@ -642,14 +642,18 @@ def _scale_plan(g, dloss, target, class_dim, ignore_index, inplace) -> LaunchPla
     return LaunchPlan(copy, None, ((run, (0, 1, 2, 3, 4)),))
 
 
-def _scaled_grad(g: Tensor, dloss: Tensor, target: Tensor, class_dim: int, ignore_index: int) -> Tensor:
-    """``g * dloss`` per row, out of place, 0 on ignored rows: the traced (compile) form of the backward.
+def _scaled_grad(g: Tensor, dloss: Tensor, target: Tensor, class_dim: int, ignore_index: int,
+                 applied: Tensor) -> Tensor:
+    """``g * dloss / applied`` per row, out of place, 0 on ignored rows: the traced (compile) form of the backward,
+    also taken for upstream gradients batched by PyTorch's legacy vmap (``applied``: the upstream gradient an
+    earlier eager backward multiplied into g, 1 after the forward).
 
     Under tracing (torch.compile, make_fx) the in-place update of a saved forward output cannot be
     expressed, so the compiled graph gets this elementwise product (inductor fuses it into one kernel:
     it reads g and writes the gradient once more than the eager path when the upstream gradient is 1).
     """
-    d = torch.where(target == ignore_index, 0.0, dloss.to(torch.float32)).unsqueeze(class_dim)
+    d = torch.where(target == ignore_index, 0.0, dloss.to(torch.float32) / applied.view(target.shape))
+    d = d.unsqueeze(class_dim)
     return (g.to(torch.float32) * d).to(g.dtype)
 
 
@@ -689,9 +693,10 @@ def _backward(ctx, dloss, dg, dapplied):
     # second backward with retain_graph would refuse them, although ``applied`` keeps it correct).
     tracing = (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
                or torch._C._are_functorch_transforms_active()
-               or any(type(a) is not torch.Tensor for a in (g, applied, dloss, target)))
+               or any(type(a) is not torch.Tensor or legacy_batched(a) for a in (g, applied, dloss, target)))
     if tracing:
-        return _scaled_grad(g, dloss, target, ctx.class_dim, ctx.ignore_index), None, None, None, None, None, None, None
+        return (_scaled_grad(g, dloss, target, ctx.class_dim, ctx.ignore_index, applied),
+                None, None, None, None, None, None, None)
     if torch.is_grad_enabled():  # create_graph: the stored g has no graph back to the logits
         raise RuntimeError("cross_entropy: a gradient of the gradient (create_graph=True) is not supported: the "
                            "forward stores the gradient, which has no graph back to the logits; use "
