@@ -21,9 +21,12 @@ F=${FILES:-"tests/test_softmax_cross_entropy.py tests/test_cross_entropy_torch_o
  tests/test_activations_layers.py tests/test_matmul.py tests/test_matmul_layers.py tests/test_attention.py
  tests/test_attention_diffusers.py tests/test_transformers_shim.py tests/test_reliability_bad_inputs.py
  tests/test_reliability_ops.py"}
-TEST_DEVICE=cuda timeout ${TEST_T:-400} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short --maxfail=40 -n 14 \
+# -v: one line per test as it ends ("[gw3] [ 42%] FAILED tests/...::name"), so a run cut by the time limit still
+# names its failures (session 56's -q run reached 100% with two F and lost the summary that names them)
+TEST_DEVICE=cuda timeout ${TEST_T:-400} python3 -m pytest -v -p no:cacheprovider -rfE --tb=short --maxfail=40 -n 14 \
   --dist ${DIST:-load} -m "not slow" --junitxml $OUT/junit.xml $F > $OUT/tests.log 2>&1
-echo "tests rc=$? after $(( $(date +%s) - T0 )) s"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/tests.log | tail -40
+echo "tests rc=$? after $(( $(date +%s) - T0 )) s"; grep -E "^(FAILED|ERROR)| (FAILED|ERROR) |passed|failed" \
+  $OUT/tests.log | tail -40
 if [ -n "${AB_BASE:-}" ]; then
   LEFT=$(( ${TOTAL:-500} - ($(date +%s) - T0) ))
   [ $LEFT -gt 60 ] && python3 benchmarks/ab_sweep.py --base $AB_BASE --out $OUT/ab --budget $(( LEFT - 30 )) \
