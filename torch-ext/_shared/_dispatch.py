@@ -96,14 +96,16 @@ def inference(tensors: tuple, required: int = 1) -> bool:
 
 
 def eager_autograd(op, impl, setup_context, backward) -> type:
-    """A ``torch.autograd.Function`` running ``impl`` with the op's ``setup_context``/``backward``
-    (the functions given to ``register_autograd``), for eager training without the dispatcher; its
-    attribute ``functorch`` is the Function that functorch transforms call (see :func:`_functorch_autograd`).
+    """Registers ``setup_context``/``backward`` as ``op``'s autograd formula (``op.register_autograd``) and returns
+    a ``torch.autograd.Function`` running ``impl`` with the same two, for eager training without the dispatcher;
+    its attribute ``functorch`` is the Function that functorch transforms call (see :func:`_functorch_autograd`).
 
     Written in the form whose ``forward`` takes ``ctx``: a Function with a separate ``setup_context``
     binds its arguments with ``inspect.signature`` on every call (about 25 us of host time per call on
     our CPU machine, 3x that on the GPU host); functorch transforms, which need the separate form, get
     their own."""
+
+    op.register_autograd(backward, setup_context=setup_context)
 
     class EagerAutograd(torch.autograd.Function):
         @staticmethod

@@ -488,7 +488,6 @@ def _bwd_backward(ctx, ddx):
     return ddy, dxx, None, None, None
 
 
-_act_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
 _ACT_BWD_AUTOGRAD = eager_autograd(_act_bwd, _act_bwd_impl, _bwd_setup_context, _bwd_backward)
 
 
@@ -504,7 +503,6 @@ def _backward(ctx, dy):
     return dx, None, None, None
 
 
-_act_fwd.register_autograd(_backward, setup_context=_setup_context)
 _ACT_AUTOGRAD = eager_autograd(_act_fwd, _act_fwd_impl, _setup_context, _backward)
 
 
@@ -604,7 +602,6 @@ def _act_mul_bwd_backward(ctx, ddgate, ddup):
     return *grads, None, None
 
 
-_act_mul_bwd.register_autograd(_act_mul_bwd_backward, setup_context=_act_mul_bwd_setup_context)
 _ACT_MUL_BWD_AUTOGRAD = eager_autograd(_act_mul_bwd, _act_mul_bwd_impl, _act_mul_bwd_setup_context,
                                        _act_mul_bwd_backward)
 
@@ -622,7 +619,6 @@ def _act_mul_backward(ctx, dy):
     return dgate, dup, None, None
 
 
-_act_mul_fwd.register_autograd(_act_mul_backward, setup_context=_act_mul_setup_context)
 _ACT_MUL_AUTOGRAD = eager_autograd(_act_mul_fwd, _act_mul_fwd_impl, _act_mul_setup_context, _act_mul_backward)
 
 

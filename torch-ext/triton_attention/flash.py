@@ -1157,7 +1157,6 @@ def _bwd_backward(ctx, *grads):
                        "backend (torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH))")
 
 
-_attn_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
 _ATTN_BWD_AUTOGRAD = eager_autograd(_attn_bwd, _attn_bwd_launch, _bwd_setup_context, _bwd_backward)
 
 
@@ -1183,8 +1182,7 @@ def _backward(ctx, do, dlse):
     return dq, dk, dv, dmask, None, None, None, None
 
 
-_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
-# eager training without the dispatcher
+# the autograd formula, registered, and the same in a torch.autograd.Function for eager training
 _ATTN_AUTOGRAD = eager_autograd(_attn_fwd, _attn_fwd_impl, _setup_context, _backward)
 
 
@@ -1372,7 +1370,6 @@ def _rope_backward(ctx, do, dlse):
     return dq, dk, dv, None, None, dmask, None, None, None, None, None
 
 
-_attn_rope_fwd.register_autograd(_rope_backward, setup_context=_setup_rope_context)
 _ATTN_ROPE_AUTOGRAD = eager_autograd(_attn_rope_fwd, _attn_rope_fwd_impl, _setup_rope_context,
                                      _rope_backward)
 

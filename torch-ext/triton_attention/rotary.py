@@ -296,7 +296,6 @@ def _bwd_bwd(ctx, ddx):
     return ddy, None, None, None, None
 
 
-_rope_bwd.register_autograd(_bwd_bwd, setup_context=_setup)
 _ROPE_BWD_AUTOGRAD = eager_autograd(_rope_bwd, _rope_bwd_impl, _setup, _bwd_bwd)
 
 
@@ -306,8 +305,7 @@ def _bwd(ctx, dy):
                    autograd=_ROPE_BWD_AUTOGRAD), None, None, None, None
 
 
-_rope.register_autograd(_bwd, setup_context=_setup)
-_ROPE_AUTOGRAD = eager_autograd(_rope, _rope_impl, _setup, _bwd)  # eager training without the dispatcher
+_ROPE_AUTOGRAD = eager_autograd(_rope, _rope_impl, _setup, _bwd)
 
 
 def _check(name: str, x: Tensor, cos: Tensor, sin: Tensor) -> None:

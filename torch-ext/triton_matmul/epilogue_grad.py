@@ -141,8 +141,7 @@ def _double_backward(ctx, ddh):
     return (*fp32_vjp(lambda a, b: (_dh(a, b, ctx.activation),), (dy, h), (ddh,)), None)
 
 
-_epilogue_grad_op.register_autograd(_double_backward, setup_context=_setup_context)
-# eager double backward without the dispatcher; functorch transforms through its twin
+# the double backward, registered, and its Function for eager code (functorch transforms through its twin)
 _EPILOGUE_GRAD_AUTOGRAD = eager_autograd(_epilogue_grad_op, _epilogue_grad_impl, _setup_context, _double_backward)
 
 

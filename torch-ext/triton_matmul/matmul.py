@@ -782,7 +782,6 @@ def _backward(ctx, dy, dh_out):
     return da, db, dbias, None, None, None
 
 
-_matmul_fwd.register_autograd(_backward, setup_context=_setup_context)
 _MATMUL_AUTOGRAD = eager_autograd(_matmul_fwd, _matmul_fwd_impl, _setup_context, _backward)
 
 

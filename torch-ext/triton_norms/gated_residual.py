@@ -100,7 +100,6 @@ def _backward(ctx, dout):
     return dx, dy, dgate, None
 
 
-_gated_residual.register_autograd(_backward, setup_context=_setup_context)
 _GATED_AUTOGRAD = eager_autograd(_gated_residual, _gated_residual_impl, _setup_context, _backward)
 
 

@@ -366,7 +366,6 @@ def _bwd_backward(ctx, ddx, ddres, ddw, ddb):
     return ddy, ddh, dxx, dweight, None, None, None, None, None, None
 
 
-_layer_norm_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
 _LN_BWD_AUTOGRAD = eager_autograd(_layer_norm_bwd, _layer_norm_bwd_impl, _bwd_setup_context, _bwd_backward)
 
 
@@ -405,7 +404,6 @@ def _backward_of(ctx, saved, dy, dh):
             None, None)
 
 
-_layer_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
 _LN_AUTOGRAD = eager_autograd(_layer_norm_fwd, _layer_norm_fwd_impl, _setup_context, _backward)
 
 

@@ -306,7 +306,6 @@ def _bwd_backward(ctx, ddx, ddsc, ddsh, ddw, ddb):
     return ddy, dxx, dscale, dweight, dbias, None, None, None, None, None
 
 
-_modulate_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
 _MODULATE_BWD_AUTOGRAD = eager_autograd(_modulate_bwd, _modulate_bwd_impl, _bwd_setup_context, _bwd_backward)
 
 
@@ -337,7 +336,6 @@ def _backward(ctx, dy, dmean, drstd):
             None, None, None, None)
 
 
-_modulate_fwd.register_autograd(_backward, setup_context=_setup_context)
 _MODULATE_AUTOGRAD = eager_autograd(_modulate_fwd, _modulate_fwd_impl, _setup_context, _backward)
 
 

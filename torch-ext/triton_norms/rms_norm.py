@@ -404,7 +404,6 @@ def _bwd_backward(ctx, ddx, ddres, ddw, ddb):
     return ddy, ddh, dxx, dweight, None, None, None, None, None, None, None
 
 
-_rms_norm_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
 _RMS_BWD_AUTOGRAD = eager_autograd(_rms_norm_bwd, _rms_norm_bwd_impl, _bwd_setup_context, _bwd_backward)
 
 
@@ -445,7 +444,6 @@ def _backward_of(ctx, saved, dy, dh):
             None, None, None, None, None)
 
 
-_rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
 _RMS_AUTOGRAD = eager_autograd(_rms_norm_fwd, _rms_norm_fwd_impl, _setup_context, _backward)
 
 

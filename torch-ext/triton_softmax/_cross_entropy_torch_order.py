@@ -234,7 +234,6 @@ def no_context(ctx, inputs, output):
     """Nothing to save: the backward op's own backward raises."""
 
 
-_bwd.register_autograd(no_second_order, setup_context=no_context)
 _BWD_AUTOGRAD = eager_autograd(_bwd, _bwd_impl, no_context, no_second_order)
 
 
@@ -254,7 +253,6 @@ def _backward(ctx, dloss, dstats, dcount):
     return dx, None, None, None
 
 
-_fwd.register_autograd(_backward, setup_context=_setup_context)
 _AUTOGRAD = eager_autograd(_fwd, _fwd_impl, _setup_context, _backward)
 
 

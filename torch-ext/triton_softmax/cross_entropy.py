@@ -657,7 +657,6 @@ def _scaled_grad(g: Tensor, dloss: Tensor, target: Tensor, class_dim: int, ignor
     return (g.to(torch.float32) * d).to(g.dtype)
 
 
-_cross_entropy_bwd.register_autograd(no_second_order, setup_context=no_context)
 _CE_BWD_AUTOGRAD = eager_autograd(_cross_entropy_bwd, _cross_entropy_bwd_impl, no_context, no_second_order)
 
 
@@ -709,8 +708,7 @@ def _backward(ctx, dloss, dg, dapplied):
     return dx, None, None, None, None, None, None, None
 
 
-_cross_entropy_fwd.register_autograd(_backward, setup_context=_setup_context)
-# eager training without the dispatcher: the same setup_context/backward in a torch.autograd.Function
+# the autograd formula, registered, and the same in a torch.autograd.Function for eager training
 _CE_AUTOGRAD = eager_autograd(_cross_entropy_fwd, _cross_entropy_fwd_impl, _setup_context, _backward)
 
 

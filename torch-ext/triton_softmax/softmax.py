@@ -836,7 +836,6 @@ def _bwd_backward(ctx, ddx):
     return ddy, dyy, None, None, None, None, None
 
 
-_softmax_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
 _SOFTMAX_BWD_AUTOGRAD = eager_autograd(_softmax_bwd, _softmax_bwd_impl, _bwd_setup_context, _bwd_backward)
 
 
@@ -865,8 +864,7 @@ def _backward(ctx, dy):
     return dx, dmask, None, None, None, None, None
 
 
-_softmax_fwd.register_autograd(_backward, setup_context=_setup_context)
-# eager training without the dispatcher: the same setup_context/backward in a torch.autograd.Function
+# the autograd formula, registered, and the same in a torch.autograd.Function for eager training
 _SOFTMAX_AUTOGRAD = eager_autograd(_softmax_fwd, _softmax_fwd_impl, _setup_context, _backward)
 
 
