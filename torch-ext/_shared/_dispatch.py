@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-__all__ = ["AUTOGRAD", "IMPL", "OP", "call_op", "eager_autograd", "eager_mode", "fp32_vjp", "inference", "legacy_batched"]
+__all__ = ["AUTOGRAD", "IMPL", "OP", "call_op", "eager_autograd", "eager_mode", "fp32_vjp", "inference",
+           "legacy_batched", "no_second_derivative"]
 
 # Plain tensors: a module's weights are nn.Parameter, which changes nothing for the dispatcher.
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -121,6 +122,20 @@ def eager_autograd(op, impl, setup_context, backward) -> type:
     EagerAutograd.__name__ = EagerAutograd.__qualname__ = f"EagerAutograd_{impl.__name__}"
     EagerAutograd.functorch = _functorch_autograd(op, setup_context, backward)
     return EagerAutograd
+
+
+def no_second_derivative(op, impl, message: str) -> type:
+    """:func:`eager_autograd` for an op that computes a gradient and has no derivative of its own: the formula raises
+    ``RuntimeError(message)`` when it is used (a second derivative through the op), so ``create_graph=True`` that
+    never differentiates the op still works."""
+
+    def setup_context(ctx, inputs, output):
+        pass  # nothing to save: the backward raises
+
+    def backward(ctx, *grads):
+        raise RuntimeError(message)
+
+    return eager_autograd(op, impl, setup_context, backward)
 
 
 def _functorch_autograd(op, setup_context=None, backward=None) -> type:

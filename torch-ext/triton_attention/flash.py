@@ -57,7 +57,7 @@ import triton.language as tl
 
 from . import flash_sm90, flash_sm90_bwd
 from ._device import MAX_GRID_YZ, cdiv, check_dense, check_flag, check_launch_device, is_interpreter, launch_options, next_power_of_2, tma_descriptor_ok
-from ._dispatch import call_op, eager_autograd, inference
+from ._dispatch import call_op, eager_autograd, inference, no_second_derivative
 from ._fastlaunch import FixedLaunch, PlanCache, descriptor_template, meta_items, rebase, signature
 from ._launch import MAX_HEAD_DIM, BwdConfig, FwdConfig, bwd_config_for, fwd_config_for, padded_head_dim
 from ._ops import add_op_namespace_prefix
@@ -1144,20 +1144,14 @@ def _(do, q, k, v, mask, o, lse, scale, causal, bshd, out_bshd, need_dmask):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
 
 
-def _bwd_setup_context(ctx, inputs, output):
-    """Nothing to save: the backward op's own backward raises."""
-
-
-def _bwd_backward(ctx, *grads):
-    """A gradient of the gradient raises, at the second backward, so that ``create_graph=True`` works wherever it
-    does not differentiate attention's backward (a penalty on a gradient that does not flow through dq, dk, dv)."""
-    raise RuntimeError("flash_attention: a gradient of the gradient (create_graph=True) is not supported: its backward "
-                       "(also flash_attention_rope's and the transformers attention function's) has no derivative; "
-                       "for higher-order gradients use torch.nn.functional.scaled_dot_product_attention with the math "
-                       "backend (torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH))")
-
-
-_ATTN_BWD_AUTOGRAD = eager_autograd(_attn_bwd, _attn_bwd_launch, _bwd_setup_context, _bwd_backward)
+# a gradient of the gradient raises, at the second backward, so that create_graph=True works wherever it does not
+# differentiate attention's backward (a penalty on a gradient that does not flow through dq, dk, dv)
+_ATTN_BWD_AUTOGRAD = no_second_derivative(
+    _attn_bwd, _attn_bwd_launch,
+    "flash_attention: a gradient of the gradient (create_graph=True) is not supported: its backward (also "
+    "flash_attention_rope's and the transformers attention function's) has no derivative; for higher-order gradients "
+    "use torch.nn.functional.scaled_dot_product_attention with the math backend "
+    "(torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH))")
 
 
 def _setup_context(ctx, inputs, output):

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ._device import MAX_GRID_YZ, cdiv, check_launch_device, launch_options
-from ._dispatch import call_op, eager_autograd
+from ._dispatch import call_op, eager_autograd, no_second_derivative
 from ._fastlaunch import launch, meta_items
 from ._libm import exp_f32, log_f32, use_libdevice
 from ._ops import add_op_namespace_prefix
@@ -223,18 +223,11 @@ def _(logits, target, stats, count, dloss, ignore_index, reduction):
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
-def no_second_order(ctx, *grads):
-    """The cross-entropy backward ops' own backward (this one, and ``cross_entropy``'s recompute mode, also under
-    ``torch.func``): a gradient of the gradient raises at the second backward, naming what to use instead."""
-    raise RuntimeError("cross_entropy: a gradient of the gradient (create_graph=True) is not supported: its "
-                       "backward has no derivative; use torch.nn.functional.cross_entropy for higher-order gradients")
-
-
-def no_context(ctx, inputs, output):
-    """Nothing to save: the backward op's own backward raises."""
-
-
-_BWD_AUTOGRAD = eager_autograd(_bwd, _bwd_impl, no_context, no_second_order)
+# what the formulas of the cross-entropy backward ops (this one, and cross_entropy's recompute mode, also under
+# torch.func) raise at a second backward: a gradient of the gradient, naming what to use instead
+NO_SECOND_DERIVATIVE = ("cross_entropy: a gradient of the gradient (create_graph=True) is not supported: its "
+                        "backward has no derivative; use torch.nn.functional.cross_entropy for higher-order gradients")
+_BWD_AUTOGRAD = no_second_derivative(_bwd, _bwd_impl, NO_SECOND_DERIVATIVE)
 
 
 def _setup_context(ctx, inputs, output):

@@ -64,12 +64,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._cross_entropy_torch_order import cross_entropy_torch_order, no_context, no_second_order
+from ._cross_entropy_torch_order import NO_SECOND_DERIVATIVE, cross_entropy_torch_order
 from .softmax import _chunk_max_exp, _chunk_start, _max_sumexp_of, _team_load, _team_phases
 from ._team import team_gather, team_gather_pair, team_publish, team_publish_pair, team_start
 from ._common import (LaunchPlan, check_float_tensor, check_real, check_same_device, meta_like, row_layout,
                       row_start, rows_aligned, run_plan, store_rounded)
-from ._dispatch import call_op, eager_autograd, legacy_batched
+from ._dispatch import call_op, eager_autograd, legacy_batched, no_second_derivative
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._launch import PLAN_CACHES, config_for, team_for
 from ._libm import exp_approx, nvidia_approx
@@ -657,7 +657,7 @@ def _scaled_grad(g: Tensor, dloss: Tensor, target: Tensor, class_dim: int, ignor
     return (g.to(torch.float32) * d).to(g.dtype)
 
 
-_CE_BWD_AUTOGRAD = eager_autograd(_cross_entropy_bwd, _cross_entropy_bwd_impl, no_context, no_second_order)
+_CE_BWD_AUTOGRAD = no_second_derivative(_cross_entropy_bwd, _cross_entropy_bwd_impl, NO_SECOND_DERIVATIVE)
 
 
 def _setup_context(ctx, inputs, output):
