@@ -31,7 +31,7 @@ _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 # The batched tensors of PyTorch's legacy vmap (``autograd.grad(is_grads_batched=True)``,
 # ``autograd.functional.jacobian / hessian(vectorize=True)``, which batch the upstream gradients): plain tensors
 # without storage, which the dispatcher's batching fallback runs one slice at a time through the op. Checked only
-# where the implementation has failed (call_op) or on an upstream gradient: a check per tensor and call cost 5% of
+# where the implementation has failed (call_op) or on an upstream gradient: a check per tensor and call cost 4-8% of
 # a small call's host time.
 legacy_batched = torch._C._functorch.is_legacy_batchedtensor
 OP, IMPL, AUTOGRAD, FUNCTORCH = 0, 1, 2, 3
@@ -211,15 +211,23 @@ def call_op(op, impl, *args, autograd=None, infer=None):
 
 def fp32_vjp(model, tensors: tuple, grads: tuple) -> tuple:
     """The double backward of an op that computes a gradient: the vector-Jacobian product of ``model`` (the op's
-    math written as fp32 PyTorch ops, one tensor argument per entry of ``tensors``, returning a tuple of outputs)
-    at fp32 copies of ``tensors``, for the upstream ``grads`` of its outputs (None: a zero gradient). Returns one
-    gradient per tensor, in that tensor's dtype.
+    math written as fp32 PyTorch ops, one argument per entry of ``tensors``, returning a tuple of outputs) at
+    ``tensors`` in fp32, for the upstream ``grads`` of its outputs (None: a zero gradient). An entry of ``tensors``
+    may be None (an absent optional argument): the model gets None there, and its gradient is None. Returns one
+    gradient per entry, in that tensor's dtype.
 
     ``torch.func.vjp``, which functorch transforms allow where ``requires_grad_`` is refused. The tensors are not
     detached: with ``create_graph=True`` the results keep their graph to ``tensors`` and ``grads`` (the model is
     PyTorch ops), so third and higher derivatives are right; detached copies left only the path through ``grads``,
     and a third derivative silently dropped every term through ``tensors``."""
-    outputs, vjp = torch.func.vjp(model, *(t.float() for t in tensors))
+    present = [t for t in tensors if t is not None]
+
+    def of_present(*given):
+        given = iter(given)
+        return model(*(None if t is None else next(given) for t in tensors))
+
+    outputs, vjp = torch.func.vjp(of_present, *(t.float() for t in present))
     cotangents = tuple(torch.zeros_like(o) if g is None else g.float() for o, g in zip(outputs, grads))
-    return tuple(g.to(t.dtype) for g, t in zip(vjp(cotangents), tensors))
+    got = iter(g.to(t.dtype) for g, t in zip(vjp(cotangents), present))
+    return tuple(None if t is None else next(got) for t in tensors)
 

@@ -15,7 +15,6 @@ import torch
 import triton
 import triton.language as tl
 from ._device import check_dense
-from ._dispatch import fp32_vjp
 from ._rounding import round_to
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -195,18 +194,6 @@ def normalized_model(x: torch.Tensor, rstd: torch.Tensor, rms: bool) -> tuple:
 def column_sum(t: torch.Tensor) -> torch.Tensor:
     """``t`` summed over every row (all dims but the last): a weight or bias gradient, in a model."""
     return t.reshape(-1, t.shape[-1]).sum(0)
-
-
-def vjp_of_present(model, tensors: tuple, grads: tuple) -> tuple:
-    """``_dispatch.fp32_vjp`` of ``model`` over ``tensors`` of which some are None (absent optional arguments, given
-    to the model as None): one gradient per entry of ``tensors``, None for an absent one."""
-
-    def of_present(*present):
-        given = iter(present)
-        return model(*(None if t is None else next(given) for t in tensors))
-
-    got = iter(fp32_vjp(of_present, tuple(t for t in tensors if t is not None), grads))
-    return tuple(None if t is None else next(got) for t in tensors)
 
 
 def vector(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

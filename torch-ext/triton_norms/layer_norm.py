@@ -30,13 +30,13 @@ import triton.language as tl
 from ._common import (
     addressed_signature, bwd_op_fake, bwd_op_outputs, check_db_dtype, check_eps, check_float_tensor, check_inputs,
     column_sum, grad_rows, empty_rows, ln_apply, load_grad_chunk, load_grad_raw, load_input_chunk, normalized_model,
-    rows_of, rows_view, store_dx, vector, vjp_of_present,
+    rows_of, rows_view, store_dx, vector,
 )
 from ._exact import ln_exact_forward, ln_exact_plan
 from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
 from ._device import check_launch_device, device_warp_size, launch_options
 from ._ops import add_op_namespace_prefix
-from ._dispatch import AUTOGRAD, IMPL, call_op, eager_autograd, eager_mode
+from ._dispatch import AUTOGRAD, IMPL, call_op, eager_autograd, eager_mode, fp32_vjp
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._torch_order import ORDER_FAST, ORDER_FUSED, fused_vectorized, parse_order
 from ._partials import column_sums
@@ -362,7 +362,7 @@ def _bwd_backward(ctx, ddx, ddres, ddw, ddb):
     dy, dh, x, weight, rstd = ctx.saved_tensors
     dres, need_dw, need_db = ctx.args
     grads = (ddx + ddres if dres else ddx, ddw if need_dw else None, ddb if need_db else None)
-    ddy, ddh, dxx, dweight, _ = vjp_of_present(_bwd_model, (dy, dh, x, weight, rstd), grads)
+    ddy, ddh, dxx, dweight, _ = fp32_vjp(_bwd_model, (dy, dh, x, weight, rstd), grads)
     return ddy, ddh, dxx, dweight, None, None, None, None, None, None
 
 

@@ -32,9 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_eps, check_float_tensor, column_sum, normalized_model, vector, vjp_of_present
+from ._common import check_eps, check_float_tensor, column_sum, normalized_model, vector
 from ._device import MAX_GRID_YZ, cdiv, check_flag, check_launch_device, device_warp_size, is_interpreter, launch_options, next_power_of_2
-from ._dispatch import call_op, eager_autograd
+from ._dispatch import call_op, eager_autograd, fp32_vjp
 from ._fastlaunch import launch, meta_items
 from ._ops import add_op_namespace_prefix
 from ._rounding import round_dtype, round_to
@@ -301,8 +301,8 @@ def _bwd_backward(ctx, ddx, ddsc, ddsh, ddw, ddb):
     dy, x, scale, weight, bias, rstd = ctx.saved_tensors
     rms, need_w, need_b = ctx.args
     grads = (ddx, ddsc, ddsh, ddw if need_w else None, ddb if need_b else None)
-    ddy, dxx, dscale, dweight, dbias, _ = vjp_of_present(lambda *t: _bwd_model(*t, rms),
-                                                         (dy, x, scale, weight, bias, rstd), grads)
+    ddy, dxx, dscale, dweight, dbias, _ = fp32_vjp(lambda *t: _bwd_model(*t, rms), (dy, x, scale, weight, bias, rstd),
+                                                   grads)
     return ddy, dxx, dscale, dweight, dbias, None, None, None, None, None
 
 

@@ -40,13 +40,12 @@ from ._common import (
     addressed_signature, bwd_op_fake, bwd_op_outputs, check_db_dtype, check_float_tensor, check_weight_offset,
     column_sum, grad_rows, load_affine, load_grad_chunk, load_grad_raw, load_input_chunk, normalized_model, store_dx,
     empty_rows, offset_for_kernel, prepare_rms_args, rms_affine, rms_apply, round_to, rows_of, rows_view, vector,
-    vjp_of_present,
 )
 from ._exact import rms_exact_forward, rms_exact_plan
 from ._launch import MAX_FUSED_BYTES, backward_strides, bwd_max_fused_bytes, partial_grid, pick_config
 from ._device import check_launch_device, device_warp_size, is_interpreter, launch_options
 from ._ops import add_op_namespace_prefix
-from ._dispatch import AUTOGRAD, IMPL, call_op, eager_autograd, eager_mode
+from ._dispatch import AUTOGRAD, IMPL, call_op, eager_autograd, eager_mode, fp32_vjp
 from ._fastlaunch import Launch, PlanCache, launch, meta_items
 from ._rounding import round_dtype
 from ._torch_order import ORDER_FAST, ORDER_FUSED, fused_vectorized, parse_order
@@ -399,8 +398,7 @@ def _bwd_backward(ctx, ddx, ddres, ddw, ddb):
     dy, dh, x, weight, rstd = ctx.saved_tensors
     weight_offset, dres, need_dw, need_db = ctx.args
     grads = (ddx + ddres if dres else ddx, ddw if need_dw else None, ddb if need_db else None)
-    ddy, ddh, dxx, dweight, _ = vjp_of_present(lambda *t: _bwd_model(*t, weight_offset), (dy, dh, x, weight, rstd),
-                                               grads)
+    ddy, ddh, dxx, dweight, _ = fp32_vjp(lambda *t: _bwd_model(*t, weight_offset), (dy, dh, x, weight, rstd), grads)
     return ddy, ddh, dxx, dweight, None, None, None, None, None, None, None
 
 
