@@ -13,6 +13,7 @@ dot products: 1e-5 relative.
 
 
 import contextlib
+import copy
 import inspect
 import itertools
 import math
@@ -958,6 +959,47 @@ def test_integration_register_and_kernelize_rotary(attention, installed, device)
     assert_close(after, before.double(), 1e-4 if device == "cpu" else 3e-3)  # TF32 tl.dot on NVIDIA GPUs
     with pytest.raises(ValueError, match="no kernelizable"):
         ta.kernelize_rotary(torch.nn.Linear(2, 2))
+
+
+def test_kernelize_rotary_of_a_deep_copy_swaps_the_function_its_attention_calls(attention, installed, device):
+    """After ``copy.deepcopy`` the model's attached rotary function is a copy, while transformers' attention forward
+    calls the module-level ``apply_rotary_pos_emb``: kernelize_rotary swapped only the copy (it reported 1 and
+    nothing changed). Both are swapped now, and the copy's forward runs RotaryPosEmb's forward."""
+    _skip_without_kernelizable_rotary(device)
+    from kernels import Mode
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama import modeling_llama
+
+    from triton_collection.integrations import transformers_attention as ta
+
+    torch.manual_seed(18)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).eval().to(device)
+    twin = copy.deepcopy(model)
+    func = modeling_llama.apply_rotary_pos_emb
+    attached = vars(twin.model.layers[0].self_attn)["_kernel_funcs"]["rotary_pos_emb"]
+    assert attached is not func and type(attached) is type(func)
+    ids = torch.randint(0, 64, (1, 7)).to(device)
+    with torch.no_grad():
+        before = twin(ids).logits
+    had = vars(func).get("forward")
+    calls = []
+    hook = func.register_forward_hook(lambda module, args, out: calls.append(module.forward.__func__.__qualname__))
+    try:
+        assert ta.kernelize_rotary(twin, mode=Mode.INFERENCE, device=torch.device(device).type) == 2
+        for fn in (func, attached):
+            assert vars(fn)["forward"].__func__.__qualname__ == "RotaryPosEmb.forward"
+        with torch.no_grad():
+            after = twin(ids).logits
+    finally:
+        hook.remove()
+        for fn in (func, attached):
+            vars(fn).pop("forward", None)
+        if had is not None:
+            func.forward = had
+    assert calls == ["RotaryPosEmb.forward"] * cfg.num_hidden_layers
+    assert_close(after, before.double(), 1e-4 if device == "cpu" else 3e-3)
 
 
 @pytest.mark.parametrize("model_type,why", [

@@ -34,7 +34,7 @@ import logging
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .demo import same_tokens
 
@@ -122,9 +122,11 @@ def _timed_once(fn, device: str) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int) -> dict[str, tuple[dict, Any]]:
+def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int,
+             enter: dict | None = None) -> dict[str, tuple[dict, Any]]:
     """Times every model of ``models`` (variant -> model) on ``ids``, the variants alternating within each
-    repeat (order reversed every other repeat); returns variant -> (row of medians, generated tokens)."""
+    repeat (order reversed every other repeat); returns variant -> (row of medians, generated tokens).
+    ``enter``: variant -> a no-argument call run before each of that variant's calls (process-wide swaps)."""
     import torch
 
     mask = torch.ones_like(ids)
@@ -135,7 +137,8 @@ def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int) -
         return model.generate(ids, max_new_tokens=n, min_new_tokens=n, **gen)
 
     with torch.no_grad():
-        for model in models.values():
+        for v, model in models.items():
+            (enter or {}).get(v, _nothing)()
             # warm-up over every length the timed calls reach: Triton JIT / compile, and the first calls at each
             # cache length (H200, session 51: with 4 warm-up tokens eager's first timed repeat ran at 37% of its
             # rate, and the kernelized model, timed after it on the same lengths, did not pay it)
@@ -144,6 +147,7 @@ def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int) -
         for rep in range(repeats):
             for v in (order if rep % 2 == 0 else order[::-1]):
                 model, acc = models[v], samples[v]
+                (enter or {}).get(v, _nothing)()
                 acc["prefill"].append(_timed_once(lambda: model(ids, attention_mask=mask, logits_to_keep=1), device)[0])
                 acc["one"].append(_timed_once(lambda: generate(model, 1), device)[0])
                 t_new, out = _timed_once(lambda: generate(model, new_tokens), device)
@@ -162,6 +166,25 @@ def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int) -
                                      for n, o in zip(acc["new"], acc["one"])]}
         result[v] = (row, outs[-1][:, ids.shape[1]:])
     return result
+
+
+def _nothing() -> None:
+    pass
+
+
+def _forward_state(funcs: list) -> Callable[[], None]:
+    """A call that gives each function module of ``funcs`` back the forward it has now (an instance attribute
+    set by kernels' kernelize, or none: the class's)."""
+    saved = [(fn, vars(fn).get("forward")) for fn in funcs]
+
+    def restore() -> None:
+        for fn, forward in saved:
+            if forward is None:
+                vars(fn).pop("forward", None)
+            else:
+                fn.forward = forward
+
+    return restore
 
 
 def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int = 128, layers: int | None = None,
@@ -183,7 +206,7 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
 
     from .integrations.families import ALL_FAMILIES
     from .integrations.transformers import kernelize
-    from .integrations.transformers_attention import kernelize_rotary
+    from .integrations.transformers_attention import _rotary_modules, kernelize_rotary
 
     tdtype = getattr(torch, dtype)
     model = build_model(name, device=device, dtype=tdtype, layers=layers)
@@ -217,15 +240,21 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
         if on_row is not None:
             on_row(rows)
 
-    models = {"eager": model}
+    models, enter = {"eager": model}, {}
     kernelized = copy.deepcopy(model)  # same weights; kernelize swaps the copy's forwards
     try:
         report = kernelize(kernelized, mode=Mode.INFERENCE, device=device, families=ALL_FAMILIES)
         layers_swapped: dict[str, int] = {}
         for layer in report.swapped.values():
             layers_swapped[layer] = layers_swapped.get(layer, 0) + 1
-        try:  # transformers' kernelizable apply_rotary_pos_emb -> triton-attention's RotaryPosEmb
+        # transformers' kernelizable apply_rotary_pos_emb -> triton-attention's RotaryPosEmb. The swap is
+        # process-wide (the attention forwards call the module-level function, shared with the eager model), so
+        # each variant's calls run with its own forward of those functions
+        rotary = _rotary_modules(kernelized)
+        enter["eager"] = _forward_state(rotary)
+        try:
             layers_swapped["RotaryPosEmb"] = kernelize_rotary(kernelized, mode=Mode.INFERENCE, device=device)
+            enter["kernelize"] = _forward_state(rotary)
         except ValueError as exc:  # the model attaches no kernelizable rotary function
             log.info("e2e %s: rotary not kernelized: %s", name, exc)
         base["swapped"] = layers_swapped
@@ -234,13 +263,15 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
         rows.append(dict(base, variant="kernelize", error=f"kernelize: {type(exc).__name__}: {str(exc)[:300]}"))
     for b in batches:
         try:
-            measured = _measure(models, prompts[b], new_tokens=new_tokens, device=device, repeats=repeats)
+            measured = _measure(models, prompts[b], new_tokens=new_tokens, device=device, repeats=repeats,
+                                enter=enter)
             for variant in models:  # eager first: the others compare with it
                 record(variant, b, measured[variant])
         except Exception as exc:  # noqa: BLE001 - one failing batch must not hide the others
             log.exception("e2e %s batch %d failed", name, b)
             for variant in models:
                 record(variant, b, None, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+    enter.get("eager", _nothing)()  # the eager model as it was, for a compiled run and the caller
     if compile:  # not interleaved: a compiled forward of the eager copy, after the others
         eager_forward = model.forward
         model.forward = torch.compile(eager_forward, dynamic=True)

@@ -23,6 +23,7 @@ the swap applies to that function everywhere in the process, as transformers' ow
 from __future__ import annotations
 
 import logging
+import sys
 from types import ModuleType
 
 import kernels
@@ -76,12 +77,25 @@ def register(name: str = "triton", *, kernel: ModuleType | None = None, org: str
 
 
 def _rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The distinct kernelizable ``rotary_pos_emb`` function modules attached to ``model``'s modules."""
+    """The distinct kernelizable ``rotary_pos_emb`` function modules of ``model``: each one attached to a module
+    (``_kernel_funcs``), and the module-level function of the same class in the file that defines the module's class:
+    the one its forward calls (transformers 5.22's attention forwards call the module-level
+    ``apply_rotary_pos_emb``; after ``copy.deepcopy`` the attached one is a copy that nothing calls)."""
     found: dict[int, torch.nn.Module] = {}
+    globals_of: dict[str, list] = {}  # defining module name -> its module-level function modules
     for module in model.modules():
         for fn in getattr(module, "_kernel_funcs", {}).values():
-            if getattr(type(fn), "kernel_layer_name", None) == ROTARY_NAME:
-                found[id(fn)] = fn
+            if getattr(type(fn), "kernel_layer_name", None) != ROTARY_NAME:
+                continue
+            found[id(fn)] = fn
+            name = type(module).__module__
+            if name not in globals_of:
+                defining = sys.modules.get(name)
+                globals_of[name] = [g for g in vars(defining).values() if isinstance(g, torch.nn.Module)] \
+                    if defining is not None else []
+            for g in globals_of[name]:
+                if type(g) is type(fn):
+                    found[id(g)] = g
     return list(found.values())
 
 
@@ -132,9 +146,13 @@ def kernelize_rotary(model: torch.nn.Module, *, mode: Mode = Mode.INFERENCE, dev
     (:func:`_rotary_mismatch`: bitwise against Llama's formula in fp32, fp16, bf16 and with fp32 cos / sin);
     the others (e.g. NanoChat, GPT-OSS, ESM, ModernBERT, OLMo) are left as they are and logged at WARNING.
 
+    The module-level function that the attention forwards call is swapped with the ones attached to the model's
+    modules (they differ after ``copy.deepcopy``, whose attached copies nothing calls), so the swap applies to
+    every model of that family in the process.
+
     Returns:
-        How many rotary function modules were swapped (at least 1: when none can be, a ValueError is raised
-        instead, so nothing is silently left as it was).
+        How many rotary function modules were swapped, attached and module-level (at least 1: when none can be, a
+        ValueError is raised instead, so nothing is silently left as it was).
 
     Raises:
         TypeError: ``mode`` not a ``kernels.Mode``; ``version`` not an int.
