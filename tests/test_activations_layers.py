@@ -244,6 +244,57 @@ def test_gated_mlp_layer_runs_an_act_fn_with_hooks_or_its_own_forward(activation
     assert A._fusable_activation(mlp.act_fn) == "silu"
 
 
+@pytest.mark.parametrize("kind", ["LlamaMLP", "Phi3MLP"])
+def test_gated_mlp_layer_calls_projections_that_are_not_plain_linears_as_modules(activations, device, kind,
+                                                                                 monkeypatch):
+    """A plain ``nn.Linear`` projection runs as ``F.linear`` on its parameters (no module call); a projection with a
+    hook, an instance forward (accelerate's device-map hooks), a Linear subclass (quantised / LoRA linears) or a
+    patched ``nn.Linear.forward`` is called as a module, so what it does happens: each case changes the output."""
+    A = activations.layers
+    mlp = _mlp(_hf("SiLUActivation"), torch.float32, device, kind=kind)
+    layer = getattr(A, kind).forward
+    projections = ("gate_up_proj", "down_proj") if kind == "Phi3MLP" else ("gate_proj", "up_proj", "down_proj")
+    x = rand((3, 23), torch.float32, device)
+
+    def close(a, b):  # the fused silu(gate) * up is within the interpreter's exp noise of the module's
+        return torch.allclose(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+    with torch.no_grad():
+        plain = layer(mlp, x)
+        assert close(plain, mlp(x))
+        called = []
+        monkeypatch.setattr(nn.Linear, "__call__", lambda self, *a: called.append(self) or nn.Module.__call__(self, *a))
+        assert torch.equal(layer(mlp, x), plain) and called == []  # F.linear directly
+        monkeypatch.undo()
+
+        class Doubled(nn.Linear):  # a Linear subclass with its own forward
+            def forward(self, t):
+                return 2 * super().forward(t)
+
+        for name in projections:
+            proj = getattr(mlp, name)
+            handle = proj.register_forward_hook(lambda m, args, out: out * 3)
+            assert not close(layer(mlp, x), plain) and close(layer(mlp, x), mlp(x)), name
+            handle.remove()
+            proj.forward = lambda t, proj=proj: 2 * F.linear(t, proj.weight, proj.bias)  # an instance forward
+            assert close(layer(mlp, x), mlp(x)) and not close(layer(mlp, x), plain), name
+            del proj.forward
+            proj.__class__ = Doubled
+            assert close(layer(mlp, x), mlp(x)) and not close(layer(mlp, x), plain), name
+            proj.__class__ = nn.Linear
+            handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, args: None)
+            seen = []
+            proj.register_forward_pre_hook(lambda m, args: seen.append(m))
+            layer(mlp, x)
+            handle.remove()
+            assert seen == [proj], name
+            proj._forward_pre_hooks.clear()
+        monkeypatch.setattr(nn.Linear, "forward", lambda self, t: -F.linear(t, self.weight, self.bias))
+        assert close(layer(mlp, x), mlp(x)) and not close(layer(mlp, x), plain)
+        monkeypatch.undo()
+        assert torch.equal(layer(mlp, x), plain)
+
+
 def test_gated_mlp_layer_runs_a_patched_act_class(activations, device, monkeypatch):
     """A class whose forward was replaced (``SiLUActivation.forward = ...``) is not taken for the class it was."""
     A = activations.layers
