@@ -484,6 +484,57 @@ def test_decoder_layer_fuses_the_residual_add_into_its_norm(installed, device, d
         assert torch.equal(hooked, ref_logits)
 
 
+def test_decoder_layer_calls_its_submodules_forward_directly_unless_a_call_would_do_more(installed, device,
+                                                                                        monkeypatch):
+    """The swapped decoder layer runs ``input_layernorm``, ``self_attn`` and ``mlp`` by their forwards (no
+    ``nn.Module.__call__``: a decode step's host time) with the same logits; a hook on any of them (transformers
+    installs forward hooks for output_attentions / output_hidden_states), a global hook or a class with its own
+    ``__call__`` puts the module call back, and what it does happens."""
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    model = _tiny("llama", torch.float32, device)
+    ids = _prompt(device)
+    with torch.no_grad():
+        ref = model(ids).logits
+    kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+    layer = model.model.layers[0]
+    subs = {"input_layernorm": layer.input_layernorm, "self_attn": layer.self_attn, "mlp": layer.mlp}
+    called = []
+    real_call = nn.Module.__call__
+    monkeypatch.setattr(nn.Module, "__call__", lambda self, *a, **k: called.append(self) or real_call(self, *a, **k))
+    with torch.no_grad():
+        plain = model(ids).logits
+    assert not any(m is sub for m in called for sub in subs.values())  # by their forwards
+    monkeypatch.undo()
+    torch.testing.assert_close(plain, ref, rtol=1e-4, atol=1e-4)
+    for name, sub in subs.items():
+        handle = sub.register_forward_hook(
+            lambda m, args, out: (out[0] * 2, *out[1:]) if isinstance(out, tuple) else out * 2)
+        with torch.no_grad():
+            hooked = model(ids).logits
+        handle.remove()
+        assert not torch.allclose(hooked, plain, rtol=1e-3, atol=1e-3), name
+        seen = []
+        handle = nn.modules.module.register_module_forward_pre_hook(lambda m, args: seen.append(m))
+        with torch.no_grad():
+            model(ids)
+        handle.remove()
+        assert sub in seen, name
+
+    class Loud(type(layer.mlp)):  # a class with its own __call__
+        def __call__(self, *args, **kwargs):
+            return 2 * super().__call__(*args, **kwargs)
+
+    original = type(layer.mlp)
+    layer.mlp.__class__ = Loud
+    with torch.no_grad():
+        loud = model(ids).logits
+    layer.mlp.__class__ = original
+    assert not torch.allclose(loud, plain, rtol=1e-3, atol=1e-3)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, plain, rtol=0, atol=0)
+
+
 def test_decoder_layer_probe_and_training(installed, device):
     """The decoder family needs the Llama forward and a llama-family post_attention_layernorm: Gemma's layer (the
     same forward), a forward with one step more and a LayerNorm after attention are refused, naming why; in

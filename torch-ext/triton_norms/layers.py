@@ -79,6 +79,15 @@ def _runs_hooks(module: nn.Module) -> bool:
                 or hooks._global_backward_hooks or hooks._global_backward_pre_hooks)
 
 
+def _call(module: nn.Module, *args, **kwargs):
+    """``module(*args, **kwargs)``, by its ``forward`` directly where that is all the call would run (nn.Module's own
+    ``__call__``, no hook: :func:`_runs_hooks`; not under ``torch.jit.trace``, which names scopes in the call):
+    a decode step's host time (~5 us per module call on our CPU machine)."""
+    if type(module).__call__ is nn.Module.__call__ and not _runs_hooks(module) and not torch._C._get_tracing_state():
+        return module.forward(*args, **kwargs)
+    return module(*args, **kwargs)
+
+
 class LlamaDecoderLayer(nn.Module):
     """transformers' LlamaDecoderLayer (and the decoder layers of the same forward: Mistral, Qwen2, ...) with the
     residual add after attention fused into ``post_attention_layernorm``.
@@ -107,10 +116,10 @@ class LlamaDecoderLayer(nn.Module):
                 position_ids: Optional[torch.Tensor] = None, past_key_values=None, use_cache: Optional[bool] = False,
                 position_embeddings: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, **kwargs) -> torch.Tensor:
         residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-        hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
-                                          position_ids=position_ids, past_key_values=past_key_values,
-                                          use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        hidden_states = _call(self.input_layernorm, hidden_states)
+        hidden_states, _ = _call(self.self_attn, hidden_states=hidden_states, attention_mask=attention_mask,
+                                 position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
+                                 position_embeddings=position_embeddings, **kwargs)
         norm = self.post_attention_layernorm
         if (hidden_states.dtype != residual.dtype or _runs_hooks(norm)
                 or getattr(vars(norm).get("forward"), "__func__", None) is not LlamaRMSNorm.forward):
@@ -123,7 +132,7 @@ class LlamaDecoderLayer(nn.Module):
                 hidden_states, residual, weight, eps=norm.variance_epsilon, cast_dtype=dtype,
                 out_dtype=dtype if weight.dtype == dtype else torch.promote_types(weight.dtype, dtype),
                 torch_order="mean")
-        hidden_states = self.mlp(hidden_states)
+        hidden_states = _call(self.mlp, hidden_states)
         return residual + hidden_states
 
 
