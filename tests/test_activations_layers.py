@@ -249,7 +249,8 @@ def test_gated_mlp_layer_calls_projections_that_are_not_plain_linears_as_modules
                                                                                  monkeypatch):
     """A plain ``nn.Linear`` projection runs as ``F.linear`` on its parameters (no module call); a projection with a
     hook, an instance forward (accelerate's device-map hooks), a Linear subclass (quantised / LoRA linears) or a
-    patched ``nn.Linear.forward`` is called as a module, so what it does happens: each case changes the output."""
+    patched ``nn.Linear.forward`` is called as a module, so what it does happens (each case changes the output), as
+    is one with ``compile()``, under a global ``nn.Module.__call__`` wrapper (non-strict torch.export) or Dynamo."""
     A = activations.layers
     mlp = _mlp(_hf("SiLUActivation"), torch.float32, device, kind=kind)
     layer = getattr(A, kind).forward
@@ -263,7 +264,8 @@ def test_gated_mlp_layer_calls_projections_that_are_not_plain_linears_as_modules
         plain = layer(mlp, x)
         assert close(plain, mlp(x))
         called = []
-        monkeypatch.setattr(nn.Linear, "__call__", lambda self, *a: called.append(self) or nn.Module.__call__(self, *a))
+        real_call = nn.Module._call_impl
+        monkeypatch.setattr(nn.Module, "_call_impl", lambda self, *a: called.append(self) or real_call(self, *a))
         assert torch.equal(layer(mlp, x), plain) and called == []  # F.linear directly
         monkeypatch.undo()
 
@@ -293,6 +295,26 @@ def test_gated_mlp_layer_calls_projections_that_are_not_plain_linears_as_modules
         assert close(layer(mlp, x), mlp(x)) and not close(layer(mlp, x), plain)
         monkeypatch.undo()
         assert torch.equal(layer(mlp, x), plain)
+        # proj.compile() sets the call that nn.Module.__call__ runs instead (a spy here: Dynamo skips a bare
+        # nn.Linear's own frame)
+        for name in projections:
+            proj, compiled = getattr(mlp, name), []
+            proj._compiled_call_impl = lambda *a, proj=proj: compiled.append(1) or proj._call_impl(*a)
+            layer(mlp, x)
+            proj._compiled_call_impl = None
+            assert compiled, name
+        # a global wrapper of nn.Module.__call__ (non-strict torch.export) and Dynamo tracing see each projection
+        wrapped = []
+        monkeypatch.setattr(nn.Module, "__call__", lambda self, *a, **k: wrapped.append(self) or real_call(self, *a))
+        layer(mlp, x)
+        monkeypatch.undo()
+        called.clear()
+        monkeypatch.setattr(nn.Module, "_call_impl", lambda self, *a: called.append(self) or real_call(self, *a))
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        layer(mlp, x)
+        monkeypatch.undo()
+        for name in projections:
+            assert getattr(mlp, name) in wrapped and getattr(mlp, name) in called, name
 
 
 def test_gated_mlp_layer_runs_a_patched_act_class(activations, device, monkeypatch):

@@ -964,7 +964,8 @@ def test_integration_register_and_kernelize_rotary(attention, installed, device)
 def test_kernelize_rotary_of_a_deep_copy_swaps_the_function_its_attention_calls(attention, installed, device):
     """After ``copy.deepcopy`` the model's attached rotary function is a copy, while transformers' attention forward
     calls the module-level ``apply_rotary_pos_emb``: kernelize_rotary swapped only the copy (it reported 1 and
-    nothing changed). Both are swapped now, and the copy's forward runs RotaryPosEmb's forward."""
+    nothing changed). Both are swapped now, and the copy's forward runs RotaryPosEmb's forward; also where the
+    attention class is a subclass defined elsewhere (its inherited forward calls its base's module-level function)."""
     _skip_without_kernelizable_rotary(device)
     from kernels import Mode
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -1000,6 +1001,27 @@ def test_kernelize_rotary_of_a_deep_copy_swaps_the_function_its_attention_calls(
             func.forward = had
     assert calls == ["RotaryPosEmb.forward"] * cfg.num_hidden_layers
     assert_close(after, before.double(), 1e-4 if device == "cpu" else 3e-3)
+
+    class MyAttention(modeling_llama.LlamaAttention):  # defined here: its forward is LlamaAttention's
+        pass
+
+    for i, layer in enumerate(model.model.layers):
+        mine = MyAttention(cfg, i).to(device)
+        mine.load_state_dict(layer.self_attn.state_dict())
+        layer.self_attn = mine
+    twin = copy.deepcopy(model)
+    calls.clear()
+    hook = func.register_forward_hook(lambda module, args, out: calls.append(module.forward.__func__.__qualname__))
+    try:  # the inherited forward's module-level function is found through the class's bases
+        assert ta.kernelize_rotary(twin, mode=Mode.INFERENCE, device=torch.device(device).type) == 2
+        with torch.no_grad():
+            twin(ids)
+    finally:
+        hook.remove()
+        vars(func).pop("forward", None)
+        if had is not None:
+            func.forward = had
+    assert calls == ["RotaryPosEmb.forward"] * cfg.num_hidden_layers
 
 
 @pytest.mark.parametrize("model_type,why", [

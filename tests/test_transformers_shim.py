@@ -488,8 +488,9 @@ def test_decoder_layer_calls_its_submodules_forward_directly_unless_a_call_would
                                                                                         monkeypatch):
     """The swapped decoder layer runs ``input_layernorm``, ``self_attn`` and ``mlp`` by their forwards (no
     ``nn.Module.__call__``: a decode step's host time) with the same logits; a hook on any of them (transformers
-    installs forward hooks for output_attentions / output_hidden_states), a global hook or a class with its own
-    ``__call__`` puts the module call back, and what it does happens."""
+    installs forward hooks for output_attentions / output_hidden_states), a global hook, a class with its own
+    ``__call__``, ``module.compile()``, a global wrapper of ``nn.Module.__call__`` (non-strict torch.export) or
+    Dynamo tracing puts the module call back, and what it does happens."""
     from triton_collection.integrations.families import ALL_FAMILIES
 
     model = _tiny("llama", torch.float32, device)
@@ -500,8 +501,8 @@ def test_decoder_layer_calls_its_submodules_forward_directly_unless_a_call_would
     layer = model.model.layers[0]
     subs = {"input_layernorm": layer.input_layernorm, "self_attn": layer.self_attn, "mlp": layer.mlp}
     called = []
-    real_call = nn.Module.__call__
-    monkeypatch.setattr(nn.Module, "__call__", lambda self, *a, **k: called.append(self) or real_call(self, *a, **k))
+    real_call = nn.Module._call_impl
+    monkeypatch.setattr(nn.Module, "_call_impl", lambda self, *a, **k: called.append(self) or real_call(self, *a, **k))
     with torch.no_grad():
         plain = model(ids).logits
     assert not any(m is sub for m in called for sub in subs.values())  # by their forwards
@@ -531,6 +532,30 @@ def test_decoder_layer_calls_its_submodules_forward_directly_unless_a_call_would
         loud = model(ids).logits
     layer.mlp.__class__ = original
     assert not torch.allclose(loud, plain, rtol=1e-3, atol=1e-3)
+    # module.compile(): its compiled call runs
+    for name, sub in subs.items():
+        compiled = []
+        sub.compile(backend=lambda gm, example, name=name: compiled.append(name) or gm.forward)
+        with torch.no_grad():
+            model(ids)
+        sub._compiled_call_impl = None
+        assert compiled, name
+    # a global wrapper of nn.Module.__call__ (non-strict torch.export records module scopes this way) sees each call
+    wrapped = []
+    monkeypatch.setattr(nn.Module, "__call__", lambda self, *a, **k: wrapped.append(self) or real_call(self, *a, **k))
+    with torch.no_grad():
+        model(ids)
+    monkeypatch.undo()
+    assert all(sub in wrapped for sub in subs.values())
+    # traced by Dynamo (strict torch.export, torch.compile of the model): module calls, whose scopes it records
+    called.clear()
+    monkeypatch.setattr(nn.Module, "_call_impl", lambda self, *a, **k: called.append(self) or real_call(self, *a, **k))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    layer(ids.new_zeros(()).float().expand(1, ids.shape[1], _TINY["hidden_size"]).clone(),
+          position_embeddings=model.model.rotary_emb(torch.zeros(1, ids.shape[1], _TINY["hidden_size"], device=device),
+                                                     torch.arange(ids.shape[1], device=device)[None]))
+    monkeypatch.undo()
+    assert all(sub in called for sub in subs.values())
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, plain, rtol=0, atol=0)
 

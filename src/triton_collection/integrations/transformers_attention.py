@@ -88,14 +88,14 @@ def _rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
             if getattr(type(fn), "kernel_layer_name", None) != ROTARY_NAME:
                 continue
             found[id(fn)] = fn
-            name = type(module).__module__
-            if name not in globals_of:
-                defining = sys.modules.get(name)
-                globals_of[name] = [g for g in vars(defining).values() if isinstance(g, torch.nn.Module)] \
-                    if defining is not None else []
-            for g in globals_of[name]:
-                if type(g) is type(fn):
-                    found[id(g)] = g
+            for name in {c.__module__ for c in type(module).__mro__}:  # an inherited forward's module too
+                if name not in globals_of:
+                    defining = sys.modules.get(name)
+                    globals_of[name] = [g for g in vars(defining).values() if isinstance(g, torch.nn.Module)] \
+                        if defining is not None else []
+                for g in globals_of[name]:
+                    if type(g) is type(fn):
+                        found[id(g)] = g
     return list(found.values())
 
 
