@@ -37,11 +37,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules import module as _nn_module
 
 from . import functional
 from ._autocast import autocast_to
 from ._common import GATED_ACTIVATIONS
+from ._modules import project, unwatched_state
 from .functional import (
     act_and_mul, fatrelu_and_mul, gelu, gelu_and_mul, gelu_fast, gelu_new, gelu_quick, gelu_tanh, gelu_tanh_and_mul,
     mul_and_silu, silu, silu_and_mul,
@@ -380,8 +380,8 @@ class LlamaMLP(nn.Module):
         activation = _fusable_activation(self.act_fn)
         if activation is None:
             return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-        gated = act_and_mul(_project(self.gate_proj, x), _project(self.up_proj, x), activation=activation)
-        return _project(self.down_proj, gated)
+        gated = act_and_mul(project(self.gate_proj, x), project(self.up_proj, x), activation=activation)
+        return project(self.down_proj, gated)
 
 
 class Phi3MLP(nn.Module):
@@ -412,7 +412,7 @@ class Phi3MLP(nn.Module):
             gate, up = self.gate_up_proj(hidden_states).chunk(2, dim=-1)
             return self.down_proj(up * self.activation_fn(gate))
         gated = _GATED_OPS[activation]
-        return _project(self.down_proj, gated(_project(self.gate_up_proj, hidden_states), rounding="eager"))
+        return project(self.down_proj, gated(project(self.gate_up_proj, hidden_states), rounding="eager"))
 
 
 # act_and_mul's activation -> the public gated op on one tensor's halves (_common's table of the two)
@@ -429,7 +429,7 @@ def _fusable_activation(act) -> str | None:
     """``act_and_mul``'s activation equal to calling ``act`` (a module), or None when ``act`` must run itself:
     an unknown class, a class whose ``forward`` was replaced, module hooks (its own or global ones: the module
     call would run them) or an instance ``forward`` other than this package's layers'."""
-    state = _unwatched_state(act)
+    state = unwatched_state(act)
     if state is None:
         return None
     own = state.get("forward")
@@ -449,41 +449,6 @@ def _fusable_activation(act) -> str | None:
     if cls is nn.GELU:
         return {"none": "gelu", "tanh": "gelu_tanh"}.get(act.approximate)
     return None
-
-
-def _unwatched_state(module) -> dict | None:
-    """``module.__dict__`` where ``module`` is an ``nn.Module`` that no hook watches (its own forward, forward-pre
-    and backward hooks, global module hooks: calling it would run them), else None."""
-    try:
-        state = module.__dict__
-        if (state["_forward_hooks"] or state["_forward_pre_hooks"] or state["_backward_hooks"]
-                or state["_backward_pre_hooks"]):
-            return None
-    except (AttributeError, KeyError):  # not an nn.Module
-        return None
-    if (_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
-            or _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks):
-        return None
-    return state
-
-
-# nn.Linear's own forward (None where something patched it before this import: then never bypassed)
-_LINEAR_FORWARD = nn.Linear.forward if (nn.Linear.forward.__module__, nn.Linear.forward.__qualname__) == (
-    "torch.nn.modules.linear", "Linear.forward") else None
-
-
-def _project(proj, x: torch.Tensor) -> torch.Tensor:
-    """``proj(x)``: ``F.linear`` itself where that is all the call would run (an ``nn.Linear``, not a subclass, with
-    nn.Linear's own forward and ``__call__`` (no global wrapper such as non-strict ``torch.export``'s), no instance
-    forward, no ``compile()``, no hooks, not traced by Dynamo), saving the module call's host time (~5 us per
-    projection on our CPU machine); otherwise the module call (quantised, LoRA and parametrized linears are other
-    classes; accelerate's device-map hooks set an instance forward)."""
-    if (type(proj) is nn.Linear and nn.Linear.forward is _LINEAR_FORWARD
-            and nn.Linear.__call__ is nn.Module._wrapped_call_impl and not torch.compiler.is_compiling()):
-        state = _unwatched_state(proj)
-        if state is not None and "forward" not in state and state.get("_compiled_call_impl") is None:
-            return F.linear(x, proj.weight, proj.bias)  # attributes: torch.func.functional_call swaps them
-    return proj(x)
 
 
 _OWN_FORWARDS: dict = {}  # act class -> its forward, where that is the class's own (checked once per class)

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from ._autocast import autocast_to, cast
+from ._modules import call, runs_hooks
 from .layer_norm import layer_norm
 from .rms_norm import add_rms_norm, rms_norm
 
@@ -70,29 +71,6 @@ class LlamaRMSNorm(nn.Module):
                         torch_order="mean")
 
 
-def _runs_hooks(module: nn.Module) -> bool:
-    """Whether calling ``module`` would run any hook (``nn.Module._call_impl``'s test): its own forward, forward-pre
-    and backward hooks, or global module hooks (``torch.nn.modules.module.register_module_forward_hook`` ...)."""
-    hooks = torch.nn.modules.module
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks or hooks._global_forward_hooks or hooks._global_forward_pre_hooks
-                or hooks._global_backward_hooks or hooks._global_backward_pre_hooks)
-
-
-_MODULE_CALL = nn.Module._wrapped_call_impl  # nn.Module.__call__, unless replaced (a global wrapper: torch.export)
-
-
-def _call(module: nn.Module, *args, **kwargs):
-    """``module(*args, **kwargs)``, by its ``forward`` directly where that is all the call would run: nn.Module's
-    own ``__call__`` (not a subclass's, nor a global wrapper such as non-strict ``torch.export``'s), no
-    ``module.compile()``, no hook (:func:`_runs_hooks`), not traced (``torch.jit.trace``, Dynamo: both record the
-    module scopes in the call). Saves a decode step's host time (~5 us per module call on our CPU machine)."""
-    if (type(module).__call__ is _MODULE_CALL and module.__dict__.get("_compiled_call_impl") is None
-            and not _runs_hooks(module) and not torch._C._get_tracing_state() and not torch.compiler.is_compiling()):
-        return module.forward(*args, **kwargs)
-    return module(*args, **kwargs)
-
-
 class LlamaDecoderLayer(nn.Module):
     """transformers' LlamaDecoderLayer (and the decoder layers of the same forward: Mistral, Qwen2, ...) with the
     residual add after attention fused into ``post_attention_layernorm``.
@@ -100,11 +78,12 @@ class LlamaDecoderLayer(nn.Module):
     ``h = residual + attn_out`` (rounded to the model dtype) and ``LlamaRMSNorm(h)`` come from one
     ``add_rms_norm(attn_out, residual, w, eps, cast_dtype=h.dtype, torch_order="mean")``: the same bits as the two
     steps on CUDA. Everything else is the module's own (``input_layernorm``, ``self_attn``, ``mlp``, and the second
-    residual add). The fusion needs ``post_attention_layernorm`` to run this package's LlamaRMSNorm layer (kernelize
-    swaps it there only after its class probed as a llama-family norm): otherwise (a norm left as it was, replaced
-    after kernelize, or swapped for something else), where calling it would run a hook (its forward, forward-pre or
-    backward hooks, global module hooks), or where the attention output and the residual differ in dtype (torch
-    would promote), the layer takes the original steps.
+    residual add); the three sub-modules run by their forwards where their call would run nothing else
+    (:func:`._modules.call`: no hooks, compile, tracing). The fusion needs ``post_attention_layernorm`` to run this
+    package's LlamaRMSNorm layer (kernelize swaps it there only after its class probed as a llama-family norm):
+    otherwise (a norm left as it was, replaced after kernelize, or swapped for something else), where calling it
+    would run a hook (its forward, forward-pre or backward hooks, global module hooks), or where the attention output
+    and the residual differ in dtype (torch would promote), the layer takes the original steps.
 
     Shapes: hidden_states (batch, seq, hidden), fp16/bf16/fp32; the rest as the replaced module's forward.
     """
@@ -121,12 +100,12 @@ class LlamaDecoderLayer(nn.Module):
                 position_ids: Optional[torch.Tensor] = None, past_key_values=None, use_cache: Optional[bool] = False,
                 position_embeddings: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, **kwargs) -> torch.Tensor:
         residual = hidden_states
-        hidden_states = _call(self.input_layernorm, hidden_states)
-        hidden_states, _ = _call(self.self_attn, hidden_states=hidden_states, attention_mask=attention_mask,
-                                 position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
-                                 position_embeddings=position_embeddings, **kwargs)
+        hidden_states = call(self.input_layernorm, hidden_states)
+        hidden_states, _ = call(self.self_attn, hidden_states=hidden_states, attention_mask=attention_mask,
+                                position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
+                                position_embeddings=position_embeddings, **kwargs)
         norm = self.post_attention_layernorm
-        if (hidden_states.dtype != residual.dtype or _runs_hooks(norm)
+        if (hidden_states.dtype != residual.dtype or runs_hooks(norm)
                 or getattr(vars(norm).get("forward"), "__func__", None) is not LlamaRMSNorm.forward):
             hidden_states = residual + hidden_states
             residual = hidden_states
@@ -137,7 +116,7 @@ class LlamaDecoderLayer(nn.Module):
                 hidden_states, residual, weight, eps=norm.variance_epsilon, cast_dtype=dtype,
                 out_dtype=dtype if weight.dtype == dtype else torch.promote_types(weight.dtype, dtype),
                 torch_order="mean")
-        hidden_states = _call(self.mlp, hidden_states)
+        hidden_states = call(self.mlp, hidden_states)
         return residual + hidden_states
 
 
