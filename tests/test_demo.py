@@ -29,14 +29,17 @@ def test_smollm2_same_tokens_with_kernels(installed, device):
     assert result.tokens_equal
     assert "Paris" in result.answer and result.answer == result.baseline_answer
     layers = list(result.swapped.values())
-    # 30 layers x 2 + final norm (LlamaRMSNorm), the 30 MLPs and the SiLU of each, the 30 decoder layers
+    # 30 layers x 2 + final norm (LlamaRMSNorm), the 30 MLPs and the SiLU of each, the 30 decoder layers, the 30
+    # attentions
     assert (layers.count("LlamaRMSNorm"), layers.count("LlamaMLP"), layers.count("SiLUActivation"),
-            layers.count("LlamaDecoderLayer"), len(layers)) == (61, 30, 30, 30, 151)
-    # one op call per norm and per MLP (act_fn(gate) * up; the MLP layer does not call its act_fn) per forward:
-    # prefill + one per further token; a decoder layer's post-attention norm is its add_rms_norm call
-    assert result.kernel_calls == (61 + 30) * result.new_tokens
-    norms_ns, act_ns = result.namespace.split(", ")
+            layers.count("LlamaDecoderLayer"), layers.count("LlamaAttention"), len(layers)) == (61, 30, 30, 30, 30, 181)
+    # one op call per norm and per MLP (act_fn(gate) * up; the MLP layer does not call its act_fn), two per attention
+    # (its rotary: q and k) per forward: prefill + one per further token; a decoder layer's post-attention norm is
+    # its add_rms_norm call
+    assert result.kernel_calls == (61 + 30 + 2 * 30) * result.new_tokens
+    norms_ns, act_ns, attention_ns = result.namespace.split(", ")
     assert norms_ns.startswith("_triton_norms_") and act_ns.startswith("_triton_activations_")
+    assert attention_ns.startswith("_triton_attention_")
 
 
 def _args(**overrides) -> argparse.Namespace:

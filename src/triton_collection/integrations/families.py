@@ -48,8 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ACTIVATION_FAMILIES", "ALL_FAMILIES", "FAMILIES", "Family", "KERNEL_DTYPES", "LLAMA_DECODER",
-           "ProbeResult", "STRUCTURE_FAMILIES", "candidate_families", "probe", "signature_form"]
+__all__ = ["ACTIVATION_FAMILIES", "ALL_FAMILIES", "FAMILIES", "Family", "KERNEL_DTYPES", "LLAMA_ATTENTION",
+           "LLAMA_DECODER", "ProbeResult", "STRUCTURE_FAMILIES", "candidate_families", "probe", "signature_form"]
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 """The floating dtypes every triton-collection kernel and layer takes (the shims refuse models holding others)."""
@@ -58,6 +58,8 @@ NORMS_PACKAGE = "triton-norms"
 """Hub package (``<org>/triton-norms``) that serves the norm families."""
 ACTIVATIONS_PACKAGE = "triton-activations"
 """Hub package (``<org>/triton-activations``) that serves the activation families."""
+ATTENTION_PACKAGE = "triton-attention"
+"""Hub package (``<org>/triton-attention``) that serves the attention family."""
 
 
 def _normalise_fp32(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -217,12 +219,13 @@ ACTIVATION_FAMILIES: tuple[Family, ...] = (*_HF_ACTIVATIONS.values(), GATED_MLP,
 """transformers' decorated activation classes and gated MLPs (``kernelize(..., families=ALL_FAMILIES)``)."""
 
 
-def _ref_decoder_layer(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    raise NotImplementedError("a decoder layer is classified by its form and its norm's probe, not run")
+def _ref_by_form(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError("a decoder layer or an attention is classified by its form and probes of its parts, "
+                              "not run")
 
 
 LLAMA_DECODER = Family(
-    "llama_decoder", "LlamaDecoderLayer", NORMS_PACKAGE, _ref_decoder_layer,
+    "llama_decoder", "LlamaDecoderLayer", NORMS_PACKAGE, _ref_by_form,
     ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"),
     frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}),
     forms=("def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,\n"
@@ -241,10 +244,36 @@ LLAMA_DECODER = Family(
 """transformers' Llama-form decoder layers (transformers 5.x): the residual add after attention and
 ``post_attention_layernorm`` in one ``add_rms_norm``; mapped where the class's forward is this one (up to
 annotations and a docstring) and its ``post_attention_layernorm`` probes as the ``llama`` family."""
-STRUCTURE_FAMILIES: tuple[Family, ...] = (LLAMA_DECODER,)
+LLAMA_ATTENTION = Family(
+    "llama_attention", "LlamaAttention", ATTENTION_PACKAGE, _ref_by_form,
+    ("q_proj", "k_proj", "v_proj", "o_proj", "config", "head_dim", "layer_idx", "scaling", "attention_dropout"),
+    frozenset({"LlamaAttention"}),
+    forms=("def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,\n"
+           "            **kwargs):\n"
+           "    input_shape = hidden_states.shape[:-1]\n"
+           "    hidden_shape = (*input_shape, -1, self.head_dim)\n"
+           "    query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
+           "    key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
+           "    value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
+           "    cos, sin = position_embeddings\n"
+           "    query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)\n"
+           "    if past_key_values is not None:\n"
+           "        key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)\n"
+           "    attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(\n"
+           "        self.config._attn_implementation, eager_attention_forward)\n"
+           "    attn_output, attn_weights = attention_interface(self, query_states, key_states, value_states,\n"
+           "        attention_mask, dropout=0.0 if not self.training else self.attention_dropout,\n"
+           "        scaling=self.scaling, **kwargs)\n"
+           "    attn_output = attn_output.reshape(*input_shape, -1).contiguous()\n"
+           "    attn_output = self.o_proj(attn_output)\n"
+           "    return attn_output, attn_weights\n",))
+"""transformers' Llama-form attention (transformers 5.x): the rotary embedding in one kernel; mapped where the
+class's forward is this one (up to annotations and a docstring) and the ``apply_rotary_pos_emb`` it calls computes
+Llama's formula bit for bit (:func:`_rotary_mismatch`)."""
+STRUCTURE_FAMILIES: tuple[Family, ...] = (LLAMA_DECODER, LLAMA_ATTENTION)
 """Layers that fuse steps across a model's modules (``kernelize(..., families=ALL_FAMILIES)``)."""
 ALL_FAMILIES: tuple[Family, ...] = FAMILIES + ACTIVATION_FAMILIES + STRUCTURE_FAMILIES
-"""Norms, activations, gated MLPs and decoder layers."""
+"""Norms, activations, gated MLPs, decoder layers and attentions."""
 
 _HF_RMS_FAMILIES = (LLAMA, FP32_WEIGHT, GEMMA)
 _HF_KERNEL_LAYER_NAMES = {"RMSNorm", "RMSNormZeroCentered"}  # transformers' decorator names
@@ -282,6 +311,8 @@ def candidate_families(module: nn.Module) -> tuple[Family, ...]:
         return (GATED_MLP,)
     if all(isinstance(getattr(module, a, None), nn.Module) for a in LLAMA_DECODER.attrs):
         return (LLAMA_DECODER,)
+    if all(isinstance(getattr(module, a, None), nn.Module) for a in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        return (LLAMA_ATTENTION,)
     if _is_gate_up_mlp(module):
         return (GATE_UP_MLP,)
     # `kernel_layer_name` is read from the class dict of the transformers-decorated class only.
@@ -328,10 +359,19 @@ def forward_form(source: str) -> str | None:
     return ast.dump(ast.Module(body=[Rename().visit(s) for s in body], type_ignores=[]), annotate_fields=False)
 
 
+class _DropAnnotation(ast.NodeTransformer):
+    """``x: T = v`` -> ``x = v`` (the same statement at run time); a declaration without a value stays."""
+
+    def visit_AnnAssign(self, node: ast.AnnAssign):
+        if node.value is None:
+            return node
+        return ast.Assign(targets=[node.target], value=node.value, type_comment=None)
+
+
 def signature_form(source: str) -> str | None:
     """The shape of a ``forward``'s whole definition (parameters, defaults and body; names kept) without its
-    docstring and annotations; None for anything but an undecorated ``def`` (or for a body with an annotated
-    assignment, which this comparison does not normalise)."""
+    docstring and annotations (of parameters and of assignments with a value); None for anything but an
+    undecorated ``def``, or for a body with an annotation without a value (not normalised)."""
     fn, body = _plain_def(source)
     if fn is None:
         return None
@@ -339,12 +379,52 @@ def signature_form(source: str) -> str | None:
     for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
         if a is not None:
             a.annotation = None
+    body = [_DropAnnotation().visit(s) for s in body]
     for node in ast.walk(ast.Module(body=body, type_ignores=[])):
         if isinstance(node, ast.AnnAssign):
             return None
     return ast.dump(ast.Module(body=[ast.FunctionDef(name="forward", args=args, body=body, decorator_list=[],
                                                      returns=None, type_comment=None, type_params=[])],
                                type_ignores=[]), annotate_fields=False)
+
+
+def _llama_rotary(q, k, cos, sin, unsqueeze_dim=1):
+    """The formula ``RotaryPosEmb`` reproduces bit for bit: transformers' Llama ``apply_rotary_pos_emb``
+    (``x * cos + rotate_half(x) * sin``, ``rotate_half(x) = cat(-x2, x1)``, each op in the promoted dtype)."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def _rotary_mismatch(fn: torch.nn.Module, seed: int = 0) -> str | None:
+    """Why the function module ``fn`` is not one ``RotaryPosEmb`` replaces exactly, or None: its own forward (the
+    class's, not a kernelized one) against :func:`_llama_rotary` on random q [1, 4, 8, 16], k [1, 2, 8, 16] and
+    Llama-form cos / sin [1, 8, 16] (angles repeated over the two halves), in fp32, fp16 and bf16 and with fp16 /
+    bf16 q and k against fp32 cos / sin: output dtypes, shapes and every bit must agree. 13 of transformers
+    5.22's 97 functions differ (NanoChat's opposite rotation, GPT-OSS's half-width cos, ESM's and ModernBERT's
+    fp32 math, OLMo's cast back to q's dtype)."""
+    forward = type(fn).forward if isinstance(fn, nn.Module) else lambda _, *args: fn(*args)  # or a plain function
+    gen = torch.Generator().manual_seed(seed)
+    for dtype, trig_dtype in ((torch.float32,) * 2, (torch.float16,) * 2, (torch.bfloat16,) * 2,
+                              (torch.float16, torch.float32), (torch.bfloat16, torch.float32)):
+        q, k = torch.randn(1, 4, 8, 16, generator=gen).to(dtype), torch.randn(1, 2, 8, 16, generator=gen).to(dtype)
+        angles = (torch.rand(1, 8, 8, generator=gen) * 6).repeat(1, 1, 2)
+        cos, sin = angles.cos().to(trig_dtype), angles.sin().to(trig_dtype)
+        want = _llama_rotary(q, k, cos, sin)
+        try:
+            got = forward(fn, q, k, cos, sin)
+        except Exception as err:  # noqa: BLE001 -- any failure of the probe call is a refusal, reported
+            return f"its forward fails on Llama-form inputs ({dtype}, cos {trig_dtype}): {type(err).__name__}: {err}"
+        if not (isinstance(got, (tuple, list)) and len(got) == 2
+                and all(isinstance(g, torch.Tensor) and g.dtype == w.dtype and g.shape == w.shape
+                        and torch.equal(g, w) for g, w in zip(got, want))):
+            return (f"its values differ from Llama's apply_rotary_pos_emb ({dtype} q/k, {trig_dtype} cos/sin), "
+                    "which RotaryPosEmb reproduces")
+    return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -371,6 +451,31 @@ def _probe_decoder(module: nn.Module) -> ProbeResult:
         return ProbeResult(None, f"its post_attention_layernorm is not a LlamaRMSNorm-family norm ({norm.reason})")
     return ProbeResult(LLAMA_DECODER, "its forward is the Llama decoder layer's and its post_attention_layernorm "
                                       "probes as llama")
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_forms() -> frozenset:
+    return frozenset(signature_form(f) for f in LLAMA_ATTENTION.forms)
+
+
+def _probe_attention(module: nn.Module) -> ProbeResult:
+    """A Llama-form attention: its class's forward is the family's form, the module has what the layer reads, and
+    the ``apply_rotary_pos_emb`` that forward calls (its module's) computes Llama's formula bit for bit."""
+    forward = type(module).forward
+    if _class_signature_form(forward) not in _attention_forms():
+        return ProbeResult(None, "its forward is not the Llama attention's that the LlamaAttention layer reproduces")
+    missing = _missing_attrs(module, LLAMA_ATTENTION)
+    if missing:
+        return ProbeResult(None, f"it lacks attributes the LlamaAttention layer reads ({', '.join(missing)})")
+    names = getattr(forward, "__globals__", {})
+    absent = [n for n in ("ALL_ATTENTION_FUNCTIONS", "eager_attention_forward", "apply_rotary_pos_emb")
+              if n not in names]
+    if absent:
+        return ProbeResult(None, f"its forward's module has no {', '.join(absent)}")
+    why = _rotary_mismatch(names["apply_rotary_pos_emb"])
+    if why is not None:
+        return ProbeResult(None, f"the apply_rotary_pos_emb its forward calls is not Llama's: {why}")
+    return ProbeResult(LLAMA_ATTENTION, "its forward is the Llama attention's and its apply_rotary_pos_emb is Llama's")
 
 
 @functools.lru_cache(maxsize=None)
@@ -462,6 +567,8 @@ def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed
         return ProbeResult(None, "not a class the collection's layers serve")
     if families == (LLAMA_DECODER,):
         return _probe_decoder(module)
+    if families == (LLAMA_ATTENTION,):
+        return _probe_attention(module)
     problem = _structure_problem(module)
     if problem is not None:
         return ProbeResult(None, problem)

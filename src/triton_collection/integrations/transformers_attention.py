@@ -31,6 +31,7 @@ import torch
 from kernels import Mode
 
 from .. import DEFAULT_ORG
+from .families import _llama_rotary, _rotary_mismatch  # noqa: F401 - the rotary probe lives with the others
 from .transformers import _check_hub_args, _check_mode, _device_type, _load_layer, _repository
 
 __all__ = ["PACKAGE", "kernelize_rotary", "load", "register"]
@@ -97,45 +98,6 @@ def _rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
                     if type(g) is type(fn):
                         found[id(g)] = g
     return list(found.values())
-
-
-def _llama_rotary(q, k, cos, sin, unsqueeze_dim=1):
-    """The formula ``RotaryPosEmb`` reproduces bit for bit: transformers' Llama ``apply_rotary_pos_emb``
-    (``x * cos + rotate_half(x) * sin``, ``rotate_half(x) = cat(-x2, x1)``, each op in the promoted dtype)."""
-    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-
-    def rotate_half(x):
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-
-
-def _rotary_mismatch(fn: torch.nn.Module, seed: int = 0) -> str | None:
-    """Why the function module ``fn`` is not one ``RotaryPosEmb`` replaces exactly, or None: its own forward (the
-    class's, not a kernelized one) against :func:`_llama_rotary` on random q [1, 4, 8, 16], k [1, 2, 8, 16] and
-    Llama-form cos / sin [1, 8, 16] (angles repeated over the two halves), in fp32, fp16 and bf16 and with fp16 /
-    bf16 q and k against fp32 cos / sin: output dtypes, shapes and every bit must agree. 13 of transformers
-    5.22's 97 functions differ (NanoChat's opposite rotation, GPT-OSS's half-width cos, ESM's and ModernBERT's
-    fp32 math, OLMo's cast back to q's dtype)."""
-    forward = type(fn).forward
-    gen = torch.Generator().manual_seed(seed)
-    for dtype, trig_dtype in ((torch.float32,) * 2, (torch.float16,) * 2, (torch.bfloat16,) * 2,
-                              (torch.float16, torch.float32), (torch.bfloat16, torch.float32)):
-        q, k = torch.randn(1, 4, 8, 16, generator=gen).to(dtype), torch.randn(1, 2, 8, 16, generator=gen).to(dtype)
-        angles = (torch.rand(1, 8, 8, generator=gen) * 6).repeat(1, 1, 2)
-        cos, sin = angles.cos().to(trig_dtype), angles.sin().to(trig_dtype)
-        want = _llama_rotary(q, k, cos, sin)
-        try:
-            got = forward(fn, q, k, cos, sin)
-        except Exception as err:  # noqa: BLE001 -- any failure of the probe call is a refusal, reported
-            return f"its forward fails on Llama-form inputs ({dtype}, cos {trig_dtype}): {type(err).__name__}: {err}"
-        if not (isinstance(got, (tuple, list)) and len(got) == 2
-                and all(isinstance(g, torch.Tensor) and g.dtype == w.dtype and g.shape == w.shape
-                        and torch.equal(g, w) for g, w in zip(got, want))):
-            return (f"its values differ from Llama's apply_rotary_pos_emb ({dtype} q/k, {trig_dtype} cos/sin), "
-                    "which RotaryPosEmb reproduces")
-    return None
 
 
 def kernelize_rotary(model: torch.nn.Module, *, mode: Mode = Mode.INFERENCE, device: str | None = None,
