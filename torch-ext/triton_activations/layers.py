@@ -37,11 +37,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as _nn_module
 
 from . import functional
 from ._autocast import autocast_to
 from ._common import GATED_ACTIVATIONS
-from ._modules import project, unwatched_state
 from .functional import (
     act_and_mul, fatrelu_and_mul, gelu, gelu_and_mul, gelu_fast, gelu_new, gelu_quick, gelu_tanh, gelu_tanh_and_mul,
     mul_and_silu, silu, silu_and_mul,
@@ -355,10 +355,8 @@ class LlamaMLP(nn.Module):
     in one kernel (:func:`~.functional.act_and_mul`, the eager rounding points) instead of two eager ops.
 
     Serves every class of that forward (``LlamaMLP``, ``MistralMLP``, ``Qwen2MLP``, ``Qwen3MLP``, ``GemmaMLP``, ...;
-    one gate-and-up projection: :class:`Phi3MLP`). The projections are the module's own: a plain
-    ``nn.Linear`` without hooks runs as ``F.linear`` on its parameters (what its call runs, without the module
-    call's host time); any other projection is called as a module (hooks, quantised linears and device maps keep
-    working). ``act_fn`` decides the kernel on every call:
+    one gate-and-up projection: :class:`Phi3MLP`). The projections are the module's own (called as
+    modules: hooks, quantised linears and device maps keep working). ``act_fn`` decides the kernel on every call:
     transformers' ``SiLUActivation`` / ``nn.SiLU`` -> silu, ``GELUTanh`` with ``F.gelu(approximate="tanh")`` ->
     gelu_tanh, ``GELUActivation`` with ``F.gelu`` / ``nn.GELU`` -> gelu (erf or tanh as its ``approximate``). Any
     other ``act_fn``, or one with hooks or its own ``forward``, runs as the module would: ``act_fn(gate) * up``.
@@ -380,8 +378,7 @@ class LlamaMLP(nn.Module):
         activation = _fusable_activation(self.act_fn)
         if activation is None:
             return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-        gated = act_and_mul(project(self.gate_proj, x), project(self.up_proj, x), activation=activation)
-        return project(self.down_proj, gated)
+        return self.down_proj(act_and_mul(self.gate_proj(x), self.up_proj(x), activation=activation))
 
 
 class Phi3MLP(nn.Module):
@@ -408,11 +405,12 @@ class Phi3MLP(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         activation = _fusable_activation(self.activation_fn)
+        gate_up = self.gate_up_proj(hidden_states)
         if activation is None:
-            gate, up = self.gate_up_proj(hidden_states).chunk(2, dim=-1)
+            gate, up = gate_up.chunk(2, dim=-1)
             return self.down_proj(up * self.activation_fn(gate))
         gated = _GATED_OPS[activation]
-        return project(self.down_proj, gated(project(self.gate_up_proj, hidden_states), rounding="eager"))
+        return self.down_proj(gated(gate_up, rounding="eager"))
 
 
 # act_and_mul's activation -> the public gated op on one tensor's halves (_common's table of the two)
@@ -429,8 +427,15 @@ def _fusable_activation(act) -> str | None:
     """``act_and_mul``'s activation equal to calling ``act`` (a module), or None when ``act`` must run itself:
     an unknown class, a class whose ``forward`` was replaced, module hooks (its own or global ones: the module
     call would run them) or an instance ``forward`` other than this package's layers'."""
-    state = unwatched_state(act)
-    if state is None:
+    try:
+        state = act.__dict__
+        if (state["_forward_hooks"] or state["_forward_pre_hooks"] or state["_backward_hooks"]
+                or state["_backward_pre_hooks"]):
+            return None
+    except (AttributeError, KeyError):  # not an nn.Module
+        return None
+    if (_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
+            or _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks):
         return None
     own = state.get("forward")
     if own is not None and getattr(getattr(own, "__func__", None), "__module__", None) != __name__:

@@ -21,7 +21,6 @@ from typing import Tuple
 import torch
 from torch import nn
 
-from ._modules import project
 from .rotary import apply_rotary_pos_emb
 
 
@@ -44,13 +43,13 @@ class RotaryPosEmb(nn.Module):
 class LlamaAttention(nn.Module):
     """transformers' ``LlamaAttention`` (5.x; and every class of the same forward) with the rotary embedding in one
     kernel (:func:`~.rotary.apply_rotary_pos_emb`, bit-exact to Llama's formula, which kernelize checks the class's
-    own ``apply_rotary_pos_emb`` computes) and, where nothing else would run, the projections as ``F.linear``.
+    own ``apply_rotary_pos_emb`` computes): a decode step runs two launches instead of transformers' ten (mul,
+    neg, cat, mul, add for q and k).
 
-    Everything else is the module's own steps: the projections (called as modules where they are not plain
-    ``nn.Linear`` or a hook watches them: :func:`._modules.project`), the cache update, the attention function
-    its config selects (transformers' ``ALL_ATTENTION_FUNCTIONS`` lookup, read from the file that defines the
-    class's forward, as that forward does), the output projection. A decode step saves the module calls and
-    transformers' ~14-op rotary (one launch here).
+    Everything else is the module's own steps: the projections (its modules), the cache update, the attention
+    function its config selects (transformers' ``ALL_ATTENTION_FUNCTIONS`` lookup, read from the file that defines
+    the class's forward, as that forward does), the output projection. Unlike ``kernelize_rotary`` (process-wide:
+    it swaps the module-level function), this swaps the model's own modules only.
 
     Shapes: hidden_states (batch, seq, hidden), fp16/bf16/fp32; cos, sin (batch, seq, head_dim); returns
     (attn_output (batch, seq, hidden), attn_weights or None), as the replaced module.
@@ -73,9 +72,9 @@ class LlamaAttention(nn.Module):
                 past_key_values=None, **kwargs):
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        query_states = project(self.q_proj, hidden_states).view(hidden_shape).transpose(1, 2)
-        key_states = project(self.k_proj, hidden_states).view(hidden_shape).transpose(1, 2)
-        value_states = project(self.v_proj, hidden_states).view(hidden_shape).transpose(1, 2)
+        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         cos, sin = position_embeddings
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
         if past_key_values is not None:
@@ -87,4 +86,4 @@ class LlamaAttention(nn.Module):
             self, query_states, key_states, value_states, attention_mask,
             dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs)
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
-        return project(self.o_proj, attn_output), attn_weights
+        return self.o_proj(attn_output), attn_weights

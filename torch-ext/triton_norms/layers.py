@@ -38,7 +38,6 @@ import torch
 from torch import nn
 
 from ._autocast import autocast_to, cast
-from ._modules import call, runs_hooks
 from .layer_norm import layer_norm
 from .rms_norm import add_rms_norm, rms_norm
 
@@ -71,6 +70,15 @@ class LlamaRMSNorm(nn.Module):
                         torch_order="mean")
 
 
+def _runs_hooks(module: nn.Module) -> bool:
+    """Whether calling ``module`` would run any hook (``nn.Module._call_impl``'s test): its own forward, forward-pre
+    and backward hooks, or global module hooks (``torch.nn.modules.module.register_module_forward_hook`` ...)."""
+    hooks = torch.nn.modules.module
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or hooks._global_forward_hooks or hooks._global_forward_pre_hooks
+                or hooks._global_backward_hooks or hooks._global_backward_pre_hooks)
+
+
 class LlamaDecoderLayer(nn.Module):
     """transformers' LlamaDecoderLayer (and the decoder layers of the same forward: Mistral, Qwen2, ...) with the
     residual add after attention fused into ``post_attention_layernorm``.
@@ -78,12 +86,11 @@ class LlamaDecoderLayer(nn.Module):
     ``h = residual + attn_out`` (rounded to the model dtype) and ``LlamaRMSNorm(h)`` come from one
     ``add_rms_norm(attn_out, residual, w, eps, cast_dtype=h.dtype, torch_order="mean")``: the same bits as the two
     steps on CUDA. Everything else is the module's own (``input_layernorm``, ``self_attn``, ``mlp``, and the second
-    residual add); the three sub-modules run by their forwards where their call would run nothing else
-    (:func:`._modules.call`: no hooks, compile, tracing). The fusion needs ``post_attention_layernorm`` to run this
-    package's LlamaRMSNorm layer (kernelize swaps it there only after its class probed as a llama-family norm):
-    otherwise (a norm left as it was, replaced after kernelize, or swapped for something else), where calling it
-    would run a hook (its forward, forward-pre or backward hooks, global module hooks), or where the attention output
-    and the residual differ in dtype (torch would promote), the layer takes the original steps.
+    residual add). The fusion needs ``post_attention_layernorm`` to run this package's LlamaRMSNorm layer (kernelize
+    swaps it there only after its class probed as a llama-family norm): otherwise (a norm left as it was, replaced
+    after kernelize, or swapped for something else), where calling it would run a hook (its forward, forward-pre or
+    backward hooks, global module hooks), or where the attention output and the residual differ in dtype (torch
+    would promote), the layer takes the original steps.
 
     Shapes: hidden_states (batch, seq, hidden), fp16/bf16/fp32; the rest as the replaced module's forward.
     """
@@ -100,12 +107,12 @@ class LlamaDecoderLayer(nn.Module):
                 position_ids: Optional[torch.Tensor] = None, past_key_values=None, use_cache: Optional[bool] = False,
                 position_embeddings: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, **kwargs) -> torch.Tensor:
         residual = hidden_states
-        hidden_states = call(self.input_layernorm, hidden_states)
-        hidden_states, _ = call(self.self_attn, hidden_states=hidden_states, attention_mask=attention_mask,
-                                position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
-                                position_embeddings=position_embeddings, **kwargs)
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                          position_ids=position_ids, past_key_values=past_key_values,
+                                          use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
         norm = self.post_attention_layernorm
-        if (hidden_states.dtype != residual.dtype or runs_hooks(norm)
+        if (hidden_states.dtype != residual.dtype or _runs_hooks(norm)
                 or getattr(vars(norm).get("forward"), "__func__", None) is not LlamaRMSNorm.forward):
             hidden_states = residual + hidden_states
             residual = hidden_states
@@ -116,7 +123,7 @@ class LlamaDecoderLayer(nn.Module):
                 hidden_states, residual, weight, eps=norm.variance_epsilon, cast_dtype=dtype,
                 out_dtype=dtype if weight.dtype == dtype else torch.promote_types(weight.dtype, dtype),
                 torch_order="mean")
-        hidden_states = call(self.mlp, hidden_states)
+        hidden_states = self.mlp(hidden_states)
         return residual + hidden_states
 
 
