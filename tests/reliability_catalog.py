@@ -147,7 +147,7 @@ def _diffusers_rms_norm(device, dtype):
 
 
 D_MODEL = 48  # the decoder layer's hidden size: 4 heads of 12, 2 key/value heads
-COMPOSITE_LAYERS = {"layers.LlamaDecoderLayer"}
+COMPOSITE_LAYERS = {"layers.LlamaDecoderLayer", "layers.LlamaAttention"}
 """Layers that run the replaced module's own submodules (attention, MLP): under functorch those are PyTorch's own
 decompositions, which differ from autograd in the last bits (transformers' layer alone: 1.4e-6), so transforms of
 them are compared within tolerance, not bit for bit."""
@@ -455,7 +455,25 @@ def _attention_layers(pkg) -> List[LayerSample]:
         ang = torch.arange(5, device=device)[:, None] * torch.linspace(0.1, 1.0, 16, device=device)[None]
         return q, k, ang.cos()[None].to(dtype), ang.sin()[None].to(dtype)
 
-    return [LayerSample("RotaryPosEmb", lambda d, t: nn.Module(), rope_qk, grad=(0, 1))]
+    def llama_attention(device, dtype):
+        """transformers' LlamaAttention with random weights (eager attention: plain ops, as the decoder sample)."""
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaAttention
+
+        config = LlamaConfig(hidden_size=D_MODEL, intermediate_size=D_ACT, num_attention_heads=4,
+                             num_key_value_heads=2, num_hidden_layers=1, vocab_size=8, attn_implementation="eager")
+        layer = LlamaAttention(config, layer_idx=0)
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.copy_(torch.randn(p.shape) / p.shape[-1] ** 0.5)
+        return layer.to(device=device, dtype=dtype)
+
+    def attention_inputs(device, dtype):  # (hidden_states, position_embeddings)
+        inputs = _decoder_inputs(device, dtype)
+        return inputs[0], inputs[5]
+
+    return [LayerSample("RotaryPosEmb", lambda d, t: nn.Module(), rope_qk, grad=(0, 1)),
+            LayerSample("LlamaAttention", llama_attention, attention_inputs)]
 
 
 register("attention", _attention_ops, _attention_layers,

@@ -531,8 +531,8 @@ def test_attention_layer_equals_the_module(installed, device, kind, monkeypatch)
 
 def test_attention_family_probes_the_form_and_the_rotary(installed):
     """Only a Llama-form forward whose module's apply_rotary_pos_emb computes Llama's formula is mapped: GLM's
-    attention has Llama's forward but an interleaved rotary, Mistral's forward passes a sliding window, and a
-    forward with one step more is not the form; each is refused naming why."""
+    attention has Llama's forward but an interleaved rotary, Bamba's a partial one, Mistral's forward passes a
+    sliding window, and a forward with one step more is not the form; each is refused naming why."""
     from transformers.models.glm.modeling_glm import GlmAttention, GlmConfig
     from transformers.models.mistral.modeling_mistral import MistralAttention, MistralConfig
 
@@ -544,6 +544,11 @@ def test_attention_family_probes_the_form_and_the_rotary(installed):
     assert "apply_rotary_pos_emb its forward calls is not Llama's" in probe(glm).reason
     mistral = MistralAttention(MistralConfig(**_TINY), 0)
     assert "not the Llama attention's" in probe(mistral).reason
+    # Bamba: Llama's forward and formula at full width, but its cos / sin are half the head (a partial rotary,
+    # whose untouched half the kernel would not pass through: it raised at the first forward once swapped)
+    bamba = pytest.importorskip("transformers.models.bamba.modeling_bamba")
+    config = bamba.BambaConfig(**_TINY, attn_layer_indices=[0], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16)
+    assert "partial rotary" in probe(bamba.BambaAttention(config, 0)).reason
 
     class Scaled(type(llama)):  # one step more: must not be taken for the form
         def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,

@@ -9,11 +9,10 @@ For each model shape of :data:`MODELS` (random weights, real sizes, built from a
    position only, as ``generate`` does) and greedy decode throughput;
 2. optionally ``torch.compile`` of the eager model's forward (``--compile``; dynamic shapes);
 3. ours: :func:`triton_collection.integrations.transformers.kernelize` with ``ALL_FAMILIES``
-   (the norms from triton-norms; transformers' decorated activations and gated MLPs, ``act_fn(gate) * up``
-   in one kernel, from triton-activations)
-   and :func:`~triton_collection.integrations.transformers_attention.kernelize_rotary`
-   (transformers' kernelizable ``apply_rotary_pos_emb`` -> triton-attention's ``RotaryPosEmb``,
-   bit-exact), then the same measurements; the greedy tokens must equal the eager ones.
+   (the norms and decoder layers from triton-norms; transformers' decorated activations and gated MLPs,
+   ``act_fn(gate) * up`` in one kernel, from triton-activations; Llama-form attentions with the rotary in one
+   kernel from triton-attention), then the same measurements; the greedy tokens must equal the eager ones.
+   (``kernelize_rotary`` is not used: its swap is process-wide, so the eager copy would run it too.)
 
 Eager and kernelized are two copies of the model (same weights), timed in alternation: each repeat
 runs both (the order flips every repeat), so a host that slows down or speeds up during the run
@@ -34,7 +33,7 @@ import logging
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .demo import same_tokens
 
@@ -122,11 +121,9 @@ def _timed_once(fn, device: str) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int,
-             enter: dict | None = None) -> dict[str, tuple[dict, Any]]:
+def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int) -> dict[str, tuple[dict, Any]]:
     """Times every model of ``models`` (variant -> model) on ``ids``, the variants alternating within each
-    repeat (order reversed every other repeat); returns variant -> (row of medians, generated tokens).
-    ``enter``: variant -> a no-argument call run before each of that variant's calls (process-wide swaps)."""
+    repeat (order reversed every other repeat); returns variant -> (row of medians, generated tokens)."""
     import torch
 
     mask = torch.ones_like(ids)
@@ -137,8 +134,7 @@ def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int,
         return model.generate(ids, max_new_tokens=n, min_new_tokens=n, **gen)
 
     with torch.no_grad():
-        for v, model in models.items():
-            (enter or {}).get(v, _nothing)()
+        for model in models.values():
             # warm-up over every length the timed calls reach: Triton JIT / compile, and the first calls at each
             # cache length (H200, session 51: with 4 warm-up tokens eager's first timed repeat ran at 37% of its
             # rate, and the kernelized model, timed after it on the same lengths, did not pay it)
@@ -147,7 +143,6 @@ def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int,
         for rep in range(repeats):
             for v in (order if rep % 2 == 0 else order[::-1]):
                 model, acc = models[v], samples[v]
-                (enter or {}).get(v, _nothing)()
                 acc["prefill"].append(_timed_once(lambda: model(ids, attention_mask=mask, logits_to_keep=1), device)[0])
                 acc["one"].append(_timed_once(lambda: generate(model, 1), device)[0])
                 t_new, out = _timed_once(lambda: generate(model, new_tokens), device)
@@ -166,25 +161,6 @@ def _measure(models: dict, ids, *, new_tokens: int, device: str, repeats: int,
                                      for n, o in zip(acc["new"], acc["one"])]}
         result[v] = (row, outs[-1][:, ids.shape[1]:])
     return result
-
-
-def _nothing() -> None:
-    pass
-
-
-def _forward_state(funcs: list) -> Callable[[], None]:
-    """A call that gives each function module of ``funcs`` back the forward it has now (an instance attribute
-    set by kernels' kernelize, or none: the class's)."""
-    saved = [(fn, vars(fn).get("forward")) for fn in funcs]
-
-    def restore() -> None:
-        for fn, forward in saved:
-            if forward is None:
-                vars(fn).pop("forward", None)
-            else:
-                fn.forward = forward
-
-    return restore
 
 
 def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int = 128, layers: int | None = None,
@@ -206,7 +182,6 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
 
     from .integrations.families import ALL_FAMILIES
     from .integrations.transformers import kernelize
-    from .integrations.transformers_attention import _rotary_modules, kernelize_rotary
 
     tdtype = getattr(torch, dtype)
     model = build_model(name, device=device, dtype=tdtype, layers=layers)
@@ -240,38 +215,26 @@ def run_e2e(name: str, *, batches=(1, 64), new_tokens: int = 32, prompt_len: int
         if on_row is not None:
             on_row(rows)
 
-    models, enter = {"eager": model}, {}
+    models = {"eager": model}
     kernelized = copy.deepcopy(model)  # same weights; kernelize swaps the copy's forwards
     try:
         report = kernelize(kernelized, mode=Mode.INFERENCE, device=device, families=ALL_FAMILIES)
         layers_swapped: dict[str, int] = {}
         for layer in report.swapped.values():
             layers_swapped[layer] = layers_swapped.get(layer, 0) + 1
-        # transformers' kernelizable apply_rotary_pos_emb -> triton-attention's RotaryPosEmb. The swap is
-        # process-wide (the attention forwards call the module-level function, shared with the eager model), so
-        # each variant's calls run with its own forward of those functions
-        rotary = _rotary_modules(kernelized)
-        enter["eager"] = _forward_state(rotary)
-        try:
-            layers_swapped["RotaryPosEmb"] = kernelize_rotary(kernelized, mode=Mode.INFERENCE, device=device)
-            enter["kernelize"] = _forward_state(rotary)
-        except ValueError as exc:  # the model attaches no kernelizable rotary function
-            log.info("e2e %s: rotary not kernelized: %s", name, exc)
         base["swapped"] = layers_swapped
         models["kernelize"] = kernelized
     except Exception as exc:  # noqa: BLE001
         rows.append(dict(base, variant="kernelize", error=f"kernelize: {type(exc).__name__}: {str(exc)[:300]}"))
     for b in batches:
         try:
-            measured = _measure(models, prompts[b], new_tokens=new_tokens, device=device, repeats=repeats,
-                                enter=enter)
+            measured = _measure(models, prompts[b], new_tokens=new_tokens, device=device, repeats=repeats)
             for variant in models:  # eager first: the others compare with it
                 record(variant, b, measured[variant])
         except Exception as exc:  # noqa: BLE001 - one failing batch must not hide the others
             log.exception("e2e %s batch %d failed", name, b)
             for variant in models:
                 record(variant, b, None, error=f"{type(exc).__name__}: {str(exc)[:300]}")
-    enter.get("eager", _nothing)()  # the eager model as it was, for a compiled run and the caller
     if compile:  # not interleaved: a compiled forward of the eager copy, after the others
         eager_forward = model.forward
         model.forward = torch.compile(eager_forward, dynamic=True)

@@ -404,7 +404,8 @@ def _rotary_mismatch(fn: torch.nn.Module, seed: int = 0) -> str | None:
     """Why the function module ``fn`` is not one ``RotaryPosEmb`` replaces exactly, or None: its own forward (the
     class's, not a kernelized one) against :func:`_llama_rotary` on random q [1, 4, 8, 16], k [1, 2, 8, 16] and
     Llama-form cos / sin [1, 8, 16] (angles repeated over the two halves), in fp32, fp16 and bf16 and with fp16 /
-    bf16 q and k against fp32 cos / sin: output dtypes, shapes and every bit must agree. 13 of transformers
+    bf16 q and k against fp32 cos / sin: output dtypes, shapes and every bit must agree; and a cos / sin half as
+    wide as q must fail, as in Llama's formula (a partial rotary, Bamba's, takes it). 13 of transformers
     5.22's 97 functions differ (NanoChat's opposite rotation, GPT-OSS's half-width cos, ESM's and ModernBERT's
     fp32 math, OLMo's cast back to q's dtype)."""
     forward = type(fn).forward if isinstance(fn, nn.Module) else lambda _, *args: fn(*args)  # or a plain function
@@ -424,7 +425,14 @@ def _rotary_mismatch(fn: torch.nn.Module, seed: int = 0) -> str | None:
                         and torch.equal(g, w) for g, w in zip(got, want))):
             return (f"its values differ from Llama's apply_rotary_pos_emb ({dtype} q/k, {trig_dtype} cos/sin), "
                     "which RotaryPosEmb reproduces")
-    return None
+    # a cos / sin narrower than q: Llama's formula cannot broadcast it, a partial rotary (Bamba's) rotates part of q
+    q, k = torch.randn(1, 4, 8, 16, generator=gen), torch.randn(1, 2, 8, 16, generator=gen)
+    angles = (torch.rand(1, 8, 4, generator=gen) * 6).repeat(1, 1, 2)
+    try:
+        forward(fn, q, k, angles.cos(), angles.sin())
+    except Exception:  # noqa: BLE001 - as Llama's formula
+        return None
+    return "it takes a cos / sin narrower than q (a partial rotary), which RotaryPosEmb does not"
 
 
 @functools.lru_cache(maxsize=None)
