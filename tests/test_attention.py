@@ -1063,6 +1063,7 @@ def test_kernelize_rotary_probes_the_class_forward_and_maps_the_model_device(mon
     from transformers.models.llama import modeling_llama
 
     from triton_collection.integrations import transformers_attention as ta
+    from triton_collection.integrations.families import _llama_rotary
 
     modeling_nanochat = pytest.importorskip("transformers.models.nanochat.modeling_nanochat")
     llama, nanochat = modeling_llama.apply_rotary_pos_emb, modeling_nanochat.apply_rotary_pos_emb
@@ -1075,7 +1076,7 @@ def test_kernelize_rotary_probes_the_class_forward_and_maps_the_model_device(mon
 
     try:
         llama.forward = broken
-        nanochat.forward = lambda q, k, cos, sin, unsqueeze_dim=1: ta._llama_rotary(q, k, cos, sin, unsqueeze_dim)
+        nanochat.forward = lambda q, k, cos, sin, unsqueeze_dim=1: _llama_rotary(q, k, cos, sin, unsqueeze_dim)
         assert ta._rotary_mismatch(llama) is None
         assert "values differ" in ta._rotary_mismatch(nanochat)
     finally:

@@ -31,7 +31,7 @@ import torch
 from kernels import Mode
 
 from .. import DEFAULT_ORG
-from .families import _llama_rotary, _rotary_mismatch  # noqa: F401 - the rotary probe lives with the others
+from .families import _rotary_mismatch
 from .transformers import _check_hub_args, _check_mode, _device_type, _load_layer, _repository
 
 __all__ = ["PACKAGE", "kernelize_rotary", "load", "register"]
