@@ -18,7 +18,6 @@ from kernels import Mode
 from triton_collection.e2e import build_model
 from triton_collection.integrations.families import ALL_FAMILIES
 from triton_collection.integrations.transformers import kernelize
-from triton_collection.integrations.transformers_attention import kernelize_rotary
 
 det = len(sys.argv) > 1 and sys.argv[1] == "det"
 if det:
@@ -28,8 +27,7 @@ B = int(sys.argv[3]) if len(sys.argv) > 3 else 64
 print(DEV, torch.__version__, "deterministic" if det else "default", name, "batch", B, flush=True)
 model = build_model(name, device=DEV, dtype=torch.bfloat16)
 k = copy.deepcopy(model)
-kernelize(k, mode=Mode.INFERENCE, device=DEV, families=ALL_FAMILIES)
-kernelize_rotary(k, mode=Mode.INFERENCE, device=DEV)
+kernelize(k, mode=Mode.INFERENCE, device=DEV, families=ALL_FAMILIES)  # the rotary: the LlamaAttention layers
 g = torch.Generator(device="cpu").manual_seed(1)
 ids = torch.randint(3, model.config.vocab_size, (B, 128), generator=g).to(DEV)
 gen = dict(attention_mask=torch.ones_like(ids), do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=0)
