@@ -5,8 +5,8 @@
 A tiny Llama (hidden 64, 4 / 2 heads, fp32) on the CPU: the kernelized copy's packages take their direct launch path
 with a no-op launcher (``host_time_small.simulate_direct_launches``), so a step runs all the host code a GPU step
 runs (transformers' Python, our checks and plans) except the launches themselves; outputs are not computed. The
-eager copy runs its ATen ops on tiny CPU tensors. Per side: the median over ``--rounds`` rounds (sides in turn) of
-the mean time per step of ``--steps`` cached decode steps. ``--profile``: cProfile of the kernelized steps.
+eager copy runs its ATen ops on tiny CPU tensors. Per side: ``bench.wall_us_interleaved``, the median over
+``--rounds`` rounds (sides in turn) of the mean time per step of ``--steps`` cached decode steps. ``--profile``: cProfile of the kernelized steps.
 This host's step times move ~10% between runs: compare sides within one run, and single calls with
 ``host_time_small.py``. (Session 57: this found the e2e's rotary swap not running.)
 """
@@ -18,9 +18,7 @@ import copy
 import cProfile
 import os
 import pstats
-import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # the packages' cpu builds, before triton is imported
@@ -44,6 +42,7 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
     import host_time_small
+    from triton_collection.bench import wall_us_interleaved
     from triton_collection.integrations.families import ALL_FAMILIES
     from triton_collection.integrations.transformers import kernelize
 
@@ -71,22 +70,11 @@ def main() -> int:
             position[0] += 1
         return step
 
-    def per_step_us(model) -> float:
-        step = stepper(model)
-        for _ in range(10):
-            step()
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        return (time.perf_counter() - start) / args.steps * 1e6
-
     sides = {"eager": eager, "kernelize": ours}
-    times = {side: [] for side in sides}
-    for r in range(args.rounds):
-        for side in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-            times[side].append(per_step_us(sides[side]))
+    # one call = one cached decode step; the cache grows by rounds x steps (+1) tokens
+    per_step = wall_us_interleaved([stepper(model) for model in sides.values()], calls=args.steps, rounds=args.rounds)
     print(f"tiny Llama, {args.layers} layers, fp32, CPU, launches simulated; kernelize swapped {', '.join(swapped)}")
-    medians = {side: statistics.median(t) for side, t in times.items()}
+    medians = dict(zip(sides, per_step))
     for side, us in medians.items():
         print(f"{side}: {us:.1f} us per step ({us / args.layers:.1f} per layer)")
     print(f"eager / kernelize: {medians['eager'] / medians['kernelize']:.2f}")

@@ -407,7 +407,7 @@ def _rotary_mismatch(fn: torch.nn.Module, seed: int = 0) -> str | None:
     bf16 q and k against fp32 cos / sin: output dtypes, shapes and every bit must agree; and a cos / sin half as
     wide as q must fail, as in Llama's formula (a partial rotary, Bamba's, takes it). 13 of transformers
     5.22's 97 functions differ (NanoChat's opposite rotation, GPT-OSS's half-width cos, ESM's and ModernBERT's
-    fp32 math, OLMo's cast back to q's dtype)."""
+    fp32 math, OLMo's cast back to q's dtype). ``fn`` may also be a plain function (Bamba's is)."""
     forward = type(fn).forward if isinstance(fn, nn.Module) else lambda _, *args: fn(*args)  # or a plain function
     gen = torch.Generator().manual_seed(seed)
     for dtype, trig_dtype in ((torch.float32,) * 2, (torch.float16,) * 2, (torch.bfloat16,) * 2,
@@ -444,14 +444,20 @@ def _class_signature_form(forward) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _decoder_forms() -> frozenset:
-    return frozenset(signature_form(f) for f in LLAMA_DECODER.forms)
+def _signature_forms(family: Family) -> frozenset:
+    return frozenset(signature_form(f) for f in family.forms)
+
+
+def _has_signature_form(module: nn.Module, family: Family) -> bool:
+    """Whether ``module``'s class forward is one of ``family``'s forms, whole definition compared
+    (:func:`signature_form`): the structure families' test."""
+    return _class_signature_form(type(module).forward) in _signature_forms(family)
 
 
 def _probe_decoder(module: nn.Module) -> ProbeResult:
     """A Llama-form decoder layer: its class's forward is the family's form, and its ``post_attention_layernorm``
     probes as the ``llama`` norm (whose numerics the fused ``add_rms_norm`` reproduces)."""
-    if _class_signature_form(type(module).forward) not in _decoder_forms():
+    if not _has_signature_form(module, LLAMA_DECODER):
         return ProbeResult(None, "its forward is not the Llama decoder layer's that the LlamaDecoderLayer layer "
                                  "reproduces")
     norm = probe(module.post_attention_layernorm, (LLAMA,))
@@ -461,16 +467,11 @@ def _probe_decoder(module: nn.Module) -> ProbeResult:
                                       "probes as llama")
 
 
-@functools.lru_cache(maxsize=None)
-def _attention_forms() -> frozenset:
-    return frozenset(signature_form(f) for f in LLAMA_ATTENTION.forms)
-
-
 def _probe_attention(module: nn.Module) -> ProbeResult:
     """A Llama-form attention: its class's forward is the family's form, the module has what the layer reads, and
     the ``apply_rotary_pos_emb`` that forward calls (its module's) computes Llama's formula bit for bit."""
     forward = type(module).forward
-    if _class_signature_form(forward) not in _attention_forms():
+    if not _has_signature_form(module, LLAMA_ATTENTION):
         return ProbeResult(None, "its forward is not the Llama attention's that the LlamaAttention layer reproduces")
     missing = _missing_attrs(module, LLAMA_ATTENTION)
     if missing:
@@ -484,6 +485,9 @@ def _probe_attention(module: nn.Module) -> ProbeResult:
     if why is not None:
         return ProbeResult(None, f"the apply_rotary_pos_emb its forward calls is not Llama's: {why}")
     return ProbeResult(LLAMA_ATTENTION, "its forward is the Llama attention's and its apply_rotary_pos_emb is Llama's")
+
+
+_STRUCTURE_PROBES = {LLAMA_DECODER: _probe_decoder, LLAMA_ATTENTION: _probe_attention}
 
 
 @functools.lru_cache(maxsize=None)
@@ -573,10 +577,8 @@ def probe(module: nn.Module, families: tuple[Family, ...] | None = None, *, seed
     families = candidate_families(module) if families is None else families
     if not families:
         return ProbeResult(None, "not a class the collection's layers serve")
-    if families == (LLAMA_DECODER,):
-        return _probe_decoder(module)
-    if families == (LLAMA_ATTENTION,):
-        return _probe_attention(module)
+    if len(families) == 1 and families[0] in _STRUCTURE_PROBES:  # classified by form and probes of their parts
+        return _STRUCTURE_PROBES[families[0]](module)
     problem = _structure_problem(module)
     if problem is not None:
         return ProbeResult(None, problem)
