@@ -1024,6 +1024,62 @@ def test_kernelize_rotary_of_a_deep_copy_swaps_the_function_its_attention_calls(
     assert calls == ["RotaryPosEmb.forward"] * cfg.num_hidden_layers
 
 
+def test_kernelize_rotary_gives_calls_the_kernel_cannot_take_transformers_formula(attention, installed, device):
+    """kernelize_rotary swaps the module-level function every Llama of the process calls: a float64 model that was
+    never kernelized raised the kernel's dtype TypeError, and cos / sin that require grad raised its ValueError.
+    Such calls now get transformers' formula in PyTorch ops: the same bits and the same gradients as before the
+    swap."""
+    _skip_without_kernelizable_rotary(device)
+    from kernels import Mode
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama import modeling_llama
+
+    from triton_collection.integrations import transformers_attention as ta
+
+    torch.manual_seed(19)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).eval().to(device)
+    other = LlamaForCausalLM(cfg).double().eval().to(device)  # never kernelized
+    ids = torch.randint(0, 64, (1, 7)).to(device)
+    q, k = torch.randn(1, 4, 7, 16, device=device), torch.randn(1, 2, 7, 16, device=device)
+    cos, sin = torch.randn(1, 7, 16, device=device), torch.randn(1, 7, 16, device=device)
+    func = modeling_llama.apply_rotary_pos_emb
+
+    def grads(c, s):  # outputs and the gradients of cos / sin through the swapped or original function
+        c, s = c.clone().requires_grad_(), s.clone().requires_grad_()
+        out = func(q, k, c, s)
+        (out[0].sum() * 1.5 + out[1].sum()).backward()
+        return out[0].detach(), out[1].detach(), c.grad, s.grad
+
+    with torch.no_grad():
+        want = other(ids).logits
+    want_grads = grads(cos, sin)
+    had = vars(func).get("forward")
+    calls = []
+    hook = func.register_forward_hook(lambda module, args, out: calls.append(args[0].dtype))
+    try:
+        assert ta.kernelize_rotary(model, mode=Mode.INFERENCE, device=torch.device(device).type) >= 1
+        assert vars(func)["forward"].__func__.__qualname__ == "RotaryPosEmb.forward"
+        with torch.no_grad():
+            got = other(ids).logits
+        got_grads = grads(cos, sin)
+    finally:
+        hook.remove()
+        vars(func).pop("forward", None)
+        if had is not None:
+            func.forward = had
+    assert calls[:cfg.num_hidden_layers] == [torch.float64] * cfg.num_hidden_layers  # the swapped function ran
+    assert torch.equal(got, want)
+    for g, w in zip(got_grads, want_grads):
+        assert torch.equal(g, w)
+    takes = attention.rotary.kernel_takes  # the rest still runs the kernel
+    assert takes(q, k, cos, sin) and not takes(q, k.double(), cos, sin)
+    with torch.no_grad():
+        assert takes(q, k, cos.requires_grad_(), sin)
+    assert not takes(q, k, cos, sin)
+
+
 @pytest.mark.parametrize("model_type,why", [
     ("nanochat", "values differ"),  # rotate_half = cat(x2, -x1): the opposite rotation (7.85 off)
     ("gpt_oss", "fails on Llama-form inputs"),  # half-width cos / sin (every forward raised after the swap)

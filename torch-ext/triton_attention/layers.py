@@ -21,7 +21,7 @@ from typing import Tuple
 import torch
 from torch import nn
 
-from .rotary import apply_rotary_pos_emb
+from .rotary import apply_rotary_pos_emb, kernel_takes, rotary_reference
 
 
 class RotaryPosEmb(nn.Module):
@@ -31,13 +31,20 @@ class RotaryPosEmb(nn.Module):
         - q: [B, Hq, S, D], k: [B, Hk, S, D] (D even), fp16/bf16/fp32
         - cos, sin: [B, S, D] (unsqueezed at ``unsqueeze_dim``)
         - output: (q_embed, k_embed), new tensors in the promoted dtype
+
+    ``kernelize_rotary`` swaps the module-level function, which every model of the family in the process calls:
+    tensors the kernel does not take (another dtype such as float64, CPU tensors of a GPU build, cos / sin that
+    require grad) get transformers' formula in PyTorch ops (the same ops, so the same bits) instead of an error.
+    Other bad input raises as :func:`~.rotary.apply_rotary_pos_emb`.
     """
 
     has_backward = True
     can_torch_compile = True
 
     def forward(self, q, k, cos, sin, unsqueeze_dim=1) -> Tuple[torch.Tensor, torch.Tensor]:
-        return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        if kernel_takes(q, k, cos, sin):
+            return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        return rotary_reference(q, k, cos, sin, unsqueeze_dim)
 
 
 class LlamaAttention(nn.Module):

@@ -468,6 +468,34 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
 _PAIR_PLANS = PlanCache()
 
 
+def kernel_takes(q, k, cos, sin) -> bool:
+    """Whether :func:`apply_rotary_pos_emb` can run these tensors in its kernel: all tensors of fp16 / bf16 / fp32
+    on a device the kernel runs on (a CPU tensor only under the interpreter), cos / sin not requiring grad in grad
+    mode. False for any of those (the caller may compute :func:`rotary_reference` instead); True for anything
+    else, so bad input (non-tensors, odd D, shapes that do not broadcast) reaches the checks that name it."""
+    tensors = (q, k, cos, sin)
+    if not all(isinstance(t, Tensor) for t in tensors):
+        return True
+    if any(t.dtype not in SUPPORTED_DTYPES for t in tensors):
+        return False
+    if any(t.device.type == "cpu" for t in tensors) and not is_interpreter(_rope_kernel):
+        return False
+    return not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad))
+
+
+def rotary_reference(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1) -> Tuple[Tensor, Tensor]:
+    """transformers' ``apply_rotary_pos_emb`` in PyTorch ops, the same ops in the same order (so the same bits,
+    for any dtype and device, with autograd to cos / sin): ``x * cos + rotate_half(x) * sin``, where
+    ``rotate_half(x) = cat(-x2, x1)`` of x's halves on the last dim (RoFormer, Su et al. 2021)."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+
+    def rotate_half(x: Tensor) -> Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
 def _pinned(plan: tuple) -> tuple:
     """A :func:`_rope_plan` whose launch is pinned (``Launch.pinned``) for a caller whose key fixes alignment."""
     layout, out_dtype, run = plan
