@@ -116,3 +116,17 @@ def test_gelu_geglu_layers_run_adapters_hooks_and_float64_as_the_module(matmul, 
             with torch.no_grad():
                 want, got = module(inp), layer.forward(module, inp)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("approximate", ["Tanh", "erf", None])
+def test_gelu_layer_with_an_unknown_approximate_raises_as_the_module(matmul, device, approximate):
+    """diffusers ``GELU`` with an ``approximate`` that ``F.gelu`` does not know ("Tanh", a typo) raises; the layer
+    computed the erf GELU for it instead, a silent answer the module never gives."""
+    torch.manual_seed(56)
+    module = GELU(8, 5).to(device)
+    module.approximate = approximate
+    x = torch.randn(3, 8, device=device)
+    with pytest.raises((RuntimeError, TypeError)) as want:
+        module(x)
+    with pytest.raises(type(want.value), match="approximate"):
+        matmul.layers.GELU.forward(module, x)

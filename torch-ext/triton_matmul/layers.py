@@ -48,6 +48,9 @@ def _linear(x: torch.Tensor, linear: nn.Module, activation=None, layer=None) -> 
 class GELU(nn.Module):
     """diffusers ``GELU``: ``gelu(proj(hidden_states), approximate=self.approximate)``.
 
+    Raises:
+        RuntimeError / TypeError: ``approximate`` neither "none" nor "tanh" (``F.gelu``'s own error, as the module).
+
     Shapes:
         - hidden_states: (..., dim_in), proj's dtype
         - output: (..., dim_out)
@@ -60,7 +63,8 @@ class GELU(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if not _fused(hidden_states, self.proj):
+        # an ``approximate`` F.gelu does not know (not "none" / "tanh") runs the module's ops, which raise as it does
+        if not _fused(hidden_states, self.proj) or self.approximate not in ("none", "tanh"):
             return torch.nn.functional.gelu(self.proj(hidden_states), approximate=self.approximate)
         return _linear(hidden_states, self.proj, "gelu_tanh" if self.approximate == "tanh" else "gelu", "GELU")
 
