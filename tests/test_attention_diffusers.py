@@ -383,6 +383,36 @@ def test_kernelize_checks_every_argument_before_the_first_swap(attention, instal
     assert _processor_names(model) == before
 
 
+def test_kernelize_refuses_a_package_given_for_another_before_the_first_swap(attention, norms, matmul, installed,
+                                                                            device):
+    """kernel= / norms_kernel= / matmul_kernel= given something that is not that package (a string, or the packages
+    mixed up: kernel=matmul for matmul_kernel=) were taken: kernelize swapped and reported, and the model's first
+    forward raised an AttributeError from inside a processor or block. Now a TypeError names the argument and
+    what it lacks, and the model is left as it was."""
+    from triton_collection.integrations.diffusers import kernelize
+
+    torch.manual_seed(57)
+    model, inputs, _ = tiny_flux()
+    model = model.eval().to(device)
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    before = _processor_names(model)
+    modules = {n: type(m) for n, m in model.named_modules()}
+    for kwargs, match in [
+        (dict(kernel="triton-attention"), r"kernel must be the triton-attention package .*rotary_embedding"),
+        (dict(kernel=matmul), r"kernel must be the triton-attention package"),
+        (dict(norms_kernel=matmul), r"norms_kernel must be the triton-norms package .*norm_modulate"),
+        (dict(matmul_kernel=attention), r"matmul_kernel must be the triton-matmul package .*layers.GELU"),
+    ]:
+        with pytest.raises(TypeError, match=match):
+            kernelize(model, device=device, **kwargs)
+        assert _processor_names(model) == before and {n: type(m) for n, m in model.named_modules()} == modules
+    # the right packages are taken, and what is not swapped needs nothing (a spy with only norm_modulate)
+    spy = type("SpyNorms", (), {"norm_modulate": staticmethod(norms.norm_modulate)})
+    kernelize(model, device=device, kernel=attention, norms_kernel=spy, matmul_kernel=matmul)
+    with torch.no_grad():
+        model(**inputs)
+
+
 @pytest.mark.parametrize("make", [tiny_flux, tiny_sd3, tiny_wan], ids=["flux", "sd3", "wan"])
 def test_float64_after_kernelize_runs_the_original_forwards(attention, installed, device, make):
     """A model converted to float64 after kernelize (the kernels take fp16/bf16/fp32): every swapped processor,

@@ -418,6 +418,19 @@ def _get_kernel(package: str, hub: dict) -> ModuleType:
                            f"{_load_hint(err)}.") from err
 
 
+def _check_package(arg: str, given: Any, package: str, needs: tuple) -> None:
+    """TypeError unless ``given`` (the ``arg`` argument of :func:`kernelize`: None, or a loaded package) has every
+    attribute in ``needs`` (dotted, e.g. ``"layers.GELU"``) that the swaps will call: a string or another of our
+    packages is refused before the first swap, not at the model's first forward (an AttributeError there)."""
+    for name in needs if given is not None else ():
+        obj = given
+        for part in name.split("."):
+            obj = getattr(obj, part, None)
+        if obj is None:
+            raise TypeError(f"kernelize: {arg} must be the {package} package (as kernels.get_kernel loads it) or None, "
+                            f"got {given!r}, which has no {name}")
+
+
 def _load_package(kernel: Optional[ModuleType], package: str, hub: dict, targets: list) -> Optional[ModuleType]:
     """``kernel``, or ``<org>/<package>`` loaded when it is None and ``targets`` has something to swap."""
     if kernel is None and any(make is not None for _, _, make in targets):
@@ -656,8 +669,9 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
 
     Raises:
         TypeError: not a pipeline or module; ``mode`` not a ``kernels.Mode``; ``norm_families`` not a tuple of
-            families; ``version`` not an int. ValueError: ``org`` not a Hub organisation name; ``version`` < 1;
-            ``attention_backend`` neither "sdpa" nor "triton"; ``mode`` without
+            families; ``version`` not an int; ``kernel`` / ``norms_kernel`` / ``matmul_kernel`` lacking what the
+            swaps call (not that package, e.g. a string or another of the packages). ValueError: ``org`` not a Hub
+            organisation name; ``version`` < 1; ``attention_backend`` neither "sdpa" nor "triton"; ``mode`` without
             ``INFERENCE`` or ``TRAINING``; a ``device`` that is not a device (or not available); a model holding
             parameters of another floating dtype than float16, bfloat16 or float32 (e.g. float64); a norm layer
             that cannot serve ``mode``; nothing at all could be swapped (never a silent no-op).
@@ -687,6 +701,14 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
                                    modulate=modulate, blocks=blocks, feed_forward=feed_forward))
              for prefix, model in models]
     hub = dict(org=org, version=version, trust_remote_code=trust_remote_code)
+    if any(plan["processors"] for *_, plan in plans):
+        _check_package("kernel", kernel, "triton-attention", ("rotary_embedding", "flash_attention"))
+    if any(plan["ada"] for *_, plan in plans):
+        _check_package("norms_kernel", norms_kernel, "triton-norms", ("norm_modulate",))
+    if any(plan["blocks"] for *_, plan in plans):
+        _check_package("norms_kernel", norms_kernel, "triton-norms", ("norm_modulate", "gated_residual", "layer_norm"))
+    if any(plan["ff"] for *_, plan in plans):
+        _check_package("matmul_kernel", matmul_kernel, "triton-matmul", ("layers.GELU", "layers.GEGLU"))
     if kernel is None and any(plan["processors"] for *_, plan in plans):
         from .transformers_attention import PACKAGE
 
