@@ -692,6 +692,28 @@ def test_double_backward(matmul, activation):
         torch.testing.assert_close(f.double(), w, rtol=rtol, atol=rtol * w.abs().max().item())
 
 
+@pytest.mark.parametrize("activation", ["gelu_tanh", "silu", "swiglu"])
+def test_double_backward_where_the_sigmoid_is_near_one(matmul, activation):
+    # the second derivative of the activation where sigmoid (or tanh) is near 1, element by element: h = a @ I is a
+    # (integers, exact in tf32 too); the dh formula took 1 - sigmoid from the rounded sigmoid (torch's sigmoid
+    # backward), 1e-3 off for silu at h = 10 and 100% for the tanh GELU where 1 - tanh is below fp32's resolution
+    vals = [3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, -3.0, -4.0, -5.0, -6.0, -8.0, 0.0, 1.0, 2.0]
+    a = torch.tensor(vals, device=DEVICE).view(2, 8)
+    if activation in GATED:  # the gate half of h is a, the projection half ones
+        a = torch.cat([torch.ones_like(a), a], dim=-1)
+    eye = torch.eye(a.shape[-1], device=DEVICE)
+
+    def second_order(fn, a):
+        a = a.clone().requires_grad_()
+        (ga,) = torch.autograd.grad(fn(a).sum(), a, create_graph=True)
+        return torch.autograd.grad(ga.sum(), a)[0]
+
+    got = second_order(lambda a: matmul.matmul(a, eye, None, activation), a)
+    want = second_order(lambda a: ref(a, eye.double(), None, activation), a.double())
+    rtol = 1e-4 if DEVICE == "cpu" else 5e-3
+    torch.testing.assert_close(got.double(), want, rtol=rtol, atol=1e-12)
+
+
 def test_weight_grad_layout(matmul):
     # the gradient of an nn.Linear weight read as b = W.t() comes out in W's own layout (contiguous), as F.linear's:
     # no transposing copy by autograd; a row-major (K, N) b gets a row-major gradient; values as fp64

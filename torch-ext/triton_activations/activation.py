@@ -40,7 +40,7 @@ from ._common import OPS, OpSpec, leading_layout, out_shape, padded_layout, pow_
 from ._launch import MIN_PROGRAMS, ONE_WAVE_PLAIN_THREADS, pick_config, tile_for
 from ._libm import use_libdevice
 from ._device import cdiv, check_launch_device, device_warp_size, is_interpreter, launch_options
-from ._dispatch import call_op, eager_autograd, fp32_vjp
+from ._dispatch import call_op, eager_autograd, fp32_vjp, sigmoid_pair
 from ._fastlaunch import Launch, PlanCache, meta_items
 from ._fast_math import fast_math_eligible, fast_math_verified
 from ._math import (ACT_IDS, GELU, GELU_FAST, GELU_NEW, GELU_TANH, activation, activation_and_grad, activation_grad,
@@ -438,24 +438,28 @@ def _(dy, x, op, eager, threshold):
 
 def _act_and_grad(x: Tensor, act: int, threshold: float) -> Tuple[Tensor, Tensor]:
     """``(act(x), act'(x))`` as differentiable PyTorch ops: ``_math``'s formulas and constants (roundings as
-    identity). FATRELU's derivative is a step: its own derivative is 0 (as torch's, where it exists)."""
+    identity), with the sigmoids (and ``1 + tanh = 2 sigmoid(2 z)``) from ``sigmoid_pair``: accurate second
+    derivatives where the sigmoid is near 1. FATRELU's derivative is a step: its own derivative is 0 (as torch's,
+    where it exists)."""
     if act == ACT_IDS["silu"]:
-        s = torch.sigmoid(x)
-        return x * s, s * (1.0 + x * (1.0 - s))
+        s, c = sigmoid_pair(x)
+        return x * s, s * (1.0 + x * c)
     if act == ACT_IDS["gelu"]:
         cdf = 0.5 * (1.0 + torch.erf(x * 0.7071067811865476))
         return x * cdf, cdf + x * (torch.exp(-0.5 * x * x) * 0.3989422804014327)
     if act == ACT_IDS["gelu_quick"]:
-        s = torch.sigmoid(1.702 * x)
-        return x * s, s + 1.702 * x * s * (1.0 - s)
+        z = 1.702 * x
+        s, c = sigmoid_pair(z)
+        return x * s, s + z * s * c
     if act == ACT_IDS["fatrelu"]:
         keep = x > threshold
         return torch.where(keep, x, 0.0), keep.to(x.dtype)
     # GELU_TANH, GELU_NEW, GELU_FAST: 0.5 * x * (1 + tanh(k0 * (x + k1 * x**3)))
     k0 = 0.7978845608 if act == ACT_IDS["gelu_fast"] else 0.7978845608028654
+    # 0.5 (1 + t) = s and 0.5 x (1 - t) (1 + t) = 2 x s c for t = tanh(z), (s, c) = sigmoid_pair(2 z)
     x2 = x * x
-    t = torch.tanh(k0 * x * (1.0 + 0.044715 * x2))
-    return 0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * ((1.0 - t) * (1.0 + t)) * (k0 * (1.0 + 3.0 * 0.044715 * x2))
+    s, c = sigmoid_pair(2.0 * (k0 * x * (1.0 + 0.044715 * x2)))
+    return x * s, s + 2.0 * x * s * c * (k0 * (1.0 + 3.0 * 0.044715 * x2))
 
 
 def _gated_grads(dy: Tensor, g: Tensor, u: Tensor, act: int, threshold: float) -> Tuple[Tensor, Tensor]:

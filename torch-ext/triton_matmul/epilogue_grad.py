@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._device import check_launch_device, launch_options, next_power_of_2
-from ._dispatch import call_op, eager_autograd, fp32_vjp
+from ._dispatch import call_op, eager_autograd, fp32_vjp, sigmoid_pair
 from ._epilogue_math import ACTIVATIONS, activation_and_grad, backprop, store_rounded
 from ._fastlaunch import launch, meta_items
 from ._libm import nvidia_approx
@@ -105,17 +105,18 @@ def _(dy, h, activation):
 
 
 def _act_and_grad(x: Tensor, activation: str) -> Tuple[Tensor, Tensor]:
-    """(act(x), act'(x)) for the base activation of ``activation`` as differentiable PyTorch ops."""
+    """(act(x), act'(x)) for the base activation of ``activation`` as differentiable PyTorch ops (the sigmoids and
+    ``1 + tanh(z) = 2 sigmoid(2 z)`` from ``sigmoid_pair``: accurate second derivatives where they are near 1)."""
     if activation in ("gelu", "geglu"):
         cdf = 0.5 * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
         return x * cdf, cdf + x * torch.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
     if activation == "gelu_tanh":
         k0, k1 = math.sqrt(2.0 / math.pi), 0.044715
-        t = torch.tanh(k0 * (x + k1 * x * x * x))
-        return 0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k0 * (1.0 + 3.0 * k1 * x * x)
+        s, c = sigmoid_pair(2.0 * k0 * (x + k1 * x * x * x))  # 0.5 (1 + t) = s, 1 - t * t = 4 s c
+        return x * s, s + 2.0 * x * s * c * k0 * (1.0 + 3.0 * k1 * x * x)
     if activation in ("silu", "swiglu"):
-        s = torch.sigmoid(x)
-        return x * s, s * (1.0 + x * (1.0 - s))
+        s, c = sigmoid_pair(x)
+        return x * s, s * (1.0 + x * c)
     return x.clamp_min(0.0), (x > 0).to(x.dtype)  # relu: its second derivative is 0 wherever it exists
 
 
