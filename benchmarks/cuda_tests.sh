@@ -5,12 +5,15 @@
 #                                            # took 291 s on an H100 (session 55); DIST=loadfile for one process a file
 #   AB_BASE=.gpu/base AB_CASES=cross_entropy,rms_norm TOTAL=500 bash benchmarks/cuda_tests.sh
 # Wheels (the device has no network): `make device-wheels` (.whl), diffusers 0.42.1 into .gpu/whl, transformers
-# 5.22.2 / tokenizers 0.23.3 / safetensors 0.8.0 (Python 3.12 manylinux wheels) into .gpu/tf. Output under $OUT:
-# gpu.txt, tests.log, junit.xml, ab/ab.jsonl.
+# 5.22.2 / tokenizers 0.23.3 / safetensors 0.8.0 (Python 3.12 manylinux wheels) into .gpu/tf; for
+# tests/test_bench.py's `kernels.cli` import (kernels.verify needs cryptography and sigstore, which the GPU image
+# lacks), sigstore 4.5.1 / cryptography 51.0.1 and their wheels the image lacks into .gpu/sig (pip download with
+# deps for cp312 manylinux, minus certifi, charset-normalizer, idna, markdown-it-py, mdurl, pygments, requests, rich,
+# typing-extensions, urllib3). Output under $OUT: gpu.txt, tests.log, junit.xml, ab/ab.jsonl.
 set -u
 T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl/*.whl .gpu/whl/*.whl .gpu/tf/*.whl || exit 1
+  .whl/*.whl .gpu/whl/*.whl .gpu/tf/*.whl $(ls .gpu/sig/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv | tee $OUT/gpu.txt
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" \
