@@ -232,7 +232,6 @@ def fp32_vjp(model, tensors: tuple, grads: tuple) -> tuple:
     return tuple(None if t is None else next(got) for t in tensors)
 
 
-
 def sigmoid_pair(z: torch.Tensor) -> tuple:
     """``(sigmoid(z), 1 - sigmoid(z))`` as differentiable PyTorch ops, for the models :func:`fp32_vjp`
     differentiates. Both come from ``r = sigmoid(-|z|) <= 1/2``, so neither the values nor their derivatives lose
