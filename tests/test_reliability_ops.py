@@ -690,7 +690,8 @@ def test_meta_tensors_are_refused_before_any_launch(request, package, device):
         assert type(err.value) is RuntimeError and "FakeTensorMode" in str(err.value), sample.name
 
 
-def test_address_launches_pass_the_tensor_launches_pointers(norms, attention, activations, device, monkeypatch):
+def test_address_launches_pass_the_tensor_launches_pointers(norms, attention, activations, device, monkeypatch,
+                                                            request):
     """The pinned inference launches that pass integer addresses (``FixedLaunch.at``: rms_norm, add_rms_norm,
     layer_norm, the rotary pair, activations) give the launcher the same arguments, in the same order, as their
     tensor form. The interpreter never takes that path, so a recording launcher stands in for Triton's (the direct
@@ -704,10 +705,7 @@ def test_address_launches_pass_the_tensor_launches_pointers(norms, attention, ac
             lambda *launched: records.append(launched), ("head",), lambda index: "stream", (*fixed, "tail"), None))
         monkeypatch.setattr(fl, "_hooks_off", lambda: True)
         monkeypatch.setattr(fl, "_ADDRESSES_OK", [True])
-    for p, name in ((norms, "rms_norm"), (norms, "layer_norm"), (activations, "functional")):
-        monkeypatch.setattr(sys.modules[f"{p.__name__}.{name}"], "_INFER_PLANS", _new_plan_cache(p))
-    monkeypatch.setattr(sys.modules[norms.__name__ + ".rms_norm"], "_ADD_PLANS", _new_plan_cache(norms))
-    monkeypatch.setattr(sys.modules[attention.__name__ + ".rotary"], "_PAIR_PLANS", _new_plan_cache(attention))
+    _isolate_launch_plans(packages, monkeypatch, request)  # plans of earlier tests would skip the compile
     torch.manual_seed(3)
     bf = torch.bfloat16
     x, r, w, b = (torch.randn(*s, dtype=bf, device=device) for s in ((4, 64), (4, 64), (64,), (64,)))
@@ -745,9 +743,27 @@ def test_address_launches_pass_the_tensor_launches_pointers(norms, attention, ac
             assert by_address == launched(fn, False)[0], name
 
 
-def _new_plan_cache(package):
-    """An empty PlanCache of ``package``'s own ``_fastlaunch`` (plans of earlier tests would skip the compile)."""
-    return sys.modules[package.__name__ + "._fastlaunch"].PlanCache()
+def _isolate_launch_plans(packages, monkeypatch, request):
+    """The launch plans ``packages`` make during the test are dropped when it ends: every module's PlanCache is
+    swapped for an empty one (monkeypatch puts the old back), each functools cache (the lru_cached Launch builders,
+    such as ``_exact.rms_exact_plan``) is cleared now and at the end, and ``_fastlaunch``'s own cache is swapped.
+    A faked launcher kept in a plan that outlived the test ran in the later tests of its process, whose outputs were
+    then never written (an H100 run: a bf16 LlamaRMSNorm gave -1.4e38 and NaN after this test)."""
+    cleared = []
+    for package in packages:
+        prefix = package.__name__ + "."
+        plan_cache = sys.modules[prefix + "_fastlaunch"].PlanCache  # each package has its own copy
+        monkeypatch.setattr(sys.modules[prefix + "_fastlaunch"], "_CACHE", {})
+        for name, module in list(sys.modules.items()):
+            if not name.startswith(prefix):
+                continue
+            for attr, value in list(vars(module).items()):
+                if isinstance(value, plan_cache):
+                    monkeypatch.setattr(module, attr, plan_cache())
+                elif callable(getattr(value, "cache_clear", None)) and getattr(value, "__module__", "").startswith(prefix):
+                    value.cache_clear()
+                    cleared.append(value)
+    request.addfinalizer(lambda: [fn.cache_clear() for fn in cleared])
 
 
 def test_compile_dynamic_fullgraph_with_default_scalars(norms, softmax, activations, attention, device):
