@@ -296,6 +296,29 @@ def test_case3_gradient_handed_out_is_never_changed_by_a_later_backward(softmax,
         assert_close_ref(g, k * gr, rel_atol=1e-6)
 
 
+def test_later_backward_after_the_handed_out_gradient_changed_in_place_names_the_cause(softmax, device):
+    """The first backward hands out the stored gradient itself. A caller that changes it in place (a clip in a
+    hook, ``g.mul_``) and then runs a later backward through the same graph (retain_graph), which torch's
+    ``F.cross_entropy`` allows, got PyTorch's generic "one of the variables needed for gradient computation has
+    been modified by an inplace operation" about a tensor it never saved: the error names the cause and the
+    way out (clone the gradient before changing it)."""
+    x = rand((4, 9), torch.float32, device).requires_grad_()
+    t = targets((4,), 9, device)
+    loss = softmax.cross_entropy(x, t)
+    (g1,) = torch.autograd.grad(loss, x, retain_graph=True)
+    g1.mul_(0.5)
+    with pytest.raises(RuntimeError, match="handed out by an earlier backward .* changed in place"):
+        torch.autograd.grad(loss, x)
+
+    h = x.detach().clone().requires_grad_()
+    logits = h * 1.0
+    logits.register_hook(lambda g: g.clamp_(-0.05, 0.05))  # in place: clamps the stored gradient
+    loss = softmax.cross_entropy(logits, t, reduction="sum")
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="clone"):
+        loss.backward()
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_recompute_backward_equals_fused(softmax, device, reduction):
     """The recompute mode (the forward keeps the logsumexp, the backward recomputes the gradient from

@@ -685,7 +685,15 @@ def _backward(ctx, dloss, dg, dapplied):
         dx = call_op(_cross_entropy_bwd, _cross_entropy_bwd_impl, logits, target, lse, dloss, ctx.class_dim,
                      ctx.ignore_index, *ctx.extra, autograd=_CE_BWD_AUTOGRAD)
         return dx, None, None, None, None, None, None, None
-    g, applied, target = ctx.saved_tensors
+    try:
+        g, applied, target = ctx.saved_tensors
+    except RuntimeError as e:  # the version check of the saved g: the caller changed the gradient it was handed
+        if not getattr(ctx, "used", False):
+            raise
+        raise RuntimeError("cross_entropy: the gradient handed out by an earlier backward through this graph (the "
+                           "stored gradient itself, not a copy) was changed in place (e.g. by a hook or mul_), and "
+                           "this later backward (retain_graph=True) needs it; clone the gradient before changing it "
+                           "in place") from e
     # g already holds the gradient for dloss = 1; rows with another upstream gradient are scaled in place
     # by the first backward, which hands out g itself; later backwards (retain_graph) write a fresh tensor.
     # Eager launches the kernel directly (no op: it would bump the saved tensors' version counters and a
@@ -785,7 +793,8 @@ def cross_entropy(
             label smoothing, z-loss or logits of more than 2 dims.
         RuntimeError: CPU tensor without TRITON_INTERPRET=1; in the backward, a gradient of the gradient
             (``create_graph=True``), which the stored gradient cannot give (under torch.func and in recompute
-            mode: at the second backward).
+            mode: at the second backward); in a later backward through the same graph (``retain_graph=True``),
+            a gradient handed out by the first one (the stored gradient itself) that was changed in place since.
 
     Precision: logsumexp, loss and gradient in fp32; per-row losses summed in fp32 by one program (a fixed
     order: the same bits on every run; torch's sum may differ in the last fp32 bits); one rounding
