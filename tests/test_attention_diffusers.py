@@ -402,6 +402,8 @@ def test_kernelize_refuses_a_package_given_for_another_before_the_first_swap(att
         (dict(kernel=matmul), r"kernel must be the triton-attention package"),
         (dict(norms_kernel=matmul), r"norms_kernel must be the triton-norms package .*norm_modulate"),
         (dict(matmul_kernel=attention), r"matmul_kernel must be the triton-matmul package .*layers.GELU"),
+        (dict(attention="no"), r"attention must be a bool, got 'no'"),  # was taken as True
+        (dict(feed_forward=0), r"feed_forward must be a bool, got 0"),
     ]:
         with pytest.raises(TypeError, match=match):
             kernelize(model, device=device, **kwargs)

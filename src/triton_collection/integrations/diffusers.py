@@ -668,7 +668,8 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
     leaves the models as they were.
 
     Raises:
-        TypeError: not a pipeline or module; ``mode`` not a ``kernels.Mode``; ``norm_families`` not a tuple of
+        TypeError: not a pipeline or module; ``mode`` not a ``kernels.Mode``; a flag (``attention``, ``norms``,
+            ``modulate``, ``feed_forward``, ``blocks``, ``trust_remote_code``) not a bool; ``norm_families`` not a tuple of
             families; ``version`` not an int; ``kernel`` / ``norms_kernel`` / ``matmul_kernel`` lacking what the
             swaps call (not that package, e.g. a string or another of the packages). ValueError: ``org`` not a Hub
             organisation name; ``version`` < 1; ``attention_backend`` neither "sdpa" nor "triton"; ``mode`` without
@@ -682,6 +683,10 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
     if attention_backend not in ("triton", "sdpa"):
         raise ValueError(f"kernelize: attention_backend must be 'triton' or 'sdpa', got {attention_backend!r}")
     _check_mode(mode)
+    for name, flag in (("attention", attention), ("norms", norms), ("modulate", modulate),
+                       ("feed_forward", feed_forward), ("blocks", blocks), ("trust_remote_code", trust_remote_code)):
+        if not isinstance(flag, bool):  # "no" or "false" would read as True
+            raise TypeError(f"kernelize: {name} must be a bool, got {flag!r}")
     if norm_families is not None and (not isinstance(norm_families, (tuple, list))
                                       or not all(isinstance(f, Family) for f in norm_families)):
         raise TypeError("kernelize: norm_families must be a tuple of integrations.families.Family (e.g. "
