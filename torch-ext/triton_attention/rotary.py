@@ -164,7 +164,8 @@ def _strides(t: Tensor) -> Tuple[int, int, int, int]:
 
 
 def _eager_layout(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """An empty tensor of the shape, dtype and strides eager PyTorch gives ``x * cos + rotate_half(x) * sin``.
+    """``x * cos + rotate_half(x) * sin`` as eager PyTorch (transformers) evaluates it: on meta tensors, an empty
+    tensor of the shape, dtype and strides eager gives; on real tensors, the values too (:func:`rotary_reference`).
 
     The strides follow TensorIterator's layout rule (the output takes the memory order of the
     operands); consumers such as SDPA can choose other kernels for other strides, so matching them
@@ -488,12 +489,7 @@ def rotary_reference(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_d
     for any dtype and device, with autograd to cos / sin): ``x * cos + rotate_half(x) * sin``, where
     ``rotate_half(x) = cat(-x2, x1)`` of x's halves on the last dim (RoFormer, Su et al. 2021)."""
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-
-    def rotate_half(x: Tensor) -> Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    return _eager_layout(q, cos, sin), _eager_layout(k, cos, sin)
 
 
 def _pinned(plan: tuple) -> tuple:

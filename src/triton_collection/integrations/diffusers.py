@@ -669,7 +669,7 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
 
     Raises:
         TypeError: not a pipeline or module; ``mode`` not a ``kernels.Mode``; a flag (``attention``, ``norms``,
-            ``modulate``, ``feed_forward``, ``blocks``, ``trust_remote_code``) not a bool; ``norm_families`` not a tuple of
+            ``modulate``, ``feed_forward``, ``blocks``) not a bool; ``norm_families`` not a tuple of
             families; ``version`` not an int; ``kernel`` / ``norms_kernel`` / ``matmul_kernel`` lacking what the
             swaps call (not that package, e.g. a string or another of the packages). ValueError: ``org`` not a Hub
             organisation name; ``version`` < 1; ``attention_backend`` neither "sdpa" nor "triton"; ``mode`` without
@@ -684,7 +684,7 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
         raise ValueError(f"kernelize: attention_backend must be 'triton' or 'sdpa', got {attention_backend!r}")
     _check_mode(mode)
     for name, flag in (("attention", attention), ("norms", norms), ("modulate", modulate),
-                       ("feed_forward", feed_forward), ("blocks", blocks), ("trust_remote_code", trust_remote_code)):
+                       ("feed_forward", feed_forward), ("blocks", blocks)):
         if not isinstance(flag, bool):  # "no" or "false" would read as True
             raise TypeError(f"kernelize: {name} must be a bool, got {flag!r}")
     if norm_families is not None and (not isinstance(norm_families, (tuple, list))
@@ -708,10 +708,12 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
     hub = dict(org=org, version=version, trust_remote_code=trust_remote_code)
     if any(plan["processors"] for *_, plan in plans):
         _check_package("kernel", kernel, "triton-attention", ("rotary_embedding", "flash_attention"))
-    if any(plan["ada"] for *_, plan in plans):
-        _check_package("norms_kernel", norms_kernel, "triton-norms", ("norm_modulate",))
+    norms_needs = ()  # what the adaLN swaps (norm_modulate) and the Wan blocks (all three) call
+    if any(plan["ada"] or plan["blocks"] for *_, plan in plans):
+        norms_needs += ("norm_modulate",)
     if any(plan["blocks"] for *_, plan in plans):
-        _check_package("norms_kernel", norms_kernel, "triton-norms", ("norm_modulate", "gated_residual", "layer_norm"))
+        norms_needs += ("gated_residual", "layer_norm")
+    _check_package("norms_kernel", norms_kernel, "triton-norms", norms_needs)
     if any(plan["ff"] for *_, plan in plans):
         _check_package("matmul_kernel", matmul_kernel, "triton-matmul", ("layers.GELU", "layers.GEGLU"))
     if kernel is None and any(plan["processors"] for *_, plan in plans):
