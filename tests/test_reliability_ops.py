@@ -55,12 +55,13 @@ def _runs(pkg, entry, device, *, dtype_index=-1):
     return runs
 
 
-def _assert_same(name, actual, expected, dtype):
-    """Equal within ``TOL[dtype]``; the absolute tolerance also scales with the tensor's largest finite
-    magnitude: a gradient that sums many terms (a bias gradient, dq of attention) may be near 0 where the
-    terms cancel, and another summation order (compile's fused reduction, another tile schedule) moves
-    such an element by a few ulps of the terms, not of the result."""
+def _assert_same(name, actual, expected, dtype, slack=1.0):
+    """Equal within ``TOL[dtype]`` (its relative part times ``slack``); the absolute tolerance also scales with
+    the tensor's largest finite magnitude: a gradient that sums many terms (a bias gradient, dq of attention) may
+    be near 0 where the terms cancel, and another summation order (compile's fused reduction, another tile
+    schedule) moves such an element by a few ulps of the terms, not of the result."""
     rtol, atol = TOL[dtype]
+    rtol *= slack
     for i, (a, e) in enumerate(zip(as_tuple(actual), as_tuple(expected))):
         if not isinstance(e, torch.Tensor):
             continue
@@ -351,11 +352,17 @@ def _grads(out, inputs, params, grad):
 def test_case5_compile_fullgraph_inference_and_training_equal_eager(request, package, device):
     """All samples of a package in one ``torch.compile(fullgraph=True)`` graph (one compile per mode)."""
     pkg = _pkg(request, package)
+    torch.manual_seed(1)  # the layers' random weights too: the same case whatever ran before in this process
     runs = _runs(pkg, CATALOG[package], device)
     backend = "inductor" if device == "cuda" else "aot_eager"
     torch._dynamo.reset()  # ``every`` is one code object for all packages: start each from a clean cache
-    torch.manual_seed(1)
     data = [make(device, dtype) for _, _, make, _, _, dtype, _ in runs]
+
+    def slack(name, dtype):
+        # Inductor compiles the composite layers' own submodules (attention, MLP) too, keeping fp32 between fused
+        # ops where eager rounds each to bf16/fp16; through a decoder layer's backward those roundings add up to
+        # ~1% of the largest gradient (session 59, H100: 0.0625 at a largest |grad| of 6.6), not ulps of our op
+        return 4.0 if backend == "inductor" and name in COMPOSITE_LAYERS and dtype != torch.float32 else 1.0
 
     def every(*flat):
         outs, k = [], 0
@@ -371,7 +378,7 @@ def test_case5_compile_fullgraph_inference_and_training_equal_eager(request, pac
     with torch.no_grad():
         got, want = compiled(*flat), every(*flat_e)
     for (name, *_rest), g, w in zip(runs, got, want):
-        _assert_same(f"{name} [inference]", g, w, _rest[4])
+        _assert_same(f"{name} [inference]", g, w, _rest[4], slack(name, _rest[4]))
     # training: forward compiled with inputs that require grad, backward through the compiled graph
     trainable = [r for r in runs if r[3]]
     flat, flat_e, per = [], [], []
@@ -384,7 +391,7 @@ def test_case5_compile_fullgraph_inference_and_training_equal_eager(request, pac
     assert trainable
     leaves_c, leaves_e, owners = [], [], []
     for (name, fn, make, grad, out_arg, dtype, params), g, w, (a, b) in zip(runs, got, want, per):
-        _assert_same(f"{name} [training forward]", g, w, dtype)
+        _assert_same(f"{name} [training forward]", g, w, dtype, slack(name, dtype))
         for i in grad:
             if a[i].requires_grad:
                 leaves_c.append(a[i])
@@ -398,7 +405,7 @@ def test_case5_compile_fullgraph_inference_and_training_equal_eager(request, pac
     for (name, i, dtype), x, y in zip(owners, grads_c, grads_e):
         assert (x is None) == (y is None), f"{name} [training grad of input {i}]: None in one of compiled/eager"
         if x is not None:
-            _assert_same(f"{name} [training grad of input {i}]", x, y, dtype)
+            _assert_same(f"{name} [training grad of input {i}]", x, y, dtype, slack(name, dtype))
 
 
 def _cuda_only(device):
