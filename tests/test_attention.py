@@ -209,7 +209,8 @@ def test_flash_fully_masked_rows_are_zero(attention, device):
 def test_flash_extreme_additive_mask(attention, device):
     """Additive mask entries near -FLT_MAX (transformers fills padding with finfo.min) weigh keys as SDPA does: a
     query whose visible keys all carry one gets their average (not a dropped row), -inf entries still drop keys,
-    a NaN entry gives NaN; gradients against fp64 softmax autograd.
+    an entry of +FLT_MAX takes all the weight, a NaN or +inf entry gives NaN; gradients against fp64 softmax
+    autograd.
 
     Known limitation: the backward recomputes probabilities from an fp32 logsumexp, which cannot hold log(n) next to
     -FLT_MAX, so a row whose every key sits at such a mask gets wrong gradients for a nonzero upstream gradient (as
@@ -223,20 +224,23 @@ def test_flash_extreme_additive_mask(attention, device):
     mask[1, :20] = float("-inf")
     mask[1, 20:] = -3e38
     mask[2, ::2] = big  # the rest of row 2 wins outright
+    mask[3, 5] = torch.finfo(torch.float32).max  # key 5 takes all the weight (it overflowed to +inf: a NaN row)
     o = attention.flash_attention(q, k, v, attn_mask=mask)
     q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
     # the math softmax in fp64 (fp64 SDPA on the CPU takes a fused kernel with the same logsumexp limitation)
     r = torch.softmax((q64 @ k64.transpose(-1, -2)) * q.shape[-1] ** -0.5 + mask.double(), -1) @ v64
     assert_close(o, r.detach(), TOL[torch.float32], "o")
     assert torch.allclose(o[:, :, 0], v.detach().mean(2), atol=1e-5)
+    assert torch.equal(o[:, :, 3], v.detach()[:, :, 5])
     do = rand(*o.shape, device=device)
     do[:, :, :2] = 0  # rows 0 and 1: every visible key near -FLT_MAX, padding queries (the limitation above)
     for g, rg in zip(torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(r, (q64, k64, v64), do.double())):
         assert_close(g, rg, GRAD_TOL[torch.float32])
     mask[4, 7] = float("nan")
+    mask[3, 9] = float("inf")  # as SDPA: softmax of +inf is NaN
     with torch.no_grad():
         o = attention.flash_attention(q, k, v, attn_mask=mask)
-    assert torch.isnan(o[:, :, 4]).all() and torch.isfinite(o[:, :, :4]).all()
+    assert torch.isnan(o[:, :, 3:]).all() and torch.isfinite(o[:, :, :3]).all()
 
 
 def test_flash_strided_views_read_in_place(attention, device):
@@ -822,6 +826,17 @@ def test_transformers_attention_refuses_unsupported(attention, device):
         args[i] = q[0]
         with pytest.raises(ValueError, match=f"{name} must be 4-D"):
             attention.transformers_attention_forward(mod, *args, None)
+    # flash_attention's checks, told in this function's argument names (they said q, attn_mask, scale)
+    with pytest.raises(TypeError, match=r"^triton attention: query must be torch.float16.*got torch.float64$"):
+        attention.transformers_attention_forward(mod, q.double(), q, q, None)
+    with pytest.raises(TypeError, match=r"^triton attention: query, key and value must share one dtype"):
+        attention.transformers_attention_forward(mod, q, q.half(), q, None)
+    with pytest.raises(TypeError, match=r"^triton attention: attention_mask must be boolean"):
+        attention.transformers_attention_forward(mod, q, q, q, torch.zeros(4, 4, dtype=torch.int32, device=device))
+    with pytest.raises(TypeError, match=r"^triton attention: scaling must be a real number.*got str$"):
+        attention.transformers_attention_forward(mod, q, q, q, None, scaling="x")
+    with pytest.raises(ValueError, match=r"^triton attention: head dims must be in \[1, 256\], got query/key 16"):
+        attention.transformers_attention_forward(mod, q, q, rand(1, 2, 4, 300, device=device), None)
     out, w = attention.transformers_attention_forward(mod, q, q, q, None, scaling=0.5)
     assert w is None and out.shape == (1, 4, 2, 16)
     assert_close(out, ref_attention(q, q, q, causal=True, scale=0.5).transpose(1, 2), TOL[torch.float32])
@@ -1432,6 +1447,11 @@ def test_checked_inference_calls(attention, device, monkeypatch):
         attention.flash_attention(q, k, v, out_layout="bsd")
     with pytest.raises(ValueError, match="scale must be a finite number"):
         attention.flash_attention(q, k, v, scale=float("nan"))
+    np = pytest.importorskip("numpy")  # NumPy scalars, as SDPA takes them (np.float32 was refused)
+    call(q, k, v, causal=True, scale=np.float32(0.3))
+    for bad in (True, torch.tensor(0.3), "0.3"):
+        with pytest.raises(TypeError, match="scale must be a real number"):
+            attention.flash_attention(q, k, v, scale=bad)
     with pytest.raises(ValueError, match="multiple of the key/value heads"):
         attention.flash_attention(q, k[:, :1].expand(1, 4, 29, 24), v[:, :1].expand(1, 4, 29, 24))
     assert len(flash._CHECKED) == 2

@@ -529,6 +529,21 @@ def test_attention_layer_equals_the_module(installed, device, kind, monkeypatch)
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_attention_layer_runs_a_model_moved_to_float64(installed, device):
+    """A model kernelized and then moved to float64, a dtype the rotary kernel does not take: the LlamaAttention
+    layer runs transformers' formula there, so the logits equal the unkernelized float64 model's bit for bit (the
+    layer raised the kernel's TypeError, naming a q the user never passed, before)."""
+    from triton_collection.integrations.families import LLAMA_ATTENTION
+
+    ours, eager = _tiny("llama", torch.float32, device), _tiny("llama", torch.float32, device)
+    report = kernelize(ours, mode=Mode.INFERENCE, org=ORG, families=(LLAMA_ATTENTION,))
+    assert report.swapped["model.layers.0.self_attn"] == "LlamaAttention"
+    ids = _prompt(device)
+    with torch.no_grad():
+        got, want = ours.double()(ids).logits, eager.double()(ids).logits
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+
+
 def test_attention_family_probes_the_form_and_the_rotary(installed):
     """Only a Llama-form forward whose module's apply_rotary_pos_emb computes Llama's formula is mapped: GLM's
     attention has Llama's forward but an interleaved rotary, Bamba's a partial one, Mistral's forward passes a

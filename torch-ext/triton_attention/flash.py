@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from typing import Optional, Tuple
 
 import torch
@@ -93,11 +94,14 @@ def _dot_acc(a, b, acc, PREC: tl.constexpr, F32: tl.constexpr):
 
 @triton.jit
 def _mask_base2(add):
-    """An additive mask in the base-2 score domain, add * log2(e) in fp32: -inf stays -inf (dropped), a finite value
-    stays finite (an entry below -FLT_MAX / log2(e), such as a bf16 finfo.min, would otherwise overflow to -inf and
-    drop a key that SDPA weighs)."""
-    return tl.where(add == float("-inf"), add, tl.maximum(add * 1.4426950408889634, -3.4028234663852886e38,
-                                                          propagate_nan=tl.PropagateNan.ALL))
+    """An additive mask in the base-2 score domain, add * log2(e) in fp32: -inf stays -inf (dropped) and +inf +inf
+    (NaN, as in SDPA), a finite value stays finite: an entry beyond FLT_MAX / log2(e) in size, such as a bf16
+    finfo.min or an fp32 finfo.max, would otherwise overflow to -inf (dropping a key SDPA weighs) or to +inf (a NaN
+    row where SDPA gives that key all the weight)."""
+    big = 3.4028234663852886e38
+    scaled = tl.minimum(tl.maximum(add * 1.4426950408889634, -big, propagate_nan=tl.PropagateNan.ALL), big,
+                        propagate_nan=tl.PropagateNan.ALL)
+    return tl.where((add == float("-inf")) | (add == float("inf")), add, scaled)
 
 
 @triton.jit
@@ -1238,8 +1242,9 @@ def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
     check_flag("causal", causal)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    elif isinstance(scale, (Tensor, bool)) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
+    elif isinstance(scale, (Tensor, bool)) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number (a Python or NumPy float or int) or None, got "
+                        f"{type(scale).__name__}")
     elif not -math.inf < scale < math.inf:
         raise ValueError(f"scale must be a finite number, got {scale!r}")
     return bshd, float(scale)
@@ -1271,8 +1276,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
 
     Raises:
         TypeError: non-tensors, a sparse or nested tensor, unsupported dtypes, mixed dtypes, a non-tensor or
-            integer mask, a non-bool causal, a scale that is not a Python number (an int is taken as a
-            float).
+            integer mask, a non-bool causal, a scale that is not a real number (Python or NumPy; an int is
+            taken as a float; a bool or a tensor is refused).
         ValueError: a NaN or infinite scale, wrong ranks, shapes that do not agree (batch, heads, head dims, kv
             lengths), Hq not a multiple of Hk, a head dim outside [1, 256], a batch or Hq above 65535, tensors
             (mask included) on different devices, a mask of more than 4 dims or that does not broadcast, an
@@ -1284,7 +1289,9 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tens
     their matmuls (as FlashAttention-2); fp32 inputs use IEEE fp32 dot products. The backward recomputes P from an
     fp32 logsumexp: a query row whose every key carries a huge additive mask (-1e9, finfo.min) gets the forward's
     average of v but inexact gradients for a nonzero upstream gradient, as SDPA's fused kernels (such rows are
-    padding queries, whose upstream gradient is normally zero). Source: Dao, "FlashAttention-2"
+    padding queries, whose upstream gradient is normally zero). Additive mask entries are taken in base 2 within
+    +-FLT_MAX: two entries beyond +-FLT_MAX / log2(e) (2.36e38) in one row tie where SDPA weighs only the larger.
+    Source: Dao, "FlashAttention-2"
     (2023), online softmax of Milakov & Gimelshein (2018); equals ``F.scaled_dot_product_attention``.
     """
     if inference((q, k, v, attn_mask), 3) and (scale is None or type(scale) is float) and type(causal) is bool:

@@ -58,8 +58,10 @@ class LlamaAttention(nn.Module):
     the class's forward, as that forward does), the output projection. Unlike ``kernelize_rotary`` (process-wide:
     it swaps the module-level function), this swaps the model's own modules only.
 
-    Shapes: hidden_states (batch, seq, hidden), fp16/bf16/fp32; cos, sin (batch, seq, head_dim); returns
-    (attn_output (batch, seq, hidden), attn_weights or None), as the replaced module.
+    Shapes: hidden_states (batch, seq, hidden); cos, sin (batch, seq, head_dim); returns (attn_output (batch, seq,
+    hidden), attn_weights or None), as the replaced module. Tensors the rotary kernel does not take (a model moved
+    to float64, CPU tensors of a GPU build, cos / sin that require grad) get transformers' formula in PyTorch ops,
+    as :class:`RotaryPosEmb`: the same bits.
     """
 
     q_proj: nn.Module
@@ -83,7 +85,12 @@ class LlamaAttention(nn.Module):
         key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         cos, sin = position_embeddings
-        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        try:
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        except (TypeError, RuntimeError):  # checked only when refused: no cost to the calls the kernel takes
+            if kernel_takes(query_states, key_states, cos, sin):
+                raise
+            query_states, key_states = rotary_reference(query_states, key_states, cos, sin)
         if past_key_values is not None:
             key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
         names = type(self).forward.__globals__  # the replaced forward's module (transformers' modeling file)

@@ -12,6 +12,7 @@ Registering the name is done by ``triton_collection.integrations.transformers_at
 
 from __future__ import annotations
 
+import re
 from typing import Optional, Tuple
 
 import torch
@@ -43,9 +44,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         (output [B, Sq, Hq, Dv] contiguous in q's dtype, None); no attention weights.
 
     Raises:
-        TypeError: query / key / value not tensors, or sparse or nested (and as :func:`flash_attention`).
+        TypeError: query / key / value not tensors, or sparse or nested (and as :func:`flash_attention`, its
+            messages naming this function's arguments: query, key, value, attention_mask, scaling).
         ValueError: query / key / value not 4-D, dropout, ``output_attentions=True``, the refused kwargs above
-            (and as :func:`flash_attention`).
+            (and as :func:`flash_attention`, named as above).
     """
     for name in _UNSUPPORTED:
         if kwargs.get(name) is not None:
@@ -65,6 +67,14 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     to = autocast_to("scaled_dot_product_attention", query)
     if to is not None:  # under autocast SDPA computes in another dtype (the autocast dtype)
         query, key, value, attention_mask = cast(to, query, key, value, attention_mask)
-    out = flash_attention(query, key, value, attn_mask=attention_mask, causal=causal, scale=scaling,
-                          layout="bhsd", out_layout="bshd")
+    try:
+        out = flash_attention(query, key, value, attn_mask=attention_mask, causal=causal, scale=scaling,
+                              layout="bhsd", out_layout="bshd")
+    except (TypeError, ValueError) as e:  # flash_attention's checks, told in this interface's argument names
+        raise type(e)(f"triton attention: {_INTERFACE_NAMES.sub(lambda m: _RENAMED[m[0]], str(e))}") from e
     return out, None
+
+
+# flash_attention's argument names -> the names transformers passes them by
+_RENAMED = {"q": "query", "k": "key", "v": "value", "attn_mask": "attention_mask", "scale": "scaling"}
+_INTERFACE_NAMES = re.compile(r"\b(?:q|k|v|attn_mask|scale)\b")
