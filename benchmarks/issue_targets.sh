@@ -7,7 +7,7 @@
 #   3. issue 4: triton-softmax's full sweep (softmax N = 1024 ... 262144, log_softmax, fwd+bwd, cross-entropy);
 #   4. issue 6: triton-attention's full sweep; 5. issue 7: triton-norms' full sweep.
 # Wheels as benchmarks/cuda_tests.sh says (.whl, .gpu/whl, .gpu/tf). Results under $OUT (JSON, Markdown, PNG).
-# SKIP="matmul-fused softmax" leaves those steps out.
+# SKIP="matmul-fused softmax" leaves those steps out. Everything comes back as $OUT/issue_targets.tgz.
 T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/*.whl .gpu/whl/*.whl .gpu/tf/*.whl || exit 1
@@ -31,3 +31,5 @@ step softmax 150 $bench softmax --shapes full --name softmax_full
 step attention 150 $bench attention --shapes full --name attention_full
 step norms 150 $bench norms --shapes full --name norms_full
 echo "all $(( $(date +%s) - T0 )) s"
+# run hands back at most 8 files per call (session 59 lost the softmax and norms results to that): one archive
+(cd $OUT && tar czf issue_targets.tgz gpu.txt bench mm && rm -rf gpu.txt bench mm)
