@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -391,3 +392,37 @@ def test_a_package_named_twice_is_built_once(tmp_path, capsys):
     assert [b.package.name for b in built] == ["triton-norms"]
     assert main(["build", "--root", str(ROOT), "--package", "triton-norms", "--package", "triton_norms", "--out", str(tmp_path / "cli")]) == 0
     assert capsys.readouterr().out.count("triton-norms v1: ") == 1
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda src: src + "def broken(:\n", r"__init__.py:{line}: invalid syntax \(a syntax error: the package would not import\)"),
+    (lambda src: src + '__all__ = [x for x in ("a",)] + ["b"]\n',
+     r"__init__.py:{line}: __all__ must be a literal list of strings .*got \[x for x in \('a',\)\] \+ \['b'\]"),
+], ids=["syntax-error", "all-not-a-literal"])
+def test_a_source_that_does_not_parse_is_one_line_and_keeps_the_previous_build(edit, message, tmp_path, capsys, monkeypatch):
+    """A syntax error in a package's source (or an ``__all__`` that is not a literal list) ended build, install-local
+    and publish with a traceback (SyntaxError; AttributeError 'BinOp' object has no attribute 'elts'), after the
+    previous build at ``--out`` had been deleted (a half-written tree was left): now one line names the file and
+    line, and ``--out`` keeps what it held."""
+    from triton_collection import publish
+    from triton_collection.build import tree_commit
+    from triton_collection.cli import main
+
+    root = _norms_only_root(tmp_path)
+    out = tmp_path / "out"
+    assert main(["build", "--root", str(root), "--out", str(out)]) == 0
+    before = tree_commit(out / "triton-norms")
+    init_py = root / "torch-ext" / "triton_norms" / "__init__.py"
+    source = init_py.read_text()
+    init_py.write_text(edit(source))
+    expected = message.format(line=len(source.splitlines()) + 1)
+    monkeypatch.setattr(publish.constants, "is_offline_mode", lambda: False)  # the build fails before any request
+    capsys.readouterr()
+    for command, extra, prefix in (("build", [], "build failed: "), ("install-local", [], "install-local failed: "),
+                                   ("publish", ["--org", ORG, "--dry-run"], f"publish failed: {ORG}: build: ")):
+        assert main([command, "--root", str(root), "--out", str(out), *extra]) == 1, command
+        err = capsys.readouterr().err
+        assert err.startswith(prefix + str(init_py)) and re.search(expected, err.splitlines()[0]), err
+        assert "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["triton-norms"]
+    assert tree_commit(out / "triton-norms") == before

@@ -31,7 +31,7 @@ import kernels_data
 from .manifest import Collection, Package, check_org, render_package_build_toml
 
 __all__ = ["BACKENDS", "SHARED_DIR", "BuiltPackage", "build_collection", "build_package", "check_build_toml", "check_layer_rules",
-           "package_files", "source_hash", "tree_commit"]
+           "check_sources", "package_files", "source_hash", "tree_commit"]
 
 log = logging.getLogger(__name__)
 
@@ -119,16 +119,54 @@ def tree_commit(tree: Path) -> str:
     return digest.hexdigest()
 
 
+def check_sources(files: dict[str, Path]) -> None:
+    """Parse every ``.py`` file of a package (its own and the shared modules), so a syntax error is named before
+    anything is written (``kernels`` could not import the package; the card and the API check read it with ``ast``).
+
+    Raises:
+        ValueError: naming the file, the line and the parser's message.
+    """
+    for path in files.values():
+        if path.suffix == ".py":
+            _parse(path)
+
+
+def _parse(path: Path) -> ast.Module:
+    """``path`` parsed; a file Python cannot read is a ValueError naming it (and the line), not a SyntaxError."""
+    try:
+        return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except SyntaxError as err:
+        raise ValueError(f"{path}:{err.lineno}: {err.msg} (a syntax error: the package would not import)") from None
+    except ValueError as err:  # not UTF-8, or a null byte
+        raise ValueError(f"{path}: not Python source ({err})") from None
+
+
+def _literal_all(init_py: Path, node: ast.Assign) -> list[str]:
+    """The names of an ``__all__ = [...]`` assignment, which must be a literal list or tuple of strings."""
+    try:
+        names = ast.literal_eval(node.value)
+    except ValueError:
+        names = None
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{init_py}:{node.lineno}: __all__ must be a literal list of strings (the card and the API "
+                         f"check read it without importing), got {ast.unparse(node.value)}")
+    return list(names)
+
+
 def _public_names(src: Path) -> tuple[list[str], list[str]]:
-    """``__all__`` of the package and the layer classes of ``layers.py``, read without importing."""
+    """``__all__`` of the package and the layer classes of ``layers.py``, read without importing.
+
+    Raises:
+        ValueError: a file does not parse, or ``__all__`` is not a literal list of strings (naming the file and line).
+    """
     functions: list[str] = []
-    for node in ast.walk(ast.parse((src / "__init__.py").read_text(encoding="utf-8"))):
+    for node in ast.walk(_parse(src / "__init__.py")):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
-            functions = [ast.literal_eval(elt) for elt in node.value.elts]
+            functions = _literal_all(src / "__init__.py", node)
     layers: list[str] = []
     layers_py = src / "layers.py"
     if layers_py.is_file():
-        tree = ast.parse(layers_py.read_text(encoding="utf-8"))
+        tree = _parse(layers_py)
         layers = [n.name for n in tree.body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")]
     return [f for f in functions if f != "layers"], layers
 
@@ -148,7 +186,7 @@ def check_layer_rules(layers_py: Path) -> None:
     import torch
 
     allowed = (set(dir(torch.nn.Module)) | _LAYER_FLAGS) - {"__init__"}
-    for cls in ast.parse(layers_py.read_text(encoding="utf-8")).body:
+    for cls in _parse(layers_py).body:
         if not isinstance(cls, ast.ClassDef) or cls.name.startswith("_"):
             continue
         for node in cls.body:
@@ -219,15 +257,18 @@ def build_package(collection: Collection, package: Package, out: Path, *, org: s
         The rendered package.
 
     Raises:
-        ValueError: ``org`` is not a Hub organisation name (:func:`check_org`), a layer breaks the ``kernels``
+        ValueError: ``org`` is not a Hub organisation name (:func:`check_org`), a source file does not parse
+            (:func:`check_sources`) or ``__all__`` is not a literal list of strings, a layer breaks the ``kernels``
             layer rules (:func:`check_layer_rules`), or kernels' parser refuses the rendered build.toml
             (:func:`check_build_toml`), before anything is written.
     """
     check_org(org)
     src = collection.root / "torch-ext" / package.python_name
+    files = package_files(collection, package)
+    check_sources(files)
     if (src / "layers.py").is_file():
         check_layer_rules(src / "layers.py")
-    files = package_files(collection, package)
+    functions, layers = _public_names(src)
     backends = BACKENDS + (("cpu",) if cpu_variant else ())
     build_toml = render_package_build_toml(collection, package, org=org, backends=list(backends))
     try:
@@ -241,7 +282,6 @@ def build_package(collection: Collection, package: Package, out: Path, *, org: s
 
     (dest / "build.toml").write_text(build_toml, encoding="utf-8")
     (dest / "flake.nix").write_text(_template("flake.nix.tmpl").format(name=package.name), encoding="utf-8")
-    functions, layers = _public_names(src)
     (dest / "README.md").write_text(
         _template("card.md.tmpl").format(
             license=collection.general.get("license", "apache-2.0").lower(),
