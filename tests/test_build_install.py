@@ -426,3 +426,72 @@ def test_a_source_that_does_not_parse_is_one_line_and_keeps_the_previous_build(e
         assert "Traceback" not in err
     assert sorted(p.name for p in out.iterdir()) == ["triton-norms"]
     assert tree_commit(out / "triton-norms") == before
+
+
+def _norms_and_activations_root(tmp_path):
+    """A collection of triton-norms and triton-activations (in that order), their sources and the shared modules."""
+    root = _norms_only_root(tmp_path)
+    shutil.copytree(ROOT / "torch-ext" / "triton_activations", root / "torch-ext" / "triton_activations")
+    (root / "build.toml").write_text((ROOT / "build.toml").read_text().split("[package.triton-softmax]")[0])
+    return root
+
+
+def test_a_refusal_in_a_later_package_writes_nothing(tmp_path, capsys):
+    """README: every build refuses a layer breaking the kernels rules "before writing anything"; a refusal in a later
+    package left the earlier ones already rebuilt in ``--out``. Now every package is checked first, so ``--out`` keeps
+    the previous build of each (and a fresh ``--out`` is not created)."""
+    from triton_collection.cli import main
+
+    root = _norms_and_activations_root(tmp_path)
+    out = tmp_path / "out"
+    assert main(["build", "--root", str(root), "--out", str(out)]) == 0
+    norms_init = root / "torch-ext" / "triton_norms" / "__init__.py"
+    norms_init.write_text(norms_init.read_text() + "# changed after the first build\n")  # a rebuild would ship it
+    layers_py = root / "torch-ext" / "triton_activations" / "layers.py"
+    anchor = "class SiluAndMul(nn.Module):\n"
+    layers_py.write_text(layers_py.read_text().replace(anchor, anchor + "    def __init__(self):\n        super().__init__()\n"))
+    capsys.readouterr()
+    for command in ("build", "install-local"):
+        for target in (out, tmp_path / "fresh"):
+            assert main([command, "--root", str(root), "--out", str(target)]) == 1
+            err = capsys.readouterr().err
+            assert err.startswith(f"{command} failed: ") and "layer SiluAndMul defines '__init__'" in err
+    shipped = out / "triton-norms" / "build" / "torch-cuda" / "__init__.py"
+    assert "changed after the first build" not in shipped.read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["triton-activations", "triton-norms"]
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_a_failure_while_rendering_leaves_out_as_it_was(tmp_path, monkeypatch):
+    """The trees are rendered into a staging folder inside ``--out`` and replace the previous ones only when all have
+    rendered: an error writing the second package (a full disk, ...) leaves the first one's previous build in place
+    and no staging folder behind; the next build replaces both."""
+    from triton_collection import build
+    from triton_collection.cli import main
+
+    root = _norms_and_activations_root(tmp_path)
+    out = tmp_path / "out"
+    assert main(["build", "--root", str(root), "--out", str(out)]) == 0
+    norms_init = root / "torch-ext" / "triton_norms" / "__init__.py"
+    norms_init.write_text(norms_init.read_text() + "# changed after the first build\n")
+    write_variant = build._write_variant
+
+    def failing(variant, files, package, *args):
+        if package.name == "triton-activations":
+            raise OSError(28, "No space left on device", str(variant))
+        return write_variant(variant, files, package, *args)
+
+    monkeypatch.setattr(build, "_write_variant", failing)
+    with pytest.raises(OSError, match="No space left on device"):
+        build.build_collection(load_manifest(root), out, org=ORG)
+    shipped = out / "triton-norms" / "build" / "torch-cuda" / "__init__.py"
+    assert "changed after the first build" not in shipped.read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["triton-activations", "triton-norms"]
+    with pytest.raises(OSError, match="No space left on device"):  # a fresh --out is not left behind either
+        build.build_collection(load_manifest(root), tmp_path / "fresh", org=ORG)
+    assert not (tmp_path / "fresh").exists()
+    monkeypatch.setattr(build, "_write_variant", write_variant)
+    built = build.build_collection(load_manifest(root), out, org=ORG)
+    assert [b.path for b in built] == [out / "triton-norms", out / "triton-activations"]
+    assert "changed after the first build" in shipped.read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["triton-activations", "triton-norms"]

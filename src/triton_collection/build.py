@@ -17,9 +17,11 @@ replace each other in ``sys.modules``) only when their code is identical.
 from __future__ import annotations
 
 import ast
+import errno
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -243,8 +245,121 @@ def _write_variant(variant: Path, files: dict[str, Path], package: Package, back
     kernels_data.Metadata.read_from_file(variant / "metadata.json")  # fail here, not at load time
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """A package checked and ready to render: everything the tree needs, read from the source; nothing written."""
+
+    package: Package
+    org: str
+    files: dict[str, Path]
+    backends: tuple[str, ...]
+    build_toml: str
+    functions: list[str]
+    layers: list[str]
+
+
+def _plan_package(collection: Collection, package: Package, *, org: str, cpu_variant: bool) -> _Plan:
+    """Every check of one package (see :func:`build_package`'s Raises), before any of its files is written."""
+    check_org(org)
+    src = collection.root / "torch-ext" / package.python_name
+    files = package_files(collection, package)
+    check_sources(files)
+    if (src / "layers.py").is_file():
+        check_layer_rules(src / "layers.py")
+    functions, layers = _public_names(src)
+    backends = BACKENDS + (("cpu",) if cpu_variant else ())
+    build_toml = render_package_build_toml(collection, package, org=org, backends=list(backends))
+    try:
+        check_build_toml(build_toml)
+    except ValueError as err:
+        raise ValueError(f"{package.name}: {err}") from None
+    return _Plan(package=package, org=org, files=files, backends=backends, build_toml=build_toml,
+                 functions=functions, layers=layers)
+
+
+def _render(collection: Collection, plan: _Plan, dest: Path) -> str:
+    """Write the Hub tree of a checked package into the new folder ``dest``; returns its source hash."""
+    package = plan.package
+    dest.mkdir(parents=True)
+    (dest / "build.toml").write_text(plan.build_toml, encoding="utf-8")
+    (dest / "flake.nix").write_text(_template("flake.nix.tmpl").format(name=package.name), encoding="utf-8")
+    (dest / "README.md").write_text(
+        _template("card.md.tmpl").format(
+            license=collection.general.get("license", "apache-2.0").lower(),
+            name=package.name,
+            python_name=package.python_name,
+            description=package.description,
+            org=plan.org,
+            repo_id=f"{plan.org}/{package.name}",
+            version=package.version,
+            functions="\n".join(f"- `{f}`" for f in plan.functions) or "(none)",
+            layers="\n".join(f"- `{layer}`" for layer in plan.layers) or "(none)",
+        ),
+        encoding="utf-8",
+    )
+    _copy_files(plan.files, dest / "torch-ext" / package.python_name)
+    short = package.python_name.removeprefix("triton_")
+    for bench in sorted((collection.root / "benchmarks").glob(f"benchmark_{short}*.py")):
+        (dest / "benchmarks").mkdir(exist_ok=True)
+        shutil.copyfile(bench, dest / "benchmarks" / bench.name)
+
+    digest = source_hash(plan.files)
+    for backend in plan.backends:
+        namespace = f"_{package.python_name}_{backend}_{digest}"
+        _write_variant(dest / "build" / f"torch-{backend}", plan.files, package, backend, collection, namespace)
+    return digest
+
+
+def _swap_in(staging: Path, out: Path, names: list[str]) -> None:
+    """Move each tree ``staging/new/<name>`` to ``out/<name>``, the one there before into ``staging/previous/``
+    (removed with the staging folder). An OSError midway puts back the trees already replaced, then propagates."""
+    done: list[str] = []
+    (staging / "previous").mkdir()
+    try:
+        for name in names:
+            dest = out / name
+            if dest.exists() or dest.is_symlink():
+                dest.rename(staging / "previous" / name)
+            done.append(name)
+            (staging / "new" / name).rename(dest)
+    except OSError:
+        for name in reversed(done):
+            dest, previous = out / name, staging / "previous" / name
+            if not (staging / "new" / name).exists() and dest.exists():
+                dest.rename(staging / "new" / name)
+            if previous.exists() or previous.is_symlink():
+                previous.rename(dest)
+        raise
+
+
+def _build(collection: Collection, packages: list[Package], out: Path, *, org: str, cpu_variant: bool) -> list[BuiltPackage]:
+    """Check every package, render them all into a staging folder inside ``out``, then replace their trees in
+    ``out``: a refused package, or a failure while rendering any of them, leaves ``out`` as it was."""
+    plans = [_plan_package(collection, pkg, org=org, cpu_variant=cpu_variant) for pkg in packages]
+    if out.exists() and not out.is_dir():  # mkdir(exist_ok=True) would say "File exists"
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(out))
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".triton-collection-staging-", dir=out))
+    try:
+        digests = [_render(collection, plan, staging / "new" / plan.package.name) for plan in plans]
+        _swap_in(staging, out, [plan.package.name for plan in plans])
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    built = []
+    for plan, digest in zip(plans, digests):
+        dest = out / plan.package.name
+        log.info("built %s v%d (%s) into %s", plan.package.name, plan.package.version, ", ".join(plan.backends), dest)
+        built.append(BuiltPackage(package=plan.package, path=dest, backends=plan.backends, source_hash=digest))
+    return built
+
+
 def build_package(collection: Collection, package: Package, out: Path, *, org: str, cpu_variant: bool = False) -> BuiltPackage:
-    """Render one package into ``out/<package.name>/`` (replacing what was there).
+    """Render one package into ``out/<package.name>/`` (replacing what was there, once the new tree is complete).
 
     Args:
         collection: the parsed manifest.
@@ -261,57 +376,15 @@ def build_package(collection: Collection, package: Package, out: Path, *, org: s
             (:func:`check_sources`) or ``__all__`` is not a literal list of strings, a layer breaks the ``kernels``
             layer rules (:func:`check_layer_rules`), or kernels' parser refuses the rendered build.toml
             (:func:`check_build_toml`), before anything is written.
+        OSError: ``out`` cannot be written; ``out/<package.name>`` is left as it was.
     """
-    check_org(org)
-    src = collection.root / "torch-ext" / package.python_name
-    files = package_files(collection, package)
-    check_sources(files)
-    if (src / "layers.py").is_file():
-        check_layer_rules(src / "layers.py")
-    functions, layers = _public_names(src)
-    backends = BACKENDS + (("cpu",) if cpu_variant else ())
-    build_toml = render_package_build_toml(collection, package, org=org, backends=list(backends))
-    try:
-        check_build_toml(build_toml)
-    except ValueError as err:
-        raise ValueError(f"{package.name}: {err}") from None
-    dest = out / package.name
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-
-    (dest / "build.toml").write_text(build_toml, encoding="utf-8")
-    (dest / "flake.nix").write_text(_template("flake.nix.tmpl").format(name=package.name), encoding="utf-8")
-    (dest / "README.md").write_text(
-        _template("card.md.tmpl").format(
-            license=collection.general.get("license", "apache-2.0").lower(),
-            name=package.name,
-            python_name=package.python_name,
-            description=package.description,
-            org=org,
-            repo_id=f"{org}/{package.name}",
-            version=package.version,
-            functions="\n".join(f"- `{f}`" for f in functions) or "(none)",
-            layers="\n".join(f"- `{layer}`" for layer in layers) or "(none)",
-        ),
-        encoding="utf-8",
-    )
-    _copy_files(files, dest / "torch-ext" / package.python_name)
-    short = package.python_name.removeprefix("triton_")
-    for bench in sorted((collection.root / "benchmarks").glob(f"benchmark_{short}*.py")):
-        (dest / "benchmarks").mkdir(exist_ok=True)
-        shutil.copyfile(bench, dest / "benchmarks" / bench.name)
-
-    digest = source_hash(files)
-    for backend in backends:
-        namespace = f"_{package.python_name}_{backend}_{digest}"
-        _write_variant(dest / "build" / f"torch-{backend}", files, package, backend, collection, namespace)
-    log.info("built %s v%d (%s) into %s", package.name, package.version, ", ".join(backends), dest)
-    return BuiltPackage(package=package, path=dest, backends=backends, source_hash=digest)
+    return _build(collection, [package], Path(out), org=org, cpu_variant=cpu_variant)[0]
 
 
 def build_collection(collection: Collection, out: Path, *, org: str | None = None, packages: list[str] | None = None, cpu_variant: bool = False) -> list[BuiltPackage]:
     """Render every package (or those named in ``packages``, each once however often it is named, by Hub or Python
-    name) into ``out``. See :func:`build_package`."""
+    name) into ``out``. Every package is checked before anything is written, and the trees in ``out`` are replaced
+    only once all of them have rendered: a refusal or failure in any package leaves ``out`` as it was. See
+    :func:`build_package`."""
     chosen = list({p.name: p for p in map(collection.package, packages)}.values()) if packages else list(collection.packages)
-    return [build_package(collection, pkg, Path(out), org=org or collection.org, cpu_variant=cpu_variant) for pkg in chosen]
+    return _build(collection, chosen, Path(out), org=org or collection.org, cpu_variant=cpu_variant)
