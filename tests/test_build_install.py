@@ -495,3 +495,56 @@ def test_a_failure_while_rendering_leaves_out_as_it_was(tmp_path, monkeypatch):
     assert [b.path for b in built] == [out / "triton-norms", out / "triton-activations"]
     assert "changed after the first build" in shipped.read_text()
     assert sorted(p.name for p in out.iterdir()) == ["triton-activations", "triton-norms"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.replace("edition = 5\n", "edition = 5.0\n"), r"\[general\] edition = 5.0: a float cannot be rendered"),
+    (lambda m: m + "\n[package.triton-norms.torch-noarch]\nwhen = 2024-01-01\n",
+     r"\[package.triton-norms.torch-noarch\] when = datetime.date\(2024, 1, 1\): a date cannot be rendered"),
+    (lambda m: m + "\n[package.triton-norms.torch-noarch.sub]\nx = 1\n",
+     r"\[package.triton-norms.torch-noarch\] sub = \{'x': 1\}: a table cannot be rendered"),
+    (lambda m: m.replace('pyext = ["py"]', 'pyext = ["py", 1.5]'), r"\[torch-noarch\] pyext = \['py', 1.5\]: a float"),
+    (lambda m: "package = 1\n" + m.split("\n[package.triton-norms]")[0], r"package \(the \[package.<hub-name>\] tables\) must be a table, got 1"),
+    (lambda m: m.replace("[package.triton-norms]", "[package]\nfoo = 1\n\n[package.triton-norms]"), r"\[package\] foo must be a table, got 1"),
+    (lambda m: m.replace("[general.hub]\norg =", "[tool]\norg =").replace("edition = 5\n", 'edition = 5\nhub = "x"\n'),
+     r"unknown top-level keys \['tool'\]"),
+    (lambda m: m.replace("edition = 5\n", 'edition = 5\nhub = "x"\n').replace('[general.hub]\norg = "triton-collection"\n', ""),
+     r"\[general\] hub must be a table, got 'x'"),
+    (lambda m: "general = [1]\n" + m[m.index("\n[package.triton-norms]"):], r"general must be a table, got \[1\]"),
+    (lambda m: m.replace('org = "triton-collection"', "org = 5"), r"\[general.hub\] org must be a string"),
+    (lambda m: m.replace('org = "triton-collection"', 'org = "x"\nrepo = "y"'), r"\[general.hub\] has unknown keys \['repo'\]"),
+    (lambda m: m.replace("description = ", "description = 5\n#"), r"\[package.triton-norms\]: description must be a string, got 5"),
+    (lambda m: "", r"no \[package.<hub-name>\] table: the collection has no package to build"),
+    (lambda m: m.split("\n[package.triton-norms]")[0], r"no \[package.<hub-name>\] table"),
+], ids=["float", "date", "nested-table", "float-in-array", "package-not-a-table", "package-value", "unknown-top-level",
+        "hub-not-a-table", "general-not-a-table", "org-not-a-string", "hub-unknown-key", "description", "empty", "no-package"])
+def test_a_malformed_build_toml_is_one_line_naming_the_key(edit, message, tmp_path, capsys):
+    """A build.toml of the wrong structure (a float or a date the renderer cannot write, a value where a table
+    belongs, ...) ended the CLI with a traceback (TypeError, AttributeError), and an empty one built nothing with exit
+    code 0: the manifest refuses each, naming the key path, and the CLI says so in one line."""
+    from triton_collection.cli import main
+
+    root = tmp_path / "coll"
+    (root / "torch-ext" / "triton_norms").mkdir(parents=True)
+    (root / "torch-ext" / "triton_norms" / "__init__.py").write_text("")
+    (root / "build.toml").write_text(edit((ROOT / "build.toml").read_text().split("[package.triton-activations]")[0]))
+    with pytest.raises(ValueError, match=message):
+        load_manifest(root)
+    for command in ("build", "install-local"):
+        with pytest.raises(SystemExit, match=r"build.toml: " + message):
+            main([command, "--root", str(root), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_torch_noarch_value_of_the_wrong_type_is_named_by_kernels_parser(tmp_path, capsys):
+    """``pyext = 5`` (a renderable value of the wrong type) was a TypeError traceback (the package's files were listed
+    before the rendered build.toml was checked): kernels' parser names it now, before anything is read or written."""
+    from triton_collection.cli import main
+
+    root = _norms_only_root(tmp_path, lambda m: m.replace('pyext = ["py"]', "pyext = 5"))
+    assert main(["build", "--root", str(root), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err == ("build failed: triton-norms: the rendered build.toml is not valid for kernel-builder: Cannot parse "
+                   "build configuration in `<package>`: Cannot parse TOML in <package>/build.toml: Invalid type integer "
+                   "`5`. Expected a sequence\n")
+    assert not (tmp_path / "out").exists()

@@ -221,7 +221,7 @@ def check_build_toml(text: str) -> None:
         try:
             Build.open(tmp)
         except ValueError as err:
-            raise ValueError(f"the rendered build.toml is not valid for kernel-builder: {str(err).replace(tmp, '<package>')}") from None
+            raise ValueError(f"the rendered build.toml is not valid for kernel-builder: {str(err).replace(tmp, '<package>').strip()}") from None
 
 
 def _write_variant(variant: Path, files: dict[str, Path], package: Package, backend: str, collection: Collection, namespace: str) -> None:
@@ -261,18 +261,18 @@ class _Plan:
 def _plan_package(collection: Collection, package: Package, *, org: str, cpu_variant: bool) -> _Plan:
     """Every check of one package (see :func:`build_package`'s Raises), before any of its files is written."""
     check_org(org)
+    backends = BACKENDS + (("cpu",) if cpu_variant else ())
+    build_toml = render_package_build_toml(collection, package, org=org, backends=list(backends))
+    try:
+        check_build_toml(build_toml)  # first: package_files reads the [torch-noarch] pyext it checks
+    except ValueError as err:
+        raise ValueError(f"{package.name}: {err}") from None
     src = collection.root / "torch-ext" / package.python_name
     files = package_files(collection, package)
     check_sources(files)
     if (src / "layers.py").is_file():
         check_layer_rules(src / "layers.py")
     functions, layers = _public_names(src)
-    backends = BACKENDS + (("cpu",) if cpu_variant else ())
-    build_toml = render_package_build_toml(collection, package, org=org, backends=list(backends))
-    try:
-        check_build_toml(build_toml)
-    except ValueError as err:
-        raise ValueError(f"{package.name}: {err}") from None
     return _Plan(package=package, org=org, files=files, backends=backends, build_toml=build_toml,
                  functions=functions, layers=layers)
 

@@ -81,45 +81,102 @@ class Collection:
         raise KeyError(f"no package {name!r} in {self.root / 'build.toml'} (known: {known})")
 
 
+_TOP_KEYS = ("general", "torch-noarch", "package")
+_HUB_KEYS = ("org",)
+
+
+def _table(value, path: str) -> dict:
+    """``value`` if it is a TOML table; else a ValueError naming its key path (``general``, ``[package.x] torch-noarch``)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must be a table, got {value!r}")
+    return value
+
+
+_KINDS = {"float": "a float", "dict": "a table", "date": "a date", "datetime": "a date-time", "time": "a time"}
+
+
+def _unrenderable(value):
+    """The first part of ``value`` that :func:`_toml_value` cannot write: not a string, whole number, boolean or an
+    array of them (None when it can write all of it)."""
+    if isinstance(value, list):
+        return next((bad for v in value if (bad := _unrenderable(v)) is not None), None)
+    return None if isinstance(value, (str, int, bool)) else value
+
+
+def _check_renderable(table: dict, path: str) -> None:
+    """Every value of ``table`` is one :func:`render_package_build_toml` writes into each package's build.toml."""
+    for key, value in table.items():
+        bad = _unrenderable(value)
+        if bad is not None:
+            kind = _KINDS.get(type(bad).__name__, type(bad).__name__)
+            raise ValueError(f"{path} {key} = {value!r}: {kind} cannot be rendered into a package's build.toml "
+                             "(values must be strings, whole numbers, booleans or arrays of them)")
+
+
+def _read_general(data: dict) -> tuple[dict, str]:
+    """``[general]`` without ``hub``, and ``[general.hub] org``, their structure checked."""
+    general = dict(_table(data.get("general", {}), "general"))
+    hub = _table(general.pop("hub", {}), "[general] hub")
+    unknown = sorted(set(hub) - set(_HUB_KEYS))
+    if unknown:
+        raise ValueError(f"[general.hub] has unknown keys {unknown}; allowed: {list(_HUB_KEYS)}")
+    org = hub.get("org", "")
+    if not isinstance(org, str):
+        raise ValueError(f"[general.hub] org must be a string (a Hub organisation name), got {org!r}")
+    _check_renderable(general, "[general]")
+    return general, org
+
+
+def _read_package(root: Path, name: str, table, shared_noarch: dict) -> Package:
+    """One ``[package.<name>]`` table, checked."""
+    table = _table(table, f"[package] {name}")
+    unknown = set(table) - _PACKAGE_KEYS
+    if unknown:
+        raise ValueError(f"[package.{name}] has unknown keys {sorted(unknown)}; allowed: {sorted(_PACKAGE_KEYS)}")
+    for key in ("python-name", "version"):
+        if key not in table:
+            raise ValueError(f"[package.{name}] needs `{key}`")
+    version = table["version"]
+    if type(version) is not int or version < 1:  # 1.5 or true became v1 silently, "abc" a traceback
+        raise ValueError(f"[package.{name}]: version must be a whole number >= 1 (the Hub branch v<version>), "
+                         f"got {version!r}")
+    if not isinstance(table["python-name"], str) or not table["python-name"].isidentifier():
+        raise ValueError(f"[package.{name}]: python-name must be a Python package name, got {table['python-name']!r}")
+    if not isinstance(table.get("description", ""), str):
+        raise ValueError(f"[package.{name}]: description must be a string, got {table['description']!r}")
+    noarch = _table(table.get("torch-noarch", {}), f"[package.{name}] torch-noarch")
+    _check_renderable(noarch, f"[package.{name}.torch-noarch]")
+    if not (root / "torch-ext" / table["python-name"] / "__init__.py").is_file():
+        raise ValueError(f"[package.{name}]: torch-ext/{table['python-name']}/__init__.py does not exist")
+    return Package(name=name, python_name=table["python-name"], version=version,
+                   description=table.get("description", ""), noarch={**shared_noarch, **noarch})
+
+
 def load_manifest(root: Path | str) -> Collection:
     """Parse ``<root>/build.toml``.
 
     Raises:
         FileNotFoundError: no build.toml in ``root``.
-        ValueError: build.toml is not TOML, or a package table misses a key, has an unknown key, a version that is
-            not a whole number >= 1, or its source folder is absent.
+        ValueError: build.toml is not TOML; a top-level key other than ``general``, ``torch-noarch`` and
+            ``package``; one of them (or ``[general] hub``, a package, its ``torch-noarch``) that is not a table;
+            ``[general.hub]`` with a key other than a string ``org``; a ``[general]`` or ``torch-noarch`` value that
+            cannot be rendered into a package's build.toml (a float, a date, a nested table); no package at all; or
+            a package table that misses a key, has an unknown key, a version that is not a whole number >= 1, a
+            description that is not a string, or whose source folder is absent. Each message names the key path.
     """
     root = Path(root).resolve()
     data = tomllib.loads((root / "build.toml").read_text(encoding="utf-8"))
-    general = dict(data.get("general", {}))
-    hub = general.pop("hub", {})
-    shared_noarch = data.get("torch-noarch", {})
-    packages = []
-    for name, table in data.get("package", {}).items():
-        unknown = set(table) - _PACKAGE_KEYS
-        if unknown:
-            raise ValueError(f"[package.{name}] has unknown keys {sorted(unknown)}; allowed: {sorted(_PACKAGE_KEYS)}")
-        for key in ("python-name", "version"):
-            if key not in table:
-                raise ValueError(f"[package.{name}] needs `{key}`")
-        version = table["version"]
-        if type(version) is not int or version < 1:  # 1.5 or true became v1 silently, "abc" a traceback
-            raise ValueError(f"[package.{name}]: version must be a whole number >= 1 (the Hub branch v<version>), "
-                             f"got {version!r}")
-        if not isinstance(table["python-name"], str) or not table["python-name"].isidentifier():
-            raise ValueError(f"[package.{name}]: python-name must be a Python package name, got {table['python-name']!r}")
-        if not (root / "torch-ext" / table["python-name"] / "__init__.py").is_file():
-            raise ValueError(f"[package.{name}]: torch-ext/{table['python-name']}/__init__.py does not exist")
-        packages.append(
-            Package(
-                name=name,
-                python_name=table["python-name"],
-                version=version,
-                description=table.get("description", ""),
-                noarch={**shared_noarch, **table.get("torch-noarch", {})},
-            )
-        )
-    return Collection(root=root, general=general, org=hub.get("org", ""), packages=tuple(packages))
+    unknown = sorted(set(data) - set(_TOP_KEYS))
+    if unknown:
+        raise ValueError(f"unknown top-level keys {unknown}; allowed: {list(_TOP_KEYS)}")
+    general, org = _read_general(data)
+    shared_noarch = _table(data.get("torch-noarch", {}), "torch-noarch")
+    _check_renderable(shared_noarch, "[torch-noarch]")
+    package_tables = _table(data.get("package", {}), "package (the [package.<hub-name>] tables)")
+    if not package_tables:
+        raise ValueError("no [package.<hub-name>] table: the collection has no package to build")
+    packages = tuple(_read_package(root, name, table, shared_noarch) for name, table in package_tables.items())
+    return Collection(root=root, general=general, org=org, packages=packages)
 
 
 def _toml_value(value) -> str:
