@@ -164,3 +164,37 @@ def test_a_folder_without_a_model_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "ensure_installed", lambda org, version, package: demo)
     with pytest.raises(SystemExit, match=rf"demo: cannot load the model from {tmp_path}: \S"):
         demo.run_demo(model=str(tmp_path), device="cpu", families="norms")
+
+
+@pytest.mark.parametrize("device, available, count, message", [
+    ("xpu", False, 0, "demo: --device xpu asked for, but torch sees no xpu device"),
+    ("mps", False, 0, "demo: --device mps asked for, but torch sees no mps device"),
+    ("cuda", False, 0, "demo: --device cuda asked for, but torch sees no GPU"),
+    ("cuda:2", True, 2, "demo: --device cuda:2 asked for, but torch sees 2 cuda device(s)"),
+    ("meta", False, 0, "demo: --device meta: not a device the demo can run a model on"),
+])
+def test_a_device_torch_cannot_use_is_refused_before_any_work(device, available, count, message, monkeypatch):
+    """Only cuda was checked up front: ``--device xpu`` / ``--device mps`` without such a device loaded the kernels and
+    the model (~40 s) and then failed with a traceback (``Torch not compiled with XPU enabled``). Every device type is
+    checked now, its index too, before anything loads."""
+    import torch
+
+    from triton_collection import cli
+
+    kind = torch.device(device).type
+    if kind in ("cuda", "xpu"):
+        monkeypatch.setattr(getattr(torch, kind), "is_available", lambda: available)
+        monkeypatch.setattr(getattr(torch, kind), "device_count", lambda: count)
+    monkeypatch.setattr(demo, "ensure_installed", lambda *a: pytest.fail("the kernels would load"))
+    monkeypatch.setattr(demo, "_load", lambda *a: pytest.fail("the model would load"))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--device", device])
+    assert str(exit_info.value).startswith(message)
+
+
+def test_an_available_device_and_index_pass_the_check(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [demo._pick_device(d) for d in ("cuda", "cuda:1", "cpu", "cpu:0")] == ["cuda", "cuda:1", "cpu", "cpu:0"]

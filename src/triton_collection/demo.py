@@ -85,12 +85,24 @@ def _step(name: str, seconds: dict[str, float]):
 
 
 def _pick_device(device: str | None) -> str:
+    """``device``, or cuda when available else cpu; a device this torch cannot use (no such device, a backend it was
+    not built with, an index past the last device) ends the demo in one line before anything loads."""
     import torch  # does not import triton
 
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("demo: --device cuda asked for, but torch sees no GPU")
+    kind = torch.device(device)
+    if kind.type == "cpu":
+        return device
+    backend = getattr(torch, kind.type, None)  # torch.cuda, torch.xpu, torch.mps, ...
+    if not callable(getattr(backend, "is_available", None)):  # meta, ...
+        raise SystemExit(f"demo: --device {device}: not a device the demo can run a model on (cpu, cuda, xpu, ...)")
+    if not backend.is_available():
+        what = "GPU" if kind.type == "cuda" else f"{kind.type} device"
+        raise SystemExit(f"demo: --device {device} asked for, but torch sees no {what}")
+    count = getattr(backend, "device_count", lambda: 1)()
+    if kind.index is not None and kind.index >= count:
+        raise SystemExit(f"demo: --device {device} asked for, but torch sees {count} {kind.type} device(s)")
     return device
 
 
