@@ -419,3 +419,19 @@ def test_tune_epilogue_update_on_cpu(matmul, device, tmp_path, monkeypatch, caps
     assert all(m["max_rel_err"] < 1e-2 for _, m in res.candidates) and res.cublas["ms"] == 1.0
     merged = T.write_config_file(tmp_path / "g.json", "G", [res], base={"configs": [base_entry]})
     assert merged["configs"] == [base_entry]
+
+
+@pytest.mark.parametrize("value, message", [("nan", "must be a finite number >= 0, got nan"),
+                                            ("-0.1", "must be a finite number >= 0, got -0.1"),
+                                            ("inf", "must be a finite number >= 0, got inf"),
+                                            ("x", "expected a number, got 'x'")])
+def test_min_gain_refuses_nan_and_negative_values_at_parse_time(value, message, capsys):
+    """``--min-gain`` was ``type=float``: nan made ``gain < min_gain`` always False, so every challenger replaced the
+    file's config, and a negative gain let slower ones in. argparse refuses them now, like the other numbers."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["tune", "--root", str(ROOT), "--update", "--min-gain", value])
+    assert exit_info.value.code == 2
+    assert f"argument --min-gain: {message}" in capsys.readouterr().err
+    from triton_collection.argtypes import non_negative_float
+
+    assert non_negative_float("0") == 0.0 and non_negative_float("0.03") == 0.03

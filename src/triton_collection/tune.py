@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from .argtypes import positive_float
+from .argtypes import non_negative_float, positive_float
 from .scratch import scratch_dir
 
 __all__ = ["DEFAULT_BUCKETS", "EPILOGUES", "BucketResult", "add_parser", "default_candidates", "load_matmul",
@@ -431,7 +431,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--update", action="store_true",
                    help="merge into the existing --out file: an entry changes only when a candidate beats the config "
                         "the file gives now by --min-gain on a re-timing")
-    p.add_argument("--min-gain", type=float, default=None, help="with --update: required speedup (default 0.03)")
+    p.add_argument("--min-gain", type=non_negative_float, default=None,
+                   help="with --update: required speedup as a fraction, a finite number >= 0 (default 0.03: 3%%)")
     p.add_argument("--json", action="store_true", help="also print every measurement as JSON")
     p.set_defaults(func=run)
     return p
