@@ -260,9 +260,12 @@ def test_cli_refuses_duplicate_fixture_names_and_unusable_outputs(tmp_path, caps
     copy = _fixture(tmp_path, lambda t: t)  # same name = "rms_norm"
     cases = [([str(RMS_DIR), str(copy), "--validate"], "two fixtures are named 'rms_norm'"),
              ([str(RMS_DIR), "--validate", "--out", str(tmp_path / "plan.png")], "--validate writes its plan as .json"),
-             ([str(RMS_DIR), "--validate", "--out", str(tmp_path)], "cannot be written"),
+             ([str(RMS_DIR), "--validate", "--out", str(tmp_path)], f"--out {tmp_path}: cannot be written (a folder)"),
              ([str(RMS_DIR), "--log-jsonl", str(tmp_path)], "--log-jsonl"),
-             ([str(RMS_DIR), "--out", str(tmp_path / "a_file" / "r.json")], "r.json: cannot be written")]
+             ([str(RMS_DIR), "--out", str(tmp_path / "a_file" / "r.json")],
+              f"r.json: cannot be written ({tmp_path / 'a_file'} is not a folder)"),  # it said "a folder, or no write permission"
+             ([str(RMS_DIR), "--validate", "--out", str(tmp_path / "a_file" / "sub" / "plan.json")],
+              f"plan.json: cannot be written ({tmp_path / 'a_file'} is not a folder)")]
     (tmp_path / "a_file").write_text("")
     for args, message in cases:
         assert main(["port-check", *args]) == 2

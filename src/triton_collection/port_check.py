@@ -1416,14 +1416,16 @@ def _plan_text(plan: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _writable(path: Path) -> bool:
-    """Whether ``path`` can be written: not a folder, and its nearest existing ancestor folder writable."""
+def _unwritable_reason(path: Path) -> str | None:
+    """Why ``path`` cannot be written as a file (a folder, below a file, no write permission); None when it can."""
     if path.is_dir():
-        return False
+        return "a folder"
     folder = path.parent
     while not folder.exists():
         folder = folder.parent
-    return folder.is_dir() and os.access(folder, os.W_OK)
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    return None if os.access(folder, os.W_OK) else f"no write permission in {folder}"
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -1431,8 +1433,9 @@ def _check_outputs(args: argparse.Namespace) -> None:
     unwritable path at the end); with ``--validate``, ``--out`` takes .json or text (the plan has no table or plot)."""
     for flag, value in [("--out", o) for o in args.out] + ([("--log-jsonl", args.log_jsonl)] if args.log_jsonl else []):
         path = Path(value)
-        if not _writable(path):
-            raise PortError(f"{flag} {value}: cannot be written (a folder, or no write permission)")
+        reason = _unwritable_reason(path)
+        if reason is not None:
+            raise PortError(f"{flag} {value}: cannot be written ({reason})")
         if flag == "--out" and args.validate and path.suffix in (".md", ".png"):
             raise PortError(f"--out {value}: --validate writes its plan as .json or text; .md and .png are a "
                             "check's report formats")
