@@ -302,6 +302,14 @@ def test_cli_plot_redraws_from_json(tmp_path, capsys):
         main(["bench", "norms", "--notes", str(notes)])
     with pytest.raises(SystemExit, match="--plot only redraws"):
         main(["bench", "--plot", str(src), "--e2e", "smollm2-135m"])
+    # found by a tester: package names and measurement options were ignored without a word (exit code 0)
+    with pytest.raises(SystemExit, match=r"^bench --plot only redraws an earlier results file; it takes --out, --name and "
+                                         r"--notes, not package 'nonsense_pkg', --shapes, --rep, --no-graph: measure "
+                                         r"without --plot$"):
+        main(["bench", "nonsense_pkg", "--plot", str(src), "--shapes", "full", "--rep", "5", "--no-graph"])
+    with pytest.raises(SystemExit, match=r"not --batch, --repeats: measure without --plot$"):
+        main(["bench", "--plot", str(src), "--batch", "2", "--repeats", "1", "--out", str(tmp_path / "ignored")])
+    assert not (tmp_path / "ignored").exists()
     # found by a fresh-eyes trial: tracebacks (not JSON, rows without 'env'), files written outside --out
     (tmp_path / "notes.md").write_text("# not json")
     with pytest.raises(SystemExit, match=r"bench --plot: .*notes.md is not JSON"):

@@ -529,6 +529,18 @@ def _writable_folder(out: Path) -> Path:
 
 _ROW_KEYS = ("package", "op", "mode", "shape", "provider")
 
+# what a measurement reads and ``--plot`` (a redraw) does not: given with it, they would be ignored silently
+_MEASUREMENT_OPTIONS = ("shapes", "dtype", "peers", "rep", "warmup", "no_progress", "no_graph", "batch", "new_tokens",
+                        "prompt_len", "layers", "compile", "repeats")
+
+
+def _ignored_by_plot(args: argparse.Namespace) -> list[str]:
+    """The package names and measurement options given along with ``--plot`` (those unlike the parser's defaults)."""
+    defaults = add_parser(argparse.ArgumentParser().add_subparsers()).parse_args([])
+    given = [f"package {name!r}" for name in args.packages]
+    return given + ["--" + dest.replace("_", "-") for dest in _MEASUREMENT_OPTIONS
+                    if getattr(args, dest) != getattr(defaults, dest)]
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``bench`` subcommand on an ``argparse`` subparsers object."""
@@ -568,6 +580,10 @@ def run(args: argparse.Namespace) -> int:
         if args.e2e:
             raise SystemExit("bench --plot only redraws an op-sweep results file; --e2e runs a new measurement: "
                              "pass one of them")
+        ignored = _ignored_by_plot(args)
+        if ignored:
+            raise SystemExit(f"bench --plot only redraws an earlier results file; it takes --out, --name and --notes, "
+                             f"not {', '.join(ignored)}: measure without --plot")
         if args.notes and not Path(args.notes).is_file():
             raise SystemExit(f"bench --notes: no such file: {args.notes}")
         try:
