@@ -295,6 +295,32 @@ def test_a_layer_breaking_the_kernels_rules_is_refused_at_build(member, tmp_path
     assert not (tmp_path / "cli").exists()
 
 
+@pytest.mark.parametrize("extra,base", [
+    ("class _ScaleBase(nn.Module):\n    def scale(self, x):\n        return 2 * x\n\n\n"
+     "class ScaledIdentity(_ScaleBase):\n    def forward(self, input):\n        return self.scale(input)\n", "_ScaleBase"),
+    ("class Helper:\n    pass\n", "object"),
+    ("class Mixed(nn.Module, metaclass=type):\n    def forward(self, x):\n        return x\n", "nn.Module, metaclass=type"),
+])
+def test_a_layer_deriving_from_another_class_is_refused_at_build(extra, base, tmp_path):
+    """kernels counts a layer's inherited members too (``inspect.getmembers``) and refuses a class that is not a
+    module: a layer inheriting ``scale`` from a helper base passed the build's check of the class body, then
+    ``kernelize`` refused it in the user's process. Every layer must derive from nn.Module alone."""
+    import shutil
+
+    from triton_collection.build import build_package
+
+    root = tmp_path / "coll"
+    shutil.copytree(ROOT / "torch-ext" / "_shared", root / "torch-ext" / "_shared")
+    shutil.copytree(ROOT / "torch-ext" / "triton_norms", root / "torch-ext" / "triton_norms")
+    (root / "build.toml").write_text((ROOT / "build.toml").read_text().split("[package.triton-activations]")[0])
+    layers_py = root / "torch-ext" / "triton_norms" / "layers.py"
+    layers_py.write_text(layers_py.read_text() + "\n\n" + extra)
+    collection = load_manifest(root)
+    with pytest.raises(ValueError, match=f"derives from {re.escape(base)}: a kernels layer derives from nn.Module alone"):
+        build_package(collection, collection.packages[0], tmp_path / "out", org=ORG)
+    assert not (tmp_path / "out").exists()
+
+
 def test_manifest_reads_each_package_version(tmp_path):
     (tmp_path / "torch-ext" / "triton_x").mkdir(parents=True)
     (tmp_path / "torch-ext" / "triton_x" / "__init__.py").write_text("")

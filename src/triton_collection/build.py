@@ -176,14 +176,21 @@ def _public_names(src: Path) -> tuple[list[str], list[str]]:
 _LAYER_FLAGS = frozenset({"has_backward", "can_torch_compile"})
 
 
+_MODULE_BASES = frozenset({"nn.Module", "torch.nn.Module", "Module"})
+"""How a layer names its one base class (``from torch import nn``, ``import torch``, ``from torch.nn import
+Module``)."""
+
+
 def check_layer_rules(layers_py: Path) -> None:
-    """The ``kernels`` rules a layer class can break on its own, read from ``layers.py`` without importing it: no
-    ``__init__``, and no member that ``nn.Module`` lacks other than ``has_backward`` / ``can_torch_compile`` (the
-    library refuses such a layer at ``kernelize`` time, in the user's process; the forward signature is checked
-    there against the module replaced).
+    """The ``kernels`` rules a layer class can break on its own, read from ``layers.py`` without importing it: it
+    derives from ``nn.Module`` alone (so it inherits no member; kernels refuses a class that is not a module, and
+    counts inherited members too), defines no ``__init__``, and no member that ``nn.Module`` lacks other than
+    ``has_backward`` / ``can_torch_compile`` (the library refuses such a layer at ``kernelize`` time, in the
+    user's process; the forward signature is checked there against the module replaced). Stricter than kernels in
+    one way: a layer deriving from another class that adds nothing is refused too.
 
     Raises:
-        ValueError: naming the layer and the member.
+        ValueError: naming the layer and the base class or member.
     """
     import torch
 
@@ -191,6 +198,11 @@ def check_layer_rules(layers_py: Path) -> None:
     for cls in _parse(layers_py).body:
         if not isinstance(cls, ast.ClassDef) or cls.name.startswith("_"):
             continue
+        bases = [ast.unparse(b) for b in cls.bases] + [ast.unparse(k) for k in cls.keywords]
+        if len(bases) != 1 or bases[0] not in _MODULE_BASES:
+            raise ValueError(f"{layers_py}:{cls.lineno}: layer {cls.name} derives from {', '.join(bases) or 'object'}: "
+                             "a kernels layer derives from nn.Module alone (kernels refuses a class that is not a "
+                             "module, and the members a base class adds); give a helper class a leading underscore")
         for node in cls.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names = [node.name]
