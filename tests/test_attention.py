@@ -2141,6 +2141,10 @@ def test_register_refuses_eager():
     with pytest.raises(ValueError, match="own attention"):
         ta.register("eager", kernel=stub)
     assert "eager" not in AttentionInterface._global_mapping
+    for bad in ("", " ", None, 3):  # registered without a word before
+        with pytest.raises(ValueError, match="name must be a non-empty string"):
+            ta.register(bad, kernel=stub)
+        assert bad not in AttentionInterface._global_mapping
 
 
 def test_kernelize_rotary_checks_mode_device_org_and_version_as_kernelize(monkeypatch):

@@ -411,6 +411,41 @@ def test_model_without_norm_is_an_error(installed):
         kernelize(nn.Sequential(nn.Linear(8, 8), nn.GELU()), mode=Mode.INFERENCE, org=ORG)
 
 
+@pytest.mark.parametrize("odd_first", [False, True])
+def test_instances_configured_otherwise_are_probed_apart(installed, device, odd_first):
+    """A class whose forward branches on an instance attribute (transformers' ConvNextLayerNorm: ``data_format``)
+    was probed on its first instance only and every instance swapped: a channels_first instance then ran the
+    last-dim LayerNorm layer (0.98 relative error, reported as swapped). Each configuration is probed now: the
+    channels_last instances are swapped, the channels_first one is refused by name and keeps its own forward,
+    whichever comes first."""
+    from transformers.models.convnext.modeling_convnext import ConvNextLayerNorm
+
+    torch.manual_seed(0)
+    odd = ConvNextLayerNorm(8, data_format="channels_first")
+    plain = [ConvNextLayerNorm(8), ConvNextLayerNorm(8)]
+    model = nn.ModuleDict(dict(zip(("a", "b", "c"), [odd, *plain] if odd_first else [*plain, odd]))).to(device)
+    odd_name = "a" if odd_first else "c"
+    with torch.no_grad():
+        for m in model.values():
+            m.weight.normal_(1.0, 0.5)
+            m.bias.normal_()
+    eager = copy.deepcopy(model)
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG)
+    assert sorted(report.swapped) == sorted(n for n in "abc" if n != odd_name)
+    assert "data_format='channels_first'" in report.refused[odd_name]
+    x_last, x_first = torch.randn(2, 4, 4, 8, device=device), torch.randn(2, 8, 4, 4, device=device)
+    with torch.no_grad():
+        for name, m in model.items():
+            x = x_first if name == odd_name else x_last
+            torch.testing.assert_close(m(x), eager[name](x), rtol=1e-5, atol=1e-5)
+
+
+def test_kernelize_refuses_what_is_not_a_module(installed):
+    for bad in (None, "llama", transformers.LlamaConfig()):
+        with pytest.raises(TypeError, match=f"kernelize: model must be a torch.nn.Module, got {type(bad).__name__}"):
+            kernelize(bad, mode=Mode.INFERENCE, org=ORG)
+
+
 def test_mode_the_layer_cannot_serve_is_an_error(norms, device, monkeypatch):
     monkeypatch.setattr(norms.layers.LlamaRMSNorm, "can_torch_compile", False)
     model = _tiny("llama", torch.float32, device)

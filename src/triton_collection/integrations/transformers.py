@@ -38,7 +38,8 @@ from torch import nn
 
 from .. import DEFAULT_ORG
 from ..manifest import check_org
-from .families import FAMILIES, KERNEL_DTYPES, LLAMA, LLAMA_DECODER, Family, candidate_families, probe
+from .families import (FAMILIES, KERNEL_DTYPES, LLAMA, LLAMA_DECODER, STRUCTURE_FAMILIES, Family, ProbeResult,
+                       candidate_families, probe)
 
 __all__ = ["KernelizeReport", "kernelize", "select_layers"]
 
@@ -102,41 +103,77 @@ def _device_type(model: nn.Module, device: str | torch.device | None) -> str:
     return kind
 
 
-def select_layers(model: nn.Module, *, families: tuple[Family, ...] = FAMILIES) -> tuple[dict[type, Family], dict[str, str]]:
-    """Classify the norm classes of ``model``: ``({class: family}, {class name: refusal reason})``.
+def _config_value(value):
+    """``value`` as part of an instance's configuration key: plain values themselves, sequences element-wise, any
+    other object by identity (instances sharing one config or function object share the key)."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return tuple(_config_value(v) for v in value)
+    return ("object", id(value))
 
-    Each class is probed once, on its first instance, see
-    :func:`.families.probe`. Classes that are not norm-like at all are not listed.
+
+def _instance_config(module: nn.Module, candidates: tuple[Family, ...]) -> tuple:
+    """What may make two instances of one class compute differently besides their parameter values: the instance's
+    own public attributes (a ConvNeXt LayerNorm's ``data_format``, a grouped RMSNorm's ``group_size``, an
+    activation's function, ``eps``), which a forward may branch on. Empty for the families classified by their
+    forward's form and their parts (decoder layers, attention), whose probes cover such branches and whose
+    attributes (``layer_idx``) differ in every instance."""
+    if all(f in STRUCTURE_FAMILIES for f in candidates):
+        return ()
+    return tuple((k, _config_value(v)) for k, v in sorted(vars(module).items())
+                 if not k.startswith("_") and k != "training")
+
+
+def select_layers(model: nn.Module, *, families: tuple[Family, ...] = FAMILIES) -> tuple[dict[type, Family], dict[str, str]]:
+    """Classify the norm classes of ``model``: ``({class: family}, {class or module name: refusal reason})``.
+
+    A class is probed (:func:`.families.probe`) on its first instance of each configuration
+    (:func:`_instance_config`: a forward may branch on an instance's attribute) and maps to the family of the
+    first configuration that matches; an instance of a configuration that does not match that family is listed by
+    its module name and left alone (:func:`_targets`). A class no configuration of which matches is listed by its
+    name. Classes that are not norm-like at all are not listed.
     """
     chosen: dict[type, Family] = {}
     refused: dict[str, str] = {}
-    seen: set[type] = set()
-    for _, module in model.named_modules():
-        cls = type(module)
-        if cls in seen:
-            continue
-        seen.add(cls)
+    results: dict[tuple, ProbeResult] = {}
+    instances: dict[type, list[tuple[str, tuple]]] = {}
+    for name, module in model.named_modules():
         candidates = tuple(f for f in candidate_families(module) if f in families)
         if not candidates:
             continue
-        result = probe(module, candidates)
-        if result.family is None:
-            refused[_class_key(cls)] = result.reason
-            log.info("not swapping %s: %s", _class_key(cls), result.reason)
-        else:
-            chosen[cls] = result.family
-            log.debug("%s -> %s (%s)", _class_key(cls), result.family.layer, result.reason)
+        key = (type(module), candidates, _instance_config(module, candidates))
+        if key not in results:
+            results[key] = probe(module, candidates)
+        instances.setdefault(type(module), []).append((name or type(model).__name__, key))
+    for cls, found in instances.items():
+        family = next((results[key].family for _, key in found if results[key].family is not None), None)
+        if family is None:
+            refused[_class_key(cls)] = results[found[0][1]].reason
+            log.info("not swapping %s: %s", _class_key(cls), refused[_class_key(cls)])
+            continue
+        chosen[cls] = family
+        log.debug("%s -> %s", _class_key(cls), family.layer)
+        for name, key in found:
+            result = results[key]
+            if result.family is not family:
+                why = result.reason if result.family is None else f"it matches the {result.family.layer} layer"
+                refused[name] = (f"a {cls.__name__} configured unlike the instances swapped for the {family.layer} "
+                                 f"layer ({', '.join(f'{k}={v!r}' for k, v in key[2] if not isinstance(v, tuple) or v[:1] != ('object',))}): {why}")
+                log.info("not swapping %s: %s", name, refused[name])
     return chosen, refused
 
 
 def _targets(model: nn.Module, chosen: dict[type, Family], refused: dict[str, str]) -> list[tuple[str, nn.Module]]:
-    """``(name, module)`` of every instance of a chosen class, but a decoder layer only where its own
+    """``(name, module)`` of every instance of a chosen class not refused by name, but a decoder layer only where its own
     ``post_attention_layernorm`` is an instance of a class chosen for the llama norm layer (a class is probed on
     its first instance; a user's norm subclass in one layer is another class): others go to ``refused`` by module
     name. Classes left without an instance leave ``chosen``."""
     targets = []
     for name, module in model.named_modules():
         family = chosen.get(type(module))
+        if family is not None and (name or type(model).__name__) in refused:  # configured otherwise (select_layers)
+            continue
         if family is LLAMA_DECODER and chosen.get(type(module.post_attention_layernorm)) is not LLAMA:
             refused[name or type(model).__name__] = (
                 f"its post_attention_layernorm ({type(module.post_attention_layernorm).__name__}) is not swapped for "
@@ -266,14 +303,16 @@ def kernelize(
         a :class:`KernelizeReport`; also logged at INFO level.
 
     Raises:
-        TypeError: ``mode`` not a ``kernels.Mode``; ``version`` not an int; ``families`` not a non-empty tuple of
-            :class:`.families.Family`.
+        TypeError: ``model`` not an ``nn.Module``; ``mode`` not a ``kernels.Mode``; ``version`` not an int;
+            ``families`` not a non-empty tuple of :class:`.families.Family`.
         ValueError: no module of the model can be replaced; a mode the layer cannot serve
             (training without backward, torch.compile without ``can_torch_compile``); bad mode/device; ``org`` not a
             Hub organisation name; ``version`` < 1; a module
             to replace holding parameters of another dtype than float16, bfloat16 or float32 (e.g. float64).
         RuntimeError: the package cannot be loaded, or a forward was not replaced after ``kernels.kernelize``.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"kernelize: model must be a torch.nn.Module, got {type(model).__name__}")
     _check_mode(mode)
     _check_hub_args("kernelize", org, version)
     families = _check_families(families)

@@ -63,12 +63,14 @@ def register(name: str = "triton", *, kernel: ModuleType | None = None, org: str
         kernel: an already loaded triton-attention package (default: :func:`load` with org/version).
 
     Raises:
-        ValueError: ``name`` is one of transformers' own implementations (names starting with "triton" may be
-            registered again).
+        ValueError: ``name`` is not a non-empty string, or is one of transformers' own implementations (names
+            starting with "triton" may be registered again).
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name must be a non-empty string (the attn_implementation to register), got {name!r}")
     if name == "eager" or (name in AttentionInterface._global_mapping and not name.startswith("triton")):
         raise ValueError(f"name {name!r} is one of transformers' own attention implementations; pick another")
     kernel = kernel if kernel is not None else load(org=org, version=version, trust_remote_code=trust_remote_code)
