@@ -1452,6 +1452,10 @@ def test_checked_inference_calls(attention, device, monkeypatch):
     for bad in (True, torch.tensor(0.3), "0.3"):
         with pytest.raises(TypeError, match="scale must be a real number"):
             attention.flash_attention(q, k, v, scale=bad)
+    wide = np.longdouble(1e300) * np.longdouble(1e300)  # finite where long double is wider than fp64 (x86)
+    for huge in (10 ** 400, wide):  # an OverflowError, and an infinite scale, before
+        with pytest.raises(ValueError, match="scale must be a finite number"):
+            attention.flash_attention(q, k, v, scale=huge)
     with pytest.raises(ValueError, match="multiple of the key/value heads"):
         attention.flash_attention(q, k[:, :1].expand(1, 4, 29, 24), v[:, :1].expand(1, 4, 29, 24))
     assert len(flash._CHECKED) == 2

@@ -523,6 +523,49 @@ def test_a_failure_while_rendering_leaves_out_as_it_was(tmp_path, monkeypatch):
     assert sorted(p.name for p in out.iterdir()) == ["triton-activations", "triton-norms"]
 
 
+def test_an_interrupted_swap_puts_the_previous_trees_back(tmp_path, monkeypatch):
+    """Ctrl-C (or any exception) between the renames that swap the new trees in puts back the trees already
+    replaced: ``--out`` holds the previous build whole, not a mix (an OSError alone was rolled back, and the
+    previous trees of any other exception were deleted with the staging folder). A tree that cannot be put back
+    is kept in the staging folder, whose path the error names."""
+    from pathlib import Path
+
+    from triton_collection import build
+
+    root = _norms_and_activations_root(tmp_path)
+    out = tmp_path / "out"
+    build.build_collection(load_manifest(root), out, org=ORG)
+    before = {p.name: build.tree_commit(p) for p in out.iterdir()}
+    norms_init = root / "torch-ext" / "triton_norms" / "__init__.py"
+    norms_init.write_text(norms_init.read_text() + "# changed after the first build\n")
+    (root / "torch-ext" / "triton_activations" / "__init__.py").write_text(
+        (root / "torch-ext" / "triton_activations" / "__init__.py").read_text() + "# changed too\n")
+    rename = Path.rename
+
+    def interrupted(self, target):
+        if Path(target) == out / "triton-activations" and self.parent.name == "new":
+            raise KeyboardInterrupt
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build.build_collection(load_manifest(root), out, org=ORG)
+    assert {p.name: build.tree_commit(p) for p in out.iterdir()} == before  # no staging folder left either
+
+    def stuck(self, target):  # the swap fails, and so does putting triton-norms back
+        if Path(target) == out / "triton-activations" and self.parent.name == "new":
+            raise OSError(28, "No space left on device")
+        if Path(target) == out / "triton-norms" and self.parent.name == "previous":
+            raise OSError(16, "Device or resource busy")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", stuck)
+    with pytest.raises(OSError, match=r"previous trees of triton-norms could not be put back: they are in .*previous"):
+        build.build_collection(load_manifest(root), out, org=ORG)
+    kept = [p for p in out.glob(".triton-collection-staging-*/previous/triton-norms")]
+    assert len(kept) == 1 and build.tree_commit(kept[0]) == before["triton-norms"]
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda m: m.replace("edition = 5\n", "edition = 5.0\n"), r"\[general\] edition = 5.0: a float cannot be rendered"),
     (lambda m: m + "\n[package.triton-norms.torch-noarch]\nwhen = 2024-01-01\n",

@@ -443,6 +443,63 @@ def test_instances_configured_otherwise_are_probed_apart(installed, device, odd_
             torch.testing.assert_close(m(x), eager[name](x), rtol=1e-5, atol=1e-5)
 
 
+def test_per_instance_functions_and_forwards_do_not_multiply_probes(monkeypatch):
+    """The configuration key of an instance leaves out an instance ``forward`` (accelerate's offload hooks, an
+    earlier kernelize: the probe runs the class's forward) and takes a ``functools.partial`` by its function and
+    arguments (transformers' GELUTanh makes one per instance): one probe per class, not one per layer (a 24-layer
+    Gemma2 took 24 GELUTanh probes, a hooked tiny Llama 35 instead of 5)."""
+    import functools
+    from collections import Counter
+
+    from triton_collection.integrations import transformers as shim
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    calls = []
+    real = shim.probe
+    monkeypatch.setattr(shim, "probe", lambda module, candidates: calls.append(type(module).__name__)
+                        or real(module, candidates))
+    for kind in ("gemma", "llama"):
+        model = _tiny(kind, torch.float32, "cpu")
+        for module in model.modules():
+            if type(module).__name__.endswith(("MLP", "RMSNorm")):  # an instance forward, as accelerate's hooks
+                module.forward = functools.partial(type(module).forward, module)
+        calls.clear()
+        chosen, _ = shim.select_layers(model, families=ALL_FAMILIES)
+        assert chosen and set(Counter(calls).values()) == {1}, (kind, Counter(calls))
+
+
+def test_decoder_layer_left_alone_where_its_norm_instance_is_refused(installed):
+    """A decoder layer whose post_attention_layernorm instance is configured unlike the swapped norms (refused by
+    name) is not swapped for the fused layer either: the report said it was (the layer's runtime guard then ran
+    the norm itself, so only the report was wrong)."""
+    from triton_collection.integrations.families import ALL_FAMILIES
+
+    model = _tiny("llama", torch.float32, "cpu")
+    eager = copy.deepcopy(model)
+    odd = model.model.layers[1].post_attention_layernorm
+    odd.scaled = True  # an instance attribute: another configuration, probed apart
+
+    def forward(self, hidden_states):
+        out = type(self).__mro__[1].forward(self, hidden_states)
+        return 2 * out if getattr(self, "scaled", False) else out
+
+    odd_cls = type("ScaledLlamaRMSNorm", (type(odd),), {"forward": forward})
+    for layer in model.model.layers:  # one class for every norm of the decoder layers
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            getattr(layer, name).__class__ = odd_cls
+    report = kernelize(model, mode=Mode.INFERENCE, org=ORG, families=ALL_FAMILIES)
+    assert "model.layers.1.post_attention_layernorm" in report.refused
+    assert report.swapped.get("model.layers.0") == "LlamaDecoderLayer"
+    assert "model.layers.1" not in report.swapped and "model.layers.1" in report.refused
+    ids = _prompt("cpu")
+    for layer in eager.model.layers:
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            getattr(layer, name).__class__ = odd_cls
+    eager.model.layers[1].post_attention_layernorm.scaled = True
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, eager(ids).logits, **LOGIT_TOL[torch.float32])
+
+
 def test_kernelize_refuses_what_is_not_a_module(installed):
     for bad in (None, "llama", transformers.LlamaConfig()):
         with pytest.raises(TypeError, match=f"kernelize: model must be a torch.nn.Module, got {type(bad).__name__}"):
@@ -580,6 +637,18 @@ def test_attention_layer_runs_a_model_moved_to_float64(installed, device):
     with torch.no_grad():
         got, want = ours.double()(ids).logits, eager.double()(ids).logits
     assert got.dtype == torch.float64 and torch.equal(got, want)
+    # cos / sin that require grad (the kernel refuses them with a ValueError): transformers' formula, its gradients
+    attn, ref = ours.model.layers[0].self_attn.float(), eager.model.layers[0].self_attn.float()
+    x = torch.randn(1, 5, _TINY["hidden_size"], device=device)
+    cos, sin = (torch.randn(1, 5, attn.head_dim, device=device) for _ in range(2))
+    outs, grads = [], []
+    for module in (attn, ref):
+        c = cos.clone().requires_grad_()
+        out = module(x, position_embeddings=(c, sin), attention_mask=None)[0]
+        out.sum().backward()
+        outs.append(out.detach())
+        grads.append(c.grad)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
 
 
 def test_attention_family_probes_the_form_and_the_rotary(installed):

@@ -324,7 +324,8 @@ def _render(collection: Collection, plan: _Plan, dest: Path) -> str:
 
 def _swap_in(staging: Path, out: Path, names: list[str]) -> None:
     """Move each tree ``staging/new/<name>`` to ``out/<name>``, the one there before into ``staging/previous/``
-    (removed with the staging folder). An OSError midway puts back the trees already replaced, then propagates."""
+    (removed with the staging folder). Any exception midway (an OSError, Ctrl-C) puts back the trees already
+    replaced, then propagates; a tree that cannot be put back stays in ``staging/previous`` and the error says so."""
     done: list[str] = []
     (staging / "previous").mkdir()
     try:
@@ -334,13 +335,20 @@ def _swap_in(staging: Path, out: Path, names: list[str]) -> None:
                 dest.rename(staging / "previous" / name)
             done.append(name)
             (staging / "new" / name).rename(dest)
-    except OSError:
+    except BaseException as err:
+        stuck = []
         for name in reversed(done):
             dest, previous = out / name, staging / "previous" / name
-            if not (staging / "new" / name).exists() and dest.exists():
-                dest.rename(staging / "new" / name)
-            if previous.exists() or previous.is_symlink():
-                previous.rename(dest)
+            try:
+                if not (staging / "new" / name).exists() and dest.exists():
+                    dest.rename(staging / "new" / name)
+                if previous.exists() or previous.is_symlink():
+                    previous.rename(dest)
+            except OSError:
+                stuck.append(name)
+        if stuck:
+            raise OSError(f"the build was interrupted ({type(err).__name__}: {err}) and the previous trees of "
+                          f"{', '.join(stuck)} could not be put back: they are in {staging / 'previous'}") from err
         raise
 
 
@@ -357,7 +365,9 @@ def _build(collection: Collection, packages: list[Package], out: Path, *, org: s
         digests = [_render(collection, plan, staging / "new" / plan.package.name) for plan in plans]
         _swap_in(staging, out, [plan.package.name for plan in plans])
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        previous = staging / "previous"
+        if not (previous.is_dir() and any(previous.iterdir())):  # keep a previous tree that was not put back
+            shutil.rmtree(staging, ignore_errors=True)
         if created and not any(out.iterdir()):
             out.rmdir()
         raise

@@ -1245,8 +1245,14 @@ def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
     elif isinstance(scale, (Tensor, bool)) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number (a Python or NumPy float or int) or None, got "
                         f"{type(scale).__name__}")
-    elif not -math.inf < scale < math.inf:
-        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    else:
+        try:
+            value = float(scale)
+        except OverflowError:  # an int beyond the float range
+            value = math.inf
+        if not -math.inf < value < math.inf:  # NaN, infinite, or a wider float (np.longdouble) beyond fp64
+            raise ValueError(f"scale must be a finite number, got {scale!r}")
+        scale = value
     return bshd, float(scale)
 
 

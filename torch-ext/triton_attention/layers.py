@@ -87,7 +87,7 @@ class LlamaAttention(nn.Module):
         cos, sin = position_embeddings
         try:
             query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
-        except (TypeError, RuntimeError):  # checked only when refused: no cost to the calls the kernel takes
+        except (TypeError, ValueError, RuntimeError):  # checked only when refused: no cost to the kernel's calls
             if kernel_takes(query_states, key_states, cos, sin):
                 raise
             query_states, key_states = rotary_reference(query_states, key_states, cos, sin)

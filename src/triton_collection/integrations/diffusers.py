@@ -732,8 +732,8 @@ def kernelize(pipe_or_model, *, mode: Mode = Mode.INFERENCE, attention: bool = T
                       for child in ("norm", "norm1", "norm2", "norm3")}
             report.norms.update({prefix + name: layer for name, layer in norm_report.swapped.items()
                                  if name not in inside})
-            for cls_name, why in norm_report.refused.items():
-                report.refused[f"{prefix}norms:{cls_name}"] = why
+            for what, why in norm_report.refused.items():  # a class, or a module name (an instance left alone)
+                report.refused[f"{prefix}norms:{what}"] = why
         if plan["processors"]:
             new = {name: proc for name, proc in model.attn_processors.items()}
             for name, cls in plan["processors"].items():

@@ -26,6 +26,7 @@ silently keeping the original forward.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -58,8 +59,9 @@ class KernelizeReport:
         mode: the ``kernels.Mode`` requested.
         swapped: qualified module name -> Hub layer name, for every module whose forward was replaced.
         layers: class (``module.QualName``) -> ``"<repo_id>:<layer>"`` chosen for it.
-        refused: class -> reason, for norm-like classes left untouched; module name -> reason for a decoder layer
-            left untouched (its post_attention_layernorm is not swapped for the LlamaRMSNorm layer).
+        refused: class -> reason, for norm-like classes left untouched; module name -> reason for an instance
+            left untouched while its class is swapped elsewhere (configured unlike the swapped instances, or a
+            decoder layer whose post_attention_layernorm is not swapped for the LlamaRMSNorm layer).
     """
 
     device: str
@@ -103,13 +105,20 @@ def _device_type(model: nn.Module, device: str | torch.device | None) -> str:
     return kind
 
 
-def _config_value(value):
-    """``value`` as part of an instance's configuration key: plain values themselves, sequences element-wise, any
-    other object by identity (instances sharing one config or function object share the key)."""
+def _config_value(value, module: nn.Module):
+    """``value`` as part of an instance's configuration key: plain values themselves, sequences element-wise, a
+    ``functools.partial`` by its function and arguments (transformers' GELUTanh makes one per instance), a method
+    bound to the module by its function, any other object by identity (instances sharing one config or function
+    object share the key)."""
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
         return value
     if isinstance(value, (tuple, list)):
-        return tuple(_config_value(v) for v in value)
+        return tuple(_config_value(v, module) for v in value)
+    if isinstance(value, functools.partial):
+        return ("partial", _config_value(value.func, module), _config_value(value.args, module),
+                tuple(sorted((k, _config_value(v, module)) for k, v in value.keywords.items())))
+    if getattr(value, "__self__", None) is module and hasattr(value, "__func__"):
+        return ("method", id(value.__func__))
     return ("object", id(value))
 
 
@@ -117,12 +126,13 @@ def _instance_config(module: nn.Module, candidates: tuple[Family, ...]) -> tuple
     """What may make two instances of one class compute differently besides their parameter values: the instance's
     own public attributes (a ConvNeXt LayerNorm's ``data_format``, a grouped RMSNorm's ``group_size``, an
     activation's function, ``eps``), which a forward may branch on. Empty for the families classified by their
-    forward's form and their parts (decoder layers, attention), whose probes cover such branches and whose
-    attributes (``layer_idx``) differ in every instance."""
+    forward's form (decoder layers, attention: the form admits no such branch; their attributes, ``layer_idx``,
+    differ in every instance); a decoder layer's own norm instance is checked in :func:`_targets`."""
     if all(f in STRUCTURE_FAMILIES for f in candidates):
         return ()
-    return tuple((k, _config_value(v)) for k, v in sorted(vars(module).items())
-                 if not k.startswith("_") and k != "training")
+    return tuple((k, _config_value(v, module)) for k, v in sorted(vars(module).items())
+                 if not k.startswith("_") and k not in ("training", "forward"))  # an instance forward (accelerate's
+    # hooks, an earlier kernelize) is not what the probe runs: it runs the class's
 
 
 def select_layers(model: nn.Module, *, families: tuple[Family, ...] = FAMILIES) -> tuple[dict[type, Family], dict[str, str]]:
@@ -166,15 +176,17 @@ def select_layers(model: nn.Module, *, families: tuple[Family, ...] = FAMILIES) 
 
 def _targets(model: nn.Module, chosen: dict[type, Family], refused: dict[str, str]) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` of every instance of a chosen class not refused by name, but a decoder layer only where its own
-    ``post_attention_layernorm`` is an instance of a class chosen for the llama norm layer (a class is probed on
-    its first instance; a user's norm subclass in one layer is another class): others go to ``refused`` by module
-    name. Classes left without an instance leave ``chosen``."""
+    ``post_attention_layernorm`` is an instance of a class chosen for the llama norm layer and not refused by name
+    (a user's norm subclass in one layer is another class; an instance configured otherwise is refused by name):
+    others go to ``refused`` by module name. Classes left without an instance leave ``chosen``."""
     targets = []
     for name, module in model.named_modules():
         family = chosen.get(type(module))
         if family is not None and (name or type(model).__name__) in refused:  # configured otherwise (select_layers)
             continue
-        if family is LLAMA_DECODER and chosen.get(type(module.post_attention_layernorm)) is not LLAMA:
+        norm_name = f"{name}.post_attention_layernorm" if name else "post_attention_layernorm"
+        if family is LLAMA_DECODER and (chosen.get(type(module.post_attention_layernorm)) is not LLAMA
+                                        or norm_name in refused):
             refused[name or type(model).__name__] = (
                 f"its post_attention_layernorm ({type(module.post_attention_layernorm).__name__}) is not swapped for "
                 "the LlamaRMSNorm layer (its class is refused, or the llama family is not among the families), so "
