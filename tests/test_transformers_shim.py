@@ -468,13 +468,13 @@ def test_per_instance_functions_and_forwards_do_not_multiply_probes(monkeypatch)
         assert chosen and set(Counter(calls).values()) == {1}, (kind, Counter(calls))
 
 
-def test_decoder_layer_left_alone_where_its_norm_instance_is_refused(installed):
+def test_decoder_layer_left_alone_where_its_norm_instance_is_refused(installed, device):
     """A decoder layer whose post_attention_layernorm instance is configured unlike the swapped norms (refused by
     name) is not swapped for the fused layer either: the report said it was (the layer's runtime guard then ran
     the norm itself, so only the report was wrong)."""
     from triton_collection.integrations.families import ALL_FAMILIES
 
-    model = _tiny("llama", torch.float32, "cpu")
+    model = _tiny("llama", torch.float32, device)
     eager = copy.deepcopy(model)
     odd = model.model.layers[1].post_attention_layernorm
     odd.scaled = True  # an instance attribute: another configuration, probed apart
@@ -491,7 +491,7 @@ def test_decoder_layer_left_alone_where_its_norm_instance_is_refused(installed):
     assert "model.layers.1.post_attention_layernorm" in report.refused
     assert report.swapped.get("model.layers.0") == "LlamaDecoderLayer"
     assert "model.layers.1" not in report.swapped and "model.layers.1" in report.refused
-    ids = _prompt("cpu")
+    ids = _prompt(device)
     for layer in eager.model.layers:
         for name in ("input_layernorm", "post_attention_layernorm"):
             getattr(layer, name).__class__ = odd_cls
