@@ -266,16 +266,11 @@ def test_a_layer_breaking_the_kernels_rules_is_refused_at_build(member, tmp_path
     written: ``kernels`` would refuse it only at ``kernelize`` time, in a user's process. Bare annotations (the
     replaced module's attributes, ``dim: int``) and overrides of nn.Module members are allowed, as ``kernels``
     allows them."""
-    import shutil
-
     from triton_collection.build import build_package, check_layer_rules
 
     for layers_py in sorted((ROOT / "torch-ext").glob("*/layers.py")):
         check_layer_rules(layers_py)  # the shipped layers pass
-    root = tmp_path / "coll"
-    shutil.copytree(ROOT / "torch-ext" / "_shared", root / "torch-ext" / "_shared")
-    shutil.copytree(ROOT / "torch-ext" / "triton_norms", root / "torch-ext" / "triton_norms")
-    (root / "build.toml").write_text((ROOT / "build.toml").read_text().split("[package.triton-activations]")[0])
+    root = _norms_only_root(tmp_path)
     layers_py = root / "torch-ext" / "triton_norms" / "layers.py"
     source = layers_py.read_text()
     anchor = "class LlamaRMSNorm(nn.Module):\n"
@@ -305,14 +300,9 @@ def test_a_layer_deriving_from_another_class_is_refused_at_build(extra, base, tm
     """kernels counts a layer's inherited members too (``inspect.getmembers``) and refuses a class that is not a
     module: a layer inheriting ``scale`` from a helper base passed the build's check of the class body, then
     ``kernelize`` refused it in the user's process. Every layer must derive from nn.Module alone."""
-    import shutil
-
     from triton_collection.build import build_package
 
-    root = tmp_path / "coll"
-    shutil.copytree(ROOT / "torch-ext" / "_shared", root / "torch-ext" / "_shared")
-    shutil.copytree(ROOT / "torch-ext" / "triton_norms", root / "torch-ext" / "triton_norms")
-    (root / "build.toml").write_text((ROOT / "build.toml").read_text().split("[package.triton-activations]")[0])
+    root = _norms_only_root(tmp_path)
     layers_py = root / "torch-ext" / "triton_norms" / "layers.py"
     layers_py.write_text(layers_py.read_text() + "\n\n" + extra)
     collection = load_manifest(root)

@@ -20,26 +20,25 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0."""
+def _finite_float(text: str, low: float, inclusive: bool) -> float:
+    """A finite number above ``low`` (or equal to it when ``inclusive``); nan and inf refused."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    if not (low <= value if inclusive else low < value) or not value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number {'>=' if inclusive else '>'} {low:g}, got {text}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    return _finite_float(text, 0.0, inclusive=False)
 
 
 def non_negative_float(text: str) -> float:
     """A finite number >= 0 (nan, inf and negative numbers refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+    return _finite_float(text, 0.0, inclusive=True)
 
 
 def hub_org(text: str) -> str:

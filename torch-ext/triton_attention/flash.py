@@ -1241,19 +1241,17 @@ def _check_inputs(q, k, v, attn_mask, scale, causal, layout):
                              f"[B, H, Sq, Sk] = {(B, H, Sq, Sk)}")
     check_flag("causal", causal)
     if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    elif isinstance(scale, (Tensor, bool)) or not isinstance(scale, numbers.Real):
+        return bshd, 1.0 / math.sqrt(D)
+    if isinstance(scale, (Tensor, bool)) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number (a Python or NumPy float or int) or None, got "
                         f"{type(scale).__name__}")
-    else:
-        try:
-            value = float(scale)
-        except OverflowError:  # an int beyond the float range
-            value = math.inf
-        if not -math.inf < value < math.inf:  # NaN, infinite, or a wider float (np.longdouble) beyond fp64
-            raise ValueError(f"scale must be a finite number, got {scale!r}")
-        scale = value
-    return bshd, float(scale)
+    try:
+        value = float(scale)
+    except OverflowError:  # an int beyond the float range
+        value = math.inf
+    if not -math.inf < value < math.inf:  # NaN, infinite, or a wider float (np.longdouble) beyond fp64
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    return bshd, value
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tensor] = None, causal: bool = False,

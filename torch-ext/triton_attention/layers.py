@@ -21,7 +21,7 @@ from typing import Tuple
 import torch
 from torch import nn
 
-from .rotary import apply_rotary_pos_emb, kernel_takes, rotary_reference
+from .rotary import rotary_or_reference
 
 
 class RotaryPosEmb(nn.Module):
@@ -42,9 +42,7 @@ class RotaryPosEmb(nn.Module):
     can_torch_compile = True
 
     def forward(self, q, k, cos, sin, unsqueeze_dim=1) -> Tuple[torch.Tensor, torch.Tensor]:
-        if kernel_takes(q, k, cos, sin):
-            return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
-        return rotary_reference(q, k, cos, sin, unsqueeze_dim)
+        return rotary_or_reference(q, k, cos, sin, unsqueeze_dim)
 
 
 class LlamaAttention(nn.Module):
@@ -85,12 +83,7 @@ class LlamaAttention(nn.Module):
         key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         cos, sin = position_embeddings
-        try:
-            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
-        except (TypeError, ValueError, RuntimeError):  # checked only when refused: no cost to the kernel's calls
-            if kernel_takes(query_states, key_states, cos, sin):
-                raise
-            query_states, key_states = rotary_reference(query_states, key_states, cos, sin)
+        query_states, key_states = rotary_or_reference(query_states, key_states, cos, sin)
         if past_key_values is not None:
             key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
         names = type(self).forward.__globals__  # the replaced forward's module (transformers' modeling file)

@@ -492,6 +492,19 @@ def rotary_reference(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_d
     return _eager_layout(q, cos, sin), _eager_layout(k, cos, sin)
 
 
+def rotary_or_reference(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1) -> Tuple[Tensor, Tensor]:
+    """:func:`apply_rotary_pos_emb` where the kernel takes the tensors, else :func:`rotary_reference` (the same
+    bits): another dtype such as float64, CPU tensors of a GPU build, cos / sin that require grad. What the kernel
+    refused is examined only when it refuses (:func:`kernel_takes`), so its calls pay nothing; other bad input
+    raises as :func:`apply_rotary_pos_emb`."""
+    try:
+        return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    except (TypeError, ValueError, RuntimeError):
+        if kernel_takes(q, k, cos, sin):
+            raise
+        return rotary_reference(q, k, cos, sin, unsqueeze_dim)
+
+
 def _pinned(plan: tuple) -> tuple:
     """A :func:`_rope_plan` whose launch is pinned (``Launch.pinned``) for a caller whose key fixes alignment."""
     layout, out_dtype, run = plan

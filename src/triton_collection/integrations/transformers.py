@@ -135,6 +135,11 @@ def _instance_config(module: nn.Module, candidates: tuple[Family, ...]) -> tuple
     # hooks, an earlier kernelize) is not what the probe runs: it runs the class's
 
 
+def _shown(config: tuple) -> str:
+    """An :func:`_instance_config` for a message: its plain values (objects keyed by identity say nothing)."""
+    return ", ".join(f"{k}={v!r}" for k, v in config if not (isinstance(v, tuple) and v[:1] == ("object",)))
+
+
 def select_layers(model: nn.Module, *, families: tuple[Family, ...] = FAMILIES) -> tuple[dict[type, Family], dict[str, str]]:
     """Classify the norm classes of ``model``: ``({class: family}, {class or module name: refusal reason})``.
 
@@ -169,7 +174,7 @@ def select_layers(model: nn.Module, *, families: tuple[Family, ...] = FAMILIES) 
             if result.family is not family:
                 why = result.reason if result.family is None else f"it matches the {result.family.layer} layer"
                 refused[name] = (f"a {cls.__name__} configured unlike the instances swapped for the {family.layer} "
-                                 f"layer ({', '.join(f'{k}={v!r}' for k, v in key[2] if not isinstance(v, tuple) or v[:1] != ('object',))}): {why}")
+                                 f"layer ({_shown(key[2])}): {why}")
                 log.info("not swapping %s: %s", name, refused[name])
     return chosen, refused
 
