@@ -355,6 +355,28 @@ def test_bad_input_raises_clear_error_naming_the_argument(request, device, fixtu
 # ----------------------------------------------------------------------------- layers
 
 
+@pytest.mark.parametrize("fixture, picker, args, words", [
+    ("norms", "pick_config", ([4096], 2), "N must be an int"),
+    ("softmax", "pick_config", (4096, [2]), "element_size must be an int"),
+    ("activations", "pick_config", (4096, 2, 32, 1, [4096]), "tile_bytes must be an int"),
+    ("attention", "pick_fwd_config", ([128], False), "head_dim must be an int"),
+    ("attention", "pick_bwd_config", (128, False, [32]), "warp_size must be an int"),
+    ("matmul", "pick_config", (5, [7], 9), "N must be an int"),
+    ("matmul", "pick_config", (5, 7, 9, ["NVIDIA H200"]), "gpu_name must be None or a string"),
+    ("norms", "pick_config", (torch.tensor(4096), 2), "N must be an int"),
+])
+def test_config_pickers_name_an_unhashable_argument(request, fixture, picker, args, words):
+    """The public config pickers are cached: an unhashable argument (a list, a tensor) gave lru_cache's "unhashable
+    type" TypeError, naming no argument. Their own checks now name it, and a valid call still hits the cache."""
+    pick = getattr(request.getfixturevalue(fixture), picker)
+    with pytest.raises(ValueError, match=words):
+        pick(*args)
+    pick.cache_clear()
+    valid = tuple(a[0] if isinstance(a, list) else int(a) if isinstance(a, torch.Tensor) else a for a in args)
+    first = pick(*(valid if "gpu_name" not in words else valid[:3]))
+    assert pick(*(valid if "gpu_name" not in words else valid[:3])) is first and pick.cache_info().hits == 1
+
+
 def test_bad_input_layers(norms, activations, softmax, device):
     """Layers raise clear errors for what their modules hold: a class weight, no threshold."""
     from torch import nn

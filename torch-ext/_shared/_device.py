@@ -13,6 +13,7 @@ import os
 import torch
 
 __all__ = ["MAX_GRID_YZ", "MAX_THREADS_PER_PROGRAM", "cdiv", "check_bool", "check_config_args", "check_dense", "check_flag", "check_int",
+           "config_cache",
            "check_launch_device", "check_warp_size", "device_warp_size", "is_interpreter", "launch_options",
            "next_power_of_2", "tma_descriptor_ok"]
 
@@ -30,6 +31,31 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of 2 >= n (1 for n <= 1): ``triton.next_power_of_2`` for host code, as :func:`cdiv`."""
     return 1 << max(n - 1, 0).bit_length()
+
+
+def config_cache(maxsize: int):
+    """``functools.lru_cache(maxsize, typed=True)`` for a public config picker that checks its arguments (typed: 2.0
+    or True must not hit a checked 2 / 1). An unhashable argument (a list, a tensor) is not a cache miss but
+    lru_cache's "unhashable type" TypeError, which names no argument: the picker then runs uncached, so that its
+    own checks name the argument, and the TypeError is raised where they pass. ``cache_clear`` and ``cache_info``
+    are the cache's."""
+    def decorate(picker):
+        cached = functools.lru_cache(maxsize=maxsize, typed=True)(picker)
+
+        @functools.wraps(picker)
+        def pick(*args, **kwargs):
+            try:
+                return cached(*args, **kwargs)
+            except TypeError as err:
+                if "unhashable" not in str(err):
+                    raise
+            picker(*args, **kwargs)  # its checks raise, naming the argument
+            return cached(*args, **kwargs)  # they passed: lru_cache's TypeError again
+
+        pick.cache_clear, pick.cache_info = cached.cache_clear, cached.cache_info
+        return pick
+
+    return decorate
 
 
 @functools.lru_cache(maxsize=64)

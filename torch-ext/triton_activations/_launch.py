@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_bool, check_config_args, check_int, next_power_of_2
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_bool, check_config_args, check_int, config_cache, next_power_of_2
 
 # Bytes of one operand one program handles: forward of the gated ops on rows of at most
 # GATED_NARROW_ROW_BYTES of an operand (wider rows: TILE_BYTES), forward of the plain ops; backward.
@@ -83,7 +83,7 @@ def tile_for(backward: bool, gated: bool, row_bytes: int) -> tuple:
     return TILE_BYTES, PLAIN_THREADS
 
 
-@functools.lru_cache(maxsize=4096, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
+@config_cache(4096)
 def pick_config(N: int, element_size: int, warp_size: int = 32, M: int = 1, tile_bytes: int = TILE_BYTES,
                 fill_gpu: bool = True, threads: int = THREADS) -> LaunchConfig:
     """Picks the tile (ROWS x BLOCK_N), warps and grid for ``M`` rows of ``N`` output columns.

@@ -18,7 +18,8 @@ from typing import Optional
 
 import torch
 
-from ._device import MAX_THREADS_PER_PROGRAM, check_bool, check_int, check_warp_size, device_warp_size, next_power_of_2
+from ._device import (MAX_THREADS_PER_PROGRAM, check_bool, check_int, check_warp_size, config_cache, device_warp_size,
+                      next_power_of_2)
 
 
 
@@ -74,7 +75,7 @@ def _check_config_args(head_dim: int, interpret: bool, warp_size: int, element_s
     check_bool("masked", masked)
 
 
-@functools.lru_cache(maxsize=1024, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
+@config_cache(1024)
 def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element_size: int = 2,
                     masked: bool = False) -> FwdConfig:
     """Forward tiles for a (padded) head dim ``head_dim`` (a power of two in [16, 256]) and input element size.
@@ -98,7 +99,7 @@ def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element
     return replace(cfg, num_warps=clamp_warps(cfg.num_warps, warp_size))
 
 
-@functools.lru_cache(maxsize=1024, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
+@config_cache(1024)
 def pick_bwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element_size: int = 2) -> BwdConfig:
     """Backward tiles for a (padded) head dim ``head_dim`` (a power of two in [16, 256]) and element size."""
     _check_config_args(head_dim, interpret, warp_size, element_size)

@@ -57,7 +57,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from ._device import MAX_THREADS_PER_PROGRAM, cdiv, next_power_of_2
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, config_cache, next_power_of_2
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # the activations a bucket's "epilogue" may name (``matmul``'s ``activation`` argument) -> gated (p * act(g))
@@ -253,7 +253,7 @@ def lookup(buckets: Tuple[Bucket, ...], M: int, N: int, K: int, gated: bool = Fa
     )
 
 
-@functools.lru_cache(maxsize=4096, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
+@config_cache(4096)
 def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: bool = False,
                 warp_size: int = 32, itemsize: int = 2, activation: Optional[str] = None,
                 arch: Optional[str] = None) -> MatmulConfig:
@@ -266,8 +266,9 @@ def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: b
     (None: none), which picks a bucket's ``"epilogue"`` entry where the file has one.
 
     Raises:
-        ValueError: M, N or K not an int >= 0 (K = 0: the product of empty operands, zeros), warp_size not 32 or 64, itemsize not 2 or 4, or an activation
-            ``matmul`` does not take (checked once per cached signature).
+        ValueError: M, N or K not an int >= 0 (K = 0: the product of empty operands, zeros), warp_size not 32 or
+            64, itemsize not 2 or 4, an activation ``matmul`` does not take, a gpu_name or arch that is neither None
+            nor a string (checked once per cached signature; an unhashable argument is checked on each call).
     """
     for name, value in (("M", M), ("N", N), ("K", K)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -279,6 +280,8 @@ def pick_config(M: int, N: int, K: int, gpu_name: Optional[str] = None, gated: b
                          f"got {activation!r}")
     if arch is not None and not isinstance(arch, str):
         raise ValueError(f"pick_config: arch must be None or a string such as 'sm_90', got {arch!r}")
+    if gpu_name is not None and not isinstance(gpu_name, str):
+        raise ValueError(f"pick_config: gpu_name must be None or a string such as 'NVIDIA H200', got {gpu_name!r}")
     return lookup(load_buckets(gpu_name, arch), M, N, K, gated, warp_size, itemsize, activation)
 
 

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, check_int, next_power_of_2
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, check_int, config_cache, next_power_of_2
 
 # Largest row (in bytes of input) kept in registers in one block.
 MAX_FUSED_BYTES = 65536
@@ -50,7 +50,7 @@ class LaunchConfig:
     loop: bool  # True: several chunks of BLOCK_N per row (wide rows)
 
 
-@functools.lru_cache(maxsize=4096, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
+@config_cache(4096)
 def pick_config(N: int, element_size: int, warp_size: int = 32,
                 bytes_per_thread: Optional[int] = None) -> LaunchConfig:
     """Picks (BLOCK_N, num_warps, loop) for rows of ``N`` elements.

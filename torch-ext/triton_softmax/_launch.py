@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, device_warp_size, next_power_of_2
+from ._device import MAX_THREADS_PER_PROGRAM, cdiv, check_config_args, config_cache, device_warp_size, next_power_of_2
 from ._team import CPU_SMS, TeamPlan, sm_count as _sm_count, team_split  # noqa: F401 (CPU_SMS: split_for on CPU)
 
 # Largest row (bytes of input) kept in registers in one block: 16K fp32 / 32K bf16 elements.
@@ -67,7 +67,7 @@ class LaunchConfig:
         return {"REVERSE": self.reverse, "EVICT1": self.evict[0], "EVICT2": self.evict[1], "PREFETCH": self.prefetch}
 
 
-@functools.lru_cache(maxsize=4096, typed=True)  # typed: 2.0 or True must not hit a checked 2 / 1
+@config_cache(4096)
 def pick_config(N: int, element_size: int, warp_size: int = 32) -> LaunchConfig:
     """Picks (BLOCK_N, num_warps, loop) for rows of ``N`` elements.
 
