@@ -795,3 +795,38 @@ def test_compile_dynamic_fullgraph_with_default_scalars(norms, softmax, activati
             t = torch.randint(0, 16, (rows,), device=device)
             got, want = compiled(x, r, t), fn(x, r, t)
             assert torch.equal(got, want), (i, rows)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_layer_runs_a_float64_module_as_the_module(request, device, package):
+    """A model moved to float64 after kernelize (``torch.autograd.gradcheck``, debugging), a dtype the kernels do not
+    take: every layer gives the module's own output and input gradients, bit for bit (the norm, activation and
+    softmax layers raised their op's dtype TypeError; they now run the module's class forward, which kernelize left
+    in place). A stand-in module without a forward of its own gets the op's TypeError, or the layer's own PyTorch
+    formula where it has one."""
+    pkg = _pkg(request, package)
+    for ls in CATALOG[package].layers(pkg):
+        torch.manual_seed(43)
+        cls = getattr(pkg.layers, ls.name)
+        module, data = ls.module(device, torch.float64), ls.make(device, torch.float64)
+        if type(module).forward is nn.Module.forward:  # a stand-in that only carries attributes: no forward to run
+            try:
+                out = cls.forward(module, *clone_inputs(data))
+            except TypeError as err:  # the op's refusal, naming the dtype
+                assert "float64" in str(err), f"layers.{ls.name}: {err}"
+            else:  # a layer with a PyTorch formula of its own (the rotary layer: transformers' function)
+                assert all(t.dtype == torch.float64 for t in as_tuple(out)), f"layers.{ls.name}"
+            continue
+        results = []
+        for run in (lambda *xs: module(*xs), lambda *xs: cls.forward(module, *xs)):
+            inputs = clone_inputs(data, ls.grad)
+            out = run(*inputs)
+            leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+            grads = torch.autograd.grad(loss_of(out), leaves, allow_unused=True) if leaves else ()
+            results.append((as_tuple(out), grads))
+        (want, want_grads), (got, got_grads) = results
+        for k, (g, w) in enumerate(zip(got, want)):
+            if isinstance(w, torch.Tensor):
+                assert g.dtype == w.dtype == torch.float64 and torch.equal(g, w), f"layers.{ls.name} output {k}"
+        for k, (g, w) in enumerate(zip(got_grads, want_grads)):
+            assert (g is None) == (w is None) and (w is None or torch.equal(g, w)), f"layers.{ls.name} grad {k}"

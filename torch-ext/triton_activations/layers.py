@@ -39,6 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _nn_module
 
+from ._common import SUPPORTED_DTYPES
+from ._replaced import replaced_forward
 from . import functional
 from ._autocast import autocast_to
 from ._common import GATED_ACTIVATIONS
@@ -63,6 +65,8 @@ class SiluAndMul(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, SiluAndMul)) is not None:
+            return own(self, x)
         return silu_and_mul(x, rounding="eager")
 
 
@@ -78,6 +82,8 @@ class MulAndSilu(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, MulAndSilu)) is not None:
+            return own(self, x)
         return mul_and_silu(x, rounding="eager")
 
 
@@ -93,6 +99,8 @@ class GeluAndMul(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, GeluAndMul)) is not None:
+            return own(self, x)
         return gelu_and_mul(x, rounding="eager")
 
 
@@ -108,6 +116,8 @@ class GeluTanhAndMul(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, GeluTanhAndMul)) is not None:
+            return own(self, x)
         return gelu_tanh_and_mul(x, rounding="eager")
 
 
@@ -127,6 +137,8 @@ class FatreluAndMul(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, FatreluAndMul)) is not None:
+            return own(self, x)
         return fatrelu_and_mul(x, threshold=self.threshold)
 
 
@@ -142,6 +154,8 @@ class Silu(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, Silu)) is not None:
+            return own(self, x)
         return silu(x)
 
 
@@ -157,6 +171,8 @@ class Gelu(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, Gelu)) is not None:
+            return own(self, x)
         return gelu(x)
 
 
@@ -172,6 +188,8 @@ class GeluTanh(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, GeluTanh)) is not None:
+            return own(self, x)
         return gelu_tanh(x)
 
 
@@ -187,6 +205,8 @@ class NewGELU(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, NewGELU)) is not None:
+            return own(self, x)
         return gelu_new(x)
 
 
@@ -202,6 +222,8 @@ class FastGELU(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, FastGELU)) is not None:
+            return own(self, x)
         return gelu_fast(x)
 
 
@@ -217,6 +239,8 @@ class QuickGELU(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, QuickGELU)) is not None:
+            return own(self, x)
         return gelu_quick(x)
 
 
@@ -242,6 +266,8 @@ class SiLUActivation(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, SiLUActivation)) is not None:
+            return own(self, input)
         return silu(input)
 
 
@@ -264,6 +290,8 @@ class GELUActivation(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, GELUActivation)) is not None:
+            return own(self, input)
         if self.act is F.gelu:
             return gelu(input)
         return self.act(input)
@@ -287,6 +315,8 @@ class GELUTanh(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, GELUTanh)) is not None:
+            return own(self, input)
         act = self.act
         if _is_partial_gelu_tanh(act):
             return gelu_tanh(input)
@@ -307,6 +337,8 @@ class NewGELUActivation(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, NewGELUActivation)) is not None:
+            return own(self, input)
         return _new_gelu_formula(input)
 
 
@@ -329,6 +361,8 @@ class FastGELUActivation(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, FastGELUActivation)) is not None:
+            return own(self, input)
         return gelu_fast(input, rounding="eager")
 
 
@@ -344,6 +378,8 @@ class QuickGELUActivation(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, QuickGELUActivation)) is not None:
+            return own(self, input)
         return gelu_quick(input, rounding="eager")
 
 
@@ -375,6 +411,8 @@ class LlamaMLP(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, LlamaMLP)) is not None:
+            return own(self, x)
         activation = _fusable_activation(self.act_fn)
         if activation is None:
             return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
@@ -404,6 +442,8 @@ class Phi3MLP(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, Phi3MLP)) is not None:
+            return own(self, hidden_states)
         activation = _fusable_activation(self.activation_fn)
         gate_up = self.gate_up_proj(hidden_states)
         if activation is None:

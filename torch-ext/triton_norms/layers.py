@@ -38,6 +38,8 @@ import torch
 from torch import nn
 
 from ._autocast import autocast_to, cast
+from ._common import SUPPORTED_DTYPES
+from ._replaced import replaced_forward
 from .layer_norm import layer_norm
 from .rms_norm import add_rms_norm, rms_norm
 
@@ -64,6 +66,8 @@ class LlamaRMSNorm(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, LlamaRMSNorm)) is not None:
+            return own(self, hidden_states)
         weight, dtype = self.weight, hidden_states.dtype
         return rms_norm(hidden_states, weight, eps=self.variance_epsilon, cast_dtype=dtype,
                         out_dtype=dtype if weight.dtype == dtype else torch.promote_types(weight.dtype, dtype),
@@ -106,6 +110,11 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None, past_key_values=None, use_cache: Optional[bool] = False,
                 position_embeddings: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, **kwargs) -> torch.Tensor:
+        if (hidden_states.dtype not in SUPPORTED_DTYPES
+                and (own := replaced_forward(self, LlamaDecoderLayer)) is not None):
+            return own(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                       past_key_values=past_key_values, use_cache=use_cache, position_embeddings=position_embeddings,
+                       **kwargs)
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
@@ -145,6 +154,8 @@ class Olmo2RMSNorm(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, Olmo2RMSNorm)) is not None:
+            return own(self, hidden_states)
         return rms_norm(hidden_states, self.weight, eps=self.variance_epsilon, torch_order="mean")
 
 
@@ -164,6 +175,8 @@ class GemmaRMSNorm(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, GemmaRMSNorm)) is not None:
+            return own(self, x)
         return rms_norm(x, self.weight, eps=self.eps, weight_offset=1.0, torch_order="mean")
 
 
@@ -192,6 +205,8 @@ class TorchRMSNorm(nn.Module):
     can_torch_compile = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, TorchRMSNorm)) is not None:
+            return own(self, x)
         shape = tuple(self.normalized_shape)
         if not shape:  # as F.rms_norm: no dim to normalise over (N would be 1 and every element its own row)
             raise ValueError("normalized_shape must have at least one dimension, got ()")
@@ -232,6 +247,9 @@ class DiffusersRMSNorm(nn.Module):
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if (hidden_states.dtype not in SUPPORTED_DTYPES
+                and (own := replaced_forward(self, DiffusersRMSNorm)) is not None):
+            return own(self, hidden_states)
         w = self.weight
         if w is None:
             return rms_norm(hidden_states, eps=self.eps, torch_order="mean")
@@ -273,6 +291,8 @@ class LayerNorm(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, LayerNorm)) is not None:
+            return own(self, input)
         shape, w, b = self.normalized_shape, self.weight, self.bias
         to = autocast_to("layer_norm", input)
         if to is not None:  # under autocast F.layer_norm computes in another dtype (fp32 on CUDA)

@@ -31,6 +31,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ._common import SUPPORTED_DTYPES
+from ._replaced import replaced_forward
 from ._autocast import autocast_to
 from .cross_entropy import cross_entropy
 from .softmax import softmax
@@ -53,6 +55,8 @@ class Softmax(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, Softmax)) is not None:
+            return own(self, input)
         dim = self.dim
         if dim is None:
             dim = 0 if input.dim() in (0, 1, 3) else 1
@@ -84,6 +88,8 @@ class CrossEntropyLoss(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if input.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, CrossEntropyLoss)) is not None:
+            return own(self, input, target=target)
         if getattr(self, "weight", None) is not None:
             raise ValueError("CrossEntropyLoss with a class weight is not supported by triton-softmax "
                              "(weight must be None)")
