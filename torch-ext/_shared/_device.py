@@ -13,9 +13,8 @@ import os
 import torch
 
 __all__ = ["MAX_GRID_YZ", "MAX_THREADS_PER_PROGRAM", "cdiv", "check_bool", "check_config_args", "check_dense", "check_flag", "check_int",
-           "config_cache",
-           "check_launch_device", "check_warp_size", "device_warp_size", "is_interpreter", "launch_options",
-           "next_power_of_2", "tma_descriptor_ok"]
+           "check_launch_device", "check_warp_size", "config_cache", "device_warp_size", "is_interpreter",
+           "launch_options", "next_power_of_2", "tma_descriptor_ok"]
 
 # Threads per program allowed by NVIDIA (32-lane warps) and AMD (64-lane wavefronts) hardware alike.
 MAX_THREADS_PER_PROGRAM = 1024
