@@ -531,7 +531,7 @@ def test_bad_inputs_raise_clear_errors(activations, device):
         A.silu_and_mul(torch.tensor(1.0, device=device))
     with pytest.raises(ValueError, match=r"out must have shape x.shape\[:-1\] \+ \(x.shape\[-1\] // 2,\) = \(2, 4\)"):
         A.silu_and_mul(torch.empty(2, 8, device=device), x)
-    with pytest.raises(ValueError, match=r"gelu: out must have shape the shape of x \(2, 8\)"):
+    with pytest.raises(ValueError, match=r"gelu: out must have x's shape \(2, 8\)"):
         A.gelu(torch.empty(2, 4, device=device), x)
     with pytest.raises(TypeError, match=r"out must have the dtype of x \(torch.float32\), got torch.bfloat16"):
         A.mul_and_silu(torch.empty(2, 4, dtype=torch.bfloat16, device=device), x)
@@ -1251,3 +1251,32 @@ def test_none_is_a_type_error(activations, matmul):
         matmul.matmul(None, torch.randn(3, 4))
     with pytest.raises(TypeError, match="b must be a torch.Tensor"):
         matmul.matmul(torch.randn(2, 3), None)
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu_tanh", "silu_and_mul", "mul_and_silu", "gelu_and_mul",
+                                  "fatrelu_and_mul"])
+def test_out_form_with_x_none_raises_and_leaves_out_alone(activations, device, name):
+    """``f(out, None)`` (the ``(out, x)`` form, x missing) raises naming x: with None as the default of x it
+    computed ``f(out)`` on the buffer's contents, returned a new tensor and left out unwritten. The one-argument
+    form still works, and ``fatrelu_and_mul(x, 0.5)`` still reads 0.5 as the threshold."""
+    f = getattr(activations, name)
+    out = torch.full((2, 6), 7.0, device=device)
+    args = (0.5,) if name == "fatrelu_and_mul" else ()
+    with pytest.raises(TypeError, match=f"{name}: x must be a torch.Tensor, got NoneType"):
+        f(out, None, *args)
+    assert torch.equal(out, torch.full((2, 6), 7.0, device=device))
+    x = torch.randn(2, 6, device=device)
+    assert f(x, *args).shape == ((2, 3) if name.endswith("_mul") or name.startswith("mul_") else (2, 6))
+
+
+def test_fatrelu_tensor_threshold_names_the_threshold(activations, device):
+    """A 0-d tensor threshold in the two-argument form was read as the ``(out, x)`` form's x and blamed x's
+    dimensions; it names the threshold, as the three-argument form does."""
+    x = torch.randn(4, 64, device=device)
+    with pytest.raises(TypeError, match="threshold must be a Python float"):
+        activations.fatrelu_and_mul(x, torch.tensor(0.5, device=device))
+    with pytest.raises(TypeError, match="threshold must be a Python float or int, got Tensor"):
+        activations.fatrelu_and_mul(torch.empty(4, 32, device=device), x, torch.tensor(0.5))
+    y = activations.fatrelu_and_mul(x, 0.5)
+    a, b = x.chunk(2, -1)
+    assert torch.equal(y, torch.where(a > 0.5, a, 0.0) * b)

@@ -130,8 +130,8 @@ def check_out(name: str, out, x: torch.Tensor, gated: bool) -> None:
         raise ValueError(f"{name}: out is on {out.device} but x is on {x.device}: both must be on one device")
     expected = out_shape(x.shape, gated)
     if tuple(out.shape) != expected:
-        what = f"x.shape[:-1] + (x.shape[-1] // 2,) = {expected}" if gated else f"the shape of x {expected}"
-        raise ValueError(f"{name}: out must have shape {what}, got {tuple(out.shape)}")
+        what = f"shape x.shape[:-1] + (x.shape[-1] // 2,) = {expected}" if gated else f"x's shape {expected}"
+        raise ValueError(f"{name}: out must have {what}, got {tuple(out.shape)}")
     if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape)):
         raise ValueError(f"{name}: out has overlapping elements (a stride-0, expanded dim): it cannot be written")
     if _partial_overlap(out, x, gated):
@@ -174,7 +174,7 @@ def check_rounding(name: str, rounding: str) -> bool:
 
 def check_threshold(threshold) -> float:
     if isinstance(threshold, torch.Tensor) or not isinstance(threshold, (int, float)) or isinstance(threshold, bool):
-        raise TypeError(f"fatrelu_and_mul: threshold must be a Python float, got {type(threshold).__name__}")
+        raise TypeError(f"fatrelu_and_mul: threshold must be a Python float or int, got {type(threshold).__name__}")
     threshold = float(threshold)
     if threshold != threshold:  # NaN; math.isnan is not traceable on symbolic floats (compile)
         raise ValueError("fatrelu_and_mul: threshold must not be NaN")

@@ -44,7 +44,6 @@ call convention, layers), PyTorch and transformers (numerics).
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 
@@ -77,13 +76,27 @@ def _raises(gated: bool, type_extra: str = "", value_extra: str = ""):
     return deco
 
 
+class _OneArgument:
+    """The default of the functions' second positional argument: the call ``f(x)``. An explicit None there is the
+    ``(out, x)`` form with x missing, which raises (a None default made ``f(out, None)`` compute ``f(out)`` and
+    leave out unwritten)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<absent: the f(x) form>"
+
+
+ONE_ARG = _OneArgument()
 _INFER_PLANS = PlanCache()
 _GATE_UP_PLANS = PlanCache()  # act_and_mul's
 _GENERAL = object()  # plan of a call the general path serves
 
 
-def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, threshold: float = 0.0) -> Tensor:
-    if second is None and inference((first,)):
+def _apply(name: str, first: Tensor, second, rounding: str, threshold: float = 0.0) -> Tensor:
+    """``name``(first) where ``second`` is ONE_ARG, else the ``(out, x)`` form: ``name``(second) written into
+    first (a second that is not a tensor, None included, raises naming x)."""
+    if second is ONE_ARG and inference((first,)):
         # plain eager inference: one validated plan per call signature (host time of small calls), x's 16-byte
         # alignment included (the plan's launch is pinned to it)
         try:
@@ -100,7 +113,7 @@ def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, th
             return infer(plan, first)
     spec = OPS[name]
     eager = check_rounding(name, rounding)
-    if second is None:
+    if second is ONE_ARG:
         check_x(name, first, spec.gated)
         return act_forward(first, name, eager, threshold)
     out, x = first, second
@@ -111,7 +124,7 @@ def _apply(name: str, first: Tensor, second: Optional[Tensor], rounding: str, th
 
 
 @_raises(gated=True)
-def silu_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "eager") -> Tensor:
+def silu_and_mul(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "eager") -> Tensor:
     """SwiGLU gate: ``silu(x[..., :d]) * x[..., d:]``, ``silu(a) = a / (1 + exp(-a))``.
 
     ``silu_and_mul(x)`` -> new (..., d) tensor with autograd; ``silu_and_mul(out, x)`` -> out.
@@ -166,7 +179,7 @@ def act_and_mul(gate: Tensor, up: Tensor, *, activation: str = "silu", rounding:
 
 
 @_raises(gated=True)
-def mul_and_silu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "eager") -> Tensor:
+def mul_and_silu(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "eager") -> Tensor:
     """``x[..., :d] * silu(x[..., d:])`` (the activation on the second half).
 
     ``mul_and_silu(x)`` -> new (..., d) tensor with autograd; ``mul_and_silu(out, x)`` -> out.
@@ -175,7 +188,7 @@ def mul_and_silu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: s
 
 
 @_raises(gated=True)
-def gelu_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "eager") -> Tensor:
+def gelu_and_mul(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "eager") -> Tensor:
     """GeGLU gate: ``gelu(x[..., :d]) * x[..., d:]`` with the exact (erf) GELU.
 
     ``gelu_and_mul(x)`` -> new (..., d) tensor with autograd; ``gelu_and_mul(out, x)`` -> out.
@@ -184,7 +197,7 @@ def gelu_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: s
 
 
 @_raises(gated=True)
-def gelu_tanh_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "eager") -> Tensor:
+def gelu_tanh_and_mul(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "eager") -> Tensor:
     """``gelu_tanh(x[..., :d]) * x[..., d:]`` with ``F.gelu(approximate="tanh")``'s formula.
 
     ``gelu_tanh_and_mul(x)`` -> new (..., d) tensor with autograd; ``gelu_tanh_and_mul(out, x)`` -> out.
@@ -195,7 +208,7 @@ def gelu_tanh_and_mul(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, roundi
 @_raises(gated=True, type_extra=", a threshold that is not a Python number",
          value_extra=", a NaN threshold")
 def fatrelu_and_mul(
-    out_or_x: Tensor, x=None, /, threshold: float = 0.0, *, rounding: str = "eager"
+    out_or_x: Tensor, x=ONE_ARG, /, threshold: float = 0.0, *, rounding: str = "eager"
 ) -> Tensor:
     """FATReLU gate: ``where(a > threshold, a, 0) * x[..., d:]`` with ``a = x[..., :d]``.
 
@@ -203,13 +216,16 @@ def fatrelu_and_mul(
     gradient for threshold); ``fatrelu_and_mul(out, x, threshold=0.0)`` -> out, as in
     kernels-community. ``fatrelu_and_mul(x, 0.5)`` also reads 0.5 as the threshold.
     """
-    if x is not None and not isinstance(x, torch.Tensor):
-        x, threshold = None, x  # fatrelu_and_mul(x, threshold)
+    if x is not ONE_ARG and x is not None and not isinstance(x, torch.Tensor):
+        x, threshold = ONE_ARG, x  # fatrelu_and_mul(x, threshold)
+    elif isinstance(x, torch.Tensor) and x.dim() == 0:  # fatrelu_and_mul(x, torch.tensor(0.5)): no x is 0-d
+        raise TypeError("fatrelu_and_mul: the second argument is a 0-d tensor: threshold must be a Python float or int "
+                        "(fatrelu_and_mul(x, threshold) or (out, x, threshold)), and x needs a last dim (..., 2 * d)")
     return _apply("fatrelu_and_mul", out_or_x, x, rounding, check_threshold(threshold))
 
 
 @_raises(gated=False)
-def silu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+def silu(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
     """``x / (1 + exp(-x))``, equal to ``F.silu`` (one rounding).
 
     ``silu(x)`` -> new tensor with autograd; ``silu(out, x)`` -> out.
@@ -218,7 +234,7 @@ def silu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fu
 
 
 @_raises(gated=False)
-def gelu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+def gelu(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
     """``x * 0.5 * (1 + erf(x / sqrt(2)))``, equal to ``F.gelu`` (exact erf, one rounding).
 
     ``gelu(x)`` -> new tensor with autograd; ``gelu(out, x)`` -> out.
@@ -227,7 +243,7 @@ def gelu(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fu
 
 
 @_raises(gated=False)
-def gelu_tanh(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+def gelu_tanh(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
     """``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``, equal to ``F.gelu(approximate="tanh")``.
 
     ``gelu_tanh(x)`` -> new tensor with autograd; ``gelu_tanh(out, x)`` -> out.
@@ -236,7 +252,7 @@ def gelu_tanh(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str 
 
 
 @_raises(gated=False)
-def gelu_new(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+def gelu_new(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
     """transformers' ``NewGELUActivation``: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3))))``.
 
     ``rounding="eager"`` rounds after each of its eager ops in x.dtype, as the
@@ -248,7 +264,7 @@ def gelu_new(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str =
 
 
 @_raises(gated=False)
-def gelu_fast(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+def gelu_fast(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
     """transformers' ``FastGELUActivation``: ``0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x)))``.
 
     ``rounding="eager"`` reproduces the module's rounding points in x.dtype.
@@ -258,7 +274,7 @@ def gelu_fast(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str 
 
 
 @_raises(gated=False)
-def gelu_quick(out_or_x: Tensor, x: Optional[Tensor] = None, /, *, rounding: str = "fused") -> Tensor:
+def gelu_quick(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
     """transformers' ``QuickGELUActivation``: ``x * sigmoid(1.702 * x)``.
 
     ``rounding="eager"`` rounds ``1.702 * x`` and the sigmoid to x.dtype, as the module
