@@ -754,8 +754,26 @@ def test_cross_entropy_layer_matches_module(softmax, device, reduction, label_sm
     (g,) = torch.autograd.grad(ours.sum(), x)
     (ge,) = torch.autograd.grad(expected.sum(), x)
     torch.testing.assert_close(g, ge, rtol=1e-5, atol=1e-7)
+
+
+def test_cross_entropy_layer_runs_the_module_for_class_weights_and_probability_targets(softmax, device):
+    """A class weight and probability targets (soft labels: mixup, distillation) are the module's own forward,
+    loss and gradient bit for bit: the layer raised for both where ``nn.CrossEntropyLoss`` works. A module
+    without a forward of its own (a stand-in) still gets the layer's error."""
+    x = rand((6, 10), torch.float32, device).requires_grad_()
+    t = torch.tensor([2, 0, 9, 2, 5, 1], device=device)
+    soft = rand((6, 10), torch.float32, device).softmax(-1)
+    weight = rand((10,), torch.float32, device).abs()
+    for module, target in ((nn.CrossEntropyLoss(weight=weight), t), (nn.CrossEntropyLoss(), soft),
+                           (nn.CrossEntropyLoss(weight=weight, label_smoothing=0.1, reduction="none"), soft)):
+        ours = softmax.layers.CrossEntropyLoss.forward(module, x, target)
+        expected = module(x, target)
+        assert torch.equal(ours, expected)
+        assert torch.equal(*(torch.autograd.grad(y.sum(), x)[0] for y in (ours, expected)))
+    stand_in = nn.Module()
+    stand_in.weight, stand_in.ignore_index, stand_in.reduction, stand_in.label_smoothing = weight, -100, "mean", 0.0
     with pytest.raises(ValueError, match="class weight is not supported"):
-        softmax.layers.CrossEntropyLoss.forward(nn.CrossEntropyLoss(weight=torch.ones(10)), x, t)
+        softmax.layers.CrossEntropyLoss.forward(stand_in, x, t)
 
 
 def test_kernelize_swaps_both_layers_and_compiles(installed, device):

@@ -71,7 +71,8 @@ class CrossEntropyLoss(nn.Module):
 
     (C,) or (N, C) input without label smoothing: torch's order (``cross_entropy(..., torch_order=True)``),
     so on CUDA the loss and the input's gradient equal the module's bit for bit. Otherwise the fused
-    kernel (loss and gradient in one pass, within an ulp or two of torch's).
+    kernel (loss and gradient in one pass, within an ulp or two of torch's). What the kernel does not take (a
+    class ``weight``, probability targets, a float64 input) runs the module's own forward.
 
     Shapes:
         - input: (C,), (N, C) or (N, C, d1, ...), fp16/bf16/fp32
@@ -88,8 +89,10 @@ class CrossEntropyLoss(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if input.dtype not in SUPPORTED_DTYPES and (own := replaced_forward(self, CrossEntropyLoss)) is not None:
-            return own(self, input, target=target)
+        if ((input.dtype not in SUPPORTED_DTYPES or getattr(self, "weight", None) is not None
+             or isinstance(target, torch.Tensor) and target.is_floating_point())
+                and (own := replaced_forward(self, CrossEntropyLoss)) is not None):
+            return own(self, input, target=target)  # what the kernel does not take: the module's own forward
         if getattr(self, "weight", None) is not None:
             raise ValueError("CrossEntropyLoss with a class weight is not supported by triton-softmax "
                              "(weight must be None)")
