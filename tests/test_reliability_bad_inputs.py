@@ -381,9 +381,12 @@ def test_bad_input_layers(norms, activations, softmax, device):
     """Layers raise clear errors for what their modules hold: a class weight, no threshold."""
     from torch import nn
 
+    holder = nn.Module()  # what the module holds, without nn.CrossEntropyLoss's forward to fall back on
+    holder.weight, holder.ignore_index = torch.ones(7, device=device), -100
+    holder.reduction, holder.label_smoothing = "mean", 0.0
     with pytest.raises(ValueError, match="weight"):
-        softmax.layers.CrossEntropyLoss.forward(nn.CrossEntropyLoss(weight=torch.ones(7, device=device)),
-                                               r(4, 7, device=device), torch.zeros(4, dtype=torch.long, device=device))
+        softmax.layers.CrossEntropyLoss.forward(holder, r(4, 7, device=device),
+                                               torch.zeros(4, dtype=torch.long, device=device))
     with pytest.raises(AttributeError, match="threshold"):
         activations.layers.FatreluAndMul.forward(nn.Module(), r(2, 8, device=device))
     with pytest.raises(ValueError, match="normalized_shape"):  # an input that does not end with the module's shape
@@ -398,8 +401,31 @@ def test_norm_layers_refuse_an_empty_normalized_shape_as_their_modules(norms, de
     module, x = make().to(device), r(2, 3, device=device)
     with pytest.raises(RuntimeError, match="normalized_shape"):
         module(x)
-    with pytest.raises(ValueError, match="normalized_shape"):
+    with pytest.raises(ValueError, match="normalized_shape") as err:
         getattr(norms.layers, layer).forward(module, x)
+    assert isinstance(err.value, RuntimeError)  # the module's type too: code catching RuntimeError keeps working
+
+
+@pytest.mark.parametrize("case", ["layer_norm_shape", "rms_norm_shape", "linear_dtype", "linear_features"])
+def test_layers_refuse_what_their_modules_refuse_with_a_runtime_error(norms, matmul, device, case):
+    """An input the module refuses with a RuntimeError: the layer's error (a ValueError or TypeError naming the
+    argument) is a RuntimeError too, so a caller's ``except RuntimeError`` catches both (it caught only the
+    module's)."""
+    from torch import nn
+
+    module, layer, x = {
+        "layer_norm_shape": (nn.LayerNorm(64), norms.layers.LayerNorm, r(3, 32, device=device)),
+        "rms_norm_shape": (nn.RMSNorm(64), norms.layers.TorchRMSNorm, r(3, 32, device=device)),
+        "linear_dtype": (nn.Linear(64, 8), matmul.layers.Linear, r(3, 64, device=device).half()),
+        "linear_features": (nn.Linear(64, 8), matmul.layers.Linear, r(3, 32, device=device)),
+    }[case]
+    module = module.to(device)
+    with pytest.raises(RuntimeError):
+        module(x)
+    with pytest.raises(RuntimeError) as err:
+        layer.forward(module, x)
+    assert isinstance(err.value, (TypeError, ValueError)), type(err.value)
+    assert ("normalized_shape" if "norm" in case else "input") in str(err.value)
 
 
 # ----------------------------------------------------------------------------- empty tensors: PyTorch's result

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ._autocast import autocast_to, cast
+from ._replaced import also_runtime_error
 from .matmul import SUPPORTED_DTYPES, matmul
 
 
@@ -41,8 +42,9 @@ def _linear(x: torch.Tensor, linear: nn.Module, activation=None, layer=None) -> 
     try:
         return matmul(x, w.t(), b, activation)
     except (TypeError, ValueError) as err:  # matmul names its operands a and b: say which tensors they are here
-        raise type(err)(f"{layer or type(linear).__name__} layer: input {tuple(x.shape)} {x.dtype}, weight {tuple(w.shape)} "
-                        f"{w.dtype} (out_features, in_features): matmul(input, weight.T) refused them: {err}") from err
+        raise also_runtime_error(err)(  # (also the RuntimeError F.linear raises for them)
+            f"{layer or type(linear).__name__} layer: input {tuple(x.shape)} {x.dtype}, weight {tuple(w.shape)} "
+            f"{w.dtype} (out_features, in_features): matmul(input, weight.T) refused them: {err}") from err
 
 
 class GELU(nn.Module):
@@ -91,6 +93,10 @@ class GEGLU(nn.Module):
 
 class Linear(nn.Module):
     """``torch.nn.Linear``: ``input @ weight.T + bias`` (the weight read transposed in place).
+
+    Raises:
+        TypeError / ValueError, each also a RuntimeError (what ``F.linear`` raises for them): an input whose dtype,
+            device or last dim does not match the weight's, naming input and weight.
 
     Shapes:
         - input: (..., in_features)

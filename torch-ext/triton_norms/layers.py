@@ -39,7 +39,7 @@ from torch import nn
 
 from ._autocast import autocast_to, cast
 from ._common import SUPPORTED_DTYPES
-from ._replaced import replaced_forward
+from ._replaced import LayerValueError, replaced_forward
 from .layer_norm import layer_norm
 from .rms_norm import add_rms_norm, rms_norm
 
@@ -193,8 +193,8 @@ class TorchRMSNorm(nn.Module):
         - output: shape of x, dtype of x
 
     Raises:
-        ValueError: an empty ``normalized_shape`` (``nn.RMSNorm(())``, which ``F.rms_norm`` refuses), or an x
-            that does not end with ``normalized_shape``.
+        ValueError (also a RuntimeError, the module's type): an empty ``normalized_shape`` (``nn.RMSNorm(())``,
+            which ``F.rms_norm`` refuses), or an x that does not end with ``normalized_shape``.
     """
 
     normalized_shape: Tuple[int, ...]
@@ -209,9 +209,9 @@ class TorchRMSNorm(nn.Module):
             return own(self, x)
         shape = tuple(self.normalized_shape)
         if not shape:  # as F.rms_norm: no dim to normalise over (N would be 1 and every element its own row)
-            raise ValueError("normalized_shape must have at least one dimension, got ()")
+            raise LayerValueError("normalized_shape must have at least one dimension, got ()")
         if tuple(x.shape[x.dim() - len(shape):]) != shape or x.dim() < len(shape):
-            raise ValueError(f"x of shape {tuple(x.shape)} does not end with normalized_shape {shape}")
+            raise LayerValueError(f"x of shape {tuple(x.shape)} does not end with normalized_shape {shape}")
         eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
         N = math.prod(shape)
         w = self.weight
@@ -278,8 +278,8 @@ class LayerNorm(nn.Module):
         - output: shape and dtype of input
 
     Raises:
-        ValueError: an empty ``normalized_shape`` (``nn.LayerNorm(())``, which ``F.layer_norm`` refuses), or an
-            input that does not end with ``normalized_shape``.
+        ValueError (also a RuntimeError, the module's type): an empty ``normalized_shape`` (``nn.LayerNorm(())``,
+            which ``F.layer_norm`` refuses), or an input that does not end with ``normalized_shape``.
     """
 
     normalized_shape: Tuple[int, ...]
@@ -301,9 +301,9 @@ class LayerNorm(nn.Module):
             return layer_norm(input, w, b, eps=self.eps, torch_order="fused")
         shape = tuple(shape)
         if not shape:  # as F.layer_norm: no dim to normalise over (N would be 1 and every output 0 + bias)
-            raise ValueError("normalized_shape must have at least one dimension, got ()")
+            raise LayerValueError("normalized_shape must have at least one dimension, got ()")
         if tuple(input.shape[input.dim() - len(shape):]) != shape or input.dim() < len(shape):
-            raise ValueError(f"input of shape {tuple(input.shape)} does not end with normalized_shape {shape}")
+            raise LayerValueError(f"input of shape {tuple(input.shape)} does not end with normalized_shape {shape}")
         N = math.prod(shape)
         w = w.reshape(N) if w is not None else None
         b = b.reshape(N) if b is not None else None
