@@ -227,6 +227,28 @@ def test_cli_names_a_bad_root_or_package_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_package_by_hub_python_or_short_name(tmp_path):
+    """``--package`` takes a Hub name, a Python name or the short name ``triton-collection bench`` takes
+    (``norms``; it was refused); a short name two packages share is refused, naming the known ones."""
+    from triton_collection.cli import main
+    from triton_collection.manifest import load_manifest
+
+    collection = load_manifest(ROOT)
+    for name in ("triton-norms", "triton_norms", "norms"):
+        assert collection.package(name).name == "triton-norms"
+    assert main(["build", "--root", str(ROOT), "--package", "softmax", "--out", str(tmp_path / "out")]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if not p.name.startswith(".")) == ["triton-softmax"]
+    root = tmp_path / "twin"
+    for python_name in [p.python_name for p in collection.packages] + ["acme_norms"]:
+        (root / "torch-ext" / python_name).mkdir(parents=True)
+        (root / "torch-ext" / python_name / "__init__.py").write_text("")
+    (root / "build.toml").write_text((ROOT / "build.toml").read_text() + '\n[package.acme-norms]\n'
+                                     'python-name = "acme_norms"\nversion = 1\ndescription = "another norms"\n')
+    assert load_manifest(root).package("acme-norms").python_name == "acme_norms"
+    with pytest.raises(KeyError, match="no package 'norms'"):
+        load_manifest(root).package("norms")
+
+
 @pytest.mark.parametrize("org", ["../../victim", "a/b", "my org", "", "a--b", ".hidden"])
 def test_a_bad_org_is_refused_before_anything_is_written(org, tmp_path, capsys):
     """``--org`` names local folders (``dist/local/<org>``, which the build replaces) as well as repo ids: a name that

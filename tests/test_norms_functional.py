@@ -791,7 +791,7 @@ def test_bad_inputs_raise_clear_errors(norms, device):
         norms.rms_norm(x, cast_dtype=torch.float64)
     for fn in (norms.rms_norm, norms.layer_norm, lambda t, eps: norms.add_rms_norm(t, t, eps=eps),
                lambda t, eps: norms.norm_modulate(t[None], t[:1], t[:1], eps=eps)):
-        with pytest.raises(TypeError, match="eps must be a Python float, got bool"):  # not eps=1.0
+        with pytest.raises(TypeError, match="eps must be a Python float or int, got bool"):  # not eps=1.0
             fn(x, eps=True)
     # layer_norm names the orders it takes (it has no "mean" order); a wrong type is a TypeError
     with pytest.raises(ValueError, match=r"torch_order must be one of None, 'fused'; got 'mean'"):

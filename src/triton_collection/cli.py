@@ -130,22 +130,26 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(p, *, out_default: str = "dist/hub", org_required: bool = False):
         p.add_argument("--root", help="collection folder (default: the one holding build.toml above the cwd)")
-        p.add_argument("--package", action="append", help="Hub name of a package (repeat; default: all)")
+        p.add_argument("--package", action="append",
+                       help="a package by Hub, Python or short name (triton-norms, triton_norms, norms); repeat; default: all")
         p.add_argument("--out", help=f"output folder (default: <root>/{out_default})")
         p.add_argument("--org", type=hub_org, required=org_required,
                        help="Hub organisation" + ("" if org_required else f" (default: build.toml's, {DEFAULT_ORG})"))
         p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    build = sub.add_parser("build", help="render each package's Hub tree under dist/hub/")
+    build = sub.add_parser("build", help="render each package's Hub tree under dist/hub/",
+                           description="Render each package's Hub tree under dist/hub/.")
     common(build)
     build.add_argument("--cpu-variant", action="store_true", help="also write build/torch-cpu (local test builds)")
     build.set_defaults(func=_cmd_build)
 
-    install = sub.add_parser("install-local", help="build and lay the packages into the HF cache, loadable by Hub name")
+    install = sub.add_parser("install-local", help="build and lay the packages into the HF cache, loadable by Hub name",
+                             description="Build and lay the packages into the HF cache, loadable by Hub name.")
     common(install, out_default="dist/local/<org>")
     install.set_defaults(func=_cmd_install_local)
 
-    publish = sub.add_parser("publish", help="build and upload the packages to the Kernels Hub (branch v<version>)")
+    publish = sub.add_parser("publish", help="build and upload the packages to the Kernels Hub (branch v<version>)",
+                             description="Build and upload the packages to the Kernels Hub (branch v<version>).")
     common(publish, org_required=True)
     publish.add_argument("--dry-run", action="store_true", help="print the plan (repo, branch, files added/changed/deleted); write nothing")
     publish.add_argument("--private", action="store_true", help="create new repos private (existing repos keep their visibility)")

@@ -73,10 +73,15 @@ class Collection:
     packages: tuple[Package, ...]
 
     def package(self, name: str) -> Package:
-        """Return the package whose Hub name or Python name is ``name``; KeyError names the known ones."""
+        """Return the package whose Hub name or Python name is ``name``, or whose Hub name without its first
+        dash-separated word is (``"norms"`` for ``"triton-norms"``, as ``triton-collection bench`` reads it) where
+        only one package's is; KeyError names the known ones."""
         for pkg in self.packages:
             if name in (pkg.name, pkg.python_name):
                 return pkg
+        short = [pkg for pkg in self.packages if pkg.name.partition("-")[2] == name]
+        if len(short) == 1:
+            return short[0]
         known = ", ".join(p.name for p in self.packages)
         raise KeyError(f"no package {name!r} in {self.root / 'build.toml'} (known: {known})")
 

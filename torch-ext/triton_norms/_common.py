@@ -66,7 +66,7 @@ def bwd_op_fake(x: torch.Tensor, weight: Optional[torch.Tensor], dx_dtype: torch
 
 def check_eps(eps: float) -> float:
     if isinstance(eps, (torch.Tensor, bool)) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps must be a Python float, got {type(eps).__name__}")
+        raise TypeError(f"eps must be a Python float or int, got {type(eps).__name__}")
     eps = float(eps)
     if not 0.0 <= eps < math.inf:  # comparisons, not math.isinf: traceable on symbolic floats (compile)
         raise ValueError(f"eps must be a finite number >= 0, got {eps}")
@@ -116,7 +116,7 @@ def check_weight_offset(weight_offset) -> float:
     """``weight_offset`` as a finite Python float (TypeError / ValueError naming it otherwise), as
     :func:`offset_for_kernel` passes it."""
     if isinstance(weight_offset, (torch.Tensor, bool)) or not isinstance(weight_offset, (int, float)):
-        raise TypeError(f"weight_offset must be a Python float, got {type(weight_offset).__name__}")
+        raise TypeError(f"weight_offset must be a Python float or int, got {type(weight_offset).__name__}")
     weight_offset = float(weight_offset)
     if not -math.inf < weight_offset < math.inf:  # also False for NaN; traceable (see check_eps)
         raise ValueError(f"weight_offset must be a finite number, got {weight_offset}")

@@ -352,8 +352,8 @@ def _check_vec(name: str, t: Tensor, x: Tensor) -> None:
         t.dim() == 1 or (t.dim() == 2 and t.shape[0] in (1, B)) or (t.dim() == 3 and t.shape[0] in (1, B)
                                                                      and t.shape[1] == 1))
     if not ok:
-        raise ValueError(f"{name} must have shape (N,), (B, N) or (B, 1, N) with B = {B}, N = {N} for x of shape "
-                         f"{tuple(x.shape)} (one value per sample and column), got {tuple(t.shape)}")
+        raise ValueError(f"{name} must have shape (N,), (B, N), (B, 1, N) or B = 1 there, with B = {B}, N = {N} "
+                         f"for x of shape {tuple(x.shape)} (one value per sample and column), got {tuple(t.shape)}")
     if t.device != x.device:
         raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all tensors must be on one device")
 

@@ -206,7 +206,7 @@ def check_same_device(name: str, t: torch.Tensor, x: torch.Tensor, x_name: str =
 def check_real(name: str, value, *, low: Optional[float] = None, high: Optional[float] = None) -> float:
     """A finite Python number (not a tensor: a tensor would need a host sync), optionally in [low, high]."""
     if isinstance(value, (torch.Tensor, bool)) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a Python float or int, got {type(value).__name__}")
     value = float(value)
     if not -math.inf < value < math.inf or (low is not None and value < low) or (high is not None and value > high):
         bounds = f" in [{low}, {high}]" if low is not None and high is not None else (f" >= {low}" if low is not None else "")
