@@ -44,7 +44,6 @@ call convention, layers), PyTorch and transformers (numerics).
 
 from __future__ import annotations
 
-
 import torch
 
 from ._common import OPS, check_gate_up, check_out, check_rounding, check_threshold, check_x
@@ -87,16 +86,16 @@ class _OneArgument:
         return "<absent: the f(x) form>"
 
 
-ONE_ARG = _OneArgument()
+_ONE_ARG = _OneArgument()
 _INFER_PLANS = PlanCache()
 _GATE_UP_PLANS = PlanCache()  # act_and_mul's
 _GENERAL = object()  # plan of a call the general path serves
 
 
 def _apply(name: str, first: Tensor, second, rounding: str, threshold: float = 0.0) -> Tensor:
-    """``name``(first) where ``second`` is ONE_ARG, else the ``(out, x)`` form: ``name``(second) written into
+    """``name``(first) where ``second`` is _ONE_ARG, else the ``(out, x)`` form: ``name``(second) written into
     first (a second that is not a tensor, None included, raises naming x)."""
-    if second is ONE_ARG and inference((first,)):
+    if second is _ONE_ARG and inference((first,)):
         # plain eager inference: one validated plan per call signature (host time of small calls), x's 16-byte
         # alignment included (the plan's launch is pinned to it)
         try:
@@ -113,7 +112,7 @@ def _apply(name: str, first: Tensor, second, rounding: str, threshold: float = 0
             return infer(plan, first)
     spec = OPS[name]
     eager = check_rounding(name, rounding)
-    if second is ONE_ARG:
+    if second is _ONE_ARG:
         check_x(name, first, spec.gated)
         return act_forward(first, name, eager, threshold)
     out, x = first, second
@@ -124,7 +123,7 @@ def _apply(name: str, first: Tensor, second, rounding: str, threshold: float = 0
 
 
 @_raises(gated=True)
-def silu_and_mul(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "eager") -> Tensor:
+def silu_and_mul(out_or_x: Tensor, x: Tensor = _ONE_ARG, /, *, rounding: str = "eager") -> Tensor:
     """SwiGLU gate: ``silu(x[..., :d]) * x[..., d:]``, ``silu(a) = a / (1 + exp(-a))``.
 
     ``silu_and_mul(x)`` -> new (..., d) tensor with autograd; ``silu_and_mul(out, x)`` -> out.
@@ -179,7 +178,7 @@ def act_and_mul(gate: Tensor, up: Tensor, *, activation: str = "silu", rounding:
 
 
 @_raises(gated=True)
-def mul_and_silu(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "eager") -> Tensor:
+def mul_and_silu(out_or_x: Tensor, x: Tensor = _ONE_ARG, /, *, rounding: str = "eager") -> Tensor:
     """``x[..., :d] * silu(x[..., d:])`` (the activation on the second half).
 
     ``mul_and_silu(x)`` -> new (..., d) tensor with autograd; ``mul_and_silu(out, x)`` -> out.
@@ -188,7 +187,7 @@ def mul_and_silu(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "e
 
 
 @_raises(gated=True)
-def gelu_and_mul(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "eager") -> Tensor:
+def gelu_and_mul(out_or_x: Tensor, x: Tensor = _ONE_ARG, /, *, rounding: str = "eager") -> Tensor:
     """GeGLU gate: ``gelu(x[..., :d]) * x[..., d:]`` with the exact (erf) GELU.
 
     ``gelu_and_mul(x)`` -> new (..., d) tensor with autograd; ``gelu_and_mul(out, x)`` -> out.
@@ -197,7 +196,7 @@ def gelu_and_mul(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "e
 
 
 @_raises(gated=True)
-def gelu_tanh_and_mul(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "eager") -> Tensor:
+def gelu_tanh_and_mul(out_or_x: Tensor, x: Tensor = _ONE_ARG, /, *, rounding: str = "eager") -> Tensor:
     """``gelu_tanh(x[..., :d]) * x[..., d:]`` with ``F.gelu(approximate="tanh")``'s formula.
 
     ``gelu_tanh_and_mul(x)`` -> new (..., d) tensor with autograd; ``gelu_tanh_and_mul(out, x)`` -> out.
@@ -208,7 +207,7 @@ def gelu_tanh_and_mul(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str
 @_raises(gated=True, type_extra=", a threshold that is not a Python number",
          value_extra=", a NaN threshold")
 def fatrelu_and_mul(
-    out_or_x: Tensor, x=ONE_ARG, /, threshold: float = 0.0, *, rounding: str = "eager"
+    out_or_x: Tensor, x=_ONE_ARG, /, threshold: float = 0.0, *, rounding: str = "eager"
 ) -> Tensor:
     """FATReLU gate: ``where(a > threshold, a, 0) * x[..., d:]`` with ``a = x[..., :d]``.
 
@@ -216,16 +215,17 @@ def fatrelu_and_mul(
     gradient for threshold); ``fatrelu_and_mul(out, x, threshold=0.0)`` -> out, as in
     kernels-community. ``fatrelu_and_mul(x, 0.5)`` also reads 0.5 as the threshold.
     """
-    if x is not ONE_ARG and x is not None and not isinstance(x, torch.Tensor):
-        x, threshold = ONE_ARG, x  # fatrelu_and_mul(x, threshold)
+    if x is not _ONE_ARG and x is not None and not isinstance(x, torch.Tensor):
+        x, threshold = _ONE_ARG, x  # fatrelu_and_mul(x, threshold)
     elif isinstance(x, torch.Tensor) and x.dim() == 0:  # fatrelu_and_mul(x, torch.tensor(0.5)): no x is 0-d
-        raise TypeError("fatrelu_and_mul: the second argument is a 0-d tensor: threshold must be a Python float or int "
-                        "(fatrelu_and_mul(x, threshold) or (out, x, threshold)), and x needs a last dim (..., 2 * d)")
+        raise TypeError("fatrelu_and_mul: the second argument is a 0-d tensor: threshold must be a Python float "
+                        "or int (fatrelu_and_mul(x, threshold) or (out, x, threshold)), and x needs a last dim "
+                        "(..., 2 * d)")
     return _apply("fatrelu_and_mul", out_or_x, x, rounding, check_threshold(threshold))
 
 
 @_raises(gated=False)
-def silu(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
+def silu(out_or_x: Tensor, x: Tensor = _ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
     """``x / (1 + exp(-x))``, equal to ``F.silu`` (one rounding).
 
     ``silu(x)`` -> new tensor with autograd; ``silu(out, x)`` -> out.
@@ -234,7 +234,7 @@ def silu(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -
 
 
 @_raises(gated=False)
-def gelu(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
+def gelu(out_or_x: Tensor, x: Tensor = _ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
     """``x * 0.5 * (1 + erf(x / sqrt(2)))``, equal to ``F.gelu`` (exact erf, one rounding).
 
     ``gelu(x)`` -> new tensor with autograd; ``gelu(out, x)`` -> out.
@@ -243,7 +243,7 @@ def gelu(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -
 
 
 @_raises(gated=False)
-def gelu_tanh(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
+def gelu_tanh(out_or_x: Tensor, x: Tensor = _ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
     """``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``, equal to ``F.gelu(approximate="tanh")``.
 
     ``gelu_tanh(x)`` -> new tensor with autograd; ``gelu_tanh(out, x)`` -> out.
@@ -252,7 +252,7 @@ def gelu_tanh(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fuse
 
 
 @_raises(gated=False)
-def gelu_new(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
+def gelu_new(out_or_x: Tensor, x: Tensor = _ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
     """transformers' ``NewGELUActivation``: ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3))))``.
 
     ``rounding="eager"`` rounds after each of its eager ops in x.dtype, as the
@@ -264,7 +264,7 @@ def gelu_new(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused
 
 
 @_raises(gated=False)
-def gelu_fast(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
+def gelu_fast(out_or_x: Tensor, x: Tensor = _ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
     """transformers' ``FastGELUActivation``: ``0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x)))``.
 
     ``rounding="eager"`` reproduces the module's rounding points in x.dtype.
@@ -274,7 +274,7 @@ def gelu_fast(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fuse
 
 
 @_raises(gated=False)
-def gelu_quick(out_or_x: Tensor, x: Tensor = ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
+def gelu_quick(out_or_x: Tensor, x: Tensor = _ONE_ARG, /, *, rounding: str = "fused") -> Tensor:
     """transformers' ``QuickGELUActivation``: ``x * sigmoid(1.702 * x)``.
 
     ``rounding="eager"`` rounds ``1.702 * x`` and the sigmoid to x.dtype, as the module
