@@ -3,8 +3,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist), a test file each at a time (`--dist loadfile`: a file's fixtures and the
-# reliability module's case count stay in one process). CI machines have 2 cores.
+# Test processes (pytest-xdist). `--dist loadgroup` hands out single tests, so the two processes stay busy to the end;
+# the hypothesis module (one xdist_group: its case count) stays in one process. CI machines have 2 cores.
 TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-fast build install-local gpu-check gpu-test port-check bench device-wheels clean
@@ -25,10 +25,10 @@ demo: setup
 	$(VENV)/bin/triton-collection demo $(DEMO_ARGS)
 
 test: setup
-	$(PY) -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not gpu and not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not gpu and not slow" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 build: setup
 	$(VENV)/bin/triton-collection build

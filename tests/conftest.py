@@ -90,8 +90,8 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # The test files that take the longest on the CPU (minutes under the interpreter), collected first: `make test` hands
-# whole files to its 2 processes in collection order (`--dist loadfile`), and one of these started last would run
-# alone at the end.
+# out work in collection order (`--dist loadgroup`), and the hypothesis module (one group, one process) started last
+# would run alone at the end.
 _LONGEST_FIRST = ("test_reliability_properties.py", "test_demo.py")
 
 

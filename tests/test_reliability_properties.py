@@ -34,6 +34,9 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+# one test process runs the whole module (`make test` runs with `--dist loadgroup`): COUNTS is per process
+pytestmark = pytest.mark.xdist_group("reliability_properties")
+
 SCALE = float(os.environ.get("HYPOTHESIS_SCALE", "1"))
 SEED = os.environ.get("HYPOTHESIS_SEED")
 TARGET = 10_000
