@@ -24,11 +24,9 @@ class LayerTypeError(TypeError, RuntimeError):
     fp32 weight): ``except TypeError`` and ``except RuntimeError`` both catch it."""
 
 
-def also_runtime_error(err: Exception) -> type:
-    """The class to re-raise ``err`` (a TypeError or ValueError of an op) as from a layer: the matching Layer*Error,
-    else ``type(err)``."""
-    return (LayerTypeError if isinstance(err, TypeError) else LayerValueError if isinstance(err, ValueError)
-            else type(err))
+def also_runtime_error(err: TypeError | ValueError) -> type:
+    """The class to re-raise ``err`` (an op's TypeError or ValueError) as from a layer: the matching Layer*Error."""
+    return LayerTypeError if isinstance(err, TypeError) else LayerValueError
 
 
 def replaced_forward(module: nn.Module, layer: type):
