@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import kernels
 import kernels_data
@@ -47,6 +48,50 @@ def test_hub_tree_layout(built):
     assert sorted(p.name for p in (b.path / "build").iterdir()) == ["torch-cpu", "torch-cuda", "torch-rocm", "torch-xpu"]
     card = (b.path / "README.md").read_text()
     assert "rms_norm" in card and "LlamaRMSNorm" in card
+
+
+def test_card_benchmark_command_runs_as_written(built, monkeypatch, tmp_path):
+    """The card's `kernels benchmark` line reaches the download of the package's v1 (kernels 0.17.2 stops a Hub repo
+    id given without a version or branch: "must specify either branch or version")."""
+    import shlex
+
+    from kernels.cli import benchmark
+
+    card = (built["triton-norms"].path / "README.md").read_text()
+    line = re.search(r"`(kernels benchmark [^`]+)`", card).group(1)
+    argv = shlex.split(line)[2:]
+    repo_id = argv[0]
+    version = int(argv[argv.index("--version") + 1]) if "--version" in argv else None
+    branch = argv[argv.index("--branch") + 1] if "--branch" in argv else None
+    asked = []
+
+    class _Api:
+        def snapshot_download(self, repo_id, revision):
+            asked.append((repo_id, revision))
+            raise KeyboardInterrupt  # stop here: the command line was accepted
+
+    monkeypatch.setattr(benchmark, "_get_hf_api", lambda: _Api())
+    monkeypatch.chdir(tmp_path)  # no local folder named like the repo id
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.run_benchmark(repo_id, branch, version)
+    assert asked == [(f"{ORG}/triton-norms", "v1")]
+
+
+def test_lockfile_route_loads_an_install_local_build_offline(installed, tmp_path):
+    """README: offline, `load_kernel(lockfile=...)` skips the publisher check (as `get_kernel` does), so a locked
+    `install-local` build of an organisation that is not a trusted publisher loads."""
+    import torch
+    import torch.nn.functional as F
+
+    pkg = installed["triton-norms"]
+    lock = tmp_path / "kernels.lock"
+    lock.write_text(json.dumps([{"dependency": {"repo-id": pkg.repo_id, "version": pkg.version},
+                                 "lock": {"commit": pkg.commit}}]))
+    mod = kernels.load_kernel(pkg.repo_id, lockfile=lock)
+    assert Path(mod.__file__).resolve().is_relative_to(pkg.snapshot.resolve())
+    x = torch.randn(3, 8)
+    w = torch.randn(8)
+    torch.testing.assert_close(mod.rms_norm(x, w, eps=1e-6), F.rms_norm(x.double(), (8,), w.double(), 1e-6).float())
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda", "rocm", "xpu"])
