@@ -82,6 +82,11 @@ def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element
 
     ``masked``: a mask tile is pipelined too; 128x128 tiles then overflow the H200's 227 KiB of shared
     memory (measured: OutOfResources), so masked calls use 64-key tiles.
+
+    Raises:
+        ValueError: head_dim not a power of two in [16, 256] (an int; pass :func:`padded_head_dim` of the head
+            dim), element_size not an int >= 1, a warp_size that is not a power of two in [1, 1024], interpret or masked
+            not a bool (the config pickers of every package raise ValueError, as their ``pick_config`` does).
     """
     _check_config_args(head_dim, interpret, warp_size, element_size, masked)
     if interpret:
@@ -101,7 +106,13 @@ def pick_fwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element
 
 @config_cache(1024)
 def pick_bwd_config(head_dim: int, interpret: bool, warp_size: int = 32, element_size: int = 2) -> BwdConfig:
-    """Backward tiles for a (padded) head dim ``head_dim`` (a power of two in [16, 256]) and element size."""
+    """Backward tiles for a (padded) head dim ``head_dim`` (a power of two in [16, 256]) and element size.
+
+    Raises:
+        ValueError: head_dim not a power of two in [16, 256] (an int; pass :func:`padded_head_dim` of the head
+            dim), element_size not an int >= 1, a warp_size that is not a power of two in [1, 1024], interpret
+            not a bool (the config pickers of every package raise ValueError, as their ``pick_config`` does).
+    """
     _check_config_args(head_dim, interpret, warp_size, element_size)
     if interpret:
         return BwdConfig(16, 16, 16, 16, 1, 1)
