@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 import torch
 
@@ -113,6 +114,12 @@ def is_interpreter(kernel) -> bool:
     return type(kernel).__name__ == "InterpretedFunction"
 
 
+def _package_name() -> str:
+    """This package's Python name for messages (``triton_norms``): a build's module is named
+    ``_<python name>_<backend>_<hash>`` (the `_ops` namespace), which says nothing more to a user."""
+    return re.sub(r"_(cpu|cuda|rocm|xpu|metal)_[0-9a-f]+$", "", (__package__ or "this package").lstrip("_"))
+
+
 def check_launch_device(x: torch.Tensor, kernel) -> None:
     """Raises a clear error before launching ``kernel`` on a tensor it cannot run on.
 
@@ -123,7 +130,7 @@ def check_launch_device(x: torch.Tensor, kernel) -> None:
     """
     kind = x.device.type
     if kind == "meta":
-        package = (__package__ or "this package").lstrip("_")
+        package = _package_name()
         raise RuntimeError(f"{package} got a meta tensor, which has no data to run a kernel on; for shapes alone "
                            f"run the call under torch._subclasses.FakeTensorMode (or torch.compile)")
     if kind == "cpu" and not is_interpreter(kernel):
@@ -133,7 +140,7 @@ def check_launch_device(x: torch.Tensor, kernel) -> None:
         else:
             why = ("set the environment variable TRITON_INTERPRET=1 before importing triton and this kernel "
                    f"(it is {'unset' if value is None else repr(value)})")
-        package = (__package__ or "this package").lstrip("_")
+        package = _package_name()
         raise RuntimeError(f"{package} got a CPU tensor, but CPU tensors only run under the Triton interpreter: {why}.")
 
 
