@@ -28,14 +28,18 @@ CASES = [(1, 32, 8, 1024), (1, 32, 8, 4096), (1, 32, 8, 16384), (8, 32, 8, 1024)
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", nargs="+", metavar="B,HQ,HKV,S", help="decode cases (default: CASES)")
+    ap.add_argument("--splits", nargs="+", type=int, default=[2, 4, 8, 16, 32], help="FORCE_SPLITS variants")
+    ap.add_argument("--no-tiles", action="store_true", help="leave out the DECODE_TILE variants")
     args = ap.parse_args()
+    cases = [tuple(int(v) for v in c.split(",")) for c in args.cases] if args.cases else CASES
     from triton.testing import do_bench_cudagraph
 
     (pkg,) = load_packages(["triton-attention"], cpu=False, root=Path(__file__).resolve().parents[1])
     flash = sys.modules[pkg.__name__ + ".flash"]
     lines = [f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, sms "
              f"{torch.cuda.get_device_properties(0).multi_processor_count}"]
-    for B, Hq, Hk, Sk in CASES:
+    for B, Hq, Hk, Sk in cases:
         g = torch.Generator(device="cpu").manual_seed(0)
         q, k, v = (torch.randn(B, h, s, 128, generator=g).to("cuda", torch.bfloat16)
                    for h, s in ((Hq, 1), (Hk, Sk), (Hk, Sk)))
@@ -43,9 +47,11 @@ def main() -> None:
         sdpa = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=Hq != Hk)  # noqa: E731
         ours = lambda: flash._attn_fwd_launch(q, k, v, None, 128 ** -0.5, False, False, False)[0]  # noqa: E731
         variants = {"sdpa": {}, "package": {}, "no pack": {"PACK_GQA": False}}
-        for n in (2, 4, 8, 16, 32):
+        for n in args.splits:
             variants[f"splits {n}"] = {"FORCE_SPLITS": n}
-        for tile in ((32, 2, 3), (64, 2, 3), (64, 4, 2), (64, 8, 3), (128, 4, 2), (128, 4, 3), (32, 4, 4)):
+        tiles = () if args.no_tiles else ((32, 2, 3), (64, 2, 3), (64, 4, 2), (64, 8, 3), (128, 4, 2), (128, 4, 3),
+                                          (32, 4, 4))
+        for tile in tiles:
             variants["tile %d %d %d" % tile] = {"DECODE_TILE": tile}
         row = [f"case {B}x{Hq}({Hk}kv)x1x{Sk} d128"]
         for name, switches in variants.items():
