@@ -509,3 +509,13 @@ def test_shim_kernelizes_tiny_phi3_gate_up_mlps(installed, device, dtype):
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref_logits, **LOGIT_TOL[dtype])
     assert torch.equal(_greedy(model, ids), ref_tokens)
+
+
+def test_layer_instance_float64_raises_the_op_dtype_error(activations, device):
+    """An instance of the layer class itself (its forward is the layer's: nothing to fall back on) given float64
+    gets the op's TypeError naming the dtype, not unbounded recursion."""
+    x = torch.randn(2, 8, dtype=torch.float64, device=device)
+    with pytest.raises(TypeError, match="float64"):
+        activations.layers.Silu()(x)
+    with pytest.raises(TypeError, match="float64"):
+        activations.layers.SiluAndMul()(x)

@@ -2199,3 +2199,48 @@ def test_register_checks_org_and_version_before_loading():
         ta.register(version="1")
     with pytest.raises(ValueError, match=r"load: org 'a b' is not a Hub organisation name"):
         ta.register(org="a b")
+
+
+def _transformers_rotary(q, k, cos, sin):
+    """transformers' Llama rotary (``q * cos + rotate_half(q) * sin``, cos/sin unsqueezed at dim 1), written here."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def rot(x):
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+
+def test_rotary_layer_falls_back_when_only_sin_requires_grad(attention, device):
+    """The kernel refuses cos OR sin requiring grad; the layer must then run transformers' formula (values and
+    the gradient to sin), not re-raise the kernel's ValueError."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 4, 5, 16, generator=g).to(device), torch.randn(1, 2, 5, 16, generator=g).to(device)
+    cos, sin = (torch.randn(1, 5, 16, generator=g).to(device) for _ in range(2))
+    s1, s2 = sin.clone().requires_grad_(), sin.clone().requires_grad_()
+    got = attention.layers.RotaryPosEmb.forward(torch.nn.Module(), q, k, cos, s1)
+    want = _transformers_rotary(q, k, cos, s2)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    (ga,) = torch.autograd.grad(sum(t.sum() for t in got), s1)
+    (gb,) = torch.autograd.grad(sum(t.sum() for t in want), s2)
+    assert torch.equal(ga, gb)
+
+
+def test_rotary_layer_still_refuses_bad_input(attention, device):
+    """The fallback is only for tensors the kernel cannot take; an odd head dim is still the kernel's
+    ValueError (the reference formula would rotate unequal halves and return a result)."""
+    q, k = torch.randn(1, 4, 5, 7, device=device), torch.randn(1, 2, 5, 7, device=device)
+    cos, sin = torch.randn(1, 5, 7, device=device), torch.randn(1, 5, 7, device=device)
+    with pytest.raises(ValueError, match="even"):
+        attention.layers.RotaryPosEmb.forward(torch.nn.Module(), q, k, cos, sin)
+
+
+def test_rotary_layer_names_a_missing_tensor(attention, device):
+    """None where a tensor belongs is the kernel's TypeError naming it, not an AttributeError from the
+    reference formula the layer falls back to."""
+    q, k = torch.randn(1, 4, 5, 16, device=device), torch.randn(1, 2, 5, 16, device=device)
+    c = torch.randn(1, 5, 16, device=device)
+    for args in ((None, k, c, c), (q, None, c, c), (q, k, None, c), (q, k, c, None)):
+        with pytest.raises(TypeError, match="must be a torch.Tensor"):
+            attention.layers.RotaryPosEmb.forward(torch.nn.Module(), *args)

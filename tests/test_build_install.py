@@ -674,3 +674,51 @@ def test_a_torch_noarch_value_of_the_wrong_type_is_named_by_kernels_parser(tmp_p
                    "build configuration in `<package>`: Cannot parse TOML in <package>/build.toml: Invalid type integer "
                    "`5`. Expected a sequence\n")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_syntax_error_in_any_module_is_refused_before_writing(tmp_path, capsys):
+    """Check_sources parses every .py file (not only __init__.py / layers.py): a syntax error in rms_norm.py is
+    one line naming the file, and --out keeps the previous build."""
+    from triton_collection.build import tree_commit
+    from triton_collection.cli import main
+
+    root = _norms_only_root(tmp_path)
+    out = tmp_path / "out"
+    assert main(["build", "--root", str(root), "--out", str(out)]) == 0
+    before = tree_commit(out / "triton-norms")
+    module = root / "torch-ext" / "triton_norms" / "rms_norm.py"
+    module.write_text(module.read_text() + "def broken(:\n")
+    capsys.readouterr()
+    assert main(["build", "--root", str(root), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "rms_norm.py:" in err and "syntax error" in err, err
+    assert tree_commit(out / "triton-norms") == before
+
+
+def test_an_all_with_a_non_string_is_refused(tmp_path, capsys):
+    """__all__ must be a literal list of strings: ["rms_norm", 1] is refused naming __init__.py."""
+    from triton_collection.cli import main
+
+    root = _norms_only_root(tmp_path)
+    init_py = root / "torch-ext" / "triton_norms" / "__init__.py"
+    init_py.write_text(init_py.read_text() + '__all__ = ["rms_norm", 1]\n')
+    assert main(["build", "--root", str(root), "--out", str(tmp_path / "out")]) == 1
+    assert "__all__ must be a literal list of strings" in capsys.readouterr().err
+
+
+def test_a_render_failure_into_a_fresh_out_leaves_no_folder(tmp_path, monkeypatch):
+    """A failure while rendering (after the checks) into an --out that did not exist removes the folder it
+    created."""
+    from triton_collection import build
+    from triton_collection.manifest import load_manifest
+
+    root = _norms_only_root(tmp_path)
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(build, "_render", fail)
+    out = tmp_path / "fresh"
+    with pytest.raises(OSError, match="disk full"):
+        build.build_collection(load_manifest(root), out, org="triton-collection")
+    assert not out.exists()

@@ -886,3 +886,16 @@ def test_label_smoothing_keeps_fp32_accuracy_at_large_logits(softmax, device, pa
         ref = torch.nn.functional.cross_entropy(x.double(), t, reduction="none", label_smoothing=0.3)
         tol = 4e-6 * ref.abs().clamp_min(1.0)
         assert ((loss.double() - ref).abs() <= tol).all(), (offset, loss, ref)
+
+
+def test_cross_entropy_changed_target_gets_pytorchs_version_error(softmax, device):
+    """A target changed in place between forward and backward (no gradient was handed out yet) gets
+    PyTorch's in-place error, not the message blaming a handed-out gradient."""
+    x = torch.randn(4, 10, device=device, requires_grad=True)
+    t = torch.tensor([1, 2, 3, 4], device=device)
+    loss = softmax.cross_entropy(x, t)
+    t[0] = 5
+    with pytest.raises(RuntimeError) as err:
+        loss.backward()
+    assert "handed out by an earlier backward" not in str(err.value), str(err.value)
+    assert "modified by an inplace operation" in str(err.value)

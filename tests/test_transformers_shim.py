@@ -1220,3 +1220,69 @@ def test_decoder_layer_fused_norm_reads_the_norm_eps_and_promotes_to_its_weight(
     with torch.no_grad():
         logits = model(ids).logits
     torch.testing.assert_close(logits, ref, rtol=0, atol=1e-5)
+
+
+def _tiny_llama(device, **config):
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**_TINY, **config)).to(device).eval()
+
+
+def test_attention_layer_in_eval_applies_no_dropout(installed, device):
+    """A config with attention_dropout > 0 in eval mode: the layer passes dropout=0.0, as the module; the
+    logits equal the unkernelized model's (sdpa would drop weights at random with dropout_p > 0)."""
+    from triton_collection.integrations.families import LLAMA_ATTENTION
+
+    ours, eager = _tiny_llama(device, attention_dropout=0.5), _tiny_llama(device, attention_dropout=0.5)
+    for m in (ours, eager):
+        m.set_attn_implementation("sdpa")
+    kernelize(ours, mode=Mode.INFERENCE, org=ORG, families=(LLAMA_ATTENTION,))
+    ids = torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(1)).to(device)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, eager(ids).logits, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_layer_decode_step_logits_equal_eager(installed, device):
+    """Rotary before the cache update: a decode step's logits (DynamicCache, keys cached rotated) equal the
+    unkernelized model's; rotating after the update re-rotates every cached key by the newest position."""
+    from triton_collection.integrations.families import LLAMA_ATTENTION
+
+    ours, eager = _tiny_llama(device), _tiny_llama(device)
+    kernelize(ours, mode=Mode.INFERENCE, org=ORG, families=(LLAMA_ATTENTION,))
+    ids = torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(1)).to(device)
+    nxt = torch.randint(1, 128, (2, 1), generator=torch.Generator().manual_seed(2)).to(device)
+    steps = []
+    for m in (ours, eager):
+        cache = transformers.DynamicCache()
+        with torch.no_grad():
+            m(ids, past_key_values=cache, use_cache=True)
+            steps.append(m(nxt, past_key_values=cache, use_cache=True).logits)
+    torch.testing.assert_close(steps[0], steps[1], rtol=1e-5, atol=1e-6)
+
+
+def test_attention_layer_passes_the_extra_kwargs_to_the_attention_function(installed, device):
+    """The LlamaAttention layer hands the attention function every extra keyword the model passes (position_ids
+    for packed sequences under flash attention, a custom AttentionInterface's own options), as the module does."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from triton_collection.integrations.families import LLAMA_ATTENTION
+
+    seen = []
+
+    def spy(module, q, k, v, mask, **kwargs):
+        seen.append(frozenset(kwargs))
+        return sdpa_attention_forward(module, q, k, v, mask, **{n: kwargs[n] for n in ("dropout", "scaling")})
+
+    AttentionInterface.register("spy_for_kwargs", spy)
+    ours, eager = _tiny_llama(device), _tiny_llama(device)
+    kernelize(ours, mode=Mode.INFERENCE, org=ORG, families=(LLAMA_ATTENTION,))
+    ids = torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(1)).to(device)
+    got = []
+    for m in (ours, eager):
+        m.set_attn_implementation("spy_for_kwargs")
+        seen.clear()
+        with torch.no_grad():
+            got.append(m(ids).logits)
+        got.append(list(seen))
+    assert got[1] == got[3] and "position_ids" in got[3][0], got[1::2]
+    torch.testing.assert_close(got[0], got[2], rtol=1e-5, atol=1e-6)
