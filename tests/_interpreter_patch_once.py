@@ -24,6 +24,9 @@ class _KeptScope:
         pass
 
 
+_KEPT = _KeptScope()
+
+
 def install() -> bool:
     """Make nested jit calls reuse the running launch's swap. Returns whether the interpreter was patched."""
     try:
@@ -45,7 +48,7 @@ def install() -> bool:
             langs = langs_by_fn[fn] = frozenset(
                 id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in langs_of)
         if swapped[0] is not None and langs and langs <= swapped[0]:
-            return _KeptScope()
+            return _KEPT
         scope = patch_lang(fn)
         if swapped[0] is not None:
             swapped[0] |= langs

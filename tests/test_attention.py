@@ -2201,26 +2201,18 @@ def test_register_checks_org_and_version_before_loading():
         ta.register(org="a b")
 
 
-def _transformers_rotary(q, k, cos, sin):
-    """transformers' Llama rotary (``q * cos + rotate_half(q) * sin``, cos/sin unsqueezed at dim 1), written here."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-
-    def rot(x):
-        h = x.shape[-1] // 2
-        return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
-
 
 def test_rotary_layer_falls_back_when_only_sin_requires_grad(attention, device):
     """The kernel refuses cos OR sin requiring grad; the layer must then run transformers' formula (values and
     the gradient to sin), not re-raise the kernel's ValueError."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 4, 5, 16, generator=g).to(device), torch.randn(1, 2, 5, 16, generator=g).to(device)
     cos, sin = (torch.randn(1, 5, 16, generator=g).to(device) for _ in range(2))
     s1, s2 = sin.clone().requires_grad_(), sin.clone().requires_grad_()
     got = attention.layers.RotaryPosEmb.forward(torch.nn.Module(), q, k, cos, s1)
-    want = _transformers_rotary(q, k, cos, s2)
+    want = apply_rotary_pos_emb(q, k, cos, s2)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     (ga,) = torch.autograd.grad(sum(t.sum() for t in got), s1)
     (gb,) = torch.autograd.grad(sum(t.sum() for t in want), s2)

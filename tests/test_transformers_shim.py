@@ -45,14 +45,15 @@ LOGIT_TOL = {
 }
 
 
-def _tiny(kind: str, dtype: torch.dtype, device: str) -> nn.Module:
+def _tiny(kind: str, dtype: torch.dtype, device: str, **config) -> nn.Module:
+    """A tiny model of ``kind`` (``_TINY`` and ``config``), seeded, norm weights away from 1, in eval mode."""
     torch.manual_seed(0)
     if kind == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**_TINY))
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**_TINY, **config))
     elif kind == "olmo2":
-        model = transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**_TINY))
+        model = transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**_TINY, **config))
     elif kind == "gemma":
-        model = transformers.GemmaForCausalLM(transformers.GemmaConfig(**_TINY, head_dim=16))
+        model = transformers.GemmaForCausalLM(transformers.GemmaConfig(**_TINY, head_dim=16, **config))
     else:
         raise ValueError(kind)
     with torch.no_grad():
@@ -1222,17 +1223,12 @@ def test_decoder_layer_fused_norm_reads_the_norm_eps_and_promotes_to_its_weight(
     torch.testing.assert_close(logits, ref, rtol=0, atol=1e-5)
 
 
-def _tiny_llama(device, **config):
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**_TINY, **config)).to(device).eval()
-
-
 def test_attention_layer_in_eval_applies_no_dropout(installed, device):
     """A config with attention_dropout > 0 in eval mode: the layer passes dropout=0.0, as the module; the
     logits equal the unkernelized model's (sdpa would drop weights at random with dropout_p > 0)."""
     from triton_collection.integrations.families import LLAMA_ATTENTION
 
-    ours, eager = _tiny_llama(device, attention_dropout=0.5), _tiny_llama(device, attention_dropout=0.5)
+    ours, eager = _tiny("llama", torch.float32, device, attention_dropout=0.5), _tiny("llama", torch.float32, device, attention_dropout=0.5)
     for m in (ours, eager):
         m.set_attn_implementation("sdpa")
     kernelize(ours, mode=Mode.INFERENCE, org=ORG, families=(LLAMA_ATTENTION,))
@@ -1246,7 +1242,7 @@ def test_attention_layer_decode_step_logits_equal_eager(installed, device):
     unkernelized model's; rotating after the update re-rotates every cached key by the newest position."""
     from triton_collection.integrations.families import LLAMA_ATTENTION
 
-    ours, eager = _tiny_llama(device), _tiny_llama(device)
+    ours, eager = _tiny("llama", torch.float32, device), _tiny("llama", torch.float32, device)
     kernelize(ours, mode=Mode.INFERENCE, org=ORG, families=(LLAMA_ATTENTION,))
     ids = torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(1)).to(device)
     nxt = torch.randint(1, 128, (2, 1), generator=torch.Generator().manual_seed(2)).to(device)
@@ -1274,7 +1270,7 @@ def test_attention_layer_passes_the_extra_kwargs_to_the_attention_function(insta
         return sdpa_attention_forward(module, q, k, v, mask, **{n: kwargs[n] for n in ("dropout", "scaling")})
 
     AttentionInterface.register("spy_for_kwargs", spy)
-    ours, eager = _tiny_llama(device), _tiny_llama(device)
+    ours, eager = _tiny("llama", torch.float32, device), _tiny("llama", torch.float32, device)
     kernelize(ours, mode=Mode.INFERENCE, org=ORG, families=(LLAMA_ATTENTION,))
     ids = torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(1)).to(device)
     got = []

@@ -117,7 +117,7 @@ def is_interpreter(kernel) -> bool:
 def _package_name() -> str:
     """This package's Python name for messages (``triton_norms``): a build's module is named
     ``_<python name>_<backend>_<hash>`` (the `_ops` namespace), which says nothing more to a user."""
-    return re.sub(r"_(cpu|cuda|rocm|xpu|metal)_[0-9a-f]+$", "", (__package__ or "this package").lstrip("_"))
+    return re.sub(r"_(cpu|cuda|rocm|xpu)_[0-9a-f]+$", "", (__package__ or "this package").lstrip("_"))
 
 
 def check_launch_device(x: torch.Tensor, kernel) -> None:
