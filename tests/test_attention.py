@@ -1307,8 +1307,9 @@ def test_decode_tiles_fit(attention, device, dtype, Hq, Hk, D):
 
 
 def test_key_split_counts(attention, monkeypatch):
-    """How many splits the pointer forward takes on a GPU (the multiprocessor count faked: 132): about two programs
-    per multiprocessor where the grid would leave most idle, none where it fills them or under the interpreter."""
+    """How many splits the pointer forward takes on a GPU (the multiprocessor count faked: 132): as many as fit two
+    programs per multiprocessor in one wave where the grid would leave most idle, none where it fills them or under
+    the interpreter."""
     import sys
 
     flash = sys.modules[attention.__name__ + ".flash"]
@@ -1318,6 +1319,8 @@ def test_key_split_counts(attention, monkeypatch):
     assert flash._key_splits(8, 4096, 64, gpu, False) == 33
     assert flash._key_splits(32, 100, 128, gpu, False) == 1  # one key block
     assert flash._key_splits(66, 8192, 128, gpu, False) == 4
+    assert flash._key_splits(64, 16384, 64, gpu, False) == 4  # 8 x 8 kv heads: one wave of 256, not 320 programs
+    assert flash._key_splits(40, 16384, 64, gpu, False) == 6  # 240 programs, not 280
     assert flash._key_splits(67, 8192, 128, gpu, False) == 1  # more than half the multiprocessors busy
     assert flash._key_splits(32, 1024, 128, gpu, True) == 1  # the interpreter
     assert flash._key_splits(32, 1024, 128, torch.device("cpu"), False) == 1

@@ -956,8 +956,10 @@ DECODE_TILE = (64, 4, 3)
 
 def _key_splits(programs: int, keys: int, block_n: int, device: torch.device, interp: bool) -> int:
     """How many programs share the keys of one query block in the pointer forward: where one program per (query
-    block, head, batch) would leave most multiprocessors idle (decode steps, a few heads), enough splits for about
-    two programs per multiprocessor, each at least one key block (``_split_combine_kernel`` merges them)."""
+    block, head, batch) would leave most multiprocessors idle (decode steps, a few heads), as many splits as fit
+    two programs per multiprocessor (``DECODE_TILE``'s residency) in one wave, each at least one key block
+    (``_split_combine_kernel`` merges them). Rounded down: 64 programs on 132 multiprocessors take 4 splits (256
+    programs, one wave of 264) where 5 would start a second wave of 56."""
     if FORCE_SPLITS:
         return max(1, min(FORCE_SPLITS, cdiv(keys, block_n)))
     if interp or device.type != "cuda":
@@ -965,7 +967,7 @@ def _key_splits(programs: int, keys: int, block_n: int, device: torch.device, in
     sms = sm_count(device)
     if programs * 2 > sms:
         return 1
-    return max(1, min(cdiv(keys, block_n), cdiv(2 * sms, programs)))
+    return max(1, min(cdiv(keys, block_n), 2 * sms // programs))
 
 
 def _switches() -> tuple:
