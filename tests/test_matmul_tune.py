@@ -378,7 +378,8 @@ def test_tune_epilogue_update_on_cpu(matmul, device, tmp_path, monkeypatch, caps
     base_entry = {"M": 20, "N": 32, "K": 64, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1,
                   "num_warps": 1, "num_stages": 1, "tflops": 1.0, "cublas_tflops": 2.0}
     out = tmp_path / "Fake_GPU_2.json"
-    out.write_text(json.dumps({"gpu": "Fake GPU 2", "tuned": True, "torch": "old", "configs": [base_entry]}))
+    out.write_text(json.dumps({"gpu": "Fake GPU 2", "tuned": True, "torch": "old", "note": "entries of a probe",
+                               "configs": [base_entry]}))
     cands = [{"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 2, "num_stages": 2, "TMA": 1},
              {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 2, "num_stages": 2}]
     (tmp_path / "c.json").write_text(json.dumps(cands))
@@ -391,6 +392,7 @@ def test_tune_epilogue_update_on_cpu(matmul, device, tmp_path, monkeypatch, caps
     assert next(timings, None) is None  # every timing used: incumbents measured, both re-timed
     data = json.loads(out.read_text())
     assert data["torch"] != "old" and data["configs"][0] == base_entry
+    assert data["note"] == "entries of a probe"  # the merged file keeps its note
     assert len(data["configs"]) == 2
     new = data["configs"][1]
     assert (new["M"], new["N"], new["K"], new["epilogue"]) == (20, 32, 64, "gelu_tanh")
@@ -419,6 +421,34 @@ def test_tune_epilogue_update_on_cpu(matmul, device, tmp_path, monkeypatch, caps
     assert all(m["max_rel_err"] < 1e-2 for _, m in res.candidates) and res.cublas["ms"] == 1.0
     merged = T.write_config_file(tmp_path / "g.json", "G", [res], base={"configs": [base_entry]})
     assert merged["configs"] == [base_entry]
+
+
+@pytest.mark.parametrize("update", [False, True])
+@pytest.mark.parametrize("content, message", [
+    ({"gpu": "NVIDIA H200", "configs": []}, "holds the configs of 'NVIDIA H200', and this GPU is 'Fake GPU 3'"),
+    ({"gpu": "default", "configs": []}, "holds the configs of 'default', and this GPU is 'Fake GPU 3'"),
+    ("{not json", "not JSON"),
+    ([1, 2], "not a config file"),
+])
+def test_tune_refuses_another_gpus_file_before_measuring(content, message, update, tmp_path, monkeypatch, capsys):
+    """Session 63 named the H200's file as --out on a machine that turned out to be an H100: --update merged the
+    H100's timings into the H200's file and renamed its "gpu". Another GPU's file (or one that is not a config
+    file) is refused now, before the build, and left as it was."""
+    import triton_collection.tune as T
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU 3")
+    monkeypatch.setattr(T, "load_matmul", lambda root: pytest.fail("built before --out was checked"))
+    out = tmp_path / "NVIDIA_H200.json"
+    text = content if isinstance(content, str) else json.dumps(content)
+    out.write_text(text)
+    with pytest.raises(SystemExit) as err:
+        cli_main(["tune", "--root", str(ROOT), "--shape", "1,48,32", "--out", str(out), "--no-cublas",
+                  *(["--update"] if update else [])])
+    assert message in str(err.value) and str(out) in str(err.value)
+    if "holds" in message:
+        assert "Fake_GPU_3.json (the default --out)" in str(err.value)
+    assert out.read_text() == text
 
 
 @pytest.mark.parametrize("value, message", [("nan", "must be a finite number >= 0, got nan"),

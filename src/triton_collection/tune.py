@@ -27,7 +27,10 @@ lookup prefers for calls with that activation (``_launch``).
 config that file gives the call now (its entry for the bucket, else what its nearest bucket gives) is timed
 first; a faster candidate replaces it, or is added as a new entry, only when a re-timing of the two
 (interleaved, the better of two medians each) confirms a gain of at least ``--min-gain`` (default 3%).
-Every other entry is kept as it is.
+Every other entry is kept as it is, and so is the file's note.
+
+``--out`` must be this GPU's file or a new one: a file of another GPU (its ``"gpu"``, ``default`` included) is
+refused before anything is measured, since its lookup would serve that GPU with this one's timings.
 
 Needs a GPU; the budget (``--budget-s``) stops measuring new candidates when spent, and buckets
 with no measurement are left out of the file (``_launch`` picks the nearest remaining bucket).
@@ -310,12 +313,12 @@ def write_config_file(path: Path, gpu: str, results: list[BucketResult], meta: O
     if not configs:
         raise RuntimeError("no bucket has a measured, correct config: nothing to write")
     extra = {k: v for k, v in (base or {}).items() if k not in ("gpu", "tuned", "note", "configs", *(meta or {}))}
-    data = {"gpu": gpu, "tuned": True,
-            "note": "Written by `triton-collection tune`: per bucket the fastest correct candidate (bf16, x @ W.T), "
-                    "TFLOP/s of it and of torch.matmul measured in the same process (CUDA-graph medians; cublas_tflops null: not timed, --no-cublas). "
-                    "Entries with an \"epilogue\" were measured with a bias and that activation fused, against "
-                    "F.linear then the activation (both TFLOP/s count the GEMM only).",
-            **extra, **(meta or {}), "configs": configs}
+    note = (base or {}).get("note") or (  # a merged file keeps its own note (what its other entries came from)
+        "Written by `triton-collection tune`: per bucket the fastest correct candidate (bf16, x @ W.T), "
+        "TFLOP/s of it and of torch.matmul measured in the same process (CUDA-graph medians; cublas_tflops null: not timed, --no-cublas). "
+        "Entries with an \"epilogue\" were measured with a bias and that activation fused, against "
+        "F.linear then the activation (both TFLOP/s count the GEMM only).")
+    data = {"gpu": gpu, "tuned": True, "note": note, **extra, **(meta or {}), "configs": configs}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     head = json.dumps({k: v for k, v in data.items() if k != "configs"}, indent=2)[:-2]  # one bucket per line
@@ -333,6 +336,25 @@ def _parse_shape(text: str) -> tuple:
     if min(m, n, k) < 1:
         raise argparse.ArgumentTypeError(f"--shape sizes must be >= 1, got {text!r}")
     return m, n, k
+
+
+def _read_config_file(path: Path) -> Optional[dict]:
+    """The parsed config file at ``path``, or None where there is none.
+
+    Raises:
+        SystemExit: the file cannot be read, is not JSON or not a JSON object (one line naming the file).
+    """
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SystemExit(f"tune --out {path}: cannot read it ({err.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SystemExit(f"tune --out {path}: not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"tune --out {path}: not a config file (a JSON object with \"gpu\" and \"configs\")")
+    return data
 
 
 def _load_candidates(path: Optional[str]) -> Callable[[int], list]:
@@ -373,16 +395,22 @@ def run(args: argparse.Namespace) -> int:
     from .cli import _find_root
 
     root = Path(args.root) if args.root else _find_root(Path.cwd())
-    mm = load_matmul(root)
     gpu = torch.cuda.get_device_name()
-    out = Path(args.out) if args.out else root / "torch-ext" / "triton_matmul" / "configs" / ("_".join(gpu.split()) + ".json")
+    default_out = root / "torch-ext" / "triton_matmul" / "configs" / ("_".join(gpu.split()) + ".json")
+    out = Path(args.out) if args.out else default_out
+    existing = _read_config_file(out)  # before the build: a wrong --out is named at once
+    if existing is not None and existing.get("gpu") != gpu:
+        raise SystemExit(f"tune --out {out}: that file holds the configs of {existing.get('gpu')!r}, and this GPU is "
+                         f"{gpu!r}; its lookup would serve that GPU with this one's timings. Write to {default_out} "
+                         "(the default --out) instead")
+    mm = load_matmul(root)
     meta = {"torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
     launch = sys.modules[mm.__name__ + "._launch"]
     _, warp, arch = launch.device_info(torch.device(DEVICE))
     if arch is not None:  # other GPUs of this architecture without a file of their own use this one
         meta = {"arch": arch, **meta}
-    base = json.loads(out.read_text(encoding="utf-8")) if args.update and out.is_file() else None
+    base = existing if args.update else None
     incumbent = None
     if base is not None:  # what the existing file gives each bucket's call, through the package's own lookup
         buckets = launch.parse_buckets(base, str(out))
