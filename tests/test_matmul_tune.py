@@ -427,6 +427,7 @@ def test_tune_epilogue_update_on_cpu(matmul, device, tmp_path, monkeypatch, caps
 @pytest.mark.parametrize("content, message", [
     ({"gpu": "NVIDIA H200", "configs": []}, "holds the configs of 'NVIDIA H200', and this GPU is 'Fake GPU 3'"),
     ({"gpu": "default", "configs": []}, "holds the configs of 'default', and this GPU is 'Fake GPU 3'"),
+    ({"configs": []}, "holds configs of no named GPU (no \"gpu\"), and this GPU is 'Fake GPU 3'"),
     ("{not json", "not JSON"),
     ([1, 2], "not a config file"),
 ])

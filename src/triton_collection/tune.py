@@ -400,9 +400,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out
     existing = _read_config_file(out)  # before the build: a wrong --out is named at once
     if existing is not None and existing.get("gpu") != gpu:
-        raise SystemExit(f"tune --out {out}: that file holds the configs of {existing.get('gpu')!r}, and this GPU is "
-                         f"{gpu!r}; its lookup would serve that GPU with this one's timings. Write to {default_out} "
-                         "(the default --out) instead")
+        owner = f"the configs of {existing['gpu']!r}" if "gpu" in existing else "configs of no named GPU (no \"gpu\")"
+        raise SystemExit(f"tune --out {out}: that file holds {owner}, and this GPU is {gpu!r}; its lookup would "
+                         f"serve another GPU with this one's timings. Write to {default_out} (the default --out) instead")
     mm = load_matmul(root)
     meta = {"torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
