@@ -558,10 +558,12 @@ class DiffusersKernelizeReport:
 
 def _transformers(pipe_or_model) -> list:
     """(name prefix, model) of what :func:`kernelize` swaps in: a pipeline's ``.transformer`` (and the second
-    expert ``.transformer_2`` of two-expert pipelines such as Wan 2.2, then both named with a prefix), or the
-    model itself."""
+    expert ``.transformer_2`` of two-expert pipelines such as Wan 2.2, then both named with a prefix; one module in
+    both places is taken once, without a prefix), or the model itself."""
     found = [(attr, m) for attr in ("transformer", "transformer_2")
              if isinstance(m := getattr(pipe_or_model, attr, None), torch.nn.Module)]
+    if len(found) > 1 and found[0][1] is found[1][1]:  # one module as both experts: swapped and reported once
+        found = found[:1]
     if len(found) > 1:
         return [(f"{attr}.", m) for attr, m in found]
     if found:
