@@ -2204,7 +2204,6 @@ def test_register_checks_org_and_version_before_loading():
         ta.register(org="a b")
 
 
-
 def test_rotary_layer_falls_back_when_only_sin_requires_grad(attention, device):
     """The kernel refuses cos OR sin requiring grad; the layer must then run transformers' formula (values and
     the gradient to sin), not re-raise the kernel's ValueError."""

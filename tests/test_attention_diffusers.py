@@ -528,7 +528,6 @@ def test_two_expert_pipeline_kernelizes_both_transformers(attention, installed, 
         assert sum(name.startswith(attr + ".blocks.") for name in report.modules) >= 2, report.summary()
 
 
-
 def test_one_module_as_both_experts_is_reported_once(attention, installed, device):
     """A pipeline whose .transformer_2 is its .transformer (one module in both places) was swapped once but
     reported twice: 8 attention processors for a model of 4. It is taken once now, named without a prefix."""
@@ -544,6 +543,7 @@ def test_one_module_as_both_experts_is_reported_once(attention, installed, devic
     assert len(report.processors) == n_processors == 4, report.summary()
     assert not any(name.startswith("transformer") for name in [*report.processors, *report.modules]), report.summary()
     assert _processor_names(model) == {"TritonWanAttnProcessor"}
+
 
 def test_all_norm_families_report_only_norms_that_run(attention, installed, device):
     """norm_families=FAMILIES: the LayerNorms inside swapped adaLN modules are computed by norm_modulate (their

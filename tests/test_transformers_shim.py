@@ -1228,7 +1228,7 @@ def test_attention_layer_in_eval_applies_no_dropout(installed, device):
     logits equal the unkernelized model's (sdpa would drop weights at random with dropout_p > 0)."""
     from triton_collection.integrations.families import LLAMA_ATTENTION
 
-    ours, eager = _tiny("llama", torch.float32, device, attention_dropout=0.5), _tiny("llama", torch.float32, device, attention_dropout=0.5)
+    ours, eager = (_tiny("llama", torch.float32, device, attention_dropout=0.5) for _ in range(2))
     for m in (ours, eager):
         m.set_attn_implementation("sdpa")
     kernelize(ours, mode=Mode.INFERENCE, org=ORG, families=(LLAMA_ATTENTION,))

@@ -338,6 +338,20 @@ def _parse_shape(text: str) -> tuple:
     return m, n, k
 
 
+def _read_json(path: Path, option: str):
+    """The parsed JSON file ``path`` given as ``option``.
+
+    Raises:
+        SystemExit: the file cannot be read or is not JSON (one line naming the option and the file).
+    """
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SystemExit(f"tune {option} {path}: cannot read it ({err.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SystemExit(f"tune {option} {path}: not JSON ({err})") from None
+
+
 def _read_config_file(path: Path) -> Optional[dict]:
     """The parsed config file at ``path``, or None where there is none.
 
@@ -346,12 +360,7 @@ def _read_config_file(path: Path) -> Optional[dict]:
     """
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise SystemExit(f"tune --out {path}: cannot read it ({err.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise SystemExit(f"tune --out {path}: not JSON ({err})") from None
+    data = _read_json(path, "--out")
     if not isinstance(data, dict):
         raise SystemExit(f"tune --out {path}: not a config file (a JSON object with \"gpu\" and \"configs\")")
     return data
@@ -365,12 +374,7 @@ def _load_candidates(path: Optional[str]) -> Callable[[int], list]:
     """
     if path is None:
         return default_candidates
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as err:
-        raise SystemExit(f"tune --candidates {path}: cannot read it ({err.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise SystemExit(f"tune --candidates {path}: not JSON ({err})") from None
+    data = _read_json(path, "--candidates")
     if isinstance(data, list) and all(isinstance(c, dict) for c in data):
         return lambda M: data
     if not isinstance(data, dict) or not data or not all(
@@ -400,9 +404,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out
     existing = _read_config_file(out)  # before the build: a wrong --out is named at once
     if existing is not None and existing.get("gpu") != gpu:
-        owner = f"the configs of {existing['gpu']!r}" if "gpu" in existing else "configs of no named GPU (no \"gpu\")"
+        owner = (f"the configs of {existing['gpu']!r}" if "gpu" in existing
+                 else "configs of no named GPU (no \"gpu\")")
         raise SystemExit(f"tune --out {out}: that file holds {owner}, and this GPU is {gpu!r}; its lookup would "
-                         f"serve another GPU with this one's timings. Write to {default_out} (the default --out) instead")
+                         f"serve another GPU with this one's timings. Write to {default_out} (the default --out) "
+                         "instead")
     mm = load_matmul(root)
     meta = {"torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
